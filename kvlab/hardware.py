@@ -1,0 +1,189 @@
+"""The machine under the measurement: device choice, accelerator specifications, calibration, stamps.
+
+Serves every section: the roofline of 9.3 divides bytes by a bandwidth and FLOPs by a rate, and
+each figure in the book names the device and versions it was measured on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """Vendor figures for one accelerator package, used at face value (SI units).
+
+    ``die_bytes_per_s`` is the bandwidth one die or stack reaches from its local HBM, and
+    ``fabric_bytes_per_s`` the die-to-die link (None where the vendor does not disclose it).
+    """
+
+    name: str
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    bf16_flops: float
+    dies: int
+    die_bytes_per_s: float
+    fabric_bytes_per_s: float | None
+    source: str
+
+    @property
+    def ridge_point(self) -> float:
+        """FLOP per byte at which dense bf16 math and HBM reads take equal time."""
+        return self.bf16_flops / self.hbm_bytes_per_s
+
+
+_H100 = "NVIDIA H100 Tensor Core GPU datasheet (2023), as quoted in seed 004, Table 3 and section 1.1"
+SPECS: dict[str, Accelerator] = {
+    "h100-sxm": Accelerator("NVIDIA H100 SXM", 80e9, 3.35e12, 989.5e12, 1, 3.35e12, None, _H100),
+    "h200": Accelerator(
+        "NVIDIA H200 SXM", 141e9, 4.8e12, 989.5e12, 1, 4.8e12, None,
+        "NVIDIA H200 Tensor Core GPU datasheet (2024): 141 GB HBM3e at 4.8 TB/s; bf16 rate as the H100 SXM",
+    ),
+    "b200": Accelerator(
+        "NVIDIA B200", 192e9, 8.0e12, 2250e12, 2, 4.0e12, 10e12,
+        "NVIDIA Blackwell B200 datasheet (2024), as quoted in seed 004, Table 3 and appendix B.3 (NV-HBI 10 TB/s)",
+    ),
+    "mi300x": Accelerator(
+        "AMD Instinct MI300X", 192e9, 5.3e12, 1307e12, 8, 0.66e12, None,
+        "AMD Instinct MI300X datasheet (2024), as quoted in seed 004, Table 3 and appendix B.3 "
+        "(on-package fabric rate not disclosed)",
+    ),
+    "a100-80gb": Accelerator(
+        "NVIDIA A100 80GB SXM", 80e9, 2.039e12, 312e12, 1, 2.039e12, None,
+        "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM 80 GB: 2,039 GB/s, 312 TFLOP/s dense bf16",
+    ),
+    "l4": Accelerator(
+        "NVIDIA L4", 24e9, 300e9, 121e12, 1, 300e9, None,
+        "NVIDIA L4 datasheet (2023): 24 GB GDDR6 at 300 GB/s, 121 TFLOP/s dense bf16 (242 with sparsity)",
+    ),
+    "t4": Accelerator(
+        "NVIDIA T4", 16e9, 320e9, 65e12, 1, 320e9, None,
+        "NVIDIA T4 datasheet (2018): 16 GB GDDR6 at 320 GB/s; no bf16 units, 65 TFLOP/s is its fp16 tensor rate",
+    ),
+}
+
+
+def spec(key: str) -> Accelerator:
+    """The ``SPECS`` entry for ``key``, with an error that lists the known keys."""
+    try:
+        return SPECS[key]
+    except KeyError:
+        raise ValueError(f"unknown device {key!r}; known devices: {', '.join(SPECS)}") from None
+
+
+def device():
+    """The torch device the book measures on: the first CUDA GPU when there is one, else the CPU."""
+    import torch
+
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def on_gpu() -> bool:
+    return device().type == "cuda"
+
+
+def device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"CPU: {_cpu_model()} ({os.cpu_count()} logical cores)"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(module: str) -> str:
+    try:
+        return __import__(module).__version__
+    except Exception:
+        return "not installed"
+
+
+def stamp() -> dict:
+    """Device, driver and library versions and today's date: what every measurement carries."""
+    import torch
+
+    driver = "none"
+    if torch.cuda.is_available():
+        driver = f"CUDA {torch.version.cuda}"
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10,
+            )
+            if out.returncode == 0:
+                driver = f"driver {out.stdout.strip().splitlines()[0]}, CUDA {torch.version.cuda}"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return {
+        "device": device_name(),
+        "driver": driver,
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def stamp_line(s: dict | None = None) -> str:
+    """One line for a figure's corner: device · torch · transformers · date."""
+    s = s or stamp()
+    return f"{s['device']} · torch {s['torch']} · transformers {s['transformers']} · {s['date']}"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """This machine's measured ceilings: copy bandwidth (bytes read plus written per second) and matmul rate."""
+
+    copy_bytes_per_s: float
+    matmul_flops: float
+    matmul_dtype: str
+    device: str
+
+    @property
+    def ridge_point(self) -> float:
+        return self.matmul_flops / self.copy_bytes_per_s
+
+
+@functools.lru_cache(maxsize=1)
+def calibrate() -> Calibration:
+    """Measure copy bandwidth and matmul rate once per process.
+
+    GPU: a 1 GiB device-to-device copy and an 8192-cube bf16 GEMM. CPU: a 256 MiB memory copy and
+    a 2048-cube fp32 GEMM. Both sizes are far beyond the last-level cache, so the copy measures DRAM.
+    """
+    import torch
+
+    from .timing import measure
+
+    dev = device()
+    gpu = dev.type == "cuda"
+    nbytes = (1 << 30) if gpu else (256 << 20)
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=dev).uniform_()
+    dst = torch.empty_like(src)
+    copy_s = measure(lambda: dst.copy_(src), warmup=3, reps=10 if gpu else 5).median
+    n, dtype = (8192, torch.bfloat16) if gpu else (2048, torch.float32)
+    a = torch.randn(n, n, device=dev, dtype=dtype)
+    b = torch.randn(n, n, device=dev, dtype=dtype)
+    mm_s = measure(lambda: a @ b, warmup=3, reps=10 if gpu else 5).median
+    return Calibration(
+        copy_bytes_per_s=2 * nbytes / copy_s,
+        matmul_flops=2 * n**3 / mm_s,
+        matmul_dtype=str(dtype).removeprefix("torch."),
+        device=device_name(),
+    )

@@ -1,0 +1,233 @@
+"""Model shapes and models: the published shapes the seeds reason about, and real Hugging Face
+architectures with random weights that run anywhere without a download.
+
+Random weights time exactly like trained ones (the same matrices are read and multiplied); they only
+make the generated text meaningless, which no measurement in the book depends on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The constants of a decoder that decode cost depends on (section 9.3, seed 004 Table 1).
+
+    ``params`` is the parameter count the seeds use; ``latent_dim`` and ``rope_dim`` describe a
+    Multi-head Latent Attention cache (DeepSeek-V2); ``window`` a sliding-window model (Mistral 7B).
+    ``intermediate`` (the MLP width) is only needed to build a model of this shape.
+    """
+
+    name: str
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    params: float
+    vocab: int
+    latent_dim: int | None = None
+    rope_dim: int | None = None
+    window: int | None = None
+    intermediate: int | None = None
+
+    def __post_init__(self):
+        for field in ("layers", "q_heads", "kv_heads", "head_dim", "hidden", "vocab"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ModelShape.{field} must be a positive int, got {value!r}")
+        if not self.params > 0:
+            raise ValueError(f"ModelShape.params must be > 0, got {self.params!r}")
+        if self.q_heads % self.kv_heads:
+            raise ValueError(
+                f"ModelShape.q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})"
+            )
+        if (self.latent_dim is None) != (self.rope_dim is None):
+            raise ValueError("ModelShape.latent_dim and rope_dim are set together (an MLA cache) or not at all")
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head, g = n_q / n_kv (1 for multi-head attention)."""
+        return self.q_heads // self.kv_heads
+
+    def kv_bytes_per_token(self, bytes_per_element: float = 2) -> float:
+        """Cache bytes one retained token costs across all layers (seed 004, Eq. 1).
+
+        Standard attention stores a key and a value per KV head: 2 * L * n_kv * d_h * w.
+        MLA stores one latent of (d_c + d_r) elements per layer instead: L * (d_c + d_r) * w.
+        """
+        if not bytes_per_element > 0:
+            raise ValueError(f"bytes_per_element must be > 0, got {bytes_per_element!r}")
+        if self.latent_dim is not None:
+            return self.layers * (self.latent_dim + self.rope_dim) * bytes_per_element
+        return 2 * self.layers * self.kv_heads * self.head_dim * bytes_per_element
+
+    def weight_bytes(self, bytes_per_element: float = 2) -> float:
+        return self.params * bytes_per_element
+
+    @classmethod
+    def from_config(cls, config, name: str | None = None) -> "ModelShape":
+        """The shape of a Hugging Face config (Llama, Qwen2, Mistral, GPT-2 and their kin).
+
+        ``params`` is counted from the config's matrices (embeddings, attention, MLP, head), which
+        is what a decode step reads; norms and biases are left out as negligible.
+        """
+        get = lambda *names, default=None: next(  # noqa: E731
+            (getattr(config, n) for n in names if getattr(config, n, None) is not None), default
+        )
+        hidden = get("hidden_size", "n_embd")
+        layers = get("num_hidden_layers", "n_layer")
+        q_heads = get("num_attention_heads", "n_head")
+        kv_heads = get("num_key_value_heads", default=q_heads)
+        head_dim = get("head_dim", default=hidden // q_heads)
+        vocab = get("vocab_size")
+        intermediate = get("intermediate_size", "n_inner", default=4 * hidden)
+        gated = get("model_type") not in ("gpt2",)
+        attn = hidden * q_heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+        mlp = (3 if gated else 2) * hidden * intermediate
+        tied = bool(get("tie_word_embeddings", default=False))
+        embeddings = vocab * hidden * (1 if tied else 2) + hidden * get("n_positions", default=0)
+        return cls(
+            name=name or get("_name_or_path", default="") or get("model_type", default="model"),
+            layers=layers, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, hidden=hidden,
+            params=float(layers * (attn + mlp) + embeddings), vocab=vocab,
+            window=get("sliding_window"), intermediate=intermediate,
+        )
+
+
+def _shape(name, layers, q, kv, d, hidden, params, vocab, intermediate, **extra):
+    return ModelShape(name, layers, q, kv, d, hidden, params, vocab, intermediate=intermediate, **extra)
+
+
+# Published shapes. Parameter counts are those the seeds use (seed 004 appendix B.2 rounds 70B and
+# 405B; seed 000 section 9.3 uses 8e9 for its Table 9.1, seed 004 8.03e9 for Llama-3-8B).
+SHAPES: dict[str, ModelShape] = {
+    "llama-3-8b": _shape("Llama-3-8B", 32, 32, 8, 128, 4096, 8.03e9, 128256, 14336),
+    "llama-3-70b": _shape("Llama-3-70B", 80, 64, 8, 128, 8192, 70e9, 128256, 28672),
+    "llama-3.1-405b": _shape("Llama-3.1-405B", 126, 128, 8, 128, 16384, 405e9, 128256, 53248),
+    "llama-2-13b": _shape("Llama-2-13B", 40, 40, 40, 128, 5120, 13e9, 32000, 13824),
+    "mixtral-8x7b": _shape("Mixtral-8x7B", 32, 32, 8, 128, 4096, 46.7e9, 32000, 14336),
+    "mistral-7b": _shape("Mistral-7B", 32, 32, 8, 128, 4096, 7.24e9, 32000, 14336, window=4096),
+    "deepseek-v2": _shape("DeepSeek-V2", 60, 128, 128, 128, 5120, 236e9, 102400, 12288,
+                          latent_dim=512, rope_dim=64),
+    "llama-3.2-1b": _shape("Llama-3.2-1B", 16, 32, 8, 64, 2048, 1.24e9, 128256, 8192),
+    "qwen2.5-0.5b": _shape("Qwen2.5-0.5B", 24, 14, 2, 64, 896, 0.494e9, 151936, 4864),
+    "smollm2-135m": _shape("SmolLM2-135M", 30, 9, 3, 64, 576, 0.135e9, 49152, 1536),
+    "gpt2": _shape("GPT-2 (124M)", 12, 12, 12, 64, 768, 0.124e9, 50257, 3072),
+}
+
+# The hub checkpoints behind the small shapes, for readers with a network (load_model).
+HUB_NAMES = {
+    "llama-3.2-1b": "meta-llama/Llama-3.2-1B",
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
+    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M",
+    "gpt2": "openai-community/gpt2",
+}
+
+ARCHITECTURES = ("llama", "qwen2", "mistral", "gpt2")
+_REAL_DEFAULT = {"llama": "llama-3.2-1b", "qwen2": "qwen2.5-0.5b", "mistral": "mistral-7b", "gpt2": "gpt2"}
+# CPU size: tens of MB of fp32 weights, so that on a CPU a decode step is dominated by reading them.
+_CPU = dict(layers=4, q=8, kv=2, d=64, hidden=512, intermediate=1536, vocab=8192)
+
+
+def _config(arch: str, shape: ModelShape, max_positions: int):
+    import transformers as tf
+
+    if arch == "gpt2":
+        return tf.GPT2Config(
+            n_layer=shape.layers, n_head=shape.q_heads, n_embd=shape.hidden, n_inner=shape.intermediate,
+            vocab_size=shape.vocab, n_positions=max_positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            bos_token_id=None, eos_token_id=None,
+        )
+    config_class = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig}[arch]
+    extra = {"sliding_window": shape.window} if arch == "mistral" else {}
+    return config_class(
+        num_hidden_layers=shape.layers, num_attention_heads=shape.q_heads, num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim, hidden_size=shape.hidden, intermediate_size=shape.intermediate or 4 * shape.hidden,
+        vocab_size=shape.vocab, max_position_embeddings=max_positions, tie_word_embeddings=False, **extra,
+    )
+
+
+def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape | None = None, dtype=None,
+               device=None, seed: int = 0, max_positions: int = 4096, **overrides):
+    """A Hugging Face causal LM with random weights, built from a config: no download.
+
+    ``arch``: one of ``ARCHITECTURES`` (``llama`` with grouped-query attention, ``qwen2``, ``mistral``,
+    ``gpt2`` with multi-head attention and learned positions). ``size="cpu"`` gives a model of tens of
+    MB that decodes in milliseconds on a CPU; ``size="real"`` the published shape named by ``shape``
+    (a ``SHAPES`` key; by default Llama-3.2-1B, Qwen2.5-0.5B, Mistral-7B or GPT-2). ``overrides`` replace
+    ``ModelShape`` fields (``layers``, ``hidden``, ``vocab``...) to make a test model smaller still.
+    The model is in eval mode on ``device`` (kvlab's device by default) in ``dtype`` (fp32 on a CPU,
+    bf16 on a GPU by default).
+    """
+    import dataclasses
+
+    import torch
+    import transformers
+
+    from .hardware import device as default_device
+
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
+    if size not in ("cpu", "real"):
+        raise ValueError(f"size must be 'cpu' or 'real', got {size!r}")
+    if size == "real" or shape is not None:
+        base = shape if isinstance(shape, ModelShape) else SHAPES[shape or _REAL_DEFAULT[arch]]
+    else:
+        c = _CPU if arch != "gpt2" else {**_CPU, "kv": _CPU["q"]}
+        base = ModelShape(f"tiny-{arch}", c["layers"], c["q"], c["kv"], c["d"], c["hidden"], 1.0, c["vocab"],
+                          intermediate=c["intermediate"])
+    if arch == "gpt2" and "q_heads" in overrides and "kv_heads" not in overrides:
+        overrides["kv_heads"] = overrides["q_heads"]
+    if "hidden" in overrides and "head_dim" not in overrides:
+        overrides["head_dim"] = overrides["hidden"] // overrides.get("q_heads", base.q_heads)
+    base = dataclasses.replace(base, **overrides)
+    if arch == "gpt2" and base.kv_heads != base.q_heads:
+        raise ValueError(f"gpt2 has multi-head attention: kv_heads ({base.kv_heads}) must equal q_heads")
+    if arch == "gpt2" and base.head_dim * base.q_heads != base.hidden:
+        raise ValueError("gpt2 needs head_dim * q_heads == hidden")
+    dev = torch.device(device) if device is not None else default_device()
+    if dtype is None:
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    config = _config(arch, base, max_positions)
+    config.name_or_path = base.name
+    torch.manual_seed(seed)
+    with torch.device(dev):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.eval()
+    # Random weights have no meaningful end token: never stop generation early on one.
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    model.shape = ModelShape.from_config(config, name=base.name)
+    return model
+
+
+def load_model(name: str, dtype=None, device=None):
+    """A real checkpoint: a ``SHAPES`` key with a hub name (``llama-3.2-1b``...), a hub id, or a local path.
+
+    Needs the network (or a local copy); offline it raises a ``RuntimeError`` that says so, and points
+    at ``tiny_model`` which needs neither.
+    """
+    import torch
+    import transformers
+
+    from .hardware import device as default_device
+
+    repo = HUB_NAMES.get(name, name)
+    dev = torch.device(device) if device is not None else default_device()
+    if dtype is None:
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(repo, dtype=dtype).to(dev)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(repo)
+    except OSError as e:
+        raise RuntimeError(
+            f"could not load {repo!r}: it is neither a local path nor reachable on the Hugging Face hub "
+            f"from here ({e.__class__.__name__}). Offline, use kvlab.tiny_model(...), which builds the same "
+            f"architecture with random weights."
+        ) from e
+    model.eval()
+    model.shape = ModelShape.from_config(model.config, name=name)
+    model.tokenizer = tokenizer
+    return model
