@@ -1,0 +1,300 @@
+"""Three decode loops over a Hugging Face causal LM, and the work each one does (sections 9.1 and 9.2).
+
+- ``naive_decode`` reruns the model over the whole growing sequence for every new token.
+- ``cached_decode`` runs the prompt once (prefill), keeps each layer's keys and values in a cache,
+  and then feeds one token per step.
+- ``static_decode`` does the same on a cache preallocated for the whole request, with fixed shapes
+  and addresses; on a GPU it compiles the step and replays it as a CUDA graph.
+
+All three take ``(model, input_ids, max_new_tokens, attention_mask=None)``, decode greedily for exactly
+``max_new_tokens`` steps (no stop token), and return only the generated ids ``[batch, max_new_tokens]``.
+Left-padded batches work: positions come from the mask, as ``model.generate`` computes them.
+
+Each loop is written as a generator of per-step tokens, so ``profile_decode`` can time the very same
+code that produces the tokens.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass
+
+import torch
+
+METHODS = ("naive", "cached", "static")
+
+
+# --- the work each loop does (section 9.1) -------------------------------------------------------
+
+def _check_pg(P, G):
+    for name, value, low in (("P", P, 1), ("G", G, 0)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int >= {low}, got {value!r}")
+        if value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+def positions_processed(P: int, G: int, cached: bool = False) -> int:
+    """Token positions the per-token layer work (projections, MLP) touches to generate G tokens.
+
+    Without a cache the j-th pass reruns all P + j positions: sum_{j<G} (P + j) = G*P + G(G-1)/2.
+    With a cache, prefill runs P positions and each of the G - 1 later steps runs one: P + G - 1.
+    """
+    _check_pg(P, G)
+    if G == 0:
+        return 0
+    return P + G - 1 if cached else G * P + G * (G - 1) // 2
+
+
+def attention_work(P: int, G: int, cached: bool = False) -> int:
+    """Query-key pairs dense full-prefix attention scores to generate G tokens (section 9.1).
+
+    Without a cache each pass over n = P + j positions scores n * n pairs:
+    sum_{j<G} (P + j)^2 = G P^2 + P G (G-1) + G (G-1)(2G-1)/6.
+    With a cache, prefill scores P * P pairs and the j-th decode step P + j (its one query against
+    the history including itself): P^2 + (G-1) P + G (G-1)/2.
+    """
+    _check_pg(P, G)
+    if G == 0:
+        return 0
+    if cached:
+        return P * P + (G - 1) * P + G * (G - 1) // 2
+    return G * P * P + P * G * (G - 1) + G * (G - 1) * (2 * G - 1) // 6
+
+
+# --- input checks and the plumbing shared by the loops ------------------------------------------
+
+def _validate(input_ids, max_new_tokens, attention_mask):
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids (torch.long), got dtype {input_ids.dtype}")
+    if input_ids.dim() != 2 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids must have shape [batch, prompt_length >= 1], got {list(input_ids.shape)}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if attention_mask is None:
+        return torch.ones_like(input_ids)
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask must have the shape of input_ids {list(input_ids.shape)}, "
+            f"got {list(attention_mask.shape)}"
+        )
+    mask = attention_mask.to(device=input_ids.device, dtype=torch.long)
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+    if not bool((mask[:, 1:] >= mask[:, :-1]).all()):
+        raise ValueError("attention_mask must be left-padded: each row is zeros, then ones")
+    if not bool(mask[:, -1].all()):
+        raise ValueError("attention_mask: every sequence needs at least one token (a 1 in its row)")
+    return mask
+
+
+def _positions(mask):
+    """Each token's position in its own sequence, ignoring left padding (as ``generate`` computes it)."""
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+def _cache_kw(model) -> str:
+    """transformers 5.x calls the argument ``cache``; earlier releases ``past_key_values``."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _returned_cache(out):
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+def _greedy(logits):
+    return logits[:, -1].argmax(dim=-1, keepdim=True)
+
+
+def _empty(input_ids):
+    return torch.empty((input_ids.shape[0], 0), dtype=input_ids.dtype, device=input_ids.device)
+
+
+# --- the three loops, as generators of [batch, 1] tokens ----------------------------------------
+
+@torch.inference_mode()
+def _naive_steps(model, input_ids, max_new_tokens, mask):
+    ids = input_ids
+    for _ in range(max_new_tokens):
+        logits = model(ids, attention_mask=mask, position_ids=_positions(mask), use_cache=False).logits
+        token = _greedy(logits)
+        yield token
+        ids = torch.cat([ids, token], dim=1)
+        mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+
+
+@torch.inference_mode()
+def _cached_steps(model, input_ids, max_new_tokens, mask):
+    position = _positions(mask)
+    out = model(input_ids, attention_mask=mask, position_ids=position, use_cache=True)
+    kw = {_cache_kw(model): _returned_cache(out)}
+    token = _greedy(out.logits)
+    yield token
+    position = position[:, -1:]
+    for _ in range(max_new_tokens - 1):
+        mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+        position = position + 1
+        out = model(token, attention_mask=mask, position_ids=position, use_cache=True, **kw)
+        token = _greedy(out.logits)
+        yield token
+
+
+class _StaticStep:
+    """One decode step on a preallocated cache, with every input at a fixed shape and address.
+
+    On a GPU the step is compiled with ``mode="reduce-overhead"``: torch.compile fuses what it can and
+    replays the whole step as one CUDA graph, so the CPU launches one graph instead of hundreds of
+    kernels. The first calls pay for compilation and graph capture.
+    """
+
+    def __init__(self, model, cache, compile: bool):
+        self.model, self.kw = model, {_cache_kw(model): cache}
+        forward = self._forward
+        self.step = torch.compile(forward, mode="reduce-overhead", fullgraph=True) if compile else forward
+
+    def _forward(self, token, position, mask):
+        logits = self.model(token, attention_mask=mask, position_ids=position, use_cache=True, **self.kw).logits
+        return _greedy(logits)
+
+
+def _static_cache(model, batch, max_len):
+    from transformers import StaticCache
+
+    return StaticCache(config=model.config, max_cache_len=max_len)
+
+
+@torch.inference_mode()
+def _static_steps(model, input_ids, max_new_tokens, mask, compile=None):
+    batch, prompt = input_ids.shape
+    total = prompt + max_new_tokens
+    if compile is None:
+        compile = input_ids.device.type == "cuda"
+    cache = _static_cache(model, batch, total)
+    # The mask covers the whole cache from the start; a slot becomes visible when its token is written.
+    full_mask = torch.zeros((batch, total), dtype=mask.dtype, device=mask.device)
+    full_mask[:, :prompt] = mask
+    position = _positions(mask)
+    out = model(input_ids, attention_mask=full_mask, position_ids=position, use_cache=True,
+                **{_cache_kw(model): cache})
+    token = _greedy(out.logits)
+    yield token
+    step = _StaticStep(model, cache, compile)
+    position = position[:, -1:].clone()
+    for i in range(max_new_tokens - 1):
+        full_mask[:, prompt + i] = 1
+        position += 1
+        token = step.step(token, position, full_mask).clone()
+        yield token
+
+
+_STEPS = {"naive": _naive_steps, "cached": _cached_steps, "static": _static_steps}
+
+
+def _run(method, model, input_ids, max_new_tokens, attention_mask, **options):
+    mask = _validate(input_ids, max_new_tokens, attention_mask)
+    if max_new_tokens == 0:
+        return _empty(input_ids)
+    tokens = list(_STEPS[method](model, input_ids, max_new_tokens, mask, **options))
+    return torch.cat(tokens, dim=1)
+
+
+def naive_decode(model, input_ids, max_new_tokens, attention_mask=None):
+    """Greedy decode that reruns the model over the full sequence for every token (section 9.2).
+
+    Processes ``positions_processed(P, G)`` token positions. Returns ``[batch, max_new_tokens]``.
+    """
+    return _run("naive", model, input_ids, max_new_tokens, attention_mask)
+
+
+def cached_decode(model, input_ids, max_new_tokens, attention_mask=None):
+    """Greedy decode with a KV cache: prefill once, then one token per step (sections 9.1 and 9.2).
+
+    The model's own cache class (transformers' ``DynamicCache``) grows by one position per layer per
+    step. Returns ``[batch, max_new_tokens]``.
+    """
+    return _run("cached", model, input_ids, max_new_tokens, attention_mask)
+
+
+def static_decode(model, input_ids, max_new_tokens, attention_mask=None, compile=None):
+    """Greedy decode on a cache preallocated for prompt plus output (the optimized loop of 9.2).
+
+    transformers' ``StaticCache`` holds ``P + max_new_tokens`` slots per layer from the start, so no
+    step allocates, and every step sees inputs of the same shape at the same address. ``compile``
+    (default: on a GPU only) wraps the step in ``torch.compile(mode="reduce-overhead")``, which
+    captures it as a CUDA graph. Returns ``[batch, max_new_tokens]``.
+    """
+    return _run("static", model, input_ids, max_new_tokens, attention_mask, compile=compile)
+
+
+# --- timing the loops (section 9.2) --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DecodeProfile:
+    """Wall-clock anatomy of one decode: time to first token, then one time per later step."""
+
+    method: str
+    batch: int
+    prompt_tokens: int
+    new_tokens: int
+    ttft: float
+    step_times: tuple[float, ...]
+    tokens: torch.Tensor
+
+    @property
+    def total(self) -> float:
+        return self.ttft + sum(self.step_times)
+
+    @property
+    def tpot(self) -> float:
+        """Time per output token after the first (the mean decode step); nan with one token."""
+        return sum(self.step_times) / len(self.step_times) if self.step_times else float("nan")
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second over the whole request, all sequences of the batch."""
+        return self.batch * self.new_tokens / self.total if self.total > 0 else float("nan")
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens per second of the decode steps alone (prefill excluded)."""
+        return self.batch / self.tpot if self.step_times else float("nan")
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile_decode(model, input_ids, max_new_tokens, method="cached", attention_mask=None, **options):
+    """Run one decode with ``method`` in ``METHODS`` and time every step of it.
+
+    The first interval (time to first token) covers prefill and the first greedy pick; each later
+    interval one decode step. The device is synchronised at every step, as a streaming server must
+    before it can send the token. Options (``compile=`` for ``static``) pass through.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    mask = _validate(input_ids, max_new_tokens, attention_mask)
+    if max_new_tokens < 1:
+        raise ValueError("profile_decode needs max_new_tokens >= 1")
+    steps = _STEPS[method](model, input_ids, max_new_tokens, mask, **options)
+    times, tokens = [], []
+    _sync(input_ids.device)
+    start = time.perf_counter()
+    for token in steps:
+        _sync(input_ids.device)
+        now = time.perf_counter()
+        times.append(now - start)
+        tokens.append(token)
+        start = now
+    return DecodeProfile(method, input_ids.shape[0], input_ids.shape[1], max_new_tokens,
+                         times[0], tuple(times[1:]), torch.cat(tokens, dim=1))

@@ -1,0 +1,142 @@
+"""The three decode loops against Hugging Face ``generate``, and the closed forms of 9.1 against counting."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvlab
+from kvlab.decode import (
+    attention_work, cached_decode, naive_decode, positions_processed, profile_decode, static_decode,
+)
+
+DECODERS = {"naive": naive_decode, "cached": cached_decode, "static": static_decode}
+PROMPT, NEW = 7, 10
+
+
+@pytest.fixture(scope="module", params=kvlab.models.ARCHITECTURES)
+def model(request):
+    # Small enough for a fast test, big enough to have GQA (llama, qwen2, mistral) or MHA (gpt2).
+    return kvlab.tiny_model(request.param, layers=2, hidden=64, q_heads=4, intermediate=128, vocab=512,
+                            **({} if request.param == "gpt2" else {"kv_heads": 2}))
+
+
+def _prompt(batch, padded, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 512, (batch, PROMPT), generator=g)
+    if not padded:
+        return ids, None
+    mask = torch.ones_like(ids)
+    for row in range(batch):
+        mask[row, : (2 * row + 1) % PROMPT] = 0  # a different amount of left padding per row
+    return ids, mask
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("padded", [False, True])
+def test_all_loops_match_generate(model, batch, padded):
+    ids, mask = _prompt(batch, padded)
+    extra = {} if mask is None else {"attention_mask": mask}
+    expected = model.generate(ids, max_new_tokens=NEW, do_sample=False, **extra)[:, PROMPT:]
+    assert expected.shape == (batch, NEW)
+    for name, decode in DECODERS.items():
+        got = decode(model, ids, NEW, attention_mask=mask)
+        assert got.shape == (batch, NEW), name
+        assert torch.equal(got, expected), f"{name} differs from generate"
+
+
+def _count_forward_positions(model):
+    """Count the token positions every forward pass feeds the model, as the embedding layer sees them."""
+    seen = []
+    handle = model.get_input_embeddings().register_forward_hook(lambda m, args, out: seen.append(args[0].shape[1]))
+    return seen, handle
+
+
+@pytest.mark.parametrize("method, cached", [("naive", False), ("cached", True), ("static", True)])
+def test_positions_processed_matches_the_real_loop(model, method, cached):
+    ids, _ = _prompt(1, False)
+    seen, handle = _count_forward_positions(model)
+    try:
+        DECODERS[method](model, ids, NEW)
+    finally:
+        handle.remove()
+    assert sum(seen) == positions_processed(PROMPT, NEW, cached=cached)
+    assert len(seen) == NEW  # one forward pass per generated token
+
+
+def test_zero_new_tokens_runs_nothing(model):
+    ids, mask = _prompt(3, True)
+    seen, handle = _count_forward_positions(model)
+    try:
+        for decode in DECODERS.values():
+            out = decode(model, ids, 0, attention_mask=mask)
+            assert out.shape == (3, 0) and out.dtype == ids.dtype
+    finally:
+        handle.remove()
+    assert seen == []
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    (-1, ValueError, "max_new_tokens must be >= 0"),
+    (2.0, TypeError, "max_new_tokens must be an int"),
+    (True, TypeError, "max_new_tokens must be an int"),
+    ("3", TypeError, "max_new_tokens must be an int"),
+])
+def test_bad_max_new_tokens(model, bad, error, words):
+    ids, _ = _prompt(1, False)
+    for decode in DECODERS.values():
+        with pytest.raises(error, match=words):
+            decode(model, ids, bad)
+
+
+def test_bad_inputs(model):
+    ids, _ = _prompt(2, False)
+    for decode in DECODERS.values():
+        with pytest.raises(TypeError, match="input_ids must hold integer token ids"):
+            decode(model, ids.float(), 3)
+        with pytest.raises(ValueError, match=r"attention_mask must have the shape of input_ids \[2, 7\]"):
+            decode(model, ids, 3, attention_mask=torch.ones(2, 6, dtype=torch.long))
+        right_padded = torch.ones_like(ids)
+        right_padded[0, -2:] = 0
+        with pytest.raises(ValueError, match="left-padded"):
+            decode(model, ids, 3, attention_mask=right_padded)
+        with pytest.raises(ValueError, match=r"shape \[batch, prompt_length >= 1\]"):
+            decode(model, ids[0], 3)
+
+
+def test_profile_decode_times_the_same_tokens(model):
+    ids, mask = _prompt(3, True)
+    for method in DECODERS:
+        prof = profile_decode(model, ids, NEW, method=method, attention_mask=mask)
+        assert torch.equal(prof.tokens, cached_decode(model, ids, NEW, attention_mask=mask))
+        assert len(prof.step_times) == NEW - 1
+        assert prof.ttft > 0 and all(t > 0 for t in prof.step_times)
+        assert prof.tokens_per_s == pytest.approx(3 * NEW / prof.total)
+    with pytest.raises(ValueError, match="method must be one of"):
+        profile_decode(model, ids, NEW, method="fast")
+
+
+def _brute_force(P, G, cached):
+    positions = pairs = 0
+    for j in range(G):
+        n = P + j  # the sequence length when the j-th token is predicted
+        if cached and j > 0:
+            positions += 1
+            pairs += n
+        else:
+            positions += n
+            pairs += n * n
+    return positions, pairs
+
+
+@settings(max_examples=200, deadline=None)
+@given(P=st.integers(1, 3000), G=st.integers(0, 600), cached=st.booleans())
+def test_closed_forms_equal_counting(P, G, cached):
+    assert (positions_processed(P, G, cached), attention_work(P, G, cached)) == _brute_force(P, G, cached)
+
+
+def test_closed_forms_reject_bad_sizes():
+    with pytest.raises(ValueError, match="P must be >= 1"):
+        positions_processed(0, 5)
+    with pytest.raises(TypeError, match="G must be an int"):
+        attention_work(4, 2.5)
