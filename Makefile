@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 READY := $(VENV)/.ready
+# CPU measurements run on one thread: stable on a shared machine, and every stamp records it.
+export OMP_NUM_THREADS ?= 1
 
 .PHONY: book test lab bench env clean
 

@@ -106,6 +106,12 @@ def _cache_kw(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def _last_logits_only(model) -> dict:
+    """Ask for the last position's logits only: a greedy pick needs no more, and a long prompt's
+    full [batch, P, vocab] logits would cost more memory than its KV cache."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
 def _returned_cache(out):
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
@@ -123,9 +129,9 @@ def _empty(input_ids):
 
 @torch.inference_mode()
 def _naive_steps(model, input_ids, max_new_tokens, mask):
-    ids = input_ids
+    ids, last = input_ids, _last_logits_only(model)
     for _ in range(max_new_tokens):
-        logits = model(ids, attention_mask=mask, position_ids=_positions(mask), use_cache=False).logits
+        logits = model(ids, attention_mask=mask, position_ids=_positions(mask), use_cache=False, **last).logits
         token = _greedy(logits)
         yield token
         ids = torch.cat([ids, token], dim=1)
@@ -135,7 +141,7 @@ def _naive_steps(model, input_ids, max_new_tokens, mask):
 @torch.inference_mode()
 def _cached_steps(model, input_ids, max_new_tokens, mask):
     position = _positions(mask)
-    out = model(input_ids, attention_mask=mask, position_ids=position, use_cache=True)
+    out = model(input_ids, attention_mask=mask, position_ids=position, use_cache=True, **_last_logits_only(model))
     kw = {_cache_kw(model): _returned_cache(out)}
     token = _greedy(out.logits)
     yield token
@@ -184,7 +190,7 @@ def _static_steps(model, input_ids, max_new_tokens, mask, compile=None):
     full_mask[:, :prompt] = mask
     position = _positions(mask)
     out = model(input_ids, attention_mask=full_mask, position_ids=position, use_cache=True,
-                **{_cache_kw(model): cache})
+                **{_cache_kw(model): cache}, **_last_logits_only(model))
     token = _greedy(out.logits)
     yield token
     step = _StaticStep(model, cache, compile)

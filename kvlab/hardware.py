@@ -131,6 +131,7 @@ def stamp() -> dict:
             pass
     return {
         "device": device_name(),
+        "threads": torch.get_num_threads(),
         "driver": driver,
         "torch": torch.__version__,
         "triton": _version("triton"),
@@ -141,9 +142,10 @@ def stamp() -> dict:
 
 
 def stamp_line(s: dict | None = None) -> str:
-    """One line for a figure's corner: device · torch · transformers · date."""
+    """One line for a figure's corner: device · torch · transformers · date (and CPU threads)."""
     s = s or stamp()
-    return f"{s['device']} · torch {s['torch']} · transformers {s['transformers']} · {s['date']}"
+    threads = f" · {s['threads']} thread{'s' * (s['threads'] != 1)}" if "CPU" in s["device"] and "threads" in s else ""
+    return f"{s['device']}{threads} · torch {s['torch']} · transformers {s['transformers']} · {s['date']}"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,19 @@
 import os
 
-# Tests run on the CPU with Triton's interpreter; set before anything imports triton.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+# Without a GPU, Triton kernels run under its interpreter; set before anything imports triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Report how long each notebook took to execute (a figure for the README, never an assertion)."""
+    rows = [(r.nodeid.split("[")[-1].rstrip("]"), dict(r.user_properties)["notebook_seconds"])
+            for r in terminalreporter.stats.get("passed", [])
+            if r.when == "call" and "notebook_seconds" in dict(r.user_properties)]
+    if rows:
+        terminalreporter.write_sep("-", "notebook execution times (this machine)")
+        for name, seconds in sorted(rows):
+            terminalreporter.write_line(f"{name}: {seconds:.0f} s")

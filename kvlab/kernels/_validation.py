@@ -1,0 +1,70 @@
+"""Argument checks shared by the kernels of section 9.5 (PagedAttention).
+
+Every check runs in Python before a launch and raises a ``TypeError`` (wrong kind
+or dtype) or ``ValueError`` (wrong shape, range or device) that names the argument
+and what it may be. A Triton kernel that reads through a bad index does not fail
+cleanly: it reads or writes someone else's memory, so nothing bad gets that far.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _names(dtypes) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def require_tensor(name: str, value) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+
+
+def require_rank(name: str, tensor: torch.Tensor, layout: str) -> None:
+    """``layout`` is the expected shape in words, e.g. ``"[batch, num_q_heads, head_dim]"``."""
+    rank = layout.count(",") + 1
+    if tensor.dim() != rank:
+        raise ValueError(f"{name} must have {rank} dimensions {layout}, got shape {tuple(tensor.shape)}")
+
+
+def require_dtype(name: str, tensor: torch.Tensor, allowed) -> None:
+    if tensor.dtype not in allowed:
+        raise TypeError(f"{name} must have dtype in ({_names(allowed)}), got {tensor.dtype}")
+
+
+def require_same_device(**tensors: torch.Tensor) -> torch.device:
+    devices = {name: t.device for name, t in tensors.items()}
+    first_name, first = next(iter(devices.items()))
+    for name, device in devices.items():
+        if device != first:
+            raise ValueError(f"{name} is on {device} but {first_name} is on {first}; all inputs must share one device")
+    return first
+
+
+def require_kernel_device(device: torch.device) -> None:
+    """Triton runs on CUDA tensors, or on CPU tensors under the interpreter (TRITON_INTERPRET=1)."""
+    if device.type == "cuda":
+        return
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    raise ValueError(
+        f"inputs are on {device}; the Triton kernel needs CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 "
+        "(set before triton is imported); use the *_ref function otherwise"
+    )
+
+
+def is_power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def require_positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value

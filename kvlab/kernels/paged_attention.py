@@ -1,0 +1,397 @@
+"""Paged decode attention (section 9.5, PagedAttention), split-K "flash decoding" in Triton.
+
+One decode step: every sequence has one new query token per query head, and attends
+to its whole history, stored in a paged KV cache
+
+    k_cache, v_cache : [num_blocks, block_size, num_kv_heads, head_dim]
+    block_table      : int32 [batch, max_blocks]   logical block -> physical block
+    seq_lens         : int32 [batch]               tokens in each sequence's cache
+
+Token ``t`` of sequence ``b`` lives at ``k_cache[block_table[b, t // block_size], t % block_size]``.
+
+The kernel runs in two stages:
+
+1. ``_attend_split_kernel``, grid ``(batch, num_kv_heads, num_splits)``. Each program
+   takes one KV head of one sequence and one contiguous range of its tiles of tokens,
+   reads their K and V through the block table once, and attends all the query heads
+   that share this KV head (the GQA group) to them at the same time, with an online
+   softmax in fp32. It writes its partial output (already normalised) and the
+   log-sum-exp of its scores.
+2. ``_merge_splits_kernel``, grid ``(batch, num_q_heads)``, combines the splits with a
+   log-sum-exp merge, the same arithmetic as :func:`merge_partials`.
+
+Splitting the sequence is what lets a batch-1 long-context decode use the whole GPU:
+without it there are only ``batch * num_kv_heads`` programs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._validation import (
+    FLOAT_DTYPES,
+    is_power_of_two,
+    require_dtype,
+    require_kernel_device,
+    require_positive_int,
+    require_rank,
+    require_same_device,
+    require_tensor,
+)
+
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
+TILE_TOKENS = 64  # tokens one stage-1 program handles per loop iteration (may span several blocks)
+MIN_TILES_PER_SPLIT = 2  # below this a split's merge overhead outweighs the parallelism it adds
+MAX_SPLITS = 256  # the automatic choice never goes beyond this
+MAX_GRID_Z = 65535
+CPU_PROGRAM_SLOTS = 4  # stands in for the multiprocessor count under the CPU interpreter
+PROGRAMS_PER_SM = 2
+
+LN2: tl.constexpr = tl.constexpr(math.log(2.0))
+LOG2E = 1.0 / math.log(2.0)  # scores go through exp2, so the scale carries log2(e)
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _attend_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr,
+    partial_out_ptr, partial_lse_ptr,
+    qk_scale_log2,
+    stride_qb, stride_qh, stride_qd,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_vb, stride_vt, stride_vh, stride_vd,
+    stride_btb, stride_btm,
+    num_q_heads,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+
+    seq_len = tl.load(seq_lens_ptr + seq)
+    num_tiles = tl.cdiv(seq_len, TILE_N)
+    tiles_per_split = tl.cdiv(num_tiles, num_splits)
+    first_tile = split * tiles_per_split
+    end_tile = tl.minimum(first_tile + tiles_per_split, num_tiles)  # may be <= first_tile: an empty split
+
+    # The GQA group: query heads kv_head*GROUP ... +GROUP-1, padded to GROUP_PAD rows for tl.dot.
+    rows = tl.arange(0, GROUP_PAD)
+    row_valid = rows < GROUP
+    q_heads = kv_head * GROUP + rows
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(
+        q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + dims[None, :] * stride_qd,
+        mask=row_valid[:, None], other=0.0,
+    )
+
+    running_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)  # in log2 units
+    running_sum = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    for tile in range(first_tile, end_tile):
+        positions = tile * TILE_N + tl.arange(0, TILE_N)
+        token_valid = positions < seq_len
+        # Block-table lookup per token: a tile may cover many small blocks or part of a big one.
+        blocks = tl.load(
+            block_table_ptr + seq * stride_btb + (positions // BLOCK_SIZE) * stride_btm,
+            mask=token_valid, other=0,
+        ).to(tl.int64)
+        offsets = positions % BLOCK_SIZE
+        k = tl.load(
+            k_cache_ptr + blocks[:, None] * stride_kb + offsets[:, None] * stride_kt
+            + kv_head * stride_kh + dims[None, :] * stride_kd,
+            mask=token_valid[:, None], other=0.0,
+        )
+        v = tl.load(
+            v_cache_ptr + blocks[:, None] * stride_vb + offsets[:, None] * stride_vt
+            + kv_head * stride_vh + dims[None, :] * stride_vd,
+            mask=token_valid[:, None], other=0.0,
+        )
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+        scores = tl.where(token_valid[None, :], scores, float("-inf"))
+        # Every tile in [first_tile, end_tile) holds at least one valid token, so new_max is finite.
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        rescale = tl.exp2(running_max - new_max)
+        p = tl.exp2(scores - new_max[:, None])
+        running_sum = running_sum * rescale + tl.sum(p, axis=1)
+        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        running_max = new_max
+
+    # An empty split writes out = 0 and lse = -inf, which the merge weighs by exp(-inf) = 0.
+    has_tokens = running_sum > 0
+    safe_sum = tl.where(has_tokens, running_sum, 1.0)
+    out = acc / safe_sum[:, None]
+    lse = tl.where(has_tokens, (running_max + tl.log2(safe_sum)) * LN2, float("-inf"))  # natural log
+
+    partial_row = (seq * num_q_heads + q_heads) * num_splits + split  # [batch, num_q_heads, num_splits]
+    tl.store(partial_out_ptr + partial_row[:, None] * HEAD_DIM + dims[None, :], out, mask=row_valid[:, None])
+    tl.store(partial_lse_ptr + partial_row, lse, mask=row_valid)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    partial_out_ptr, partial_lse_ptr, out_ptr,
+    stride_ob, stride_oh, stride_od,
+    num_splits,
+    HEAD_DIM: tl.constexpr, SPLIT_TILE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    num_q_heads = tl.num_programs(1)
+    first_row = (seq * num_q_heads + head) * num_splits
+    dims = tl.arange(0, HEAD_DIM)
+    lanes = tl.arange(0, SPLIT_TILE)
+
+    # Pass 1: the largest log-sum-exp. Split 0 always holds token 0, so it is finite.
+    max_lanes = tl.full([SPLIT_TILE], float("-inf"), tl.float32)
+    for start in range(0, num_splits, SPLIT_TILE):
+        splits = start + lanes
+        lse = tl.load(partial_lse_ptr + first_row + splits, mask=splits < num_splits, other=float("-inf"))
+        max_lanes = tl.maximum(max_lanes, lse)
+    global_max = tl.max(max_lanes, axis=0)
+
+    # Pass 2: weights exp(lse - max) <= 1 cannot overflow; an empty split's weight is exp(-inf) = 0
+    # and its stored output is 0, so it adds exactly nothing (no inf - inf, no 0/0).
+    weight_lanes = tl.zeros([SPLIT_TILE], tl.float32)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for start in range(0, num_splits, SPLIT_TILE):
+        splits = start + lanes
+        in_range = splits < num_splits
+        lse = tl.load(partial_lse_ptr + first_row + splits, mask=in_range, other=float("-inf"))
+        part = tl.load(
+            partial_out_ptr + (first_row + splits)[:, None] * HEAD_DIM + dims[None, :],
+            mask=in_range[:, None], other=0.0,
+        )
+        weight = tl.exp(lse - global_max)
+        weight_lanes += weight
+        acc += tl.sum(weight[:, None] * part, axis=0)
+    out = acc / tl.sum(weight_lanes, axis=0)
+    tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims * stride_od, out.to(out_ptr.dtype.element_ty))
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits) -> float:
+    """Validate every argument (section 9.5); return the resolved softmax scale."""
+    _check_types_and_ranks(q, k_cache, v_cache, block_table, seq_lens)
+    _check_shapes(q, k_cache, v_cache, block_table, seq_lens)
+    _check_dtypes(q, k_cache, v_cache, block_table, seq_lens)
+    require_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
+    _check_lengths_and_blocks(block_table, seq_lens, block_size=k_cache.shape[1], num_blocks=k_cache.shape[0])
+    if num_splits is not None:
+        require_positive_int("num_splits", num_splits)
+        if num_splits > MAX_GRID_Z:
+            raise ValueError(f"num_splits must be in [1, {MAX_GRID_Z}] (a CUDA grid dimension), got {num_splits}")
+    return _resolve_scale(scale, q.shape[-1])
+
+
+def _check_types_and_ranks(q, k_cache, v_cache, block_table, seq_lens) -> None:
+    for name, value in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+                        ("block_table", block_table), ("seq_lens", seq_lens)):
+        require_tensor(name, value)
+    require_rank("q", q, "[batch, num_q_heads, head_dim]")
+    require_rank("k_cache", k_cache, "[num_blocks, block_size, num_kv_heads, head_dim]")
+    require_rank("v_cache", v_cache, "[num_blocks, block_size, num_kv_heads, head_dim]")
+    require_rank("block_table", block_table, "[batch, max_blocks]")
+    require_rank("seq_lens", seq_lens, "[batch]")
+
+
+def _check_shapes(q, k_cache, v_cache, block_table, seq_lens) -> None:
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have equal shapes, got {tuple(k_cache.shape)} "
+                         f"and {tuple(v_cache.shape)}")
+    batch, num_q_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, cache_head_dim = k_cache.shape
+    if head_dim != cache_head_dim:
+        raise ValueError(f"q head_dim ({head_dim}) must equal k_cache head_dim ({cache_head_dim})")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+    if num_kv_heads < 1 or num_q_heads < 1 or num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads ({num_q_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
+    if not is_power_of_two(block_size):
+        raise ValueError(f"block_size (k_cache.shape[1]) must be a power of two >= 1, got {block_size}")
+    if num_blocks < 1:
+        raise ValueError("k_cache must hold at least one block (num_blocks >= 1)")
+    if block_table.shape[0] != batch or seq_lens.shape[0] != batch:
+        raise ValueError(f"block_table rows ({block_table.shape[0]}) and seq_lens length ({seq_lens.shape[0]}) "
+                         f"must both equal the batch size of q ({batch})")
+
+
+def _check_dtypes(q, k_cache, v_cache, block_table, seq_lens) -> None:
+    require_dtype("q", q, FLOAT_DTYPES)
+    require_dtype("k_cache", k_cache, FLOAT_DTYPES)
+    if v_cache.dtype != k_cache.dtype or q.dtype != k_cache.dtype:
+        raise TypeError(f"q, k_cache and v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, "
+                        f"{v_cache.dtype}")
+    require_dtype("block_table", block_table, (torch.int32,))
+    require_dtype("seq_lens", seq_lens, (torch.int32,))
+
+
+def _check_lengths_and_blocks(block_table, seq_lens, block_size: int, num_blocks: int) -> None:
+    """Lengths in [1, max_blocks * block_size]; every block a sequence uses in [0, num_blocks)."""
+    max_blocks = block_table.shape[1]
+    capacity = max_blocks * block_size
+    lens = seq_lens.to("cpu", torch.int64)
+    if lens.numel() and (lens.min() < 1 or lens.max() > capacity):
+        bad = int(((lens < 1) | (lens > capacity)).nonzero()[0, 0])
+        raise ValueError(f"seq_lens[{bad}] = {int(lens[bad])} is outside [1, {capacity}] "
+                         f"(max_blocks {max_blocks} * block_size {block_size})")
+    table = block_table.to("cpu", torch.int64)
+    blocks_used = (lens + block_size - 1) // block_size
+    in_use = torch.arange(max_blocks)[None, :] < blocks_used[:, None]
+    bad = in_use & ((table < 0) | (table >= num_blocks))
+    if bad.any():
+        row, col = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"block_table[{row}, {col}] = {int(table[row, col])} is outside [0, {num_blocks}) "
+                         f"(num_blocks); sequence {row} uses its first {int(blocks_used[row])} entries")
+
+
+def _resolve_scale(scale, head_dim: int) -> float:
+    if scale is None:
+        return head_dim ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float > 0 or None, got {type(scale).__name__}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite float > 0, got {scale}")
+    return float(scale)
+
+
+# --------------------------------------------------------------------------- host side
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, multiprocessors: int) -> int:
+    """Splits per sequence so that the stage-1 grid fills the machine (section 9.5).
+
+    Without splitting there are only ``batch * num_kv_heads`` programs, far fewer than a
+    GPU's multiprocessors for a batch-1 decode. Aim for ``PROGRAMS_PER_SM`` programs per
+    multiprocessor, but give every split at least ``MIN_TILES_PER_SPLIT`` tiles of the
+    longest sequence (shorter ones get empty splits), and stop at ``MAX_SPLITS``.
+    """
+    wanted = math.ceil(PROGRAMS_PER_SM * multiprocessors / max(1, batch * num_kv_heads))
+    useful = math.ceil(max_seq_len / (TILE_TOKENS * MIN_TILES_PER_SPLIT))
+    return max(1, min(wanted, useful, MAX_SPLITS))
+
+
+def multiprocessor_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; a fixed small number on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return CPU_PROGRAM_SLOTS
+
+
+def _group_rows(group: int) -> int:
+    """tl.dot needs at least 16 rows: pad the GQA group to a power of two >= 16."""
+    return max(16, triton.next_power_of_2(group))
+
+
+def _launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int) -> torch.Tensor:
+    batch, num_q_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_q_heads // num_kv_heads
+    out = torch.empty_like(q)
+    seq_lens = seq_lens.contiguous()  # the kernel indexes it as a flat array
+    partial_out = torch.empty((batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+    partial_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
+
+    _attend_split_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_table, seq_lens, partial_out, partial_lse,
+        scale * LOG2E,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(),
+        num_q_heads,
+        GROUP=group, GROUP_PAD=_group_rows(group), HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, TILE_N=TILE_TOKENS,
+        # fp32 caches: true fp32 products, not TF32 (10-bit mantissa); half caches: the backend default.
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+        num_warps=4,
+    )
+    _merge_splits_kernel[(batch, num_q_heads)](
+        partial_out, partial_lse, out, *out.stride(), num_splits,
+        HEAD_DIM=head_dim, SPLIT_TILE=min(16, triton.next_power_of_2(num_splits)),
+    )
+    return out
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):
+    """One decode step of attention over a paged KV cache, in Triton (section 9.5, PagedAttention).
+
+    Args:
+        q: ``[batch, num_q_heads, head_dim]``, float16, bfloat16 or float32.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, q's dtype;
+            ``block_size`` a power of two, ``head_dim`` in ``SUPPORTED_HEAD_DIMS``,
+            ``num_q_heads`` a multiple of ``num_kv_heads`` (grouped-query attention).
+        block_table: int32 ``[batch, max_blocks]``; the first ``ceil(seq_lens[b] / block_size)``
+            entries of row ``b`` must be in ``[0, num_blocks)``, the rest are never read.
+        seq_lens: int32 ``[batch]``, each in ``[1, max_blocks * block_size]``.
+        scale: softmax scale, default ``head_dim ** -0.5``.
+        num_splits: how many parts each sequence is split into (split-K); default from
+            :func:`choose_num_splits`.
+
+    Returns:
+        ``[batch, num_q_heads, head_dim]`` in q's dtype; accumulation is fp32.
+
+    Validation reads ``seq_lens`` and ``block_table`` on the host, one device sync.
+    """
+    scale = _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+    require_kernel_device(q.device)
+    if q.shape[0] == 0:
+        return torch.empty_like(q)
+    if num_splits is None:
+        longest = int(seq_lens.max())
+        num_splits = choose_num_splits(q.shape[0], k_cache.shape[2], longest, multiprocessor_count(q.device))
+    return _launch(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+
+
+def paged_decode_attention_ref(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):
+    """Plain-PyTorch paged decode attention, same signature (section 9.5, PagedAttention).
+
+    Gathers each sequence's K and V through its block table, repeats each KV head over
+    its GQA group, and applies softmax attention in fp32. ``num_splits`` is validated
+    and otherwise ignored: one pass is the definition the splits must reproduce.
+    """
+    scale = _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+    group = q.shape[1] // k_cache.shape[2]
+    out = torch.empty_like(q)
+    for b, length in enumerate(seq_lens.tolist()):
+        keys, values = _gather_sequence(k_cache, v_cache, block_table[b], length)
+        keys = keys.repeat_interleave(group, dim=1).float()  # [length, num_q_heads, head_dim]
+        values = values.repeat_interleave(group, dim=1).float()
+        scores = torch.einsum("hd,thd->ht", q[b].float(), keys) * scale
+        out[b] = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), values).to(q.dtype)
+    return out
+
+
+def _gather_sequence(k_cache, v_cache, table_row, length: int):
+    """K and V of one sequence in logical order, ``[length, num_kv_heads, head_dim]`` each."""
+    block_size = k_cache.shape[1]
+    blocks = table_row[: -(-length // block_size)].long()
+    keys = k_cache[blocks].flatten(0, 1)[:length]
+    values = v_cache[blocks].flatten(0, 1)[:length]
+    return keys, values
+
+
+def merge_partials(outs: torch.Tensor, lses: torch.Tensor):
+    """Merge attention computed over disjoint parts of a sequence (section 9.5, split-K).
+
+    ``outs[i]`` is softmax attention over part ``i`` alone (``[num_parts, ..., head_dim]``)
+    and ``lses[i]`` the natural log-sum-exp of that part's scaled scores
+    (``[num_parts, ...]``); an empty part has ``lse = -inf``. Returns ``(out, lse)`` of
+    the union, exactly what one pass over all the tokens gives.
+    """
+    top = lses.max(dim=0).values
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # all parts empty: avoid -inf - -inf
+    weights = torch.exp(lses - top)  # <= 1, and exactly 0 for an empty part
+    # An empty part's output is undefined (may be NaN); mask it so 0 * NaN cannot leak in.
+    parts = torch.where(weights[..., None] > 0, outs, torch.zeros_like(outs))
+    total = weights.sum(dim=0)
+    safe_total = torch.where(total > 0, total, torch.ones_like(total))
+    out = (weights[..., None] * parts).sum(dim=0) / safe_total[..., None]
+    lse = torch.where(total > 0, top + torch.log(safe_total), torch.full_like(total, float("-inf")))
+    return out, lse
