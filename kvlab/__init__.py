@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 _LAZY = {name: "decode" for name in ("naive_decode", "cached_decode", "static_decode", "profile_decode")}
 _LAZY["explore"] = "widgets"
-_SUBMODULES = {"decode", "widgets", "plots", "roofline", "bench"}
+_SUBMODULES = {"decode", "widgets", "plots", "roofline", "bench", "gemv"}
 
 
 def __getattr__(name):

@@ -73,6 +73,14 @@ def decode_loops(reps: int = 3) -> list[Row]:
     return rows
 
 
+@benchmark("9.3 GEMV and the ridge")
+def gemv_ridge() -> list[Row]:
+    """Batch-1 GEMV bandwidth against copy bandwidth, and the ridge point, calibrated and measured."""
+    from .gemv import bench_rows
+
+    return bench_rows()
+
+
 def run(names=None) -> dict[str, list[Row]]:
     """Run the named benchmarks (all by default) and return their rows."""
     names = list(BENCHMARKS) if names is None else names

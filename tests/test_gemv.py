@@ -1,0 +1,217 @@
+"""kvlab.gemv: the counts behind the GEMV sweep and the decode-step profile (section 9.3).
+
+Timings are never asserted (a shared CPU is noisy): the tests check shapes, units, that every FLOP
+and byte count equals its formula, that the profile's parts add up, and that bad input says what
+is wrong.
+"""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvlab
+from kvlab import gemv
+from kvlab import roofline as rf
+from kvlab.hardware import Accelerator, Calibration
+
+SMALL = dict(layers=2, hidden=128, q_heads=4, kv_heads=2, intermediate=256, vocab=512)
+CAL = Calibration(copy_bytes_per_s=20e9, matmul_flops=60e9, matmul_dtype="float32", device="test CPU")
+
+
+# ----------------------------------------------------------------- counts
+
+
+def test_counts_equal_the_formulas():
+    n, K, N, w = 3, 4096, 6144, 4
+    assert gemv.matmul_flops(n, K, N) == 2 * 3 * 4096 * 6144
+    assert gemv.matmul_bytes(n, K, N, w) == (4096 * 6144 + 3 * 4096 + 3 * 6144) * 4
+    assert gemv.matmul_intensity(n, K, N, w) == gemv.matmul_flops(n, K, N) / gemv.matmul_bytes(n, K, N, w)
+
+
+def test_gemv_intensity_is_about_2_over_w_and_bounded():
+    # batch one: 2KN FLOP on about KN w bytes, so 2 / w FLOP/B (1 for bf16, 0.5 for fp32)
+    assert gemv.matmul_intensity(1, 8192, 8192, 2) == pytest.approx(1.0, rel=1e-3)
+    assert gemv.matmul_intensity(1, 4096, 6144, 4) == pytest.approx(0.5, rel=1e-3)
+    # however large n grows, at most 2KN / ((K + N) w)
+    ceiling = 2 * 8192 * 8192 / ((8192 + 8192) * 2)
+    assert gemv.matmul_intensity(10**9, 8192, 8192, 2) < ceiling
+    assert gemv.matmul_intensity(10**9, 8192, 8192, 2) == pytest.approx(ceiling, rel=1e-4)
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 10**5), K=st.integers(1, 20_000), N=st.integers(1, 20_000), w=st.sampled_from([1, 2, 4]))
+def test_batch_at_intensity_inverts_the_intensity(n, K, N, w):
+    assert gemv.batch_at_intensity(gemv.matmul_intensity(n, K, N, w), K, N, w) == pytest.approx(n, rel=1e-9)
+
+
+def test_batch_at_intensity_beyond_reach_is_infinite():
+    # the 8192 x 8192 bf16 ceiling is 4096 FLOP/B: the H100 ridge (295) is reached, 5000 never is
+    assert gemv.batch_at_intensity(295, 8192, 8192, 2) == pytest.approx(295 * 2 * 8192**2 / (2 * 8192**2 - 295 * 2 * 16384))
+    assert gemv.batch_at_intensity(5000, 8192, 8192, 2) == math.inf
+
+
+@pytest.mark.parametrize("call, kind, words", [
+    (lambda: gemv.matmul_flops(0, 8, 8), ValueError, "n must be an int >= 1"),
+    (lambda: gemv.matmul_flops(1.5, 8, 8), TypeError, "n must be an int"),
+    (lambda: gemv.matmul_bytes(1, -8, 8, 2), ValueError, "K must be an int >= 1"),
+    (lambda: gemv.matmul_bytes(1, 8, 8, 0), ValueError, "element_size"),
+    (lambda: gemv.matmul_intensity(1, 8, True, 2), TypeError, "N must be an int"),
+    (lambda: gemv.batch_at_intensity(0, 8, 8, 2), ValueError, "intensity"),
+    (lambda: gemv.sweep(ns=[0], K=8, N=8, device="cpu"), ValueError, "n must be an int >= 1"),
+    (lambda: gemv.sweep(ns=[], K=8, N=8, device="cpu"), ValueError, "at least one n"),
+    (lambda: gemv.sweep(ns=4, K=8, N=8, device="cpu"), TypeError, "ns must be a sequence"),
+    (lambda: gemv.sweep(ns=[1], K=0, N=8, device="cpu"), ValueError, "K must be"),
+    (lambda: gemv.sweep(ns=[1], K=8, N=8, dtype="float99", device="cpu"), ValueError, "dtype"),
+    (lambda: gemv.sweep(ns=[1], K=8, N=8, dtype=torch.int32, device="cpu"), ValueError, "floating-point"),
+    (lambda: gemv.sweep(ns=[1], K=8, N=8, copies=0, device="cpu"), ValueError, "copies"),
+])
+def test_bad_input_names_the_argument(call, kind, words):
+    with pytest.raises(kind) as info:
+        call()
+    assert words in str(info.value)
+
+
+# ----------------------------------------------------------------- the sweep
+
+
+@pytest.fixture(scope="module")
+def small_sweep():
+    return gemv.sweep(ns=[4, 1, 2, 2], K=64, N=96, dtype="float32", device="cpu", warmup=0, reps=2)
+
+
+def test_sweep_shapes_and_units(small_sweep):
+    s = small_sweep
+    assert s.ns == [1, 2, 4] and (s.K, s.N, s.dtype) == (64, 96, "float32")
+    assert isinstance(s.device, str) and s.device
+    for p in s.points:
+        assert (p.K, p.N, p.element_size) == (64, 96, 4)
+        assert 0 < p.min_seconds <= p.seconds <= p.max_seconds
+        assert p.flops == 2 * p.n * 64 * 96
+        assert p.bytes == (64 * 96 + p.n * 64 + p.n * 96) * 4
+        assert p.intensity == p.flops / p.bytes
+        assert p.flops_per_s == p.flops / p.seconds and p.bytes_per_s == p.bytes / p.seconds
+    assert s.at(2).n == 2
+    with pytest.raises(KeyError, match="measured"):
+        s.at(3)
+
+
+def test_sweep_knee(small_sweep):
+    s = small_sweep
+    first = s.points[0]
+    assert s.peak_flops_per_s == max(p.flops_per_s for p in s.points)
+    assert s.knee_batch == pytest.approx(s.peak_flops_per_s / (first.flops_per_s / first.n))
+    assert s.knee_batch >= 1
+    # the measured ridge in FLOP/B is the intensity formula at the knee (a real n)
+    assert gemv.batch_at_intensity(s.knee_intensity, 64, 96, 4) == pytest.approx(s.knee_batch)
+
+
+def test_default_sizes():
+    cpu, gpu = gemv.default_sizes(gpu=False), gemv.default_sizes(gpu=True)
+    assert cpu["ns"][0] == 1 and cpu["ns"][-1] == 512 and cpu["dtype"] == "float32"
+    assert gpu["ns"][0] == 1 and gpu["ns"][-1] == 4096 and gpu["dtype"] == "bfloat16"
+    assert (gpu["K"], gpu["N"]) == (8192, 8192)
+    assert cpu["K"] * cpu["N"] * 4 > 64 * 2**20  # far beyond a last-level cache
+
+
+# ----------------------------------------------------------------- the calibrated device
+
+
+def test_calibrated_device_feeds_the_roofline():
+    hw = gemv.calibrated_device(CAL, memory=32e9)
+    assert isinstance(hw, Accelerator)
+    assert (hw.hbm_bytes, hw.hbm_bytes_per_s, hw.bf16_flops, hw.dies) == (32e9, 20e9, 60e9, 1)
+    assert rf.ridge_point(hw) == 3.0
+    shape = kvlab.SHAPES["llama-3.2-1b"]
+    assert rf.step_time_floor(shape, hw, 1, 1000) == rf.step_bytes(shape, 1, 1000).total / 20e9
+    assert gemv.memory_bytes("cpu") > 0
+
+
+# ----------------------------------------------------------------- a decode step
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    return kvlab.tiny_model("llama", device="cpu", **SMALL)
+
+
+def test_weight_read_bytes_counts_embedding_rows_only(small_model):
+    m = small_model
+    every = sum(p.numel() * p.element_size() for p in m.parameters())
+    table = m.get_input_embeddings().weight
+    row = table[0].numel() * table.element_size()
+    assert gemv.weight_read_bytes(m, batch=1) == every - table.numel() * table.element_size() + row
+    assert gemv.weight_read_bytes(m, batch=3) == gemv.weight_read_bytes(m, batch=1) + 2 * row
+
+
+def test_weight_read_bytes_tied_table_is_read_whole():
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(100, 8)
+            self.head = torch.nn.Linear(8, 100, bias=False)
+            self.head.weight = self.embed.weight
+
+    assert gemv.weight_read_bytes(Tied()) == 100 * 8 * 4
+
+
+def test_random_cache_and_repeatable_step(small_model):
+    cache = gemv.random_cache(small_model, batch=2, context=10)
+    assert cache.get_seq_length() == 10
+    step = gemv._Step(small_model, batch=2, context=10)
+    for _ in range(3):
+        step()
+        assert step.cache.get_seq_length() == 10  # the appended token is dropped again
+
+
+def test_step_time_is_a_timing(small_model):
+    t = gemv.step_time(small_model, batch=2, context=16, warmup=0, reps=2)
+    assert len(t.times) == 2 and 0 < t.min <= t.median <= t.max
+    with pytest.raises(ValueError, match="batch"):
+        gemv.step_time(small_model, batch=0)
+    with pytest.raises(TypeError, match="context"):
+        gemv.step_time(small_model, context=1.5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_profile_step_parts_add_up(arch):
+    overrides = dict(SMALL) if arch == "llama" else dict(layers=2, hidden=64, q_heads=4, intermediate=128, vocab=256)
+    m = kvlab.tiny_model(arch, device="cpu", **overrides)
+    p = gemv.profile_step(m, batch=2, context=24, warmup=1, reps=2, calibration=CAL)
+    # one row per weight matrix: q, k, v, o, gate, up, down per layer, plus the head (GPT-2's Conv1D: 4 per layer)
+    per_layer = 7 if arch == "llama" else 4
+    assert len(p.modules) == per_layer * m.shape.layers + 1
+    assert {r.part for r in p.modules} <= {"attention projections", "MLP", "output head", "other matrices"}
+    assert sum(r.weight_bytes for r in p.modules) <= p.weight_bytes
+    assert (p.batch, p.context, p.dtype) == (2, 24, "float32")
+    assert p.kv_bytes == 2 * 24 * m.shape.kv_bytes_per_token(4)
+    assert p.weight_bytes == gemv.weight_read_bytes(m, batch=2)
+    assert p.matmul_seconds == pytest.approx(sum(r.seconds for r in p.modules))
+    parts = p.by_part()
+    assert sum(parts.values()) == pytest.approx(max(p.hooked_seconds, p.matmul_seconds))
+    assert p.weight_read_seconds == p.weight_bytes / 20e9
+    assert p.weight_read_fraction == p.weight_read_seconds / p.step_seconds
+    assert p.floor_seconds == (p.weight_bytes + p.kv_bytes) / 20e9
+    # the hooks are gone afterwards
+    assert all(not mod._forward_hooks and not mod._forward_pre_hooks for mod in m.modules())
+
+
+# ----------------------------------------------------------------- bench rows
+
+
+def test_bench_rows(small_sweep):
+    rows = gemv.bench_rows(small_sweep, calibration=CAL)
+    by = {r.name: r for r in rows}
+    one = small_sweep.points[0]
+    assert by["GEMV bandwidth, batch 1"].unit == "GB/s"
+    assert by["GEMV bandwidth, batch 1"].value == one.bytes_per_s / 1e9
+    assert by["GEMV / copy bandwidth"].value == one.bytes_per_s / 20e9
+    assert by["ridge point, calibrated"].value == 3.0 and by["ridge point, calibrated"].unit == "FLOP/B"
+    assert by["ridge batch, calibrated"].value == gemv.batch_at_intensity(3.0, 64, 96, 4)
+    assert by["ridge batch, measured"].value == small_sweep.knee_batch
+    assert by["ridge point, measured"].value == small_sweep.knee_intensity
+    assert all(isinstance(r.value, float) and r.note for r in rows)
+    assert dataclasses.is_dataclass(rows[0])
