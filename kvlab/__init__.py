@@ -15,7 +15,8 @@ __version__ = "0.1.0"
 
 _LAZY = {name: "decode" for name in ("naive_decode", "cached_decode", "static_decode", "profile_decode")}
 _LAZY["explore"] = "widgets"
-_SUBMODULES = {"decode", "widgets", "plots", "roofline", "bench", "gemv"}
+_SUBMODULES = {"bench", "decode", "gemv", "kernels", "layout", "longctx", "paged_decode", "paging", "plots",
+               "roofline", "ssm", "widgets"}
 
 
 def __getattr__(name):

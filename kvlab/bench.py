@@ -81,6 +81,38 @@ def gemv_ridge() -> list[Row]:
     return bench_rows()
 
 
+@benchmark("9.4 KV layouts")
+def kv_layouts() -> list[Row]:
+    """Decode-read bandwidth and append cost per layout, and MHA against GQA read time."""
+    from .layout import bench_rows
+
+    return bench_rows()
+
+
+@benchmark("9.5 paged attention and admission")
+def paged_attention() -> list[Row]:
+    """Paged against contiguous decode attention, and the admission simulator's waste and batch."""
+    from .paged_decode import bench_rows
+
+    return bench_rows()
+
+
+@benchmark("9.6 SSM state and scans")
+def ssm_state() -> list[Row]:
+    """Scan orders' prefill time as ratios, and Mamba against Llama decode steps at two contexts."""
+    from .ssm import bench_rows
+
+    return bench_rows()
+
+
+@benchmark("9.7 long-context caches")
+def long_context_caches() -> list[Row]:
+    """Decode step time with full, windowed and KIVI-quantized caches, as ratios to the full cache."""
+    from .longctx import bench_rows
+
+    return bench_rows()
+
+
 def run(names=None) -> dict[str, list[Row]]:
     """Run the named benchmarks (all by default) and return their rows."""
     names = list(BENCHMARKS) if names is None else names

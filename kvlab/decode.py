@@ -139,9 +139,13 @@ def _naive_steps(model, input_ids, max_new_tokens, mask):
 
 
 @torch.inference_mode()
-def _cached_steps(model, input_ids, max_new_tokens, mask):
+def _cached_steps(model, input_ids, max_new_tokens, mask, cache=None):
     position = _positions(mask)
-    out = model(input_ids, attention_mask=mask, position_ids=position, use_cache=True, **_last_logits_only(model))
+    # ``cache``: a transformers Cache to fill instead of the model's default (section 9.7's windowed,
+    # sink and quantized caches); None lets the model create its own DynamicCache.
+    given = {} if cache is None else {_cache_kw(model): cache}
+    out = model(input_ids, attention_mask=mask, position_ids=position, use_cache=True, **given,
+                **_last_logits_only(model))
     kw = {_cache_kw(model): _returned_cache(out)}
     token = _greedy(out.logits)
     yield token
@@ -221,13 +225,14 @@ def naive_decode(model, input_ids, max_new_tokens, attention_mask=None):
     return _run("naive", model, input_ids, max_new_tokens, attention_mask)
 
 
-def cached_decode(model, input_ids, max_new_tokens, attention_mask=None):
+def cached_decode(model, input_ids, max_new_tokens, attention_mask=None, cache=None):
     """Greedy decode with a KV cache: prefill once, then one token per step (sections 9.1 and 9.2).
 
-    The model's own cache class (transformers' ``DynamicCache``) grows by one position per layer per
-    step. Returns ``[batch, max_new_tokens]``.
+    By default the model's own cache class (transformers' ``DynamicCache``) grows by one position per
+    layer per step. ``cache`` passes a fresh transformers ``Cache`` to fill instead (section 9.7:
+    ``kvlab.longctx``'s windowed, sink, quantized and latent caches). Returns ``[batch, max_new_tokens]``.
     """
-    return _run("cached", model, input_ids, max_new_tokens, attention_mask)
+    return _run("cached", model, input_ids, max_new_tokens, attention_mask, cache=cache)
 
 
 def static_decode(model, input_ids, max_new_tokens, attention_mask=None, compile=None):

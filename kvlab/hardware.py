@@ -106,10 +106,14 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _version(module: str) -> str:
+def _version(distribution: str) -> str:
+    # Read the installed metadata rather than importing: importing triton here would fix its
+    # interpreter mode before kvlab.kernels can choose it.
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        return __import__(module).__version__
-    except Exception:
+        return version(distribution)
+    except PackageNotFoundError:
         return "not installed"
 
 

@@ -168,6 +168,8 @@ def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape |
 
     from .hardware import device as default_device
 
+    if arch in SSM_ARCHITECTURES:  # a selective SSM (section 9.6); see _tiny_mamba for why not in ARCHITECTURES
+        return _tiny_mamba(size, shape, dtype, device, seed, **overrides)
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
     if size not in ("cpu", "real"):
@@ -200,6 +202,138 @@ def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape |
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     model.shape = ModelShape.from_config(config, name=base.name)
+    return model
+
+
+# --- Selective state-space models (section 9.6) ------------------------------------------------
+
+@dataclass(frozen=True)
+class SSMShape:
+    """The constants of a Mamba decoder that its serving state depends on (section 9.6).
+
+    Each of the ``layers`` blocks widens the ``hidden`` stream to ``d_inner = expand * hidden``
+    channels, runs a depthwise causal convolution of width ``conv_kernel`` over them, and then a
+    selective scan whose state holds ``state_size`` numbers per channel. A sequence therefore keeps,
+    per layer, a convolution window of ``d_inner * conv_kernel`` inputs (transformers keeps the whole
+    window, mamba_ssm too) and an SSM state of ``d_inner * state_size``, whatever its length.
+    ``dt_rank`` is the rank of the step-size projection (Mamba's default: ceil(hidden / 16)).
+    """
+
+    name: str
+    layers: int
+    hidden: int
+    state_size: int
+    vocab: int
+    expand: int = 2
+    conv_kernel: int = 4
+    dt_rank: int | None = None
+
+    def __post_init__(self):
+        for field in ("layers", "hidden", "state_size", "vocab", "expand", "conv_kernel"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"SSMShape.{field} must be a positive int, got {value!r}")
+        if self.dt_rank is not None and (isinstance(self.dt_rank, bool) or not isinstance(self.dt_rank, int)
+                                         or self.dt_rank < 1):
+            raise ValueError(f"SSMShape.dt_rank must be a positive int or None, got {self.dt_rank!r}")
+
+    @property
+    def d_inner(self) -> int:
+        return self.expand * self.hidden
+
+    @property
+    def time_step_rank(self) -> int:
+        return self.dt_rank if self.dt_rank is not None else -(-self.hidden // 16)
+
+    @property
+    def params(self) -> float:
+        """Parameters (tied embeddings): per layer in_proj, conv, x_proj, dt_proj, A, D and out_proj."""
+        d, n, r, h = self.d_inner, self.state_size, self.time_step_rank, self.hidden
+        per_layer = h * 2 * d + d * (self.conv_kernel + 1) + d * (r + 2 * n) + r * d + d + d * n + d + d * h + h
+        return float(self.layers * per_layer + self.vocab * h + h)
+
+    def state_bytes_per_layer(self, bytes_per_element: float = 2, state_bytes_per_element: float | None = None):
+        """Bytes one sequence keeps in one layer: conv window plus SSM state, independent of its length.
+
+        ``state_bytes_per_element`` is the SSM state's element size when it differs from the
+        convolution window's (transformers' PyTorch path keeps the SSM state in fp32).
+        """
+        if not bytes_per_element > 0:
+            raise ValueError(f"bytes_per_element must be > 0, got {bytes_per_element!r}")
+        state_bytes = bytes_per_element if state_bytes_per_element is None else state_bytes_per_element
+        if not state_bytes > 0:
+            raise ValueError(f"state_bytes_per_element must be > 0, got {state_bytes_per_element!r}")
+        return self.d_inner * (self.conv_kernel * bytes_per_element + self.state_size * state_bytes)
+
+    def state_bytes_per_sequence(self, bytes_per_element: float = 2, state_bytes_per_element: float | None = None):
+        return self.layers * self.state_bytes_per_layer(bytes_per_element, state_bytes_per_element)
+
+    @classmethod
+    def from_config(cls, config, name: str | None = None) -> "SSMShape":
+        """The shape of a Hugging Face ``MambaConfig``."""
+        return cls(name=name or getattr(config, "_name_or_path", "") or "mamba", layers=config.num_hidden_layers,
+                   hidden=config.hidden_size, state_size=config.state_size, vocab=config.vocab_size,
+                   expand=config.intermediate_size // config.hidden_size, conv_kernel=config.conv_kernel,
+                   dt_rank=int(config.time_step_rank))
+
+
+# Published Mamba shapes (the state-spaces/mamba-*-hf configs; vocab padded to 50280).
+SSM_SHAPES: dict[str, SSMShape] = {
+    "mamba-130m": SSMShape("Mamba-130M", 24, 768, 16, 50280, dt_rank=48),
+    "mamba-1.4b": SSMShape("Mamba-1.4B", 48, 2048, 16, 50280, dt_rank=128),
+}
+# Accepted by tiny_model but kept out of ARCHITECTURES: kvlab.decode passes the growing attention mask
+# at every decode step and uses StaticCache, which MambaForCausalLM does not take (section 9.6).
+SSM_ARCHITECTURES = ("mamba",)
+_SSM_REAL_DEFAULT = "mamba-130m"
+# CPU size: about the parameter count of the CPU-size Llama (8 Mamba blocks ~ 4 attention+MLP blocks).
+_SSM_CPU = SSMShape("tiny-mamba", layers=8, hidden=512, state_size=16, vocab=8192)
+
+
+def _tiny_mamba(size, shape, dtype, device, seed, **overrides):
+    """``tiny_model("mamba", ...)``: a random-weight ``MambaForCausalLM`` (section 9.6).
+
+    ``size="cpu"`` gives 8 blocks of width 512 with a 16-element state per channel; ``size="real"``
+    the ``SSM_SHAPES`` entry named by ``shape`` (default Mamba-130M). ``overrides`` replace
+    ``SSMShape`` fields. ``model.shape`` is an ``SSMShape``.
+    """
+    import dataclasses
+
+    import torch
+    import transformers
+
+    from .hardware import device as default_device
+
+    if size not in ("cpu", "real"):
+        raise ValueError(f"size must be 'cpu' or 'real', got {size!r}")
+    if isinstance(shape, SSMShape):
+        base = shape
+    elif size == "real" or shape is not None:
+        if (shape or _SSM_REAL_DEFAULT) not in SSM_SHAPES:
+            raise ValueError(f"shape must be one of {list(SSM_SHAPES)} or an SSMShape, got {shape!r}")
+        base = SSM_SHAPES[shape or _SSM_REAL_DEFAULT]
+    else:
+        base = _SSM_CPU
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(SSMShape)}
+    if unknown:
+        raise ValueError(f"unknown SSMShape field(s) {sorted(unknown)} for arch 'mamba'")
+    base = dataclasses.replace(base, **overrides)
+    dev = torch.device(device) if device is not None else default_device()
+    if dtype is None:
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    config = transformers.MambaConfig(
+        hidden_size=base.hidden, num_hidden_layers=base.layers, state_size=base.state_size,
+        vocab_size=base.vocab, expand=base.expand, conv_kernel=base.conv_kernel,
+        time_step_rank=base.time_step_rank, bos_token_id=None, eos_token_id=None, pad_token_id=0,
+    )
+    config.name_or_path = base.name
+    torch.manual_seed(seed)
+    with torch.device(dev):
+        model = transformers.MambaForCausalLM(config).to(dtype)
+    model.eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    model.shape = base
     return model
 
 

@@ -6,11 +6,28 @@ without bf16 arithmetic).
 """
 
 import os
+import sys
 
 import torch
 
-if not torch.cuda.is_available():
+
+def _switch_on_interpreter() -> None:
+    """Without CUDA, run Triton under its interpreter. Triton reads the switch when it is imported
+    (its own ``@triton.jit`` helpers become interpretable then), so if something imported it
+    earlier (``kvlab.env()`` asks for its version, transformers probes for it), drop those modules
+    and let the import below load them again with the switch on."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    if os.environ["TRITON_INTERPRET"] == "1":
+        stale = [m for m in sys.modules if m == "triton" or m.startswith("triton.")]
+        for name in stale:
+            if not name.startswith("triton._C"):  # the compiled extension cannot be loaded twice
+                del sys.modules[name]
+
+
+if not torch.cuda.is_available():
+    _switch_on_interpreter()
 
 from .paged_attention import (  # noqa: E402  (the interpreter switch must come first)
     SUPPORTED_HEAD_DIMS,
@@ -30,3 +47,7 @@ __all__ = [
     "store_kv",
     "store_kv_ref",
 ]
+
+from .ssm_scan import selective_state_update, selective_state_update_ref  # noqa: E402  (section 9.6)
+
+__all__ += ["selective_state_update", "selective_state_update_ref"]

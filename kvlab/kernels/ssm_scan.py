@@ -1,0 +1,114 @@
+"""The decode-step update of a selective SSM in Triton (section 9.6, hybrid attention and SSM state).
+
+Every decode token of every Mamba layer reads the sequence's state ``[dim, state]``, decays it,
+adds the token's input, writes it back in place and reduces it against ``C_t`` for the output. The
+state is the same size at token 10 and at token 100,000: the step's traffic does not grow with
+context, unlike an attention step that rereads the KV cache.
+
+One program handles ``BLOCK_DIM`` channels of one sequence and the whole (padded) state of each.
+Arithmetic is fp32 whatever the storage dtype, as in the mamba_ssm kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._validation import require_kernel_device
+
+STATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+BLOCK_DIM = 16
+
+
+@triton.jit
+def _selective_state_update_kernel(
+    state_ptr, u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, out_ptr,
+    dim, nstate,
+    stride_sb, stride_sd, stride_sn,
+    stride_ub, stride_ud, stride_db, stride_dd,
+    stride_ad, stride_an, stride_bb, stride_bn, stride_cb, stride_cn,
+    stride_zb, stride_zd, stride_ob, stride_od,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+    BLOCK_DIM: tl.constexpr, STATE_PAD: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    ch = tl.program_id(1) * BLOCK_DIM + tl.arange(0, BLOCK_DIM)
+    n = tl.arange(0, STATE_PAD)
+    ch_ok = ch < dim
+    tile_ok = ch_ok[:, None] & (n[None, :] < nstate)
+
+    u = tl.load(u_ptr + b * stride_ub + ch * stride_ud, mask=ch_ok, other=0.0).to(tl.float32)
+    dt = tl.load(delta_ptr + b * stride_db + ch * stride_dd, mask=ch_ok, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        dt += tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)
+    if SOFTPLUS:
+        # softplus(x) = log(1 + e^x); above 20 it equals x to fp32 precision (and e^x would overflow later)
+        dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)
+    A = tl.load(A_ptr + ch[:, None] * stride_ad + n[None, :] * stride_an, mask=tile_ok, other=0.0).to(tl.float32)
+    B = tl.load(B_ptr + b * stride_bb + n * stride_bn, mask=n < nstate, other=0.0).to(tl.float32)
+    C = tl.load(C_ptr + b * stride_cb + n * stride_cn, mask=n < nstate, other=0.0).to(tl.float32)
+    s_ptrs = state_ptr + b * stride_sb + ch[:, None] * stride_sd + n[None, :] * stride_sn
+    h = tl.load(s_ptrs, mask=tile_ok, other=0.0).to(tl.float32)
+
+    h = tl.exp(dt[:, None] * A) * h + (dt * u)[:, None] * B[None, :]
+    tl.store(s_ptrs, h.to(state_ptr.dtype.element_ty), mask=tile_ok)
+
+    y = tl.sum(h * C[None, :], axis=1)
+    if HAS_D:
+        y += u * tl.load(D_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)
+    if HAS_Z:
+        z = tl.load(z_ptr + b * stride_zb + ch * stride_zd, mask=ch_ok, other=0.0).to(tl.float32)
+        y = y * z * tl.sigmoid(z)
+    tl.store(out_ptr + b * stride_ob + ch * stride_od, y.to(out_ptr.dtype.element_ty), mask=ch_ok)
+
+
+def _check_inputs(state, u, delta, A, B, C, D, z, delta_bias) -> None:
+    """Shapes, dtypes and devices of a decode-step update (section 9.6)."""
+    from ..ssm import _check_tensors
+
+    _check_tensors(state=state, u_t=u, delta_t=delta, A=A, B_t=B, C_t=C, D=D, z_t=z, delta_bias=delta_bias)
+    if state.dtype not in STATE_DTYPES:
+        raise TypeError(f"state must have dtype float16, bfloat16 or float32, got {state.dtype}")
+
+
+def selective_state_update(state, u, delta, A, B, C, D=None, z=None, delta_bias=None,
+                           delta_softplus: bool = False):
+    """One decode token of a selective SSM in Triton, updating ``state`` in place (section 9.6).
+
+    Args (as ``kvlab.ssm.ssm_step``): ``state`` ``[batch, dim, state]`` (fp32, fp16 or bf16, written
+    in place); ``u``, ``delta``, ``z`` ``[batch, dim]``; ``A`` ``[dim, state]``; ``B``, ``C``
+    ``[batch, state]``; ``D``, ``delta_bias`` ``[dim]``. Returns ``y`` ``[batch, dim]`` in ``u``'s dtype.
+    """
+    _check_inputs(state, u, delta, A, B, C, D, z, delta_bias)
+    require_kernel_device(state.device)
+    batch, dim, nstate = state.shape
+    out = torch.empty_like(u)
+    if batch == 0 or dim == 0:
+        return out
+    dummy = u  # stands in for absent optional tensors; the kernel never reads it (constexpr flags)
+    z_strides = z.stride() if z is not None else (0, 0)
+    grid = (batch, triton.cdiv(dim, BLOCK_DIM))
+    _selective_state_update_kernel[grid](
+        state, u, delta, A, B, C,
+        D if D is not None else dummy, z if z is not None else dummy,
+        delta_bias if delta_bias is not None else dummy, out,
+        dim, nstate,
+        *state.stride(), *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(),
+        *z_strides, *out.stride(),
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus),
+        BLOCK_DIM=BLOCK_DIM, STATE_PAD=max(triton.next_power_of_2(nstate), 2),
+    )
+    return out
+
+
+def selective_state_update_ref(state, u, delta, A, B, C, D=None, z=None, delta_bias=None,
+                               delta_softplus: bool = False):
+    """Plain-PyTorch :func:`selective_state_update`: same signature, same in-place state (section 9.6)."""
+    from ..ssm import ssm_step
+
+    _check_inputs(state, u, delta, A, B, C, D, z, delta_bias)
+    y, new_state = ssm_step(state, u, delta, A, B, C, D=D, z_t=z, delta_bias=delta_bias,
+                            delta_softplus=delta_softplus)
+    state.copy_(new_state.to(state.dtype))
+    return y
