@@ -1,13 +1,15 @@
 """Every measurement the book quotes, as one table: ``python -m kvlab bench`` and ``record``.
 
-Each benchmark is a function registered with ``@benchmark``; it returns rows of
-``(name, value, unit, note)``. Methods that are compared run interleaved in one process and are
+Each benchmark returns rows of ``(name, value, unit, note)``: a function registered here with
+``@benchmark``, or a section module's own ``bench_rows()`` listed in ``SECTION_BENCHMARKS``. Methods that are compared run interleaved in one process and are
 reported as ratios, because a shared machine drifts between runs; absolute times are meaningful
 only from a quiet GPU.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -73,44 +75,22 @@ def decode_loops(reps: int = 3) -> list[Row]:
     return rows
 
 
-@benchmark("9.3 GEMV and the ridge")
-def gemv_ridge() -> list[Row]:
-    """Batch-1 GEMV bandwidth against copy bandwidth, and the ridge point, calibrated and measured."""
-    from .gemv import bench_rows
-
-    return bench_rows()
-
-
-@benchmark("9.4 KV layouts")
-def kv_layouts() -> list[Row]:
-    """Decode-read bandwidth and append cost per layout, and MHA against GQA read time."""
-    from .layout import bench_rows
-
-    return bench_rows()
+# The sections whose module keeps its own ``bench_rows()``: book section -> kvlab module.
+SECTION_BENCHMARKS = {
+    "9.3 GEMV and the ridge": "gemv",
+    "9.4 KV layouts": "layout",
+    "9.5 paged attention and admission": "paged_decode",
+    "9.6 SSM state and scans": "ssm",
+    "9.7 long-context caches": "longctx",
+}
 
 
-@benchmark("9.5 paged attention and admission")
-def paged_attention() -> list[Row]:
-    """Paged against contiguous decode attention, and the admission simulator's waste and batch."""
-    from .paged_decode import bench_rows
-
-    return bench_rows()
+def _module_rows(module: str) -> list[Row]:
+    return importlib.import_module(f".{module}", __package__).bench_rows()
 
 
-@benchmark("9.6 SSM state and scans")
-def ssm_state() -> list[Row]:
-    """Scan orders' prefill time as ratios, and Mamba against Llama decode steps at two contexts."""
-    from .ssm import bench_rows
-
-    return bench_rows()
-
-
-@benchmark("9.7 long-context caches")
-def long_context_caches() -> list[Row]:
-    """Decode step time with full, windowed and KIVI-quantized caches, as ratios to the full cache."""
-    from .longctx import bench_rows
-
-    return bench_rows()
+for _title, _module in SECTION_BENCHMARKS.items():
+    BENCHMARKS[_title] = functools.partial(_module_rows, _module)
 
 
 def run(names=None) -> dict[str, list[Row]]:

@@ -22,17 +22,16 @@ from dataclasses import dataclass
 
 import torch
 
+from ._checks import integer
+
 METHODS = ("naive", "cached", "static")
 
 
 # --- the work each loop does (section 9.1) -------------------------------------------------------
 
 def _check_pg(P, G):
-    for name, value, low in (("P", P, 1), ("G", G, 0)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int >= {low}, got {value!r}")
-        if value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}")
+    integer("P", P, 1)
+    integer("G", G, 0)
 
 
 def positions_processed(P: int, G: int, cached: bool = False) -> int:
@@ -72,10 +71,7 @@ def _validate(input_ids, max_new_tokens, attention_mask):
         raise TypeError(f"input_ids must hold integer token ids (torch.long), got dtype {input_ids.dtype}")
     if input_ids.dim() != 2 or input_ids.shape[1] < 1:
         raise ValueError(f"input_ids must have shape [batch, prompt_length >= 1], got {list(input_ids.shape)}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise TypeError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    integer("max_new_tokens", max_new_tokens, 0)
     if attention_mask is None:
         return torch.ones_like(input_ids)
     if not isinstance(attention_mask, torch.Tensor):

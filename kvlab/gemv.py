@@ -27,6 +27,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from ._checks import integer
 from .hardware import Accelerator, Calibration
 
 CPU_NS = tuple(2**i for i in range(10))  # 1 .. 512
@@ -34,14 +35,6 @@ GPU_NS = tuple(2**i for i in range(13))  # 1 .. 4096
 
 
 # --------------------------------------------------------------------------- counts
-
-
-def _int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _width(element_size) -> float:
@@ -54,12 +47,12 @@ def _width(element_size) -> float:
 
 def matmul_flops(n: int, K: int, N: int) -> int:
     """2 n K N: one multiply and one add per weight per activation row."""
-    return 2 * _int("n", n) * _int("K", K) * _int("N", N)
+    return 2 * integer("n", n) * integer("K", K) * integer("N", N)
 
 
 def matmul_bytes(n: int, K: int, N: int, element_size: float) -> float:
     """(K N + n K + n N) w: the weight, the activation and the output, each moved once."""
-    n, K, N = _int("n", n), _int("K", K), _int("N", N)
+    n, K, N = integer("n", n), integer("K", K), integer("N", N)
     return (K * N + n * K + n * N) * _width(element_size)
 
 
@@ -78,7 +71,7 @@ def batch_at_intensity(intensity: float, K: int, N: int, element_size: float) ->
     """
     if isinstance(intensity, bool) or not isinstance(intensity, numbers.Real) or not intensity > 0:
         raise ValueError(f"intensity must be a number of FLOP/byte > 0, got {intensity!r}")
-    K, N, w = _int("K", K), _int("N", N), _width(element_size)
+    K, N, w = integer("K", K), integer("N", N), _width(element_size)
     denominator = 2 * K * N - intensity * w * (K + N)
     return math.inf if denominator <= 0 else intensity * w * K * N / denominator
 
@@ -194,10 +187,10 @@ def sweep(ns=None, K: int | None = None, N: int | None = None, dtype=None, devic
     ns = sizes["ns"] if ns is None else ns
     K = sizes["K"] if K is None else K
     N = sizes["N"] if N is None else N
-    K, N, copies = _int("K", K), _int("N", N), _int("copies", copies)
+    K, N, copies = integer("K", K), integer("N", N), integer("copies", copies)
     if isinstance(ns, (str, bytes)) or not hasattr(ns, "__iter__"):
         raise TypeError(f"ns must be a sequence of ints >= 1, got {ns!r}")
-    ns = sorted({_int("n", n) for n in ns})
+    ns = sorted({integer("n", n) for n in ns})
     if not ns:
         raise ValueError("ns must hold at least one n")
     if dtype is None:
@@ -289,7 +282,7 @@ def weight_read_bytes(model, batch: int = 1) -> int:
     """
     import torch
 
-    batch = _int("batch", batch)
+    batch = integer("batch", batch)
     multiplied = {id(m.weight) for _, m in _matmul_modules(model)}
     seen, total = set(), 0
     for m in model.modules():
@@ -312,7 +305,7 @@ def random_cache(model, batch: int, context: int, seed: int = 0):
     import torch
     from transformers import DynamicCache
 
-    batch, context = _int("batch", batch), _int("context", context)
+    batch, context = integer("batch", batch), integer("context", context)
     shape = model.shape
     cache = DynamicCache(config=model.config)
     g = torch.Generator(device=model.device).manual_seed(seed)
@@ -354,7 +347,7 @@ def step_time(model, batch: int = 1, context: int = 128, warmup: int = 2, reps: 
     """
     from .timing import measure
 
-    step = _Step(model, _int("batch", batch), _int("context", context))
+    step = _Step(model, integer("batch", batch), integer("context", context))
     return measure(step, warmup=warmup, reps=reps, device=model.device)
 
 
@@ -452,8 +445,8 @@ def profile_step(model, batch: int = 1, context: int = 128, warmup: int = 2, rep
 
     from .hardware import calibrate, device_name
 
-    batch, context = _int("batch", batch), _int("context", context)
-    _int("reps", reps)
+    batch, context = integer("batch", batch), integer("context", context)
+    integer("reps", reps)
     cal = calibration or calibrate()
     plain = step_time(model, batch, context, warmup=warmup, reps=reps)
     step = _Step(model, batch, context)

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass
 
 import torch
+
+from ._checks import integer
 
 LAYOUTS = ("BHTD", "BTHD", "NHD", "HND")
 PAGED = ("NHD", "HND")
@@ -47,16 +48,6 @@ def _check_choice(name: str, value, allowed) -> None:
         raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
 
 
-def _check_int(name: str, value, low: int, high: int | None = None) -> int:
-    """A Python int in [low, high) (high=None: no upper bound)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {low}, got {type(value).__name__}")
-    if value < low or (high is not None and value >= high):
-        allowed = f">= {low}" if high is None else f"in [{low}, {high})"
-        raise ValueError(f"{name} must be {allowed}, got {value}")
-    return int(value)
-
-
 def _check_index(name: str, value, high: int):
     """An int or an integer tensor, every entry in [0, high)."""
     if isinstance(value, torch.Tensor):
@@ -66,7 +57,7 @@ def _check_index(name: str, value, high: int):
             got = int(value) if value.numel() == 1 else f"values from {int(value.min())} to {int(value.max())}"
             raise ValueError(f"{name} must be in [0, {high}), got {got}")
         return value
-    return _check_int(name, value, 0, high)
+    return integer(name, value, 0, high)
 
 
 def _as_block_table(block_table) -> torch.Tensor:
@@ -108,11 +99,11 @@ class KVGeometry:
     def __post_init__(self):
         _check_choice("layout", self.layout, LAYOUTS)
         for name in ("layers", "kv_heads", "head_dim"):
-            _check_int(name, getattr(self, name), 1)
+            integer(name, getattr(self, name), 1)
         used, unused = (("num_blocks", "block_size"), ("batch", "max_tokens")) if self.is_paged \
             else (("batch", "max_tokens"), ("num_blocks", "block_size"))
         for name in used:
-            _check_int(name, getattr(self, name), 1)
+            integer(name, getattr(self, name), 1)
         for name in unused:
             if getattr(self, name) != 0:
                 kind = "paged" if name in ("num_blocks", "block_size") else "contiguous"
@@ -219,9 +210,9 @@ class KVGeometry:
 
 def locate(token: int, block_table_row, block_size: int) -> tuple[int, int]:
     """(physical block, slot) of a sequence's ``token``: the block-table lookup of sections 9.4 and 9.5."""
-    block_size = _check_int("block_size", block_size, 1)
+    block_size = integer("block_size", block_size, 1)
     row = list(block_table_row.tolist() if isinstance(block_table_row, torch.Tensor) else block_table_row)
-    token = _check_int("token", token, 0, len(row) * block_size)
+    token = integer("token", token, 0, len(row) * block_size)
     return int(row[token // block_size]), token % block_size
 
 
@@ -241,7 +232,7 @@ def contiguous_runs(geometry: KVGeometry, tokens: int, heads=None, seq: int = 0,
         limit = _as_block_table(block_table).shape[1] * geometry.block_size
     else:
         limit = geometry.max_tokens
-    tokens = _check_int("tokens", tokens, 1, limit + 1)
+    tokens = integer("tokens", tokens, 1, limit + 1)
     t = torch.arange(tokens).view(-1, 1, 1)
     h = torch.tensor(heads).view(1, -1, 1)
     d = torch.arange(geometry.head_dim).view(1, 1, -1)
@@ -337,15 +328,15 @@ def new_cache(layout: str, *, batch: int, length: int, kv_heads: int, head_dim: 
     ``spare_blocks`` extra blocks. dtype: bf16 on a GPU, fp32 on a CPU by default.
     """
     _check_choice("layout", layout, LAYOUTS)
-    batch = _check_int("batch", batch, 1)
-    length = _check_int("length", length, 0)
-    capacity = length + 1 if capacity is None else _check_int("capacity", capacity, max(length, 1))
-    block_size = _check_int("block_size", block_size, 1)
-    spare_blocks = _check_int("spare_blocks", spare_blocks, 0)
+    batch = integer("batch", batch, 1)
+    length = integer("length", length, 0)
+    capacity = length + 1 if capacity is None else integer("capacity", capacity, max(length, 1))
+    block_size = integer("block_size", block_size, 1)
+    spare_blocks = integer("spare_blocks", spare_blocks, 0)
     dtype, device = _defaults(dtype, device)
     gen = torch.Generator().manual_seed(seed)
-    geometry, k, v, table = _allocate(layout, _check_int("layers", layers, 1), batch, capacity,
-                                      _check_int("kv_heads", kv_heads, 1), _check_int("head_dim", head_dim, 1),
+    geometry, k, v, table = _allocate(layout, integer("layers", layers, 1), batch, capacity,
+                                      integer("kv_heads", kv_heads, 1), integer("head_dim", head_dim, 1),
                                       block_size, spare_blocks, dtype, device, gen)
     device_gen = torch.Generator(device=device).manual_seed(seed)
     for pool in (k, v):
@@ -374,10 +365,10 @@ def cache_from_dense(layout: str, k, v, *, capacity: int | None = None, block_si
     layers, batch, length, kv_heads, head_dim = k.shape
     if min(layers, batch, kv_heads, head_dim) < 1:
         raise ValueError(f"k must have at least one layer, sequence, KV head and dim, got shape {tuple(k.shape)}")
-    capacity = max(length, 1) if capacity is None else _check_int("capacity", capacity, max(length, 1))
-    block_size = _check_int("block_size", block_size, 1)
+    capacity = max(length, 1) if capacity is None else integer("capacity", capacity, max(length, 1))
+    block_size = integer("block_size", block_size, 1)
     gen = torch.Generator().manual_seed(seed)
-    spare_blocks = _check_int("spare_blocks", spare_blocks, 0)
+    spare_blocks = integer("spare_blocks", spare_blocks, 0)
     if block_table is not None:
         if layout not in PAGED:
             raise ValueError(f"block_table applies to paged layouts {PAGED} only, not {layout!r}")
@@ -425,7 +416,7 @@ def layer_kv(cache: KVCache, layer: int = 0):
     (as an engine would, so the copy does not also pay for a fresh allocation): a full copy, and the
     views returned alias that workspace until the next gather.
     """
-    _check_int("layer", layer, 0, cache.geometry.layers)
+    integer("layer", layer, 0, cache.geometry.layers)
     n = cache.length
     if n < 1:
         raise ValueError("the cache holds no tokens (length 0): there is nothing to read")
@@ -647,7 +638,7 @@ def measure_read(cache: KVCache, q_heads: int | None = None, layer: int = 0, war
     from .timing import measure
 
     g = cache.geometry
-    q_heads = g.kv_heads if q_heads is None else _check_int("q_heads", q_heads, 1)
+    q_heads = g.kv_heads if q_heads is None else integer("q_heads", q_heads, 1)
     if q_heads % g.kv_heads:
         raise ValueError(f"q_heads ({q_heads}) must be a multiple of the cache's kv_heads ({g.kv_heads})")
     q = torch.randn(cache.batch, q_heads, g.head_dim, dtype=cache.k.dtype, device=cache.k.device)
@@ -717,12 +708,12 @@ def gqa_cache_bytes(shape, context: int, bytes_per_element: float = 2, groups=No
         raise TypeError(f"shape must be a kvlab ModelShape, got {type(shape).__name__}")
     if shape.latent_dim is not None:
         raise ValueError(f"{shape.name} caches a latent (MLA), not per-head K and V: GQA grouping does not apply")
-    context = _check_int("context", context, 1)
+    context = integer("context", context, 1)
     divisors = [g for g in range(1, shape.q_heads + 1) if shape.q_heads % g == 0]
     groups = divisors if groups is None else list(groups)
     rows = []
     for group in groups:
-        group = _check_int("group", group, 1)
+        group = integer("group", group, 1)
         if shape.q_heads % group:
             raise ValueError(f"group must divide {shape.name}'s {shape.q_heads} query heads; allowed: {divisors}")
         grouped = dataclasses.replace(shape, kv_heads=shape.q_heads // group)
@@ -746,10 +737,10 @@ def bench_rows(rounds: int = 5, context: int | None = None, batch: int | None = 
     from .bench import Row
     from .hardware import calibrate, on_gpu
 
-    rounds = _check_int("rounds", rounds, 1)
+    rounds = integer("rounds", rounds, 1)
     gpu = on_gpu()
-    batch = _check_int("batch", batch, 1) if batch is not None else (32 if gpu else 4)
-    context = _check_int("context", context, 1) if context is not None else (4096 if gpu else 2048)
+    batch = integer("batch", batch, 1) if batch is not None else (32 if gpu else 4)
+    context = integer("context", context, 1) if context is not None else (4096 if gpu else 2048)
     q_heads, kv_heads, dim = (32, 8, 128) if gpu else (8, 8, 64)
     caches = {layout: new_cache(layout, batch=batch, length=context, kv_heads=kv_heads, head_dim=dim, seed=i)
               for i, layout in enumerate(LAYOUTS)}

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from ._checks import integer
 from . import roofline
 from .models import SHAPES, ModelShape
 
@@ -39,14 +40,6 @@ ROPE_MODES = ("original", "cache")
 
 
 # --------------------------------------------------------------------------- argument checks
-
-def _int(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= {low}, got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return value
-
 
 def _shape(shape) -> ModelShape:
     if isinstance(shape, str):
@@ -70,15 +63,15 @@ def cache_bytes(shape, tokens: int, bytes_per_element: float = 2, window: int | 
     rounding or runtime overhead. Evaluated by ``roofline.footprint`` at batch 1.
     """
     shape = _shape(shape)
-    _int("tokens", tokens, 1)
+    integer("tokens", tokens, 1)
     changes = {}
     if kv_heads is not None:
-        _int("kv_heads", kv_heads, 1)
+        integer("kv_heads", kv_heads, 1)
         if shape.q_heads % kv_heads:
             raise ValueError(f"kv_heads must divide the {shape.q_heads} query heads, got {kv_heads}")
         changes["kv_heads"] = kv_heads
     if window is not None:
-        changes["window"] = _int("window", window, 1)
+        changes["window"] = integer("window", window, 1)
     return roofline.footprint(dataclasses.replace(shape, **changes), tokens, batch=1,
                               w_q=bytes_per_element).total
 
@@ -108,7 +101,7 @@ def design_table(shape="llama-3-8b", tokens: int = 131_072, window: int = 4096, 
     full GQA attention while the rest use the window.
     """
     shape = _shape(shape)
-    _int("global_layers", global_layers, 0)
+    integer("global_layers", global_layers, 0)
     if global_layers > shape.layers:
         raise ValueError(f"global_layers must be <= the {shape.layers} layers, got {global_layers}")
     win = min(tokens, window)
@@ -143,7 +136,7 @@ def window_span(window: int, layers: int) -> int:
     Each layer can pass information back by at most W positions, so L layers reach W x L
     (Mistral 7B: 4,096 x 32 = 131,072, the seed's "about 131,000").
     """
-    return _int("window", window, 1) * _int("layers", layers, 1)
+    return integer("window", window, 1) * integer("layers", layers, 1)
 
 
 # --------------------------------------------------------------------------- RoPE
@@ -352,8 +345,8 @@ class SinkCache(_LayeredCache):
     """
 
     def __init__(self, num_sink: int, window: int, rope: str = "original", model=None):
-        _int("num_sink", num_sink, 0)
-        _int("window", window, 1)
+        integer("num_sink", num_sink, 0)
+        integer("window", window, 1)
         inv_freq, scaling = _rope_args(rope, model)
         self.num_sink, self.window, self.rope = num_sink, window, rope
         super().__init__(lambda: BoundedLayer(num_sink, window, rope, inv_freq, scaling))
@@ -445,7 +438,7 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, axis: int = -1) -> Qua
         raise TypeError(f"x must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}")
     if isinstance(bits, bool) or bits not in BITS:
         raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
-    _int("group_size", group_size, 1)
+    integer("group_size", group_size, 1)
     if isinstance(axis, bool) or not isinstance(axis, int) or not -x.dim() <= axis < x.dim():
         raise ValueError(f"axis must be an int in [{-x.dim()}, {x.dim() - 1}] for a {x.dim()}-d tensor, got {axis!r}")
     axis = axis % x.dim()
@@ -560,8 +553,8 @@ class QuantizedKVCache(_LayeredCache):
     def __init__(self, bits: int = 2, group_size: int = 32, residual: int = 128):
         if isinstance(bits, bool) or bits not in BITS:
             raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
-        _int("group_size", group_size, 1)
-        _int("residual", residual, 0)
+        integer("group_size", group_size, 1)
+        integer("residual", residual, 0)
         self.bits, self.group_size, self.residual = bits, group_size, residual
         super().__init__(lambda: QuantizedLayer(bits, group_size, residual))
 
@@ -614,7 +607,7 @@ def gqa_from_mha(model, kv_heads: int):
 
     config = model.config
     old = config.num_key_value_heads
-    _int("kv_heads", kv_heads, 1)
+    integer("kv_heads", kv_heads, 1)
     if old % kv_heads or config.num_attention_heads % kv_heads:
         raise ValueError(f"kv_heads must divide the model's {old} KV heads, got {kv_heads}")
     new_config = copy.deepcopy(config)
@@ -637,7 +630,7 @@ def kv_basis(attention, rank: int):
     projections [W_k; W_v], from their SVD, and the stacked bias (zeros if none)."""
     w = torch.cat([attention.k_proj.weight, attention.v_proj.weight]).detach().double()
     u, _, _ = torch.linalg.svd(w, full_matrices=False)
-    _int("rank", rank, 1)
+    integer("rank", rank, 1)
     if rank > u.shape[1]:
         raise ValueError(f"rank must be <= {u.shape[1]} (the rank of [W_k; W_v]), got {rank}")
     bias = [p.bias if p.bias is not None else torch.zeros(p.out_features, device=w.device)

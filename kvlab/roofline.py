@@ -35,6 +35,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from ._checks import integer
 from .hardware import SPECS, Accelerator, spec
 from .models import ModelShape
 
@@ -43,15 +44,6 @@ QUALITY_BUDGETS = ("none", "small", "moderate")
 
 
 # --------------------------------------------------------------------------- argument checks
-
-
-def _count(name: str, value, minimum: int = 1) -> int:
-    """An int >= minimum (tokens, sequences, devices); bools and floats are refused."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _real(name: str, value) -> float:
@@ -109,7 +101,7 @@ def _gb(nbytes: float) -> str:
 
 def retained_tokens(shape: ModelShape, context: int) -> int:
     """Tokens a sequence keeps in its cache: s, or min(s, W) for a sliding window W (seed 000, 9.7)."""
-    shape, context = _model(shape), _count("context", context)
+    shape, context = _model(shape), integer("context", context)
     return min(context, shape.window) if shape.window else context
 
 
@@ -156,7 +148,7 @@ def step_bytes(shape: ModelShape, batch: int, context: int, w_p: float = 2, w_kv
 
     Returns ``StepBytes`` with ``.weights`` (P w_p), ``.kv`` (b s K) and ``.total``.
     """
-    batch = _count("batch", batch)
+    batch = integer("batch", batch)
     tokens = retained_tokens(shape, context)
     weights = shape.params * _positive("w_p", w_p)
     return StepBytes(weights=weights, kv=batch * tokens * kv_bytes_per_token(shape, w_kv))
@@ -168,7 +160,7 @@ def step_flops(shape: ModelShape, batch: int, context: int) -> StepFlops:
     Softmax is left out as lower order (a fraction 3 / (4 d_h) of the attention term, appendix A.1).
     Returns ``StepFlops`` with ``.weights`` (2 P b), ``.attention`` (b A s) and ``.total``.
     """
-    batch = _count("batch", batch)
+    batch = integer("batch", batch)
     tokens = retained_tokens(shape, context)
     return StepFlops(weights=2 * shape.params * batch,
                      attention=batch * attention_flops_per_token(shape) * tokens)
@@ -219,7 +211,7 @@ def admitted(shape: ModelShape, hw, batch: int, context: int, w_p: float = 2, w_
              devices: int = 1) -> Admission:
     """Do P w_p + b s K bytes fit in the HBM of ``devices`` accelerators? (seed 000, 9.3; seed 004, Table 5)"""
     hw = _device(hw)
-    devices = _count("devices", devices)
+    devices = integer("devices", devices)
     need = step_bytes(shape, batch, context, w_p, w_kv)
     return Admission(weights=need.weights, kv=need.kv, available=devices * hw.hbm_bytes)
 
@@ -274,7 +266,7 @@ def batch_intensity_ceiling(shape: ModelShape, context: int, w_p: float = 2, w_k
     """sup_b AI(s, b) = A / K + (2 / w_p) s*(1) / s, the most batching can give at context s
     (seed 004, Prop. 3.1(iv)). Dense weights only: a window is not applied here.
     """
-    context = _count("context", context)
+    context = integer("context", context)
     s_star = shape.params * _positive("w_p", w_p) / kv_bytes_per_token(shape, w_kv)
     return kv_intensity_floor(shape, w_kv) + (2 / w_p) * s_star / context
 
@@ -308,7 +300,7 @@ def crossover_context(shape: ModelShape, batch: int = 1, w_p: float = 2, w_kv: f
     For a sliding-window shape whose window is shorter than s*(b) the cache never catches up:
     returns ``math.inf``.
     """
-    batch = _count("batch", batch)
+    batch = integer("batch", batch)
     s_star = shape.params * _positive("w_p", w_p) / (batch * kv_bytes_per_token(shape, w_kv))
     return math.inf if shape.window and s_star > shape.window else s_star
 
@@ -321,7 +313,7 @@ def capacity_context(shape: ModelShape, hw, w_p: float = 2, w_kv: float = 2, bat
     For a sliding-window shape whose whole window fits, every context fits: returns ``math.inf``.
     """
     hw = _device(hw)
-    batch, devices = _count("batch", batch), _count("devices", devices)
+    batch, devices = integer("batch", batch), integer("devices", devices)
     free = devices * hw.hbm_bytes - shape.params * _positive("w_p", w_p)
     if free <= 0:
         return None
@@ -347,7 +339,7 @@ def compression_speedup(c: float, context: int, s_star: float) -> float:
     crossover (a window that never catches up) gives S = 1.
     """
     c = _positive("c", c)
-    context = _count("context", context)
+    context = integer("context", context)
     if _real("s_star", s_star) == math.inf:
         return 1.0
     s_star = _positive("s_star", s_star)
@@ -409,7 +401,7 @@ def footprint(shape: ModelShape, context: int, batch: int, w_q: float = 2, reten
     tiering the HBM-resident fraction ``hbm_fraction`` lambda in [0, 1]. Eq. (4) itself is not in the
     seed's text; phi as a wasted fraction is this module's reading of section 2.5.
     """
-    batch = _count("batch", batch)
+    batch = integer("batch", batch)
     tokens = retained_tokens(shape, context)
     r = _between("retention", retention, 0, 1, low_open=True)
     phi = _between("fragmentation", fragmentation, 0, 1, high_open=True)
@@ -423,9 +415,9 @@ def sharing_factor(prefix_tokens: int, suffix_tokens: int, requests: int) -> flo
     """sigma = n (p + u) / (p + n u) for n requests sharing one p-token prefix, each with its own
     u-token suffix: unshared bytes over shared bytes (seed 004, section 2.6, appendix B.5).
     """
-    p = _count("prefix_tokens", prefix_tokens, minimum=0)
-    u = _count("suffix_tokens", suffix_tokens, minimum=0)
-    n = _count("requests", requests)
+    p = integer("prefix_tokens", prefix_tokens, 0)
+    u = integer("suffix_tokens", suffix_tokens, 0)
+    n = integer("requests", requests)
     if p + u == 0:
         raise ValueError("prefix_tokens + suffix_tokens must be >= 1, got 0")
     return n * (p + u) / (p + n * u)
@@ -445,7 +437,7 @@ def prefill_flops(shape: ModelShape, tokens: int, hit_rate: float = 0.0) -> floa
     window) is assumed.
     """
     shape = _model(shape)
-    s = _count("tokens", tokens)
+    s = integer("tokens", tokens)
     h = _between("hit_rate", hit_rate, 0, 1)
     weights = 2 * shape.params * s * (1 - h)
     attention = attention_flops_per_token(shape) / 2 * s**2 * (1 - h**2)
@@ -459,9 +451,9 @@ def prefill_time(shape: ModelShape, hw, tokens: int, mfu: float = 0.7, hit_rate:
     ``hit_rate`` h or as ``prefix_tokens`` (h = prefix_tokens / tokens), not both.
     """
     hw = _device(hw)
-    tokens = _count("tokens", tokens)
+    tokens = integer("tokens", tokens)
     mu = _between("mfu", mfu, 0, 1, low_open=True)
-    prefix = _count("prefix_tokens", prefix_tokens, minimum=0)
+    prefix = integer("prefix_tokens", prefix_tokens, 0)
     if prefix > tokens:
         raise ValueError(f"prefix_tokens must be in [0, tokens={tokens}], got {prefix}")
     if prefix and hit_rate:
@@ -513,7 +505,7 @@ def recommend(shape: ModelShape, hw, context: int, batch: int, quality_budget: s
     shape, hw = _model(shape), _device(hw)
     if quality_budget not in QUALITY_BUDGETS:
         raise ValueError(f"quality_budget must be one of {QUALITY_BUDGETS}, got {quality_budget!r}")
-    context, batch = _count("context", context), _count("batch", batch)
+    context, batch = integer("context", context), integer("batch", batch)
     s_star = crossover_context(shape, batch)
     s_cap = capacity_context(shape, hw, batch=batch)
     regime = _regime(context, s_star, s_cap)

@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ._checks import integer
+
 METHODS = ("sequential", "parallel", "chunked")
 DEFAULT_CHUNK_SIZE = 64
 
@@ -92,7 +94,7 @@ class DiagonalRecurrence:
         M[i, t] = gain_i * decay_i ** (T - 1 - t). Its rank bounds what the state can recall."""
         import torch
 
-        _check_int("length", length, 1)
+        integer("length", length, 1)
         ages = torch.arange(length - 1, -1, -1, dtype=torch.float64)
         decay = torch.tensor(self.decay, dtype=torch.float64)[:, None]
         return torch.tensor(self.gain, dtype=torch.float64)[:, None] * decay ** ages
@@ -107,14 +109,6 @@ SEED_OUTPUTS = (6.0, 5.0)  # y1, y2
 
 # --- the scan over affine maps ----------------------------------------------------------------------
 
-def _check_int(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= {low}, got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return value
-
-
 def _check_method(method, chunk_size):
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -122,7 +116,7 @@ def _check_method(method, chunk_size):
         if method != "chunked":
             raise ValueError(f"chunk_size applies to method='chunked' only, got chunk_size={chunk_size!r} "
                              f"with method={method!r}")
-        _check_int("chunk_size", chunk_size, 1)
+        integer("chunk_size", chunk_size, 1)
     return DEFAULT_CHUNK_SIZE if (method == "chunked" and chunk_size is None) else chunk_size
 
 
@@ -184,7 +178,7 @@ def scan_work(length: int, method: str, chunk_size: int | None = None) -> int:
     """Affine-map operations per state element a scan of ``length`` tokens performs: ``length``
     applications sequentially; in parallel, sum over rounds of (length - offset) compositions, plus
     ``length`` applications of the prefix maps to the initial state; chunked, that per chunk."""
-    _check_int("length", length, 1)
+    integer("length", length, 1)
     chunk_size = _check_method(method, chunk_size)
 
     def parallel(n):
@@ -201,7 +195,7 @@ def scan_work(length: int, method: str, chunk_size: int | None = None) -> int:
 def scan_depth(length: int, method: str, chunk_size: int | None = None) -> int:
     """Dependent rounds a scan of ``length`` tokens takes: ``length`` sequential steps,
     ceil(log2 length) parallel rounds, or per chunk of c tokens ceil(log2 c) rounds plus one hand-over."""
-    _check_int("length", length, 1)
+    integer("length", length, 1)
     chunk_size = _check_method(method, chunk_size)
     if method == "sequential":
         return length
@@ -428,8 +422,8 @@ def _check_positive(name, value):
 def attention_kv_bytes(context: int, kv_width: int, bytes_per_element: float = 2) -> float:
     """Bytes one attention layer keeps for one sequence: a key and a value of ``kv_width`` elements
     (KV heads x head dim) per retained token: 2 * context * kv_width * bytes (section 9.6)."""
-    _check_int("context", context, 0)
-    _check_int("kv_width", kv_width, 1)
+    integer("context", context, 0)
+    integer("kv_width", kv_width, 1)
     _check_positive("bytes_per_element", bytes_per_element)
     return 2 * context * kv_width * bytes_per_element
 
@@ -449,10 +443,10 @@ def hybrid_cache_bytes(context: int, layers: int, attention_layers: int, kv_byte
     batch * (k * context * kv_bytes_per_token + (L - k) * state_bytes). k = L is a transformer,
     k = 0 a pure SSM; at long context the hybrid costs about k / L of the transformer.
     """
-    _check_int("context", context, 0)
-    _check_int("layers", layers, 1)
-    _check_int("attention_layers", attention_layers, 0)
-    _check_int("batch", batch, 1)
+    integer("context", context, 0)
+    integer("layers", layers, 1)
+    integer("attention_layers", attention_layers, 0)
+    integer("batch", batch, 1)
     if attention_layers > layers:
         raise ValueError(f"attention_layers must be in [0, layers={layers}], got {attention_layers}")
     _check_positive("kv_bytes_per_token", kv_bytes_per_token)
@@ -496,8 +490,8 @@ def tiny_hybrid(layers: int = 4, attention_layers: int = 2, hidden: int = 64, he
 
     from .hardware import device as default_device
 
-    _check_int("layers", layers, 1)
-    _check_int("attention_layers", attention_layers, 1)
+    integer("layers", layers, 1)
+    integer("attention_layers", attention_layers, 1)
     if attention_layers > layers or layers % attention_layers:
         raise ValueError(f"attention_layers must be a divisor of layers={layers}, got {attention_layers}")
     period = layers // attention_layers
@@ -528,7 +522,7 @@ def linear_recall_errors(recurrence: DiagonalRecurrence, length: int):
     """
     import torch
 
-    _check_int("length", length, 1)
+    integer("length", length, 1)
     m = recurrence.input_map(length)
     # Orthonormal basis of M's row space (SVD, dropping directions fp64 cannot resolve).
     _, s, vh = torch.linalg.svd(m, full_matrices=False)
@@ -539,8 +533,8 @@ def linear_recall_errors(recurrence: DiagonalRecurrence, length: int):
 def linear_recall_error(recurrence: DiagonalRecurrence, length: int, position: int | None = None) -> float:
     """``linear_recall_errors`` at one ``position``, or their mean over all positions with ``None``."""
     if position is not None:
-        _check_int("position", position, 0)
-        _check_int("length", length, 1)
+        integer("position", position, 0)
+        integer("length", length, 1)
         if position >= length:
             raise ValueError(f"position must be in [0, length={length}), got {position}")
     errors = linear_recall_errors(recurrence, length)
@@ -550,7 +544,7 @@ def linear_recall_error(recurrence: DiagonalRecurrence, length: int, position: i
 def spread_recurrence(state_size: int, fastest: float = 0.5, slowest: float = 0.99) -> DiagonalRecurrence:
     """A recurrence with ``state_size`` decays spread geometrically between ``fastest`` and ``slowest``
     (unit gains and readout): a fair fixed state for the recall probe of section 9.6."""
-    _check_int("state_size", state_size, 1)
+    integer("state_size", state_size, 1)
     if not 0 < fastest <= slowest < 1:
         raise ValueError(f"need 0 < fastest <= slowest < 1, got fastest={fastest}, slowest={slowest}")
     if state_size == 1:
@@ -570,7 +564,7 @@ def attention_recall(values, position: int | None = None, sharpness: float = 50.
 
     length = values.shape[-1]
     if position is not None:
-        _check_int("position", position, 0)
+        integer("position", position, 0)
         if position >= length:
             raise ValueError(f"position must be in [0, length={length}), got {position}")
     keys = torch.eye(length, dtype=values.dtype, device=values.device)
@@ -615,9 +609,9 @@ def decode_step_times(models: dict, contexts, warmup: int = 2, reps: int = 7) ->
     from .timing import measure
 
     for context in contexts:
-        _check_int("context", context, 1)
-    _check_int("warmup", warmup, 0)
-    _check_int("reps", reps, 1)
+        integer("context", context, 1)
+    integer("warmup", warmup, 0)
+    integer("reps", reps, 1)
     steps = {}
     for name, model in models.items():
         for context in contexts:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from ._checks import integer
 
 
 @dataclass(frozen=True)
@@ -25,14 +26,6 @@ class Timing:
         return (self.max - self.min) / self.median if self.median > 0 else 0.0
 
 
-def _check_count(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= {low}, got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return value
-
-
 def measure(fn, warmup: int = 2, reps: int = 5, device=None) -> Timing:
     """Time ``fn()``: ``warmup`` untimed calls, then ``reps`` timed ones.
 
@@ -42,8 +35,8 @@ def measure(fn, warmup: int = 2, reps: int = 5, device=None) -> Timing:
 
     from .hardware import device as default_device
 
-    _check_count("warmup", warmup, 0)
-    _check_count("reps", reps, 1)
+    integer("warmup", warmup, 0)
+    integer("reps", reps, 1)
     dev = torch.device(device) if device is not None else default_device()
     cuda = dev.type == "cuda"
     for _ in range(warmup):

@@ -77,7 +77,7 @@ def test_zero_new_tokens_runs_nothing(model):
 
 
 @pytest.mark.parametrize("bad, error, words", [
-    (-1, ValueError, "max_new_tokens must be >= 0"),
+    (-1, ValueError, "max_new_tokens must be an int >= 0"),
     (2.0, TypeError, "max_new_tokens must be an int"),
     (True, TypeError, "max_new_tokens must be an int"),
     ("3", TypeError, "max_new_tokens must be an int"),
@@ -136,7 +136,7 @@ def test_closed_forms_equal_counting(P, G, cached):
 
 
 def test_closed_forms_reject_bad_sizes():
-    with pytest.raises(ValueError, match="P must be >= 1"):
+    with pytest.raises(ValueError, match="P must be an int >= 1"):
         positions_processed(0, 5)
     with pytest.raises(TypeError, match="G must be an int"):
         attention_work(4, 2.5)

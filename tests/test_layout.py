@@ -223,7 +223,7 @@ def test_seed_block_lookup_example():
     assert [L.locate(16 * j, table, 16)[0] for j in range(3)] == table
     assert L.locate(37, table, 16) == (15, 5)
     assert L.locate(47, table, 16) == (15, 15)
-    with pytest.raises(ValueError, match=r"token must be in \[0, 48\)"):
+    with pytest.raises(ValueError, match=r"token must be an int in \[0, 48\)"):
         L.locate(48, table, 16)
 
 
@@ -277,7 +277,7 @@ def test_bad_geometry_is_rejected():
         L.KVGeometry.contiguous("NHD", layers=1, batch=1, max_tokens=1, kv_heads=1, head_dim=1)
     with pytest.raises(ValueError, match="is contiguous; use KVGeometry.contiguous"):
         L.KVGeometry.paged("BHTD", layers=1, num_blocks=1, block_size=1, kv_heads=1, head_dim=1)
-    with pytest.raises(ValueError, match="head_dim must be >= 1"):
+    with pytest.raises(ValueError, match="head_dim must be an int >= 1"):
         L.KVGeometry.contiguous("BHTD", layers=1, batch=1, max_tokens=1, kv_heads=1, head_dim=0)
     with pytest.raises(TypeError, match="kv_heads must be an int"):
         L.KVGeometry.contiguous("BHTD", layers=1, batch=1, max_tokens=1, kv_heads=2.0, head_dim=1)
@@ -287,9 +287,9 @@ def test_bad_geometry_is_rejected():
 
 def test_bad_addresses_are_rejected():
     g = L.KVGeometry.contiguous("BTHD", layers=2, batch=3, max_tokens=10, kv_heads=4, head_dim=8)
-    with pytest.raises(ValueError, match=r"token must be in \[0, 10\), got 10"):
+    with pytest.raises(ValueError, match=r"token must be an int in \[0, 10\), got 10"):
         g.address(0, 0, 10, 0, 0)
-    with pytest.raises(ValueError, match=r"layer must be in \[0, 2\), got -1"):
+    with pytest.raises(ValueError, match=r"layer must be an int in \[0, 2\), got -1"):
         g.address(-1, 0, 0, 0, 0)
     with pytest.raises(ValueError, match=r"head must be in \[0, 4\)"):
         g.address(0, 0, 0, torch.tensor([1, 4]), 0)
@@ -300,9 +300,9 @@ def test_bad_addresses_are_rejected():
     p = L.KVGeometry.paged("NHD", layers=1, num_blocks=4, block_size=2, kv_heads=1, head_dim=1)
     with pytest.raises(ValueError, match="needs block_table"):
         p.address(0, 0, 0, 0, 0)
-    with pytest.raises(ValueError, match=r"token must be in \[0, 4\)"):
+    with pytest.raises(ValueError, match=r"token must be an int in \[0, 4\)"):
         p.address(0, 0, 4, 0, 0, block_table=[[0, 1]])
-    with pytest.raises(ValueError, match=r"seq must be in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"seq must be an int in \[0, 1\)"):
         p.address(0, 1, 0, 0, 0, block_table=[[0, 1]])
     with pytest.raises(ValueError, match=r"physical block of sequence 0\) must be in \[0, 4\), got 9"):
         p.address(0, 0, 3, 0, 0, block_table=[[0, 9]])
@@ -329,12 +329,12 @@ def test_bad_cache_operations_are_rejected():
         L.decode_read(cache, torch.zeros(2, 4, 8, dtype=torch.float64))
     with pytest.raises(ValueError, match="q_heads .3. must be a multiple"):
         L.measure_read(cache, q_heads=3)
-    with pytest.raises(ValueError, match=r"layer must be in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"layer must be an int in \[0, 1\)"):
         L.layer_kv(cache, 1)
     empty = L.new_cache("NHD", batch=1, length=0, kv_heads=1, head_dim=8, device="cpu")
     with pytest.raises(ValueError, match="holds no tokens"):
         L.decode_read(empty, torch.zeros(1, 1, 8))
-    with pytest.raises(ValueError, match=r"capacity must be >= 5"):
+    with pytest.raises(ValueError, match=r"capacity must be an int >= 5"):
         L.new_cache("HND", batch=1, length=5, capacity=3, kv_heads=1, head_dim=8)
     with pytest.raises(ValueError, match=r"k must be \[layers, batch, tokens, kv_heads, head_dim\]"):
         L.cache_from_dense("BTHD", torch.zeros(2, 3, 4), torch.zeros(2, 3, 4))
@@ -347,5 +347,5 @@ def test_bad_gqa_arguments_are_rejected():
         L.gqa_cache_bytes(SHAPES["deepseek-v2"], 1024)
     with pytest.raises(TypeError, match="shape must be a kvlab ModelShape"):
         L.gqa_cache_bytes("llama-3-8b", 1024)
-    with pytest.raises(ValueError, match="context must be >= 1"):
+    with pytest.raises(ValueError, match="context must be an int >= 1"):
         L.gqa_cache_bytes(SHAPES["llama-3-8b"], 0)

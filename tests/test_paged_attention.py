@@ -294,7 +294,7 @@ ATTENTION_ERRORS = {
     "seq_len over capacity": (_set_seq_len(33), ValueError, r"seq_lens\[1\] = 33 is outside \[1, 32\]"),
     "block id negative": (_set_block(-1), ValueError, r"block_table\[1, 2\] = -1 is outside \[0, "),
     "block id too large": (_set_block(10**6), ValueError, r"block_table\[1, 2\] = 1000000 is outside \[0, "),
-    "num_splits zero": (lambda a: a.update(num_splits=0), ValueError, "num_splits must be >= 1"),
+    "num_splits zero": (lambda a: a.update(num_splits=0), ValueError, "num_splits must be an int >= 1"),
     "num_splits too large": (lambda a: a.update(num_splits=70000), ValueError, r"num_splits must be in \[1, 65535\]"),
     "num_splits not int": (lambda a: a.update(num_splits=2.0), TypeError, "num_splits must be an int"),
     "scale not positive": (lambda a: a.update(scale=float("nan")), ValueError, "scale must be a finite float"),

@@ -181,8 +181,8 @@ def test_scan_counts():
 
 @pytest.mark.parametrize("change, error, words", [
     (dict(method="fast"), ValueError, "method must be one of"),
-    (dict(method="chunked", chunk_size=0), ValueError, "chunk_size must be >= 1"),
-    (dict(method="chunked", chunk_size=-3), ValueError, "chunk_size must be >= 1"),
+    (dict(method="chunked", chunk_size=0), ValueError, "chunk_size must be an int >= 1"),
+    (dict(method="chunked", chunk_size=-3), ValueError, "chunk_size must be an int >= 1"),
     (dict(method="chunked", chunk_size=2.5), TypeError, "chunk_size must be an int"),
     (dict(method="parallel", chunk_size=8), ValueError, "chunk_size applies to method='chunked' only"),
     (dict(A=torch.zeros(4, 3)), ValueError, "A has dim=4 but u has dim=5"),
@@ -344,7 +344,7 @@ def test_budget_arithmetic_and_its_checks():
     assert ssm.hybrid_cache_bytes(100, 8, 2, 10, 50, batch=3) == 3 * (2000 + 300)
     with pytest.raises(ValueError, match=r"attention_layers must be in \[0, layers=8\]"):
         ssm.hybrid_cache_bytes(100, 8, 9, 10, 50)
-    with pytest.raises(ValueError, match="context must be >= 0"):
+    with pytest.raises(ValueError, match="context must be an int >= 0"):
         ssm.attention_kv_bytes(-1, 8)
 
 
@@ -401,7 +401,7 @@ def test_decode_step_times_runs_attention_and_mamba_models():
     times = ssm.decode_step_times(models, [3, 20], warmup=0, reps=2)
     assert set(times) == {"llama", "mamba"}
     assert all(len(v) == 2 and all(len(t.times) == 2 for t in v) for v in times.values())
-    with pytest.raises(ValueError, match="context must be >= 1"):
+    with pytest.raises(ValueError, match="context must be an int >= 1"):
         ssm.decode_step_times(models, [0])
 
 

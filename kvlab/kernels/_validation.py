@@ -12,6 +12,8 @@ import os
 
 import torch
 
+from .._checks import integer
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -63,8 +65,4 @@ def is_power_of_two(n: int) -> bool:
 
 
 def require_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
+    return integer(name, value, 1)
