@@ -165,7 +165,8 @@ class _StaticStep:
     def __init__(self, model, cache, compile: bool):
         self.model, self.kw = model, {_cache_kw(model): cache}
         forward = self._forward
-        self.step = torch.compile(forward, mode="reduce-overhead", fullgraph=True) if compile else forward
+        # fullgraph=False: a graph break costs speed, not a crash on a reader's GPU.
+        self.step = torch.compile(forward, mode="reduce-overhead", fullgraph=False) if compile else forward
 
     def _forward(self, token, position, mask):
         logits = self.model(token, attention_mask=mask, position_ids=position, use_cache=True, **self.kw).logits

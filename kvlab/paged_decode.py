@@ -369,13 +369,16 @@ class AttentionTiming:
 
 def compare_attention(batch: int, context: int, block_size: int = 16, num_q_heads: int = 8, num_kv_heads: int = 2,
                       head_dim: int = 64, dtype=None, path: str | None = None, identity_table: bool = False,
-                      warmup: int = 2, reps: int = 5, seed: int = 0) -> AttentionTiming:
+                      num_splits: int | None = None, warmup: int = 2, reps: int = 5,
+                      seed: int = 0) -> AttentionTiming:
     """Paged decode attention against torch SDPA on a contiguous cache, same data, interleaved (section 9.5).
 
     ``path`` defaults to the Triton kernel on a GPU and, on a CPU (where the interpreter's speed says
     nothing about the kernel), to ``"gather"``, the vectorised PyTorch paged path;
     ``"reference"`` is the per-sequence plain-PyTorch reference of ``kvlab.kernels``. The paged
     cache's blocks are a random permutation of the pool, or in order with ``identity_table``.
+    The kernel path validates its inputs once and times the launches alone; ``num_splits`` is
+    passed to it (None: its automatic choice).
     """
     from .hardware import device, on_gpu
     from .timing import measure
@@ -397,10 +400,15 @@ def compare_attention(batch: int, context: int, block_size: int = 16, num_q_head
     k_flat = k_pool[table.long()].flatten(1, 2)[:, :context].transpose(1, 2).contiguous()
     v_flat = v_pool[table.long()].flatten(1, 2)[:, :context].transpose(1, 2).contiguous()
     q = torch.randn(batch, num_q_heads, head_dim, generator=generator).to(dev, dtype)
-    attend = _decode_attention(path)
+    if path == "kernel":
+        from .kernels import paged_decode_launcher
 
-    def paged():
-        return attend(q, k_pool, v_pool, table, lens)
+        paged = paged_decode_launcher(q, k_pool, v_pool, table, lens, num_splits=num_splits)
+    else:
+        attend = _decode_attention(path)
+
+        def paged():
+            return attend(q, k_pool, v_pool, table, lens)
 
     def contiguous():
         return F.scaled_dot_product_attention(q[:, :, None], k_flat, v_flat, enable_gqa=True)
@@ -418,7 +426,7 @@ def compare_attention(batch: int, context: int, block_size: int = 16, num_q_head
 def bench_rows():
     """Paged vs contiguous decode attention, and the admission simulator's figures (section 9.5)."""
     from .bench import Row
-    from .hardware import on_gpu
+    from .hardware import calibrate, on_gpu
     from .paging import make_trace, simulate
 
     gpu = on_gpu()
@@ -426,14 +434,28 @@ def bench_rows():
     heads = (32, 8, 128) if gpu else (8, 2, 64)
     shape = dict(zip(("num_q_heads", "num_kv_heads", "head_dim"), heads))
     cases = [(32, 4096), (32, 16384), (1, 32768)] if gpu else [(4, 512), (4, 2048)]
+    copy = calibrate().copy_bytes_per_s
     for batch, context in cases:
         t = compare_attention(batch, context, 16, reps=10 if gpu else 5, **shape)
-        where = f"batch {batch}, context {context}, block 16, {t.path} path"
+        where = f"batch {batch}, context {context}, block 16"
         rows += [
-            Row(f"paged attention b{batch} s{context}", t.paged_bytes_per_s / 1e9, "GB/s", where),
-            Row(f"SDPA contiguous b{batch} s{context}", t.contiguous_bytes_per_s / 1e9, "GB/s", where),
+            Row(f"paged attention b{batch} s{context}", t.paged_bytes_per_s / 1e9, "GB/s", f"{where}, {t.path} path"),
+            Row(f"paged / copy bandwidth b{batch} s{context}", t.paged_bytes_per_s / copy, "fraction",
+                "K+V bytes read once / calibrated copy bandwidth"),
+            Row(f"SDPA contiguous b{batch} s{context}", t.contiguous_bytes_per_s / 1e9, "GB/s", f"{where}, contiguous cache"),
             Row(f"paged / SDPA time b{batch} s{context}", t.paged.median / t.contiguous.median, "x",
                 "ratio of medians, same run"),
+        ]
+    if gpu:  # the kernel against itself: block-table indirection, and what split-K buys at batch 1
+        permuted = compare_attention(32, 16384, 16, reps=10, **shape)
+        ordered = compare_attention(32, 16384, 16, reps=10, identity_table=True, **shape)
+        split = compare_attention(1, 32768, 16, reps=10, **shape)
+        one = compare_attention(1, 32768, 16, reps=10, num_splits=1, **shape)
+        rows += [
+            Row("permuted / identity table time b32 s16384", permuted.paged.median / ordered.paged.median, "x",
+                "same kernel; blocks in random order vs in order"),
+            Row("num_splits=1 / split-K time b1 s32768", one.paged.median / split.paged.median, "x",
+                "same kernel; automatic num_splits vs one split"),
         ]
     trace = make_trace(200, "lognormal", mean_prompt=64, mean_output=128, max_len=512, seed=0)
     for policy in ("reserve-max", "reserve-estimate", "paged"):

@@ -35,6 +35,7 @@ from .paged_attention import (  # noqa: E402  (the interpreter switch must come 
     merge_partials,
     paged_decode_attention,
     paged_decode_attention_ref,
+    paged_decode_launcher,
 )
 from .store_kv import store_kv, store_kv_ref  # noqa: E402
 
@@ -44,6 +45,7 @@ __all__ = [
     "merge_partials",
     "paged_decode_attention",
     "paged_decode_attention_ref",
+    "paged_decode_launcher",
     "store_kv",
     "store_kv_ref",
 ]
