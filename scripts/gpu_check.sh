@@ -12,7 +12,7 @@ day=$(date +%Y-%m-%d)
 
 $PY -m kvlab env | tee "$OUT/env.txt"
 # Kernels compiled for the GPU (no interpreter), bf16 included; notebooks are the book build's job.
-TRITON_INTERPRET=0 timeout 300 $PY -m pytest tests -q -x -p no:cacheprovider \
+TRITON_INTERPRET=0 timeout 300 $PY -m pytest tests -q -p no:cacheprovider -rs \
     --ignore=tests/test_notebooks.py 2>&1 | tee "$OUT/gpu-tests.log"
 tests=${PIPESTATUS[0]}
 timeout 240 $PY -m kvlab record "$OUT/$name-$day.json" 2>&1 | tee "$OUT/bench.txt"

@@ -82,3 +82,7 @@ def test_book_builds_with_warnings_as_errors(book):
         page = (html / "notebooks" / f"{path.stem}.html").read_text()
         assert "data:image/png;base64," in page, f"{path.name}: no figure on the built page"
         assert "kvlab-explorer" in page, f"{path.name}: no slider on the built page"
+        assert page.count("const THEBE_JS_URL") <= 1, f"{path.name}: a script is declared twice"
+    # MathJax ships with the book (sphinx-mathjax-offline), so formulas render offline.
+    assert "mathjax/tex-chtml.js" in (html / "notebooks" / "01_decode_loop.html").read_text()
+    assert (html / "_static" / "mathjax" / "tex-chtml.js").exists()

@@ -9,6 +9,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
+pytest.importorskip("ipywidgets")  # a GPU image may lack it; the CPU suite always has it
+
 from kvlab import plots, widgets  # noqa: E402
 from kvlab.widgets import explore  # noqa: E402
 
