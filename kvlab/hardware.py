@@ -78,9 +78,19 @@ def spec(key: str) -> Accelerator:
 
 def device():
     """The torch device the book measures on: the first CUDA GPU when there is one, else the CPU."""
+    return device_and_dtype()[0]
+
+
+def device_and_dtype(device=None, dtype=None):
+    """The device to run on (kvlab's by default) and the dtype (bf16 on a GPU, fp32 on a CPU by default)."""
     import torch
 
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dtype is None:
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return dev, dtype
 
 
 def on_gpu() -> bool:

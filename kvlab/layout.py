@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ._checks import integer
+from .hardware import device_and_dtype
 
 LAYOUTS = ("BHTD", "BTHD", "NHD", "HND")
 PAGED = ("NHD", "HND")
@@ -309,15 +310,6 @@ def _allocate(layout: str, layers: int, batch: int, capacity: int, kv_heads: int
     return geometry, k, torch.zeros_like(k), table
 
 
-def _defaults(dtype, device):
-    from .hardware import device as default_device
-
-    device = torch.device(device) if device is not None else default_device()
-    if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return dtype, device
-
-
 def new_cache(layout: str, *, batch: int, length: int, kv_heads: int, head_dim: int, layers: int = 1,
               capacity: int | None = None, block_size: int = 16, spare_blocks: int = 0, dtype=None,
               device=None, seed: int = 0) -> KVCache:
@@ -333,7 +325,7 @@ def new_cache(layout: str, *, batch: int, length: int, kv_heads: int, head_dim: 
     capacity = length + 1 if capacity is None else integer("capacity", capacity, max(length, 1))
     block_size = integer("block_size", block_size, 1)
     spare_blocks = integer("spare_blocks", spare_blocks, 0)
-    dtype, device = _defaults(dtype, device)
+    device, dtype = device_and_dtype(device, dtype)
     gen = torch.Generator().manual_seed(seed)
     geometry, k, v, table = _allocate(layout, integer("layers", layers, 1), batch, capacity,
                                       integer("kv_heads", kv_heads, 1), integer("head_dim", head_dim, 1),

@@ -476,7 +476,17 @@ def _cat_quantized(a: QuantizedTensor | None, b: QuantizedTensor, axis: int) -> 
                                zero=cat(a.zero, b.zero), shape=tuple(shape))
 
 
-class QuantizedLayer(CacheLayerMixin):
+class _KeepAllLayer(CacheLayerMixin):
+    """A layer that keeps every token it was given (compressed): masks span the whole history."""
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class QuantizedLayer(_KeepAllLayer):
     """One layer of KIVI's cache: quantized keys per channel, values per token, recent tokens exact.
 
     New tokens enter a full-precision residual. Whenever it holds ``residual + group_size`` tokens,
@@ -521,12 +531,6 @@ class QuantizedLayer(CacheLayerMixin):
         if not self.is_initialized:
             return 0
         return self.keys.shape[-2] + (0 if self.qkeys is None else self.qkeys.shape[2])
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
-
-    def get_max_length(self) -> int:
-        return -1
 
     @property
     def nbytes(self) -> int:
@@ -638,7 +642,7 @@ def kv_basis(attention, rank: int):
     return u[:, :rank], torch.cat(bias).detach().double()
 
 
-class LatentLayer(CacheLayerMixin):
+class LatentLayer(_KeepAllLayer):
     """One layer of an MLA-style latent cache: stores c = U^T([k; v] - b), rank numbers per token.
 
     Keys arrive rotated; the layer undoes the rotation (the latent must not depend on position),
@@ -678,12 +682,6 @@ class LatentLayer(CacheLayerMixin):
 
     def get_seq_length(self) -> int:
         return 0 if self.latent is None else self.latent.shape[1]
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
-
-    def get_max_length(self) -> int:
-        return -1
 
     @property
     def nbytes(self) -> int:

@@ -166,7 +166,7 @@ def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape |
     import torch
     import transformers
 
-    from .hardware import device as default_device
+    from .hardware import device_and_dtype
 
     if arch in SSM_ARCHITECTURES:  # a selective SSM (section 9.6); see _tiny_mamba for why not in ARCHITECTURES
         return _tiny_mamba(size, shape, dtype, device, seed, **overrides)
@@ -189,9 +189,7 @@ def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape |
         raise ValueError(f"gpt2 has multi-head attention: kv_heads ({base.kv_heads}) must equal q_heads")
     if arch == "gpt2" and base.head_dim * base.q_heads != base.hidden:
         raise ValueError("gpt2 needs head_dim * q_heads == hidden")
-    dev = torch.device(device) if device is not None else default_device()
-    if dtype is None:
-        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dev, dtype = device_and_dtype(device, dtype)
     config = _config(arch, base, max_positions)
     config.name_or_path = base.name
     torch.manual_seed(seed)
@@ -302,7 +300,7 @@ def _tiny_mamba(size, shape, dtype, device, seed, **overrides):
     import torch
     import transformers
 
-    from .hardware import device as default_device
+    from .hardware import device_and_dtype
 
     if size not in ("cpu", "real"):
         raise ValueError(f"size must be 'cpu' or 'real', got {size!r}")
@@ -318,9 +316,7 @@ def _tiny_mamba(size, shape, dtype, device, seed, **overrides):
     if unknown:
         raise ValueError(f"unknown SSMShape field(s) {sorted(unknown)} for arch 'mamba'")
     base = dataclasses.replace(base, **overrides)
-    dev = torch.device(device) if device is not None else default_device()
-    if dtype is None:
-        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dev, dtype = device_and_dtype(device, dtype)
     config = transformers.MambaConfig(
         hidden_size=base.hidden, num_hidden_layers=base.layers, state_size=base.state_size,
         vocab_size=base.vocab, expand=base.expand, conv_kernel=base.conv_kernel,
@@ -346,12 +342,10 @@ def load_model(name: str, dtype=None, device=None):
     import torch
     import transformers
 
-    from .hardware import device as default_device
+    from .hardware import device_and_dtype
 
     repo = HUB_NAMES.get(name, name)
-    dev = torch.device(device) if device is not None else default_device()
-    if dtype is None:
-        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dev, dtype = device_and_dtype(device, dtype)
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(repo, dtype=dtype).to(dev)
         tokenizer = transformers.AutoTokenizer.from_pretrained(repo)

@@ -380,14 +380,13 @@ def compare_attention(batch: int, context: int, block_size: int = 16, num_q_head
     The kernel path validates its inputs once and times the launches alone; ``num_splits`` is
     passed to it (None: its automatic choice).
     """
-    from .hardware import device, on_gpu
+    from .hardware import device_and_dtype, on_gpu
     from .timing import measure
 
     path = path or ("kernel" if on_gpu() else "gather")
     if path not in ATTENTION_PATHS:
         raise ValueError(f"path must be one of {ATTENTION_PATHS}, got {path!r}")
-    dev = device()
-    dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    dev, dtype = device_and_dtype(None, dtype)
     generator = torch.Generator().manual_seed(seed)
     per_seq = -(-context // block_size)
     order = torch.arange(batch * per_seq) if identity_table else torch.randperm(batch * per_seq, generator=generator)
