@@ -306,3 +306,56 @@ def profile_decode(model, input_ids, max_new_tokens, method="cached", attention_
         start = now
     return DecodeProfile(method, input_ids.shape[0], input_ids.shape[1], max_new_tokens,
                          times[0], tuple(times[1:]), torch.cat(tokens, dim=1))
+
+
+# --- compilation: a one-time cost against a per-step gain (section 9.2) ----------------------------
+
+def break_even_tokens(compile_seconds: float, step_gain: float) -> float:
+    """Output tokens after which a one-time cost of ``compile_seconds`` is repaid by saving
+    ``step_gain`` seconds per decode step: compile_seconds / step_gain (section 9.2); ``inf`` when
+    the compiled step is not faster. Seconds of compilation against milliseconds per step give
+    thousands of tokens, which is why engines compile once at start-up, not per request.
+    """
+    for name, value in (("compile_seconds", compile_seconds), ("step_gain", step_gain)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise TypeError(f"{name} must be a real number of seconds, got {value!r}")
+    if compile_seconds < 0:
+        raise ValueError(f"compile_seconds must be >= 0, got {compile_seconds!r}")
+    return compile_seconds / step_gain if step_gain > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class CompileBreakEven:
+    """What compilation cost and what it saves per step, from two profiles of one request (section 9.2)."""
+
+    compile_seconds: float
+    eager_step: float
+    compiled_step: float
+
+    @property
+    def step_gain(self) -> float:
+        return self.eager_step - self.compiled_step
+
+    @property
+    def tokens(self) -> float:
+        return break_even_tokens(self.compile_seconds, self.step_gain)
+
+
+def compile_break_even(eager: DecodeProfile, compiled: DecodeProfile, warm: int = 8) -> CompileBreakEven:
+    """Compile cost and per-step gain measured from an eager and a compiled profile of one request.
+
+    Steady steps are the medians after the first ``warm`` steps; the compile (and, on a GPU, graph
+    capture) cost is what the compiled loop's first ``warm`` steps took beyond ``warm`` steady steps.
+    """
+    import statistics
+
+    warm = integer("warm", warm, 1)
+    for name, p in (("eager", eager), ("compiled", compiled)):
+        if not isinstance(p, DecodeProfile):
+            raise TypeError(f"{name} must be a DecodeProfile (from profile_decode), got {type(p).__name__}")
+        if len(p.step_times) <= warm:
+            raise ValueError(f"{name} has {len(p.step_times)} decode steps; warm={warm} needs more than {warm}")
+    t_eager = statistics.median(eager.step_times[warm:])
+    t_compiled = statistics.median(compiled.step_times[warm:])
+    cost = max(0.0, sum(compiled.step_times[:warm]) - warm * t_compiled)
+    return CompileBreakEven(cost, t_eager, t_compiled)

@@ -17,6 +17,8 @@ class ModelShape:
     ``params`` is the parameter count the seeds use; ``latent_dim`` and ``rope_dim`` describe a
     Multi-head Latent Attention cache (DeepSeek-V2); ``window`` a sliding-window model (Mistral 7B).
     ``intermediate`` (the MLP width) is only needed to build a model of this shape.
+    ``active_params`` is set for a mixture of experts: the parameters one token is multiplied by
+    (``params`` counts every expert, which decode must still hold and, at a large batch, read).
     """
 
     name: str
@@ -31,6 +33,7 @@ class ModelShape:
     rope_dim: int | None = None
     window: int | None = None
     intermediate: int | None = None
+    active_params: float | None = None
 
     def __post_init__(self):
         for field in ("layers", "q_heads", "kv_heads", "head_dim", "hidden", "vocab"):
@@ -43,6 +46,8 @@ class ModelShape:
             raise ValueError(
                 f"ModelShape.q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})"
             )
+        if self.active_params is not None and not 0 < self.active_params <= self.params:
+            raise ValueError(f"ModelShape.active_params must be in (0, params={self.params}], got {self.active_params!r}")
         if (self.latent_dim is None) != (self.rope_dim is None):
             raise ValueError("ModelShape.latent_dim and rope_dim are set together (an MLA cache) or not at all")
 
@@ -65,6 +70,27 @@ class ModelShape:
 
     def weight_bytes(self, bytes_per_element: float = 2) -> float:
         return self.params * bytes_per_element
+
+    @property
+    def params_per_token(self) -> float:
+        """Parameters each token is multiplied by: ``active_params`` for a mixture of experts, else ``params``."""
+        return self.params if self.active_params is None else self.active_params
+
+    def counted_params(self) -> float:
+        """Parameters counted from the shape's matrices, for a dense decoder with a gated MLP and
+        untied embeddings (the Llama family): per layer the query, key, value and output projections
+        and three MLP matrices, plus the embedding and the output head. Norms (a few hundred thousand
+        numbers) are left out.
+
+        ``SHAPES`` keeps the seeds' rounded ``params`` (70e9 for Llama-3-70B); this count gives the
+        real figure (about 70.55e9). Raises ValueError for shapes it cannot count (MLA, mixtures of
+        experts, no ``intermediate``).
+        """
+        if self.latent_dim is not None or self.active_params is not None or self.intermediate is None:
+            raise ValueError(f"counted_params counts dense decoders with a known MLP width; {self.name} is not one")
+        h, d = self.hidden, self.head_dim
+        attention = 2 * h * self.q_heads * d + 2 * h * self.kv_heads * d
+        return float(self.layers * (attention + 3 * h * self.intermediate) + 2 * self.vocab * h)
 
     @classmethod
     def from_config(cls, config, name: str | None = None) -> "ModelShape":
@@ -101,16 +127,18 @@ def _shape(name, layers, q, kv, d, hidden, params, vocab, intermediate, **extra)
 
 
 # Published shapes. Parameter counts are those the seeds use (seed 004 appendix B.2 rounds 70B and
-# 405B; seed 000 section 9.3 uses 8e9 for its Table 9.1, seed 004 8.03e9 for Llama-3-8B).
+# 405B; seed 000 section 9.3 uses 8e9 for its Table 9.1, seed 004 8.03e9 for Llama-3-8B);
+# ModelShape.counted_params() gives the unrounded count. Active parameters of the mixtures of
+# experts: Mistral AI's Mixtral announcement (12.9B of 46.7B), the DeepSeek-V2 paper (21B of 236B).
 SHAPES: dict[str, ModelShape] = {
     "llama-3-8b": _shape("Llama-3-8B", 32, 32, 8, 128, 4096, 8.03e9, 128256, 14336),
     "llama-3-70b": _shape("Llama-3-70B", 80, 64, 8, 128, 8192, 70e9, 128256, 28672),
     "llama-3.1-405b": _shape("Llama-3.1-405B", 126, 128, 8, 128, 16384, 405e9, 128256, 53248),
     "llama-2-13b": _shape("Llama-2-13B", 40, 40, 40, 128, 5120, 13e9, 32000, 13824),
-    "mixtral-8x7b": _shape("Mixtral-8x7B", 32, 32, 8, 128, 4096, 46.7e9, 32000, 14336),
+    "mixtral-8x7b": _shape("Mixtral-8x7B", 32, 32, 8, 128, 4096, 46.7e9, 32000, 14336, active_params=12.9e9),
     "mistral-7b": _shape("Mistral-7B", 32, 32, 8, 128, 4096, 7.24e9, 32000, 14336, window=4096),
     "deepseek-v2": _shape("DeepSeek-V2", 60, 128, 128, 128, 5120, 236e9, 102400, 12288,
-                          latent_dim=512, rope_dim=64),
+                          latent_dim=512, rope_dim=64, active_params=21e9),
     "llama-3.2-1b": _shape("Llama-3.2-1B", 16, 32, 8, 64, 2048, 1.24e9, 128256, 8192),
     "qwen2.5-0.5b": _shape("Qwen2.5-0.5B", 24, 14, 2, 64, 896, 0.494e9, 151936, 4864),
     "smollm2-135m": _shape("SmolLM2-135M", 30, 9, 3, 64, 576, 0.135e9, 49152, 1536),

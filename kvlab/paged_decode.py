@@ -349,6 +349,82 @@ def _merge_timings(parts):
     return Timing(ordered[len(ordered) // 2], ordered[0], ordered[-1], times)
 
 
+# --- swap's transfer: many small copies against one large one (section 9.5) -----------------------
+
+@dataclass(frozen=True)
+class HostCopy:
+    """Moving ``blocks`` blocks of ``block_bytes`` each from the device to host memory, timed one
+    copy per block (``per_block``) and as one copy of the same bytes (``one_copy``)."""
+
+    block_bytes: int
+    blocks: int
+    per_block: object  # Timing
+    one_copy: object  # Timing
+
+    @property
+    def total_bytes(self) -> int:
+        return self.block_bytes * self.blocks
+
+    @property
+    def bytes_per_s(self) -> float:
+        """Rate of the block-by-block copy."""
+        return self.total_bytes / self.per_block.median
+
+    @property
+    def one_copy_bytes_per_s(self) -> float:
+        return self.total_bytes / self.one_copy.median
+
+    @property
+    def efficiency(self) -> float:
+        """Block-by-block rate as a fraction of the one-copy rate."""
+        return self.one_copy.median / self.per_block.median
+
+
+def _copy_blocks(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool) -> None:
+    """One copy per row: the way a swap that copies block by block moves a cache."""
+    for i in range(src.shape[0]):
+        dst[i].copy_(src[i], non_blocking=non_blocking)
+
+
+def measure_host_copy(total_bytes: int, block_bytes, device=None, warmup: int = 1, reps: int = 5) -> list[HostCopy]:
+    """Time a swap-out's transfer against block size (section 9.5): ``total_bytes`` of device
+    memory copied to host memory as one copy per block of each size in ``block_bytes``, and as one
+    copy. On a GPU the host buffer is pinned and the copies cross PCIe; on a CPU "host" and
+    "device" are the same DRAM, and the per-copy cost is dispatch. The PagedAttention paper
+    measured swap losing to recompute at small block sizes for this reason: many small transfers
+    use the link poorly. (``PagedKVCache`` gathers a sequence's blocks on the device and moves them
+    in one copy per layer stack, which avoids it.)
+
+    Each block size copies the largest whole number of its blocks that fits in ``total_bytes``.
+    Returns one ``HostCopy`` per block size, in the order given.
+    """
+    from ._checks import integer
+    from .hardware import device as default_device
+    from .timing import measure
+
+    total_bytes = integer("total_bytes", total_bytes, 4)
+    sizes = [block_bytes] if isinstance(block_bytes, int) and not isinstance(block_bytes, bool) else list(block_bytes)
+    if not sizes:
+        raise ValueError("block_bytes must name at least one block size")
+    for b in sizes:
+        integer("block_bytes", b, 4, total_bytes + 1)
+        if b % 4:
+            raise ValueError(f"block_bytes must be a multiple of 4 (fp32 elements), got {b}")
+    dev = torch.device(device) if device is not None else default_device()
+    pin = dev.type == "cuda"
+    src = torch.empty(total_bytes // 4, dtype=torch.float32, device=dev).uniform_()
+    dst = torch.empty(total_bytes // 4, dtype=torch.float32, pin_memory=pin)
+    results = []
+    for b in sizes:
+        blocks = total_bytes // b
+        rows_src = src[: blocks * b // 4].view(blocks, b // 4)
+        rows_dst = dst[: blocks * b // 4].view(blocks, b // 4)
+        per_block = measure(lambda: _copy_blocks(rows_src, rows_dst, pin), warmup=warmup, reps=reps, device=dev)
+        one = measure(lambda: rows_dst.copy_(rows_src, non_blocking=pin), warmup=warmup, reps=reps, device=dev)
+        results.append(HostCopy(b, blocks, per_block, one))
+    return results
+
+
 @dataclass(frozen=True)
 class AttentionTiming:
     """One decode step of attention over ``batch`` sequences of ``context`` tokens (section 9.5)."""
@@ -456,6 +532,12 @@ def bench_rows():
             Row("num_splits=1 / split-K time b1 s32768", one.paged.median / split.paged.median, "x",
                 "same kernel; automatic num_splits vs one split"),
         ]
+    # swap's transfer: one copy per 16-token block of one layer's K (Llama-3-8B: 16 x 8 x 128 x 2 bytes)
+    # against one copy of the same bytes; on a GPU device-to-pinned-host over PCIe
+    total = (256 << 20) if gpu else (32 << 20)
+    for r in measure_host_copy(total, [16 * 8 * 128 * 2, 1 << 20], reps=5):
+        rows.append(Row(f"host copy in {r.block_bytes // 1024} KiB blocks / one copy", r.efficiency, "fraction",
+                        f"{r.blocks} copies of {r.block_bytes:,} B against one of {r.total_bytes:,} B, same run"))
     trace = make_trace(200, "lognormal", mean_prompt=64, mean_output=128, max_len=512, seed=0)
     for policy in ("reserve-max", "reserve-estimate", "paged"):
         result = simulate(trace, policy, budget_tokens=8192, block_size=16, max_len=512)

@@ -36,7 +36,7 @@ import numbers
 from dataclasses import dataclass
 
 from ._checks import integer
-from .hardware import SPECS, Accelerator, spec
+from .hardware import LINKS, SPECS, Accelerator, Link, link, spec
 from .models import ModelShape
 
 PLACEMENTS = ("striped", "pinned")
@@ -323,6 +323,58 @@ def capacity_context(shape: ModelShape, hw, w_p: float = 2, w_kv: float = 2, bat
     return free / per_token
 
 
+def free_beside_weights(shape: ModelShape, hw, w_p: float = 2, devices: int = 1) -> float:
+    """M - P w_p: bytes left for the cache once the weights are loaded (negative when they do not fit).
+    The margin behind s_cap (seed 004, Eq. 13). Pass ``hardware.exposed_memory(hw)`` for the memory
+    the driver really reports, or a shape with ``params=shape.counted_params()`` for unrounded weights.
+    """
+    hw = _device(hw)
+    devices = integer("devices", devices)
+    return devices * hw.hbm_bytes - _model(shape).params * _positive("w_p", w_p)
+
+
+def max_batch(shape: ModelShape, hw, context: int, w_p: float = 2, w_kv: float = 2, devices: int = 1) -> int:
+    """The largest batch b of ``context``-token sequences with P w_p + b s K <= M: what admission
+    allows (seed 000, 9.3; seed 004, Eq. 13 solved for b). 0 when not even one sequence fits.
+    """
+    context = integer("context", context)
+    free = free_beside_weights(shape, hw, w_p, devices)
+    if free <= 0:
+        return 0
+    per_sequence = retained_tokens(shape, context) * kv_bytes_per_token(shape, w_kv)
+    return int(free // per_sequence)
+
+
+@dataclass(frozen=True)
+class AdmittedRate:
+    """The most sequences admission allows at one context, their step floor and their token rate
+    (None for both when not even one sequence fits)."""
+
+    batch: int
+    step_time: float | None
+    tokens_per_s: float | None
+
+
+def admitted_rate(shape: ModelShape, hw, context: int, w_p: float = 2, w_kv: float = 2,
+                  devices: int = 1) -> AdmittedRate:
+    """Decode at the largest admitted batch: ``max_batch`` and its ``step_time_floor``.
+
+    This is where KV compression pays in the weight-bound regime (the scope of seed 004's design
+    rule 3): at a fixed batch, dividing KV bytes barely shortens a step when s < s*, but where
+    capacity binds it admits a larger batch at about the same step floor. Llama-3-70B on a B200 at
+    128k: 1 sequence in bf16, 4 with a 4-bit cache, hence about 4x the tokens/s.
+    """
+    batch = max_batch(shape, hw, context, w_p, w_kv, devices)
+    if batch == 0:
+        return AdmittedRate(0, None, None)
+    hw = _device(hw)
+    if devices > 1:  # the step's bytes are read by all devices' HBM together
+        hw = dataclasses.replace(hw, hbm_bytes_per_s=devices * hw.hbm_bytes_per_s,
+                                 die_bytes_per_s=devices * hw.die_bytes_per_s, bf16_flops=devices * hw.bf16_flops)
+    step = step_time_floor(shape, hw, batch, context, w_p, w_kv)
+    return AdmittedRate(batch, step, batch / step)
+
+
 def kv_fraction(shape: ModelShape, context: int, batch: int, w_p: float = 2, w_kv: float = 2) -> float:
     """eta(s, b) = b s K / B(s, b), the KV share of step bytes; equals s / (s + s*(b))
     (seed 004, Prop. 3.3(i)).
@@ -356,6 +408,12 @@ def effective_bandwidth(hw, placement: str = "striped") -> float:
     ``"pinned"`` (gamma = 1) gives the per-die beta_p; ``"striped"`` (gamma = 1 / D) gives
     min(beta_agg, D / (D - 1) beta_f). An undisclosed fabric rate (MI300X) is taken not to bind
     (Remark 3.7). A single-die package reaches beta_agg either way.
+
+    The choice is the seed's model, not an engine's: in their default modes a B200 and an MI300X
+    interleave physical addresses across all HBM stacks, so every allocation is striped and a block
+    manager cannot pin a page to one die. Only partitioned modes (MI300X's NPS4 memory partitions
+    with CPX or DPX compute partitions) make memory local to a part of the package, and each part
+    is then a separate device with its share of the bandwidth.
     """
     hw, placement = _device(hw), _placement(placement)
     if hw.dies == 1:
@@ -469,6 +527,66 @@ def transfer_time(nbytes: float, link_bytes_per_s: float, codec: float = 1.0) ->
     return _positive("nbytes", nbytes) / (_positive("codec", codec) * _positive("link_bytes_per_s", link_bytes_per_s))
 
 
+def _link(value) -> Link:
+    if isinstance(value, Link):
+        return value
+    if isinstance(value, str):
+        return link(value)
+    raise TypeError(f"link must be a Link or one of {', '.join(LINKS)}, got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class RecomputeOrSwap:
+    """Per-token cost of getting a preempted request's cache back (section 9.5), both ways.
+
+    ``recompute`` = 2 P_active / F: its prefill multiplies every token by every (active) weight;
+    the attention term, which grows with the request, only adds to it. ``swap`` = 2 K / beta_link:
+    each cache byte crosses the host link once out and once back, each way at the one-way rate.
+    Recompute wins only when P / K < F / beta_link, i.e. ``ratio`` = recompute / swap < 1.
+    """
+
+    shape: str
+    device: str
+    link: str
+    recompute: float
+    swap: float
+    params_per_kv_byte: float
+    flops_per_link_byte: float
+
+    @property
+    def ratio(self) -> float:
+        """recompute / swap per token: (P / K) / (F / beta); above 1, swap is cheaper."""
+        return self.recompute / self.swap
+
+    @property
+    def cheaper(self) -> str:
+        return "swap" if self.ratio > 1 else "recompute"
+
+
+def recompute_or_swap(shape: ModelShape, hw, link=None, w_kv: float = 2, mfu: float = 1.0) -> RecomputeOrSwap:
+    """Recompute against swap per token, at the arithmetic level (section 9.5).
+
+    ``hw`` supplies the FLOP rate F (dense bf16 peak times ``mfu``) and, unless ``link`` (a
+    ``LINKS`` key or a ``Link``) is given, its host link. Short requests do not favour recompute:
+    both costs are per token, and a short prefill still reads every weight. What this omits is how
+    efficiently the link is used: many small copies (small blocks) reach a fraction of its rate,
+    which ``paged_decode.measure_host_copy`` measures.
+    """
+    shape, hw = _model(shape), _device(hw)
+    mu = _between("mfu", mfu, 0, 1, low_open=True)
+    if link is None:
+        if hw.host_link is None:
+            raise ValueError(f"{hw.name} has no host_link recorded; pass link= one of {', '.join(LINKS)}")
+        link = hw.host_link
+    chosen = _link(link)
+    flops = mu * hw.bf16_flops
+    k = kv_bytes_per_token(shape, w_kv)
+    return RecomputeOrSwap(
+        shape=shape.name, device=hw.name, link=chosen.name,
+        recompute=2 * shape.params_per_token / flops, swap=2 * k / chosen.bytes_per_s_each_way,
+        params_per_kv_byte=shape.params_per_token / k, flops_per_link_byte=flops / chosen.bytes_per_s_each_way)
+
+
 # --------------------------------------------------------------------------- design rules
 
 
@@ -521,8 +639,10 @@ def recommend(shape: ModelShape, hw, context: int, batch: int, quality_budget: s
     if context < s_star:
         recs.append(Recommendation(
             3, "weights and batching",
-            "do not compress the KV cache; spend effort on prefill, batching and weight precision",
-            f"s < s*: even 4-bit KV (c = 4) would give only {compression_speedup(4, context, s_star):.2f}x"))
+            "do not compress the KV cache for speed at this batch; spend effort on prefill, batching and "
+            "weight precision",
+            f"s < s*: even 4-bit KV (c = 4) would give only {compression_speedup(4, context, s_star):.2f}x at "
+            f"b = {batch}; {_rule3_scope(shape, hw, context)}"))
     else:
         byte_factor = _quantize(recs, quality_budget, context, s_star)
         byte_factor = _evict(recs, quality_budget, retrieval_critical, context, s_star, byte_factor)
@@ -530,12 +650,23 @@ def recommend(shape: ModelShape, hw, context: int, batch: int, quality_budget: s
         recs.append(_tier(shape, hw, batch, context, byte_factor))
     if hw.dies > 1:
         gain = effective_bandwidth(hw, "striped") / effective_bandwidth(hw, "pinned")
-        recs.append(Recommendation(7, "placement", "stripe KV pages across dies",
+        recs.append(Recommendation(7, "placement",
+                                   "keep KV reads striped across dies (default memory modes interleave "
+                                   "addresses across all stacks; partitioned modes pin)",
                                    f"{hw.dies} dies: striping reads {gain:.1f}x faster than pinning (Eq. 11)"))
     recs.append(Recommendation(
         8, "re-evaluation", "recompute s*, s_cap and the ridge on every model, hardware or workload change",
         "s* moves as 1/b with batch; s_cap and the ridge move with the device"))
     return recs
+
+
+def _rule3_scope(shape: ModelShape, hw: Accelerator, context: int) -> str:
+    """Where capacity binds, compression admits a larger batch at about the same step floor."""
+    bf16, int4 = max_batch(shape, hw, context), max_batch(shape, hw, context, w_kv=0.5)
+    if int4 <= bf16 or int4 == 0:
+        return f"capacity admits {bf16} sequences in bf16 and no more with 4-bit KV"
+    return (f"but capacity admits {bf16} sequence{'s' * (bf16 != 1)} in bf16 and {int4} with 4-bit KV: "
+            f"compress if the batch is capacity-bound")
 
 
 def _quantize(recs: list, budget: str, context: int, s_star: float) -> float:

@@ -8,7 +8,8 @@ fixed-size state per sequence and folds each new token into it. This module has:
 - ``affine_scan``: the states of h_t = a_t * h_{t-1} + b_t in three orders: ``sequential`` (one
   step per token: the decode path), ``parallel`` (a log-depth Hillis-Steele scan over the affine
   maps h -> a h + b: the prefill path) and ``chunked`` (each chunk scanned in parallel, its final
-  state seeding the next: chunked prefill).
+  state seeding the next: chunked prefill); also ``blelloch`` (work-efficient) and ``two-level``
+  (all chunks at once, then the carries), with ``scan_depth`` and ``scan_work`` counting each.
 - ``selective_scan``: Mamba's selective SSM on that scan, with the argument shapes of the reference
   ``selective_scan_ref`` of state-spaces/mamba; ``ssm_step`` is one decode token of it.
 - ``mamba_mixer`` and ``mamba_forward``: a Hugging Face ``MambaForCausalLM`` run on kvlab's scan,
@@ -32,6 +33,10 @@ from dataclasses import dataclass
 from ._checks import integer
 
 METHODS = ("sequential", "parallel", "chunked")
+# Two more orders, for the scan-order comparison of section 9.6: Blelloch's work-efficient scan and
+# the two-level scan that scans every chunk at once and then propagates the carries.
+SCAN_ORDERS = METHODS + ("blelloch", "two-level")
+CHUNKED_ORDERS = ("chunked", "two-level")
 DEFAULT_CHUNK_SIZE = 64
 
 
@@ -109,15 +114,15 @@ SEED_OUTPUTS = (6.0, 5.0)  # y1, y2
 
 # --- the scan over affine maps ----------------------------------------------------------------------
 
-def _check_method(method, chunk_size):
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+def _check_method(method, chunk_size, allowed=SCAN_ORDERS):
+    if method not in allowed:
+        raise ValueError(f"method must be one of {allowed}, got {method!r}")
     if chunk_size is not None:
-        if method != "chunked":
-            raise ValueError(f"chunk_size applies to method='chunked' only, got chunk_size={chunk_size!r} "
+        if method not in CHUNKED_ORDERS:
+            raise ValueError(f"chunk_size applies to method in {CHUNKED_ORDERS} only, got chunk_size={chunk_size!r} "
                              f"with method={method!r}")
         integer("chunk_size", chunk_size, 1)
-    return DEFAULT_CHUNK_SIZE if (method == "chunked" and chunk_size is None) else chunk_size
+    return DEFAULT_CHUNK_SIZE if (method in CHUNKED_ORDERS and chunk_size is None) else chunk_size
 
 
 def _sequential(a, b, h):
@@ -141,6 +146,68 @@ def _parallel(a, b, h):
     return a * h + b  # apply each prefix map to the initial state
 
 
+def _compose(first, then):
+    """The map 'first, then then': (a1, b1) then (a2, b2) is (a2 a1, a2 b1 + b2)."""
+    (a1, b1), (a2, b2) = first, then
+    return a2 * a1, a2 * b1 + b2
+
+
+def _blelloch(a, b, h):
+    """Blelloch's work-efficient scan: an up-sweep builds a tree of partial compositions, a
+    down-sweep turns it into exclusive prefixes; each sweep takes log2 n rounds and about n
+    compositions (n = length padded to a power of two with identity maps)."""
+    import torch
+
+    length = a.shape[0]
+    n = 1 << max(0, math.ceil(math.log2(length)))
+    pad = (n - length,) + tuple(a.shape[1:])
+    a = torch.cat([a, torch.ones(pad, dtype=a.dtype, device=a.device)])
+    b = torch.cat([b, torch.zeros(pad, dtype=b.dtype, device=b.device)])
+    own = (a[:length], b[:length])
+    a, b = a.clone(), b.clone()
+    half = 1
+    while half < n:  # up-sweep: node i covers the 2*half maps ending at i
+        right = torch.arange(2 * half - 1, n, 2 * half, device=a.device)
+        a[right], b[right] = _compose((a[right - half], b[right - half]), (a[right], b[right]))
+        half *= 2
+    a[n - 1], b[n - 1] = 1, 0  # identity: nothing precedes the first map
+    half = n // 2
+    while half >= 1:  # down-sweep: left child gets the parent's prefix, right child prefix + left subtree
+        right = torch.arange(2 * half - 1, n, 2 * half, device=a.device)
+        left = right - half
+        subtree = (a[left].clone(), b[left].clone())
+        a[left], b[left] = a[right], b[right]
+        a[right], b[right] = _compose((a[right], b[right]), subtree)
+        half //= 2
+    a, b = _compose((a[:length], b[:length]), own)  # exclusive prefix, then the position's own map
+    return a * h + b
+
+
+def _two_level(a, b, h, chunk_size):
+    """Every chunk scanned at once (Hillis-Steele inside each), then the carries propagated from
+    chunk to chunk (one step per chunk), then each position's in-chunk prefix applied to its carry."""
+    import torch
+
+    length = a.shape[0]
+    chunks = -(-length // chunk_size)
+    pad = (chunks * chunk_size - length,) + tuple(a.shape[1:])
+    a = torch.cat([a, torch.ones(pad, dtype=a.dtype, device=a.device)])
+    b = torch.cat([b, torch.zeros(pad, dtype=b.dtype, device=b.device)])
+    shape = (chunks, chunk_size) + tuple(a.shape[1:])
+    a, b = a.reshape(shape).transpose(0, 1), b.reshape(shape).transpose(0, 1)  # [c, chunks, ...]
+    offset = 1
+    while offset < chunk_size:  # level one: all chunks together
+        b = torch.cat([b[:offset], a[offset:] * b[:-offset] + b[offset:]])
+        a = torch.cat([a[:offset], a[offset:] * a[:-offset]])
+        offset *= 2
+    carries = [h]
+    for j in range(chunks - 1):  # level two: the state entering each chunk
+        carries.append(a[-1, j] * carries[-1] + b[-1, j])
+    carry = torch.stack(carries)  # [chunks, ...]
+    states = a * carry + b  # [c, chunks, ...]
+    return states.transpose(0, 1).reshape((chunks * chunk_size,) + tuple(a.shape[2:]))[:length]
+
+
 def affine_scan(a, b, initial=None, method: str = "sequential", chunk_size: int | None = None):
     """Every state of h_t = a_t * h_{t-1} + b_t, time along dim 0 (section 9.6).
 
@@ -149,6 +216,9 @@ def affine_scan(a, b, initial=None, method: str = "sequential", chunk_size: int 
     dependent steps; ``parallel`` takes ceil(log2 length) rounds of elementwise work over the whole
     sequence (O(length log length) work); ``chunked`` scans ``chunk_size`` tokens at a time in
     parallel and passes each chunk's final state to the next (the last chunk may be shorter).
+    ``blelloch`` is the work-efficient scan (about 2 log2 length rounds, O(length) work);
+    ``two-level`` scans all chunks at once, then carries the state across chunks (about
+    log2 chunk_size + length / chunk_size rounds). ``scan_depth`` and ``scan_work`` count each.
     """
     import torch
 
@@ -166,6 +236,10 @@ def affine_scan(a, b, initial=None, method: str = "sequential", chunk_size: int 
         return torch.stack(_sequential(a, b, h))
     if method == "parallel":
         return _parallel(a, b, h)
+    if method == "blelloch":
+        return _blelloch(a, b, h)
+    if method == "two-level":
+        return _two_level(a, b, h, chunk_size)
     chunks = []
     for start in range(0, a.shape[0], chunk_size):
         states = _parallel(a[start:start + chunk_size], b[start:start + chunk_size], h)
@@ -174,33 +248,56 @@ def affine_scan(a, b, initial=None, method: str = "sequential", chunk_size: int 
     return torch.cat(chunks)
 
 
+def _hillis_steele_work(n: int) -> int:
+    """Compositions of a Hillis-Steele scan of n maps, plus n applications to the initial state."""
+    return sum(n - 2**r for r in range(math.ceil(math.log2(n)))) + n if n > 1 else 1
+
+
 def scan_work(length: int, method: str, chunk_size: int | None = None) -> int:
-    """Affine-map operations per state element a scan of ``length`` tokens performs: ``length``
-    applications sequentially; in parallel, sum over rounds of (length - offset) compositions, plus
-    ``length`` applications of the prefix maps to the initial state; chunked, that per chunk."""
+    """Affine-map operations (compositions plus applications) per state element that a scan of
+    ``length`` tokens performs, as kvlab implements each order (section 9.6):
+
+    - ``sequential``: ``length`` applications;
+    - ``parallel`` (Hillis-Steele): sum over rounds of (length - offset) compositions, plus
+      ``length`` applications: about length log2 length;
+    - ``chunked``: that per chunk of ``chunk_size``: about length log2 c;
+    - ``blelloch``: n - 1 compositions up and n - 1 down (n = length rounded up to a power of two),
+      then each position's own map and an application: about 2n + 2 length, O(length);
+    - ``two-level``: the Hillis-Steele work of every chunk, plus one application per chunk carry.
+    """
     integer("length", length, 1)
     chunk_size = _check_method(method, chunk_size)
-
-    def parallel(n):
-        return sum(n - 2 ** r for r in range(math.ceil(math.log2(n)))) + n if n > 1 else 1
-
-    if method == "sequential":
+    if method == "sequential" or length == 1:
         return length
     if method == "parallel":
-        return parallel(length)
+        return _hillis_steele_work(length)
+    if method == "blelloch":
+        n = 1 << math.ceil(math.log2(length))
+        return 2 * (n - 1) + 2 * length
     full, rest = divmod(length, chunk_size)
-    return full * parallel(chunk_size) + (parallel(rest) if rest else 0)
+    work = full * _hillis_steele_work(chunk_size) + (_hillis_steele_work(rest) if rest else 0)
+    return work + (-(-length // chunk_size) - 1 if method == "two-level" else 0)
 
 
 def scan_depth(length: int, method: str, chunk_size: int | None = None) -> int:
-    """Dependent rounds a scan of ``length`` tokens takes: ``length`` sequential steps,
-    ceil(log2 length) parallel rounds, or per chunk of c tokens ceil(log2 c) rounds plus one hand-over."""
+    """Dependent rounds a scan of ``length`` tokens takes (section 9.6): ``length`` sequential
+    steps; ceil(log2 length) Hillis-Steele rounds; 2 ceil(log2 length) for Blelloch's up- and
+    down-sweep; per chunk of c tokens ceil(log2 c) rounds plus one hand-over when the chunks run one
+    after another (``chunked``: about (length / c) log2 c); ceil(log2 c) rounds for all chunks at
+    once plus one carry step per chunk after the first (``two-level``: about log2 c + length / c).
+    The final application of each prefix to the initial state is one more elementwise round in
+    every parallel order and is not counted.
+    """
     integer("length", length, 1)
     chunk_size = _check_method(method, chunk_size)
     if method == "sequential":
         return length
     if method == "parallel":
         return math.ceil(math.log2(length))
+    if method == "blelloch":
+        return 2 * math.ceil(math.log2(length))
+    if method == "two-level":
+        return math.ceil(math.log2(min(chunk_size, length))) + -(-length // chunk_size) - 1
     full, rest = divmod(length, chunk_size)
     rounds = full * (math.ceil(math.log2(chunk_size)) + 1)
     return rounds + (math.ceil(math.log2(rest)) + 1 if rest else 0)
@@ -271,7 +368,7 @@ def _gate(y, u, D, z, dtype, d_shape):
 def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus: bool = False,
                    return_last_state: bool = False, method: str = "sequential", chunk_size: int | None = None,
                    initial_state=None):
-    """Mamba's selective SSM over a whole sequence (section 9.6), in one of three scan orders.
+    """Mamba's selective SSM over a whole sequence (section 9.6), in one of the ``SCAN_ORDERS``.
 
     Shapes as ``selective_scan_ref`` of state-spaces/mamba: ``u``, ``delta``, ``z`` ``[batch, dim,
     length]``; ``A`` ``[dim, state]``; ``B``, ``C`` ``[batch, state, length]``; ``D``, ``delta_bias``
@@ -281,8 +378,8 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
         h_t = exp(dt * A[d]) * h_{t-1} + dt * B_t * u_t,    y_t = <C_t, h_t> + D[d] u_t,
         out_t = y_t * silu(z_t).
 
-    ``method``: ``sequential`` (a step per token), ``parallel`` (log depth) or ``chunked``
-    (``chunk_size`` tokens at a time, default 64). Arithmetic in fp32 (fp64 for fp64 ``u``); the
+    ``method``: ``sequential`` (a step per token), ``parallel`` (log depth), ``chunked``
+    (``chunk_size`` tokens at a time, default 64), ``blelloch`` or ``two-level`` (see ``affine_scan``). Arithmetic in fp32 (fp64 for fp64 ``u``); the
     output has ``u``'s dtype. Returns ``out`` ``[batch, dim, length]``, or ``(out, last_state)``
     with ``return_last_state`` (the state after the last token, fp32/fp64, ``[batch, dim, state]``).
     """
