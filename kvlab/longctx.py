@@ -464,6 +464,31 @@ def quantized_nbytes(numel: int, bits: int, group_size: int, meta_bytes: int = 2
     return groups * math.ceil(group_size * bits / 8) + 2 * groups * meta_bytes
 
 
+def kivi_nbytes(tokens: int, elements_per_token: int, bits: int, group_size: int, residual: int,
+                element_bytes: float = 2, meta_bytes: int = 2) -> float:
+    """Bytes a KIVI cache (``QuantizedKVCache``) holds after ``tokens`` tokens (section 9.7).
+
+    Whole groups of ``group_size`` tokens are quantized once ``residual + group_size`` tokens have
+    arrived; the ``residual`` newest tokens, and any tokens short of a whole group, stay at
+    ``element_bytes``. So a short cache is mostly residual: 128 tokens with a residual of 32 keep a
+    quarter of them in full precision, and the saving over a full-precision cache stays far below
+    the 2-bit codes' ratio until the cache is many residuals long.
+    """
+    tokens = _positive_int("tokens", tokens, 0)
+    residual = _positive_int("residual", residual, 0)
+    group_size = _positive_int("group_size", group_size)
+    elements_per_token = _positive_int("elements_per_token", elements_per_token)
+    quantized = max(0, (tokens - residual) // group_size * group_size)
+    return (quantized * quantized_nbytes(elements_per_token, bits, group_size, meta_bytes)
+            + (tokens - quantized) * elements_per_token * element_bytes)
+
+
+def _positive_int(name, value, low=1):
+    from ._checks import integer
+
+    return integer(name, value, low)
+
+
 def _cat_quantized(a: QuantizedTensor | None, b: QuantizedTensor, axis: int) -> QuantizedTensor:
     """Join two quantized tensors of the same layout along ``axis`` of the original shape."""
     if a is None:

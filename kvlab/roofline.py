@@ -412,7 +412,7 @@ def effective_bandwidth(hw, placement: str = "striped") -> float:
     The choice is the seed's model, not an engine's: in their default modes a B200 and an MI300X
     interleave physical addresses across all HBM stacks, so every allocation is striped and a block
     manager cannot pin a page to one die. Only partitioned modes (MI300X's NPS4 memory partitions
-    with CPX or DPX compute partitions) make memory local to a part of the package, and each part
+    with CPX compute partitions) make memory local to a part of the package, and each part
     is then a separate device with its share of the bandwidth.
     """
     hw, placement = _device(hw), _placement(placement)

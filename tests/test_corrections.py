@@ -274,3 +274,27 @@ def test_scan_order_arguments():
         ssm.scan_depth(100, "blelloch", 16)
     with pytest.raises(ValueError, match="method must be one of"):
         ssm.scan_work(100, "brent-kung")
+
+
+# ------------------------------------------------------------------ KIVI's residual window (9.7)
+
+
+def test_kivi_nbytes_matches_the_cache_and_explains_the_short_saving():
+    from kvlab import longctx
+
+    torch.manual_seed(0)
+    cache = longctx.QuantizedKVCache(bits=2, group_size=32, residual=32)
+    k = torch.randn(1, 2, 128, 32)
+    cache.update(k, torch.randn_like(k), 0)
+    elements = 2 * 2 * 32  # keys and values, one layer, 2 heads of 32
+    held = longctx.kivi_nbytes(128, elements, bits=2, group_size=32, residual=32, element_bytes=4, meta_bytes=4)
+    assert held == cache.nbytes
+    # 96 tokens quantized, 32 residual: the saving is far below the codes' own ratio
+    full = 128 * elements * 4
+    codes_only = elements * 4 / (longctx.quantized_nbytes(elements, 2, 32, 4))
+    assert full / held < codes_only / 2
+    long = 1 << 16
+    assert full / held < long * elements * 4 / longctx.kivi_nbytes(long, elements, 2, 32, 32, 4, 4) < codes_only
+    assert longctx.kivi_nbytes(40, elements, 2, 32, 32, 4, 4) == 40 * elements * 4  # nothing quantized yet
+    with pytest.raises(ValueError, match="residual"):
+        longctx.kivi_nbytes(10, elements, 2, 32, -1)
