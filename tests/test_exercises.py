@@ -1,0 +1,36 @@
+"""Worked solutions (kvlab.readings.exercises): folded, quoting the numbers they are given, and
+saying which outcome happened where a solution depends on a measurement."""
+
+import re
+
+import pytest
+
+from kvlab.readings import exercises as ex
+
+
+def folded(text, number):
+    assert text.startswith(f"<details>\n<summary>Solution to exercise {number}</summary>\n\n"), text
+    assert text.rstrip().endswith("</details>")
+    assert not re.search(r"\{(glue|cite|doc|ref)", text), text
+    return text
+
+
+def test_solution_wrapper():
+    folded(ex.solution(2, "Body."), 2)
+    for bad in (0, True, "1"):
+        with pytest.raises(ValueError, match="number"):
+            ex.solution(bad, "Body.")
+    with pytest.raises(ValueError, match="body"):
+        ex.solution(1, "  ")
+    assert ex.count(131_072) == "131,072" and ex.count(3.13e8).startswith("$3.13")
+
+
+def test_decode_loop_solutions():
+    t = folded(ex.decode_loop_gqa(8, 2, 8e-6, 2e-6, 16e-6), 1)
+    assert "**4**" in t and "2 µs" in t
+    t = folded(ex.decode_loop_window(512, 512, 128, 50_003_968, 131_072, 313_000_000, 655_104), 2)
+    assert "131,072" in t and r"\min(P+j,\,W)" in t
+    flat = folded(ex.decode_loop_static(256, 32, 30e-3, 31e-3, 20e-3, 25e-3), 3)
+    assert "flat, as predicted" in flat
+    moved = folded(ex.decode_loop_static(256, 32, 30e-3, 60e-3, 20e-3, 25e-3), 3)
+    assert "more than the prediction allows" in moved
