@@ -344,8 +344,11 @@ class CompileBreakEven:
 def compile_break_even(eager: DecodeProfile, compiled: DecodeProfile, warm: int = 8) -> CompileBreakEven:
     """Compile cost and per-step gain measured from an eager and a compiled profile of one request.
 
-    Steady steps are the medians after the first ``warm`` steps; the compile (and, on a GPU, graph
-    capture) cost is what the compiled loop's first ``warm`` steps took beyond ``warm`` steady steps.
+    Steady steps are the medians after the first ``warm`` steps. The compile (and, on a GPU, graph
+    capture) cost is the compiled run's extra time net of the gain its steady steps already made:
+    (compiled total - eager total) + tokens x gain, so the break-even is exactly where the two runs'
+    cumulative times, extrapolated at their steady steps, cross. It depends on ``warm`` only through
+    the two medians.
     """
     import statistics
 
@@ -355,7 +358,11 @@ def compile_break_even(eager: DecodeProfile, compiled: DecodeProfile, warm: int 
             raise TypeError(f"{name} must be a DecodeProfile (from profile_decode), got {type(p).__name__}")
         if len(p.step_times) <= warm:
             raise ValueError(f"{name} has {len(p.step_times)} decode steps; warm={warm} needs more than {warm}")
+    if len(eager.step_times) != len(compiled.step_times):
+        raise ValueError(f"eager and compiled must decode the same number of tokens, got "
+                         f"{len(eager.step_times) + 1} and {len(compiled.step_times) + 1}")
     t_eager = statistics.median(eager.step_times[warm:])
     t_compiled = statistics.median(compiled.step_times[warm:])
-    cost = max(0.0, sum(compiled.step_times[:warm]) - warm * t_compiled)
-    return CompileBreakEven(cost, t_eager, t_compiled)
+    tokens = len(eager.step_times) + 1
+    cost = (compiled.total - eager.total) + tokens * (t_eager - t_compiled)
+    return CompileBreakEven(max(0.0, cost), t_eager, t_compiled)

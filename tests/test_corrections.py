@@ -180,12 +180,19 @@ def test_compile_break_even_from_profiles():
     compiled = _profile([2.0, 0.5] + [0.001] * 18)  # compiles during its first two steps
     r = compile_break_even(eager, compiled, warm=4)
     assert isinstance(r, CompileBreakEven)
-    assert r.compile_seconds == pytest.approx(2.5 + 0.002 - 4 * 0.001)
+    # extra time (2.528 - 0.09 s) plus 21 tokens x 3 ms of gain
+    assert r.compile_seconds == pytest.approx(2.528 - 0.09 + 21 * 0.003)
+    # the two runs' cumulative times, extrapolated at their steady steps, cross at the break-even
+    n = r.tokens
+    assert 0.09 + (n - 21) * 0.004 == pytest.approx(2.528 + (n - 21) * 0.001, rel=1e-9)
+    assert compile_break_even(eager, compiled, warm=8).compile_seconds == pytest.approx(r.compile_seconds)
     assert r.step_gain == pytest.approx(0.003) and r.tokens == pytest.approx(r.compile_seconds / 0.003)
     with pytest.raises(ValueError, match="warm"):
         compile_break_even(eager, _profile([0.001] * 3), warm=4)
     with pytest.raises(TypeError, match="DecodeProfile"):
         compile_break_even(eager, [0.1], warm=1)
+    with pytest.raises(ValueError, match="same number"):
+        compile_break_even(eager, _profile([0.001] * 12), warm=4)
 
 
 # ------------------------------------------------------------------ swap: many small copies

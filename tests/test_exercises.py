@@ -34,3 +34,20 @@ def test_decode_loop_solutions():
     assert "flat, as predicted" in flat
     moved = folded(ex.decode_loop_static(256, 32, 30e-3, 60e-3, 20e-3, 25e-3), 3)
     assert "more than the prediction allows" in moved
+
+
+def test_cache_reuse_solutions_and_corrections():
+    from kvlab.readings import cache_reuse
+
+    ok = folded(ex.cache_reuse_doubling(128, 32, 0.01, 1e-4, 5_088, 10_208, 0.8, 1.6), 1)
+    assert "The prediction holds" in ok
+    off = folded(ex.cache_reuse_doubling(128, 32, 0.01, 1e-4, 5_088, 10_208, 0.8, 3.2), 1)
+    assert "the predicted factor" in off
+    w = folded(ex.cache_reuse_warm({2: 10.0, 8: 10.5}, [5.0, 2.0, 0.01]), 2)
+    assert "| 8 | 10.5 s |" in w
+    gpu = cache_reuse.gpu_break_even_reading(12.0)
+    assert "**12,000 tokens**" in gpu and "start-up" in gpu
+    # the positions ratio is no bound: the reading names the pairs ratio either way
+    tt, tp = {"naive": 0.07, "cached": 0.07, "static": 0.08}, {"naive": 0.08, "cached": 0.02, "static": 0.02}
+    above = cache_reuse.explore_reading(512, 512, 1, "cpu", tt, tp, 9.0, 7.0)
+    assert "pairs ratio, 477.8 here" in above  # against a positions ratio of 384 at P = G = 512

@@ -108,14 +108,33 @@ def explore_reading(P: int, G: int, batch: int, model: str, ttft: dict, tpot: di
     text = [f"{model}, $P = {P}$, $G = {G}$, batch {batch}: TPOT was {si(tpot['naive'], 's')} naive, "
             f"{si(tpot['cached'], 's')} cached and {si(tpot['static'], 's')} static; TTFT "
             f"{si(min(ttft.values()), 's')} to {si(max(ttft.values()), 's')}."]
+    from ..decode import attention_work
+
+    pairs_ratio = attention_work(P, G) / attention_work(P, G, cached=True)
     if time_ratio <= work_ratio:
         text.append(f"The naive loop took {time_ratio:.1f} times as long as the cached one, below the "
-                    f"positions ratio of {work_ratio:.1f}, which bounds it: the fixed per-pass cost is "
-                    "paid by both loops.")
+                    f"positions ratio of {work_ratio:.1f}: the fixed per-pass cost is paid by both loops. "
+                    "The positions ratio is not a bound in general, though: it counts per-position layer "
+                    "work, and where attention dominates a pass the naive loop's extra work follows the "
+                    f"pairs ratio instead, {pairs_ratio:.1f} at this setting.")
     else:
         text.append(f"The naive loop took {time_ratio:.1f} times as long as the cached one, above the "
-                    f"positions ratio of {work_ratio:.1f} that should bound it. A long naive pass cost "
-                    "more per position than a short one here, which on a CPU means its activations "
-                    "left the caches; on a shared machine, noise in one of the runs is the other "
-                    "likely reason.")
+                    f"positions ratio of {work_ratio:.1f}. That ratio counts only per-position layer work; "
+                    f"the naive loop's attention work grows with the pairs ratio, {pairs_ratio:.1f} here, so "
+                    "where attention is a large share of a pass the time ratio can pass the positions "
+                    "ratio. On a CPU, the activations of a long naive pass leaving the caches add to it.")
     return " ".join(text)
+
+
+def gpu_break_even_reading(compile_cost: float) -> str:
+    """What this compile time implies on a GPU, where the per-step gain is milliseconds at most."""
+    from ..decode import break_even_tokens
+
+    one_ms = break_even_tokens(compile_cost, 1e-3)
+    return (f"On a GPU compilation takes as long or longer: tracing and code generation run on the CPU, and "
+            f"capture adds a few recorded steps. Graph replay can save at most what an eager step spends "
+            f"launching kernels, milliseconds for a small model. At this run's {si(compile_cost, 's')} of "
+            f"compilation, even a gain of a full millisecond per step breaks even only after "
+            f"**{one_ms:,.0f} tokens**, and compile times of tens of seconds on a large model push that "
+            "higher. That is why serving engines compile once per batch size at start-up and reuse the "
+            "graphs across requests, rather than paying the cost in any one request.")

@@ -84,3 +84,44 @@ def decode_loop_static(P: int, G: int, static_first: float, static_last: float, 
                  "more than the prediction allows: on a shared CPU another process, or the first steps "
                  "warming the CPU's caches, can move single steps this much; compare medians of several runs.")
     return solution(3, text)
+
+
+# -- 9.2 recompute, cache reuse, optimized decode --------------------------------------------------
+
+
+def cache_reuse_doubling(P: int, G: int, a: float, b: float, pos32: int, pos64: int, measured32: float,
+                         measured64: float) -> str:
+    """Exercise 1 of 9.2: the naive loop's total time when G doubles (from G to 2G)."""
+    t32, t64 = G * a + b * pos32, 2 * G * a + b * pos64
+    predicted, measured = t64 / t32, measured64 / measured32
+    text = (f"The naive loop makes $G$ passes: $T(G) \\approx G\\,a + b\\cdot\\mathrm{{positions\\_processed}}(P, G)$. "
+            f"At $P = {P}$ the positions are {pos32:,} for $G = {G}$ and {pos64:,} for $G = {2 * G}$, and the fitted "
+            f"$a$ = {si(a, 's')} and $b$ = {si(b, 's')} per position give {si(t32, 's')} and {si(t64, 's')}: a "
+            f"factor of **{predicted:.2f}**. It lies between 2 (the fixed cost $a$ alone doubles) and "
+            f"{pos64 / pos32:.2f} (the positions alone). Measured: {si(measured32, 's')} and "
+            f"{si(measured64, 's')}, a factor of **{measured:.2f}**.")
+    if within(measured, predicted, 1.15):
+        text += " The prediction holds."
+    else:
+        text += (f" That is {ratio_text(measured, predicted)} the predicted factor: the two-pass line is "
+                 "fitted on one model and length range, and on a shared CPU a single run of each can move "
+                 "by this much; rerun both, interleaved.")
+    return solution(1, text)
+
+
+def cache_reuse_warm(costs: dict, first_steps) -> str:
+    """Exercise 2 of 9.2: the compile-cost estimate against ``warm``."""
+    rows = "\n".join(f"| {w} | {si(c, 's')} |" for w, c in costs.items())
+    spread = max(costs.values()) / min(costs.values()) if min(costs.values()) > 0 else math.inf
+    steps = ", ".join(si(t, "s") for t in first_steps)
+    return solution(2, (
+        "The estimate the page uses, the compiled run's extra time net of its steady gain, depends on "
+        "`warm` only through the two steady medians, so it barely moves:\n\n"
+        f"| `warm` | compile cost |\n|---:|---:|\n{rows}\n\n"
+        f"(a spread of {spread:.2f}x). Summing only the first `warm` compiled steps would not be stable: "
+        "too small a `warm` misses compilation work that happens later, too large a one counts steady steps "
+        f"as cost. The first compiled steps took {steps}. The first call traces the model and generates its "
+        "kernels. The second can compile again: `torch.compile` specialises on the values it first sees "
+        "(here the cache position), and when one changes it recompiles once with that value dynamic. On a "
+        "GPU, `reduce-overhead` also records the CUDA graph on an early call. After that every step "
+        "replays the same code."))
