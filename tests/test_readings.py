@@ -95,3 +95,95 @@ def test_cache_reuse_explore_both_outcomes():
     below = no_roles(cache_reuse.explore_reading(32, 8, 1, "cpu", tt, tp, 3.0, 7.0))
     above = no_roles(cache_reuse.explore_reading(32, 8, 1, "cpu", tt, tp, 9.0, 7.0))
     assert "below the positions ratio of 7.0" in below and "above the positions ratio" in above
+
+
+# -- 9.3 GEMV-like behaviour in decode -----------------------------------------------------------
+
+from kvlab.readings import gemv as gemv_readings  # noqa: E402
+
+
+def test_gemv_copy_speed_both_outcomes():
+    fast = no_roles(gemv_readings.gemv_reading(0.5, 9e9, 10e9))
+    slow = no_roles(gemv_readings.gemv_reading(0.5, 2e9, 10e9))
+    assert "about the speed of one" in fast and "90%" in fast
+    assert "did not" in slow and "20%" in slow and "about the speed of one" not in slow
+
+
+def test_gemv_ridge_fitted_knee_beside_calibrated():
+    args = dict(ridge_cal=4.0, n_ridge_cal=8.0, matmul_flops=40e9, copy_bytes_per_s=10e9)
+    agree = no_roles(gemv_readings.ridge_reading(**args, fit_knee=5.0, fit_n=10, fit_bandwidth=6e9, fit_peak=30e9))
+    early = no_roles(gemv_readings.ridge_reading(**args, fit_knee=1.0, fit_n=2, fit_bandwidth=10e9, fit_peak=10e9))
+    late = no_roles(gemv_readings.ridge_reading(**args, fit_knee=20.0, fit_n=40, fit_bandwidth=2e9, fit_peak=40e9))
+    none = no_roles(gemv_readings.ridge_reading(**args, fit_knee=float("nan"), fit_n=float("nan"),
+                                                fit_bandwidth=1e9, fit_peak=1e10))
+    assert "measured knee at 5 FLOP" in agree and "4 FLOP per byte" in agree and "within a factor of two" in agree
+    assert "bent earlier" in early and "25% of the calibrated matmul rate" in early
+    assert "bent later" in late and "20% of the copy bandwidth" in late
+    assert "finds no knee" in none and "measured knee" not in none
+    curve = gemv_readings.ridge_reading(**args, fit_knee=5.0, fit_n=10, fit_bandwidth=6e9, fit_peak=30e9,
+                                        fit_rms_log_error=0.4)
+    assert "bend gradually" in curve and "bend gradually" not in agree
+
+
+def test_gemv_doubling_both_outcomes():
+    flat = no_roles(gemv_readings.doubling_reading([1, 2, 4, 8, 16], [1.0, 1.1, 1.2, 1.3, 2.6], 8))
+    steep = no_roles(gemv_readings.doubling_reading([1, 2, 4, 8], [9.0, 25.0, 33.0, 40.0], 16))
+    assert "barely changed" in flat and "1.10, 1.09, 1.08" in flat and "2.00" not in flat
+    assert "did not" in steep and "2.78 times from $n = 1$ to 2" in steep
+    assert "No doubling" in gemv_readings.doubling_reading([1, 2], [1.0, 2.0], 1.5)
+
+
+def test_gemv_step_profile_both_outcomes():
+    big = no_roles(gemv_readings.step_profile_reading("m", 0.010, 65e6, 0.008, 0.7, 1.0))
+    small = no_roles(gemv_readings.step_profile_reading("m", 0.024, 65e6, 0.0067, 0.18, 0.3))
+    assert "80%" in big and "most of the step" in big and "does run at copy speed" in big
+    assert "28%" in small and "smaller part" in small and "only 30% of copy speed" in small
+
+
+def test_gemv_explorer_and_floor_ratio_both_outcomes():
+    near = no_roles(gemv_readings.explore_reading(4, 1024, 0.012, 0.005, 0.008))
+    far = no_roles(gemv_readings.explore_reading(4, 1024, 0.050, 0.005, 0.008))
+    below = no_roles(gemv_readings.explore_reading(4, 1024, 0.004, 0.005, 0.008))
+    assert "Close to the floor" in near and "Well above" in far and "should not happen" in below
+    closer = no_roles(gemv_readings.floor_ratio_reading(1, 256, 4.5, 16, 4096, 1.5))
+    not_closer = no_roles(gemv_readings.floor_ratio_reading(1, 256, 4.5, 16, 4096, 5.3))
+    assert "approaches the floor" in closer and "here it did not" in not_closer and "5.3 times" in not_closer
+
+
+# -- 9.4 KV-cache layout -------------------------------------------------------------------------
+
+from types import SimpleNamespace  # noqa: E402
+
+from kvlab.readings import kv_layout  # noqa: E402
+
+
+def _read(median, predicted=1e-3, kv_bytes=33.6e6, frac=0.4):
+    return SimpleNamespace(timing=SimpleNamespace(median=median), predicted_s=predicted, kv_bytes=kv_bytes,
+                           kv_bytes_per_s=kv_bytes / median, fraction_of_copy=frac)
+
+
+def test_kv_layout_table_is_a_pipe_table_with_ratios():
+    reads = {"BHTD": _read(0.010), "BTHD": _read(0.016), "NHD": _read(0.027), "HND": _read(0.027)}
+    text = no_roles(kv_layout.layout_table(reads, 7.4e9, 2, 4096))
+    assert "|---|---:|---:|---:|" in text and "| `NHD` (gather) |" in text and "| 1.6 |" in text
+    assert "batch 2, context 4,096" in text and "7.4 GB/s" in text
+
+
+def test_kv_layout_append_both_outcomes():
+    usual = no_roles(kv_layout.append_reading(0.012, 5e-6, 9e-5, 0.018, 4096))
+    odd = no_roles(kv_layout.append_reading(0.012, 1e-6, 9e-5, 0.006, 4096))
+    assert "smaller than the byte ratio" in usual and "1.5 times the read" in usual
+    assert "at least the byte ratio" in odd and "expected to take longer" in odd and "0.5 times" in odd
+
+
+def test_kv_layout_explorer_and_gqa_both_outcomes():
+    appends = {"index": SimpleNamespace(timing=SimpleNamespace(median=5e-6))}
+    on = no_roles(kv_layout.explore_reading("BHTD", 4096, _read(1.2e-3), appends))
+    slow = no_roles(kv_layout.explore_reading("BHTD", 4096, _read(4e-3), appends))
+    fast = no_roles(kv_layout.explore_reading("BHTD", 4096, _read(0.3e-3), appends))
+    assert "about the copy bandwidth" in on and "slower than its bytes" in slow and "faster than its bytes" in fast
+    assert "index 5 µs" in on
+    follows = no_roles(kv_layout.gqa_reading(8, 2, 4, 3.5))
+    less = no_roles(kv_layout.gqa_reading(8, 2, 4, 1.5))
+    more = no_roles(kv_layout.gqa_reading(8, 2, 4, 9.0))
+    assert "Time follows bytes" in follows and "fell less" in less and "fell more" in more
