@@ -51,3 +51,23 @@ def test_cache_reuse_solutions_and_corrections():
     tt, tp = {"naive": 0.07, "cached": 0.07, "static": 0.08}, {"naive": 0.08, "cached": 0.02, "static": 0.02}
     above = cache_reuse.explore_reading(512, 512, 1, "cpu", tt, tp, 9.0, 7.0)
     assert "pairs ratio, 477.8 here" in above  # against a positions ratio of 384 at P = G = 512
+
+
+def test_gemv_solutions_and_capacity_readings():
+    from kvlab.readings import capacity
+
+    near = folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 0.15), 1)
+    assert "157 ms" in near and "time is bytes" in near
+    far = folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 0.6), 1)
+    assert "rate changed" in far
+    assert "Measure it" in ex.gemv_big_product(8192, 28672, 2, 6e9, None)
+    t = folded(ex.gemv_h200_batch(116, 0.0293, 3961, 0.0105, 3050), 2)
+    assert "**116 sequences**" in t
+    t = folded(ex.gemv_attention_ridge(295.4, {2: 295.4, 0.5: 73.9}, 64), 3)
+    assert "| 0.5 | 74 |" in t
+    real = capacity.largest_batch_reading(2048)
+    assert "**258** instead of 238" in real and "79.6 GiB" in real
+    margin = capacity.h200_margin_reading(3052)
+    assert "**1 GB**" in margin and "**9.7 GB**" in margin and "140.4 GiB" in margin and "70.55e9" in margin
+    short = capacity.largest_batch_reading(1024)  # half the context: twice the batch, past the ridge batch
+    assert "That reaches the ridge batch of 295" in short

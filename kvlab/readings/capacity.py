@@ -1,0 +1,55 @@
+"""Readings on memory capacity: the marketed figures the seeds compute with, against the memory a
+device really exposes and a model's unrounded parameter count (section 9.3, the memory wall)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..hardware import exposed_memory, spec
+from ..models import SHAPES
+from ..roofline import free_beside_weights, max_batch, ridge_batch
+
+GIB = 2**30
+
+
+def _real(shape):
+    return dataclasses.replace(shape, params=shape.counted_params())
+
+
+def largest_batch_reading(context: int = 2048) -> str:
+    """Notebook 03: the largest admitted batch of the 8B model on an H100, seed's constants against real ones."""
+    seed8 = dataclasses.replace(SHAPES["llama-3-8b"], params=8e9)
+    h100, real_h100 = spec("h100-sxm"), exposed_memory("h100-sxm")
+    seed_batch = max_batch(seed8, h100, context)
+    real_batch = max_batch(_real(SHAPES["llama-3-8b"]), real_h100, context)
+    text = (f"The seed reads \"80 GB\" as {h100.hbm_bytes / 1e9:.0f}e9 bytes, and this page keeps that to "
+            f"reproduce its table. The marketed figure is binary-ish: an H100 80 GB exposes "
+            f"{real_h100.hbm_bytes / GIB:.1f} GiB, {real_h100.hbm_bytes / 1e9:.1f}e9 bytes. With that memory and "
+            f"the 8B model's unrounded {SHAPES['llama-3-8b'].counted_params() / 1e9:.2f}e9 parameters, the "
+            f"largest batch of {context:,}-token sequences is **{real_batch}** instead of {seed_batch}.")
+    b_ridge = round(ridge_batch(h100))
+    if real_batch < b_ridge:
+        text += (f" More room, the same conclusion: the ridge batch of {b_ridge} still does not fit.")
+    else:
+        text += (f" That reaches the ridge batch of {b_ridge}: with the real capacity, the weight products could "
+                 "just reach the ridge before capacity binds.")
+    return text + (" (A serving engine also keeps memory for activations and its own workspace, which pulls "
+                   "the figure back down.)")
+
+
+def h200_margin_reading(context_cap_seed: float) -> str:
+    """Notebook 10: the H200 margin beside Llama-3-70B's weights, rounded and real."""
+    l70 = SHAPES["llama-3-70b"]
+    seed_margin = free_beside_weights(l70, "h200")
+    real = _real(l70)
+    real_h200 = exposed_memory("h200")
+    real_margin = free_beside_weights(real, real_h200)
+    real_cap = real_margin / real.kv_bytes_per_token(2)
+    h200 = spec("h200")
+    return (f"With the seed's constants, {h200.hbm_bytes / 1e9:.0f}e9 bytes of HBM less {l70.params * 2 / 1e9:.0f}e9 bytes of weights "
+            f"leave **{seed_margin / 1e9:.0f} GB**, room for {context_cap_seed:,.0f} tokens of cache. Both inputs "
+            f"are rounded. An H200 sold as {h200.hbm_bytes / 1e9:.0f} GB exposes {real_h200.hbm_bytes / GIB:.1f} GiB, "
+            f"{real_h200.hbm_bytes / 1e9:.1f}e9 bytes, and Llama-3-70B's matrices hold "
+            f"{real.params / 1e9:.2f}e9 parameters ({real.params * 2 / 1e9:.1f}e9 bytes in bf16). The real margin is "
+            f"**{real_margin / 1e9:.1f} GB**, room for about {real_cap:,.0f} tokens: still a thin margin for a "
+            f"128k context, but not the {seed_margin / 1e9:.0f} GB the rounding makes of it.")
