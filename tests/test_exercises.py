@@ -71,3 +71,16 @@ def test_gemv_solutions_and_capacity_readings():
     assert "**1 GB**" in margin and "**9.7 GB**" in margin and "140.4 GiB" in margin and "70.55e9" in margin
     short = capacity.largest_batch_reading(1024)  # half the context: twice the batch, past the ridge batch
     assert "That reaches the ridge batch of 295" in short
+
+
+def test_kv_layout_solutions():
+    ok = folded(ex.kv_layout_batch(2, 8, (5e-3, 20e-3), (10e-3, 42e-3), (5e-6, 6e-6)), 1)
+    assert "**4**" in ok and "as predicted" in ok
+    off = folded(ex.kv_layout_batch(2, 8, (5e-3, 20e-3), (2e-3, 42e-3), (5e-6, 6e-6)), 1)
+    assert "last-level cache" in off
+    runs1, runs16 = {"HND": 256, "NHD": 256}, {"HND": 4096, "NHD": 256}
+    assert "Slower, as predicted" in folded(ex.kv_layout_block1(64, 4, runs1, runs16, 16, 13e-3, 11e-3), 2)
+    assert "Not slower here" in folded(ex.kv_layout_block1(64, 4, runs1, runs16, 16, 11e-3, 11e-3), 2)
+    assert "Close to the byte ratio" in folded(ex.kv_layout_cat(4096, 28e-3, 14e-3), 3)
+    assert "arithmetic" in ex.kv_layout_cat(4096, 15e-3, 14e-3)
+    assert "allocates" in ex.kv_layout_cat(4096, 60e-3, 14e-3)
