@@ -84,3 +84,36 @@ def test_kv_layout_solutions():
     assert "Close to the byte ratio" in folded(ex.kv_layout_cat(4096, 28e-3, 14e-3), 3)
     assert "arithmetic" in ex.kv_layout_cat(4096, 15e-3, 14e-3)
     assert "allocates" in ex.kv_layout_cat(4096, 60e-3, 14e-3)
+
+
+def test_paged_attention_solutions_and_preemption_readings():
+    from kvlab.paged_decode import HostCopy
+    from kvlab.readings import preemption
+    from kvlab.timing import Timing
+
+    t = folded(ex.paged_block_size(128, 168, 0.43, 0.27, 0.27, 0.04), 1)
+    assert "**43%**" in t and "27%" in t and "stays under the bound" in t
+    assert "above the bound" in ex.paged_block_size(128, 168, 0.43, 0.27, 0.5, 0.04)
+    t = folded(ex.paged_fork_append({"B": [3, 4], "B'": [3, 4]}, {"B": [3, 9], "B'": [3, 4]}, 4, 9), 2)
+    assert "[3, 9]" in t and "B' stays [3, 4]" in t
+    assert "The same, as predicted" in folded(ex.paged_swap_steps({"recompute": 789, "swap": 789},
+                                                                  {"recompute": 131, "swap": 131}, 9234), 3)
+    assert "They differ by 11" in ex.paged_swap_steps({"recompute": 789, "swap": 800}, {"recompute": 1, "swap": 1}, 9)
+    table = preemption.crossover_table()
+    assert table.count("\n") == 2 + 11 and "**0.45**" in table  # Llama-2-13B on a B200: recompute wins
+    assert "**14**" in preemption.crossover_reading()
+
+    def copy(block, seconds, one):
+        timing = lambda s: Timing(s, s, s, (s,))  # noqa: E731
+        return HostCopy(block, 1024, timing(seconds), timing(one))
+
+    slow = preemption.host_copy_reading([copy(8192, 1.0, 0.04), copy(1 << 20, 0.05, 0.04)], 8192, 16)
+    assert "4%" in slow and "waste most of the link" in slow
+    fast = preemption.host_copy_reading([copy(8192, 0.05, 0.04), copy(1 << 20, 0.04, 0.04)], 8192, 16)
+    assert "keep most of the rate" in fast
+    agree = preemption.decides_reading(1e6, 1e3, 1e11, 5e9, 0.5, 2e-4, 1e-6)
+    assert "the arithmetic decides" in agree
+    flip = preemption.decides_reading(1e6, 1e3, 1e11, 5e9, 0.01, 2e-4, 1e-6)
+    assert "transfer efficiency decides" in flip
+    odd = preemption.decides_reading(1e6, 1e3, 1e11, 5e9, 0.5, 1e-6, 2e-4)
+    assert "measurement disagrees" in odd
