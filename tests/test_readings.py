@@ -228,3 +228,84 @@ def test_paged_attention_and_preemption_both_outcomes():
     swap = no_roles(paged_attention.preemption_reading(384, 0.1, 0.0005, 1.6e6, 2))
     rec = no_roles(paged_attention.preemption_reading(384, 0.001, 0.003, 1.6e6, 2))
     assert "Swap was 200 times cheaper" in swap and "Recompute was 3.0 times cheaper" in rec
+
+
+# -- 9.6 hybrid attention and SSM state ----------------------------------------------------------
+
+from kvlab.readings import ssm_state  # noqa: E402
+
+
+def test_ssm_scan_both_regimes_and_outcomes():
+    # E = 64 * 16 = 1024 elements; gamma * E = 1.2 µs per round
+    cheap_round = dict(length=1024, dim=64, state_size=16, chunk_size=16, tau=0.2e-6, gamma=1.2e-6 / 1024)
+    costly_round = {**cheap_round, "tau": 14e-6}
+    seq_wins = no_roles(ssm_state.scan_reading(t_seq=0.067, t_par=0.087, t_chunk=0.075, **cheap_round))
+    par_wins_anyway = no_roles(ssm_state.scan_reading(t_seq=0.087, t_par=0.065, t_chunk=0.075, **cheap_round))
+    par_wins = no_roles(ssm_state.scan_reading(t_seq=0.087, t_par=0.065, t_chunk=0.075, **costly_round))
+    seq_wins_anyway = no_roles(ssm_state.scan_reading(t_seq=0.067, t_par=0.087, t_chunk=0.075, **costly_round))
+    assert "A round is cheap" in seq_wins and "sequential scan won" in seq_wins and "1.30 times slower" in seq_wins
+    assert "A round is cheap" in par_wins_anyway and "does not explain" in par_wins_anyway
+    assert "dispatch) dominates" in par_wins and "the parallel scan won" in par_wins and "1.34 times faster" in par_wins
+    assert "A round is cheap" not in par_wins and "does not explain" in seq_wins_anyway
+    bad_fit = ssm_state.scan_reading(t_seq=0.067, t_par=0.087, t_chunk=0.075, **{**cheap_round, "tau": -1e-6})
+    assert "could not be told apart" in bad_fit
+
+
+def test_ssm_step_both_outcomes():
+    args = dict(llama="L", mamba="M", s0=256, s1=8192, llama_t=(0.034, 0.166), mamba_t=(0.043, 0.050))
+    near = no_roles(ssm_state.step_reading(slope_llama=16e-6, slope_mamba=0.9e-6, slope_pred=10e-6, **args))
+    steep = no_roles(ssm_state.step_reading(slope_llama=79e-6, slope_mamba=0.9e-6, slope_pred=10e-6, **args))
+    flat = no_roles(ssm_state.step_reading(slope_llama=3e-6, slope_mamba=0.9e-6, slope_pred=10e-6, **args))
+    noisy = no_roles(ssm_state.step_reading(slope_llama=16e-6, slope_mamba=8e-6, slope_pred=10e-6, **args))
+    assert "within a factor of two" in near and "noise of a shared machine:" in near
+    assert "exceeds the prediction" in steep and "7.9 times" in steep
+    assert "below the prediction" in flat and "Rerun the cell" in noisy
+
+
+def test_ssm_recall_both_outcomes():
+    exact = no_roles(ssm_state.recall_reading(8, 64, 0.875, 0.871, 2000, 0.71, 0.035, 1e-12))
+    deficient = no_roles(ssm_state.recall_reading(16, 16, 0.2, 0.4, 2000, 0.9, 0.01, 0.02))
+    assert "exactly $1 - n/s$" in exact and "lands on the exact value" in exact and "recovers every position" in exact
+    assert "rank-deficient" in deficient and "off the exact value" in deficient and "not sharp enough" in deficient
+
+
+# -- 9.7 long-context attention variants ---------------------------------------------------------
+
+from kvlab.readings import long_context  # noqa: E402
+
+
+def test_long_context_stream_both_outcomes():
+    args = dict(window=32, sinks=4, kl_sinks=0.05, vocab=4096, t_end=511, mass_recent=0.07)
+    usual = no_roles(long_context.stream_reading(kl_before=0.0, kl_window=0.06, loss_full=8.3, loss_window=8.31,
+                                                 mass_first=0.008, **args))
+    odd = no_roles(long_context.stream_reading(kl_before=0.3, kl_window=0.0, loss_full=5.0, loss_window=6.0,
+                                               mass_first=0.2, **args))
+    assert "rounding error" in usual and "becomes positive" in usual and "hardly moves" in usual
+    assert "no attention sinks" in usual and "near $\\ln V" in usual
+    assert "a bug to report" in odd and "carried no weight" in odd and "moved from 5.000" in odd
+    assert "more than their share" in odd and "away from" in odd
+    no_sinks = long_context.stream_reading(kl_before=0.0, kl_window=0.06, loss_full=8.3, loss_window=8.31,
+                                           mass_first=0.008, **{**args, "kl_sinks": None})
+    assert "sinks plus" not in no_sinks
+
+
+def test_long_context_conventions_rerotation_both_outcomes():
+    same = no_roles(long_context.convention_reading(0.05, 0.049, 0.07))
+    apart = no_roles(long_context.convention_reading(0.05, 0.2, 0.07))
+    assert "about equally far" in same and "different amounts" in apart
+    big = no_roles(long_context.rerotation_reading(95, 1.22, 0.05, 0.04))
+    small = no_roles(long_context.rerotation_reading(95, 0.05, 0.01, 0.01))
+    assert "not rounding errors" in big and "low-frequency" in small
+
+
+def test_long_context_quant_kivi_fewer_both_outcomes():
+    good = no_roles(long_context.quant_reading(2, 32, 2.0, 4.5, 0.1, 0.3, 0.2, 0.1, 6.4))
+    odd = no_roles(long_context.quant_reading(2, 16, 5.0, 4.5, 0.3, 0.1, 0.2, 0.4, 4.0))
+    assert "only the outlier channels pay" in good and "within 10%" in good and "not 8 times" in good
+    assert "expected to win" in odd and "misses one measured RMS error by 40%" in odd
+    agree = no_roles(long_context.kivi_reading(2, 32, 1.8, 0.001, 0.98))
+    disagree = no_roles(long_context.kivi_reading(2, 0, 6.0, 0.3, 0.5))
+    assert "still agrees" in agree and "only 50%" in disagree
+    exact = no_roles(long_context.fewer_reading(512, 0.047, 128, 0.046, 2e-8))
+    lossy = no_roles(long_context.fewer_reading(512, 0.047, 128, 0.046, 1e-3))
+    assert "is exact" in exact and "lost something" in lossy
