@@ -117,3 +117,16 @@ def test_paged_attention_solutions_and_preemption_readings():
     assert "transfer efficiency decides" in flip
     odd = preemption.decides_reading(1e6, 1e3, 1e11, 5e9, 0.5, 1e-6, 2e-4)
     assert "measurement disagrees" in odd
+
+
+def test_ssm_solutions():
+    t = folded(ex.ssm_breakeven("Mamba-1.4B", 4096, 4, 16, 163_840, 2048, 8192, 20.0), 1)
+    assert "**20 tokens**" in t
+    times = {"sequential": 0.023, "parallel": 0.013, "chunked": 0.027}
+    assert "The parallel scan won" in folded(ex.ssm_narrow_scan(64, 8, "chunked", "parallel", times), 2)
+    assert "still won" in ex.ssm_narrow_scan(64, 8, "sequential", "sequential", times)
+    t = folded(ex.ssm_hybrid_fraction(8, 1, {256: 0.193, 131_072: 0.125}), 3)
+    assert "**19.3%** at 256 tokens" in t
+    exact = folded(ex.ssm_full_rank(8, 8, 1e-16, 8, 64, 1, 0.984375), 4)
+    assert "as predicted" in exact and "rank **1**" in exact
+    assert "not in floating point" in ex.ssm_full_rank(16, 16, 0.25, 12, 64, 1, 0.984375)
