@@ -130,3 +130,20 @@ def test_ssm_solutions():
     exact = folded(ex.ssm_full_rank(8, 8, 1e-16, 8, 64, 1, 0.984375), 4)
     assert "as predicted" in exact and "rank **1**" in exact
     assert "not in floating point" in ex.ssm_full_rank(16, 16, 0.25, 12, 64, 1, 0.984375)
+
+
+def test_long_context_solutions_and_kivi_reading():
+    from kvlab.readings import capacity
+
+    assert "Both as predicted" in folded(ex.long_context_onset(4, 32, 37, 37), 1)
+    assert "Not where predicted" in ex.long_context_onset(4, 32, 38, 37)
+    flat = {"per-channel keys": {"rms": 0.394}, "per-token keys": {"rms": 0.409}}
+    t = folded(ex.long_context_outliers(flat, {"per-channel keys": 0.82, "per-token keys": 0.66}), 2)
+    assert "Per-token wins, as predicted" in t
+    assert "Per-channel still wins" in ex.long_context_outliers(flat, {"per-channel keys": 0.5, "per-token keys": 0.66})
+    assert "Exactly the prediction" in folded(ex.long_context_kivi_bytes(4, 0, 100_000, 100_000, 260_000), 3)
+    assert "check the group size" in ex.long_context_kivi_bytes(4, 0, 100_000, 120_000, 260_000)
+    assert "the same outputs" in folded(ex.long_context_conventions(9.5e-7, 0.074), 4)
+    assert "more than rounding" in ex.long_context_conventions(0.01, 0.074)
+    k = capacity.kivi_residual_reading(127, 32, 32, 2, 1024, 4, 4, held=127 * 1024 * 4 / 1.8)
+    assert "Why only 1.8 times?" in k and "**63 stay in full precision**" in k and "31 newer ones" in k

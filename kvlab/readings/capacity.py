@@ -53,3 +53,23 @@ def h200_margin_reading(context_cap_seed: float) -> str:
             f"{real.params / 1e9:.2f}e9 parameters ({real.params * 2 / 1e9:.1f}e9 bytes in bf16). The real margin is "
             f"**{real_margin / 1e9:.1f} GB**, room for about {real_cap:,.0f} tokens: still a thin margin for a "
             f"128k context, but not the {seed_margin / 1e9:.0f} GB the rounding makes of it.")
+
+
+def kivi_residual_reading(tokens: int, residual: int, group_size: int, bits: int, elements_per_token: int,
+                          element_bytes: float, meta_bytes: int, held: float, long_tokens: int = 131_072) -> str:
+    """Notebook 08: why a short KIVI cache saves far less than its bit width suggests."""
+    from ..longctx import kivi_nbytes, quantized_nbytes
+
+    quantized = max(0, (tokens - residual) // group_size * group_size)
+    full_bytes = tokens * elements_per_token * element_bytes
+    per_token = quantized_nbytes(elements_per_token, bits, group_size, meta_bytes)
+    codes_ratio = elements_per_token * element_bytes / per_token
+    long_ratio = long_tokens * elements_per_token * element_bytes / kivi_nbytes(
+        long_tokens, elements_per_token, bits, group_size, residual, element_bytes, meta_bytes)
+    return (f"Why only {full_bytes / held:.1f} times? Of the {tokens} tokens held, {quantized} are quantized and "
+            f"**{tokens - quantized} stay in full precision**: the residual window of {residual}, plus "
+            f"{tokens - quantized - residual} newer ones that do not yet fill a whole group of {group_size}. A "
+            f"quantized token costs 1/{codes_ratio:.1f} of a full one ({bits}-bit codes plus a scale and a zero "
+            f"point per group), so the full-precision tokens hold most of the bytes. The residual stays "
+            f"{residual} tokens however long the stream, so the saving grows toward {codes_ratio:.1f} times: "
+            f"at {long_tokens:,} tokens it would be {long_ratio:.1f} times.")
