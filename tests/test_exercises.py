@@ -147,3 +147,28 @@ def test_long_context_solutions_and_kivi_reading():
     assert "more than rounding" in ex.long_context_conventions(0.01, 0.074)
     k = capacity.kivi_residual_reading(127, 32, 32, 2, 1024, 4, 4, held=127 * 1024 * 4 / 1.8)
     assert "Why only 1.8 times?" in k and "**63 stay in full precision**" in k and "31 newer ones" in k
+
+
+def test_memory_wall_solutions_and_readings():
+    from kvlab import SHAPES
+    from kvlab import roofline as rf
+    from kvlab.readings import capacity
+
+    t = folded(ex.wall_fixed_point(4, 4, {1: [1.0, 2.0], 4: [4.0, 4.0], 32: [26.0, 5.6]}, [1000, 64000]), 1)
+    assert "**4**" in t and "| 32 | 26.00 | 5.60 |" in t
+    t = folded(ex.wall_288(1.057, 53_406, 320_435, 56_458, 451_660, 4.0), 2)
+    assert "now exists" in t and "**320,435 tokens**" in t
+    assert "still no one-device" in ex.wall_288(0.9, 53_406, 320_435, 56_458, 451_660, 4.0)
+    t = folded(ex.wall_joint({"half": 1.13, "joint": 1.21}, {"half": 1.83, "joint": 3.12}), 3)
+    assert "**$S(4)$ = 3.12**" in t and "at both batches" in t
+    nv = capacity.nvlink_reading(41.94e9, 4, 0.01165, 25.0, 0.655)
+    assert "**23.3 ms**" in nv and "450 GB/s" in nv and "900 GB/s" in nv
+    assert "interleave" in capacity.placement_reading(2.0, 8.0)
+    L70 = SHAPES["llama-3-70b"]
+    r3 = capacity.rule3_reading(L70.name, "NVIDIA B200", 128_000, 1.21, rf.admitted_rate(L70, "b200", 128_000),
+                                rf.admitted_rate(L70, "b200", 128_000, w_kv=0.5))
+    assert "**1 sequence in bf16**" in r3 and "**4 with a 4-bit cache**" in r3 and "**4.0 times**" in r3
+    none = capacity.rule3_reading(SHAPES["llama-3.1-405b"].name, "NVIDIA B200", 128_000, 1.0,
+                                  rf.admitted_rate(SHAPES["llama-3.1-405b"], "b200", 128_000),
+                                  rf.admitted_rate(SHAPES["llama-3.1-405b"], "b200", 128_000, w_kv=0.5))
+    assert "**0 sequences in bf16**" in none and "tokens/s rises" not in none

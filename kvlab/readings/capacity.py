@@ -73,3 +73,53 @@ def kivi_residual_reading(tokens: int, residual: int, group_size: int, bits: int
             f"point per group), so the full-precision tokens hold most of the bytes. The residual stays "
             f"{residual} tokens however long the stream, so the saving grows toward {codes_ratio:.1f} times: "
             f"at {long_tokens:,} tokens it would be {long_ratio:.1f} times.")
+
+
+def nvlink_reading(cache_bytes: float, codec: float, seed_seconds: float, recompute_seconds: float,
+                   pcie_seconds: float) -> str:
+    """Notebook 10: a one-way KV fetch over NVLink gets half the quoted (bidirectional) figure."""
+    from ..hardware import LINKS
+    from ..plots import si
+    from ..roofline import transfer_time
+
+    nvlink, pcie = LINKS["nvlink4"], LINKS["pcie5-x16"]
+    one_way = transfer_time(cache_bytes, nvlink.bytes_per_s_each_way, codec=codec)
+    return (f"One correction to the seed's arithmetic. NVIDIA quotes NVLink as the total of both directions, "
+            f"{nvlink.bytes_per_s_both_ways / 1e9:,.0f} GB/s on an H100; a fetch moves the cache one way, at "
+            f"{nvlink.bytes_per_s_each_way / 1e9:,.0f} GB/s. PCIe's {pcie.bytes_per_s_each_way / 1e9:.0f} GB/s is "
+            f"already per direction. So the codec-compressed fetch over NVLink takes **{si(one_way, 's')}**, "
+            f"{one_way / seed_seconds:.0f} times the seed's {si(seed_seconds, 's')}, and the fetch path is "
+            f"{recompute_seconds / pcie_seconds:.0f}x to {recompute_seconds / one_way:,.0f}x faster than recompute "
+            f"rather than {recompute_seconds / seed_seconds:,.0f}x at the top. The conclusion stands: tier for "
+            "reuse, never for reads within a step.")
+
+
+def placement_reading(gain_b200: float, gain_mi300x: float) -> str:
+    """Notebook 10: the seed's placement gains assume a control that default memory modes do not expose."""
+    return (f"The striped-against-pinned gains ({gain_b200:.0f}x on a B200, {gain_mi300x:.0f}x on an MI300X) "
+            "are the seed's model, not a choice a block manager can make today. In their default modes "
+            "both packages interleave physical addresses across all their HBM stacks: every allocation is "
+            "already striped, and an engine cannot ask for a page on one die. A B200 appears to software as "
+            "one device with one address space. An MI300X exposes locality only when partitioned: its NPS4 "
+            "memory mode with CPX compute partitions makes each quarter of the memory local to its own "
+            "chiplets, and each partition is then a separate device with its share of the bandwidth, so "
+            "the 'pinned' rate becomes the whole device's rate rather than a penalty a scheduler avoids. "
+            "The model still says what interleaving is worth, and what a placement API, if one appeared, "
+            "would have to preserve.")
+
+
+def rule3_reading(shape_name: str, device_name: str, context: int, speedup_c4: float, bf16, int4) -> str:
+    """Notebook 10: the scope of design rule 3, in numbers."""
+    from ..plots import si
+
+    text = (f"Rule 3 is about step time at a fixed batch: below $s^*$ a 4-bit cache would shorten a step of "
+            f"one sequence only {speedup_c4:.2f}x. It does not make compression useless in the weight-bound "
+            f"regime. Where capacity limits the batch, compression changes the batch: at {context:,} tokens, "
+            f"{shape_name} on the {device_name} admits **{bf16.batch} sequence{'s' * (bf16.batch != 1)} in bf16** "
+            f"and **{int4.batch} with a 4-bit cache**.")
+    if bf16.batch and int4.batch:
+        text += (f" Their steps read about the same bytes, so the step floor stays near {si(bf16.step_time, 's')} "
+                 f"({si(int4.step_time, 's')} with 4-bit KV) while tokens/s rises from {bf16.tokens_per_s:,.0f} to "
+                 f"{int4.tokens_per_s:,.0f}, **{int4.tokens_per_s / bf16.tokens_per_s:.1f} times**.")
+    return text + (" The rule's scope, then: below $s^*$, do not compress the cache to make a step faster; do "
+                   "compress it when capacity, not bandwidth, caps the batch.")
