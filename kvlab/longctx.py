@@ -54,12 +54,13 @@ def _shape(shape) -> ModelShape:
 # --------------------------------------------------------------------------- bytes (Table 9.3)
 
 def cache_bytes(shape, tokens: int, bytes_per_element: float = 2, window: int | None = None,
-                kv_heads: int | None = None) -> float:
+                kv_heads: int | None = None, full: bool = False) -> float:
     """KV-cache bytes of one sequence of ``tokens`` tokens (section 9.7, Table 9.3).
 
     2 x min(T, W) x L x n_kv x d_h x b for standard attention; min(T, W) x L x (d_c + d_r) x b for an
     MLA shape. ``kv_heads`` overrides the shape's KV heads (GQA from the same shape), ``window`` its
-    sliding window (None keeps the shape's own, e.g. Mistral's 4,096). Payload only: no scales, block
+    sliding window (None keeps the shape's own, e.g. Mistral's 4,096); ``full=True`` drops the shape's
+    window, for the cache the same model would keep with full attention. Payload only: no scales, block
     rounding or runtime overhead. Evaluated by ``roofline.footprint`` at batch 1.
     """
     shape = _shape(shape)
@@ -70,8 +71,14 @@ def cache_bytes(shape, tokens: int, bytes_per_element: float = 2, window: int | 
         if shape.q_heads % kv_heads:
             raise ValueError(f"kv_heads must divide the {shape.q_heads} query heads, got {kv_heads}")
         changes["kv_heads"] = kv_heads
+    if not isinstance(full, bool):
+        raise TypeError(f"full must be a bool, got {type(full).__name__} {full!r}")
+    if full and window is not None:
+        raise ValueError(f"give a window or full=True, not both (got window={window!r})")
     if window is not None:
         changes["window"] = integer("window", window, 1)
+    if full:
+        changes["window"] = None
     return roofline.footprint(dataclasses.replace(shape, **changes), tokens, batch=1,
                               w_q=bytes_per_element).total
 

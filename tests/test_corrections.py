@@ -305,3 +305,16 @@ def test_kivi_nbytes_matches_the_cache_and_explains_the_short_saving():
     assert longctx.kivi_nbytes(40, elements, 2, 32, 32, 4, 4) == 40 * elements * 4  # nothing quantized yet
     with pytest.raises(ValueError, match="residual"):
         longctx.kivi_nbytes(10, elements, 2, 32, -1)
+
+
+def test_cache_bytes_full_attention_reads_forwards():
+    from kvlab import longctx
+
+    full = longctx.cache_bytes("mistral-7b", 32_768, full=True)
+    assert full == 2 * 32_768 * 32 * 8 * 128 * 2  # no window: every token, every layer
+    assert full / longctx.cache_bytes("mistral-7b", 32_768) == 8  # against its own 4,096-token window
+    assert longctx.cache_bytes("llama-3-8b", 1000, full=True) == longctx.cache_bytes("llama-3-8b", 1000)
+    with pytest.raises(ValueError, match="not both"):
+        longctx.cache_bytes("mistral-7b", 32_768, window=4096, full=True)
+    with pytest.raises(TypeError, match="full must be a bool"):
+        longctx.cache_bytes("mistral-7b", 32_768, full=1)
