@@ -172,3 +172,12 @@ def test_memory_wall_solutions_and_readings():
                                   rf.admitted_rate(SHAPES["llama-3.1-405b"], "b200", 128_000),
                                   rf.admitted_rate(SHAPES["llama-3.1-405b"], "b200", 128_000, w_kv=0.5))
     assert "**0 sequences in bf16**" in none and "tokens/s rises" not in none
+
+
+def test_margins_table_seed_against_exposed():
+    from kvlab.readings import capacity
+
+    t = capacity.margins_table()
+    rows = [line for line in t.splitlines() if line.startswith("| Llama-3-70B")]
+    assert rows == ["| Llama-3-70B | does not fit | does not fit | 1.0 GB | 9.7 GB |"]
+    assert "| Llama-3-8B | 63.9 GB | 69.5 GB |" in t and "79.6 GiB" in t and "140.4 GiB" in t

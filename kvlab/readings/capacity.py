@@ -123,3 +123,27 @@ def rule3_reading(shape_name: str, device_name: str, context: int, speedup_c4: f
                  f"{int4.tokens_per_s:,.0f}, **{int4.tokens_per_s / bf16.tokens_per_s:.1f} times**.")
     return text + (" The rule's scope, then: below $s^*$, do not compress the cache to make a step faster; do "
                    "compress it when capacity, not bandwidth, caps the batch.")
+
+
+def margins_table(shapes=("llama-3-8b", "mistral-7b", "llama-2-13b", "llama-3-70b"), w_p: float = 2) -> str:
+    """Notebook 10: memory left beside bf16 weights, the seed's decimal constants against the memory
+    the driver reports and the unrounded parameter counts, on every device whose exposed memory is known."""
+    from ..hardware import SPECS
+
+    devices = [k for k, a in SPECS.items() if a.hbm_bytes_exposed is not None]
+    head = "| model (bf16) | " + " | ".join(f"{SPECS[d].name}, seed's {SPECS[d].hbm_bytes / 1e9:.0f}e9 B | "
+                                            f"as exposed, {SPECS[d].hbm_bytes_exposed / GIB:.1f} GiB" for d in devices) + " |"
+    rule = "|---|" + "---:|" * (2 * len(devices))
+
+    def cell(margin):
+        return f"{margin / 1e9:,.1f} GB" if margin > 0 else "does not fit"
+
+    rows = []
+    for key in shapes:
+        seed_shape, real = SHAPES[key], _real(SHAPES[key])
+        cells = [f"{cell(free_beside_weights(seed_shape, d, w_p))} | {cell(free_beside_weights(real, exposed_memory(d), w_p))}"
+                 for d in devices]
+        rows.append(f"| {seed_shape.name} | " + " | ".join(cells) + " |")
+    return ("Memory left beside the weights, with the seeds' rounded constants and with the memory each "
+            "device exposes and the models' parameters counted from their shapes:\n\n"
+            + "\n".join([head, rule, *rows]))
