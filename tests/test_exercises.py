@@ -43,8 +43,10 @@ def test_cache_reuse_solutions_and_corrections():
     assert "The prediction holds" in ok
     off = folded(ex.cache_reuse_doubling(128, 32, 0.01, 1e-4, 5_088, 10_208, 0.8, 3.2), 1)
     assert "the predicted factor" in off
-    w = folded(ex.cache_reuse_warm({2: 10.0, 8: 10.5}, [5.0, 2.0, 0.01]), 2)
-    assert "| 8 | 10.5 s |" in w
+    w = folded(ex.cache_reuse_warm({2: 10.0, 8: 10.5}, [5.0, 2.0, 0.01], 0.001), 2)
+    assert "| 8 | 10.5 s |" in w and "second compilation" in w
+    assert "one-time work remains" in ex.cache_reuse_warm({2: 10.0}, [5.0, 0.014, 0.001], 0.0014)
+    assert "already steady" in ex.cache_reuse_warm({2: 10.0}, [5.0, 0.0015, 0.001], 0.0014)
     gpu = cache_reuse.gpu_break_even_reading(12.0)
     assert "**12,000 tokens**" in gpu and "start-up" in gpu
     # the positions ratio is no bound: the reading names the pairs ratio either way

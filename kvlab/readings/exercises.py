@@ -109,22 +109,30 @@ def cache_reuse_doubling(P: int, G: int, a: float, b: float, pos32: int, pos64: 
     return solution(1, text)
 
 
-def cache_reuse_warm(costs: dict, first_steps) -> str:
-    """Exercise 2 of 9.2: the compile-cost estimate against ``warm``."""
+def cache_reuse_warm(costs: dict, first_steps, steady: float) -> str:
+    """Exercise 2 of 9.2: the compile-cost estimate against ``warm``, and the first compiled steps."""
     rows = "\n".join(f"| {w} | {si(c, 's')} |" for w, c in costs.items())
     spread = max(costs.values()) / min(costs.values()) if min(costs.values()) > 0 else math.inf
-    steps = ", ".join(si(t, "s") for t in first_steps)
-    return solution(2, (
-        "The estimate the page uses, the compiled run's extra time net of its steady gain, depends on "
-        "`warm` only through the two steady medians, so it barely moves:\n\n"
-        f"| `warm` | compile cost |\n|---:|---:|\n{rows}\n\n"
-        f"(a spread of {spread:.2f}x). Summing only the first `warm` compiled steps would not be stable: "
-        "too small a `warm` misses compilation work that happens later, too large a one counts steady steps "
-        f"as cost. The first compiled steps took {steps}. The first call traces the model and generates its "
-        "kernels. The second can compile again: `torch.compile` specialises on the values it first sees "
-        "(here the cache position), and when one changes it recompiles once with that value dynamic. On a "
-        "GPU, `reduce-overhead` also records the CUDA graph on an early call. After that every step "
-        "replays the same code."))
+    first, second = first_steps[0], first_steps[1]
+    text = ("The estimate the page uses, the compiled run's extra time net of its steady gain, depends on "
+            "`warm` only through the two steady medians, so it barely moves:\n\n"
+            f"| `warm` | compile cost |\n|---:|---:|\n{rows}\n\n"
+            f"(a spread of {spread:.2f}x). Summing only the first `warm` compiled steps would not be stable: "
+            "too small a `warm` misses compilation work that happens later, too large a one counts steady steps "
+            f"as cost. The first compiled step took {si(first, 's')}: the call that traces the model and "
+            f"generates its kernels. The second took {si(second, 's')}, {second / steady:,.0f} times a steady "
+            f"step ({si(steady, 's')}).")
+    if second > 100 * steady:
+        text += (" That is a second compilation: `torch.compile` specialises on values it first sees and "
+                 "recompiles once when one of them changes; on a GPU, `reduce-overhead` also records the CUDA "
+                 "graph on an early call.")
+    elif second > 2 * steady:
+        text += (" No second compilation, but one-time work remains: buffers allocated and caches warmed on "
+                 "first use. On a GPU, `reduce-overhead` records the CUDA graph on an early call, which shows "
+                 "here as a slow second or third step.")
+    else:
+        text += " The second step is already steady: all the one-time work happened in the first call."
+    return solution(2, text)
 
 
 # -- 9.3 GEMV-like decode and the roofline ---------------------------------------------------------
