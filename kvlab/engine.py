@@ -125,6 +125,9 @@ class PlainBlocks:
         self._tables[seq], self._lengths[seq] = blocks, len(token_ids)
         return seq, 0
 
+    def blocks_to_admit(self, token_ids, salt=None) -> int:
+        return -(-len(token_ids) // self.block_size)
+
     def append(self, seq: int, token_id: int) -> None:
         if self._lengths[seq] % self.block_size == 0:
             self._tables[seq].append(self.allocator.allocate())
@@ -175,9 +178,9 @@ class Scheduler:
     their hashes); (2) if nothing was preempted, bring swapped requests back, oldest first; (3) one
     token for each decoding request; (4) the next prefill chunk of each running request, first come
     first served, within ``max_batched_tokens``; (5) if nothing is swapped or was preempted, admit
-    waiting requests while ``max_batch``, the token budget and the blocks allow. Admission counts
-    every block of the request's tokens (prefix hits can only make it need fewer) and leaves a
-    watermark free unless nothing else is running.
+    waiting requests while ``max_batch``, the token budget and the blocks allow. Admission asks the
+    block manager how many free blocks the request would take (a prefix hit on a block someone holds
+    takes none) and leaves a watermark free unless nothing else is running.
 
     A request whose prefix hits a block another request has admitted but not yet written waits
     (its step gets no tokens) until that block is written.
@@ -252,7 +255,7 @@ class Scheduler:
     def _swap_in(self) -> None:
         while self.swapped and len(self.running) < self.max_batch:
             request = self.swapped[0]
-            if not self._fits(self._blocks_for(request.num_computed)):
+            if not self._fits(self.blocks.blocks_to_admit(request.tokens[: request.num_computed])):
                 return
             self.swapped.popleft()
             seq, cached = self.blocks.admit(request.tokens[: request.num_computed])
@@ -270,7 +273,7 @@ class Scheduler:
         return blocks <= self.blocks.num_free - self.watermark_blocks
 
     def _can_admit(self, request: Request) -> bool:
-        return self._fits(self._blocks_for(len(request.prompt) + len(request.output)))
+        return self._fits(self.blocks.blocks_to_admit(request.tokens))
 
     def _admit(self, request: Request) -> None:
         tokens = request.tokens
@@ -832,9 +835,15 @@ class Engine:
         if counts is not None:
             for block, n in holders.items():
                 _require(counts(block) == n, f"block {block}: reference count {counts(block)}, holders {n}")
-        check = getattr(self.blocks, "check_invariants", None)
-        if check is not None:
-            check()
+        if self.prefix_caching:  # a registered hash names exactly the tokens its holders have there
+            from .prefix import block_hashes
+
+            for request in live:
+                expected = block_hashes(request.tokens[: request.held], self.block_size)
+                for index, block in enumerate(self.blocks.block_table(request.seq)[: len(expected)]):
+                    registered = self.blocks.block_hash(block)
+                    _require(registered in (None, expected[index]),
+                             f"block {block} is cached under a hash other than its tokens' (request {request.id})")
 
     def all_blocks_free_or_cached(self) -> bool:
         """After the work is done: no block is held by anyone (each is free, or free and cached)."""
