@@ -259,6 +259,8 @@ class Scheduler:
                 return
             self.swapped.popleft()
             seq, cached = self.blocks.admit(request.tokens[: request.num_computed])
+            request.admitted_tokens += request.num_computed
+            request.cached_tokens += cached
             first_copied = cached // self.block_size  # blocks the prefix cache still had need no copy
             self.runner.copy_in(self.blocks.block_table(seq)[first_copied:], request.host_kv, first_copied)
             request.seq, request.held, request.host_kv, request.state = seq, request.num_computed, None, "running"
