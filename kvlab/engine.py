@@ -892,6 +892,41 @@ def _pool_size(model, block_size: int, kv_budget_bytes: int | None) -> int:
     return kv_budget_bytes // per_block
 
 
+def timeline(events, num_steps: int) -> dict[int, list[str | None]]:
+    """Each request's state at steps ``1 .. num_steps``, read from an engine's event log (notebook 11).
+
+    A state is what the request did in that step (``prefill``, ``decode``) or, in a step that gave it
+    no tokens, where it was: ``waiting`` (not yet admitted, or preempted by recompute), ``swapped``,
+    ``stalled`` (running but given no tokens: the budget ran out, or a block it shares is still
+    being written); ``None`` before it arrived and after it finished.
+    """
+    states: dict[int, list[str | None]] = {}
+    carried: dict[int, str | None] = {}
+    by_step: dict[int, list[Event]] = {}
+    for event in events:
+        by_step.setdefault(event.step, []).append(event)
+    for step in range(0, num_steps + 1):
+        worked = {}
+        for event in by_step.get(step, []):
+            states.setdefault(event.request, [None] * num_steps)
+            if event.kind == "arrive":
+                carried[event.request] = "waiting"
+            elif event.kind in ("admit", "resume"):
+                carried[event.request] = "stalled"
+            elif event.kind == "preempt":
+                carried[event.request] = "swapped" if event.detail == "swap" else "waiting"
+            elif event.kind in ("prefill", "decode"):
+                worked[event.request] = event.kind
+            elif event.kind in ("finish", "reject"):
+                worked.setdefault(event.request, carried.get(event.request))
+                carried[event.request] = None
+        if step == 0:
+            continue
+        for request, row in states.items():
+            row[step - 1] = worked.get(request, carried.get(request))
+    return states
+
+
 # --------------------------------------------------------------------------- measured against generate
 
 
