@@ -44,7 +44,7 @@ WATERMARK = 0.01  # share of the pool admission leaves free, so that a new reque
 # --------------------------------------------------------------------------- requests
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself: compared by identity
 class Request:
     """One request's life: ``waiting`` -> ``running`` (prefill in chunks, then decode) -> ``finished``,
     possibly ``preempted`` back to ``waiting`` (recompute) or to ``swapped`` on the way; or ``rejected``.
@@ -182,8 +182,9 @@ class Scheduler:
     block manager how many free blocks the request would take (a prefix hit on a block someone holds
     takes none) and leaves a watermark free unless nothing else is running.
 
-    A request whose prefix hits a block another request has admitted but not yet written waits
-    (its step gets no tokens) until that block is written.
+    A request that reads a block another request has admitted but not yet written (a prefix hit on
+    a prompt still being prefilled, or on a block a decode step is filling) waits, its step given no
+    tokens, until that block is written.
     """
 
     def __init__(self, blocks, block_size, max_batch, max_batched_tokens, preemption, watermark_blocks, runner, log):
@@ -202,15 +203,17 @@ class Scheduler:
         preempted = self._make_room()
         if not preempted:
             self._swap_in()
-        plan = [Scheduled(r, r.num_computed, 1, "decode") for r in self.running if r.decoding]
-        for entry in plan:
-            self.blocks.append(entry.request.seq, entry.request.tokens[-1])
-            entry.request.held += 1
-        budget = self.max_batched_tokens - len(plan)
         unready = self._unready_blocks()
-        prefilling = [r for r in self.running if r.num_computed < r.held and all(e.request is not r for e in plan)]
-        for request in prefilling:
-            if budget and self._ready(request, unready):
+        decoding = [r for r in self.running if r.decoding and self._ready(r, unready)]
+        for request in decoding:
+            self.blocks.append(request.seq, request.tokens[-1])  # the slot of the token fed this step
+            request.held += 1
+        plan = [Scheduled(r, r.num_computed, 1, "decode") for r in decoding]
+        budget = self.max_batched_tokens - len(plan)
+        unready = self._unready_blocks()  # the blocks those appends filled are not written yet either
+        for request in self.running:
+            if budget and request not in decoding and request.num_computed < request.held and self._ready(
+                    request, unready):
                 budget -= self._plan_prefill(plan, request, budget)
         while (not preempted and not self.swapped and self.waiting and budget
                and len(self.running) < self.max_batch and self._can_admit(self.waiting[0])):
@@ -407,7 +410,10 @@ class ModelRunner:
         self.attention = attention
         self.graphs = None
         if cuda_graphs and self.device.type == "cuda":
-            self.graphs = CudaGraphs(self, max_batch)
+            try:
+                self.graphs = CudaGraphs(self, max_batch)
+            except RuntimeError as error:  # a model whose forward cannot be captured still runs, eagerly
+                warnings.warn(f"CUDA-graph capture failed, decoding eagerly: {error}", RuntimeWarning, stacklevel=3)
 
     @property
     def bytes_per_block(self) -> int:
@@ -649,7 +655,7 @@ class Engine:
         self.requests: dict[int, Request] = {}
         self.events: list[Event] = []
         self.stats = EngineStats()
-        self._next_id = 0
+        self._next_id = self._idle_steps = 0
 
     # -- sizes -------------------------------------------------------------------------------
 
@@ -739,6 +745,11 @@ class Engine:
             now = time.perf_counter()
             for entry, token in zip(plan, next_tokens):
                 finished += self._advance(entry, token, now)
+        self._idle_steps = 0 if plan else self._idle_steps + 1
+        if self._idle_steps > 2 and self.has_work():  # a scheduler bug, never a normal state: fail loudly
+            raise RuntimeError(f"the scheduler made no progress for {self._idle_steps} steps: "
+                               f"{len(self.scheduler.waiting)} waiting, {len(self.scheduler.running)} running, "
+                               f"{len(self.scheduler.swapped)} swapped, {self.blocks.num_free} blocks free")
         self.stats.batch_sizes.append(len(plan))
         self.stats.wall_s += time.perf_counter() - start
         if self.debug:
