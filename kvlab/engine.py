@@ -25,6 +25,7 @@ import time
 import warnings
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -490,7 +491,7 @@ class ModelRunner:
         meta = self.metadata(plan, tables)
         ids = [t for e in plan for t in e.request.tokens[e.start: e.start + e.count]]
         positions = [p for e in plan for p in range(e.start, e.start + e.count)]
-        last = torch.tensor(list(_cumulative(e.count for e in plan)), device=self.device) - 1
+        last = torch.tensor(list(accumulate(e.count for e in plan)), device=self.device) - 1
         logits = self._forward(torch.tensor([ids], device=self.device), torch.tensor([positions], device=self.device),
                                meta, last)
         return logits[0].argmax(dim=-1).tolist()
@@ -505,13 +506,6 @@ class ModelRunner:
         finally:
             self.model.set_attn_implementation(previous)
         return out.logits
-
-
-def _cumulative(values):
-    total = 0
-    for v in values:
-        total += v
-        yield total
 
 
 class CudaGraphs:
