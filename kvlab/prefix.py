@@ -296,6 +296,16 @@ class PrefixCache:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _snapshot(self):
+        """Everything mutable, copied: for callers that must undo an admit whose prefill failed."""
+        seqs = {i: _Sequence(list(s.tokens), list(s.blocks), list(s.hashes), s.first_parent)
+                for i, s in self._seqs.items()}
+        return (list(self._ref), list(self._hash), dict(self._by_hash), OrderedDict(self._free), seqs,
+                self._next_id, PrefixStats(**vars(self.stats)))
+
+    def _restore(self, snapshot) -> None:
+        (self._ref, self._hash, self._by_hash, self._free, self._seqs, self._next_id, self.stats) = snapshot
+
     def _get(self, seq_id) -> _Sequence:
         try:
             return self._seqs[seq_id]
