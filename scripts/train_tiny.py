@@ -42,7 +42,7 @@ BOS, EOS = "<s>", "</s>"
 MODEL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64)
 CONTEXT = 256
-TRAIN = dict(steps=600, batch=16, lr=3e-3, warmup=50, weight_decay=0.1, min_lr_ratio=0.1)
+TRAIN = dict(steps=400, batch=12, lr=3e-3, warmup=30, weight_decay=0.1, min_lr_ratio=0.1)
 
 CHECK_MODEL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=16)
