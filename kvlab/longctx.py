@@ -930,21 +930,63 @@ def eviction_mask(n: int, num_sink: int = 0, window: int | None = None) -> torch
     return allowed
 
 
+def _in_cache_attention(num_sink: int, window: int, inv_freq: torch.Tensor):
+    """Eager attention in which the sink keys sit at their slots of ``SinkCache(num_sink, window,
+    rope="cache")``: for the query at t, sink i is min(t, S + W - 1) - i positions back, not t - i.
+
+    Every other key is at its true distance, as in the cache. RoPE scores depend only on the
+    difference of positions, so rotating the query back by max(0, t - S - W + 1) and scoring it
+    against the sinks as stored gives the same scores as moving the sinks.
+    """
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        keys = repeat_kv(key, module.num_key_value_groups)
+        values = repeat_kv(value, module.num_key_value_groups)
+        scores = query @ keys.transpose(2, 3) * scaling
+        if num_sink:
+            n = query.shape[-2]
+            shift = (torch.arange(n, device=query.device) - (num_sink + window - 1)).clamp(min=0)
+            back = rotate(query, -shift, inv_freq, 1.0)
+            scores[..., :num_sink] = back @ keys[..., :num_sink, :].transpose(2, 3) * scaling
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        return (weights @ values).transpose(1, 2).contiguous(), weights
+
+    return attention
+
+
 @torch.inference_mode()
 def masked_stream_eval(model, tokens: torch.Tensor, num_sink: int = 0, window: int | None = None,
-                       first: int = 4, recent: int = 64) -> StreamResult:
+                       first: int = 4, recent: int = 64, rope: str = "original") -> StreamResult:
     """``stream_eval`` in one forward pass: the same attention as streaming the tokens one at a time
-    through ``SinkCache(num_sink, window)`` (``rope="original"``), expressed as an explicit mask.
+    through ``SinkCache(num_sink, window, rope=rope)``, expressed as an explicit mask.
 
-    The model must use eager attention (for the attention mass). Much faster than stepping on a CPU;
-    tests check it against the cache itself.
+    The model must use eager attention (for the attention mass). ``rope="cache"`` (StreamingLLM's
+    positions inside the cache) swaps in an attention function that scores the sinks at their
+    in-cache distance for the length of the call. Much faster than stepping on a CPU; tests check
+    both conventions against the cache itself.
     """
+    if rope not in ROPE_MODES:
+        raise ValueError(f"rope must be one of {ROPE_MODES}, got {rope!r}")
     ids = tokens.reshape(1, -1).to(model.device)
     n = ids.shape[1]
     allowed = eviction_mask(n, num_sink, window).to(model.device)
     mask = torch.zeros(n, n, dtype=model.dtype, device=model.device)
     mask = mask.masked_fill(~allowed, torch.finfo(model.dtype).min)[None, None]
-    out = model(ids, attention_mask=mask, use_cache=False, output_attentions=True)
+    if rope == "cache" and window is not None:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register("kvlab_in_cache", _in_cache_attention(num_sink, window, rotary_of(model)[0]))
+        before = model.config._attn_implementation
+        model.config._attn_implementation = "kvlab_in_cache"
+        try:
+            out = model(ids, attention_mask=mask, use_cache=False, output_attentions=True)
+        finally:
+            model.config._attn_implementation = before
+    else:
+        out = model(ids, attention_mask=mask, use_cache=False, output_attentions=True)
     logprobs = torch.log_softmax(out.logits[0, :-1].float(), -1)
     nll = -logprobs.gather(1, ids[0, 1:, None])[:, 0]
     weights = torch.stack([a[0].float() for a in out.attentions]).mean((0, 1))[:-1]  # [n-1 queries, n keys]

@@ -123,3 +123,19 @@ def test_quantized_cache_quality(model):
         quantized_cache_quality(model, chunks, 3)
     with pytest.raises(ValueError, match="chunks"):
         quantized_cache_quality(model, chunks[0], 8)
+
+
+@pytest.mark.parametrize("num_sink, window", [(1, 6), (4, 9), (0, 7)])
+def test_masked_stream_with_in_cache_positions_matches_the_streaming_cache(model, num_sink, window):
+    from kvlab.longctx import SinkCache, masked_stream_eval
+
+    tokens = _ids(40, seed=6)
+    cache = SinkCache(num_sink, window, rope="cache", model=model)
+    stepped = stream_eval(model, tokens, cache, first=3, recent=5, attention=True)
+    masked = masked_stream_eval(model, tokens, num_sink, window, first=3, recent=5, rope="cache")
+    assert torch.allclose(stepped.logprobs, masked.logprobs, atol=1e-4)
+    assert torch.allclose(stepped.mass_first, masked.mass_first, atol=1e-5)
+    assert model.config._attn_implementation == "eager"  # restored
+    original = masked_stream_eval(model, tokens, num_sink, window, first=3, recent=5)
+    if num_sink:  # the two conventions differ once the sinks are moved
+        assert not torch.allclose(original.logprobs, masked.logprobs, atol=1e-4)
