@@ -165,7 +165,7 @@ def train(model, ids, tok, context: int, steps: int, batch: int, lr: float, weig
         if log:
             log.write(f"{row[0]}\t{row[1]}\t{row[2]:.4f}\t{row[3]:.6f}\t{row[4]:.1f}\n")
             log.flush()
-        bar.set_postfix(loss=f"{row[2]:.3f}")
+        bar.set_postfix(loss=f"{row[2]:.3f}", refresh=False)
     model.eval()
     if log:
         log.close()
