@@ -364,3 +364,91 @@ def measure_ttft(model, prompt_tokens: int, prefix_tokens, block_size: int = 16,
         predicted = prefill_time(shape, hw, prompt_tokens, mfu=1.0, prefix_tokens=cached)
         points.append(TTFTPoint(prompt_tokens, cached, _merge_timings(timings[c]), predicted))
     return points
+
+
+@dataclass(frozen=True)
+class DecodeAfterPrefix:
+    """Decode steps of two sequences of the same length, one whose prompt was computed in full
+    (``computed``) and one whose prompt's prefix came from the cache (``cached``); Timings (section 6)."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    computed: object
+    cached: object
+    kv_bytes_per_step: int  # K and V one step of one sequence reads, all layers
+
+
+def measure_decode_after_prefix(model, prompt_tokens: int, block_size: int = 16, steps: int = 8, seed: int = 0,
+                                attention: str | None = None) -> DecodeAfterPrefix:
+    """Time decode steps after a cold prefill and after a prefix hit, interleaved (section 6).
+
+    Where caching does not help: a decode step reads every cached token's K and V whether the
+    prefill computed them or found them in the cache, so the two should take the same time.
+    """
+    from .hardware import on_gpu
+    from .kernels import store_kv_ref
+    from .paged_decode import _merge_timings
+    from .timing import measure
+
+    prompt_tokens = integer("prompt_tokens", prompt_tokens, 2)
+    steps = integer("steps", steps)
+    attention = attention or ("kernel" if on_gpu() else "gather")
+    use_prefix_attention(model)
+    per_seq = -(-(prompt_tokens + steps + 1) // block_size)
+    cache = prefix_cache_for(model, 3 * per_seq + 2, block_size, store=None if on_gpu() else store_kv_ref)
+    generator = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    shared = torch.randint(0, vocab, (prompt_tokens - 1,), generator=generator).tolist()
+    cold, cold_hit, cold_token = prefill(model, cache, shared + [1], attention=attention)
+    warm, warm_hit, warm_token = prefill(model, cache, shared + [2], attention=attention)
+    state = {cold: cold_token, warm: warm_token}
+
+    def step(seq_id):
+        (state[seq_id],) = decode_step(model, cache, [seq_id], [state[seq_id]], attention)
+
+    runs = {cold: [], warm: []}
+    for i in range(steps):
+        for seq_id in (cold, warm) if i % 2 == 0 else (warm, cold):  # alternate who goes first
+            runs[seq_id].append(measure(lambda: step(seq_id), warmup=0, reps=1, device=model.device))
+    length = prompt_tokens + steps // 2
+    kv_bytes = int(model.shape.kv_bytes_per_token(model.dtype.itemsize) * length)
+    return DecodeAfterPrefix(prompt_tokens, warm_hit, _merge_timings(runs[cold]), _merge_timings(runs[warm]),
+                             kv_bytes)
+
+
+# --------------------------------------------------------------------------- benchmark rows
+
+
+def bench_rows():
+    """Time to first token with and without a cached prefix, and hit rates on a chat trace (section 6)."""
+    from .bench import Row
+    from .gemv import calibrated_device
+    from .hardware import on_gpu
+    from .models import tiny_model
+    from .prefix import REPLAY_POLICIES, make_chat_trace, replay
+    from .roofline import prefill_time
+
+    gpu = on_gpu()
+    model = tiny_model("llama", size="real" if gpu else "cpu")
+    prompt = 4096 if gpu else 512
+    points = measure_ttft(model, prompt, [0, prompt * 3 // 4, prompt - 1], block_size=16, reps=5 if gpu else 3)
+    cold = points[0]
+    rows = [Row(f"TTFT, {prompt}-token prompt, nothing cached", cold.measured.median * 1e3, "ms",
+                f"{model.shape.name}, paged cache, block 16")]
+    for p in points[1:]:
+        rows += [
+            Row(f"TTFT cold / TTFT with {p.cached_tokens} cached", cold.measured.median / p.measured.median, "x",
+                "ratio of medians, same run"),
+            Row(f"predicted cold / cached {p.cached_tokens}", cold.predicted / p.predicted, "x",
+                "roofline.prefill_time at the calibrated matmul rate"),
+        ]
+    trace = make_chat_trace(num_system_prompts=3, num_users=24, turns=3, seed=0)
+    shape, hw = compute_shape(model), calibrated_device()
+    longest = max(-(-(len(r.prompt) + len(r.reply) - 1) // 16) for r in trace)
+    for policy in REPLAY_POLICIES:
+        result = replay(trace, 2 * longest, 16, policy)
+        note = f"72-request chat trace, 3 system prompts, {2 * longest} blocks of 16"
+        rows.append(Row(f"{policy}: prompt tokens served from cache", 100 * result.hit_rate, "%", note))
+        ttft = result.mean_ttft(lambda p, c: prefill_time(shape, hw, p, mfu=1.0, prefix_tokens=c))
+        rows.append(Row(f"{policy}: mean predicted TTFT", ttft * 1e3, "ms", note + ", prefill_time"))
+    return rows
