@@ -296,6 +296,16 @@ class PrefixCache:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _snapshot(self):
+        """Everything mutable, copied: for callers that must undo an admit whose prefill failed."""
+        seqs = {i: _Sequence(list(s.tokens), list(s.blocks), list(s.hashes), s.first_parent)
+                for i, s in self._seqs.items()}
+        return (list(self._ref), list(self._hash), dict(self._by_hash), OrderedDict(self._free), seqs,
+                self._next_id, PrefixStats(**vars(self.stats)))
+
+    def _restore(self, snapshot) -> None:
+        (self._ref, self._hash, self._by_hash, self._free, self._seqs, self._next_id, self.stats) = snapshot
+
     def _get(self, seq_id) -> _Sequence:
         try:
             return self._seqs[seq_id]
@@ -337,3 +347,133 @@ class PrefixCache:
         if h not in self._by_hash:
             self._by_hash[h] = block
             self._hash[block] = h
+
+
+# --------------------------------------------------------------------------- a multi-tenant chat trace
+
+REPLAY_POLICIES = ("lru", "reserve", "none")
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One turn of one user's chat: ``prompt`` resends the system prompt and the whole history."""
+
+    user: int
+    turn: int
+    system: int
+    prompt: tuple
+    reply: tuple
+
+
+def make_chat_trace(num_system_prompts: int = 3, num_users: int = 24, turns: int = 3, system_tokens: int = 192,
+                    user_tokens: int = 24, reply_tokens: int = 24, think_time: float = 6.0, vocab: int = 8192,
+                    seed: int = 0) -> list:
+    """A multi-tenant chat trace (section 6): a few shared system prompts, many users, multi-turn chats.
+
+    Each user picks one of ``num_system_prompts`` system prompts at random and holds ``turns`` turns;
+    turn ``t``'s prompt is the system prompt, then every earlier user message and reply, then a new
+    user message of ``user_tokens`` tokens; the reply has ``reply_tokens`` tokens. Users arrive one
+    after another (exponential gaps of mean 1) and each next turn follows after an exponential think
+    time of mean ``think_time`` (in the same units), so that only some chats are active at a time.
+    Requests are ordered by time. Token ids are random in ``[0, vocab)``.
+    """
+    import numpy as np
+
+    for name, value, low in (("num_system_prompts", num_system_prompts, 1), ("num_users", num_users, 1),
+                             ("turns", turns, 1), ("system_tokens", system_tokens, 0),
+                             ("user_tokens", user_tokens, 1), ("reply_tokens", reply_tokens, 1),
+                             ("vocab", vocab, 2)):
+        integer(name, value, low)
+    if not think_time >= 0:
+        raise ValueError(f"think_time must be >= 0, got {think_time!r}")
+    rng = np.random.default_rng(seed)
+    draw = lambda n: tuple(int(t) for t in rng.integers(0, vocab, n))  # noqa: E731
+    systems = [draw(system_tokens) for _ in range(num_system_prompts)]
+    choice = rng.integers(0, num_system_prompts, num_users)
+    starts = np.cumsum(rng.exponential(1.0, num_users))
+    times = starts[:, None] + np.cumsum(rng.exponential(think_time, (num_users, turns)), axis=1)
+    times[:, 0] = starts
+    order = sorted((times[u, t], u, t) for u in range(num_users) for t in range(turns))
+    history = {u: systems[choice[u]] for u in range(num_users)}
+    trace = []
+    for _, u, t in order:
+        prompt = history[u] + draw(user_tokens)
+        reply = draw(reply_tokens)
+        trace.append(ChatRequest(u, t, int(choice[u]), prompt, reply))
+        history[u] = prompt + reply
+    return trace
+
+
+class _NoEviction(PrefixCache):
+    """The ``reserve`` policy: what is cached stays cached. A block is registered only while
+    ``keep_free`` blocks stay out of the cache for running work; cached blocks are never evicted."""
+
+    def __init__(self, num_blocks: int, block_size: int, keep_free: int):
+        super().__init__(num_blocks, block_size)
+        self.keep_free = keep_free
+
+    def _register(self, block: int, h: bytes) -> None:
+        if self.num_cached < self.num_blocks - self.keep_free:
+            super()._register(block, h)
+
+    def _take_free(self) -> int:
+        block = next(iter(self._free))
+        assert self._hash[block] is None, "reserve policy: no uncached block left (keep_free too small)"
+        return super()._take_free()
+
+
+@dataclass
+class ReplayResult:
+    """What one cache policy did with a chat trace (section 6): per request, prompt and cached tokens."""
+
+    policy: str
+    num_blocks: int
+    block_size: int
+    prompt_tokens: list = field(default_factory=list)
+    cached_tokens: list = field(default_factory=list)
+    evictions: int = 0
+    peak_cached: int = 0  # most blocks holding a reusable hash at once
+
+    @property
+    def hit_rate(self) -> float:
+        total = sum(self.prompt_tokens)
+        return sum(self.cached_tokens) / total if total else 0.0
+
+    def mean_ttft(self, prefill_seconds) -> float:
+        """Mean time to first token, with ``prefill_seconds(prompt_tokens, cached_tokens)`` per request."""
+        times = [prefill_seconds(p, c) for p, c in zip(self.prompt_tokens, self.cached_tokens)]
+        return sum(times) / len(times) if times else 0.0
+
+
+def replay(trace, num_blocks: int, block_size: int, policy: str = "lru") -> ReplayResult:
+    """Run a chat trace through a prefix cache of ``num_blocks`` blocks, one request at a time (section 6).
+
+    Each request is admitted, its reply appended token by token (all but the last, which is never fed
+    back), and freed; its blocks stay cached. ``lru`` is :class:`PrefixCache`; ``reserve`` never
+    evicts a cached block and keeps room for the longest request out of the cache; ``none`` computes
+    every prompt in full. ``num_blocks`` must hold the longest request.
+    """
+    if policy not in REPLAY_POLICIES:
+        raise ValueError(f"policy must be one of {REPLAY_POLICIES}, got {policy!r}")
+    num_blocks, block_size = integer("num_blocks", num_blocks), integer("block_size", block_size)
+    trace = list(trace)
+    longest = max((-(-(len(r.prompt) + len(r.reply) - 1) // block_size) for r in trace), default=0)
+    if longest > num_blocks:
+        raise ValueError(f"num_blocks must be >= {longest} (the longest request's blocks at block size "
+                         f"{block_size}), got {num_blocks}")
+    result = ReplayResult(policy, num_blocks, block_size)
+    if policy == "none":
+        result.prompt_tokens = [len(r.prompt) for r in trace]
+        result.cached_tokens = [0] * len(trace)
+        return result
+    cache = PrefixCache(num_blocks, block_size) if policy == "lru" else _NoEviction(num_blocks, block_size, longest)
+    for request in trace:
+        seq_id, cached = cache.admit(request.prompt)
+        for token in request.reply[:-1]:
+            cache.append(seq_id, token)
+        cache.free(seq_id)
+        result.prompt_tokens.append(len(request.prompt))
+        result.cached_tokens.append(cached)
+        result.peak_cached = max(result.peak_cached, cache.num_cached)
+    result.evictions = cache.evictions
+    return result
