@@ -37,6 +37,7 @@ from .paging import PREEMPTION_MODES, BlockAllocator
 
 ATTN_NAME = "kvlab_engine"
 ATTENTION_PATHS = ("kernel", "gather", "reference")
+SUPPORTED_MODELS = ("llama", "qwen2", "mistral")
 CPU_KV_BUDGET_BYTES = 64 * 2**20  # the pool on a CPU, when num_blocks is not given
 GPU_MEMORY_FRACTION = 0.9  # of the memory free after the weights, on a GPU
 WATERMARK = 0.01  # share of the pool admission leaves free, so that a new request does not force a preemption
@@ -618,6 +619,9 @@ class Engine:
                  max_batched_tokens: int = 2048, prefix_caching: bool = True, preemption: str = "recompute", *,
                  kv_budget_bytes: int | None = None, attention: str | None = None, cuda_graphs: bool | None = None,
                  watermark: float = WATERMARK, debug: bool = False):
+        if getattr(model.config, "model_type", None) not in SUPPORTED_MODELS:
+            raise ValueError(f"model must be one of the architectures {SUPPORTED_MODELS} (rotary positions, grouped "
+                             f"KV heads), got {getattr(model.config, 'model_type', type(model).__name__)!r}")
         block_size = _checks.integer("block_size", block_size)
         max_batch = _checks.integer("max_batch", max_batch)
         max_batched_tokens = _checks.integer("max_batched_tokens", max_batched_tokens, low=max_batch)

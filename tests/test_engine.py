@@ -192,6 +192,8 @@ def test_bad_input_raises_before_any_work():
                                                                           "power of two")]:
         with pytest.raises((ValueError, TypeError), match=match):
             Engine(model, **kwargs)
+    with pytest.raises(ValueError, match="architectures"):
+        Engine(kvlab.tiny_model("gpt2", layers=1, hidden=64, q_heads=2, vocab=64, intermediate=64, device="cpu"))
     engine = Engine(model, num_blocks=4, block_size=4)
     for prompts, new, match in [([[1, 2], []], 2, r"prompts\[1\] is empty"),
                                 ([[1, 2], list(range(17))], 2, r"prompts\[1\] has 17 tokens.*bytes.*pool holds"),
@@ -258,3 +260,23 @@ def test_curve_reading_both_outcomes():
     assert "of the flat-step prediction" in text and "still set the cost" in text
     text = curve_reading(flat, capacity=20.0, chosen=1)
     assert "barely moved" in text and "did not bind" in text and "only 27%" in text
+
+
+def test_step_metadata_built_once_per_step(monkeypatch):
+    built = []
+    original = engine_module.ModelRunner.metadata
+    monkeypatch.setattr(engine_module.ModelRunner, "metadata", lambda self, *a: built.append(1) or original(self, *a))
+    engine = Engine(_model("llama"), num_blocks=16, block_size=4, max_batched_tokens=4, max_batch=4)
+    engine.generate([[1, 2, 3, 4, 5, 6], [7, 8]], 3)
+    assert len(built) == engine.stats.steps  # one per step, for a model of two layers
+
+
+def test_invariant_hook_catches_a_broken_allocator():
+    engine = Engine(_model("llama"), num_blocks=16, block_size=4, prefix_caching=False)
+    engine.add_request([1, 2, 3, 4, 5], 4)
+    engine.step()
+    engine.check_invariants()
+    (request,) = engine.scheduler.running
+    engine.blocks.allocator.incref(engine.blocks.block_table(request.seq)[0])  # a holder nobody accounts for
+    with pytest.raises(AssertionError, match="reference count 2, holders 1"):
+        engine.check_invariants()
