@@ -280,3 +280,23 @@ def test_invariant_hook_catches_a_broken_allocator():
     engine.blocks.allocator.incref(engine.blocks.block_table(request.seq)[0])  # a holder nobody accounts for
     with pytest.raises(AssertionError, match="reference count 2, holders 1"):
         engine.check_invariants()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the compiled kernel need a CUDA GPU")
+def test_cuda_graph_decode_matches_generate(monkeypatch):
+    """On a GPU: decode steps replay captured CUDA graphs (padded batches) and the tokens still match."""
+    model = kvlab.tiny_model("llama", layers=2, hidden=128, q_heads=4, kv_heads=2, vocab=VOCAB, intermediate=256,
+                             device="cuda", dtype=torch.float32, seed=3)
+    replays = []
+    original = engine_module.CudaGraphs.run
+    monkeypatch.setattr(engine_module.CudaGraphs, "run", lambda self, *a: replays.append(1) or original(self, *a))
+    prompts, news = _trace(4, 16, n=6, max_new=12)
+    engine = Engine(model, num_blocks=64, block_size=16, max_batch=6, debug=True)
+    assert engine.runner.graphs is not None and engine.runner.attention == "kernel"
+    out = engine.generate(prompts, news)
+    model.set_attn_implementation("sdpa")
+    expected = [model.generate(torch.tensor([p], device="cuda"), attention_mask=torch.ones(1, len(p), dtype=torch.long,
+                                                                                             device="cuda"),
+                               max_new_tokens=n, do_sample=False)[0, len(p):].tolist() for p, n in zip(prompts, news)]
+    assert out == expected and replays
