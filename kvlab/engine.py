@@ -487,7 +487,7 @@ class ModelRunner:
         The plan lists decode entries first. Entries whose tokens are not all computed yet (a prefill
         chunk that is not the last) get a token too, which the engine ignores.
         """
-        if self.graphs is not None and all(e.count == 1 for e in plan) and self.graphs.covers(len(plan)):
+        if self.graphs is not None and all(e.count == 1 for e in plan) and self.graphs.covers(tables):
             return self.graphs.run(plan, tables)
         meta = self.metadata(plan, tables)
         ids = [t for e in plan for t in e.request.tokens[e.start: e.start + e.count]]
@@ -535,8 +535,9 @@ class CudaGraphs:
         self.graphs, self.logits = {}, {}
         self.capture()
 
-    def covers(self, batch: int) -> bool:
-        return batch <= self.sizes[-1]
+    def covers(self, tables: list[list[int]]) -> bool:
+        """A captured graph can run this decode step: the batch and every block table fit its buffers."""
+        return len(tables) <= self.sizes[-1] and all(len(t) <= self.width for t in tables)
 
     def _meta(self, batch: int) -> StepMetadata:
         from .kernels.paged_attention import choose_num_splits, multiprocessor_count
