@@ -74,16 +74,15 @@ def curve_reading(points, capacity: float, chosen: int) -> str:
                     f"{best.tokens_per_s:.0f}). The expectation was growth with the batch, since a step reads "
                     "the weights once for every request in it; a step this small on a CPU is dominated by "
                     "fixed per-step costs, or the pool held too few requests for the batch to grow.")
-    t1 = first.mean_tpot_s
-    if t1 > 0 and best is not first:
-        share = best.tokens_per_s / (best.mean_batch / t1)
+    if first.tokens_per_s > 0 and best is not first:
+        share = best.tokens_per_s / (best.mean_batch * first.tokens_per_s / first.mean_batch)
         if share >= 2 / 3:
             text.append(f"At `max_batch` {best.max_batch} that is {share:.0%} of the flat-step prediction "
-                        f"({best.mean_batch:.1f} requests per step over the one-request step time): the "
+                        f"({best.mean_batch:.1f} requests per step times the one-request rate): the "
                         "weights read once per step still set the cost of a step.")
         else:
             text.append(f"At `max_batch` {best.max_batch} that is only {share:.0%} of the flat-step prediction "
-                        f"({best.mean_batch:.1f} requests per step over the one-request step time). The "
+                        f"({best.mean_batch:.1f} requests per step times the one-request rate). The "
                         "prediction assumes a step costs the same at any batch; here steps grew with it, "
                         "because prefill chunks ride along in the decode steps and, on a CPU, the per-token "
                         "work of a small model is not small next to reading its weights.")
