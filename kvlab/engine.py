@@ -16,6 +16,13 @@ The parts of section 9.5 running together, in the shape of nano-vllm and vLLM:
   attention (the Triton kernel on a GPU), prefill chunks through SDPA over their gathered context.
   On a GPU, decode-only steps replay CUDA graphs captured per batch size.
 - :class:`Engine`: ``add_request`` / ``step`` / ``generate``, an event log and metrics.
+
+The pools have :class:`kvlab.paging.PagedKVCache`'s layout (``[num_blocks, block_size, kv_heads,
+head_dim]`` per layer) but are not one: a ``PagedKVCache`` keeps a block table per sequence of its
+own, while here the block manager owns the tables and the runner only reads them, once per step.
+The last part of the file measures the engine: request traces (:func:`make_requests`), padded
+static ``generate`` batches (:func:`static_generate`), the two compared (:func:`compare_with_generate`)
+and the latency-throughput curve (:func:`latency_throughput`).
 """
 
 from __future__ import annotations
