@@ -258,8 +258,10 @@ def test_curve_reading_both_outcomes():
     text = curve_reading(growing, capacity=4.5, chosen=4)
     assert "grew from 20" in text and "pool, which holds about 4.5" in text and "preempted 2" in text
     assert "of the flat-step prediction" in text and "still set the cost" in text
+    assert "20% of the tokens admitted came from cached" in text
     text = curve_reading(flat, capacity=20.0, chosen=1)
-    assert "barely moved" in text and "did not bind" in text and "only 27%" in text
+    assert "barely moved" in text and "did not bind" in text and "only 27%" in text and "no admission hit" in text
+    assert "was off" in curve_reading(flat, capacity=20.0, chosen=1, prefix_caching=False)
 
 
 def test_step_metadata_built_once_per_step(monkeypatch):

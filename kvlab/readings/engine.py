@@ -57,7 +57,7 @@ def comparison_reading(requests: int, max_batch: int, engine_tps: float, generat
     return " ".join(text)
 
 
-def curve_reading(points, capacity: float, chosen: int) -> str:
+def curve_reading(points, capacity: float, chosen: int, prefix_caching: bool = True) -> str:
     """The latency-throughput curve. ``points``: :class:`kvlab.engine.CurvePoint` in ``max_batch`` order;
     ``capacity``: mean requests the pool holds at once; ``chosen``: the slider's ``max_batch``."""
     first, best = points[0], max(points, key=lambda p: p.tokens_per_s)
@@ -94,6 +94,14 @@ def curve_reading(points, capacity: float, chosen: int) -> str:
     else:
         text.append(f"The running batch kept up with `max_batch` (the pool holds about {capacity:.1f} mean "
                     "requests at once, so it did not bind on this trace).")
+    if not prefix_caching:
+        text.append("Prefix caching was off: every prompt token, shared system prompts included, was computed.")
+    elif here.prefix_hit_rate > 0:
+        text.append(f"With prefix caching on, {here.prefix_hit_rate:.0%} of the tokens admitted came from cached "
+                    "blocks (the shared system prompts), prefill work the engine did not repeat.")
+    else:
+        text.append("Prefix caching was on but no admission hit the cache: the pool evicted the shared "
+                    "prompts' blocks before the next request that shared them arrived.")
     preempted = sum(p.preemptions for p in points)
     if preempted:
         text.append(f"Across the curve the engine preempted {preempted} time(s) when growing requests "
