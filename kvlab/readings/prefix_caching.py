@@ -54,15 +54,16 @@ def trace_reading(cache_blocks: int, block_size: int, block_bytes: float, lru_hi
             f"evicting nothing (reserve) **{100 * reserve_hit:.0f}%**. The mean predicted time to first token "
             f"is {si(lru_ttft, 's')} with LRU, {si(reserve_ttft, 's')} with reserve and {si(none_ttft, 's')} "
             f"without caching.")
-    if lru_hit > reserve_hit + 0.01:
+    if lru_hit > reserve_hit + 0.02:
         return (head + " LRU wins here: the chats active now are not the ones that arrived first, and "
                 "reserve keeps the first arrivals' histories for good while LRU lets them go.")
-    if reserve_hit > lru_hit + 0.01:
+    if reserve_hit > lru_hit + 0.02:
         return (head + " Reserve wins here, which LRU was expected to do: a cache just large enough for the "
                 "working set lets LRU evict a system prompt's blocks between two uses, while reserve pinned "
                 "them when they first arrived.")
-    return (head + " The two policies tie: at this size the cache holds everything the trace reuses, so "
-            "there is nothing to evict, or it is so small that both keep only the system prompts.")
+    return (head + " The two policies are within two percentage points of each other: at this size the "
+            "cache holds nearly everything the trace reuses, so what gets evicted hardly matters, or it is "
+            "so small that both keep little more than the system prompts.")
 
 
 def decode_reading(computed_s: float, cached_s: float, prompt_tokens: int, cached_tokens: int,
