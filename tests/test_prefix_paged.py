@@ -200,3 +200,77 @@ def test_compute_shape_leaves_out_embeddings(llama):
     matrices = sum(p.numel() for n, p in llama.named_parameters() if p.dim() == 2 and "embed" not in n
                    and "lm_head" not in n)
     assert shape.params == matrices
+
+
+# --------------------------------------------------------------------------- the tensors, without a model
+
+from hypothesis import settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
+
+from kvlab.kernels import store_kv_ref  # noqa: E402
+
+
+def kv_of(salt, tokens, position, layer):
+    """What a model would store for token ``position``: a function of the salt, every token up to
+    it and the layer (exact in fp32), standing in for K and V."""
+    h = hash((salt, tuple(tokens[: position + 1]), layer)) % 10_007
+    return torch.tensor([[float(h), float(layer * 100 + position)]])
+
+
+class PrefixKVMachine(RuleBasedStateMachine):
+    """Random admit / decode / free on the tensor cache: every live sequence's gathered K and V must
+    be what computing its tokens would have written, whether its blocks were hits or not."""
+
+    def __init__(self):
+        super().__init__()
+        self.cache = PrefixKVCache(2, num_blocks=8, block_size=2, num_kv_heads=1, head_dim=2,
+                                   dtype=torch.float32, device="cpu", store=store_kv_ref)
+        self.live = {}
+
+    def _write(self, seq, start):
+        salt, tokens = self.live[seq]
+        for layer in range(2):
+            rows = torch.cat([kv_of(salt, tokens, p, layer) for p in range(start, len(tokens))])[:, None]
+            self.cache.append(seq, layer, rows, -rows)
+
+    @rule(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=7), salt=st.sampled_from([None, "t"]))
+    def admit(self, tokens, salt):
+        try:
+            seq, cached = self.cache.admit(tokens, salt)
+        except OutOfBlocksError:
+            return
+        assert cached % 2 == 0 and cached < len(tokens)
+        self.live[seq] = (salt, list(tokens))
+        self._write(seq, cached)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), token=st.integers(0, 2))
+    def decode(self, data, token):
+        seq = data.draw(st.sampled_from(sorted(self.live)))
+        try:
+            self.cache.append_tokens([seq], [token])
+        except OutOfBlocksError:
+            return
+        self.live[seq][1].append(token)
+        self._write(seq, len(self.live[seq][1]) - 1)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def free(self, data):
+        seq = data.draw(st.sampled_from(sorted(self.live)))
+        self.cache.free(seq)
+        del self.live[seq]
+
+    @invariant()
+    def every_sequence_reads_its_own_keys_and_values(self):
+        for seq, (salt, tokens) in self.live.items():
+            for layer in range(2):
+                k, v = self.cache.gather(seq, layer)
+                expected = torch.cat([kv_of(salt, tokens, p, layer) for p in range(len(tokens))])[:, None]
+                assert torch.equal(k, expected) and torch.equal(v, -expected)
+        assert self.cache.num_free + len({b for s in self.live for b in self.cache.table(s).blocks}) == 8
+
+
+TestPrefixKVMachine = PrefixKVMachine.TestCase
+TestPrefixKVMachine.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
