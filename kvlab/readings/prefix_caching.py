@@ -24,14 +24,19 @@ def identity_reading(rows, block_size: int) -> str:
 
 
 def ttft_reading(prompt_tokens: int, block_size: int, cold_s: float, warm_s: float, warm_cached: int,
-                 cold_pred_s: float, warm_pred_s: float) -> str:
-    """Under the time-to-first-token figure: cold against the longest cached prefix, measured and predicted."""
+                 cold_pred_s: float, warm_pred_s: float, middle=None) -> str:
+    """Under the time-to-first-token figure: cold against the longest cached prefix, measured and
+    predicted; ``middle`` = (cached tokens, measured s, predicted s) of a point in between, if given."""
     measured, predicted = cold_s / warm_s, cold_pred_s / warm_pred_s
     head = (f"A {prompt_tokens:,}-token prompt took **{si(cold_s, 's')}** to its first token with nothing "
             f"cached, and **{si(warm_s, 's')}** with {warm_cached:,} tokens cached (blocks of {block_size}): "
             f"{measured:.1f} times faster. Prefill FLOPs at the calibrated rate predict {si(cold_pred_s, 's')} "
             f"and {si(warm_pred_s, 's')}, a factor of {predicted:.1f}; the cold prefill took "
             f"{ratio_text(cold_s, cold_pred_s)} its prediction.")
+    if middle is not None:
+        cached, mid_s, mid_pred_s = middle
+        head += (f" With {cached:,} tokens cached it took {si(mid_s, 's')} against {si(mid_pred_s, 's')} "
+                 f"predicted ({ratio_text(mid_s, mid_pred_s)}).")
     if within(measured, predicted, 1.5):
         return head + " The saving follows the FLOPs the cache removes."
     if measured < predicted:
