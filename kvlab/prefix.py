@@ -36,6 +36,7 @@ they change anything: an :class:`~kvlab.paging.OutOfBlocksError` leaves the cach
 from __future__ import annotations
 
 import hashlib
+from array import array
 import numbers
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from ._checks import integer
 from .paging import OutOfBlocksError
 
 _ROOT = b"kvlab-prefix-root"
+MAX_TOKEN_ID = 2**63  # token ids are hashed as int64
 
 
 # --------------------------------------------------------------------------- block hashes
@@ -64,7 +66,7 @@ def _salt_bytes(salt) -> bytes:
 def _chain(parent: bytes, block_tokens) -> bytes:
     """The hash of one full block: its parent's hash and its own token ids, 128-bit BLAKE2b."""
     digest = hashlib.blake2b(parent, digest_size=16)
-    digest.update(b"".join(t.to_bytes(8, "little") for t in block_tokens))
+    digest.update(array("q", block_tokens).tobytes())
     return digest.digest()
 
 
@@ -82,9 +84,11 @@ def _token_list(token_ids, name: str = "token_ids") -> list[int]:
         tokens = list(token_ids)
     except TypeError:
         raise TypeError(f"{name} must be a sequence of token ids (ints >= 0), got {type(token_ids).__name__}") from None
+    if all(type(t) is int and 0 <= t < MAX_TOKEN_ID for t in tokens):  # the common case, quickly
+        return tokens
     for i, t in enumerate(tokens):
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
-            raise ValueError(f"{name}[{i}] must be a token id (an int >= 0), got {t!r}")
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < MAX_TOKEN_ID:
+            raise ValueError(f"{name}[{i}] must be a token id (an int in [0, 2**63)), got {t!r}")
     return [int(t) for t in tokens]
 
 
@@ -95,9 +99,11 @@ def block_hashes(token_ids, block_size: int, salt=None) -> list[bytes]:
     ``k`` only when their first ``k + 1`` blocks hold the same token ids under the same salt.
     A partial last block has no hash.
     """
-    tokens = _token_list(token_ids)
-    block_size = integer("block_size", block_size)
-    parent, hashes = _first_parent(salt), []
+    return _hashes(_token_list(token_ids), integer("block_size", block_size), _first_parent(salt))
+
+
+def _hashes(tokens: list[int], block_size: int, parent: bytes) -> list[bytes]:
+    hashes = []
     for start in range(0, len(tokens) - block_size + 1, block_size):
         parent = _chain(parent, tokens[start:start + block_size])
         hashes.append(parent)
@@ -219,7 +225,7 @@ class PrefixCache:
         tokens = _token_list(token_ids)
         if not tokens:
             raise ValueError("token_ids must hold at least one token (an empty prompt has nothing to compute)")
-        return len(self._match(tokens, block_hashes(tokens, self.block_size, salt))) * self.block_size
+        return len(self._match(tokens, _hashes(tokens, self.block_size, _first_parent(salt)))) * self.block_size
 
     def blocks_to_admit(self, token_ids, salt=None) -> int:
         """Free blocks ``admit(token_ids, salt)`` would take now: new blocks plus cached ones it
@@ -227,7 +233,7 @@ class PrefixCache:
         tokens = _token_list(token_ids)
         if not tokens:
             raise ValueError("token_ids must hold at least one token (an empty prompt has nothing to compute)")
-        hits = self._match(tokens, block_hashes(tokens, self.block_size, salt))
+        hits = self._match(tokens, _hashes(tokens, self.block_size, _first_parent(salt)))
         return self._blocks_needed(len(tokens), hits)
 
     def blocks_to_append(self, seq_id: int) -> int:
@@ -246,8 +252,8 @@ class PrefixCache:
         tokens = _token_list(token_ids)
         if not tokens:
             raise ValueError("token_ids must hold at least one token (an empty prompt has nothing to compute)")
-        hashes = block_hashes(tokens, self.block_size, salt)
         first_parent = _first_parent(salt)
+        hashes = _hashes(tokens, self.block_size, first_parent)
         hits = self._match(tokens, hashes)
         needed = self._blocks_needed(len(tokens), hits)
         if needed > self.num_free:
@@ -433,6 +439,7 @@ class ReplayResult:
     cached_tokens: list = field(default_factory=list)
     evictions: int = 0
     peak_cached: int = 0  # most blocks holding a reusable hash at once
+    final_cached: int = 0  # blocks holding a reusable hash when the trace ends
 
     @property
     def hit_rate(self) -> float:
@@ -475,5 +482,5 @@ def replay(trace, num_blocks: int, block_size: int, policy: str = "lru") -> Repl
         result.prompt_tokens.append(len(request.prompt))
         result.cached_tokens.append(cached)
         result.peak_cached = max(result.peak_cached, cache.num_cached)
-    result.evictions = cache.evictions
+    result.evictions, result.final_cached = cache.evictions, cache.num_cached
     return result

@@ -69,8 +69,9 @@ class PrefixKVCache(PagedKVCache):
         changes nothing when the blocks are not there.
         """
         tokens = _token_list(token_ids)
-        if tokens and self.prefix.blocks_to_admit(tokens, salt) > self.num_free:
-            raise self._out_of_blocks(self.prefix.blocks_to_admit(tokens, salt))
+        needed = self.prefix.blocks_to_admit(tokens, salt) if tokens else 0
+        if needed > self.num_free:
+            raise self._out_of_blocks(needed)
         seq_id, cached = self.prefix.admit(tokens, salt)
         table = BlockTable(self.block_size, self.prefix.block_table(seq_id), cached)
         self._sequences[seq_id] = _PrefixSequence(table, [cached] * self.num_layers, reserved=len(tokens))

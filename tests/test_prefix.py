@@ -256,6 +256,8 @@ def test_bad_arguments():
         cache.admit([1, -1])
     with pytest.raises(ValueError, match=r"token_ids\[0\]"):
         cache.admit([1.5])
+    with pytest.raises(ValueError, match=r"token_ids\[1\].*2\*\*63"):
+        cache.admit([1, 2**63])
     with pytest.raises(TypeError, match="salt"):
         cache.admit([1], salt=[1])
     with pytest.raises(ValueError, match="seq_id 99 is not an admitted sequence"):

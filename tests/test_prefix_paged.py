@@ -20,11 +20,12 @@ from kvlab.prefix_paged import (
 )
 
 VOCAB = 512
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernel compiled on a GPU, interpreted on a CPU
 
 
 def _model(arch):
     return kvlab.tiny_model(arch, layers=2, hidden=128, q_heads=4, kv_heads=2, vocab=VOCAB, intermediate=256,
-                            device="cpu", dtype=torch.float32, seed=5)
+                            device=DEVICE, dtype=torch.float32, seed=5)
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -45,7 +46,8 @@ def _expected(model, prompt, new_tokens):
     previous = model.config._attn_implementation
     model.set_attn_implementation("sdpa")
     try:
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False)
+        out = model.generate(torch.tensor([prompt], device=model.device), max_new_tokens=new_tokens,
+                             do_sample=False)
     finally:
         model.set_attn_implementation(previous)
     return out[0, len(prompt):].tolist()
@@ -63,7 +65,7 @@ def test_cached_prefix_gives_generate_tokens(model, block_size):
     """The first request fills the cache (through the plain-PyTorch reference, to keep the Triton
     interpreter's work small); the second runs its suffix and decode steps through the kernel."""
     use_prefix_attention(model)
-    cache = prefix_cache_for(model, num_blocks=-(-200 // block_size) * 2, block_size=block_size, device="cpu")
+    cache = prefix_cache_for(model, num_blocks=-(-200 // block_size) * 2, block_size=block_size)
     system = _tokens(40, seed=1)
     first = system + _tokens(5, seed=2)
     second = system + _tokens(3, seed=3)
@@ -83,7 +85,7 @@ def test_cached_prefix_gives_generate_tokens(model, block_size):
 def test_next_turn_hits_blocks_filled_during_decode(llama, block_size):
     """A chat resends its history: the blocks the reply filled while decoding are hits."""
     use_prefix_attention(llama)
-    cache = prefix_cache_for(llama, num_blocks=64, block_size=block_size, device="cpu")
+    cache = prefix_cache_for(llama, num_blocks=64, block_size=block_size)
     turn1 = _tokens(7, seed=4)
     reply = generate(llama, cache, turn1, 20, attention="reference")
     turn2 = turn1 + reply.tokens + _tokens(3, seed=5)
@@ -97,7 +99,7 @@ def test_next_turn_hits_blocks_filled_during_decode(llama, block_size):
 @pytest.mark.parametrize("attention", ["reference", "gather"])
 def test_other_attention_paths(llama, attention):
     use_prefix_attention(llama)
-    cache = prefix_cache_for(llama, num_blocks=16, block_size=4, device="cpu")
+    cache = prefix_cache_for(llama, num_blocks=16, block_size=4)
     shared = _tokens(13, seed=6)
     generate(llama, cache, shared + [1, 2], 2, attention=attention)
     run = generate(llama, cache, shared + [3], 4, attention=attention)
@@ -106,7 +108,7 @@ def test_other_attention_paths(llama, attention):
 
 def test_salt_and_batched_decode(llama):
     use_prefix_attention(llama)
-    cache = prefix_cache_for(llama, num_blocks=32, block_size=4, device="cpu")
+    cache = prefix_cache_for(llama, num_blocks=32, block_size=4)
     prompt = _tokens(11, seed=7)
     s1, cached1, t1 = prefill(llama, cache, prompt, salt="a")
     s2, cached2, t2 = prefill(llama, cache, prompt, salt="b")
@@ -122,7 +124,7 @@ def test_salt_and_batched_decode(llama):
 
 def test_out_of_blocks_changes_nothing(llama):
     use_prefix_attention(llama)
-    cache = prefix_cache_for(llama, num_blocks=4, block_size=4, device="cpu")
+    cache = prefix_cache_for(llama, num_blocks=4, block_size=4)
     s, _, token = prefill(llama, cache, _tokens(10, seed=8))  # 3 blocks
     before = _state(cache)
     with pytest.raises(OutOfBlocksError, match="need 2 KV-cache block.* bytes needed") as info:
@@ -141,7 +143,7 @@ def test_failed_model_call_is_undone(llama, monkeypatch):
     """A store that fails in the second layer: the admission is undone, hashes and all, so the next
     request with the same prompt computes it again (no hash may claim K and V that were never written)."""
     use_prefix_attention(llama)
-    cache = prefix_cache_for(llama, num_blocks=16, block_size=4, device="cpu")
+    cache = prefix_cache_for(llama, num_blocks=16, block_size=4)
     prompt = _tokens(14, seed=11)
     before = _state(cache)
     calls = []
@@ -164,7 +166,7 @@ def test_failed_model_call_is_undone(llama, monkeypatch):
 
 def test_bad_calls(llama):
     use_prefix_attention(llama)
-    cache = prefix_cache_for(llama, num_blocks=8, block_size=4, device="cpu")
+    cache = prefix_cache_for(llama, num_blocks=8, block_size=4)
     with pytest.raises(TypeError, match="admit"):
         cache.new_sequence()
     with pytest.raises(ValueError, match="attention must be one of"):
@@ -172,7 +174,7 @@ def test_bad_calls(llama):
     with pytest.raises(ValueError, match="at least one token"):
         prefill(llama, cache, [])
     with pytest.raises(TypeError, match="PrefixKVCache"):
-        prefill(llama, kvlab.paged_decode.cache_for(llama, 4, 4, device="cpu"), [1, 2])
+        prefill(llama, kvlab.paged_decode.cache_for(llama, 4, 4), [1, 2])
     seq, _ = cache.admit([1, 2, 3])
     k = torch.zeros(4, cache.num_kv_heads, cache.head_dim)
     with pytest.raises(ValueError, match="only 3 slot"):
@@ -200,3 +202,77 @@ def test_compute_shape_leaves_out_embeddings(llama):
     matrices = sum(p.numel() for n, p in llama.named_parameters() if p.dim() == 2 and "embed" not in n
                    and "lm_head" not in n)
     assert shape.params == matrices
+
+
+# --------------------------------------------------------------------------- the tensors, without a model
+
+from hypothesis import settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
+
+from kvlab.kernels import store_kv_ref  # noqa: E402
+
+
+def kv_of(salt, tokens, position, layer):
+    """What a model would store for token ``position``: a function of the salt, every token up to
+    it and the layer (exact in fp32), standing in for K and V."""
+    h = hash((salt, tuple(tokens[: position + 1]), layer)) % 10_007
+    return torch.tensor([[float(h), float(layer * 100 + position)]])
+
+
+class PrefixKVMachine(RuleBasedStateMachine):
+    """Random admit / decode / free on the tensor cache: every live sequence's gathered K and V must
+    be what computing its tokens would have written, whether its blocks were hits or not."""
+
+    def __init__(self):
+        super().__init__()
+        self.cache = PrefixKVCache(2, num_blocks=8, block_size=2, num_kv_heads=1, head_dim=2,
+                                   dtype=torch.float32, device="cpu", store=store_kv_ref)
+        self.live = {}
+
+    def _write(self, seq, start):
+        salt, tokens = self.live[seq]
+        for layer in range(2):
+            rows = torch.cat([kv_of(salt, tokens, p, layer) for p in range(start, len(tokens))])[:, None]
+            self.cache.append(seq, layer, rows, -rows)
+
+    @rule(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=7), salt=st.sampled_from([None, "t"]))
+    def admit(self, tokens, salt):
+        try:
+            seq, cached = self.cache.admit(tokens, salt)
+        except OutOfBlocksError:
+            return
+        assert cached % 2 == 0 and cached < len(tokens)
+        self.live[seq] = (salt, list(tokens))
+        self._write(seq, cached)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), token=st.integers(0, 2))
+    def decode(self, data, token):
+        seq = data.draw(st.sampled_from(sorted(self.live)))
+        try:
+            self.cache.append_tokens([seq], [token])
+        except OutOfBlocksError:
+            return
+        self.live[seq][1].append(token)
+        self._write(seq, len(self.live[seq][1]) - 1)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def free(self, data):
+        seq = data.draw(st.sampled_from(sorted(self.live)))
+        self.cache.free(seq)
+        del self.live[seq]
+
+    @invariant()
+    def every_sequence_reads_its_own_keys_and_values(self):
+        for seq, (salt, tokens) in self.live.items():
+            for layer in range(2):
+                k, v = self.cache.gather(seq, layer)
+                expected = torch.cat([kv_of(salt, tokens, p, layer) for p in range(len(tokens))])[:, None]
+                assert torch.equal(k, expected) and torch.equal(v, -expected)
+        assert self.cache.num_free + len({b for s in self.live for b in self.cache.table(s).blocks}) == 8
+
+
+TestPrefixKVMachine = PrefixKVMachine.TestCase
+TestPrefixKVMachine.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
