@@ -183,3 +183,16 @@ def test_margins_table_seed_against_exposed():
     rows = [line for line in t.splitlines() if line.startswith("| Llama-3-70B")]
     assert rows == ["| Llama-3-70B | does not fit | does not fit | 1.0 GB | 9.7 GB |"]
     assert "| Llama-3-8B | 63.9 GB | 69.5 GB |" in t and "79.6 GiB" in t and "140.4 GiB" in t
+
+
+def test_prefix_caching_and_engine_solutions():
+    assert "As predicted" in folded(ex.prefix_whole_blocks(64, 16, 48), 1)
+    assert "not the predicted count" in ex.prefix_whole_blocks(64, 16, 32)
+    hit = {("lru", 1): 0.74, ("lru", 8): 0.39, ("reserve", 1): 0.66, ("reserve", 8): 0.24}
+    assert "**reserve** lost more" in folded(ex.prefix_system_prompts(16, 32, hit), 2)
+    hit_lru = {("lru", 1): 0.74, ("lru", 8): 0.2, ("reserve", 1): 0.66, ("reserve", 8): 0.5}
+    assert "Here LRU lost more" in ex.prefix_system_prompts(16, 32, hit_lru)
+    assert "Close to the line" in folded(ex.prefix_ninety(256, 16, 224, 0.037, 0.044, 0.186), 3)
+    assert "fixed cost of a forward pass" in ex.prefix_ninety(256, 16, 224, 0.037, 0.09, 0.186)
+    assert "as predicted" in folded(ex.engine_half_pool(1.7, 8, 1.2, 1), 1)
+    assert "short requests take less" in ex.engine_half_pool(1.7, 8, 3.0, 0)

@@ -477,3 +477,74 @@ def wall_joint(s1: dict, s32: dict) -> str:
         f"{s32['half'] ** 2 / s32['joint']:.2f}x at batch 32). The batch matters more than the stacking: the "
         f"same $c = 4$ is worth {s32['joint'] / s1['joint']:.1f} times as much speedup at batch 32, which is "
         "KV-bound, as at batch 1, which is weight-bound."))
+
+
+# -- prefix caching --------------------------------------------------------------------------------
+
+
+def prefix_whole_blocks(prompt: int, block: int, served: int) -> str:
+    """Exercise 1 of prefix caching: a prompt of whole blocks sent twice."""
+    blocks = prompt // block
+    text = (f"{prompt} tokens in blocks of {block} are {blocks} full blocks, all cached after the first request. "
+            "But at least one prompt token must be computed, because its logits give the first output token, "
+            f"so the second request can reuse at most {blocks - 1} blocks: it computes **{prompt - (blocks - 1) * block} "
+            f"tokens**, the whole last block, not one. `PrefixCache.lookup` serves {served}.")
+    if served == (blocks - 1) * block:
+        text += " As predicted."
+    else:
+        text += " That is not the predicted count: check that the first request was admitted into this cache."
+    return solution(1, text)
+
+
+def prefix_system_prompts(block: int, blocks: int, hit: dict) -> str:
+    """Exercise 2 of prefix caching: more system prompts in the same memory."""
+    loss = {p: hit[p, 1] - hit[p, 8] for p in ("lru", "reserve")}
+    worse = max(loss, key=loss.get)
+    text = (f"With one system prompt every user shares it; with eight, each is shared by fewer users and all "
+            f"eight compete for {blocks} blocks of {block} tokens. LRU keeps what was used last, so it tends "
+            "to hold the prompts of the active users; reserve keeps whatever it cached first and cannot make "
+            "room, so it should lose more once the first prompts are not the popular ones. Measured hit "
+            f"rates, one system prompt against eight: LRU {hit['lru', 1]:.0%} to {hit['lru', 8]:.0%}, reserve "
+            f"{hit['reserve', 1]:.0%} to {hit['reserve', 8]:.0%}; **{worse}** lost more.")
+    if worse == "lru":
+        text += (" Here LRU lost more: with many prompts and little memory, the blocks it evicts are soon needed "
+                 "again, while reserve's fixed set still serves the users whose prompts it happened to keep.")
+    text += (" With a salt per user, no block is shared between users at all, not even the system prompt: what "
+             "is left is each user's own earlier turns, which the next turn resends, so the hit rate falls to "
+             "the share of a prompt that is that user's history.")
+    return solution(2, text)
+
+
+def prefix_ninety(prompt: int, block: int, cached: int, predicted: float, measured: float, cold: float) -> str:
+    """Exercise 3 of prefix caching: time to first token at a 90% hit rate."""
+    text = (f"A 90% hit on a {prompt}-token prompt is rounded down to whole blocks of {block}: {cached} cached "
+            f"tokens. The line (prefill FLOPs of the {prompt - cached} new tokens over the calibrated matmul "
+            f"rate) predicts **{si(predicted, 's')}**. `measure_ttft` measured **{si(measured, 's')}** "
+            f"(against {si(cold, 's')} with nothing cached).")
+    if within(measured, predicted, 1.5):
+        text += " Close to the line."
+    elif measured > predicted:
+        text += (f" {ratio_text(measured, predicted)} the line: the fixed cost of a forward pass (dispatch, "
+                 "the head, the cache bookkeeping) does not shrink with the hit rate, and at a high hit rate it "
+                 "is most of what is left.")
+    else:
+        text += " Below the line: the calibrated rate understates what this small prefill reached."
+    return solution(3, text)
+
+
+# -- beyond one request: the engine ----------------------------------------------------------------
+
+
+def engine_half_pool(capacity: float, max_batch: int, mean_batch: float, preemptions: int) -> str:
+    """Exercise 1 of the engine: half the pool."""
+    text = (f"The pool holds about {capacity:.1f} requests of this trace's mean size once halved (the capacity "
+            "line of the right panel moves left by half). A larger `max_batch` cannot run more than that: the "
+            f"running batch should stop growing near {capacity:.1f}, and requests that grow past their share "
+            f"get preempted. Measured at `max_batch` {max_batch} with half the pool: a mean running batch of "
+            f"{mean_batch:.1f} and {preemptions} preemption{'s' * (preemptions != 1)}.")
+    if mean_batch <= capacity * 1.2:
+        text += " The batch stops at the pool, as predicted."
+    else:
+        text += (" The batch ran above the mean capacity: short requests take less than the mean share, so "
+                 "more of them fit at once than the average suggests.")
+    return solution(1, text)
