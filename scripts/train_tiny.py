@@ -221,6 +221,13 @@ Greedy continuation of `{prompt!r}`:
 
 > {sample}
 
+## Reproducing it
+
+`apt-get install bible-kjv`, then `OMP_NUM_THREADS=1 python scripts/train_tiny.py` rebuilds the corpus,
+the tokenizer, the weights, this card, the log and the curve. `python scripts/train_tiny.py --replay 2`
+rebuilds the corpus and tokenizer and reruns the first two steps against the committed log;
+`--check` trains a very small model on the held-out text to show the script still learns.
+
 ## What this model is not
 
 It is a teaching instrument: large enough to have a real perplexity to lose, real attention patterns
