@@ -196,3 +196,10 @@ def test_prefix_caching_and_engine_solutions():
     assert "fixed cost of a forward pass" in ex.prefix_ninety(256, 16, 224, 0.037, 0.09, 0.186)
     assert "as predicted" in folded(ex.engine_half_pool(1.7, 8, 1.2, 1), 1)
     assert "short requests take less" in ex.engine_half_pool(1.7, 8, 3.0, 0)
+
+
+def test_long_context_trained_solution():
+    t = folded(ex.long_context_trained(0.8, 0.004, 3.10, 3.09, 64, 0.30, 0.10, (64, 128)), 5)
+    assert "has a sink head" in t and "closer with the larger window" in t
+    t = ex.long_context_trained(0.01, 0.004, 3.10, 3.09, 64, 0.10, 0.30, (64, 128))
+    assert "no head sinks" in t and "not closer" in t

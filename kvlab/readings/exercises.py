@@ -548,3 +548,25 @@ def engine_half_pool(capacity: float, max_batch: int, mean_batch: float, preempt
         text += (" The batch ran above the mean capacity: short requests take less than the mean share, so "
                  "more of them fit at once than the average suggests.")
     return solution(1, text)
+
+
+def long_context_trained(max_share: float, uniform: float, loss_s1: float, loss_s4: float, window: int,
+                         gap_small: float, gap_large: float, windows: tuple) -> str:
+    """Exercise 5 of 9.7: sinks and window size on the trained model."""
+    sinks = max_share > 5 * uniform
+    text = (f"The sink measurement is the guide. The largest share of attention on the first token was "
+            f"{max_share:.2f}, against {uniform:.3f} for uniform attention: "
+            + ("the model has a sink head, and the sink is the first token itself. Keeping one sink keeps it, "
+               "so three more should change the loss little. " if sinks else
+               "no head sinks its attention, so keeping the first tokens should not matter, one or four. ")
+            + f"Measured after the window fills (W = {window}): {loss_s1:.3f} nats with one sink, {loss_s4:.3f} "
+            f"with four, a change of {loss_s4 - loss_s1:+.3f}.")
+    text += (f" For the second question: past the training context the full cache meets distances it never "
+             f"saw, the window does not. The gap between their mean losses after the fill was "
+             f"{gap_small:+.3f} nats at W = {windows[0]} and {gap_large:+.3f} at W = {windows[1]}: ")
+    if abs(gap_large) < abs(gap_small):
+        text += "closer with the larger window, which keeps more of the context the full cache also sees."
+    else:
+        text += ("not closer: the larger window's extra tokens lie at distances the model handles well, and "
+                 "the full cache's loss past the training context is set by the distances beyond it.")
+    return solution(5, text)
