@@ -276,3 +276,16 @@ class PrefixKVMachine(RuleBasedStateMachine):
 
 TestPrefixKVMachine = PrefixKVMachine.TestCase
 TestPrefixKVMachine.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
+
+
+def test_trained_model_continues_a_cached_opening_like_generate():
+    """The book's trained Llama: a question after a cached opening, its suffix through the kernel."""
+    model, tok = kvlab.trained_model(device=DEVICE)
+    use_prefix_attention(model)
+    cache = prefix_cache_for(model, num_blocks=16, block_size=16)
+    opening = tok("And God said, Let there be light: and there was light. And God saw the light, that it was "
+                  "good: and God divided the light from the darkness.")["input_ids"]
+    generate(model, cache, opening + [5], 1, attention="reference")
+    asked = opening + tok(" And God called", add_special_tokens=False)["input_ids"]
+    run = generate(model, cache, asked, 4, attention="kernel")
+    assert run.cached_tokens == 32 and run.tokens == _expected(model, asked, 4)
