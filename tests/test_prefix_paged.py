@@ -195,6 +195,8 @@ def test_measure_ttft_points(llama):
     assert [p.cached_tokens for p in points] == [0, 16, 32]
     assert all(p.measured.median > 0 for p in points)
     assert points[0].predicted > points[1].predicted > points[2].predicted > 0
+    with pytest.raises(ValueError, match=r"prefix_tokens\[1\] must be an int in \[0, 40\)"):
+        measure_ttft(llama, 40, [0, 40])
 
 
 def test_compute_shape_leaves_out_embeddings(llama):
