@@ -37,6 +37,7 @@ from ._validation import (
     is_power_of_two,
     require_dtype,
     require_kernel_device,
+    require_computable_dtype,
     require_positive_int,
     require_rank,
     require_same_device,
@@ -190,7 +191,18 @@ def _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
         require_positive_int("num_splits", num_splits)
         if num_splits > MAX_GRID_Z:
             raise ValueError(f"num_splits must be in [1, {MAX_GRID_Z}] (a CUDA grid dimension), got {num_splits}")
+        _check_num_splits(num_splits, seq_lens)
     return _resolve_scale(scale, q.shape[-1])
+
+
+def _check_num_splits(num_splits: int, seq_lens) -> None:
+    """At most ``MAX_SPLITS``, or one split per tile of the longest sequence when that is more:
+    further splits are empty and only cost launches (minutes under the interpreter)."""
+    longest = int(seq_lens.max()) if seq_lens.numel() else 0
+    limit = max(MAX_SPLITS, -(-longest // TILE_TOKENS))
+    if num_splits > limit:
+        raise ValueError(f"num_splits must be in [1, {limit}] (max({MAX_SPLITS}, tiles of {TILE_TOKENS} tokens in "
+                         f"the longest sequence, {longest} tokens)), got {num_splits}")
 
 
 def _check_types_and_ranks(q, k_cache, v_cache, block_table, seq_lens) -> None:
@@ -351,6 +363,7 @@ def paged_decode_launcher(q, k_cache, v_cache, block_table, seq_lens, scale=None
     """
     scale = _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
     require_kernel_device(q.device)
+    require_computable_dtype("q", q)
     if q.shape[0] == 0:
         return lambda: torch.empty_like(q)
     if num_splits is None:
