@@ -17,3 +17,43 @@ def integer(name: str, value, low: int = 1, high: int | None = None) -> int:
     if value < low or (high is not None and value >= high):
         raise ValueError(f"{name} must be an int {allowed}, got {value!r}")
     return int(value)
+
+
+def one_of(name: str, value, allowed):
+    """``value`` if it equals one of ``allowed`` (True is not 1 here), else a ValueError listing them."""
+    def same(a) -> bool:
+        try:
+            return isinstance(value, bool) == isinstance(a, bool) and bool(value == a)
+        except (TypeError, RuntimeError, ValueError):  # e.g. a tensor compared with a number
+            return False
+
+    if not any(same(a) for a in allowed):
+        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
+    return value
+
+
+def free_memory(device) -> int:
+    """Bytes that can still be allocated on ``device``: CUDA's free memory, or the host's
+    MemAvailable (Linux), or its physical memory where that cannot be read."""
+    import os
+
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def require_memory(what: str, needed: int, device) -> None:
+    """Refuse, by arithmetic and before allocating, a request larger than ``device``'s free memory."""
+    free = free_memory(device)
+    if needed > free:
+        raise MemoryError(f"{what} needs {needed:,} bytes but only {free:,} bytes are free on {device}")
