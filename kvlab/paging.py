@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from collections import Counter, deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,6 +80,13 @@ class BlockAllocator:
         for block in blocks:
             self._ref_counts[block] = 1
         return blocks
+
+    def _snapshot(self):
+        return list(self._free), list(self._ref_counts)
+
+    def _restore(self, snapshot) -> None:
+        free, ref_counts = snapshot
+        self._free, self._ref_counts = deque(free), list(ref_counts)
 
     def _unallocate(self, blocks: list[int]) -> None:
         """Undo ``allocate_many`` (blocks just taken and not shared since): back to the front of the
@@ -253,6 +261,23 @@ class PagedKVCache:
                       f"{self.num_free * self.bytes_per_block:,} bytes free, "
                       f"{self.bytes_per_block:,} bytes per block)",)
         return error
+
+    @contextmanager
+    def _all_or_nothing(self):
+        """Bookkeeping (allocator, tables, counts, swaps) as it was if the block raises: for calls
+        that append to several layers one after another, such as a model's decode step."""
+        allocator = self.allocator._snapshot()
+        sequences = {i: (list(s.table.blocks), s.table.num_tokens, list(s.layer_tokens), s.swapped)
+                     for i, s in self._sequences.items()}
+        next_id, preemptions = self._next_id, Counter(self.preemptions)
+        try:
+            yield
+        except BaseException:
+            self.allocator._restore(allocator)
+            self._sequences = {i: _Sequence(BlockTable(self.block_size, blocks, num_tokens), layer_tokens, swapped)
+                               for i, (blocks, num_tokens, layer_tokens, swapped) in sequences.items()}
+            self._next_id, self.preemptions = next_id, preemptions
+            raise
 
     # -- sequences ---------------------------------------------------------------------------
 
