@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 
@@ -57,3 +58,12 @@ def require_memory(what: str, needed: int, device) -> None:
     free = free_memory(device)
     if needed > free:
         raise MemoryError(f"{what} needs {needed:,} bytes but only {free:,} bytes are free on {device}")
+
+
+def positive(name: str, value) -> float:
+    """``value`` as a finite real number > 0 (bytes per element, widths, factors)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a finite number > 0, got {type(value).__name__} {value!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)

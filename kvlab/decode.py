@@ -81,9 +81,10 @@ def _validate(input_ids, max_new_tokens, attention_mask):
             f"attention_mask must have the shape of input_ids {list(input_ids.shape)}, "
             f"got {list(attention_mask.shape)}"
         )
+    if attention_mask.is_complex() or not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        odd = attention_mask[(attention_mask != 0) & (attention_mask != 1)].flatten()[:3].tolist()
+        raise ValueError(f"attention_mask must hold only 0 (padding) and 1 (token), got values such as {odd}")
     mask = attention_mask.to(device=input_ids.device, dtype=torch.long)
-    if not bool(((mask == 0) | (mask == 1)).all()):
-        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
     if not bool((mask[:, 1:] >= mask[:, :-1]).all()):
         raise ValueError("attention_mask must be left-padded: each row is zeros, then ones")
     if not bool(mask[:, -1].all()):

@@ -449,6 +449,8 @@ def decode_read(cache: KVCache, q: torch.Tensor, layer: int = 0) -> torch.Tensor
                          f"head_dim={g.head_dim}], got {tuple(q.shape)}")
     if q.dtype != cache.k.dtype or q.device != cache.k.device:
         raise TypeError(f"q must be {cache.k.dtype} on {cache.k.device} like the cache, got {q.dtype} on {q.device}")
+    if not bool(torch.isfinite(q).all()):
+        raise ValueError("q holds NaN or infinite values; attention over them has no meaning")
     keys, values = layer_kv(cache, layer)
     batch, q_heads, dim = q.shape
     grouped = q.reshape(batch, g.kv_heads, q_heads // g.kv_heads, dim)

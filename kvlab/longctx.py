@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ._checks import integer
+from ._checks import integer, positive
 from . import roofline
 from .models import SHAPES, ModelShape
 
@@ -64,6 +64,7 @@ def cache_bytes(shape, tokens: int, bytes_per_element: float = 2, window: int | 
     """
     shape = _shape(shape)
     integer("tokens", tokens, 1)
+    positive("bytes_per_element", bytes_per_element)
     changes = {}
     if kv_heads is not None:
         integer("kv_heads", kv_heads, 1)
@@ -101,6 +102,11 @@ def design_table(shape="llama-3-8b", tokens: int = 131_072, window: int = 4096, 
     full GQA attention while the rest use the window.
     """
     shape = _shape(shape)
+    for name, value in (("tokens", tokens), ("window", window), ("latent_dim", latent_dim), ("rope_dim", rope_dim)):
+        integer(name, value, 1)
+    integer("gqa_heads", gqa_heads, 1)
+    if shape.q_heads % gqa_heads:
+        raise ValueError(f"gqa_heads must divide the {shape.q_heads} query heads of {shape.name}, got {gqa_heads}")
     integer("global_layers", global_layers, 0)
     if global_layers > shape.layers:
         raise ValueError(f"global_layers must be <= the {shape.layers} layers, got {global_layers}")
@@ -252,12 +258,13 @@ class BoundedLayer(CacheLayerMixin):
         if self.rope == "cache":
             # Undo the model's rotation (HF multiplies cos and sin by attention_scaling).
             key_states = rotate(key_states, -new_pos, self.inv_freq, 1.0) / self.scaling
-        self.seen += count
         keys = torch.cat([self.keys, key_states], dim=-2)
         values = torch.cat([self.values, value_states], dim=-2)
         positions = torch.cat([self.positions, new_pos], dim=-1)
         keep = self._keep(keys.shape[-2])
+        # Everything that can fail is done: only now change the layer (a failed update changes nothing).
         self.keys, self.values, self.positions = keys[..., keep, :], values[..., keep, :], positions[:, keep]
+        self.seen += count
         if count == 1:
             keys, values = self.keys, self.values
         if self.rope == "cache":
@@ -460,6 +467,13 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, axis: int = -1) -> Qua
 
 def quantized_nbytes(numel: int, bits: int, group_size: int, meta_bytes: int = 2) -> int:
     """Bytes of a quantized tensor: packed codes plus one scale and one zero point per group."""
+    integer("numel", numel, 0)
+    if isinstance(bits, bool) or bits not in BITS:
+        raise ValueError(f"bits must be one of {BITS} (what quantize stores), got {bits!r}")
+    integer("group_size", group_size, 1)
+    integer("meta_bytes", meta_bytes, 0)
+    if numel % group_size:
+        raise ValueError(f"numel ({numel}) must be a multiple of group_size ({group_size}), as quantize requires")
     groups = numel // group_size
     return groups * math.ceil(group_size * bits / 8) + 2 * groups * meta_bytes
 
@@ -742,9 +756,15 @@ def stream_eval(model, tokens: torch.Tensor, cache=None, first: int = 4, recent:
     """
     from transformers import DynamicCache
 
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    integer("first", first, 0)
+    integer("recent", recent, 0)
     cache = DynamicCache() if cache is None else cache
     ids = tokens.reshape(1, -1).to(model.device)
     n = ids.shape[1]
+    if n < 2:
+        raise ValueError(f"tokens must hold at least 2 tokens (one prediction), got {n}")
     logprobs, mass_first, mass_recent = [], [], []
     for t in range(n - 1):
         out = model(ids[:, t: t + 1], position_ids=torch.tensor([[t]], device=model.device), cache=cache,
@@ -820,6 +840,10 @@ def eviction_mask(n: int, num_sink: int = 0, window: int | None = None) -> torch
     """``[n, n]`` boolean mask of what a token-by-token stream through ``SinkCache(num_sink, window)``
     (``rope="original"``) lets each query see: itself, the first ``num_sink`` tokens and the
     ``window`` newest (all earlier tokens when ``window`` is None). Section 9.7."""
+    integer("n", n, 0)
+    integer("num_sink", num_sink, 0)
+    if window is not None:
+        integer("window", window, 1)
     i = torch.arange(n)[:, None]
     j = torch.arange(n)[None, :]
     allowed = j <= i
@@ -837,8 +861,17 @@ def masked_stream_eval(model, tokens: torch.Tensor, num_sink: int = 0, window: i
     The model must use eager attention (for the attention mass). Much faster than stepping on a CPU;
     tests check it against the cache itself.
     """
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    integer("num_sink", num_sink, 0)
+    if window is not None:
+        integer("window", window, 1)  # window 0 would leave a query nothing to attend to
+    integer("first", first, 0)
+    integer("recent", recent, 0)
     ids = tokens.reshape(1, -1).to(model.device)
     n = ids.shape[1]
+    if n < 2:
+        raise ValueError(f"tokens must hold at least 2 tokens (one prediction), got {n}")
     allowed = eviction_mask(n, num_sink, window).to(model.device)
     mask = torch.zeros(n, n, dtype=model.dtype, device=model.device)
     mask = mask.masked_fill(~allowed, torch.finfo(model.dtype).min)[None, None]

@@ -175,7 +175,10 @@ def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape |
     if size not in ("cpu", "real"):
         raise ValueError(f"size must be 'cpu' or 'real', got {size!r}")
     if size == "real" or shape is not None:
-        base = shape if isinstance(shape, ModelShape) else SHAPES[shape or _REAL_DEFAULT[arch]]
+        name = shape or _REAL_DEFAULT[arch]
+        if not isinstance(shape, ModelShape) and name not in SHAPES:
+            raise ValueError(f"shape must be a ModelShape or one of {tuple(SHAPES)}, got {shape!r}")
+        base = shape if isinstance(shape, ModelShape) else SHAPES[name]
     else:
         c = _CPU if arch != "gpt2" else {**_CPU, "kv": _CPU["q"]}
         base = ModelShape(f"tiny-{arch}", c["layers"], c["q"], c["kv"], c["d"], c["hidden"], 1.0, c["vocab"],
