@@ -29,9 +29,11 @@ METHODS = ("naive", "cached", "static")
 
 # --- the work each loop does (section 9.1) -------------------------------------------------------
 
-def _check_pg(P, G):
+def _check_pg(P, G, cached=False):
     integer("P", P, 1)
     integer("G", G, 0)
+    if not isinstance(cached, bool):
+        raise TypeError(f"cached must be True or False, got {cached!r}")
 
 
 def positions_processed(P: int, G: int, cached: bool = False) -> int:
@@ -40,7 +42,7 @@ def positions_processed(P: int, G: int, cached: bool = False) -> int:
     Without a cache the j-th pass reruns all P + j positions: sum_{j<G} (P + j) = G*P + G(G-1)/2.
     With a cache, prefill runs P positions and each of the G - 1 later steps runs one: P + G - 1.
     """
-    _check_pg(P, G)
+    _check_pg(P, G, cached)
     if G == 0:
         return 0
     return P + G - 1 if cached else G * P + G * (G - 1) // 2
@@ -54,7 +56,7 @@ def attention_work(P: int, G: int, cached: bool = False) -> int:
     With a cache, prefill scores P * P pairs and the j-th decode step P + j (its one query against
     the history including itself): P^2 + (G-1) P + G (G-1)/2.
     """
-    _check_pg(P, G)
+    _check_pg(P, G, cached)
     if G == 0:
         return 0
     if cached:

@@ -69,8 +69,8 @@ def batch_at_intensity(intensity: float, K: int, N: int, element_size: float) ->
     """The (real) n at which ``matmul_intensity(n, K, N, w)`` equals ``intensity``:
     n = I w K N / (2 K N - I w (K + N)). ``math.inf`` when this K x N never gets there.
     """
-    if isinstance(intensity, bool) or not isinstance(intensity, numbers.Real) or not intensity > 0:
-        raise ValueError(f"intensity must be a number of FLOP/byte > 0, got {intensity!r}")
+    if isinstance(intensity, bool) or not isinstance(intensity, numbers.Real) or not 0 < intensity < math.inf:
+        raise ValueError(f"intensity must be a finite number of FLOP/byte > 0, got {intensity!r}")
     K, N, w = integer("K", K), integer("N", N), _width(element_size)
     denominator = 2 * K * N - intensity * w * (K + N)
     return math.inf if denominator <= 0 else intensity * w * K * N / denominator

@@ -605,6 +605,13 @@ def outlier_keys(tokens: int, head_dim: int, outlier_channels: int = 4, outlier_
                  seed: int = 0, dtype=torch.float32) -> torch.Tensor:
     """Keys ``[tokens, head_dim]`` with a few channels ``outlier_scale`` times larger than the rest,
     and a per-channel offset, like the key outliers KIVI and KVQuant report (seed 004, 2.3)."""
+    integer("tokens", tokens, 1)
+    integer("head_dim", head_dim, 1)
+    integer("outlier_channels", outlier_channels, 0, head_dim + 1)
+    positive("outlier_scale", outlier_scale)
+    integer("seed", seed, 0)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(tokens, head_dim, generator=g, dtype=torch.float64)
     channels = torch.randperm(head_dim, generator=g)[:outlier_channels]

@@ -858,6 +858,11 @@ class _Simulation:
 
 def tokens_in_budget(budget_bytes: float, shape, bytes_per_element: float = 2) -> int:
     """KV slots (tokens, all layers) that ``budget_bytes`` holds for a ``ModelShape`` (section 9.5)."""
-    if not budget_bytes > 0:
-        raise ValueError(f"budget_bytes must be > 0, got {budget_bytes!r}")
+    from ._checks import positive
+    from .models import ModelShape
+
+    positive("budget_bytes", budget_bytes)
+    positive("bytes_per_element", bytes_per_element)
+    if not isinstance(shape, ModelShape):
+        raise TypeError(f"shape must be a kvlab ModelShape (see kvlab.models.SHAPES), got {type(shape).__name__}")
     return int(budget_bytes // shape.kv_bytes_per_token(bytes_per_element))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ._checks import integer
+from ._checks import integer, positive
 
 METHODS = ("sequential", "parallel", "chunked")
 DEFAULT_CHUNK_SIZE = 64
@@ -415,8 +415,7 @@ def mamba_forward(model, input_ids, states: list[MambaLayerState] | None = None,
 # --- cache arithmetic: attention records against a fixed state ---------------------------------
 
 def _check_positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    positive(name, value)
 
 
 def attention_kv_bytes(context: int, kv_width: int, bytes_per_element: float = 2) -> float:
@@ -545,6 +544,9 @@ def spread_recurrence(state_size: int, fastest: float = 0.5, slowest: float = 0.
     """A recurrence with ``state_size`` decays spread geometrically between ``fastest`` and ``slowest``
     (unit gains and readout): a fair fixed state for the recall probe of section 9.6."""
     integer("state_size", state_size, 1)
+    for name, value in (("fastest", fastest), ("slowest", slowest)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a number in (0, 1), got {type(value).__name__} {value!r}")
     if not 0 < fastest <= slowest < 1:
         raise ValueError(f"need 0 < fastest <= slowest < 1, got fastest={fastest}, slowest={slowest}")
     if state_size == 1:
