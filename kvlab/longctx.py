@@ -154,9 +154,16 @@ def rotate(x: torch.Tensor, positions, inv_freq: torch.Tensor, scaling: float = 
     frequency ``inv_freq[i]``. Rotations compose: rotating by p and then by q is rotating by p + q,
     so a negative position undoes a rotation. Computed in fp32 (fp64 for fp64 inputs).
     """
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.dim() < 2 or x.shape[-1] % 2:
+        raise ValueError(f"x must be a floating tensor [..., n, d] with an even d, got {getattr(x, 'shape', x)!r}")
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
     pos = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(positions, dtype=work)
     pos = pos.to(device=x.device, dtype=work)
+    if pos.dim() not in (1, 2) or pos.shape[-1] != x.shape[-2]:
+        raise ValueError(f"positions must be [n] or [batch, n] with n = {x.shape[-2]} (x's tokens), "
+                         f"got shape {tuple(pos.shape)}")
+    if tuple(inv_freq.shape) != (x.shape[-1] // 2,):
+        raise ValueError(f"inv_freq must have d/2 = {x.shape[-1] // 2} elements, got shape {tuple(inv_freq.shape)}")
     freqs = pos[..., None] * inv_freq.to(device=x.device, dtype=work)
     emb = torch.cat((freqs, freqs), dim=-1)
     if emb.dim() == 3:  # [batch, n, d]: broadcast over the heads of [batch, heads, n, d]
@@ -799,6 +806,12 @@ def _retained_positions(cache, kv_length: int, t: int) -> torch.Tensor:
 
 def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """KL(reference || other) per row of two ``[steps, vocab]`` log-probability tensors, in nats."""
+    for name, t in (("reference", reference), ("other", other)):
+        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating torch.Tensor of log-probabilities, got {type(t).__name__}")
+    if reference.shape != other.shape:
+        raise ValueError(f"reference and other must share one shape [steps, vocab], got {tuple(reference.shape)} "
+                         f"and {tuple(other.shape)}")
     return (reference.exp() * (reference - other)).sum(-1)
 
 

@@ -347,6 +347,8 @@ def load_model(name: str, dtype=None, device=None):
 
     from .hardware import device_and_dtype
 
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a SHAPES key, a hub id or a local path (a non-empty str), got {name!r}")
     repo = HUB_NAMES.get(name, name)
     dev, dtype = device_and_dtype(device, dtype)
     try:

@@ -76,6 +76,12 @@ class DiagonalRecurrence:
         """
         if len(state) != self.state_size:
             raise ValueError(f"state must have {self.state_size} elements, got {len(state)}")
+        try:
+            x = float(x)
+        except (TypeError, ValueError):
+            raise TypeError(f"x must be a number, got {type(x).__name__}") from None
+        if not math.isfinite(x):
+            raise ValueError(f"x must be a finite number, got {x!r}")
         new = tuple(a * h + b * x for a, h, b in zip(self.decay, state, self.gain))
         return new, sum(c * h for c, h in zip(self.readout, new))
 
@@ -157,6 +163,9 @@ def affine_scan(a, b, initial=None, method: str = "sequential", chunk_size: int 
         raise TypeError("a and b must be torch.Tensors")
     if a.dim() < 1 or a.shape != b.shape:
         raise ValueError(f"a and b must share one shape [length, ...], got {tuple(a.shape)} and {tuple(b.shape)}")
+    if not a.dtype.is_floating_point or a.dtype != b.dtype or (initial is not None and initial.dtype != a.dtype):
+        raise TypeError(f"a, b (and initial) must share one floating dtype, got {a.dtype}, {b.dtype}"
+                        + (f", {initial.dtype}" if initial is not None else ""))
     h = torch.zeros_like(b[0]) if initial is None and a.shape[0] else initial
     if initial is not None and tuple(initial.shape) != tuple(a.shape[1:]):
         raise ValueError(f"initial must have shape {tuple(a.shape[1:])}, got {tuple(initial.shape)}")
@@ -564,6 +573,11 @@ def attention_recall(values, position: int | None = None, sharpness: float = 50.
     ``position=None`` asks for every position at once and returns ``[..., length]``."""
     import torch
 
+    if not isinstance(values, torch.Tensor) or not values.dtype.is_floating_point or values.dim() < 1:
+        raise TypeError(f"values must be a floating torch.Tensor [..., length], got {type(values).__name__}")
+    if not bool(torch.isfinite(values).all()):
+        raise ValueError("values holds NaN or infinite numbers")
+    _check_positive("sharpness", sharpness)
     length = values.shape[-1]
     if position is not None:
         integer("position", position, 0)
