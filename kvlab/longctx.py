@@ -535,14 +535,16 @@ class QuantizedLayer(_KeepAllLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.keys = torch.cat([self.keys, key_states], dim=-2)
-        self.values = torch.cat([self.values, value_states], dim=-2)
-        g = self.group_size
-        while self.keys.shape[-2] >= self.residual + g:
-            oldest_k, self.keys = self.keys[..., :g, :], self.keys[..., g:, :]
-            oldest_v, self.values = self.values[..., :g, :], self.values[..., g:, :]
-            self.qkeys = _cat_quantized(self.qkeys, quantize(oldest_k, self.bits, g, axis=-2), axis=2)
-            self.qvalues = _cat_quantized(self.qvalues, quantize(oldest_v, self.bits, g, axis=-1), axis=2)
+        keys = torch.cat([self.keys, key_states], dim=-2)
+        values = torch.cat([self.values, value_states], dim=-2)
+        qkeys, qvalues, g = self.qkeys, self.qvalues, self.group_size
+        while keys.shape[-2] >= self.residual + g:
+            oldest_k, keys = keys[..., :g, :], keys[..., g:, :]
+            oldest_v, values = values[..., :g, :], values[..., g:, :]
+            qkeys = _cat_quantized(qkeys, quantize(oldest_k, self.bits, g, axis=-2), axis=2)
+            qvalues = _cat_quantized(qvalues, quantize(oldest_v, self.bits, g, axis=-1), axis=2)
+        # Everything that can fail is done: only now change the layer (a failed update changes nothing).
+        self.keys, self.values, self.qkeys, self.qvalues = keys, values, qkeys, qvalues
         if self.qkeys is None:
             return self.keys, self.values
         return (torch.cat([self.qkeys.dequantize(), self.keys], dim=-2),
@@ -702,8 +704,9 @@ class LatentLayer(_KeepAllLayer):
         pos = _positions_from(kwargs, batch, count, self.positions.shape[-1], self.device)
         raw_k = rotate(key_states, -pos, self.inv_freq, 1.0) / self.scaling
         stacked = torch.cat([raw_k, value_states], dim=1).transpose(1, 2).flatten(2)  # [b, n, 2 h d]
-        self.latent = torch.cat([self.latent, (stacked - self.bias) @ self.basis], dim=1)
-        self.positions = torch.cat([self.positions, pos], dim=-1)
+        latent = torch.cat([self.latent, (stacked - self.bias) @ self.basis], dim=1)
+        positions = torch.cat([self.positions, pos], dim=-1)
+        self.latent, self.positions = latent, positions  # both or neither
         full = (self.latent @ self.basis.T + self.bias).unflatten(2, (2 * self.heads, self.head_dim)).transpose(1, 2)
         keys, values = full[:, : self.heads], full[:, self.heads:]
         return rotate(keys, self.positions, self.inv_freq, self.scaling), values

@@ -921,3 +921,68 @@ class DecodeWithFailures(RuleBasedStateMachine):
 TestDecodeWithFailures = DecodeWithFailures.TestCase
 TestDecodeWithFailures.settings = settings(max_examples=10, stateful_step_count=12, deadline=None,
                                            suppress_health_check=[HealthCheck.too_slow])
+
+
+# --------------------------------------------------------------------------- the long-context cache layers
+
+
+def _layer_state(layer) -> list:
+    """Every tensor and count a cache layer holds, flattened (QuantizedTensor fields included)."""
+    out = []
+    for name in ("keys", "values", "positions", "seen", "qkeys", "qvalues", "is_initialized"):
+        value = getattr(layer, name, None)
+        if isinstance(value, longctx.QuantizedTensor):
+            out += [value.codes, value.scale, value.zero]
+        else:
+            out.append(value)
+    return out
+
+
+def _same_layer_state(a, b) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))
+
+
+LAYER_KINDS = {
+    "sink": lambda: longctx.BoundedLayer(num_sink=2, window=5),
+    "kivi": lambda: longctx.QuantizedLayer(bits=4, group_size=4, residual=3),
+}
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+@settings(max_examples=25, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(1, 6), st.booleans()), min_size=1, max_size=12))
+def test_cache_layer_update_is_all_or_nothing(kind, steps):
+    """A failing update (values of the wrong width) between valid ones leaves the layer as it was;
+    the faulty layer ends equal to a twin that only saw the valid updates."""
+    clean, faulty = LAYER_KINDS[kind](), LAYER_KINDS[kind]()
+    gen = torch.Generator().manual_seed(len(steps))
+    for count, fail_first in steps:
+        k, v = torch.randn(1, 2, count, 8, generator=gen), torch.randn(1, 2, count, 8, generator=gen)
+        if fail_first and faulty.is_initialized:
+            before = _layer_state(faulty)
+            with pytest.raises(RuntimeError):
+                faulty.update(k, v[..., :4])
+            assert _same_layer_state(before, _layer_state(faulty))
+        out_clean, out_faulty = clean.update(k, v), faulty.update(k, v)
+        assert all(torch.equal(a, b) for a, b in zip(out_clean, out_faulty))
+    assert _same_layer_state(_layer_state(clean), _layer_state(faulty))
+
+
+@pytest.mark.parametrize("lay", ["BHTD", "NHD"])
+@settings(max_examples=15, deadline=None)
+@given(steps=st.lists(st.sampled_from(["ok", "shape", "dtype", "nan"]), min_size=1, max_size=6))
+def test_layout_append_token_is_all_or_nothing(lay, steps):
+    cache = layout.new_cache(lay, batch=2, length=2, capacity=10, kv_heads=2, head_dim=8, dtype=torch.float32,
+                             device="cpu", block_size=4)
+    gen = torch.Generator().manual_seed(len(steps))
+    for step in steps:
+        k, v = torch.randn(1, 2, 2, 8, generator=gen), torch.randn(1, 2, 2, 8, generator=gen)
+        before = (cache.length, cache.k.clone(), cache.v.clone())
+        if step == "ok":
+            layout.append_token(cache, k, v)
+            assert cache.length == before[0] + 1
+            continue
+        k = {"shape": k[:, :1], "dtype": k.double(), "nan": k.fill_(math.nan)}[step]
+        with pytest.raises((TypeError, ValueError)):
+            layout.append_token(cache, k, v)
+        assert cache.length == before[0] and torch.equal(cache.k, before[1]) and torch.equal(cache.v, before[2])
