@@ -266,6 +266,11 @@ BAD_CALLS = {
     "store_kv slot twice": (lambda: store_kv_ref(_K.expand(2, 2, 16), _K.expand(2, 2, 16), torch.zeros(2, 4, 2, 16),
                                                  torch.zeros(2, 4, 2, 16), torch.tensor([1, 1])),
                             ValueError, "writes slot 1 more than once"),
+    "store_kv one pool for k and v": (lambda: store_kv_ref(_K, _K, *(2 * [torch.zeros(2, 4, 2, 16)]), torch.tensor([1])),
+                                      ValueError, "k_cache and v_cache share memory"),
+    "store_kv expanded cache": (lambda: store_kv_ref(_K, _K, torch.zeros(1, 4, 2, 16).expand(2, -1, -1, -1),
+                                                     torch.zeros(2, 4, 2, 16), torch.tensor([1])),
+                                ValueError, "k_cache has overlapping elements"),
     "ssm expanded state (ref)": (lambda: selective_state_update_ref(
         **{**_ssm_args(), "state": _ssm_args()["state"][:1].expand(3, -1, -1)}), ValueError, "state has overlapping"),
     # paged_decode

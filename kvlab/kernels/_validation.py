@@ -93,3 +93,16 @@ def require_no_overlap(name: str, tensor: torch.Tensor) -> None:
                              "element once (.clone() or .contiguous())")
         extent = stride * (size - 1) + extent
     return None
+
+
+def _byte_range(tensor: torch.Tensor) -> tuple[int, int]:
+    span = sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) + 1 if tensor.numel() else 0
+    start = tensor.data_ptr()
+    return start, start + span * tensor.element_size()
+
+
+def require_disjoint(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
+    """Two tensors a kernel writes must not share memory (e.g. the same tensor passed twice)."""
+    (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
+    if a.device == b.device and a0 < b1 and b0 < a1:
+        raise ValueError(f"{name_a} and {name_b} share memory; the kernel writes both, so pass separate tensors")
