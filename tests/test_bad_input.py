@@ -551,6 +551,32 @@ def test_block_size_zero_is_named(model, fn):
         fn(*args, block_size=0)
 
 
+@pytest.mark.parametrize("loop", ["naive_decode", "cached_decode", "static_decode", "profile_decode"])
+def test_decode_loops_refuse_token_ids_outside_the_vocabulary(model, loop):
+    model.set_attn_implementation("sdpa")
+    try:
+        for ids in (torch.tensor([[1, 128]]), torch.tensor([[-1, 2]])):
+            with pytest.raises(ValueError, match=r"input_ids must be token ids in \[0, 128\)"):
+                getattr(decode, loop)(model, ids, 2)
+    finally:
+        use_paged_attention(model)
+
+
+def test_cached_decode_refuses_a_used_cache(model):
+    from transformers import DynamicCache
+
+    model.set_attn_implementation("sdpa")
+    try:
+        cache = DynamicCache()
+        decode.cached_decode(model, torch.tensor([[1, 2]]), 1, cache=cache)
+        with pytest.raises(ValueError, match="cache must be empty"):
+            decode.cached_decode(model, torch.tensor([[1, 2]]), 1, cache=cache)
+        with pytest.raises(TypeError, match="cache must be a transformers Cache"):
+            decode.cached_decode(model, torch.tensor([[1, 2]]), 1, cache={})
+    finally:
+        use_paged_attention(model)
+
+
 def test_decode_read_refuses_nan_queries():
     cache = layout.new_cache("BHTD", batch=1, length=4, kv_heads=2, head_dim=16, dtype=torch.float32, device="cpu")
     q = torch.full((1, 2, 16), float("nan"))
