@@ -406,6 +406,12 @@ def mamba_forward(model, input_ids, states: list[MambaLayerState] | None = None,
     """
     import torch
 
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int32, torch.int64) \
+            or input_ids.dim() != 2:
+        raise TypeError(f"input_ids must be an int64 tensor [batch, tokens], got {getattr(input_ids, 'dtype', input_ids)!r}")
+    vocab = model.config.vocab_size
+    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+        raise ValueError(f"input_ids must be token ids in [0, {vocab}) (the model's vocab_size)")
     backbone = model.backbone
     hidden = backbone.embeddings(input_ids)
     states = states or [None] * len(backbone.layers)
@@ -624,6 +630,8 @@ def decode_step_times(models: dict, contexts, warmup: int = 2, reps: int = 7) ->
     """
     from .timing import measure
 
+    if not isinstance(models, dict) or not models:
+        raise TypeError(f"models must be a non-empty dict {{name: model}}, got {type(models).__name__}")
     for context in contexts:
         integer("context", context, 1)
     integer("warmup", warmup, 0)
@@ -669,6 +677,8 @@ def scan_inputs(batch: int, dim: int, state: int, length: int, seed: int = 0, de
     """Random selective-scan inputs of the Mamba shapes, with Mamba-like A < 0 and small positive steps."""
     import torch
 
+    for name, value in (("batch", batch), ("dim", dim), ("state", state), ("length", length)):
+        integer(name, value, 1)
     g = torch.Generator().manual_seed(seed)
     dtype = dtype or torch.float32
 

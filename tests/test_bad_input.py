@@ -318,6 +318,13 @@ BAD_CALLS = {
     "layout nan keys": (lambda: layout.cache_from_dense("BHTD", torch.full((1, 1, 4, 2, 8), math.nan),
                                                         torch.rand(1, 1, 4, 2, 8)), ValueError, "k holds NaN"),
     "load_model None": (lambda: kvlab.load_model(None), TypeError, "name must be"),
+    "gemv sweep beyond memory": (lambda: kvlab.gemv.sweep(ns=[1], K=10**6, N=10**6, reps=1), MemoryError,
+                                 "bytes but only"),
+    "gemv weight bytes of None": (lambda: kvlab.gemv.weight_read_bytes(None), TypeError, "model must be"),
+    "gemv negative memory": (lambda: kvlab.gemv.calibrated_device(kvlab.hardware.Calibration.__new__(
+        kvlab.hardware.Calibration), memory=-1), ValueError, "memory must be a finite number > 0"),
+    "scan_inputs negative": (lambda: kvlab.ssm.scan_inputs(-1, 4, 4, 4), ValueError, r"batch must be an int >= 1"),
+    "decode_step_times list": (lambda: kvlab.ssm.decode_step_times([], [4]), TypeError, "models must be"),
     "decode fractional mask": (lambda: decode._validate(torch.ones(1, 3, dtype=torch.long), 2,
                                                         torch.tensor([[0.5, 1.0, 1.0]])),
                                ValueError, r"only 0 \(padding\) and 1 \(token\), got values such as \[0.5\]"),
@@ -575,6 +582,14 @@ def test_cached_decode_refuses_a_used_cache(model):
             decode.cached_decode(model, torch.tensor([[1, 2]]), 1, cache={})
     finally:
         use_paged_attention(model)
+
+
+def test_mamba_forward_refuses_ids_outside_the_vocabulary():
+    mamba = kvlab.tiny_model("mamba", layers=1, hidden=32, vocab=64, device="cpu", dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"input_ids must be token ids in \[0, 64\)"):
+        kvlab.ssm.mamba_forward(mamba, torch.tensor([[1, 64]]))
+    with pytest.raises(TypeError, match="input_ids must be an int64 tensor"):
+        kvlab.ssm.mamba_forward(mamba, torch.tensor([[1.0, 2.0]]))
 
 
 def test_decode_read_refuses_nan_queries():
