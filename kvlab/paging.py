@@ -262,21 +262,29 @@ class PagedKVCache:
                       f"{self.bytes_per_block:,} bytes per block)",)
         return error
 
-    @contextmanager
-    def _all_or_nothing(self):
-        """Bookkeeping (allocator, tables, counts, swaps) as it was if the block raises: for calls
-        that append to several layers one after another, such as a model's decode step."""
-        allocator = self.allocator._snapshot()
+    def _snapshot(self):
+        """The bookkeeping a failed multi-layer call must put back: allocator, tables, counts, swaps.
+        (Not the pools' contents: a failed call writes only into slots no sequence claims.) A subclass
+        with more state (prefix hashes) extends this and ``_restore``."""
         sequences = {i: (list(s.table.blocks), s.table.num_tokens, list(s.layer_tokens), s.swapped)
                      for i, s in self._sequences.items()}
-        next_id, preemptions = self._next_id, Counter(self.preemptions)
+        return self.allocator._snapshot(), sequences, self._next_id, Counter(self.preemptions)
+
+    def _restore(self, snapshot) -> None:
+        allocator, sequences, self._next_id, self.preemptions = snapshot
+        self.allocator._restore(allocator)
+        self._sequences = {i: _Sequence(BlockTable(self.block_size, blocks, num_tokens), layer_tokens, swapped)
+                           for i, (blocks, num_tokens, layer_tokens, swapped) in sequences.items()}
+
+    @contextmanager
+    def _all_or_nothing(self):
+        """Everything as it was if the block raises: for calls that append to several layers one
+        after another, such as a model's decode step (``kvlab.paged_decode``)."""
+        snapshot = self._snapshot()
         try:
             yield
         except BaseException:
-            self.allocator._restore(allocator)
-            self._sequences = {i: _Sequence(BlockTable(self.block_size, blocks, num_tokens), layer_tokens, swapped)
-                               for i, (blocks, num_tokens, layer_tokens, swapped) in sequences.items()}
-            self._next_id, self.preemptions = next_id, preemptions
+            self._restore(snapshot)
             raise
 
     # -- sequences ---------------------------------------------------------------------------
