@@ -51,7 +51,13 @@ def paged_decode_attention_gather(q, k_cache, v_cache, block_table, seq_lens, sc
     """
     from .kernels.paged_attention import _check_inputs  # the kernel's own validation: one rule for all paths
 
-    scale = _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+    scale = _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, kernel_limits=False)
+    return _gather_attention(q, k_cache, v_cache, block_table, seq_lens, scale)
+
+
+def _gather_attention(q, k_cache, v_cache, block_table, seq_lens, scale):
+    """``paged_decode_attention_gather`` without its checks (and their host sync), for a caller that
+    validated the step's tables once, as an engine does (compare ``kernels.paged_attention._launch``)."""
     block_size = k_cache.shape[1]
     in_use = torch.arange(block_table.shape[1], device=q.device)[None, :] * block_size < seq_lens[:, None]
     index = torch.where(in_use, block_table.long(), 0)  # unused entries may hold anything
@@ -156,13 +162,13 @@ def _check_model_and_cache(model, cache, attention: str) -> None:
         if getattr(cache, name) != expected:
             raise ValueError(f"cache.{name} is {getattr(cache, name)} but the model needs {expected}; "
                              "build the cache with kvlab.paged_decode.cache_for(model, ...)")
-    if attention == "kernel":
+    if attention in ("kernel", "reference"):  # the kernel's limits; the reference checks as the kernel does
         if not is_power_of_two(cache.block_size):
-            raise ValueError(f"cache.block_size must be a power of two for attention='kernel', got "
-                             f"{cache.block_size}; use attention='gather' or 'reference' for other sizes")
+            raise ValueError(f"cache.block_size must be a power of two for attention={attention!r}, got "
+                             f"{cache.block_size}; use attention='gather' for other sizes")
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"the model's head_dim {head_dim} must be one of {SUPPORTED_HEAD_DIMS} for "
-                             "attention='kernel'; use attention='gather' or 'reference'")
+                             f"attention={attention!r}; use attention='gather'")
 
 
 def _check_tokens(name: str, tokens, vocab: int) -> list[int]:

@@ -423,7 +423,7 @@ MISMATCHED_CACHES = {  # a cache built for another model: refused before layer 0
     "layers": (dict(num_layers=3), r"cache.num_layers is 3 but the model needs 2"),
     "kv heads": (dict(num_kv_heads=4), r"cache.num_kv_heads is 4 but the model needs 2"),
     "head dim": (dict(head_dim=32), r"cache.head_dim is 32 but the model needs 16"),
-    "block size": (dict(block_size=3), r"block_size must be a power of two for attention='kernel'"),
+    "block size": (dict(block_size=3), r"block_size must be a power of two for attention='kernel', got 3"),
 }
 
 
@@ -529,6 +529,20 @@ def test_every_attention_path_refuses_what_the_kernel_refuses(fn, case):
     mutate(args)
     with pytest.raises(ValueError, match=message):
         fn(**args)
+
+
+def test_gather_path_takes_any_block_size_and_head_dim():
+    """Only the kernel needs a power-of-two block size and a listed head_dim; the gather path computes
+    the same attention for others (here block size 3 and head_dim 12) and matches the oracle."""
+    gen = torch.Generator().manual_seed(2)
+    table = torch.tensor([[2, 0, 1], [3, 4, 5]], dtype=torch.int32)
+    k_cache, v_cache = torch.randn(6, 3, 2, 12, generator=gen), torch.randn(6, 3, 2, 12, generator=gen)
+    args = dict(q=torch.randn(2, 4, 12, generator=gen), k_cache=k_cache, v_cache=v_cache, block_table=table,
+                seq_lens=torch.tensor([7, 9], dtype=torch.int32))
+    out = paged_decode_attention_gather(**args, scale=0.25)
+    torch.testing.assert_close(out.double(), _oracle_attention(args), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="head_dim must be one of"):
+        paged_decode_attention_ref(**args)
 
 
 def test_gather_path_ignores_unused_table_entries_and_matches_the_oracle():

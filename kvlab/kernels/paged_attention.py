@@ -180,10 +180,12 @@ def _merge_splits_kernel(
 # --------------------------------------------------------------------------- validation
 
 
-def _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits) -> float:
-    """Validate every argument (section 9.5); return the resolved softmax scale."""
+def _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, kernel_limits=True) -> float:
+    """Validate every argument (section 9.5); return the resolved softmax scale. ``kernel_limits``:
+    also the Triton kernel's own limits (head_dim, power-of-two block size), which a plain-PyTorch
+    path such as ``kvlab.paged_decode.paged_decode_attention_gather`` does not share."""
     _check_types_and_ranks(q, k_cache, v_cache, block_table, seq_lens)
-    _check_shapes(q, k_cache, v_cache, block_table, seq_lens)
+    _check_shapes(q, k_cache, v_cache, block_table, seq_lens, kernel_limits)
     _check_dtypes(q, k_cache, v_cache, block_table, seq_lens)
     require_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
     _check_lengths_and_blocks(block_table, seq_lens, block_size=k_cache.shape[1], num_blocks=k_cache.shape[0])
@@ -216,7 +218,7 @@ def _check_types_and_ranks(q, k_cache, v_cache, block_table, seq_lens) -> None:
     require_rank("seq_lens", seq_lens, "[batch]")
 
 
-def _check_shapes(q, k_cache, v_cache, block_table, seq_lens) -> None:
+def _check_shapes(q, k_cache, v_cache, block_table, seq_lens, kernel_limits=True) -> None:
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache and v_cache must have equal shapes, got {tuple(k_cache.shape)} "
                          f"and {tuple(v_cache.shape)}")
@@ -224,14 +226,14 @@ def _check_shapes(q, k_cache, v_cache, block_table, seq_lens) -> None:
     num_blocks, block_size, num_kv_heads, cache_head_dim = k_cache.shape
     if head_dim != cache_head_dim:
         raise ValueError(f"q head_dim ({head_dim}) must equal k_cache head_dim ({cache_head_dim})")
-    if head_dim not in SUPPORTED_HEAD_DIMS:
+    if kernel_limits and head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
     if num_kv_heads < 1 or num_q_heads < 1 or num_q_heads % num_kv_heads:
         raise ValueError(f"num_q_heads ({num_q_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
-    if not is_power_of_two(block_size):
+    if kernel_limits and not is_power_of_two(block_size):
         raise ValueError(f"block_size (k_cache.shape[1]) must be a power of two >= 1, got {block_size}")
-    if num_blocks < 1:
-        raise ValueError("k_cache must hold at least one block (num_blocks >= 1)")
+    if num_blocks < 1 or block_size < 1 or head_dim < 1:
+        raise ValueError(f"k_cache must have num_blocks, block_size and head_dim >= 1, got shape {tuple(k_cache.shape)}")
     if block_table.shape[0] != batch or seq_lens.shape[0] != batch:
         raise ValueError(f"block_table rows ({block_table.shape[0]}) and seq_lens length ({seq_lens.shape[0]}) "
                          f"must both equal the batch size of q ({batch})")
