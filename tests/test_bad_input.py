@@ -531,6 +531,33 @@ def test_every_attention_path_refuses_what_the_kernel_refuses(fn, case):
         fn(**args)
 
 
+@pytest.mark.parametrize("fn, examples", [(paged_decode_attention_gather, 25), (paged_decode_attention_ref, 25),
+                                          (paged_decode_attention, 6)], ids=["gather", "ref", "kernel"])
+def test_attention_is_right_or_refuses(fn, examples):
+    """Random lengths (0 and past capacity included) and block ids (negative and past the pool
+    included): every path either raises ValueError or matches the fp64 oracle. Never a wrong number."""
+
+    @settings(max_examples=examples, deadline=None)
+    @given(lens=st.lists(st.integers(-1, 14), min_size=2, max_size=2),
+           ids=st.lists(st.integers(-2, 8), min_size=6, max_size=6))
+    def check(lens, ids):
+        args = _attention_args()  # 2 sequences, 3 table entries of 4 tokens each, 6 blocks
+        args["seq_lens"] = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+        args["block_table"] = torch.tensor(ids, dtype=torch.int32, device=DEVICE).reshape(2, 3)
+        used = [-(-n // 4) for n in lens]
+        valid = all(1 <= n <= 12 for n in lens) and all(
+            0 <= ids[3 * b + j] < 6 for b in range(2) for j in range(used[b]))
+        if not valid:
+            with pytest.raises(ValueError):
+                fn(**args)
+            return
+        out = fn(**args)
+        safe = dict(args, block_table=args["block_table"].clamp(0, 5))  # unused entries: any valid id
+        torch.testing.assert_close(out.double().cpu(), _oracle_attention(safe), atol=1e-5, rtol=1e-5)
+
+    check()
+
+
 def test_gather_path_takes_any_block_size_and_head_dim():
     """Only the kernel needs a power-of-two block size and a listed head_dim; the gather path computes
     the same attention for others (here block size 3 and head_dim 12) and matches the oracle."""
