@@ -209,13 +209,17 @@ def _static_steps(model, input_ids, max_new_tokens, mask, compile=None):
 _STEPS = {"naive": _naive_steps, "cached": _cached_steps, "static": _static_steps}
 
 
-def _check_model_inputs(model, input_ids, cache=None) -> None:
+def _check_model_inputs(model, input_ids, cache=None, max_new_tokens=0) -> None:
     """Token ids the model has embeddings for (a GPU would hit a device-side assert otherwise), and a
     cache that starts empty (the loop prefills it with this prompt)."""
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if vocab is not None and input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
         bad = input_ids[(input_ids < 0) | (input_ids >= vocab)].flatten()[:3].tolist()
         raise ValueError(f"input_ids must be token ids in [0, {vocab}) (the model's vocab_size), got {bad}")
+    learned = getattr(getattr(model, "transformer", None), "wpe", None)  # GPT-2's absolute position table
+    if isinstance(learned, torch.nn.Embedding) and input_ids.shape[1] + max_new_tokens > learned.num_embeddings:
+        raise ValueError(f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) must be <= "
+                         f"{learned.num_embeddings}, the positions this model has embeddings for")
     if cache is not None:
         from transformers.cache_utils import Cache
 
@@ -228,7 +232,7 @@ def _check_model_inputs(model, input_ids, cache=None) -> None:
 
 def _run(method, model, input_ids, max_new_tokens, attention_mask, **options):
     mask = _validate(input_ids, max_new_tokens, attention_mask)
-    _check_model_inputs(model, input_ids, options.get("cache"))
+    _check_model_inputs(model, input_ids, options.get("cache"), max_new_tokens)
     if max_new_tokens == 0:
         return _empty(input_ids)
     tokens = list(_STEPS[method](model, input_ids, max_new_tokens, mask, **options))
@@ -315,7 +319,7 @@ def profile_decode(model, input_ids, max_new_tokens, method="cached", attention_
     mask = _validate(input_ids, max_new_tokens, attention_mask)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1 for profile_decode, got {max_new_tokens}")
-    _check_model_inputs(model, input_ids, options.get("cache"))
+    _check_model_inputs(model, input_ids, options.get("cache"), max_new_tokens)
     steps = _STEPS[method](model, input_ids, max_new_tokens, mask, **options)
     times, tokens = [], []
     _sync(input_ids.device)

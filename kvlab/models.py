@@ -149,6 +149,14 @@ def _config(arch: str, shape: ModelShape, max_positions: int):
     )
 
 
+def _built_params(shape: ModelShape) -> float:
+    """Parameters a model built from ``shape`` will allocate (``shape.params`` may describe another
+    size after overrides): untied embedding and head, attention projections, a gated MLP."""
+    attention = shape.hidden * shape.head_dim * (2 * shape.q_heads + 2 * shape.kv_heads)
+    mlp = 3 * shape.hidden * (shape.intermediate or 4 * shape.hidden)
+    return 2 * shape.vocab * shape.hidden + shape.layers * (attention + mlp)
+
+
 def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape | None = None, dtype=None,
                device=None, seed: int = 0, max_positions: int = 4096, **overrides):
     """A Hugging Face causal LM with random weights, built from a config: no download.
@@ -193,6 +201,10 @@ def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape |
     if arch == "gpt2" and base.head_dim * base.q_heads != base.hidden:
         raise ValueError("gpt2 needs head_dim * q_heads == hidden")
     dev, dtype = device_and_dtype(device, dtype)
+    from ._checks import require_memory
+
+    require_memory(f"a {base.name} model with random weights (about {_built_params(base):.3g} parameters)",
+                   int(_built_params(base) * torch.empty((), dtype=dtype).element_size()), dev)
     config = _config(arch, base, max_positions)
     config.name_or_path = base.name
     torch.manual_seed(seed)

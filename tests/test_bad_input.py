@@ -317,6 +317,8 @@ BAD_CALLS = {
                                                             head_dim=128, device="cpu"), MemoryError, "bytes but only"),
     "layout nan keys": (lambda: layout.cache_from_dense("BHTD", torch.full((1, 1, 4, 2, 8), math.nan),
                                                         torch.rand(1, 1, 4, 2, 8)), ValueError, "k holds NaN"),
+    "tiny_model beyond memory": (lambda: kvlab.tiny_model("llama", shape="llama-3.1-405b", device="cpu",
+                                                          dtype=torch.float32), MemoryError, "bytes but only"),
     "load_model None": (lambda: kvlab.load_model(None), TypeError, "name must be"),
     "gemv sweep beyond memory": (lambda: kvlab.gemv.sweep(ns=[1], K=10**6, N=10**6, reps=1), MemoryError,
                                  "bytes but only"),
@@ -608,6 +610,14 @@ def test_decode_loops_refuse_token_ids_outside_the_vocabulary(model, loop):
                 getattr(decode, loop)(model, ids, 2)
     finally:
         use_paged_attention(model)
+
+
+def test_decode_past_learned_positions_is_refused():
+    gpt2 = kvlab.tiny_model("gpt2", layers=1, hidden=32, q_heads=2, vocab=64, intermediate=64, max_positions=16,
+                            device="cpu", dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"prompt \(10\) \+ max_new_tokens \(7\) must be <= 16"):
+        decode.cached_decode(gpt2, torch.ones(1, 10, dtype=torch.long), 7)
+    assert decode.cached_decode(gpt2, torch.ones(1, 10, dtype=torch.long), 6).shape == (1, 6)
 
 
 def test_cached_decode_refuses_a_used_cache(model):
