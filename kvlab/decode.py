@@ -183,11 +183,24 @@ def _static_cache(model, batch, max_len):
 
 
 @torch.inference_mode()
+def _require_cache_memory(model, batch: int, tokens: int) -> None:
+    """A preallocated cache of ``tokens`` per sequence must fit in free memory (refused by arithmetic)."""
+    from ._checks import require_memory
+
+    config = model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    element = torch.empty((), dtype=model.dtype).element_size()
+    require_memory(f"a static cache of {batch} x {tokens} tokens",
+                   2 * config.num_hidden_layers * batch * tokens * heads * head_dim * element, model.device)
+
+
 def _static_steps(model, input_ids, max_new_tokens, mask, compile=None):
     batch, prompt = input_ids.shape
     total = prompt + max_new_tokens
     if compile is None:
         compile = input_ids.device.type == "cuda"
+    _require_cache_memory(model, batch, total)
     cache = _static_cache(model, batch, total)
     # The mask covers the whole cache from the start; a slot becomes visible when its token is written.
     full_mask = torch.zeros((batch, total), dtype=mask.dtype, device=mask.device)

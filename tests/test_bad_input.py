@@ -620,6 +620,15 @@ def test_decode_past_learned_positions_is_refused():
     assert decode.cached_decode(gpt2, torch.ones(1, 10, dtype=torch.long), 6).shape == (1, 6)
 
 
+def test_static_decode_refuses_a_cache_beyond_memory(model):
+    model.set_attn_implementation("sdpa")
+    try:
+        with pytest.raises(MemoryError, match="static cache of 1 x 10000000002 tokens"):
+            decode.static_decode(model, torch.tensor([[1, 2]]), 10**10)
+    finally:
+        use_paged_attention(model)
+
+
 def test_cached_decode_refuses_a_used_cache(model):
     from transformers import DynamicCache
 
