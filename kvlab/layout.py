@@ -453,6 +453,12 @@ def decode_read(cache: KVCache, q: torch.Tensor, layer: int = 0) -> torch.Tensor
     if q.dtype != cache.k.dtype or q.device != cache.k.device:
         raise TypeError(f"q must be {cache.k.dtype} on {cache.k.device} like the cache, got {q.dtype} on {q.device}")
     _require_finite("q", q)
+    return _decode_read(cache, q, layer)
+
+
+def _decode_read(cache: KVCache, q: torch.Tensor, layer: int) -> torch.Tensor:
+    """``decode_read`` without its checks, for timing after one validated call."""
+    g = cache.geometry
     keys, values = layer_kv(cache, layer)
     batch, q_heads, dim = q.shape
     grouped = q.reshape(batch, g.kv_heads, q_heads // g.kv_heads, dim)
@@ -647,7 +653,7 @@ def measure_read(cache: KVCache, q_heads: int | None = None, layer: int = 0, war
         raise ValueError(f"q_heads ({q_heads}) must be a multiple of the cache's kv_heads ({g.kv_heads})")
     q = torch.randn(cache.batch, q_heads, g.head_dim, dtype=cache.k.dtype, device=cache.k.device)
     decode_read(cache, q, layer)  # validates once; the timed calls skip nothing else
-    timing = measure(lambda: decode_read(cache, q, layer), warmup=warmup, reps=reps, device=cache.k.device)
+    timing = measure(lambda: _decode_read(cache, q, layer), warmup=warmup, reps=reps, device=cache.k.device)
     kv, moved = read_traffic(cache)
     return ReadMeasurement(cache.layout, cache.batch, cache.length, q_heads, g.kv_heads, g.head_dim,
                            _dtype_name(cache.k), timing, kv, moved, calibrate().copy_bytes_per_s)
