@@ -327,8 +327,8 @@ BAD_CALLS = {
         kvlab.hardware.Calibration), memory=-1), ValueError, "memory must be a finite number > 0"),
     "scan_inputs negative": (lambda: kvlab.ssm.scan_inputs(-1, 4, 4, 4), ValueError, r"batch must be an int >= 1"),
     "decode_step_times list": (lambda: kvlab.ssm.decode_step_times([], [4]), TypeError, "models must be"),
-    "decode fractional mask": (lambda: decode._validate(torch.ones(1, 3, dtype=torch.long), 2,
-                                                        torch.tensor([[0.5, 1.0, 1.0]])),
+    "decode fractional mask": (lambda: decode.cached_decode(None, torch.ones(1, 3, dtype=torch.long), 2,
+                                                            attention_mask=torch.tensor([[0.5, 1.0, 1.0]])),
                                ValueError, r"only 0 \(padding\) and 1 \(token\), got values such as \[0.5\]"),
 }
 
@@ -393,6 +393,22 @@ def test_paged_append_with_a_meta_tensor_or_failing_store_changes_nothing():
     assert cache.table(seq).blocks == [0, 1] and cache.num_free == 4
     store.armed = True
     fails_cleanly(cache, lambda: cache.append_batch([seq], 1, k[:1], k[:1]), RuntimeError, "injected")
+
+
+def test_swap_in_that_fails_while_copying_gives_its_blocks_back():
+    cache = PagedKVCache(2, 6, 4, 2, 16, torch.float32, "cpu", store=store_kv_ref)
+    seq = cache.new_sequence()
+    k = torch.randn(6, 2, 16)
+    for layer in range(2):
+        cache.append(seq, layer, k, k)
+    cache.preempt(seq, "swap")
+    good = cache._sequences[seq].swapped
+    cache._sequences[seq].swapped = (good[0], good[1][..., :3])  # V no longer fits: fails after K was copied
+    first_free = list(cache.allocator._free)[:2]
+    fails_cleanly(cache, lambda: cache.swap_in(seq), RuntimeError)
+    cache._sequences[seq].swapped = good
+    cache.swap_in(seq)  # takes the blocks a first success would have taken
+    assert torch.equal(cache.gather(seq, 1)[0], k) and cache.table(seq).blocks == first_free
 
 
 def test_append_batch_at_layer_1_checks_every_sequence_first():
@@ -901,14 +917,37 @@ class PagedCacheWithFailures(RuleBasedStateMachine):
         fails_cleanly(self.cache, lambda: self.cache.append_batch(seqs, layer, *self._kv(rows)), ValueError)
 
     @rule(kind=st.sampled_from(["fork unknown", "free unknown", "preempt mode", "swap_in resident",
-                                "gather layer", "seq_lens layer"]))
+                                "gather layer", "seq_lens layer", "fork swapped", "gather swapped",
+                                "preempt swapped", "blocks_to_append negative"]))
     def bad_other(self, kind):
         cache = self.cache
         seq = sorted(self.expected)[0] if self.expected else 10**6
+        out = sorted(self.swapped)[0] if self.swapped else 10**6
         calls = {"fork unknown": lambda: cache.fork(10**6), "free unknown": lambda: cache.free("x"),
                  "preempt mode": lambda: cache.preempt(seq, "drop"), "swap_in resident": lambda: cache.swap_in(seq),
-                 "gather layer": lambda: cache.gather(seq, -1), "seq_lens layer": lambda: cache.seq_lens([seq], 5)}
+                 "gather layer": lambda: cache.gather(seq, -1), "seq_lens layer": lambda: cache.seq_lens([seq], 5),
+                 "fork swapped": lambda: cache.fork(out), "gather swapped": lambda: cache.gather(out, 0),
+                 "preempt swapped": lambda: cache.preempt(out, "swap"),
+                 "blocks_to_append negative": lambda: cache.blocks_to_append(seq, -1)}
         fails_cleanly(cache, calls[kind], ValueError)
+
+    @precondition(lambda self: self.expected)
+    @rule(data=st.data(), action=st.sampled_from(["fork", "preempt recompute", "preempt swap"]))
+    def mid_step(self, data, action):
+        """Fork and preempt refuse a sequence whose layers hold different token counts."""
+        seq = self._any_seq(data)
+        if self.cache.blocks_to_append(seq, 1) > self.cache.num_free:
+            return
+        k, v = self._kv(1)
+        self.cache.append(seq, 0, k, v)
+        call = {"fork": lambda: self.cache.fork(seq), "preempt recompute": lambda: self.cache.preempt(seq, "recompute"),
+                "preempt swap": lambda: self.cache.preempt(seq, "swap")}[action]
+        fails_cleanly(self.cache, call, ValueError, "mid-step")
+        for layer in range(LAYERS):  # complete the step
+            if layer:
+                self.cache.append(seq, layer, k, v)
+            old_k, old_v = self.expected[seq][layer]
+            self.expected[seq][layer] = (torch.cat([old_k, k]), torch.cat([old_v, v]))
 
     # -- invariants ----------------------------------------------------------------------------
 
