@@ -240,7 +240,8 @@ def _check_model_inputs(model, input_ids, cache=None, max_new_tokens=0) -> None:
             raise TypeError(f"cache must be a transformers Cache (e.g. kvlab.longctx.SinkCache), got "
                             f"{type(cache).__name__}")
         if cache.get_seq_length() != 0:
-            raise ValueError(f"cache must be empty (a fresh one per call), but it holds {cache.get_seq_length()} tokens")
+            raise ValueError(f"cache must be empty (a fresh one per call), but it holds "
+                             f"{cache.get_seq_length()} tokens")
 
 
 def _run(method, model, input_ids, max_new_tokens, attention_mask, **options):

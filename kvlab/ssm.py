@@ -408,7 +408,8 @@ def mamba_forward(model, input_ids, states: list[MambaLayerState] | None = None,
 
     if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int32, torch.int64) \
             or input_ids.dim() != 2:
-        raise TypeError(f"input_ids must be an int64 tensor [batch, tokens], got {getattr(input_ids, 'dtype', input_ids)!r}")
+        raise TypeError(f"input_ids must be an int64 tensor [batch, tokens], "
+                        f"got {getattr(input_ids, 'dtype', input_ids)!r}")
     vocab = model.config.vocab_size
     if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
         raise ValueError(f"input_ids must be token ids in [0, {vocab}) (the model's vocab_size)")

@@ -233,7 +233,8 @@ def _check_shapes(q, k_cache, v_cache, block_table, seq_lens, kernel_limits=True
     if kernel_limits and not is_power_of_two(block_size):
         raise ValueError(f"block_size (k_cache.shape[1]) must be a power of two >= 1, got {block_size}")
     if num_blocks < 1 or block_size < 1 or head_dim < 1:
-        raise ValueError(f"k_cache must have num_blocks, block_size and head_dim >= 1, got shape {tuple(k_cache.shape)}")
+        raise ValueError(f"k_cache must have num_blocks, block_size and head_dim >= 1, "
+                         f"got shape {tuple(k_cache.shape)}")
     if block_table.shape[0] != batch or seq_lens.shape[0] != batch:
         raise ValueError(f"block_table rows ({block_table.shape[0]}) and seq_lens length ({seq_lens.shape[0]}) "
                          f"must both equal the batch size of q ({batch})")
