@@ -21,13 +21,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import kvlab
-from kvlab import decode, layout, longctx, paged_decode, roofline
+from kvlab import decode, layout, longctx, roofline
 from kvlab.kernels import (
     paged_decode_attention,
     paged_decode_attention_ref,
     selective_state_update,
     selective_state_update_ref,
-    store_kv,
     store_kv_ref,
 )
 from kvlab.models import SHAPES
