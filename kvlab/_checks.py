@@ -42,6 +42,9 @@ def free_memory(device) -> int:
 
     device = torch.device(device)
     if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (device.index or 0) >= count:
+            raise ValueError(f"device {device} is not available on this machine ({count} CUDA device(s))")
         return torch.cuda.mem_get_info(device)[0]
     try:
         with open("/proc/meminfo") as f:

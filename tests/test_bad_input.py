@@ -243,6 +243,8 @@ BAD_CALLS = {
     "cache dtype": (lambda: PagedKVCache(1, 2, 4, 1, 16, torch.int32, "cpu"), TypeError, "dtype must be a floating"),
     "cache store": (lambda: PagedKVCache(1, 2, 4, 1, 16, device="cpu", store="triton"), TypeError, "store must be"),
     "cache device": (lambda: PagedKVCache(1, 2, 4, 1, 16, device="gpu0"), ValueError, "device must be"),
+    "cache on a missing GPU": (lambda: PagedKVCache(1, 2, 4, 1, 16, device="cuda:7"), ValueError,
+                               "not available on this machine"),
     "cache meta device": (lambda: PagedKVCache(1, 2, 4, 1, 16, device="meta"), ValueError, "device must hold data"),
     "cache beyond memory": (lambda: PagedKVCache(80, 10**5, 16, 8, 128, device="cpu"), MemoryError,
                             r"K and V pools .* bytes but only"),
