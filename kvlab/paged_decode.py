@@ -88,6 +88,7 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
     if not isinstance(paged, PagedBatch):
         raise ValueError(f"attention '{ATTN_NAME}' needs the paged= keyword (a PagedBatch), got {paged!r}; "
                          "call the model through kvlab.paged_decode")
+    attend = _decode_attention(paged.attention)  # an unknown path is refused before this layer appends
     layer = module.layer_idx
     batch, _, tokens, _ = query.shape
     if len(paged.seq_ids) != batch:
@@ -100,7 +101,6 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
         out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
         return out.transpose(1, 2), None
     cache.append_batch(paged.seq_ids, layer, key[:, :, 0], value[:, :, 0])
-    attend = _decode_attention(paged.attention)
     out = attend(query[:, :, 0].contiguous(), cache.k_pools[layer], cache.v_pools[layer],
                  cache.block_tables(paged.seq_ids), cache.seq_lens(paged.seq_ids, layer), scale=scaling)
     return out[:, None], None
