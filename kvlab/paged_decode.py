@@ -156,12 +156,15 @@ def _check_model_and_cache(model, cache, attention: str) -> None:
                          f"{ATTN_NAME!r}: call kvlab.paged_decode.use_paged_attention(model) first "
                          "(otherwise the cache is never read or written)")
     layers, kv_heads, head_dim = _model_geometry(model)
-    model_side = {"num_layers": layers, "num_kv_heads": kv_heads, "head_dim": head_dim,
-                  "dtype": model.dtype, "device": torch.device(model.device)}
+    model_side = {"num_layers": layers, "num_kv_heads": kv_heads, "head_dim": head_dim, "dtype": model.dtype}
     for name, expected in model_side.items():
         if getattr(cache, name) != expected:
             raise ValueError(f"cache.{name} is {getattr(cache, name)} but the model needs {expected}; "
                              "build the cache with kvlab.paged_decode.cache_for(model, ...)")
+    model_device = torch.device(model.device)
+    if (cache.device.type, cache.device.index or 0) != (model_device.type, model_device.index or 0):
+        raise ValueError(f"cache.device is {cache.device} but the model is on {model_device}; "
+                         "build the cache with kvlab.paged_decode.cache_for(model, ...)")
     if attention in ("kernel", "reference"):  # the kernel's limits; the reference checks as the kernel does
         if not is_power_of_two(cache.block_size):
             raise ValueError(f"cache.block_size must be a power of two for attention={attention!r}, got "
