@@ -269,14 +269,12 @@ class PagedRun:
 def _check_generate_args(prompts, max_new_tokens, attention, preemption, max_batch, block_size, num_blocks, vocab):
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise TypeError("prompts must be a non-empty list of token-id lists (or 1-D tensors)")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    integer("max_new_tokens", max_new_tokens, 1)
     if attention not in ATTENTION_PATHS:
         raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
     if preemption not in PREEMPTION_MODES:
         raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
-    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-        raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+    integer("max_batch", max_batch, 1)
     integer("block_size", block_size, 1)
     if num_blocks is not None:
         integer("num_blocks", num_blocks, 1)
@@ -419,8 +417,7 @@ def measure_preemption_cost(model, num_tokens: int, block_size: int = 16, warmup
     from .kernels import store_kv_ref
     from .timing import measure
 
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 2:
-        raise ValueError(f"num_tokens must be an int >= 2, got {num_tokens!r}")
+    integer("num_tokens", num_tokens, 2)
     integer("block_size", block_size, 1)
     integer("reps", reps, 1)
     integer("warmup", warmup, 0)

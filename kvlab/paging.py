@@ -574,9 +574,8 @@ def make_trace(n: int, distribution: str = "lognormal", mean_prompt: float = 64,
     """
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
-    for name, value, low in (("n", n, 0), ("max_len", max_len, 2)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    integer("n", n, 0)
+    integer("max_len", max_len, 2)
     for name, value in (("mean_prompt", mean_prompt), ("mean_output", mean_output)):
         if not value >= 1:
             raise ValueError(f"{name} must be >= 1, got {value!r}")
@@ -686,8 +685,7 @@ def _check_sim_args(policy, budget_tokens, block_size, max_batch, preemption, tr
         raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
     for name, value in (("budget_tokens", budget_tokens), ("block_size", block_size), ("max_batch", max_batch),
                         ("max_len", max_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        integer(name, value, 1)
     longest = max((r.final for r in trace), default=0)
     if longest > max_len:
         raise ValueError(f"max_len ({max_len}) must be >= the longest request in the trace ({longest} tokens)")

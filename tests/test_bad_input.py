@@ -204,6 +204,34 @@ def test_sizes_must_be_positive_ints(value):
             PagedKVCache(**args)
 
 
+# Integer arguments across modules: (a call taking the value, the argument's name, the smallest allowed value)
+INTEGER_ARGUMENTS = {
+    "roofline.retained_tokens context": (lambda x: roofline.retained_tokens(SHAPES["llama-3-8b"], x), "context", 1),
+    "roofline.footprint batch": (lambda x: roofline.footprint(SHAPES["llama-3-8b"], 64, x), "batch", 1),
+    "longctx.cache_bytes tokens": (lambda x: longctx.cache_bytes("llama-3-8b", x), "tokens", 1),
+    "longctx.window_span window": (lambda x: longctx.window_span(x, 4), "window", 1),
+    "decode.positions_processed P": (lambda x: decode.positions_processed(x, 2), "P", 1),
+    "decode.attention_work G": (lambda x: decode.attention_work(4, x), "G", 0),
+    "paging.make_trace n": (lambda x: make_trace(x), "n", 0),
+    "layout.new_cache batch": (lambda x: layout.new_cache("BHTD", batch=x, length=2, kv_heads=1, head_dim=4,
+                                                         device="cpu"), "batch", 1),
+    "ssm.scan_work length": (lambda x: kvlab.ssm.scan_work(x, "parallel"), "length", 1),
+    "gemv.matmul_flops n": (lambda x: kvlab.gemv.matmul_flops(x, 8, 8), "n", 1),
+}
+
+
+@pytest.mark.parametrize("name", INTEGER_ARGUMENTS)
+@settings(max_examples=12, deadline=None)
+@given(value=st.one_of(st.integers(max_value=-1), st.sampled_from([0.5, 2.0, "3", None, True, math.nan])))
+def test_integer_arguments_refuse_what_is_not_an_int_in_range(name, value):
+    call, argument, low = INTEGER_ARGUMENTS[name]
+    if isinstance(value, int) and not isinstance(value, bool) and value >= low:
+        return
+    with pytest.raises(TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError,
+                       match=argument):
+        call(value)
+
+
 @settings(max_examples=30, deadline=None)
 @given(prompt=st.integers(-3, 3), output=st.integers(-3, 3))
 def test_requests_need_a_prompt_and_an_output(prompt, output):
