@@ -196,6 +196,9 @@ class PagedKVCache:
     a sequence's blocks either by dropping them (``preempt(..., "recompute")``: the caller
     re-prefills later) or by copying them to host memory (``"swap"``, undone by ``swap_in``);
     ``preemptions`` counts both.
+
+    A call that fails changes nothing: every method checks its arguments first, and ``append``,
+    ``append_batch`` and ``swap_in`` give back what they took if the store or copy fails.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,

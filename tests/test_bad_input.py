@@ -1025,14 +1025,28 @@ class DecodeWithFailures(RuleBasedStateMachine):
         return a
 
     @precondition(lambda self: len(self.running) < 4)
-    @rule(prompt=st.lists(st.integers(0, 127), min_size=1, max_size=9))
-    def admit(self, prompt):
+    @rule(prompt=st.lists(st.integers(0, 127), min_size=1, max_size=9), fail_first=st.booleans())
+    def admit(self, prompt, fail_first):
         seq = self._both(lambda c: c.new_sequence())
         if self.clean.blocks_to_append(seq, len(prompt)) > self.clean.num_free:
             fails_cleanly(self.faulty, lambda: prefill(self.model, self.faulty, seq, prompt, attention="gather"),
                           OutOfBlocksError)
             self._both(lambda c: c.free(seq))
             return
+        if fail_first:  # the prefill fails in its last layer, after layer 0 took the sequence's blocks
+            last = self.faulty.k_pools[-1]
+
+            def store(k, v, k_cache, v_cache, slots):
+                if k_cache is last:
+                    raise RuntimeError("injected")
+                store_kv_ref(k, v, k_cache, v_cache, slots)
+
+            self.faulty._store = store
+            try:
+                fails_cleanly(self.faulty, lambda: prefill(self.model, self.faulty, seq, prompt, attention="gather"),
+                              RuntimeError, "injected")
+            finally:
+                self.faulty._store = store_kv_ref
         self.running[seq] = self._both(lambda c: prefill(self.model, c, seq, prompt, attention="gather"))
 
     @precondition(lambda self: self.running)
