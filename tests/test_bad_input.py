@@ -302,6 +302,17 @@ BAD_CALLS = {
     "store_kv expanded cache": (lambda: store_kv_ref(_K, _K, torch.zeros(1, 4, 2, 16).expand(2, -1, -1, -1),
                                                      torch.zeros(2, 4, 2, 16), torch.tensor([1])),
                                 ValueError, "k_cache has overlapping elements"),
+    "store_kv k inside the pool": (lambda: (lambda c: store_kv_ref(c[0, :2], c[0, :2], c, torch.zeros_like(c),
+                                                                    torch.tensor([6, 7])))(torch.rand(3, 4, 2, 16)),
+                                   ValueError, "k and k_cache share memory"),
+    "ssm u inside state": (lambda: (lambda a: selective_state_update_ref(**{**a, "u": a["state"][:, :, 0]}))(
+        _ssm_args()), ValueError, "state and u share memory"),
+    "merge_partials shapes": (lambda: kvlab.kernels.merge_partials(torch.rand(2, 3, 4), torch.rand(3, 3)), ValueError,
+                              "same leading shape"),
+    "merge_partials no parts": (lambda: kvlab.kernels.merge_partials(torch.rand(0, 3, 4), torch.rand(0, 3)),
+                                ValueError, "num_parts >= 1"),
+    "choose_num_splits negative": (lambda: kvlab.kernels.choose_num_splits(-1, 2, 100, 4), ValueError,
+                                   "batch must be an int >= 1"),
     "ssm expanded state (ref)": (lambda: selective_state_update_ref(
         **{**_ssm_args(), "state": _ssm_args()["state"][:1].expand(3, -1, -1)}), ValueError, "state has overlapping"),
     # paged_decode

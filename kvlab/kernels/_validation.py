@@ -102,7 +102,8 @@ def _byte_range(tensor: torch.Tensor) -> tuple[int, int]:
 
 
 def require_disjoint(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
-    """Two tensors a kernel writes must not share memory (e.g. the same tensor passed twice)."""
+    """A tensor a kernel writes must not share memory with another it reads or writes."""
     (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
     if a.device == b.device and a0 < b1 and b0 < a1:
-        raise ValueError(f"{name_a} and {name_b} share memory; the kernel writes both, so pass separate tensors")
+        raise ValueError(f"{name_a} and {name_b} share memory and the kernel writes at least one of them; "
+                         "pass separate tensors")

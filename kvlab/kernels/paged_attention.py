@@ -290,6 +290,9 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, multiproc
     multiprocessor, but give every split at least ``MIN_TILES_PER_SPLIT`` tiles of the
     longest sequence (shorter ones get empty splits), and stop at ``MAX_SPLITS``.
     """
+    for name, value in (("batch", batch), ("num_kv_heads", num_kv_heads), ("max_seq_len", max_seq_len),
+                        ("multiprocessors", multiprocessors)):
+        require_positive_int(name, value)
     wanted = math.ceil(PROGRAMS_PER_SM * multiprocessors / max(1, batch * num_kv_heads))
     useful = math.ceil(max_seq_len / (TILE_TOKENS * MIN_TILES_PER_SPLIT))
     return max(1, min(wanted, useful, MAX_SPLITS))
@@ -411,6 +414,13 @@ def merge_partials(outs: torch.Tensor, lses: torch.Tensor):
     (``[num_parts, ...]``); an empty part has ``lse = -inf``. Returns ``(out, lse)`` of
     the union, exactly what one pass over all the tokens gives.
     """
+    require_tensor("outs", outs)
+    require_tensor("lses", lses)
+    if outs.dim() < 2 or outs.shape[:-1] != lses.shape or outs.shape[0] < 1:
+        raise ValueError(f"outs must be [num_parts >= 1, ..., head_dim] and lses [num_parts, ...] with the same "
+                         f"leading shape, got {tuple(outs.shape)} and {tuple(lses.shape)}")
+    require_dtype("outs", outs, FLOAT_DTYPES + (torch.float64,))
+    require_dtype("lses", lses, FLOAT_DTYPES + (torch.float64,))
     top = lses.max(dim=0).values
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # all parts empty: avoid -inf - -inf
     weights = torch.exp(lses - top)  # <= 1, and exactly 0 for an empty part

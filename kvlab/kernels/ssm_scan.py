@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._validation import require_kernel_device, require_no_overlap
+from ._validation import require_disjoint, require_kernel_device, require_no_overlap
 
 STATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_DIM = 16
@@ -71,6 +71,10 @@ def _check_inputs(state, u, delta, A, B, C, D, z, delta_bias) -> None:
     if state.dtype not in STATE_DTYPES:
         raise TypeError(f"state must have dtype float16, bfloat16 or float32, got {state.dtype}")
     require_no_overlap("state", state)  # written in place: two batch rows sharing memory would race
+    for name, t in (("u", u), ("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z),
+                    ("delta_bias", delta_bias)):
+        if t is not None:
+            require_disjoint("state", state, name, t)  # an input read while state is written
 
 
 def selective_state_update(state, u, delta, A, B, C, D=None, z=None, delta_bias=None,

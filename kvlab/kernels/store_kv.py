@@ -71,6 +71,9 @@ def _check_inputs(k, v, k_cache, v_cache, slot_mapping) -> None:
     require_no_overlap("k_cache", k_cache)  # written in place
     require_no_overlap("v_cache", v_cache)
     require_disjoint("k_cache", k_cache, "v_cache", v_cache)
+    for name, t in (("k", k), ("v", v)):  # a token read from the pool being written would race
+        require_disjoint(name, t, "k_cache", k_cache)
+        require_disjoint(name, t, "v_cache", v_cache)
     _check_slots(slot_mapping, num_slots=k_cache.shape[0] * k_cache.shape[1])
 
 
