@@ -34,8 +34,9 @@ def one_of(name: str, value, allowed):
 
 
 def free_memory(device) -> int:
-    """Bytes that can still be allocated on ``device``: CUDA's free memory, or the host's
-    MemAvailable (Linux), or its physical memory where that cannot be read."""
+    """Bytes that can still be allocated on ``device``: CUDA's free memory plus what torch's caching
+    allocator holds unused, or the host's MemAvailable (Linux), or its physical memory where that
+    cannot be read."""
     import os
 
     import torch
@@ -45,7 +46,8 @@ def free_memory(device) -> int:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0 or (device.index or 0) >= count:
             raise ValueError(f"device {device} is not available on this machine ({count} CUDA device(s))")
-        return torch.cuda.mem_get_info(device)[0]
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # torch's own spare
+        return torch.cuda.mem_get_info(device)[0] + cached
     try:
         with open("/proc/meminfo") as f:
             for line in f:
