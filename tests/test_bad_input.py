@@ -1131,7 +1131,7 @@ TestDecodeWithFailures.settings = settings(max_examples=10, stateful_step_count=
 def _layer_state(layer) -> list:
     """Every tensor and count a cache layer holds, flattened (QuantizedTensor fields included)."""
     out = []
-    for name in ("keys", "values", "positions", "seen", "qkeys", "qvalues", "is_initialized"):
+    for name in ("keys", "values", "positions", "seen", "qkeys", "qvalues", "latent", "is_initialized"):
         value = getattr(layer, name, None)
         if isinstance(value, longctx.QuantizedTensor):
             out += [value.codes, value.scale, value.zero]
@@ -1144,9 +1144,12 @@ def _same_layer_state(a, b) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))
 
 
+_ORTHONORMAL_32 = torch.linalg.qr(torch.randn(32, 32, generator=torch.Generator().manual_seed(0)))[0]
 LAYER_KINDS = {
     "sink": lambda: longctx.BoundedLayer(num_sink=2, window=5),
     "kivi": lambda: longctx.QuantizedLayer(bits=4, group_size=4, residual=3),
+    "latent": lambda: longctx.LatentLayer(_ORTHONORMAL_32, torch.zeros(32), 1.0 / 10000 ** (torch.arange(0, 8, 2) / 8),
+                                          1.0),  # full rank: 2 heads x head_dim 8 x (K and V)
 }
 
 
