@@ -239,6 +239,10 @@ def _check_model_inputs(model, input_ids, cache=None, max_new_tokens=0) -> None:
         if not isinstance(cache, Cache):
             raise TypeError(f"cache must be a transformers Cache (e.g. kvlab.longctx.SinkCache), got "
                             f"{type(cache).__name__}")
+        layers, wanted = getattr(cache, "layers", None), getattr(model.config, "num_hidden_layers", None)
+        if layers and wanted is not None and len(layers) != wanted:
+            raise ValueError(f"cache has {len(layers)} layers but the model has {wanted}: build the cache for "
+                             "this model")
         if cache.get_seq_length() != 0:
             raise ValueError(f"cache must be empty (a fresh one per call), but it holds "
                              f"{cache.get_seq_length()} tokens")

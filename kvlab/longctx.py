@@ -690,6 +690,11 @@ class LatentLayer(_KeepAllLayer):
         self.latent = self.positions = None
 
     def lazy_initialization(self, key_states, value_states):
+        width = 2 * key_states.shape[1] * key_states.shape[-1]
+        if self.basis.shape[0] != width:
+            raise ValueError(f"this latent cache was built for [K; V] of {self.basis.shape[0]} elements per token, "
+                             f"but the model writes {width} (2 x {key_states.shape[1]} KV heads x head_dim "
+                             f"{key_states.shape[-1]}): build LatentKVCache from this model")
         self.device, self.dtype = key_states.device, key_states.dtype
         self.heads, self.head_dim = key_states.shape[1], key_states.shape[-1]
         self.basis, self.bias = self.basis.to(self.device, self.dtype), self.bias.to(self.device, self.dtype)

@@ -688,6 +688,21 @@ def test_static_decode_refuses_a_cache_beyond_memory(model):
         use_paged_attention(model)
 
 
+def test_a_latent_cache_from_another_model_is_refused(model):
+    model.set_attn_implementation("sdpa")
+    try:
+        other = kvlab.tiny_model("llama", layers=3, hidden=64, q_heads=4, kv_heads=4, vocab=128, intermediate=128,
+                                 device="cpu", dtype=torch.float32)
+        with pytest.raises(ValueError, match="cache has 3 layers but the model has 2"):
+            decode.cached_decode(model, torch.tensor([[1, 2]]), 1, cache=longctx.LatentKVCache(other, 8))
+        wider = kvlab.tiny_model("llama", layers=2, hidden=64, q_heads=4, kv_heads=4, vocab=128, intermediate=128,
+                                 device="cpu", dtype=torch.float32)
+        with pytest.raises(ValueError, match="built for \\[K; V\\] of 128 elements per token, but the model writes 64"):
+            decode.cached_decode(model, torch.tensor([[1, 2]]), 1, cache=longctx.LatentKVCache(wider, 8))
+    finally:
+        use_paged_attention(model)
+
+
 def test_cached_decode_refuses_a_used_cache(model):
     from transformers import DynamicCache
 
