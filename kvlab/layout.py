@@ -214,7 +214,8 @@ def locate(token: int, block_table_row, block_size: int) -> tuple[int, int]:
     block_size = integer("block_size", block_size, 1)
     row = list(block_table_row.tolist() if isinstance(block_table_row, torch.Tensor) else block_table_row)
     token = integer("token", token, 0, len(row) * block_size)
-    return int(row[token // block_size]), token % block_size
+    block = integer(f"block_table_row[{token // block_size}]", row[token // block_size], 0)
+    return block, token % block_size
 
 
 def contiguous_runs(geometry: KVGeometry, tokens: int, heads=None, seq: int = 0, block_table=None) -> torch.Tensor:

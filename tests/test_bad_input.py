@@ -358,6 +358,8 @@ BAD_CALLS = {
                          r"positions must be \[n\] or \[batch, n\] with n = 4"),
     "layout cache beyond memory": (lambda: layout.new_cache("BHTD", batch=10**6, length=10**6, kv_heads=8,
                                                             head_dim=128, device="cpu"), MemoryError, "bytes but only"),
+    "layout locate negative block": (lambda: layout.locate(1, [-1, 2], 4), ValueError,
+                                     r"block_table_row\[0\] must be an int >= 0, got -1"),
     "layout nan keys": (lambda: layout.cache_from_dense("BHTD", torch.full((1, 1, 4, 2, 8), math.nan),
                                                         torch.rand(1, 1, 4, 2, 8)), ValueError, "k holds NaN"),
     "tiny_model beyond memory": (lambda: kvlab.tiny_model("llama", shape="llama-3.1-405b", device="cpu",
