@@ -621,6 +621,35 @@ def test_attention_is_right_or_refuses(fn, examples):
     check()
 
 
+@pytest.mark.parametrize("fn, examples", [(store_kv_ref, 30), (kvlab.kernels.store_kv, 8)], ids=["ref", "kernel"])
+def test_store_kv_is_right_or_refuses(fn, examples):
+    """Random slot mappings (-2, repeats and slots past the pool included): either ValueError and
+    the pools untouched, or every token at its slot and nothing else changed."""
+
+    @settings(max_examples=examples, deadline=None)
+    @given(slots=st.lists(st.integers(-2, 9), min_size=1, max_size=4))
+    def check(slots):
+        gen = torch.Generator().manual_seed(len(slots))
+        k, v = (torch.randn(len(slots), 2, 16, generator=gen).to(DEVICE) for _ in range(2))
+        k_cache, v_cache = (torch.randn(2, 4, 2, 16, generator=gen).to(DEVICE) for _ in range(2))
+        before = k_cache.clone(), v_cache.clone()
+        stored = [s for s in slots if s >= 0]
+        mapping = torch.tensor(slots, device=DEVICE)
+        if min(slots) < -1 or max(slots) >= 8 or len(set(stored)) != len(stored):
+            with pytest.raises(ValueError, match="slot_mapping"):
+                fn(k, v, k_cache, v_cache, mapping)
+            assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+            return
+        fn(k, v, k_cache, v_cache, mapping)
+        expected_k, expected_v = before[0].clone(), before[1].clone()
+        for i, slot in enumerate(slots):
+            if slot >= 0:
+                expected_k[slot // 4, slot % 4], expected_v[slot // 4, slot % 4] = k[i], v[i]
+        assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+
+    check()
+
+
 def test_gather_path_takes_any_block_size_and_head_dim():
     """Only the kernel needs a power-of-two block size and a listed head_dim; the gather path computes
     the same attention for others (here block size 3 and head_dim 12) and matches the oracle."""
