@@ -8,15 +8,16 @@ import importlib
 
 from .hardware import SPECS, calibrate, device, on_gpu, stamp
 from .models import SHAPES, ModelShape, load_model, tiny_model
-from .notebook import glue, sizes
+from .notebook import glue, reading, sizes
 from .timing import measure
 
 __version__ = "0.1.0"
 
 _LAZY = {name: "decode" for name in ("naive_decode", "cached_decode", "static_decode", "profile_decode")}
 _LAZY["explore"] = "widgets"
-_SUBMODULES = {"bench", "decode", "gemv", "kernels", "layout", "longctx", "paged_decode", "paging", "plots",
-               "roofline", "ssm", "widgets"}
+_LAZY.update(trained_model="trained", trained_tokenizer="trained")
+_SUBMODULES = {"bench", "decode", "engine", "gemv", "kernels", "layout", "longctx", "paged_decode", "paging", "plots",
+               "prefix", "prefix_paged", "roofline", "ssm", "trained", "widgets"}
 
 
 def __getattr__(name):
