@@ -1237,3 +1237,91 @@ def test_layout_append_token_is_all_or_nothing(lay, steps):
         with pytest.raises((TypeError, ValueError)):
             layout.append_token(cache, k, v)
         assert cache.length == before[0] and torch.equal(cache.k, before[1]) and torch.equal(cache.v, before[2])
+
+
+# --------------------------------------------------------------------------- the prefix-caching paged cache
+
+
+def _prefix_snapshot(cache) -> tuple:
+    """PrefixKVCache's block manager (as text: lists, dicts and dataclasses print their contents),
+    plus each sequence's table, counts and stored K and V."""
+    state = repr(cache.prefix._snapshot())
+    seqs = {i: (list(s.table.blocks), s.table.num_tokens, list(s.layer_tokens), s.reserved,
+                [cache.gather(i, layer) for layer in range(cache.num_layers)])
+            for i, s in cache._sequences.items()}
+    return state, seqs
+
+
+def _same_prefix_state(a, b) -> bool:
+    if a[0] != b[0] or a[1].keys() != b[1].keys():
+        return False
+    for i, old in a[1].items():
+        new = b[1][i]
+        if old[:4] != new[:4]:
+            return False
+        if not all(torch.equal(x, y) for (xk, xv), (yk, yv) in zip(old[4], new[4]) for x, y in ((xk, yk), (xv, yv))):
+            return False
+    return True
+
+
+@settings(max_examples=25, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["admit", "decode", "free", "store fails", "layer 1 ahead",
+                                               "admit too long", "unknown seq"]),
+                              st.integers(0, 3), st.integers(1, 9)), min_size=1, max_size=14))
+def test_prefix_kv_cache_failing_calls_change_nothing(ops):
+    """Admit (with shared prefixes), decode, free, and failing calls of every kind between them:
+    each failure leaves the block manager, the tables and the stored K and V exactly as they were."""
+    from kvlab.prefix_paged import PrefixKVCache
+
+    store = FlakyStore()
+    cache = PrefixKVCache(2, 8, 4, 2, 16, torch.float32, "cpu", store=store)
+    gen = torch.Generator().manual_seed(len(ops))
+    live = []
+
+    def fill(seq, start, end):  # K and V for the sequence's reserved slots, every layer
+        for layer in range(2):
+            k = torch.randn(end - start, 2, 16, generator=gen)
+            cache.append(seq, layer, k, k)
+
+    def failing(call, error):
+        before = _prefix_snapshot(cache)
+        with pytest.raises(error):
+            call()
+        assert _same_prefix_state(before, _prefix_snapshot(cache))
+
+    for op, pick, length in ops:
+        seq = live[pick % len(live)] if live else None
+        if op == "admit":
+            tokens = [1, 2, 3, 4, 5][:length] + list(range(10, 10 + length))  # a shared 4-token prefix
+            if cache.prefix.blocks_to_admit(tokens) > cache.num_free:
+                failing(lambda: cache.admit(tokens), OutOfBlocksError)
+                continue
+            new, cached = cache.admit(tokens)
+            fill(new, cached, len(tokens))
+            live.append(new)
+        elif op == "admit too long":
+            failing(lambda: cache.admit(list(range(100, 100 + 4 * 9))), OutOfBlocksError)
+        elif seq is None:
+            continue
+        elif op == "decode":
+            if cache.prefix.blocks_to_append(seq) > cache.num_free:
+                failing(lambda: cache.append_tokens([seq], [7]), OutOfBlocksError)
+                continue
+            cache.append_tokens([seq], [7])
+            n = cache._sequences[seq].table.num_tokens
+            fill(seq, n, n + 1)
+        elif op == "store fails":
+            if cache.prefix.blocks_to_append(seq) > cache.num_free:
+                continue
+            cache.append_tokens([seq], [8])
+            store.armed = True
+            failing(lambda: cache.append(seq, 0, _K, _K), RuntimeError)
+            n = cache._sequences[seq].table.num_tokens
+            fill(seq, n, n + 1)  # the retry
+        elif op == "layer 1 ahead":
+            failing(lambda: cache.append(seq, 1, _K, _K), ValueError)
+        elif op == "unknown seq":
+            failing(lambda: cache.append(10**6, 0, _K, _K), ValueError)
+        elif op == "free":
+            cache.free(seq)
+            live.remove(seq)
