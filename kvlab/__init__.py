@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 _LAZY = {name: "decode" for name in ("naive_decode", "cached_decode", "static_decode", "profile_decode")}
 _LAZY["explore"] = "widgets"
-_SUBMODULES = {"bench", "decode", "gemv", "kernels", "layout", "longctx", "paged_decode", "paging", "plots",
+_SUBMODULES = {"bench", "decode", "diagnose", "gemv", "kernels", "layout", "longctx", "paged_decode", "paging", "plots",
                "roofline", "ssm", "widgets"}
 
 

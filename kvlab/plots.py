@@ -167,3 +167,32 @@ def si(value: float, unit: str, digits: int = 3) -> str:
     if unit == "s" and mag >= 1e3:
         return f"{sign}{mag:,.0f} s"
     return f"{sign}{_sig(mag / scale, digits)} {prefix}{unit}".rstrip()
+
+
+def _op_kind(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("mm", "gemm", "gemv", "matmul", "linear", "addmm", "cutlass", "sm90", "sm80")):
+        return "matmul"
+    if any(k in n for k in ("attention", "sdpa", "flash", "softmax", "paged")):
+        return "attention"
+    if any(k in n for k in ("cat", "copy", "index", "memcpy", "memset", "store")):
+        return "copy"
+    return "other"
+
+
+TIMELINE_COLORS = {"matmul": "C0", "attention": "C3", "copy": "C2", "other": "C7"}
+
+
+def timeline(ax, spans, y: float, *, height: float = 0.6, label: str | None = None):
+    """Draw ``spans`` (name, start_s, end_s) as bars on row ``y``, in ms, coloured by kind; gaps stay white.
+
+    Serves section 9.8: a decode step's kernels (GPU) or operators (CPU) over time.
+    """
+    by_kind: dict[str, list] = {}
+    for name, start, end in spans:
+        by_kind.setdefault(_op_kind(name), []).append((start * 1e3, max((end - start) * 1e3, 1e-4)))
+    for kind, bars in by_kind.items():
+        ax.broken_barh(bars, (y - height / 2, height), color=TIMELINE_COLORS[kind], linewidth=0)
+    if label is not None:
+        ax.text(0, y + height / 2 + 0.05, label, fontsize=_TICK_SIZE, va="bottom")
+    return ax
