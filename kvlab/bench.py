@@ -82,6 +82,7 @@ SECTION_BENCHMARKS = {
     "9.5 paged attention and admission": "paged_decode",
     "9.6 SSM state and scans": "ssm",
     "9.7 long-context caches": "longctx",
+    "9.8 decode diagnosis": "diagnose",
 }
 
 

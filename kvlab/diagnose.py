@@ -887,3 +887,38 @@ def reading_workloads(diagnoses: dict) -> str:
                 "different bottlenecks; on this machine the noise of a shared CPU or a model too small for its "
                 "step to leave the overhead regime can merge them. Move the sliders to larger contexts or batches.")
     return "; ".join(parts) + ". " + tail
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def bench_rows():
+    """Section 9.8: the cached and static steps traced side by side, and the cached loop's verdict.
+
+    CPU: the tiny Llama (fp32), P = 128, batch 1. GPU: the Llama-3.2-1B shape in bf16, P = 1024,
+    batch 1, the static step compiled and replayed as a CUDA graph.
+    """
+    import torch
+
+    from .bench import Row
+    from .hardware import on_gpu
+    from .models import tiny_model
+
+    gpu = on_gpu()
+    model = tiny_model("llama", size="real") if gpu else tiny_model("llama")
+    prompt_len = 1024 if gpu else 128
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(model.device)
+    traces = {m: trace_step(model, ids, method=m, reps=10) for m in ("cached", "static")}
+    d = diagnose(model, ids, 16, batches=[1])
+    where = f"{model.shape.name}, {str(model.dtype).removeprefix('torch.')}, context {prompt_len}, batch 1"
+    cal = calibrate()
+    rows = []
+    for m, t in traces.items():
+        rows += [Row(f"{m} step busy fraction", t.busy_fraction, "fraction", f"{where}; traced"),
+                 Row(f"{m} step bytes / copy bandwidth", t.achieved_bandwidth / cal.copy_bytes_per_s, "fraction",
+                     "kvlab.roofline bytes over the median step time")]
+    rows += [Row("static / cached step time", traces["static"].step_s / traces["cached"].step_s, "x",
+                 "ratio of medians, same run"),
+             Row(f"cached verdict: {d.verdict}", d.bandwidth_fraction, "fraction", "bandwidth fraction behind it")]
+    return rows
