@@ -455,14 +455,14 @@ def _prefill_time(model, ids, reps=2) -> float:
     import torch
 
     times = []
-    for _ in range(reps + 1):
+    for _ in range(reps):  # the fastest of ``reps``: a prefill is long enough to need no warm-up call
         _sync(ids.device)
         start = time.perf_counter()
         with torch.inference_mode():
             model(ids, use_cache=True, logits_to_keep=1).logits[:, -1].argmax(-1)
         _sync(ids.device)
         times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+    return min(times)
 
 
 # --------------------------------------------------------------------------- the verdict
@@ -657,11 +657,12 @@ def diagnose(model, input_ids, max_new_tokens: int, method: str = "cached", targ
     try:
         # 1. naive against cached, per token at the same context
         bar.set_postfix_str("1 naive vs cached")
-        t_naive = _step_time(model, ids, "naive", warmup=1, reps=2)
-        t_cached = _step_time(model, ids, "cached")
+        one = ids[:1]  # per sequence: what the cache saves does not depend on the batch
+        t_naive = _step_time(model, one, "naive", warmup=0, reps=2)
+        t_cached = _step_time(model, one, "cached")
         speedup = t_naive / t_cached
         work_ratio = (context + 1) / 1
-        steps.append(Step("naive and cached decode", {"naive step s": t_naive, "cached step s": t_cached,
+        steps.append(Step("naive and cached decode (one sequence)", {"naive step s": t_naive, "cached step s": t_cached,
                                                       "naive / cached": speedup},
                           {"positions per step, naive / cached": work_ratio},
                           _step1_finding(speedup, work_ratio)))
@@ -700,8 +701,7 @@ def diagnose(model, input_ids, max_new_tokens: int, method: str = "cached", targ
 
         # 4. the useful batch
         bar.set_postfix_str("4 useful batch")
-        sweep = tuple(_batch_point(model, input_ids, b, context, final, method, machine, shape, w, compile)
-                      for b in batches)
+        sweep = _sweep(model, input_ids, context, final, method, batches, machine, compile)
         useful = useful_batch(sweep, target)
         steps.append(Step("useful batch size",
                           {f"b={p.batch}": f"TTFT {p.ttft * 1e3:.3g} ms, TPOT {p.tpot * 1e3:.3g} ms, "
@@ -726,11 +726,35 @@ def diagnose(model, input_ids, max_new_tokens: int, method: str = "cached", targ
                      lever(verdict, method), trace.achieved_bandwidth, bw_frac, fl_frac, trace, sweep, useful, target)
 
 
-def _batch_point(model, input_ids, b, context, final, method, machine, shape, w, compile) -> BatchPoint:
-    prompt_ids = input_ids.to(model.device).repeat(-(-b // input_ids.shape[0]), 1)[:b]
-    ttft = _prefill_time(model, prompt_ids)
-    tpot = _step_time(model, _tile(prompt_ids, context), method, compile=compile)
-    return BatchPoint(b, ttft, tpot, roofline.admitted(shape, machine, b, final, w, w))
+def _sweep(model, input_ids, context, final, method, batches, machine, compile) -> tuple:
+    shape, w = _model_shape(model), _element_bytes(model)
+    points = []
+    for b in batches:
+        prompt_ids = input_ids.to(model.device).repeat(-(-b // input_ids.shape[0]), 1)[:b]
+        ttft = _prefill_time(model, prompt_ids)
+        tpot = _step_time(model, _tile(prompt_ids, context), method, compile=compile)
+        points.append(BatchPoint(b, ttft, tpot, roofline.admitted(shape, machine, b, final, w, w)))
+    return tuple(points)
+
+
+def batch_sweep(model, input_ids, max_new_tokens: int, batches, method: str = "cached", memory: float | None = None,
+                compile: bool | None = None) -> tuple:
+    """Step 4 of section 9.8 on its own: a :class:`BatchPoint` per batch size in ``batches``.
+
+    Each point times TTFT (the prefill of ``input_ids``' prompts, repeated to fill the batch) and TPOT
+    (one ``method`` step at the request's middle, P + max_new_tokens // 2 cached tokens), and asks
+    ``roofline.admitted`` whether weights plus P + max_new_tokens tokens per sequence fit in ``memory``
+    bytes (default: this device's memory).
+    """
+    _check_method(method)
+    integer("max_new_tokens", max_new_tokens, 1)
+    batches = [integer("batches[i]", b) for b in batches]
+    if not batches:
+        raise ValueError("batches must name at least one batch size")
+    prompt = input_ids.shape[1] if hasattr(input_ids, "shape") else 0
+    _prepare(model, input_ids, prompt + max_new_tokens, method)
+    return _sweep(model, input_ids, prompt + max_new_tokens // 2, prompt + max_new_tokens, method, batches,
+                  this_machine(memory), compile)
 
 
 def capacity_batch(shape, hw, context: int, w: float = 2) -> int:

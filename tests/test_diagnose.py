@@ -144,7 +144,7 @@ def test_overhead_bound_model_gets_overhead(small):
                             device="cpu")
     d = diagnose(tiny, _ids(tiny, 1, 8), 4, batches=[1])
     assert d.verdict == "overhead", str(d)
-    assert [s.name for s in d.steps] == ["naive and cached decode", "per-token trace",
+    assert [s.name for s in d.steps] == ["naive and cached decode (one sequence)", "per-token trace",
                                          "stable loop (compile, CUDA graph)", "useful batch size",
                                          "cache-memory pressure"]
     assert d.lever == lever("overhead", "cached")
@@ -306,3 +306,14 @@ def test_cli_diagnose_prints_five_steps_and_a_verdict():
     bad = subprocess.run([sys.executable, "-m", "kvlab", "diagnose", "--method", "fast"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--method must be one of" in bad.stderr
+
+
+def test_batch_sweep_points_and_admission(small):
+    ids = _ids(small, 1, 6)
+    need_two = roofline.admitted(small.shape, this_machine(), 2, 6 + 8, 4, 4).needed
+    sweep = kvlab.diagnose.batch_sweep(small, ids, 8, [1, 2, 3], memory=need_two)
+    assert [p.batch for p in sweep] == [1, 2, 3]
+    assert [bool(p.admission) for p in sweep] == [True, True, False]
+    assert all(p.ttft > 0 and p.tpot > 0 and p.tokens_per_s == p.batch / p.tpot for p in sweep)
+    with pytest.raises(ValueError, match="batches must name at least one"):
+        kvlab.diagnose.batch_sweep(small, ids, 8, [])
