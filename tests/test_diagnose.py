@@ -14,8 +14,10 @@ import kvlab
 from kvlab import roofline
 from kvlab.diagnose import (
     KV_SHARE_THRESHOLD, LEVERS, METHODS, VERDICTS, BatchPoint, Diagnosis, Step, StepTrace, StepWork, Target,
-    _Stepper, _tile, capacity_batch, decide, diagnose, lever, reading_batch, reading_diagnosis, reading_methods,
-    reading_timeline, reading_workloads, step_work, this_machine, trace_step, useful_batch,
+    _Stepper, _tile, capacity_batch, decide, diagnose, lever, step_work, this_machine, trace_step, useful_batch,
+)
+from kvlab.readings.diagnosis import (
+    reading_batch, reading_diagnosis, reading_methods, reading_timeline, reading_workloads,
 )
 from kvlab.models import SHAPES
 
