@@ -28,6 +28,9 @@ def main(argv=None) -> int:
     diag.add_argument("--tpot-ms", type=float, default=None, help="time-per-output-token target (ms)")
     diag.add_argument("--ttft-ms", type=float, default=None, help="time-to-first-token target (ms)")
     diag.add_argument("--memory-gb", type=float, default=None, help="memory for weights plus cache (GB)")
+    diag.add_argument("--save-traces", metavar="OUT.json", default=None,
+                      help="also write the cached and static step traces, with their stamp, to this JSON file "
+                           "(name it *diagnose-traces*.json in book/data/measurements/ for notebook 09)")
     args = parser.parse_args(argv)
     if args.command == "diagnose":
         return _diagnose(args)
@@ -71,6 +74,13 @@ def _diagnose(args) -> int:
         print(kvlab.hardware.stamp_line())
         print(f"model: {model.shape.name}, {model.dtype}")
         print(diagnose(model, prompt, args.new_tokens, method=args.method, target=target, progress=True))
+        if args.save_traces:
+            from kvlab.diagnose import trace_step
+
+            traces = {m: trace_step(model, prompt, method=m).to_json() for m in ("cached", "static")}
+            with open(args.save_traces, "w") as f:
+                json.dump({"stamp": kvlab.stamp(), "traces": traces}, f)
+            print(f"wrote {args.save_traces}")
     except (ValueError, TypeError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -20,8 +20,11 @@ function of the measurements, so that a reader (and a test) can check the arithm
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -278,16 +281,20 @@ class _Stepper:
         with torch.inference_mode():
             getattr(self, f"_reset_{self.method}")()
 
-    def time(self, warmup: int = 2, reps: int = 5) -> list[float]:
-        """Seconds of ``reps`` steps, each from the same cache state, after ``warmup`` untimed ones."""
+    def time(self, warmup: int = 2, reps: int = 5, min_total_s: float = 0.05) -> list[float]:
+        """Seconds of at least ``reps`` steps, each from the same cache state, after ``warmup`` untimed
+        ones. Short steps repeat (up to 10 * reps) until ``min_total_s`` is timed, so that the median
+        of a millisecond step is not one unlucky time slice on a shared machine."""
+        for _ in range(warmup):
+            self.step()
+            self.reset()
         times = []
-        for i in range(warmup + reps):
+        while len(times) < reps or (sum(times) < min_total_s and len(times) < 10 * reps):
             _sync(self.device)
             start = time.perf_counter()
             self.step()
             _sync(self.device)
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
+            times.append(time.perf_counter() - start)
             self.reset()
         return times
 
@@ -368,6 +375,25 @@ def _union_length(intervals) -> float:
     return total
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """Point file descriptor 2 at /dev/null for the block (Python exceptions still propagate)."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # no real stderr: nothing to silence
+        yield
+        return
+    sys.stderr.flush()
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(null)
+        os.close(saved)
+
+
 def _profile(stepper):
     """Profile one step; returns (traced span, busy time, ranked ops, timeline) in seconds."""
     import torch
@@ -376,9 +402,10 @@ def _profile(stepper):
 
     gpu = stepper.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
-    with profile(activities=activities) as prof:
-        stepper.step()
-        _sync(stepper.device)
+    with _native_stderr_silenced():  # the profiler's C++ side logs its start and stop on stderr
+        with profile(activities=activities) as prof:
+            stepper.step()
+            _sync(stepper.device)
     stepper.reset()
     events = [e for e in prof.events() if e.time_range.end > e.time_range.start]
     if gpu:
@@ -499,7 +526,7 @@ def decide(*, busy_fraction: float, bandwidth_fraction: float, flops_fraction: f
                            "ceiling than the bandwidth one (intensity past the ridge point)")
     part = "kv" if kv_share > KV_SHARE_THRESHOLD else "weights"
     what = "the KV cache" if part == "kv" else "the weights"
-    return part, (f"busy for {busy_fraction:.0%} of the step at {ceilings}; {what} are "
+    return part, (f"busy for {busy_fraction:.0%} of the step at {ceilings}; {what} make up "
                   f"{kv_share if part == 'kv' else 1 - kv_share:.0%} of the bytes it moves")
 
 

@@ -298,13 +298,17 @@ def test_reading_diagnosis_names_verdict_measurements_and_lever():
 # --------------------------------------------------------------------------- the command line
 
 
-def test_cli_diagnose_prints_five_steps_and_a_verdict():
+def test_cli_diagnose_prints_five_steps_and_a_verdict(tmp_path):
     out = subprocess.run([sys.executable, "-m", "kvlab", "diagnose", "--size", "cpu", "--context", "16",
-                          "--new-tokens", "4", "--tpot-ms", "500"], capture_output=True, text=True, timeout=600)
+                          "--new-tokens", "4", "--tpot-ms", "500", "--save-traces", str(tmp_path / "t.json")],
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     for i in range(1, 6):
         assert f"\n{i}. " in out.stdout
     assert "verdict:" in out.stdout and "lever:" in out.stdout
+    saved = json.loads((tmp_path / "t.json").read_text())
+    assert set(saved["traces"]) == {"cached", "static"} and "device" in saved["stamp"]
+    assert StepTrace.from_json(saved["traces"]["static"]).method == "static"
     bad = subprocess.run([sys.executable, "-m", "kvlab", "diagnose", "--method", "fast"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--method must be one of" in bad.stderr
