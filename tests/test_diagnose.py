@@ -264,7 +264,7 @@ def test_reading_timeline_both_branches():
     fewer = reading_timeline(_trace(0.5), _trace(0.9, method="static"), gpu=False)
     assert "left" in fewer and "Python dispatch" in fewer and "no CUDA graphs" in fewer
     same = reading_timeline(_trace(0.9), _trace(0.5, method="static"), gpu=True)
-    assert "no less idle" in same and "launch gaps" in same and "compiled and replayed" in same
+    assert "not clearly less idle" in same and "launch gaps" in same and "compiled and replayed" in same
 
 
 def test_reading_batch_both_branches():
