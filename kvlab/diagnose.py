@@ -182,8 +182,12 @@ class _Stepper:
         self.device = ids.device
         self.token = ids[:, -1:].clone()
         self._restore = None
-        with torch.inference_mode():
-            getattr(self, f"_setup_{method}")(compile)
+        try:
+            with torch.inference_mode():
+                getattr(self, f"_setup_{method}")(compile)
+        except BaseException:
+            self.close()  # a failed set-up leaves the model as it found it
+            raise
 
     # -- naive: the whole sequence again, no cache
     def _setup_naive(self, compile):

@@ -323,3 +323,17 @@ def test_batch_sweep_points_and_admission(small):
     assert all(p.ttft > 0 and p.tpot > 0 and p.tokens_per_s == p.batch / p.tpot for p in sweep)
     with pytest.raises(ValueError, match="batches must name at least one"):
         kvlab.diagnose.batch_sweep(small, ids, 8, [])
+
+
+def test_failed_paged_setup_restores_the_attention(small, monkeypatch):
+    import kvlab.paged_decode as paged
+
+    before = small.config._attn_implementation
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(paged, "prefill", broken)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        trace_step(small, _ids(small, 1, 4), method="paged")
+    assert small.config._attn_implementation == before
