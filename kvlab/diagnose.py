@@ -21,10 +21,12 @@ function of the measurements, so that a reader (and a test) can check the arithm
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import statistics
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 
@@ -504,7 +506,7 @@ def _prefill_time(model, ids, reps=2) -> float:
 
 
 def decide(*, busy_fraction: float, bandwidth_fraction: float, flops_fraction: float, kv_share: float,
-           admitted: bool = True) -> tuple[str, str]:
+           admitted: "bool | roofline.Admission" = True) -> tuple[str, str]:
     """The verdict of section 9.8 from the measurements; returns (verdict, the measurements it rests on).
 
     In order: a request that does not fit is ``capacity``; a step that is mostly gaps between
@@ -522,7 +524,8 @@ def decide(*, busy_fraction: float, bandwidth_fraction: float, flops_fraction: f
         raise ValueError(f"kv_share must be in [0, 1], got {kv_share!r}")
     ceilings = (f"{bandwidth_fraction:.0%} of the copy bandwidth and {flops_fraction:.0%} of the matmul rate")
     if not admitted:
-        return "capacity", "weights plus cache for the requested batch and context exceed the memory"
+        detail = f": {admitted}" if isinstance(admitted, roofline.Admission) else ""
+        return "capacity", f"weights plus cache for the requested batch and length do not fit in memory{detail}"
     if busy_fraction < BUSY_THRESHOLD:
         return "overhead", (f"operators or kernels were busy for only {busy_fraction:.0%} of the traced step "
                             f"(threshold {BUSY_THRESHOLD:.0%}); the rest is gaps between them")
@@ -621,12 +624,13 @@ class Diagnosis:
     def __str__(self) -> str:
         lines = [f"decode diagnosis: {self.method} loop, batch {self.batch}, prompt {self.prompt_tokens}, "
                  f"{self.new_tokens} new tokens (traced at {self.context} cached tokens)"]
+        wrap = functools.partial(textwrap.fill, width=100, subsequent_indent=" " * 13)
         for i, s in enumerate(self.steps, 1):
             lines.append(f"{i}. {s.name}")
-            lines.append("   measured: " + _fmt(s.measured))
-            lines.append("   ceiling:  " + _fmt(s.ceiling))
-            lines.append("   finding:  " + s.finding)
-        lines += [f"verdict: {self.verdict} ({self.because})", f"lever: {self.lever}"]
+            lines.append(wrap("   measured: " + _fmt(s.measured)))
+            lines.append(wrap("   ceiling:  " + _fmt(s.ceiling)))
+            lines.append(wrap("   finding:  " + s.finding))
+        lines += [wrap(f"verdict: {self.verdict} ({self.because})"), wrap(f"lever: {self.lever}")]
         return "\n".join(lines)
 
 
@@ -711,7 +715,7 @@ def diagnose(model, input_ids, max_new_tokens: int, method: str = "cached", targ
         floor = max(trace.work.total_bytes / cal.copy_bytes_per_s, trace.work.flops / cal.matmul_flops)
         fit = roofline.admitted(shape, machine, batch, final, w, w)
         verdict, because = decide(busy_fraction=trace.busy_fraction, bandwidth_fraction=bw_frac,
-                                  flops_fraction=fl_frac, kv_share=trace.work.kv_share, admitted=bool(fit))
+                                  flops_fraction=fl_frac, kv_share=trace.work.kv_share, admitted=fit)
         steps.append(Step("per-token trace",
                           {"step s": trace.step_s, "busy fraction": trace.busy_fraction,
                            "bytes": trace.work.total_bytes, "KV share of bytes": trace.work.kv_share,

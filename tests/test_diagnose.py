@@ -115,6 +115,9 @@ def test_decide_each_branch():
     assert decide(**{**base, "busy_fraction": 0.2})[0] == "overhead"
     assert decide(**{**base, "bandwidth_fraction": 0.01, "flops_fraction": 0.01})[0] == "overhead"
     assert decide(**base, admitted=False)[0] == "capacity"
+    short = roofline.Admission(weights=4e9, kv=7e9, available=10e9)
+    verdict, because = decide(**base, admitted=short)
+    assert verdict == "capacity" and "does not fit by 1.0 GB" in because
     verdict, because = decide(**{**base, "kv_share": 0.8})
     assert "60%" in because and "80%" in because  # names the measurements it rests on
 
