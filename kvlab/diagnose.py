@@ -451,7 +451,7 @@ def _prepare(model, input_ids, context, method):
 
 
 def trace_step(model, input_ids, context: int | None = None, method: str = "cached", warmup: int = 2,
-               reps: int = 5, compile: bool | None = None, traces: int = 3) -> StepTrace:
+               reps: int = 3, compile: bool | None = None, traces: int = 3) -> StepTrace:
     """Time and trace one decode step of ``method`` with ``context`` tokens cached per sequence (9.8, step 2).
 
     ``input_ids`` ``[batch, P]`` fills the cache (repeated up to ``context``, which defaults to P); the
