@@ -295,6 +295,9 @@ def test_reading_methods_both_branches():
 def test_reading_diagnosis_names_verdict_measurements_and_lever():
     text = reading_diagnosis(_diagnosis("kv", because="the KV cache is 80% of the bytes"))
     assert "`kv`" in text and "80% of the bytes" in text and "30%" in text and "kvlab.longctx" in text
+    assert "above 100%" not in text
+    over = dataclasses.replace(_diagnosis("compute", "naive"), flops_fraction=1.3)
+    assert "130%" in reading_diagnosis(over) and "above 100%" in reading_diagnosis(over)
     assert KV_SHARE_THRESHOLD == 0.5
 
 

@@ -15,10 +15,15 @@ def _ms(seconds: float) -> str:
 
 def reading_diagnosis(d: Diagnosis) -> str:
     """The verdict of one diagnosis, the measurements it rests on, and the lever."""
-    return (f"**{d.method} loop: verdict `{d.verdict}`.** Traced at {d.context} cached tokens and batch "
+    text = (f"**{d.method} loop: verdict `{d.verdict}`.** Traced at {d.context} cached tokens and batch "
             f"{d.batch}, one step took {_ms(d.trace.step_s)} and moved bytes at "
             f"{d.bandwidth_fraction:.0%} of this machine's copy bandwidth and FLOPs at {d.flops_fraction:.0%} "
             f"of its matmul rate. The verdict rests on this: {d.because}. Next lever: {d.lever}.")
+    if max(d.bandwidth_fraction, d.flops_fraction) > 1:
+        text += (" A fraction above 100% means the step beat a ceiling that `kvlab.calibrate()` measured once, "
+                 "earlier: the calibration ran while the machine was busier, or (for bandwidth) part of the data "
+                 "was still in the CPU's caches. Read the ceilings as approximate on a shared machine.")
+    return text
 
 
 def reading_methods(diagnoses: dict, generate_tokens_per_s: float, best_tokens_per_s: float, best: str) -> str:
