@@ -9,6 +9,8 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kvlab
 from kvlab import roofline
@@ -19,7 +21,7 @@ from kvlab.diagnose import (
 from kvlab.readings.diagnosis import (
     reading_batch, reading_diagnosis, reading_methods, reading_timeline, reading_workloads,
 )
-from kvlab.models import SHAPES
+from kvlab.models import SHAPES, ModelShape
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +49,26 @@ def test_step_work_equals_roofline(key, batch, context, w):
         assert work.kv_read == roofline.step_bytes(shape, batch, context, w, w).kv
         assert work.kv_written == batch * roofline.kv_bytes_per_token(shape, w)
         assert work.flops == roofline.step_flops(shape, batch, context).total
+
+
+@st.composite
+def shapes(draw):
+    kv = draw(st.integers(1, 16))
+    return ModelShape("random", draw(st.integers(1, 96)), kv * draw(st.integers(1, 8)), kv,
+                      draw(st.sampled_from([32, 64, 80, 128])), draw(st.integers(64, 16384)),
+                      float(draw(st.integers(10**6, 10**12))), draw(st.integers(100, 300000)),
+                      window=draw(st.one_of(st.none(), st.integers(1, 8192))))
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=shapes(), batch=st.integers(1, 512), context=st.integers(1, 10**6), w=st.sampled_from([1, 2, 4]))
+def test_step_work_equals_roofline_for_random_shapes(shape, batch, context, w):
+    work = step_work(shape, batch, context, "cached", w, w)
+    read = roofline.step_bytes(shape, batch, context, w, w)
+    assert (work.weights_read, work.kv_read) == (read.weights, read.kv)
+    assert work.kv_written == batch * roofline.kv_bytes_per_token(shape, w)
+    assert work.flops == roofline.step_flops(shape, batch, context).total
+    assert 0 <= work.kv_share <= 1
 
 
 @pytest.mark.parametrize("key", ["llama-3-8b", "mistral-7b"])
