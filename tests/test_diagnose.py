@@ -365,3 +365,21 @@ def test_failed_paged_setup_restores_the_attention(small, monkeypatch):
     with pytest.raises(RuntimeError, match="injected failure"):
         trace_step(small, _ids(small, 1, 4), method="paged")
     assert small.config._attn_implementation == before
+
+
+def test_figures_draw_from_fake_numbers():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from kvlab import plots
+
+    fig = plots.step_timelines({"one": {"cached": _trace(0.5), "static": _trace(0.9, method="static")}})
+    assert any(t.get_gid() == "kvlab-stamp" for t in fig.texts)
+    fig = plots.useful_batch_figure([_point(1, 0.010), _point(4, 0.012), _point(16, 0.03, fits=False)],
+                                    0.02, 8, 4, "sweep")
+    assert any(t.get_gid() == "kvlab-stamp" for t in fig.texts)
+    d = _diagnosis("kv")
+    d = dataclasses.replace(d, sweep=(_point(1, 0.01),))
+    fig = plots.workload_bytes({"a": d, "b": d}, selected="a")
+    assert len(fig.axes) == 2
+    assert plots._op_kind("aten::mm") == "matmul" and plots._op_kind("aten::cat") == "copy"
