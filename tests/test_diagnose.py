@@ -371,6 +371,8 @@ def test_figures_draw_from_fake_numbers():
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     from kvlab import plots
 
     fig = plots.step_timelines({"one": {"cached": _trace(0.5), "static": _trace(0.9, method="static")}})
@@ -383,3 +385,4 @@ def test_figures_draw_from_fake_numbers():
     fig = plots.workload_bytes({"a": d, "b": d}, selected="a")
     assert len(fig.axes) == 2
     assert plots._op_kind("aten::mm") == "matmul" and plots._op_kind("aten::cat") == "copy"
+    plt.close("all")
