@@ -700,9 +700,9 @@ def diagnose(model, input_ids, max_new_tokens: int, method: str = "cached", targ
         t_naive = _step_time(model, one, "naive", warmup=0, reps=2)
         t_cached = _step_time(model, one, "cached")
         speedup = t_naive / t_cached
-        work_ratio = (context + 1) / 1
-        steps.append(Step("naive and cached decode (one sequence)", {"naive step s": t_naive, "cached step s": t_cached,
-                                                      "naive / cached": speedup},
+        work_ratio = float(context + 1)  # positions a naive step runs, against one
+        steps.append(Step("naive and cached decode (one sequence)",
+                          {"naive step s": t_naive, "cached step s": t_cached, "naive / cached": speedup},
                           {"positions per step, naive / cached": work_ratio},
                           _step1_finding(speedup, work_ratio)))
         bar.update()
@@ -731,11 +731,13 @@ def diagnose(model, input_ids, max_new_tokens: int, method: str = "cached", targ
         other = "cached" if method == "static" else "static"
         t_other = _step_time(model, ids, other, compile=compile)
         static_s, dynamic_s = (trace.step_s, t_other) if method == "static" else (t_other, trace.step_s)
+        base = "cached" if method == "static" else method
         steps.append(Step("stable loop (compile, CUDA graph)",
                           {"busy fraction": trace.busy_fraction, f"{method} step s": trace.step_s,
-                           f"{other} step s": t_other, "static / cached": static_s / dynamic_s},
+                           f"{other} step s": t_other, f"static / {base} time": static_s / dynamic_s},
                           {"roofline floor s": floor},
-                          _step3_finding(trace.busy_fraction, static_s, dynamic_s, model.device.type == "cuda")))
+                          _step3_finding(trace.busy_fraction, static_s, dynamic_s, base,
+                                         model.device.type == "cuda")))
         bar.update()
 
         # 4. the useful batch
@@ -836,13 +838,15 @@ def _step2_finding(trace: StepTrace, bw_frac: float, fl_frac: float) -> str:
             f"{fl_frac:.0%} of the matmul rate; {trace.work.kv_share:.0%} of the bytes are KV")
 
 
-def _step3_finding(busy: float, static_s: float, dynamic_s: float, gpu: bool) -> str:
+def _step3_finding(busy: float, static_s: float, dynamic_s: float, base: str, gpu: bool) -> str:
     gain = dynamic_s / static_s
     where = ("on a GPU, compilation and CUDA-graph replay remove launch gaps" if gpu else
              "on a CPU there are no CUDA graphs; a fixed-shape step only avoids the cache's reallocation")
     if busy < BUSY_THRESHOLD:
-        return f"launch-bound (busy {busy:.0%}): a stable loop is the next step; {where}; static/cached {gain:.2f}x faster"
-    return (f"not launch-bound (busy {busy:.0%}): a stable loop changes little ({gain:.2f}x); {where}")
+        return (f"launch-bound (busy {busy:.0%}): a stable loop is the next step; {where}; the static step "
+                f"ran {gain:.2f}x as fast as the {base} one")
+    return (f"not launch-bound (busy {busy:.0%}): the static step ran {gain:.2f}x as fast as the {base} one; "
+            f"{where}")
 
 
 def _step4_finding(sweep, useful, target: Target) -> str:

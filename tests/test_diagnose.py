@@ -386,3 +386,17 @@ def test_figures_draw_from_fake_numbers():
     assert len(fig.axes) == 2
     assert plots._op_kind("aten::mm") == "matmul" and plots._op_kind("aten::cat") == "copy"
     plt.close("all")
+
+
+def test_step_findings_both_ways():
+    from kvlab.diagnose import _step1_finding, _step3_finding, _step5_finding
+
+    assert "recomputation was the limit" in _step1_finding(20.0, 73.0)
+    assert "bought only 1.2x" in _step1_finding(1.2, 73.0)
+    assert "launch-bound (busy 20%)" in _step3_finding(0.2, 1.0, 2.0, "cached", gpu=True)
+    assert "not launch-bound" in _step3_finding(0.9, 1.0, 1.1, "paged", gpu=False)
+    assert "as fast as the paged one" in _step3_finding(0.9, 1.0, 1.1, "paged", gpu=False)
+    fits, full = roofline.Admission(1.0, 1.0, 5.0), roofline.Admission(1.0, 9.0, 5.0)
+    assert "does not fit" in _step5_finding(full, 0.9)
+    assert "would shorten the step" in _step5_finding(fits, 0.9)
+    assert "not the limit yet" in _step5_finding(fits, 0.1)
