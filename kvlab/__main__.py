@@ -61,14 +61,15 @@ def _diagnose(args) -> int:
         print(f"--method must be one of {METHODS}, got {args.method!r}", file=sys.stderr)
         return 2
     try:
-        size = args.size or ("real" if kvlab.on_gpu() else "cpu")
-        model = kvlab.tiny_model(args.arch, size=size, shape=args.shape,
-                                 max_positions=max(4096, args.context + args.new_tokens + 1))
+        if args.batch < 1 or args.context < 1 or args.new_tokens < 1:
+            raise ValueError(f"--batch, --context and --new-tokens must be >= 1, got {args.batch}, "
+                             f"{args.context} and {args.new_tokens}")
         ms = lambda v: None if v is None else v / 1e3  # noqa: E731
         target = Target(tpot=ms(args.tpot_ms), ttft=ms(args.ttft_ms),
                         memory=None if args.memory_gb is None else args.memory_gb * 1e9)
-        if args.batch < 1 or args.context < 1:
-            raise ValueError(f"--batch and --context must be >= 1, got {args.batch} and {args.context}")
+        size = args.size or ("real" if kvlab.on_gpu() else "cpu")
+        model = kvlab.tiny_model(args.arch, size=size, shape=args.shape,
+                                 max_positions=max(4096, args.context + args.new_tokens + 1))
         prompt = torch.randint(0, model.config.vocab_size, (args.batch, args.context),
                                generator=torch.Generator().manual_seed(0)).to(model.device)
         print(kvlab.hardware.stamp_line())

@@ -340,6 +340,9 @@ def test_cli_diagnose_prints_five_steps_and_a_verdict(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "kvlab", "diagnose", "--method", "fast"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--method must be one of" in bad.stderr
+    zero = subprocess.run([sys.executable, "-m", "kvlab", "diagnose", "--batch", "0"],
+                          capture_output=True, text=True, timeout=300)
+    assert zero.returncode == 2 and "--batch, --context and --new-tokens must be >= 1" in zero.stderr
 
 
 def test_batch_sweep_points_and_admission(small):
