@@ -403,3 +403,17 @@ def test_step_findings_both_ways():
     assert "does not fit" in _step5_finding(full, 0.9)
     assert "would shorten the step" in _step5_finding(fits, 0.9)
     assert "not the limit yet" in _step5_finding(fits, 0.1)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_diagnose_walks_every_loop(small, method):
+    ids = _ids(small, 2, 6)
+    d = diagnose(small, ids, 4, method=method, batches=[1, 2], target=Target(tpot=10.0))
+    assert d.method == method and d.verdict in VERDICTS and len(d.steps) == 5
+    assert d.context == 6 + 4 // 2
+    assert d.trace.work == step_work(small.shape, 2, d.context, method, 4, 4)
+    assert d.useful_batch == 2  # both fit and meet a 10 s TPOT
+    expected = decide(busy_fraction=d.trace.busy_fraction, bandwidth_fraction=d.bandwidth_fraction,
+                      flops_fraction=d.flops_fraction, kv_share=d.trace.work.kv_share)
+    assert (d.verdict, d.because) == expected
+    assert "verdict:" in str(d) and small.config._attn_implementation != "kvlab_paged"
