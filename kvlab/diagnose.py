@@ -792,7 +792,7 @@ def batch_sweep(model, input_ids, max_new_tokens: int, batches, method: str = "c
     batches = [integer("batches[i]", b) for b in batches]
     if not batches:
         raise ValueError("batches must name at least one batch size")
-    prompt = input_ids.shape[1] if hasattr(input_ids, "shape") else 0
+    prompt = _check_ids(input_ids).shape[1]
     _prepare(model, input_ids, prompt + max_new_tokens, method)
     return _sweep(model, input_ids, prompt + max_new_tokens // 2, prompt + max_new_tokens, method, batches,
                   this_machine(memory), compile)
