@@ -9,6 +9,9 @@ Stages, all run by default:
              loss log (train_log.tsv) and loss curve (loss_curve.png)
   eval       held-out perplexity and a greedy sample, written to metrics.json and the model card
 
+`--replay N` rebuilds the corpus and tokenizer and reruns the first N steps, comparing them with the
+committed tokenizer and loss log: a check that this script still reproduces the shipped model.
+
 `--check` trains a very small model for a few hundred steps on the committed held-out text with the
 committed tokenizer (no Debian package needed), checks that the loss falls, and writes nothing into
 the package: it is the test of this script. Run with one thread to reproduce the shipped run exactly:
@@ -132,8 +135,9 @@ def learning_rate(step: int, steps: int, lr: float, warmup: int, min_lr_ratio: f
 
 
 def train(model, ids, tok, context: int, steps: int, batch: int, lr: float, weight_decay: float,
-          log_path: Path | None, **schedule) -> list[tuple]:
-    """AdamW on random windows of ``ids`` (each window starts with <s>); returns the log rows."""
+          log_path: Path | None, stop_after: int | None = None, **schedule) -> list[tuple]:
+    """AdamW on random windows of ``ids`` (each window starts with <s>); returns the log rows.
+    ``stop_after`` ends the run early without changing the schedule (for ``--replay``)."""
     import torch
     from tqdm import tqdm
 
@@ -148,7 +152,7 @@ def train(model, ids, tok, context: int, steps: int, batch: int, lr: float, weig
     if log:
         log.write("step\ttokens\tloss\tlr\tseconds\n")
     model.train()
-    bar = tqdm(range(steps), desc="train", mininterval=5)
+    bar = tqdm(range(steps if stop_after is None else min(steps, stop_after)), desc="train", mininterval=5)
     for step in bar:
         rate = learning_rate(step, steps, lr, **schedule)
         for group in opt.param_groups:
@@ -216,6 +220,13 @@ quantization cost in quality, offline. Load it with `kvlab.trained_model()`.
 Greedy continuation of `{prompt!r}`:
 
 > {sample}
+
+## Reproducing it
+
+`apt-get install bible-kjv`, then `OMP_NUM_THREADS=1 python scripts/train_tiny.py` rebuilds the corpus,
+the tokenizer, the weights, this card, the log and the curve. `python scripts/train_tiny.py --replay 2`
+rebuilds the corpus and tokenizer and reruns the first two steps against the committed log;
+`--check` trains a very small model on the held-out text to show the script still learns.
 
 ## What this model is not
 
@@ -293,15 +304,42 @@ def check() -> int:
     return 0
 
 
+def replay(steps: int) -> int:
+    """Rebuild the corpus and tokenizer and rerun the first ``steps`` training steps: do they match
+    the committed tokenizer and loss log? (The learning-rate schedule of the first steps does not
+    depend on the total, so a short replay follows the shipped run exactly.)"""
+    import tempfile
+
+    import torch
+
+    torch.set_num_threads(1)
+    train_text, _ = prepare_corpus()
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = train_tokenizer(train_text, Path(tmp))
+        same_tokenizer = (Path(tmp) / "tokenizer.json").read_bytes() == (OUT / "tokenizer.json").read_bytes()
+    logged = [float(line.split("\t")[2]) for line in (OUT / "train_log.tsv").read_text().splitlines()[1:steps + 1]]
+    ids = torch.tensor(tok(train_text, add_special_tokens=False)["input_ids"])
+    model = build_model(tok, MODEL, CONTEXT)
+    rows = train(model, ids, tok, CONTEXT, log_path=None, **TRAIN, stop_after=steps)
+    gap = max(abs(r[2] - loss) for r, loss in zip(rows, logged))
+    print(f"replay: tokenizer {'identical' if same_tokenizer else 'DIFFERENT'}; first {steps} losses "
+          f"differ from the log by at most {gap:.1e}")
+    return 0 if same_tokenizer and gap < 2e-3 else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="a short run that verifies the loss falls")
     parser.add_argument("--stage", choices=["all", "corpus", "tokenizer", "eval"], default="all",
                         help="stop after this stage; eval alone re-evaluates the saved model and its log")
     parser.add_argument("--steps", type=int, default=TRAIN["steps"])
+    parser.add_argument("--replay", type=int, metavar="N",
+                        help="rerun the first N steps and compare with the committed tokenizer and log")
     args = parser.parse_args(argv)
     if args.check:
         return check()
+    if args.replay:
+        return replay(args.replay)
     import torch
 
     torch.set_num_threads(1)

@@ -117,3 +117,14 @@ def test_train_script_check_mode_loss_falls():
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     first, last = map(float, re.search(r"check: loss ([\d.]+) -> ([\d.]+)", result.stdout).groups())
     assert last < first - 1.0
+
+
+@pytest.mark.skipif(__import__("shutil").which("bible") is None,
+                    reason="needs Debian's bible-kjv package (apt-get install bible-kjv) for the corpus")
+def test_train_script_reproduces_the_shipped_run():
+    # Corpus, tokenizer and the first training steps, rebuilt from nothing, match what is committed.
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_tiny.py"), "--replay", "2"],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "tokenizer identical" in result.stdout

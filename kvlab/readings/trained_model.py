@@ -49,7 +49,7 @@ def sink_reading(share_bos, share_plain, uniform: float, tokens: int) -> str:
     else:
         text = head + (f"**This model shows no attention sinks**: no head puts {SINK_SHARE:.0%} of its attention "
                        f"on the first token (the largest share is {top[0]:.0%}, in layer {top[1]}, head "
-                       f"{top[2]}). StreamingLLM found sinks in every large model it examined; a model this small "
+                       f"{top[2]}, {top[0] / uniform:.0f} times the uniform share). StreamingLLM found sinks in every large model it examined; a model this small "
                        f"and this briefly trained need not have formed them, which is itself the finding. ")
     if plain and bos:
         text += (f"When the passage starts with an ordinary word instead, {len(plain)} heads still treat the first "
@@ -83,6 +83,14 @@ def stream_reading(loss: dict, nbytes: dict, window: int, sinks: int, context: i
                     "window alone to fail once the first tokens are evicted; it does not fail here, which is "
                     "likely because this small model's heads do not lean on the first token strongly enough (see "
                     "the sink measurement above), so losing it costs little.")
+    if rec - win > LOSS_MARGIN:
+        text.append(f"Recomputing is worse than the cached window here, by {rec - win:.2f} nats: a recomputed "
+                    "window starts with an ordinary word at position 0, where every training window had `<s>`, "
+                    "while the cached window's entries were computed when each token could still see further "
+                    "back.")
+    else:
+        text.append("Recomputation, at its quadratic cost, is as good as or better than the cached window, as "
+                    "StreamingLLM found.")
     if full_long - full_short > LOSS_MARGIN:
         text.append(f"The full cache keeps everything and still gets worse past the {context}-token training "
                     f"context ({full_short:.2f} nats before, {full_long:.2f} after): its queries meet keys at "
@@ -125,9 +133,10 @@ def quant_reading(ppl: dict, agree: dict, nbytes: dict, full_ppl: float, full_by
             f"{si(full_bytes, 'B')}, {full_bytes / nbytes[(2, 'channel')]:.1f} times less, scales and zero "
             "points included."]
     if t2 > c2 * (1 + QUALITY_MARGIN):
-        text.append(f"Grouping 2-bit keys per token instead raises the perplexity to {t2:.2f}: KIVI's argument "
-                    "holds on this model. A per-token group spans every channel of one key, so its step is set by "
-                    "the largest channel and the ordinary channels are rounded coarsely.")
+        text.append(f"Grouping 2-bit keys per token instead raises the perplexity to {t2:.2f}, "
+                    f"{t2 / c2 - 1:.1%} more: KIVI's argument holds on this model. A per-token group spans every "
+                    "channel of one key, so its step is set by the key's largest channel and the smaller ones are "
+                    "rounded coarsely; the more uneven the channels, the larger the gap.")
     else:
         relation = "lower than" if t2 < c2 * (1 - QUALITY_MARGIN) else f"within {QUALITY_MARGIN:.0%} of"
         text.append(f"Grouping 2-bit keys per token gives {t2:.2f}, {relation} per channel. KIVI expects per-token "
