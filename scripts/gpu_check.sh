@@ -16,4 +16,7 @@ TRITON_INTERPRET=0 timeout 300 $PY -m pytest tests -q -p no:cacheprovider -rs \
     --ignore=tests/test_notebooks.py 2>&1 | tee "$OUT/gpu-tests.log"
 tests=${PIPESTATUS[0]}
 timeout 240 $PY -m kvlab record "$OUT/$name-$day.json" 2>&1 | tee "$OUT/bench.txt"
+# Section 9.8: the cached and static step traces that notebook 09 draws beside the reader's own.
+timeout 120 $PY -m kvlab diagnose --context 1024 --save-traces "$OUT/$name-$day-diagnose-traces.json" 2>&1 \
+    | tee "$OUT/diagnose.txt"
 echo "tests exit $tests"
