@@ -16,13 +16,13 @@ code that produces the tokens.
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass
 
 import torch
 
 from ._checks import integer
+from .versions import cache_kwargs, returned_cache, takes
 
 METHODS = ("naive", "cached", "static")
 
@@ -96,21 +96,10 @@ def _positions(mask):
     return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
 
 
-def _cache_kw(model) -> str:
-    """transformers 5.x calls the argument ``cache``; earlier releases ``past_key_values``."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 def _last_logits_only(model) -> dict:
     """Ask for the last position's logits only: a greedy pick needs no more, and a long prompt's
     full [batch, P, vocab] logits would cost more memory than its KV cache."""
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-
-
-def _returned_cache(out):
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
+    return {"logits_to_keep": 1} if takes(model, "logits_to_keep") else {}
 
 
 def _greedy(logits):
@@ -139,10 +128,10 @@ def _cached_steps(model, input_ids, max_new_tokens, mask, cache=None):
     position = _positions(mask)
     # ``cache``: a transformers Cache to fill instead of the model's default (section 9.7's windowed,
     # sink and quantized caches); None lets the model create its own DynamicCache.
-    given = {} if cache is None else {_cache_kw(model): cache}
+    given = {} if cache is None else cache_kwargs(model, cache)
     out = model(input_ids, attention_mask=mask, position_ids=position, use_cache=True, **given,
                 **_last_logits_only(model))
-    kw = {_cache_kw(model): _returned_cache(out)}
+    kw = cache_kwargs(model, returned_cache(out))
     token = _greedy(out.logits)
     yield token
     position = position[:, -1:]
@@ -163,7 +152,7 @@ class _StaticStep:
     """
 
     def __init__(self, model, cache, compile: bool):
-        self.model, self.kw = model, {_cache_kw(model): cache}
+        self.model, self.kw = model, cache_kwargs(model, cache)
         forward = self._forward
         # fullgraph=False: a graph break costs speed, not a crash on a reader's GPU.
         self.step = torch.compile(forward, mode="reduce-overhead", fullgraph=False) if compile else forward
@@ -191,7 +180,7 @@ def _static_steps(model, input_ids, max_new_tokens, mask, compile=None):
     full_mask[:, :prompt] = mask
     position = _positions(mask)
     out = model(input_ids, attention_mask=full_mask, position_ids=position, use_cache=True,
-                **{_cache_kw(model): cache}, **_last_logits_only(model))
+                **cache_kwargs(model, cache), **_last_logits_only(model))
     token = _greedy(out.logits)
     yield token
     step = _StaticStep(model, cache, compile)

@@ -322,7 +322,8 @@ class _Step:
     def __init__(self, model, batch: int, context: int, seed: int = 0):
         import torch
 
-        from .decode import _cache_kw, _last_logits_only
+        from .decode import _last_logits_only
+        from .versions import cache_kwargs
 
         self.model, self.context = model, context
         self.cache = random_cache(model, batch, context, seed)
@@ -330,7 +331,7 @@ class _Step:
         self.token = torch.randint(0, model.config.vocab_size, (batch, 1), device=dev)
         self.kw = dict(attention_mask=torch.ones(batch, context + 1, dtype=torch.long, device=dev),
                        position_ids=torch.full((batch, 1), context, dtype=torch.long, device=dev),
-                       use_cache=True, **{_cache_kw(model): self.cache}, **_last_logits_only(model))
+                       use_cache=True, **cache_kwargs(model, self.cache), **_last_logits_only(model))
 
     def __call__(self):
         import torch

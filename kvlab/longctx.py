@@ -33,6 +33,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from ._checks import integer
 from . import roofline
 from .models import SHAPES, ModelShape
+from .versions import cache_kwargs
 
 GIB = 2**30
 BITS = (2, 4, 8)
@@ -283,6 +284,9 @@ class BoundedLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return self.num_sink + self.window
 
+    def get_max_cache_shape(self) -> int:  # transformers < 5.13 asks under this name
+        return self.get_max_length()
+
     def reset(self):
         self.keys = self.values = self.positions = None
         self.is_initialized = False
@@ -484,6 +488,9 @@ class _KeepAllLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return -1
+
+    def get_max_cache_shape(self) -> int:  # transformers < 5.13 asks under this name
+        return self.get_max_length()
 
 
 class QuantizedLayer(_KeepAllLayer):
@@ -747,8 +754,8 @@ def stream_eval(model, tokens: torch.Tensor, cache=None, first: int = 4, recent:
     n = ids.shape[1]
     logprobs, mass_first, mass_recent = [], [], []
     for t in range(n - 1):
-        out = model(ids[:, t: t + 1], position_ids=torch.tensor([[t]], device=model.device), cache=cache,
-                    use_cache=True, output_attentions=attention)
+        out = model(ids[:, t: t + 1], position_ids=torch.tensor([[t]], device=model.device),
+                    **cache_kwargs(model, cache), use_cache=True, output_attentions=attention)
         logprobs.append(torch.log_softmax(out.logits[0, -1].float(), -1))
         if attention:
             weights = torch.stack([a[0, :, -1].float() for a in out.attentions])  # [layers, heads, kv]

@@ -1,0 +1,98 @@
+"""The library versions kvlab supports, and the one place that speaks to transformers' cache API.
+
+Serves every section that runs a model (9.1 to 9.7). transformers has renamed the cache argument of
+``forward`` twice during 5.x: ``past_key_values`` (5.4 to 5.15), ``cache`` (later releases, which
+still accept the old name), and Mamba's ``cache_params``; the returned cache moved with it. A name
+that a ``forward`` does not declare falls into its ``**kwargs`` and is silently ignored, so the cache
+never fills and nothing fails. Every call site in kvlab therefore passes and reads its cache through
+:func:`cache_kwargs` and :func:`returned_cache`, which look at the model's own signature.
+
+The floors are the lowest releases the test suite runs on (``make test`` runs it a second time in
+``.venv-floor``, built from ``requirements-floor.txt``). transformers 5.4 is the first release whose
+cache layers take the query length (not a position tensor) in ``get_mask_sizes`` and whose models no
+longer take ``cache_position``; below it kvlab would be half compatibility code.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from importlib.metadata import PackageNotFoundError, version
+
+FLOORS = {"transformers": "5.4.0", "torch": "2.6.0"}
+CACHE_ARGUMENTS = ("cache", "past_key_values", "cache_params")  # newest name first
+
+
+def _parse(text: str):
+    from packaging.version import Version
+
+    return Version(text.split("+")[0])
+
+
+def installed(distribution: str) -> str | None:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def below_floor() -> dict[str, str]:
+    """``{distribution: installed version}`` for each supported library installed below its floor."""
+    low = {}
+    for name, floor in FLOORS.items():
+        have = installed(name)
+        if have is not None and _parse(have) < _parse(floor):
+            low[name] = have
+    return low
+
+
+def upgrade_command(low: dict[str, str]) -> str:
+    return "pip install -U " + " ".join(f"'{name}>={FLOORS[name]}'" for name in low)
+
+
+def warn_if_below_floor() -> None:
+    """One warning, with the command that fixes it, when transformers or torch is too old for kvlab."""
+    low = below_floor()
+    if low:
+        have = ", ".join(f"{name} {v} (kvlab needs >= {FLOORS[name]})" for name, v in low.items())
+        warnings.warn(f"{have}; run `{upgrade_command(low)}` and restart the kernel", stacklevel=3)
+
+
+def require_transformers(minimum: str, feature: str) -> None:
+    """Raise a clear error when ``feature`` needs a newer transformers than the one installed."""
+    have = installed("transformers") or "0"
+    if _parse(have) < _parse(minimum):
+        raise RuntimeError(f"{feature} needs transformers >= {minimum}; this runtime has {have} "
+                           f"(pip install -U 'transformers>={minimum}')")
+
+
+def _forward_parameters(model):
+    return inspect.signature(model.forward).parameters
+
+
+def cache_argument(model) -> str:
+    """The name under which ``model.forward`` takes its cache in this transformers release."""
+    params = _forward_parameters(model)
+    for name in CACHE_ARGUMENTS:
+        if name in params:
+            return name
+    raise TypeError(f"{type(model).__name__}.forward takes none of {CACHE_ARGUMENTS}: kvlab cannot pass it a cache")
+
+
+def cache_kwargs(model, cache) -> dict:
+    """``{name: cache}`` for ``model(..., **cache_kwargs(model, cache))``: never ``cache=`` directly."""
+    return {cache_argument(model): cache}
+
+
+def returned_cache(output):
+    """The cache a forward pass returned (``output.cache``, ``.past_key_values`` or ``.cache_params``)."""
+    for name in CACHE_ARGUMENTS:
+        cache = getattr(output, name, None)
+        if cache is not None:
+            return cache
+    raise ValueError("the model returned no cache: call it with use_cache=True")
+
+
+def takes(model, argument: str) -> bool:
+    """Whether ``model.forward`` declares ``argument`` (``logits_to_keep``, ``cache_position``, ...)."""
+    return argument in _forward_parameters(model)
