@@ -1,16 +1,20 @@
 """The library versions kvlab supports, and the one place that speaks to transformers' cache API.
 
 Serves every section that runs a model (9.1 to 9.7). transformers has renamed the cache argument of
-``forward`` twice during 5.x: ``past_key_values`` (5.4 to 5.15), ``cache`` (later releases, which
-still accept the old name), and Mamba's ``cache_params``; the returned cache moved with it. A name
+``forward`` twice during 5.x: ``past_key_values`` (to 5.15), ``cache`` (later releases, which still
+accept the old name), and Mamba's ``cache_params``; the returned cache moved with it. A name
 that a ``forward`` does not declare falls into its ``**kwargs`` and is silently ignored, so the cache
 never fills and nothing fails. Every call site in kvlab therefore passes and reads its cache through
 :func:`cache_kwargs` and :func:`returned_cache`, which look at the model's own signature.
 
 The floors are the lowest releases the test suite runs on (``make test`` runs it a second time in
-``.venv-floor``, built from ``requirements-floor.txt``). transformers 5.4 is the first release whose
-cache layers take the query length (not a position tensor) in ``get_mask_sizes`` and whose models no
-longer take ``cache_position``; below it kvlab would be half compatibility code.
+``.venv-floor``, built from ``requirements-floor.txt``). transformers 5.5 is the first release in
+which every model kvlab runs (Llama, Mamba, Jamba) keeps its state in the one layered ``Cache``,
+whose layers take the query length (not a position tensor) in ``get_mask_sizes``, and in which no
+model takes ``cache_position``. Below it kvlab would be half compatibility code; from it, two small
+differences remain and are handled where they occur (cache layers also answer
+``get_max_cache_shape``, the name before 5.13; SSM states are a tensor before 5.14, a dict after).
+torch's floor is transformers' own (2.6); kvlab uses nothing newer.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import inspect
 import warnings
 from importlib.metadata import PackageNotFoundError, version
 
-FLOORS = {"transformers": "5.4.0", "torch": "2.6.0"}
+FLOORS = {"transformers": "5.5.0", "torch": "2.6.0"}
 CACHE_ARGUMENTS = ("cache", "past_key_values", "cache_params")  # newest name first
 
 
