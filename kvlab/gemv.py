@@ -154,7 +154,8 @@ class GemvSweep:
 
 
 def default_sizes(gpu: bool | None = None) -> dict:
-    """Sweep sizes: on a GPU an 8192 x 8192 bf16 weight (134 MB) and n = 1..4096; on a CPU a
+    """Sweep sizes: on a GPU an 8192 x 8192 half-precision weight (134 MB; bf16 where the GPU has it,
+    else fp16) and n = 1..4096; on a CPU a
     4096 x 6144 fp32 weight (101 MB, several times a server's last-level cache) and n = 1..512.
     """
     if gpu is None:
@@ -162,7 +163,9 @@ def default_sizes(gpu: bool | None = None) -> dict:
 
         gpu = on_gpu()
     if gpu:
-        return dict(K=8192, N=8192, ns=GPU_NS, dtype="bfloat16")
+        from .hardware import device_and_dtype
+
+        return dict(K=8192, N=8192, ns=GPU_NS, dtype=str(device_and_dtype("cuda")[1]).removeprefix("torch."))
     return dict(K=4096, N=6144, ns=CPU_NS, dtype="float32")
 
 
