@@ -101,3 +101,11 @@ def test_a_real_model_fills_the_cache_it_is_given():
         out = model(torch.tensor([[1, 2, 3]]), use_cache=True, **versions.cache_kwargs(model, cache))
     assert cache.get_seq_length() == 3  # a name the forward ignored would leave it empty
     assert versions.returned_cache(out) is cache
+
+
+def test_no_call_site_reads_a_returned_cache_by_one_release_name():
+    """``out.cache`` exists only in recent transformers; ``returned_cache(out)`` in every release."""
+    pattern = re.compile(r"\)\.(cache|past_key_values|cache_params)\b")
+    sources = list((ROOT / "kvlab").rglob("*.py")) + list((ROOT / "notebooks").glob("*.ipynb"))
+    offenders = [f"{p.name}: {m.group(0)}" for p in sources for m in pattern.finditer(p.read_text())]
+    assert not offenders
