@@ -138,19 +138,74 @@ class GemvSweep:
         return max(p.flops_per_s for p in self.points)
 
     @property
-    def knee_batch(self) -> float:
-        """The n at which the sweep's achieved FLOP/s stops growing linearly: where the line
-        through the smallest n's rate (FLOP/s proportional to n, as a weight-bound product gives)
-        meets the highest rate the sweep reached. The measured counterpart of the ridge point.
-        """
-        first = self.points[0]
-        return self.peak_flops_per_s / (first.flops_per_s / first.n)
+    def fit(self) -> RooflineFit:
+        """Both roofline segments fitted to the sweep: see :func:`fit_roofline`."""
+        return fit_roofline([p.intensity for p in self.points], [p.flops_per_s for p in self.points])
 
     @property
     def knee_intensity(self) -> float:
-        """Arithmetic intensity at ``knee_batch`` (FLOP/byte): the measured ridge point."""
-        n = self.knee_batch
-        return 2 * n * self.K * self.N / ((self.K * self.N + n * (self.K + self.N)) * self.points[0].element_size)
+        """The fitted knee (FLOP/byte), where the two fitted segments meet: the measured ridge
+        point; nan when the sweep did not reach both regimes."""
+        return self.fit.knee
+
+    @property
+    def knee_batch(self) -> float:
+        """The n whose intensity reaches the fitted knee (nan without one)."""
+        knee = self.knee_intensity
+        if not math.isfinite(knee):
+            return float("nan")
+        return batch_at_intensity(knee, self.K, self.N, self.points[0].element_size)
+
+
+@dataclass(frozen=True)
+class RooflineFit:
+    """A roofline fitted to measured points: FLOP/s = min(bandwidth x intensity, peak).
+
+    ``bandwidth`` (bytes/s) is fitted to the points left of the knee, ``peak`` (FLOP/s) to those
+    right of it; ``split`` is how many points (in increasing intensity) the bandwidth segment
+    took. ``knee = peak / bandwidth`` in FLOP/byte; nan when either segment has fewer than two
+    points, that is, when the sweep did not reach both regimes.
+    """
+
+    bandwidth: float
+    peak: float
+    split: int
+    points: int
+    rms_log_error: float
+
+    @property
+    def knee(self) -> float:
+        if self.split < 2 or self.points - self.split < 2:
+            return float("nan")
+        return self.peak / self.bandwidth
+
+
+def fit_roofline(intensities, rates) -> RooflineFit:
+    """Fit both segments of a roofline to measured (intensity, FLOP/s) points (section 9.3).
+
+    Least squares in log space over every split of the points, sorted by intensity, into a
+    bandwidth-bound left part (log rate = log bandwidth + log intensity) and a compute-bound right
+    part (log rate = log peak); the split with the smallest error wins. Nothing is anchored to one
+    point, so the knee is a property of the whole sweep, not of its first measurement.
+    """
+    pts = sorted(zip(intensities, rates))
+    if len(pts) < 2 or any(not (x > 0 and y > 0) for x, y in pts):
+        raise ValueError(f"fit_roofline needs at least two points with positive intensity and rate, got {pts!r}")
+    lx = [math.log(x) for x, _ in pts]
+    ly = [math.log(y) for _, y in pts]
+    best = None
+    for k in range(len(pts) + 1):
+        left = [y - x for x, y in zip(lx[:k], ly[:k])]
+        right = ly[k:]
+        lb = statistics.fmean(left) if left else -math.inf
+        lp = statistics.fmean(right) if right else math.inf
+        sse = sum((v - lb) ** 2 for v in left) + sum((v - lp) ** 2 for v in right)
+        if best is None or sse < best[0] - 1e-12:
+            best = (sse, k, lb, lp)
+    sse, k, lb, lp = best
+    bandwidth = math.exp(lb) if k else max(y / x for x, y in pts)  # no left part: bound it from above
+    peak = math.exp(lp) if k < len(pts) else max(y for _, y in pts)
+    return RooflineFit(bandwidth, peak, k, len(pts), math.sqrt(sse / len(pts)))
 
 
 def default_sizes(gpu: bool | None = None) -> dict:
@@ -511,7 +566,7 @@ def profile_step(model, batch: int = 1, context: int = 128, warmup: int = 2, rep
 def bench_rows(result: GemvSweep | None = None, calibration: Calibration | None = None) -> list:
     """Rows for ``python -m kvlab bench`` (section 9.3): the GEMV bandwidth at batch 1 against the
     calibrated copy bandwidth, and the ridge point, calibrated (matmul rate / copy bandwidth) and
-    measured (the sweep's knee, ``GemvSweep.knee_batch``), in FLOP/byte and as a batch n.
+    measured (the knee of both roofline segments fitted to the sweep), in FLOP/byte and as a batch n.
     """
     from .bench import Row
     from .hardware import calibrate
@@ -531,7 +586,8 @@ def bench_rows(result: GemvSweep | None = None, calibration: Calibration | None 
         Row("ridge batch, calibrated", batch_at_intensity(ridge, s.K, s.N, w), "n",
             f"the n whose intensity reaches the calibrated ridge, K = {s.K}, N = {s.N}"),
         Row("ridge batch, measured", s.knee_batch, "n",
-            f"where FLOP/s growing linearly from n = {one.n} meets the sweep's peak"),
-        Row("ridge point, measured", s.knee_intensity, "FLOP/B", "intensity at the measured ridge batch"),
+            "the n whose intensity reaches the fitted knee"),
+        Row("ridge point, measured", s.knee_intensity, "FLOP/B",
+            "knee of both roofline segments fitted to the sweep (nan: the sweep did not bend)"),
         Row("sweep peak", s.peak_flops_per_s / 1e12, "TFLOP/s", f"n = {s.ns[0]} .. {s.ns[-1]}"),
     ]

@@ -10,6 +10,11 @@ both ways:
 * static (the book build, ``KVLAB_STATIC=1``): ``measure`` runs over every slider combination up
   front and the result is a self-contained HTML slider (inline PNGs, a few lines of inline
   JavaScript, nothing fetched) that flips between the pre-rendered figures, offline too.
+
+A ``reading(result, **params)`` function, when given, writes the paragraph under the figure as
+Markdown. It is redrawn with the figure: live, as Markdown output in the panel; static, converted
+to HTML per slider state at build time (tables and ``$math$`` included; MathJax typesets the math
+again after each swap).
 """
 
 from __future__ import annotations
@@ -32,25 +37,27 @@ SLOW_RUN_S = 1.0  # a first run slower than this turns off rerun-on-change and s
 
 def explore(measure: Callable, sliders: Mapping[str, Sequence], plot: Callable, *,
             defaults: Mapping | None = None, title: str | None = None,
-            static: bool | None = None) -> Explorer:
+            reading: Callable | None = None, static: bool | None = None) -> Explorer:
     """Show ``plot(measure(**params), **params)`` with one slider per parameter.
 
     ``sliders`` maps each parameter name to its discrete values (ints, floats or strings), in
     display order; ``{}`` gives a plain figure. ``defaults`` picks a starting value per slider
     (each one of that slider's values); otherwise the first value. ``measure(**params)`` returns any
-    result object and ``plot(result, **params)`` a matplotlib Figure. ``static=None`` means
+    result object and ``plot(result, **params)`` a matplotlib Figure. ``reading(result, **params)``,
+    if given, returns the Markdown shown under the figure and redrawn with it. ``static=None`` means
     ``os.environ.get("KVLAB_STATIC") == "1"``.
 
-    Returns an :class:`Explorer`; its ``.result`` (the result at the defaults) is what the prose
-    below a figure quotes. Serves every section of the book.
+    Returns an :class:`Explorer`; its ``.result`` (the result at the defaults) is what later cells
+    quote. Serves every section of the book.
     """
-    return Explorer(measure, sliders, plot, defaults=defaults, title=title, static=static)
+    return Explorer(measure, sliders, plot, defaults=defaults, title=title, reading=reading, static=static)
 
 
 class Explorer:
     """The panel ``explore`` returns; see :func:`explore`. Serves every section of the book.
 
     Attributes: ``params`` (the defaults, name -> value), ``result`` (the result at the defaults),
+    ``reading`` (its Markdown, or None), ``readings`` (Markdown per combination drawn so far),
     ``results`` and ``errors`` (keyed by a tuple of values in slider order: the result, or the
     ``TypeName: message`` text of what ``measure`` or ``plot`` raised, for every combination run so
     far), ``static`` (which mode). Live mode adds the widgets: ``sliders`` (name -> SelectionSlider),
@@ -59,15 +66,18 @@ class Explorer:
 
     def __init__(self, measure: Callable, sliders: Mapping[str, Sequence], plot: Callable, *,
                  defaults: Mapping | None = None, title: str | None = None,
-                 static: bool | None = None):
+                 reading: Callable | None = None, static: bool | None = None):
         self._values = _check_sliders(sliders)
         self._names = list(self._values)
         self.params = _check_defaults(self._values, defaults)
-        self._measure, self._plot, self.title = measure, plot, title
+        if reading is not None and not callable(reading):
+            raise TypeError(f"reading must be a function (result, **params) -> str, got {type(reading).__name__}")
+        self._measure, self._plot, self._reading, self.title = measure, plot, reading, title
         self.static = os.environ.get("KVLAB_STATIC") == "1" if static is None else bool(static)
         self.results: dict[tuple, object] = {}
         self.errors: dict[tuple, str] = {}
         self._pngs: dict[tuple, bytes] = {}
+        self.readings: dict[tuple, str] = {}
         self._default_key = tuple(self.params[n] for n in self._names)
         if self.static:
             with _quiet():
@@ -85,6 +95,11 @@ class Explorer:
             raise RuntimeError(f"measure failed at {self._describe(key)}: {self.errors.get(key, 'not run')}")
         return self.results[key]
 
+    @property
+    def reading(self) -> str | None:
+        """The Markdown under the figure at the defaults (None without a ``reading`` function)."""
+        return self.readings.get(self._default_key)
+
     def __repr__(self) -> str:
         mode = "static" if self.static else "live"
         return (f"<Explorer {self.title or ''} ({mode}): {len(self.results)} results, "
@@ -94,15 +109,24 @@ class Explorer:
         return ", ".join(f"{n}={v}" for n, v in zip(self._names, key))
 
     def _compute(self, key: tuple, dpi: int, fresh: bool = False) -> bytes | None:
-        """Measure (unless cached) and render one combination; returns PNG bytes, or None on error."""
+        """Measure (unless cached), draw and write the reading of one combination.
+
+        Returns PNG bytes, or None on error (the error text is kept in ``errors``).
+        """
         params = dict(zip(self._names, key))
         self.errors.pop(key, None)
         self._pngs.pop(key, None)
+        self.readings.pop(key, None)
         try:
             if fresh or key not in self.results:
                 self.results.pop(key, None)
                 self.results[key] = self._measure(**params)
             png = _render(self._plot, self.results[key], params, dpi)
+            if self._reading is not None:
+                text = self._reading(self.results[key], **params)
+                if not isinstance(text, str):
+                    raise TypeError(f"reading must return a str of Markdown, got {type(text).__name__}")
+                self.readings[key] = text
         except Exception as e:  # shown to the reader as one line; KeyboardInterrupt still stops
             self.errors[key] = f"{type(e).__name__}: {e}"
             return None
@@ -126,16 +150,26 @@ class Explorer:
         images: list[str | None] = []
         by_bytes: dict[bytes, int] = {}
         frames: dict[str, int | str] = {}
+        texts: list[str] = []  # each distinct reading once, as HTML
+        by_text: dict[str, int] = {}
+        text_frames: dict[str, int] = {}
         for idx in itertools.product(*(range(len(v)) for v in self._values.values())):
             key = tuple(self._values[n][i] for n, i in zip(self._names, idx))
+            name = ",".join(map(str, idx))
             png = self._pngs.get(key)
             if png is None:
-                frames[",".join(map(str, idx))] = self.errors.get(key, "not run")
+                frames[name] = self.errors.get(key, "not run")
                 continue
             if png not in by_bytes:
                 by_bytes[png] = len(images)
                 images.append(None if png == default_png else _data_uri(png))
-            frames[",".join(map(str, idx))] = by_bytes[png]
+            frames[name] = by_bytes[png]
+            if key in self.readings:
+                text = self.readings[key]
+                if text not in by_text:
+                    by_text[text] = len(texts)
+                    texts.append(markdown_html(text))
+                text_frames[name] = by_text[text]
 
         parts = [f'<div id="{uid}" class="kvlab-explorer" style="margin:0.5em 0">']
         if title:
@@ -155,9 +189,13 @@ class Explorer:
                      f'{"display:none" if default_png is None else ""}">')
         parts.append(f'<pre class="kvlab-error" style="color:#b00000;white-space:pre-wrap;'
                      f'{"" if err else "display:none"}">{html.escape(err or "")}</pre>')
+        if self._reading is not None:
+            default_text = self.readings.get(self._default_key)
+            parts.append('<div class="kvlab-reading" aria-live="polite">'
+                         f'{markdown_html(default_text) if default_text is not None else ""}</div>')
         if self._names:
             data = {"images": images, "frames": frames, "labels": labels, "names": self._names,
-                    "title": title}
+                    "title": title, "texts": texts, "text_frames": text_frames}
             script = _SCRIPT.replace("__ID__", json.dumps(uid)).replace("__DATA__", _js(data))
             parts.append(f"<script>{script}</script>")
         parts.append("</div>")
@@ -226,14 +264,16 @@ class Explorer:
         return elapsed
 
     def _show(self, key: tuple, note: str) -> None:
-        png, err = self._pngs.get(key), self.errors.get(key)
+        png, err, text = self._pngs.get(key), self.errors.get(key), self.readings.get(key)
         if _in_ipython():
-            from IPython.display import Image, display
+            from IPython.display import Image, Markdown, display
 
             with self.output:
                 self.output.clear_output(wait=png is not None)
                 if png is not None:
                     display(Image(data=png, format="png"))
+                if text is not None:
+                    display(Markdown(text))
         if err is not None:
             self.status.value = f'<span style="color:#b00000">{html.escape(err)}</span>'
         else:
@@ -295,6 +335,28 @@ def _render(plot: Callable, result, params: dict, dpi: int) -> bytes:
             plt.close(num)
 
 
+def markdown_html(text: str) -> str:
+    """Markdown to HTML for the static book: CommonMark with pipe tables and ``$math$``.
+
+    Math is written the way Sphinx writes it (``\\(...\\)`` and ``\\[...\\]`` in elements of class
+    ``math``), so the book's bundled MathJax typesets it.
+    """
+    from markdown_it import MarkdownIt
+    from mdit_py_plugins.dollarmath import dollarmath_plugin
+
+    def tex(content: str, options: dict) -> str:
+        content = html.escape(content)
+        return f"\\[{content}\\]" if options["display_mode"] else f"\\({content}\\)"
+
+    md = MarkdownIt("commonmark", {"html": False}).enable("table").enable("strikethrough")
+    md.use(dollarmath_plugin, renderer=tex)
+    out = md.render(text)
+    # the plugin's classes ("math inline"/"math block") plus Sphinx's, so both CSS rules apply
+    out = out.replace("<table>", "<table class=\"table\">")
+    return out.replace('class="math inline"', 'class="math notranslate nohighlight"').replace(
+        'class="math block"', 'class="math notranslate nohighlight"')
+
+
 def _data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
@@ -341,6 +403,7 @@ _SCRIPT = """
 (function () {
   var root = document.getElementById(__ID__), d = __DATA__;
   var img = root.querySelector("img"), err = root.querySelector(".kvlab-error");
+  var reading = root.querySelector(".kvlab-reading");
   var inputs = root.querySelectorAll("input[type=range]"), outs = root.querySelectorAll("output");
   for (var k = 0; k < d.images.length; k++) if (d.images[k] === null) d.images[k] = img.getAttribute("src");
   function show() {
@@ -350,13 +413,23 @@ _SCRIPT = """
       idx.push(i); vals.push(d.names[j] + "=" + label);
       outs[j].textContent = label; inputs[j].setAttribute("aria-valuetext", label);
     }
-    var f = d.frames[idx.join(",")];
+    var name = idx.join(","), f = d.frames[name];
     if (typeof f === "number") {
       img.src = d.images[f]; img.alt = (d.title ? d.title + ": " : "") + vals.join(", ");
       img.style.display = ""; err.style.display = "none";
     } else {
       err.textContent = f; err.style.display = ""; img.style.display = "none";
     }
+    if (reading) showReading(d.text_frames[name]);
+  }
+  var shownText = -1;
+  function showReading(t) {
+    if (t === shownText) return;
+    shownText = t;
+    var M = window.MathJax;
+    if (M && M.typesetClear) M.typesetClear([reading]);
+    reading.innerHTML = typeof t === "number" ? d.texts[t] : "";
+    if (M && M.typesetPromise) M.typesetPromise([reading]);
   }
   for (var j = 0; j < inputs.length; j++) inputs[j].addEventListener("input", show);
   show();

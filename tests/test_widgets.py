@@ -1,5 +1,6 @@
 """kvlab.widgets (static HTML slider and live ipywidgets panel) and kvlab.plots helpers."""
 
+import json
 import re
 
 import matplotlib
@@ -167,6 +168,107 @@ def test_no_sliders_is_a_plain_figure():
 def test_non_figure_from_plot_is_an_error():
     ex = explore(lambda a: a, {"a": [1]}, lambda r, a: None, static=True)
     assert ex.errors == {(1,): "TypeError: plot must return a matplotlib Figure, got NoneType"}
+
+
+# -- readings ------------------------------------------------------------------------------------
+
+
+def parity(result, a, b):
+    """A reading with both outcomes written, as the notebooks' readings are."""
+    kind = "even" if result % 2 == 0 else "odd"
+    return f"At $a = {a}$ the result **{result}** is {kind}.\n\n| a | b |\n|---|---|\n| {a} | {b} |\n"
+
+
+def test_reading_is_markdown_output_and_returns_none(monkeypatch):
+    import IPython.display
+
+    import kvlab
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.extend(objs))
+    assert kvlab.reading("| x |\n|---|\n| $1$ |") is None
+    assert len(shown) == 1 and isinstance(shown[0], IPython.display.Markdown)
+    assert shown[0].data == "| x |\n|---|\n| $1$ |"
+    assert shown[0]._repr_markdown_() == "| x |\n|---|\n| $1$ |"
+
+
+def test_reading_rejects_non_text():
+    import kvlab
+
+    with pytest.raises(TypeError, match="markdown_text must be a str.*float"):
+        kvlab.reading(2.5)
+
+
+def test_markdown_html_renders_tables_and_math_for_mathjax():
+    out = widgets.markdown_html("Time $t$ at $$B$$\n\n| $B$ | $T$ |\n|---|--:|\n| 1 | 2 |\n\n$$\nx < y\n$$\n")
+    assert '<table class="table">' in out and "<th>" in out and "|---" not in out
+    assert r'<span class="math notranslate nohighlight">\(B\)</span>' in out
+    assert '<div class="math notranslate nohighlight">\n\\[x &lt; y\\]\n</div>' in out
+    assert "<script" not in widgets.markdown_html("<script>alert(1)</script>")  # raw HTML is escaped
+
+
+def test_static_reading_under_the_figure_follows_the_slider():
+    ex = explore(lambda a, b: a, {"a": [1, 2, 3], "b": ["x", "y"]}, tiny_plot, reading=parity,
+                 defaults={"a": 2}, static=True)
+    assert ex.reading == parity(2, 2, "x")
+    assert set(ex.readings) == set(ex.results) and len(ex.readings) == 6
+    page = ex._repr_html_()
+    default = re.search(r'<div class="kvlab-reading"[^>]*>(.*?)</div>\n', page, flags=re.S).group(1)
+    assert "<strong>2</strong> is even" in default and "<table" in default
+    assert r"\(a = 2\)" in default
+    # every state's reading travels once, as HTML, with a frame map from slider indices to it
+    data = _script_data(page)
+    assert len(data["texts"]) == 6 and data["text_frames"]["0,1"] == data["texts"].index(
+        widgets.markdown_html(parity(1, 1, "y")))
+    assert all("<table" in t and "|---" not in t for t in data["texts"])
+    assert "typesetPromise" in page  # MathJax typesets the math again after a swap
+
+
+def test_static_identical_readings_are_stored_once():
+    ex = explore(lambda a, b: a, {"a": [1, 2], "b": [10, 20, 30]}, tiny_plot,
+                 reading=lambda r, a, b: f"a is {a}", static=True)
+    data = _script_data(ex._repr_html_())
+    assert len(data["texts"]) == 2 and len(data["text_frames"]) == 6
+
+
+def test_reading_that_fails_or_returns_non_text_is_an_error_line():
+    def reading(result, a):
+        if a == 2:
+            raise ValueError("no reading for a=2")
+        return 42 if a == 3 else "fine"
+
+    ex = explore(lambda a: a, {"a": [1, 2, 3]}, tiny_plot, reading=reading, static=True)
+    assert ex.readings == {(1,): "fine"}
+    assert ex.errors == {(2,): "ValueError: no reading for a=2",
+                         (3,): "TypeError: reading must return a str of Markdown, got int"}
+    with pytest.raises(TypeError, match="reading must be a function"):
+        explore(lambda a: a, {"a": [1]}, tiny_plot, reading="text", static=True)
+
+
+def test_no_reading_function_means_no_reading_block():
+    ex = explore(lambda a: a, {"a": [1, 2]}, tiny_plot, static=True)
+    assert ex.reading is None and 'class="kvlab-reading"' not in ex._repr_html_()
+
+
+def test_live_reading_is_redrawn_with_the_figure(monkeypatch):
+    shown = []
+    monkeypatch.setattr(widgets, "_in_ipython", lambda: True)
+    import IPython.display
+
+    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.extend(objs))
+    ex = explore(lambda a, b: a, {"a": [1, 2], "b": ["x"]}, tiny_plot, reading=parity, static=False)
+    assert ex.reading == parity(1, 1, "x")
+    assert [type(o).__name__ for o in shown[-2:]] == ["Image", "Markdown"]
+    assert "is odd" in shown[-1].data
+    ex.sliders["a"].value = 2
+    assert "is even" in shown[-1].data and ex.readings[(2, "x")] == parity(2, 2, "x")
+
+
+def _script_data(page: str) -> dict:
+    """The JSON the static slider's script carries (``var ... d = {...};``)."""
+    text = re.search(r"<script>(.*?)</script>", page, flags=re.S).group(1)
+    start = text.index("d = ") + 4
+    return json.JSONDecoder().raw_decode(text[start:])[0]
 
 
 # -- validation ----------------------------------------------------------------------------------

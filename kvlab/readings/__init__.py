@@ -1,0 +1,30 @@
+"""The sentences that depend on a measurement, one module per section of the book.
+
+A reading is a plain function: it takes the numbers a notebook measured and returns Markdown for
+``kvlab.reading`` or for ``explore(..., reading=...)``. Where a sentence depends on the outcome (a
+slope within a factor of its prediction, one method faster than another), both outcomes are
+written here: the other branch says what was expected, what was measured, and the most likely
+reason on this kind of machine. ``tests/test_readings.py`` feeds each function both outcomes.
+"""
+
+
+def ratio_text(measured: float, predicted: float) -> str:
+    """``"1.3 times"`` or ``"0.42 times"``: a measured value as a multiple of its prediction."""
+    r = measured / predicted
+    return f"{r:.2g} times" if r < 10 else f"{r:.0f} times"
+
+
+def within(measured: float, predicted: float, factor: float) -> bool:
+    """True when ``measured`` is within ``factor`` of ``predicted`` either way (both positive)."""
+    if measured <= 0 or predicted <= 0:
+        return False
+    return 1 / factor <= measured / predicted <= factor
+
+
+def sci(x: float, digits: int = 3) -> str:
+    """A large or small count as Markdown math, ``$3.13 \\times 10^{8}$``; plain below 10^6."""
+    if x == 0 or 1e-3 <= abs(x) < 1e6:
+        rounded = float(f"{x:.{digits}g}")
+        return f"{rounded:,.0f}" if abs(rounded) >= 10 ** (digits - 1) else f"{rounded:g}"
+    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
+    return f"${mantissa} \\times 10^{{{int(exponent)}}}$"
