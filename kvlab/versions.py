@@ -62,6 +62,23 @@ def warn_if_below_floor() -> None:
         warnings.warn(f"{have}; run `{upgrade_command(low)}` and restart the kernel", stacklevel=3)
 
 
+def meet_floors(run=None) -> None:
+    """What a notebook's first cell calls: below a floor, pip-upgrade that library (transformers, and
+    torch only if it too is below its floor), then stop with one sentence asking for a restart, since
+    the running kernel may hold the old one in memory. Does nothing at or above the floors."""
+    import subprocess
+    import sys
+
+    low = below_floor()
+    if not low:
+        return
+    run = run or subprocess.run
+    specs = [f"{name}>={FLOORS[name]}" for name in low]
+    run([sys.executable, "-m", "pip", "install", "--quiet", "--upgrade", *specs], check=True)
+    raise SystemExit(f"Upgraded {' and '.join(specs)} for kvlab: restart the kernel (on Colab: Runtime, "
+                     "Restart session) and run the notebook again from the top.")
+
+
 def require_transformers(minimum: str, feature: str) -> None:
     """Raise a clear error when ``feature`` needs a newer transformers than the one installed."""
     have = installed("transformers") or "0"
