@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 NOTEBOOK_DIR = "notebooks"
+COLAB = "https://colab.research.google.com"
 
 
 def _project_root() -> Path:
@@ -43,10 +44,12 @@ def _link_the_wheel(app, pagename, templatename, context, doctree):
     if not wheel or not pagename.startswith(NOTEBOOK_DIR + "/") or "body" not in context:
         return
     name = html.escape(wheel)
-    context["body"] = (
-        f'<p class="kvlab-install">To run this page on your own machine or a GPU runtime, download the '
-        f'notebook (the download button at the top) and <a href="{name}" download>{name}</a> into one '
-        "folder: the notebook's first cell installs kvlab from the wheel.</p>\n" + context["body"])
+    note = (f'<p class="kvlab-install">To run this page on your own machine or a GPU runtime, download the '
+            f'notebook (the download button at the top) and <a href="{name}" download>{name}</a> into one '
+            "folder: the notebook's first cell installs kvlab from the wheel.</p>\n")
+    body = context["body"]
+    at = body.find("</h1>")  # under the page's title
+    context["body"] = body[:at + 5] + "\n" + note + body[at + 5:] if at >= 0 else note + body
 
 
 def _write_repository(app, exception):
@@ -63,7 +66,15 @@ def _write_repository(app, exception):
         path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
+def _launch_buttons_when_published(app, config):
+    """A Colab button on notebook pages, only when the repository is set (it links into it)."""
+    options = config.html_theme_options
+    if options.get("repository_url"):
+        options.setdefault("launch_buttons", {}).setdefault("colab_url", COLAB)
+
+
 def setup(app):
+    app.connect("config-inited", _launch_buttons_when_published)
     app.connect("builder-inited", _build_wheel)
     app.connect("html-page-context", _link_the_wheel)
     app.connect("build-finished", _write_repository)
