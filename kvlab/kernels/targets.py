@@ -114,7 +114,9 @@ def require_fits(name: str, dtype: torch.dtype, device, **sizes) -> None:
     major, minor = torch.cuda.get_device_capability(device)
     capability = 10 * major + minor
     needed = compiled_shared_memory(name, dtype, capability, **sizes)
-    limit = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    # The device's own figure where torch reports it, else the table's for its generation.
+    limit = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", None)
+    limit = limit or shared_memory_limit(capability)
     check_fits(name, dtype, capability, needed, limit, **sizes)
 
 
