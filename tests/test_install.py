@@ -49,8 +49,12 @@ def test_first_cell_installs_kvlab_from_a_wheel_beside_the_notebook(fresh_python
         "kvlab is not installed: put the kvlab wheel linked on this notebook's page beside the notebook, "
         "or set KVLAB_SOURCE to a wheel, a checkout or a pip URL, and run this cell again.")
 
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(tmp_path), str(ROOT)], check=True)
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    try:
+        from kvlab_install import build_wheel  # what the book build puts beside the notebook pages
+    finally:
+        sys.path.remove(str(ROOT / "book" / "_ext"))
+    build_wheel(tmp_path)
     assert len(list(tmp_path.glob("kvlab-*.whl"))) == 1
     done = _run_cell(fresh_python, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -10,8 +10,10 @@ cell (``REPOSITORY = ...``), which installs from it when no wheel is beside the 
 
 import html
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 NOTEBOOK_DIR = "notebooks"
@@ -27,16 +29,26 @@ def _project_root() -> Path:
     return root
 
 
-def _build_wheel(app):
-    if app.builder.format != "html":
-        return
-    out = Path(app.outdir) / NOTEBOOK_DIR
+def build_wheel(out: Path) -> Path:
+    """Build the kvlab wheel into ``out`` from a scratch copy of the package (so that two builds at
+    once never share a ``build/`` folder), offline, with the setuptools already installed."""
+    root = _project_root()
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("kvlab-*.whl"):
         old.unlink()
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(out), str(_project_root())], check=True)
-    app.kvlab_wheel = next(out.glob("kvlab-*.whl")).name
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy(root / name, scratch)
+        shutil.copytree(root / "kvlab", Path(scratch) / "kvlab", ignore=shutil.ignore_patterns("__pycache__"))
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                        "--wheel-dir", str(out), scratch], check=True)
+    return next(out.glob("kvlab-*.whl"))
+
+
+def _build_wheel(app):
+    if app.builder.format != "html":
+        return
+    app.kvlab_wheel = build_wheel(Path(app.outdir) / NOTEBOOK_DIR).name
 
 
 def _link_the_wheel(app, pagename, templatename, context, doctree):
