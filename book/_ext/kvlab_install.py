@@ -82,7 +82,8 @@ def _launch_buttons_when_published(app, config):
     """A Colab button on notebook pages, only when the repository is set (it links into it)."""
     options = config.html_theme_options
     if options.get("repository_url"):
-        options.setdefault("launch_buttons", {}).setdefault("colab_url", COLAB)
+        buttons = options.setdefault("launch_buttons", {})
+        buttons["colab_url"] = buttons.get("colab_url") or COLAB  # Jupyter Book's default is ""
 
 
 def setup(app):
