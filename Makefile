@@ -31,17 +31,19 @@ book: $(READY)
 	@echo "open _build/html/index.html"
 
 # All tests: kvlab against its oracles, then every notebook executed in a fresh kernel and the book
-# built from those executed notebooks with warnings as errors. Then the same tests and notebooks at
-# the floor versions: the book build, the ahead-of-time kernel compiles and the fresh-venv install,
-# which do not depend on transformers' version, run once.
+# built from those executed notebooks with warnings as errors. Then again at the floor versions.
 test: $(READY) $(FLOOR_READY)
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q
 	$(MAKE) test-floor
 
+# At the floor: the unit tests, and the notebooks that run a transformers model (04 and 05b run
+# none). What does not depend on transformers' version runs once, above: the book build and its
+# browser tests, the live-mode runs, the ahead-of-time kernel compiles, the fresh-venv install.
 test-floor: $(FLOOR_READY)
 	$(FLOOR)/bin/python -m pytest -n 2 --dist loadfile -q -p no:cacheprovider \
-		--deselect tests/test_notebooks.py::test_book_builds_with_warnings_as_errors \
-		--ignore tests/test_kernel_targets.py --ignore tests/test_install.py
+		--ignore tests/test_kernel_targets.py --ignore tests/test_install.py \
+		--ignore tests/test_notebooks_live.py --ignore tests/test_live_browser.py \
+		-k "not test_book_builds and not test_static_pages_in_chromium and not 04_kv_layout and not 05b_paged_kernel"
 
 lab: $(READY)
 	$(BIN)/jupyter lab notebooks

@@ -81,8 +81,10 @@ SECTION_BENCHMARKS = {
     "9.3 GEMV and the ridge": "gemv",
     "9.4 KV layouts": "layout",
     "9.5 paged attention and admission": "paged_decode",
+    "prefix caching": "prefix_paged",
     "9.6 SSM state and scans": "ssm",
     "9.7 long-context caches": "longctx",
+    "11 continuous batching engine": "engine",
 }
 
 

@@ -38,6 +38,7 @@ from .versions import cache_kwargs
 GIB = 2**30
 BITS = (2, 4, 8)
 ROPE_MODES = ("original", "cache")
+KEY_GROUPS = ("channel", "token")
 
 
 # --------------------------------------------------------------------------- argument checks
@@ -499,15 +500,17 @@ class QuantizedLayer(_KeepAllLayer):
     New tokens enter a full-precision residual. Whenever it holds ``residual + group_size`` tokens,
     its oldest ``group_size`` are quantized: keys in groups of ``group_size`` tokens per channel,
     values in groups of ``group_size`` channels per token. The ``residual`` newest tokens are
-    therefore always exact. Each read dequantizes the quantized part.
+    therefore always exact. Each read dequantizes the quantized part. ``key_groups="token"`` groups
+    keys like values instead (``group_size`` channels of one token), the layout KIVI argues against.
     """
 
     is_sliding = False
     is_compileable = False
 
-    def __init__(self, bits: int, group_size: int, residual: int):
+    def __init__(self, bits: int, group_size: int, residual: int, key_groups: str = "channel"):
         super().__init__()
         self.bits, self.group_size, self.residual = bits, group_size, residual
+        self.key_axis = -2 if key_groups == "channel" else -1
         self.qkeys = self.qvalues = None
 
     def lazy_initialization(self, key_states, value_states):
@@ -527,7 +530,7 @@ class QuantizedLayer(_KeepAllLayer):
         while self.keys.shape[-2] >= self.residual + g:
             oldest_k, self.keys = self.keys[..., :g, :], self.keys[..., g:, :]
             oldest_v, self.values = self.values[..., :g, :], self.values[..., g:, :]
-            self.qkeys = _cat_quantized(self.qkeys, quantize(oldest_k, self.bits, g, axis=-2), axis=2)
+            self.qkeys = _cat_quantized(self.qkeys, quantize(oldest_k, self.bits, g, axis=self.key_axis), axis=2)
             self.qvalues = _cat_quantized(self.qvalues, quantize(oldest_v, self.bits, g, axis=-1), axis=2)
         if self.qkeys is None:
             return self.keys, self.values
@@ -558,16 +561,19 @@ class QuantizedKVCache(_LayeredCache):
 
     Keys per channel and values per token, at ``bits`` in {2, 4, 8} with ``group_size``-element
     groups, and the ``residual`` most recent tokens kept in full precision. ``nbytes`` is what the
-    cache holds now: packed codes, scales, zero points and the residual.
+    cache holds now: packed codes, scales, zero points and the residual. ``key_groups="token"``
+    quantizes keys per token too, for comparison with KIVI's per-channel keys.
     """
 
-    def __init__(self, bits: int = 2, group_size: int = 32, residual: int = 128):
+    def __init__(self, bits: int = 2, group_size: int = 32, residual: int = 128, key_groups: str = "channel"):
         if isinstance(bits, bool) or bits not in BITS:
             raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
         integer("group_size", group_size, 1)
         integer("residual", residual, 0)
-        self.bits, self.group_size, self.residual = bits, group_size, residual
-        super().__init__(lambda: QuantizedLayer(bits, group_size, residual))
+        if key_groups not in KEY_GROUPS:
+            raise ValueError(f"key_groups must be one of {KEY_GROUPS}, got {key_groups!r}")
+        self.bits, self.group_size, self.residual, self.key_groups = bits, group_size, residual, key_groups
+        super().__init__(lambda: QuantizedLayer(bits, group_size, residual, key_groups))
 
 
 # --------------------------------------------------------------------------- where quantization error enters
@@ -724,6 +730,106 @@ class LatentKVCache(Cache):
         return sum(layer.nbytes for layer in self.layers)
 
 
+# --------------------------------------------------------------------------- quality on a trained model
+
+def sink_share(model, tokens: torch.Tensor, first: int = 1, skip: int = 16) -> torch.Tensor:
+    """``[layers, heads]``: the mean share of attention each head puts on the first ``first`` tokens.
+
+    One forward pass over ``tokens [n]`` (eager attention); averaged over the queries at positions
+    ``skip`` to n - 1, where uniform attention would give ``uniform_share(n, first, skip)``. A head
+    far above that is an attention sink (StreamingLLM), section 9.7.
+    """
+    integer("first", first, 1)
+    integer("skip", skip, 0)
+    ids = tokens.reshape(1, -1).to(model.device)
+    if not ids.shape[1] > max(first, skip):
+        raise ValueError(f"tokens must be longer than first ({first}) and skip ({skip}), got {ids.shape[1]}")
+    with torch.inference_mode():
+        out = model(ids, use_cache=False, output_attentions=True)
+    if not out.attentions or out.attentions[0] is None:
+        raise ValueError("the model returned no attention weights: use attn_implementation='eager'")
+    weights = torch.stack([a[0].float() for a in out.attentions])  # [layers, heads, queries, keys]
+    return weights[:, :, skip:, :first].sum(-1).mean(-1).cpu()
+
+
+def uniform_share(n: int, first: int = 1, skip: int = 16) -> float:
+    """What ``sink_share`` would be if every query at t spread its attention evenly over t + 1 keys."""
+    return float(sum(min(1.0, first / (t + 1)) for t in range(skip, n)) / (n - skip))
+
+
+@torch.inference_mode()
+def recompute_stream_eval(model, tokens: torch.Tensor, window: int, start: int | None = None,
+                          stride: int = 1, batch: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sliding window with recomputation: token t + 1 predicted from the ``window`` newest tokens, run
+    from scratch at positions 0..window-1 (no cache carried between steps), section 9.7.
+
+    StreamingLLM's quality baseline: exact attention over the window, at window-squared work per
+    token. Evaluated at positions t = start, start + stride, ... (``start`` defaults to window - 1,
+    the first full window). Returns ``(positions [m], nll [m])``.
+    """
+    integer("window", window, 1)
+    integer("stride", stride, 1)
+    ids = tokens.reshape(-1).to(model.device)
+    start = window - 1 if start is None else start
+    integer("start", start, window - 1, len(ids) - 1)
+    positions = torch.arange(start, len(ids) - 1, stride)
+    nll = []
+    for chunk in positions.split(batch):
+        x = torch.stack([ids[t - window + 1: t + 1] for t in chunk])
+        logits = model(x, use_cache=False, logits_to_keep=1).logits[:, -1].float()
+        nll.append(torch.nn.functional.cross_entropy(logits, ids[chunk + 1], reduction="none"))
+    return positions, torch.cat(nll).cpu()
+
+
+def cached_keys_values(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys (rotated, as cached) and values of one forward pass over ``tokens [n]``:
+    two ``[layers, kv_heads, n, head_dim]`` tensors. What a KV cache would hold, section 9.7."""
+    from transformers import DynamicCache
+
+    from .decode import _cache_kw
+
+    cache = DynamicCache()
+    with torch.inference_mode():
+        model(tokens.reshape(1, -1).to(model.device), use_cache=True, **{_cache_kw(model): cache})
+    keys = torch.stack([layer.keys[0] for layer in cache.layers]).float().cpu()
+    values = torch.stack([layer.values[0] for layer in cache.layers]).float().cpu()
+    return keys, values
+
+
+def channel_rms(x: torch.Tensor) -> torch.Tensor:
+    """``[..., head_dim]``: RMS of each channel over the tokens of ``x [..., tokens, head_dim]``."""
+    return x.float().pow(2).mean(-2).sqrt()
+
+
+@torch.inference_mode()
+def quantized_cache_quality(model, chunks: torch.Tensor, bits: int | None, group_size: int = 32,
+                            key_groups: str = "channel") -> dict:
+    """Perplexity of ``chunks [batch, n]`` when every cached key and value is quantized, section 9.7.
+
+    Each chunk is one prefill through ``QuantizedKVCache(bits, group_size, residual=0, key_groups)``
+    so attention reads the quantized keys and values of every complete group (the last partial group
+    of ``group_size`` tokens stays exact, as KIVI's residual does); ``bits=None`` is the full-precision
+    cache. Returns ``{"ppl", "logits", "nbytes", "full_bytes"}``, where ``nbytes`` is what the cache
+    holds and ``full_bytes`` what the same tokens take unquantized.
+    """
+    from transformers import DynamicCache
+
+    if bits is not None and (isinstance(bits, bool) or bits not in BITS):
+        raise ValueError(f"bits must be None (full precision) or one of {BITS}, got {bits!r}")
+    ids = chunks.to(model.device)
+    if ids.dim() != 2 or ids.shape[1] < 2:
+        raise ValueError(f"chunks must be [batch, n] with n >= 2, got shape {tuple(ids.shape)}")
+    cache = DynamicCache() if bits is None else QuantizedKVCache(bits, group_size, residual=0, key_groups=key_groups)
+    from .decode import _cache_kw
+
+    logits = model(ids, use_cache=True, **{_cache_kw(model): cache}).logits[:, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+    shape = ModelShape.from_config(model.config)
+    full = ids.numel() * shape.kv_bytes_per_token(next(model.parameters()).element_size())
+    nbytes = sum(_layer_nbytes(layer) for layer in cache.layers)
+    return {"ppl": float(nll.exp()), "logits": logits.cpu(), "nbytes": nbytes, "full_bytes": int(full)}
+
+
 # --------------------------------------------------------------------------- a long token stream
 
 @dataclass(frozen=True)
@@ -835,21 +941,63 @@ def eviction_mask(n: int, num_sink: int = 0, window: int | None = None) -> torch
     return allowed
 
 
+def _in_cache_attention(num_sink: int, window: int, inv_freq: torch.Tensor):
+    """Eager attention in which the sink keys sit at their slots of ``SinkCache(num_sink, window,
+    rope="cache")``: for the query at t, sink i is min(t, S + W - 1) - i positions back, not t - i.
+
+    Every other key is at its true distance, as in the cache. RoPE scores depend only on the
+    difference of positions, so rotating the query back by max(0, t - S - W + 1) and scoring it
+    against the sinks as stored gives the same scores as moving the sinks.
+    """
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        keys = repeat_kv(key, module.num_key_value_groups)
+        values = repeat_kv(value, module.num_key_value_groups)
+        scores = query @ keys.transpose(2, 3) * scaling
+        if num_sink:
+            n = query.shape[-2]
+            shift = (torch.arange(n, device=query.device) - (num_sink + window - 1)).clamp(min=0)
+            back = rotate(query, -shift, inv_freq, 1.0)
+            scores[..., :num_sink] = back @ keys[..., :num_sink, :].transpose(2, 3) * scaling
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        return (weights @ values).transpose(1, 2).contiguous(), weights
+
+    return attention
+
+
 @torch.inference_mode()
 def masked_stream_eval(model, tokens: torch.Tensor, num_sink: int = 0, window: int | None = None,
-                       first: int = 4, recent: int = 64) -> StreamResult:
+                       first: int = 4, recent: int = 64, rope: str = "original") -> StreamResult:
     """``stream_eval`` in one forward pass: the same attention as streaming the tokens one at a time
-    through ``SinkCache(num_sink, window)`` (``rope="original"``), expressed as an explicit mask.
+    through ``SinkCache(num_sink, window, rope=rope)``, expressed as an explicit mask.
 
-    The model must use eager attention (for the attention mass). Much faster than stepping on a CPU;
-    tests check it against the cache itself.
+    The model must use eager attention (for the attention mass). ``rope="cache"`` (StreamingLLM's
+    positions inside the cache) swaps in an attention function that scores the sinks at their
+    in-cache distance for the length of the call. Much faster than stepping on a CPU; tests check
+    both conventions against the cache itself.
     """
+    if rope not in ROPE_MODES:
+        raise ValueError(f"rope must be one of {ROPE_MODES}, got {rope!r}")
     ids = tokens.reshape(1, -1).to(model.device)
     n = ids.shape[1]
     allowed = eviction_mask(n, num_sink, window).to(model.device)
     mask = torch.zeros(n, n, dtype=model.dtype, device=model.device)
     mask = mask.masked_fill(~allowed, torch.finfo(model.dtype).min)[None, None]
-    out = model(ids, attention_mask=mask, use_cache=False, output_attentions=True)
+    if rope == "cache" and window is not None:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register("kvlab_in_cache", _in_cache_attention(num_sink, window, rotary_of(model)[0]))
+        before = model.config._attn_implementation
+        model.config._attn_implementation = "kvlab_in_cache"
+        try:
+            out = model(ids, attention_mask=mask, use_cache=False, output_attentions=True)
+        finally:
+            model.config._attn_implementation = before
+    else:
+        out = model(ids, attention_mask=mask, use_cache=False, output_attentions=True)
     logprobs = torch.log_softmax(out.logits[0, :-1].float(), -1)
     nll = -logprobs.gather(1, ids[0, 1:, None])[:, 0]
     weights = torch.stack([a[0].float() for a in out.attentions]).mean((0, 1))[:-1]  # [n-1 queries, n keys]

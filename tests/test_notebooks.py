@@ -1,7 +1,7 @@
 """Every notebook executes top to bottom in a fresh kernel on this machine, and the book builds from
-the executed notebooks with warnings as errors.
+the executed notebooks with warnings as errors; the built pages are then read in headless Chromium.
 
-The notebooks run once: each executed copy goes into a scratch copy of the book, and the last test
+The notebooks run once: each executed copy goes into a scratch copy of the book, and the build test
 builds that copy with execution switched off. Execution times are reported, never asserted.
 """
 
@@ -16,6 +16,8 @@ import nbformat
 import pytest
 import yaml
 from nbclient import NotebookClient
+
+from browser import ROLES, chromium, console_errors, requested_urls, toc_pages
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -65,8 +67,10 @@ def test_notebook_is_committed_clean_and_executes(book, path, record_property):
     assert not errors
 
 
-@pytest.mark.notebook
-def test_book_builds_with_warnings_as_errors(book):
+def _build(book):
+    """Build the scratch book from the executed notebooks once; returns the html folder."""
+    if "html" in book:
+        return book["html"]
     for path in NOTEBOOKS:
         _execute(book, path)
     root = book["root"]
@@ -77,7 +81,13 @@ def test_book_builds_with_warnings_as_errors(book):
     result = subprocess.run([str(jupyter_book), "build", str(root), "-W", "--keep-going"],
                             capture_output=True, text=True, env={**os.environ, "KVLAB_STATIC": "1"})
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
-    html = root / "_build" / "html"
+    book["html"] = root / "_build" / "html"
+    return book["html"]
+
+
+@pytest.mark.notebook
+def test_book_builds_with_warnings_as_errors(book):
+    html = _build(book)
     wheels = list((html / "notebooks").glob("kvlab-*.whl"))  # the book carries kvlab (book/_ext/kvlab_install.py)
     assert len(wheels) == 1
     for path in NOTEBOOKS:
@@ -89,3 +99,103 @@ def test_book_builds_with_warnings_as_errors(book):
     # MathJax ships with the book (sphinx-mathjax-offline), so formulas render offline.
     assert "mathjax/tex-chtml.js" in (html / "notebooks" / "01_decode_loop.html").read_text()
     assert (html / "_static" / "mathjax" / "tex-chtml.js").exists()
+
+
+# -- the built pages in a real browser -----------------------------------------------------------
+
+# Runs in each page after load: what a reader would see that the book should never show.
+_PAGE_CHECKS = r"""
+const done = arguments[arguments.length - 1];
+const ready = (window.MathJax && MathJax.startup && MathJax.startup.promise) || Promise.resolve();
+ready.then(() => {
+  const text = document.body.innerText;
+  const visible = (e) => e.offsetParent !== null;
+  done({
+    roles: arguments[0].filter((r) => text.includes(r)),
+    pipeTables: [...document.querySelectorAll("article p")]
+      .map((p) => p.textContent).filter((t) => /\|\s*:?-{3,}:?\s*\|/.test(t)).map((t) => t.slice(0, 80)),
+    strayValues: [...document.querySelectorAll(".cell_output .output.text_plain")]
+      .map((e) => e.textContent.trim()).filter((t) => t.length < 60),
+    explorerErrors: [...document.querySelectorAll(".kvlab-error")].filter(visible).map((e) => e.textContent),
+    rawMath: [...document.querySelectorAll(".math")].filter((e) => !e.querySelector("mjx-container")
+      && e.tagName !== "MJX-CONTAINER").length,
+    images: [...document.querySelectorAll(".cell_output img, .kvlab-explorer img")].filter(visible)
+      .map((i) => ({alt: i.alt, scale: i.getBoundingClientRect().width / (i.naturalWidth || 1)})),
+    pageWidth: document.documentElement.scrollWidth,
+    viewport: window.innerWidth,
+  });
+});
+"""
+
+# Moves every static slider to its last position and back; returns what went wrong.
+_SLIDER_CHECKS = r"""
+const done = arguments[arguments.length - 1];
+const problems = [];
+const moves = [];
+for (const root of document.querySelectorAll(".kvlab-explorer")) {
+  const img = root.querySelector("img"), err = root.querySelector(".kvlab-error");
+  const reading = root.querySelector(".kvlab-reading");
+  for (const input of root.querySelectorAll("input[type=range]")) {
+    const first = input.value;
+    input.value = input.max; input.dispatchEvent(new Event("input"));
+    moves.push(1);
+    if (err.style.display !== "none") problems.push(root.id + ": " + err.textContent);
+    else if (!img.src.startsWith("data:image/png")) problems.push(root.id + ": no image after moving a slider");
+    if (reading && !reading.textContent.trim()) problems.push(root.id + ": empty reading after moving a slider");
+    input.value = first; input.dispatchEvent(new Event("input"));
+  }
+}
+const ready = (window.MathJax && MathJax.typesetPromise) ? MathJax.typesetPromise() : Promise.resolve();
+ready.then(() => {
+  for (const r of document.querySelectorAll(".kvlab-reading")) {
+    if (/\\\(|\$/.test(r.innerText)) problems.push("math left untypeset in a reading: " + r.innerText.slice(0, 80));
+  }
+  done({problems: problems, moves: moves.length});
+});
+"""
+
+
+def _remote(urls):
+    return [u for u in urls if not u.startswith(("file:", "data:", "blob:", "about:", "chrome"))]
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("width", [1280, 390], ids=["desktop", "phone-390px"])
+def test_static_pages_in_chromium(book, width, tmp_path):
+    """Every page of the table of contents, loaded from disk in headless Chromium: no raw role text,
+    no console error, no remote request, no raw pipe table, no stray value output, no explorer
+    error, every slider swaps its figure and reading, and (at 390 px) figures stay legible."""
+    html = _build(book)
+    driver = chromium(width=width, height=900)
+    report = {}
+    try:
+        driver.set_script_timeout(60)
+        for page in toc_pages(book["root"]):
+            driver.get((html / f"{page}.html").as_uri())
+            found = driver.execute_async_script(_PAGE_CHECKS, list(ROLES))
+            if width == 1280:
+                found["sliders"] = driver.execute_async_script(_SLIDER_CHECKS)
+            found["remote"] = _remote(requested_urls(driver))
+            found["console"] = console_errors(driver)
+            driver.save_screenshot(str(tmp_path / f"{page.replace('/', '_')}_{width}.png"))
+            report[page] = found
+    finally:
+        driver.quit()
+    problems = []
+    for page, f in report.items():
+        for key in ("roles", "pipeTables", "strayValues", "explorerErrors", "remote", "console"):
+            if f[key]:
+                problems.append(f"{page}: {key}: {f[key]}")
+        if f["rawMath"]:
+            problems.append(f"{page}: {f['rawMath']} math elements not typeset by MathJax")
+        if "sliders" in f and f["sliders"]["problems"]:
+            problems.append(f"{page}: sliders: {f['sliders']['problems']}")
+        problems += [f"{page}: a figure's alt text is a file path: {i['alt']}" for i in f["images"]
+                     if i["alt"].endswith(".png") or "/" in i["alt"]]
+        if width <= 400:
+            if f["pageWidth"] > f["viewport"] + 2:
+                problems.append(f"{page}: the page scrolls sideways at {width} px ({f['pageWidth']} px wide)")
+            problems += [f"{page}: a figure is shrunk to {i['scale']:.2f} of its size at {width} px ({i['alt']})"
+                         for i in f["images"] if i["scale"] < 0.75]
+    print(f"screenshots: {tmp_path}")
+    assert not problems, "\n".join(problems)

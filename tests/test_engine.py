@@ -1,0 +1,304 @@
+"""The continuous-batching engine (notebook 11) against Hugging Face ``generate``, one request at a time.
+
+The oracle is ``model.generate`` (greedy, its own cache and SDPA) on each prompt alone, with an
+explicit all-ones attention mask (the tiny models' pad token is 0, which a random prompt may hold).
+The engine runs seeded random traces (prompt lengths from 1 token to several blocks, shared
+system prompts, one exact repeat) with its allocator invariants checked after every step.
+"""
+
+import functools
+import random
+import warnings
+
+import pytest
+import torch
+
+import kvlab
+from kvlab import engine as engine_module
+from kvlab.engine import Engine
+
+VOCAB = 512
+ARCHS = ("llama", "qwen2", "mistral")
+
+
+@functools.lru_cache(maxsize=None)
+def _model(arch: str):
+    return kvlab.tiny_model(arch, layers=2, hidden=128, q_heads=4, kv_heads=2, vocab=VOCAB, intermediate=256,
+                            device="cpu", dtype=torch.float32, seed=3)
+
+
+def _trace(seed: int, block_size: int, n: int = 10, max_new: int | None = None):
+    """Prompts of 1 to ~3 blocks, half behind one of two shared system prompts, the last a repeat;
+    up to ``max_new`` new tokens each (default two blocks' worth, so that decoding crosses blocks)."""
+    rng = random.Random(seed)
+    unit = max(block_size, 4)
+    max_new = max_new or 2 * unit
+    systems = [[rng.randrange(VOCAB) for _ in range(rng.randint(unit, 2 * unit + 3))] for _ in range(2)]
+    prompts = []
+    for i in range(n - 1):
+        own = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 3 * unit))]
+        prompts.append(systems[i % 2] + own if rng.random() < 0.5 else own)
+    prompts.append(list(prompts[0]))
+    return prompts, [rng.randint(1, max_new) for _ in prompts]
+
+
+@functools.lru_cache(maxsize=None)
+def _expected(arch: str, seed: int, block_size: int) -> list:
+    model = _model(arch)
+    model.set_attn_implementation("sdpa")
+    prompts, news = _trace(seed, block_size)
+    out = []
+    for prompt, new in zip(prompts, news):
+        ids = torch.tensor([prompt])
+        tokens = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)
+        out.append(tokens[0, len(prompt):].tolist())
+    return out
+
+
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+def _tight_pool(prompts, news, block_size: int) -> int:
+    """Just more than the largest request needs alone: several requests at once must preempt."""
+    largest = max(_blocks(len(p) + n - 1, block_size) for p, n in zip(prompts, news))
+    return largest + 2
+
+
+def _run(engine: Engine, prompts, news):
+    out = engine.generate(prompts, news)  # debug=True: invariants checked after every step
+    assert engine.all_blocks_free_or_cached()
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_tokens_equal_generate_under_preemption(arch, block_size, preemption, prefix_caching):
+    prompts, news = _trace(1, block_size)
+    engine = Engine(_model(arch), num_blocks=_tight_pool(prompts, news, block_size), block_size=block_size,
+                    max_batch=8, max_batched_tokens=48, prefix_caching=prefix_caching, preemption=preemption,
+                    debug=True)
+    assert _run(engine, prompts, news) == _expected(arch, 1, block_size)
+    assert engine.metrics()["preemptions"] >= 1
+    assert any(e.kind == "preempt" and e.detail == preemption for e in engine.events)
+    assert (engine.metrics()["prefix_hit_rate"] > 0) <= prefix_caching
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_engine_settings(seed):
+    """Random budgets, batch limits and pools on the llama: chunked prefill, waits and preemption mixed."""
+    rng = random.Random(100 + seed)
+    block_size = rng.choice([1, 2, 4, 16])
+    prompts, news = _trace(seed, block_size)
+    max_batch = rng.randint(1, 6)
+    pool = _tight_pool(prompts, news, block_size) + rng.randint(0, 20)
+    engine = Engine(_model("llama"), num_blocks=pool, block_size=block_size, max_batch=max_batch,
+                    max_batched_tokens=rng.randint(max_batch, 40), prefix_caching=rng.random() < 0.5,
+                    preemption=rng.choice(["recompute", "swap"]), debug=True)
+    assert _run(engine, prompts, news) == _expected("llama", seed, block_size)
+    assert max(engine.stats.batch_sizes) <= max_batch
+
+
+@pytest.mark.parametrize("attention", ["kernel", "reference"])
+def test_decode_attention_paths(attention):
+    """The Triton kernel (interpreted on a CPU) and the per-sequence reference give the same tokens."""
+    prompts, news = _trace(2, 16, n=4, max_new=4)
+    engine = Engine(_model("llama"), num_blocks=64, block_size=16, attention=attention, debug=True)
+    assert _run(engine, prompts, news) == _expected_small(2)
+
+
+@functools.lru_cache(maxsize=None)
+def _expected_small(seed):
+    model = _model("llama")
+    model.set_attn_implementation("sdpa")
+    prompts, news = _trace(seed, 16, n=4, max_new=4)
+    return [model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                           max_new_tokens=n, do_sample=False)[0, len(p):].tolist() for p, n in zip(prompts, news)]
+
+
+def test_chunked_prefill_and_a_shared_prefix_still_being_written():
+    """Two identical 3-block prompts admitted in one step, prefilled 5 tokens at a time: the second hits
+    the first's blocks before they are written, so it must wait for them, then reuse them."""
+    model = _model("llama")
+    prompt = [random.Random(7).randrange(VOCAB) for _ in range(12)]
+    engine = Engine(model, num_blocks=16, block_size=4, max_batch=4, max_batched_tokens=5, debug=True)
+    first, second = engine.add_request(prompt, 3), engine.add_request(list(prompt), 3)
+    while engine.has_work():
+        engine.step()
+    expected = _generate_one(model, prompt, 3)
+    assert first.output == second.output == expected
+    chunks = [e.detail for e in engine.events if e.request == first.id and e.kind == "prefill"]
+    assert len(chunks) >= 2 and sum(chunks) == 12  # chunked prefill
+    assert second.cached_tokens == 8  # two of its three blocks came from the first request
+    assert [e.kind for e in engine.events if e.request == second.id][:2] == ["arrive", "admit"]
+    assert engine.all_blocks_free_or_cached()
+
+
+def _generate_one(model, prompt, new):
+    model.set_attn_implementation("sdpa")
+    ids = torch.tensor([prompt])
+    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)[
+        0, len(prompt):].tolist()
+
+
+def test_prefix_cache_serves_a_later_request():
+    model = _model("qwen2")
+    system = list(range(1, 40))
+    for caching in (True, False):
+        engine = Engine(model, num_blocks=32, block_size=16, prefix_caching=caching, debug=True)
+        engine.generate([system + [5, 6]], 2)
+        (later,) = [engine.add_request(system + [7], 2)]
+        while engine.has_work():
+            engine.step()
+        assert later.cached_tokens == (32 if caching else 0)
+        assert later.output == _generate_one(model, system + [7], 2)
+
+
+def test_life_of_a_request_in_the_event_log():
+    engine = Engine(_model("llama"), num_blocks=8, block_size=4, max_batched_tokens=6, max_batch=2, debug=True)
+    request = engine.add_request(list(range(1, 11)), 4)
+    engine.step()
+    assert request.state == "running" and request.num_computed == 6 and not request.output
+    while engine.has_work():
+        engine.step()
+    kinds = [e.kind for e in engine.events if e.request == request.id]
+    assert kinds == ["arrive", "admit", "prefill", "prefill", "decode", "decode", "decode", "finish"]
+    assert request.state == "finished" and len(request.output) == 4
+    assert 0 < request.ttft <= request.finish_time - request.arrival and request.tpot > 0
+    metrics = engine.metrics()
+    assert metrics["requests"] == 1 and metrics["generated_tokens"] == 4 and metrics["steps"] == engine.stats.steps
+
+
+def test_impossible_request_rejected_while_the_others_complete():
+    model = _model("mistral")
+    prompts = [[3, 4, 5], [6] * 10, [7, 8]]
+    engine = Engine(model, num_blocks=4, block_size=4, debug=True)
+    with pytest.warns(RuntimeWarning, match=r"needs 5 blocks \(.* bytes.*pool has 4 blocks \(.* bytes\)"):
+        out = engine.generate(prompts, [4, 10, 4])
+    assert out[1] is None and engine.requests[1].state == "rejected" and "bytes" in engine.requests[1].error
+    assert out[0] == _generate_one(model, prompts[0], 4) and out[2] == _generate_one(model, prompts[2], 4)
+    assert engine.all_blocks_free_or_cached()
+
+
+def test_bad_input_raises_before_any_work():
+    model = _model("llama")
+    for kwargs, match in [(dict(block_size=0), "block_size"), (dict(max_batch=0), "max_batch"),
+                          (dict(num_blocks=0), "num_blocks"), (dict(max_batch=8, max_batched_tokens=4),
+                                                               "max_batched_tokens"),
+                          (dict(preemption="drop"), "preemption"), (dict(attention="fast"), "attention"),
+                          (dict(kv_budget_bytes=10), "kv_budget_bytes"), (dict(block_size=3, attention="kernel"),
+                                                                          "power of two")]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            Engine(model, **kwargs)
+    with pytest.raises(ValueError, match="architectures"):
+        Engine(kvlab.tiny_model("gpt2", layers=1, hidden=64, q_heads=2, vocab=64, intermediate=64, device="cpu"))
+    engine = Engine(model, num_blocks=4, block_size=4)
+    for prompts, new, match in [([[1, 2], []], 2, r"prompts\[1\] is empty"),
+                                ([[1, 2], list(range(17))], 2, r"prompts\[1\] has 17 tokens.*bytes.*pool holds"),
+                                ([[1, 2]], 0, "max_new_tokens"), ([[1, 2]], [1, 2], "2 entries for 1 prompts"),
+                                ([[1, VOCAB]], 2, r"prompts\[0\]\[1\]"), ([], 2, "non-empty")]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            engine.generate(prompts, new)
+    assert not engine.requests and engine.stats.steps == 0 and not engine.events
+
+
+def test_cuda_graphs_never_built_on_a_cpu(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("CUDA-graph capture called on a CPU")
+
+    monkeypatch.setattr(engine_module.CudaGraphs, "__init__", refuse)
+    engine = Engine(_model("llama"), num_blocks=16, block_size=16, cuda_graphs=True)
+    assert engine.runner.graphs is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert engine.generate([[1, 2, 3]], 2) == [_generate_one(_model("llama"), [1, 2, 3], 2)]
+
+
+def test_model_keeps_its_attention_and_default_pool():
+    model = _model("llama")
+    model.set_attn_implementation("sdpa")
+    engine = Engine(model)  # the CPU pool from its stated budget
+    assert engine.pool_bytes <= engine_module.CPU_KV_BUDGET_BYTES < engine.pool_bytes + engine.bytes_per_block
+    engine.generate([[1, 2, 3]], 2)
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match="engine_step"):
+        engine_module.engine_attention(model.model.layers[0].self_attn, None, None, None, None)
+
+
+# --------------------------------------------------------------------------- readings (both outcomes)
+
+
+def test_life_reading_both_outcomes():
+    from kvlab.readings.engine import life_reading
+
+    busy = life_reading(dict(requests=5, steps=21, chunked=3, preemptions=1, stalled=2, cached_tokens=8), 4, 12, 8)
+    calm = life_reading(dict(requests=5, steps=9, chunked=0, preemptions=0, stalled=0, cached_tokens=0), 4, 12, 8)
+    assert "ran in chunks" in busy and "ran out 1 time" in busy and "8 prompt tokens" in busy
+    assert "no prefill was chunked" in calm and "never ran out" in calm and "prefix cache" not in calm
+
+
+def test_comparison_reading_both_outcomes():
+    from kvlab.readings.engine import comparison_reading
+
+    win = comparison_reading(16, 8, 90.0, 45.0, 1.0, 2.5, 5.0, on_gpu=False)
+    lose = comparison_reading(16, 8, 40.0, 45.0, 3.0, 2.5, 5.0, on_gpu=True)
+    assert "**2.00**" in win and "never waits" in win and "which returns a batch" in win
+    assert "at least 2 times" in lose and "fell short" in lose and "slowed the requests" in lose
+
+
+def test_curve_reading_both_outcomes():
+    from kvlab.engine import CurvePoint
+    from kvlab.readings.engine import curve_reading
+
+    growing = [CurvePoint(1, 20.0, 0.05, 1.0, 0, 0.2), CurvePoint(4, 70.0, 0.057, 3.9, 0, 0.2),
+               CurvePoint(8, 75.0, 0.06, 4.4, 2, 0.2)]
+    flat = [CurvePoint(1, 20.0, 0.05, 1.0, 0, 0.0), CurvePoint(4, 21.0, 0.19, 3.9, 0, 0.0)]
+    text = curve_reading(growing, capacity=4.5, chosen=4)
+    assert "grew from 20" in text and "pool, which holds about 4.5" in text and "preempted 2" in text
+    assert "of the flat-step prediction" in text and "still set the cost" in text
+    assert "20% of the tokens admitted came from cached" in text
+    text = curve_reading(flat, capacity=20.0, chosen=1)
+    assert "barely moved" in text and "did not bind" in text and "only 27%" in text and "no admission hit" in text
+    assert "was off" in curve_reading(flat, capacity=20.0, chosen=1, prefix_caching=False)
+
+
+def test_step_metadata_built_once_per_step(monkeypatch):
+    built = []
+    original = engine_module.ModelRunner.metadata
+    monkeypatch.setattr(engine_module.ModelRunner, "metadata", lambda self, *a: built.append(1) or original(self, *a))
+    engine = Engine(_model("llama"), num_blocks=16, block_size=4, max_batched_tokens=4, max_batch=4)
+    engine.generate([[1, 2, 3, 4, 5, 6], [7, 8]], 3)
+    assert len(built) == engine.stats.steps  # one per step, for a model of two layers
+
+
+def test_invariant_hook_catches_a_broken_allocator():
+    engine = Engine(_model("llama"), num_blocks=16, block_size=4, prefix_caching=False)
+    engine.add_request([1, 2, 3, 4, 5], 4)
+    engine.step()
+    engine.check_invariants()
+    (request,) = engine.scheduler.running
+    engine.blocks.allocator.incref(engine.blocks.block_table(request.seq)[0])  # a holder nobody accounts for
+    with pytest.raises(AssertionError, match="reference count 2, holders 1"):
+        engine.check_invariants()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the compiled kernel need a CUDA GPU")
+def test_cuda_graph_decode_matches_generate(monkeypatch):
+    """On a GPU: decode steps replay captured CUDA graphs (padded batches) and the tokens still match."""
+    model = kvlab.tiny_model("llama", layers=2, hidden=128, q_heads=4, kv_heads=2, vocab=VOCAB, intermediate=256,
+                             device="cuda", dtype=torch.float32, seed=3)
+    replays = []
+    original = engine_module.CudaGraphs.run
+    monkeypatch.setattr(engine_module.CudaGraphs, "run", lambda self, *a: replays.append(1) or original(self, *a))
+    prompts, news = _trace(4, 16, n=6, max_new=12)
+    engine = Engine(model, num_blocks=64, block_size=16, max_batch=6, debug=True)
+    assert engine.runner.graphs is not None and engine.runner.attention == "kernel"
+    out = engine.generate(prompts, news)
+    model.set_attn_implementation("sdpa")
+    expected = [model.generate(torch.tensor([p], device="cuda"), attention_mask=torch.ones(1, len(p), dtype=torch.long,
+                                                                                             device="cuda"),
+                               max_new_tokens=n, do_sample=False)[0, len(p):].tolist() for p, n in zip(prompts, news)]
+    assert out == expected and replays
