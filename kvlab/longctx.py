@@ -786,11 +786,9 @@ def cached_keys_values(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch
     two ``[layers, kv_heads, n, head_dim]`` tensors. What a KV cache would hold, section 9.7."""
     from transformers import DynamicCache
 
-    from .decode import _cache_kw
-
     cache = DynamicCache()
     with torch.inference_mode():
-        model(tokens.reshape(1, -1).to(model.device), use_cache=True, **{_cache_kw(model): cache})
+        model(tokens.reshape(1, -1).to(model.device), use_cache=True, **cache_kwargs(model, cache))
     keys = torch.stack([layer.keys[0] for layer in cache.layers]).float().cpu()
     values = torch.stack([layer.values[0] for layer in cache.layers]).float().cpu()
     return keys, values
@@ -820,9 +818,8 @@ def quantized_cache_quality(model, chunks: torch.Tensor, bits: int | None, group
     if ids.dim() != 2 or ids.shape[1] < 2:
         raise ValueError(f"chunks must be [batch, n] with n >= 2, got shape {tuple(ids.shape)}")
     cache = DynamicCache() if bits is None else QuantizedKVCache(bits, group_size, residual=0, key_groups=key_groups)
-    from .decode import _cache_kw
 
-    logits = model(ids, use_cache=True, **{_cache_kw(model): cache}).logits[:, :-1].float()
+    logits = model(ids, use_cache=True, **cache_kwargs(model, cache)).logits[:, :-1].float()
     nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
     shape = ModelShape.from_config(model.config)
     full = ids.numel() * shape.kv_bytes_per_token(next(model.parameters()).element_size())

@@ -109,3 +109,12 @@ def test_no_call_site_reads_a_returned_cache_by_one_release_name():
     sources = list((ROOT / "kvlab").rglob("*.py")) + list((ROOT / "notebooks").glob("*.ipynb"))
     offenders = [f"{p.name}: {m.group(0)}" for p in sources for m in pattern.finditer(p.read_text())]
     assert not offenders
+
+
+def test_no_call_site_names_the_cache_argument_itself():
+    """A cache goes to a model only through ``cache_kwargs`` (never a private helper or a fixed name)."""
+    pattern = re.compile(r"_cache_kw\b|\bcache_params=|past_key_values=|\*\*\{\"cache\"")
+    sources = list((ROOT / "kvlab").rglob("*.py")) + list((ROOT / "notebooks").glob("*.ipynb"))
+    offenders = [f"{p.name}: {m.group(0)}" for p in sources if p.name != "versions.py"
+                 for m in pattern.finditer(p.read_text())]
+    assert not offenders
