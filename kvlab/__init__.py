@@ -18,7 +18,7 @@ warn_if_below_floor()
 _LAZY = {name: "decode" for name in ("naive_decode", "cached_decode", "static_decode", "profile_decode")}
 _LAZY["explore"] = "widgets"
 _LAZY.update(trained_model="trained", trained_tokenizer="trained")
-_SUBMODULES = {"bench", "decode", "engine", "gemv", "kernels", "layout", "longctx", "paged_decode", "paging", "plots",
+_SUBMODULES = {"bench", "decode", "diagnose", "engine", "gemv", "kernels", "layout", "longctx", "paged_decode", "paging", "plots",
                "prefix", "prefix_paged", "roofline", "ssm", "trained", "versions", "widgets"}
 
 

@@ -1,4 +1,4 @@
-"""``python -m kvlab env | bench | record OUT.json``: the instrument from the command line."""
+"""``python -m kvlab env | bench | record OUT.json | diagnose``: the instrument from the command line."""
 
 from __future__ import annotations
 
@@ -16,7 +16,24 @@ def main(argv=None) -> int:
     record.add_argument("out", help="path of the JSON file to write")
     for p in (bench, record):
         p.add_argument("--only", action="append", metavar="NAME", help="run only this benchmark (repeatable)")
+    diag = sub.add_parser("diagnose", help="walk the five steps of section 9.8 and print the verdict")
+    diag.add_argument("--arch", default="llama", help="model architecture (kvlab.models.ARCHITECTURES)")
+    diag.add_argument("--size", default=None, choices=("cpu", "real"),
+                      help="'cpu': the tiny model; 'real': a published shape (default: real on a GPU)")
+    diag.add_argument("--shape", default=None, help="a kvlab.models.SHAPES key for --size real")
+    diag.add_argument("--context", type=int, default=128, help="prompt tokens per sequence")
+    diag.add_argument("--batch", type=int, default=1, help="sequences decoded together")
+    diag.add_argument("--new-tokens", type=int, default=32, help="tokens generated per sequence")
+    diag.add_argument("--method", default="cached", help="naive, cached, static or paged")
+    diag.add_argument("--tpot-ms", type=float, default=None, help="time-per-output-token target (ms)")
+    diag.add_argument("--ttft-ms", type=float, default=None, help="time-to-first-token target (ms)")
+    diag.add_argument("--memory-gb", type=float, default=None, help="memory for weights plus cache (GB)")
+    diag.add_argument("--save-traces", metavar="OUT.json", default=None,
+                      help="also write the cached and static step traces, with their stamp, to this JSON file "
+                           "(name it *diagnose-traces*.json in book/data/measurements/ for notebook 09)")
     args = parser.parse_args(argv)
+    if args.command == "diagnose":
+        return _diagnose(args)
 
     import kvlab
     from kvlab import bench as benchmarks
@@ -31,6 +48,43 @@ def main(argv=None) -> int:
         with open(args.out, "w") as f:
             json.dump(benchmarks.to_json(results), f, indent=1)
         print(f"wrote {args.out}")
+    return 0
+
+
+def _diagnose(args) -> int:
+    import torch
+
+    import kvlab
+    from kvlab.diagnose import METHODS, Target, diagnose
+
+    if args.method not in METHODS:
+        print(f"--method must be one of {METHODS}, got {args.method!r}", file=sys.stderr)
+        return 2
+    try:
+        if args.batch < 1 or args.context < 1 or args.new_tokens < 1:
+            raise ValueError(f"--batch, --context and --new-tokens must be >= 1, got {args.batch}, "
+                             f"{args.context} and {args.new_tokens}")
+        ms = lambda v: None if v is None else v / 1e3  # noqa: E731
+        target = Target(tpot=ms(args.tpot_ms), ttft=ms(args.ttft_ms),
+                        memory=None if args.memory_gb is None else args.memory_gb * 1e9)
+        size = args.size or ("real" if kvlab.on_gpu() else "cpu")
+        model = kvlab.tiny_model(args.arch, size=size, shape=args.shape,
+                                 max_positions=max(4096, args.context + args.new_tokens + 1))
+        prompt = torch.randint(0, model.config.vocab_size, (args.batch, args.context),
+                               generator=torch.Generator().manual_seed(0)).to(model.device)
+        print(kvlab.hardware.stamp_line())
+        print(f"model: {model.shape.name}, {model.dtype}")
+        print(diagnose(model, prompt, args.new_tokens, method=args.method, target=target, progress=True))
+        if args.save_traces:
+            from kvlab.diagnose import trace_step
+
+            traces = {m: trace_step(model, prompt, method=m).to_json() for m in ("cached", "static")}
+            with open(args.save_traces, "w") as f:
+                json.dump({"stamp": kvlab.stamp(), "traces": traces}, f)
+            print(f"wrote {args.save_traces}")
+    except (ValueError, TypeError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

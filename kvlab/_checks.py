@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 
@@ -17,3 +18,57 @@ def integer(name: str, value, low: int = 1, high: int | None = None) -> int:
     if value < low or (high is not None and value >= high):
         raise ValueError(f"{name} must be an int {allowed}, got {value!r}")
     return int(value)
+
+
+def one_of(name: str, value, allowed):
+    """``value`` if it equals one of ``allowed`` (True is not 1 here), else a ValueError listing them."""
+    def same(a) -> bool:
+        try:
+            return isinstance(value, bool) == isinstance(a, bool) and bool(value == a)
+        except (TypeError, RuntimeError, ValueError):  # e.g. a tensor compared with a number
+            return False
+
+    if not any(same(a) for a in allowed):
+        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
+    return value
+
+
+def free_memory(device) -> int:
+    """Bytes that can still be allocated on ``device``: CUDA's free memory plus what torch's caching
+    allocator holds unused, or the host's MemAvailable (Linux), or its physical memory where that
+    cannot be read."""
+    import os
+
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (device.index or 0) >= count:
+            raise ValueError(f"device {device} is not available on this machine ({count} CUDA device(s))")
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # torch's own spare
+        return torch.cuda.mem_get_info(device)[0] + cached
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def require_memory(what: str, needed: int, device) -> None:
+    """Refuse, by arithmetic and before allocating, a request larger than ``device``'s free memory."""
+    free = free_memory(device)
+    if needed > free:
+        raise MemoryError(f"{what} needs {needed:,} bytes but only {free:,} bytes are free on {device}")
+
+
+def positive(name: str, value) -> float:
+    """``value`` as a finite real number > 0 (bytes per element, widths, factors)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a finite number > 0, got {type(value).__name__} {value!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)

@@ -84,6 +84,7 @@ SECTION_BENCHMARKS = {
     "prefix caching": "prefix_paged",
     "9.6 SSM state and scans": "ssm",
     "9.7 long-context caches": "longctx",
+    "9.8 decode diagnosis": "diagnose",
     "11 continuous batching engine": "engine",
 }
 

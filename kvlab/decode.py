@@ -29,9 +29,11 @@ METHODS = ("naive", "cached", "static")
 
 # --- the work each loop does (section 9.1) -------------------------------------------------------
 
-def _check_pg(P, G):
+def _check_pg(P, G, cached=False):
     integer("P", P, 1)
     integer("G", G, 0)
+    if not isinstance(cached, bool):
+        raise TypeError(f"cached must be True or False, got {cached!r}")
 
 
 def positions_processed(P: int, G: int, cached: bool = False) -> int:
@@ -40,7 +42,7 @@ def positions_processed(P: int, G: int, cached: bool = False) -> int:
     Without a cache the j-th pass reruns all P + j positions: sum_{j<G} (P + j) = G*P + G(G-1)/2.
     With a cache, prefill runs P positions and each of the G - 1 later steps runs one: P + G - 1.
     """
-    _check_pg(P, G)
+    _check_pg(P, G, cached)
     if G == 0:
         return 0
     return P + G - 1 if cached else G * P + G * (G - 1) // 2
@@ -54,7 +56,7 @@ def attention_work(P: int, G: int, cached: bool = False) -> int:
     With a cache, prefill scores P * P pairs and the j-th decode step P + j (its one query against
     the history including itself): P^2 + (G-1) P + G (G-1)/2.
     """
-    _check_pg(P, G)
+    _check_pg(P, G, cached)
     if G == 0:
         return 0
     if cached:
@@ -81,9 +83,10 @@ def _validate(input_ids, max_new_tokens, attention_mask):
             f"attention_mask must have the shape of input_ids {list(input_ids.shape)}, "
             f"got {list(attention_mask.shape)}"
         )
+    if attention_mask.is_complex() or not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        odd = attention_mask[(attention_mask != 0) & (attention_mask != 1)].flatten()[:3].tolist()
+        raise ValueError(f"attention_mask must hold only 0 (padding) and 1 (token), got values such as {odd}")
     mask = attention_mask.to(device=input_ids.device, dtype=torch.long)
-    if not bool(((mask == 0) | (mask == 1)).all()):
-        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
     if not bool((mask[:, 1:] >= mask[:, :-1]).all()):
         raise ValueError("attention_mask must be left-padded: each row is zeros, then ones")
     if not bool(mask[:, -1].all()):
@@ -174,11 +177,24 @@ def _static_cache(model, batch, max_len):
 
 
 @torch.inference_mode()
+def _require_cache_memory(model, batch: int, tokens: int) -> None:
+    """A preallocated cache of ``tokens`` per sequence must fit in free memory (refused by arithmetic)."""
+    from ._checks import require_memory
+
+    config = model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    element = torch.empty((), dtype=model.dtype).element_size()
+    require_memory(f"a static cache of {batch} x {tokens} tokens",
+                   2 * config.num_hidden_layers * batch * tokens * heads * head_dim * element, model.device)
+
+
 def _static_steps(model, input_ids, max_new_tokens, mask, compile=None):
     batch, prompt = input_ids.shape
     total = prompt + max_new_tokens
     if compile is None:
         compile = input_ids.device.type == "cuda"
+    _require_cache_memory(model, batch, total)
     cache = _static_cache(model, batch, total)
     # The mask covers the whole cache from the start; a slot becomes visible when its token is written.
     full_mask = torch.zeros((batch, total), dtype=mask.dtype, device=mask.device)
@@ -209,8 +225,35 @@ def _static_steps(model, input_ids, max_new_tokens, mask, compile=None):
 _STEPS = {"naive": _naive_steps, "cached": _cached_steps, "static": _static_steps}
 
 
+def _check_model_inputs(model, input_ids, cache=None, max_new_tokens=0) -> None:
+    """Token ids the model has embeddings for (a GPU would hit a device-side assert otherwise), and a
+    cache that starts empty (the loop prefills it with this prompt)."""
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if vocab is not None and input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+        bad = input_ids[(input_ids < 0) | (input_ids >= vocab)].flatten()[:3].tolist()
+        raise ValueError(f"input_ids must be token ids in [0, {vocab}) (the model's vocab_size), got {bad}")
+    learned = getattr(getattr(model, "transformer", None), "wpe", None)  # GPT-2's absolute position table
+    if isinstance(learned, torch.nn.Embedding) and input_ids.shape[1] + max_new_tokens > learned.num_embeddings:
+        raise ValueError(f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) must be <= "
+                         f"{learned.num_embeddings}, the positions this model has embeddings for")
+    if cache is not None:
+        from transformers.cache_utils import Cache
+
+        if not isinstance(cache, Cache):
+            raise TypeError(f"cache must be a transformers Cache (e.g. kvlab.longctx.SinkCache), got "
+                            f"{type(cache).__name__}")
+        layers, wanted = getattr(cache, "layers", None), getattr(model.config, "num_hidden_layers", None)
+        if layers and wanted is not None and len(layers) != wanted:
+            raise ValueError(f"cache has {len(layers)} layers but the model has {wanted}: build the cache for "
+                             "this model")
+        if cache.get_seq_length() != 0:
+            raise ValueError(f"cache must be empty (a fresh one per call), but it holds "
+                             f"{cache.get_seq_length()} tokens")
+
+
 def _run(method, model, input_ids, max_new_tokens, attention_mask, **options):
     mask = _validate(input_ids, max_new_tokens, attention_mask)
+    _check_model_inputs(model, input_ids, options.get("cache"), max_new_tokens)
     if max_new_tokens == 0:
         return _empty(input_ids)
     tokens = list(_STEPS[method](model, input_ids, max_new_tokens, mask, **options))
@@ -296,7 +339,8 @@ def profile_decode(model, input_ids, max_new_tokens, method="cached", attention_
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     mask = _validate(input_ids, max_new_tokens, attention_mask)
     if max_new_tokens < 1:
-        raise ValueError("profile_decode needs max_new_tokens >= 1")
+        raise ValueError(f"max_new_tokens must be an int >= 1 for profile_decode, got {max_new_tokens}")
+    _check_model_inputs(model, input_ids, options.get("cache"), max_new_tokens)
     steps = _STEPS[method](model, input_ids, max_new_tokens, mask, **options)
     times, tokens = [], []
     _sync(input_ids.device)

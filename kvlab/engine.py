@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from . import _checks
 from .kernels import paged_decode_attention_ref  # also switches on the Triton interpreter without CUDA
-from .paged_decode import paged_decode_attention_gather
+from .paged_decode import _gather_attention
 from .paging import PREEMPTION_MODES, BlockAllocator
 
 ATTN_NAME = "kvlab_engine"
@@ -382,7 +382,9 @@ def _kernel_attend(q, k_pool, v_pool, tables, lens, scale, num_splits):
 
 
 def _gather_attend(q, k_pool, v_pool, tables, lens, scale, num_splits):
-    return paged_decode_attention_gather(q, k_pool, v_pool, tables, lens, scale=scale)
+    """The gather path without its per-call checks (a host sync per layer): the runner validated the step's
+    metadata once."""
+    return _gather_attention(q, k_pool, v_pool, tables, lens, scale)
 
 
 def _reference_attend(q, k_pool, v_pool, tables, lens, scale, num_splits):

@@ -27,7 +27,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from ._checks import integer
+from ._checks import integer, positive, require_memory
 from .hardware import Accelerator, Calibration
 
 CPU_NS = tuple(2**i for i in range(10))  # 1 .. 512
@@ -69,8 +69,8 @@ def batch_at_intensity(intensity: float, K: int, N: int, element_size: float) ->
     """The (real) n at which ``matmul_intensity(n, K, N, w)`` equals ``intensity``:
     n = I w K N / (2 K N - I w (K + N)). ``math.inf`` when this K x N never gets there.
     """
-    if isinstance(intensity, bool) or not isinstance(intensity, numbers.Real) or not intensity > 0:
-        raise ValueError(f"intensity must be a number of FLOP/byte > 0, got {intensity!r}")
+    if isinstance(intensity, bool) or not isinstance(intensity, numbers.Real) or not 0 < intensity < math.inf:
+        raise ValueError(f"intensity must be a finite number of FLOP/byte > 0, got {intensity!r}")
     K, N, w = integer("K", K), integer("N", N), _width(element_size)
     denominator = 2 * K * N - intensity * w * (K + N)
     return math.inf if denominator <= 0 else intensity * w * K * N / denominator
@@ -263,6 +263,9 @@ def sweep(ns=None, K: int | None = None, N: int | None = None, dtype=None, devic
     reps = (20 if gpu else 3) if reps is None else reps
     inner = 10 if gpu else 1
 
+    element = torch.empty((), dtype=dtype).element_size()
+    require_memory(f"{copies} weight copies of {K} x {N} and inputs up to n = {ns[-1]}",
+                   (copies * K * N + ns[-1] * (K + N)) * element, dev)
     g = torch.Generator(device=dev).manual_seed(seed)
     weights = [torch.randn(K, N, generator=g, device=dev, dtype=dtype) for _ in range(copies)]
     points = []
@@ -306,7 +309,7 @@ def calibrated_device(calibration: Calibration | None = None, memory: float | No
     from .hardware import calibrate
 
     c = calibration or calibrate()
-    memory = memory_bytes() if memory is None else memory
+    memory = memory_bytes() if memory is None else positive("memory", memory)
     return Accelerator(
         name=f"{c.device} (calibrated)", hbm_bytes=float(memory), hbm_bytes_per_s=c.copy_bytes_per_s,
         bf16_flops=c.matmul_flops, dies=1, die_bytes_per_s=c.copy_bytes_per_s, fabric_bytes_per_s=None,
@@ -340,6 +343,8 @@ def weight_read_bytes(model, batch: int = 1) -> int:
     """
     import torch
 
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (a Hugging Face model), got {type(model).__name__}")
     batch = integer("batch", batch)
     multiplied = {id(m.weight) for _, m in _matmul_modules(model)}
     seen, total = set(), 0
@@ -365,6 +370,9 @@ def random_cache(model, batch: int, context: int, seed: int = 0):
 
     batch, context = integer("batch", batch), integer("context", context)
     shape = model.shape
+    element = torch.empty((), dtype=model.dtype).element_size()
+    require_memory(f"a random cache of {batch} x {context} tokens",
+                   2 * shape.layers * batch * shape.kv_heads * context * shape.head_dim * element, model.device)
     cache = DynamicCache(config=model.config)
     g = torch.Generator(device=model.device).manual_seed(seed)
     for layer in range(shape.layers):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._checks import integer
+from ._checks import integer, require_memory
 from .hardware import device_and_dtype
 
 LAYOUTS = ("BHTD", "BTHD", "NHD", "HND")
@@ -214,7 +214,8 @@ def locate(token: int, block_table_row, block_size: int) -> tuple[int, int]:
     block_size = integer("block_size", block_size, 1)
     row = list(block_table_row.tolist() if isinstance(block_table_row, torch.Tensor) else block_table_row)
     token = integer("token", token, 0, len(row) * block_size)
-    return int(row[token // block_size]), token % block_size
+    block = integer(f"block_table_row[{token // block_size}]", row[token // block_size], 0)
+    return block, token % block_size
 
 
 def contiguous_runs(geometry: KVGeometry, tokens: int, heads=None, seq: int = 0, block_table=None) -> torch.Tensor:
@@ -306,6 +307,8 @@ def _allocate(layout: str, layers: int, batch: int, capacity: int, kv_heads: int
         geometry = KVGeometry.contiguous(layout, layers=layers, batch=batch, max_tokens=capacity,
                                          kv_heads=kv_heads, head_dim=head_dim)
         table = None
+    nbytes = 2 * geometry.numel * torch.empty((), dtype=dtype).element_size()
+    require_memory(f"a {layout} cache of shape {geometry.shape} (K and V)", nbytes, device or "cpu")
     k = torch.zeros(geometry.shape, dtype=dtype, device=device)
     return geometry, k, torch.zeros_like(k), table
 
@@ -351,6 +354,7 @@ def cache_from_dense(layout: str, k, v, *, capacity: int | None = None, block_si
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 5:
             raise ValueError(f"{name} must be [layers, batch, tokens, kv_heads, head_dim], got shape {tuple(t.shape)}")
+        _require_finite(name, t)
     if k.shape != v.shape or k.dtype != v.dtype or k.device != v.device:
         raise ValueError(f"k and v must match in shape, dtype and device, got {tuple(k.shape)} {k.dtype} {k.device} "
                          f"and {tuple(v.shape)} {v.dtype} {v.device}")
@@ -449,6 +453,13 @@ def decode_read(cache: KVCache, q: torch.Tensor, layer: int = 0) -> torch.Tensor
                          f"head_dim={g.head_dim}], got {tuple(q.shape)}")
     if q.dtype != cache.k.dtype or q.device != cache.k.device:
         raise TypeError(f"q must be {cache.k.dtype} on {cache.k.device} like the cache, got {q.dtype} on {q.device}")
+    _require_finite("q", q)
+    return _decode_read(cache, q, layer)
+
+
+def _decode_read(cache: KVCache, q: torch.Tensor, layer: int) -> torch.Tensor:
+    """``decode_read`` without its checks, for timing after one validated call."""
+    g = cache.geometry
     keys, values = layer_kv(cache, layer)
     batch, q_heads, dim = q.shape
     grouped = q.reshape(batch, g.kv_heads, q_heads // g.kv_heads, dim)
@@ -475,6 +486,13 @@ def read_traffic(cache: KVCache) -> tuple[int, int]:
 # --------------------------------------------------------------------------- the append path
 
 
+def _require_finite(name: str, t: torch.Tensor) -> None:
+    """Checked where data enters a cache: torch's SDPA on a CPU turns NaN keys into a zero output,
+    a wrong number that would look like data. (Not on every read: that would double the traffic.)"""
+    if t.dtype.is_floating_point and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} holds NaN or infinite values")
+
+
 def _check_new_token(cache: KVCache, k_new, v_new) -> None:
     g = cache.geometry
     want = (g.layers, cache.batch, g.kv_heads, g.head_dim)
@@ -485,6 +503,7 @@ def _check_new_token(cache: KVCache, k_new, v_new) -> None:
             raise ValueError(f"{name} must be [layers, batch, kv_heads, head_dim] = {list(want)}, got {list(t.shape)}")
         if t.dtype != cache.k.dtype or t.device != cache.k.device:
             raise TypeError(f"{name} must be {cache.k.dtype} on {cache.k.device}, got {t.dtype} on {t.device}")
+        _require_finite(name, t)
 
 
 def _writer(cache: KVCache, method: str):
@@ -635,7 +654,7 @@ def measure_read(cache: KVCache, q_heads: int | None = None, layer: int = 0, war
         raise ValueError(f"q_heads ({q_heads}) must be a multiple of the cache's kv_heads ({g.kv_heads})")
     q = torch.randn(cache.batch, q_heads, g.head_dim, dtype=cache.k.dtype, device=cache.k.device)
     decode_read(cache, q, layer)  # validates once; the timed calls skip nothing else
-    timing = measure(lambda: decode_read(cache, q, layer), warmup=warmup, reps=reps, device=cache.k.device)
+    timing = measure(lambda: _decode_read(cache, q, layer), warmup=warmup, reps=reps, device=cache.k.device)
     kv, moved = read_traffic(cache)
     return ReadMeasurement(cache.layout, cache.batch, cache.length, q_heads, g.kv_heads, g.head_dim,
                            _dtype_name(cache.k), timing, kv, moved, calibrate().copy_bytes_per_s)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ._checks import integer
+from ._checks import integer, positive
 from . import roofline
 from .models import SHAPES, ModelShape
 from .versions import cache_kwargs
@@ -66,6 +66,7 @@ def cache_bytes(shape, tokens: int, bytes_per_element: float = 2, window: int | 
     """
     shape = _shape(shape)
     integer("tokens", tokens, 1)
+    positive("bytes_per_element", bytes_per_element)
     changes = {}
     if kv_heads is not None:
         integer("kv_heads", kv_heads, 1)
@@ -103,6 +104,11 @@ def design_table(shape="llama-3-8b", tokens: int = 131_072, window: int = 4096, 
     full GQA attention while the rest use the window.
     """
     shape = _shape(shape)
+    for name, value in (("tokens", tokens), ("window", window), ("latent_dim", latent_dim), ("rope_dim", rope_dim)):
+        integer(name, value, 1)
+    integer("gqa_heads", gqa_heads, 1)
+    if shape.q_heads % gqa_heads:
+        raise ValueError(f"gqa_heads must divide the {shape.q_heads} query heads of {shape.name}, got {gqa_heads}")
     integer("global_layers", global_layers, 0)
     if global_layers > shape.layers:
         raise ValueError(f"global_layers must be <= the {shape.layers} layers, got {global_layers}")
@@ -150,9 +156,16 @@ def rotate(x: torch.Tensor, positions, inv_freq: torch.Tensor, scaling: float = 
     frequency ``inv_freq[i]``. Rotations compose: rotating by p and then by q is rotating by p + q,
     so a negative position undoes a rotation. Computed in fp32 (fp64 for fp64 inputs).
     """
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.dim() < 2 or x.shape[-1] % 2:
+        raise ValueError(f"x must be a floating tensor [..., n, d] with an even d, got {getattr(x, 'shape', x)!r}")
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
     pos = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(positions, dtype=work)
     pos = pos.to(device=x.device, dtype=work)
+    if pos.dim() not in (1, 2) or pos.shape[-1] != x.shape[-2]:
+        raise ValueError(f"positions must be [n] or [batch, n] with n = {x.shape[-2]} (x's tokens), "
+                         f"got shape {tuple(pos.shape)}")
+    if tuple(inv_freq.shape) != (x.shape[-1] // 2,):
+        raise ValueError(f"inv_freq must have d/2 = {x.shape[-1] // 2} elements, got shape {tuple(inv_freq.shape)}")
     freqs = pos[..., None] * inv_freq.to(device=x.device, dtype=work)
     emb = torch.cat((freqs, freqs), dim=-1)
     if emb.dim() == 3:  # [batch, n, d]: broadcast over the heads of [batch, heads, n, d]
@@ -254,12 +267,13 @@ class BoundedLayer(CacheLayerMixin):
         if self.rope == "cache":
             # Undo the model's rotation (HF multiplies cos and sin by attention_scaling).
             key_states = rotate(key_states, -new_pos, self.inv_freq, 1.0) / self.scaling
-        self.seen += count
         keys = torch.cat([self.keys, key_states], dim=-2)
         values = torch.cat([self.values, value_states], dim=-2)
         positions = torch.cat([self.positions, new_pos], dim=-1)
         keep = self._keep(keys.shape[-2])
+        # Everything that can fail is done: only now change the layer (a failed update changes nothing).
         self.keys, self.values, self.positions = keys[..., keep, :], values[..., keep, :], positions[:, keep]
+        self.seen += count
         if count == 1:
             keys, values = self.keys, self.values
         if self.rope == "cache":
@@ -465,6 +479,13 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, axis: int = -1) -> Qua
 
 def quantized_nbytes(numel: int, bits: int, group_size: int, meta_bytes: int = 2) -> int:
     """Bytes of a quantized tensor: packed codes plus one scale and one zero point per group."""
+    integer("numel", numel, 0)
+    if isinstance(bits, bool) or bits not in BITS:
+        raise ValueError(f"bits must be one of {BITS} (what quantize stores), got {bits!r}")
+    integer("group_size", group_size, 1)
+    integer("meta_bytes", meta_bytes, 0)
+    if numel % group_size:
+        raise ValueError(f"numel ({numel}) must be a multiple of group_size ({group_size}), as quantize requires")
     groups = numel // group_size
     return groups * math.ceil(group_size * bits / 8) + 2 * groups * meta_bytes
 
@@ -524,14 +545,16 @@ class QuantizedLayer(_KeepAllLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.keys = torch.cat([self.keys, key_states], dim=-2)
-        self.values = torch.cat([self.values, value_states], dim=-2)
-        g = self.group_size
-        while self.keys.shape[-2] >= self.residual + g:
-            oldest_k, self.keys = self.keys[..., :g, :], self.keys[..., g:, :]
-            oldest_v, self.values = self.values[..., :g, :], self.values[..., g:, :]
-            self.qkeys = _cat_quantized(self.qkeys, quantize(oldest_k, self.bits, g, axis=self.key_axis), axis=2)
-            self.qvalues = _cat_quantized(self.qvalues, quantize(oldest_v, self.bits, g, axis=-1), axis=2)
+        keys = torch.cat([self.keys, key_states], dim=-2)
+        values = torch.cat([self.values, value_states], dim=-2)
+        qkeys, qvalues, g = self.qkeys, self.qvalues, self.group_size
+        while keys.shape[-2] >= self.residual + g:
+            oldest_k, keys = keys[..., :g, :], keys[..., g:, :]
+            oldest_v, values = values[..., :g, :], values[..., g:, :]
+            qkeys = _cat_quantized(qkeys, quantize(oldest_k, self.bits, g, axis=self.key_axis), axis=2)
+            qvalues = _cat_quantized(qvalues, quantize(oldest_v, self.bits, g, axis=-1), axis=2)
+        # Everything that can fail is done: only now change the layer (a failed update changes nothing).
+        self.keys, self.values, self.qkeys, self.qvalues = keys, values, qkeys, qvalues
         if self.qkeys is None:
             return self.keys, self.values
         return (torch.cat([self.qkeys.dequantize(), self.keys], dim=-2),
@@ -604,6 +627,13 @@ def outlier_keys(tokens: int, head_dim: int, outlier_channels: int = 4, outlier_
                  seed: int = 0, dtype=torch.float32) -> torch.Tensor:
     """Keys ``[tokens, head_dim]`` with a few channels ``outlier_scale`` times larger than the rest,
     and a per-channel offset, like the key outliers KIVI and KVQuant report (seed 004, 2.3)."""
+    integer("tokens", tokens, 1)
+    integer("head_dim", head_dim, 1)
+    integer("outlier_channels", outlier_channels, 0, head_dim + 1)
+    positive("outlier_scale", outlier_scale)
+    integer("seed", seed, 0)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(tokens, head_dim, generator=g, dtype=torch.float64)
     channels = torch.randperm(head_dim, generator=g)[:outlier_channels]
@@ -673,6 +703,11 @@ class LatentLayer(_KeepAllLayer):
         self.latent = self.positions = None
 
     def lazy_initialization(self, key_states, value_states):
+        width = 2 * key_states.shape[1] * key_states.shape[-1]
+        if self.basis.shape[0] != width:
+            raise ValueError(f"this latent cache was built for [K; V] of {self.basis.shape[0]} elements per token, "
+                             f"but the model writes {width} (2 x {key_states.shape[1]} KV heads x head_dim "
+                             f"{key_states.shape[-1]}): build LatentKVCache from this model")
         self.device, self.dtype = key_states.device, key_states.dtype
         self.heads, self.head_dim = key_states.shape[1], key_states.shape[-1]
         self.basis, self.bias = self.basis.to(self.device, self.dtype), self.bias.to(self.device, self.dtype)
@@ -687,8 +722,9 @@ class LatentLayer(_KeepAllLayer):
         pos = _positions_from(kwargs, batch, count, self.positions.shape[-1], self.device)
         raw_k = rotate(key_states, -pos, self.inv_freq, 1.0) / self.scaling
         stacked = torch.cat([raw_k, value_states], dim=1).transpose(1, 2).flatten(2)  # [b, n, 2 h d]
-        self.latent = torch.cat([self.latent, (stacked - self.bias) @ self.basis], dim=1)
-        self.positions = torch.cat([self.positions, pos], dim=-1)
+        latent = torch.cat([self.latent, (stacked - self.bias) @ self.basis], dim=1)
+        positions = torch.cat([self.positions, pos], dim=-1)
+        self.latent, self.positions = latent, positions  # both or neither
         full = (self.latent @ self.basis.T + self.bias).unflatten(2, (2 * self.heads, self.head_dim)).transpose(1, 2)
         keys, values = full[:, : self.heads], full[:, self.heads:]
         return rotate(keys, self.positions, self.inv_freq, self.scaling), values
@@ -852,9 +888,15 @@ def stream_eval(model, tokens: torch.Tensor, cache=None, first: int = 4, recent:
     """
     from transformers import DynamicCache
 
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    integer("first", first, 0)
+    integer("recent", recent, 0)
     cache = DynamicCache() if cache is None else cache
     ids = tokens.reshape(1, -1).to(model.device)
     n = ids.shape[1]
+    if n < 2:
+        raise ValueError(f"tokens must hold at least 2 tokens (one prediction), got {n}")
     logprobs, mass_first, mass_recent = [], [], []
     for t in range(n - 1):
         out = model(ids[:, t: t + 1], position_ids=torch.tensor([[t]], device=model.device),
@@ -882,6 +924,12 @@ def _retained_positions(cache, kv_length: int, t: int) -> torch.Tensor:
 
 def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """KL(reference || other) per row of two ``[steps, vocab]`` log-probability tensors, in nats."""
+    for name, t in (("reference", reference), ("other", other)):
+        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating torch.Tensor of log-probabilities, got {type(t).__name__}")
+    if reference.shape != other.shape:
+        raise ValueError(f"reference and other must share one shape [steps, vocab], got {tuple(reference.shape)} "
+                         f"and {tuple(other.shape)}")
     return (reference.exp() * (reference - other)).sum(-1)
 
 
@@ -930,6 +978,10 @@ def eviction_mask(n: int, num_sink: int = 0, window: int | None = None) -> torch
     """``[n, n]`` boolean mask of what a token-by-token stream through ``SinkCache(num_sink, window)``
     (``rope="original"``) lets each query see: itself, the first ``num_sink`` tokens and the
     ``window`` newest (all earlier tokens when ``window`` is None). Section 9.7."""
+    integer("n", n, 0)
+    integer("num_sink", num_sink, 0)
+    if window is not None:
+        integer("window", window, 1)
     i = torch.arange(n)[:, None]
     j = torch.arange(n)[None, :]
     allowed = j <= i
@@ -976,10 +1028,19 @@ def masked_stream_eval(model, tokens: torch.Tensor, num_sink: int = 0, window: i
     in-cache distance for the length of the call. Much faster than stepping on a CPU; tests check
     both conventions against the cache itself.
     """
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    integer("num_sink", num_sink, 0)
+    if window is not None:
+        integer("window", window, 1)  # window 0 would leave a query nothing to attend to
+    integer("first", first, 0)
+    integer("recent", recent, 0)
     if rope not in ROPE_MODES:
         raise ValueError(f"rope must be one of {ROPE_MODES}, got {rope!r}")
     ids = tokens.reshape(1, -1).to(model.device)
     n = ids.shape[1]
+    if n < 2:
+        raise ValueError(f"tokens must hold at least 2 tokens (one prediction), got {n}")
     allowed = eviction_mask(n, num_sink, window).to(model.device)
     mask = torch.zeros(n, n, dtype=model.dtype, device=model.device)
     mask = mask.masked_fill(~allowed, torch.finfo(model.dtype).min)[None, None]

@@ -149,6 +149,14 @@ def _config(arch: str, shape: ModelShape, max_positions: int):
     )
 
 
+def _built_params(shape: ModelShape) -> float:
+    """Parameters a model built from ``shape`` will allocate (``shape.params`` may describe another
+    size after overrides): untied embedding and head, attention projections, a gated MLP."""
+    attention = shape.hidden * shape.head_dim * (2 * shape.q_heads + 2 * shape.kv_heads)
+    mlp = 3 * shape.hidden * (shape.intermediate or 4 * shape.hidden)
+    return 2 * shape.vocab * shape.hidden + shape.layers * (attention + mlp)
+
+
 def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape | None = None, dtype=None,
                device=None, seed: int = 0, max_positions: int = 4096, **overrides):
     """A Hugging Face causal LM with random weights, built from a config: no download.
@@ -175,7 +183,10 @@ def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape |
     if size not in ("cpu", "real"):
         raise ValueError(f"size must be 'cpu' or 'real', got {size!r}")
     if size == "real" or shape is not None:
-        base = shape if isinstance(shape, ModelShape) else SHAPES[shape or _REAL_DEFAULT[arch]]
+        name = shape or _REAL_DEFAULT[arch]
+        if not isinstance(shape, ModelShape) and name not in SHAPES:
+            raise ValueError(f"shape must be a ModelShape or one of {tuple(SHAPES)}, got {shape!r}")
+        base = shape if isinstance(shape, ModelShape) else SHAPES[name]
     else:
         c = _CPU if arch != "gpt2" else {**_CPU, "kv": _CPU["q"]}
         base = ModelShape(f"tiny-{arch}", c["layers"], c["q"], c["kv"], c["d"], c["hidden"], 1.0, c["vocab"],
@@ -190,6 +201,10 @@ def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape |
     if arch == "gpt2" and base.head_dim * base.q_heads != base.hidden:
         raise ValueError("gpt2 needs head_dim * q_heads == hidden")
     dev, dtype = device_and_dtype(device, dtype)
+    from ._checks import require_memory
+
+    require_memory(f"a {base.name} model with random weights (about {_built_params(base):.3g} parameters)",
+                   int(_built_params(base) * torch.empty((), dtype=dtype).element_size()), dev)
     config = _config(arch, base, max_positions)
     config.name_or_path = base.name
     torch.manual_seed(seed)
@@ -344,6 +359,8 @@ def load_model(name: str, dtype=None, device=None):
 
     from .hardware import device_and_dtype
 
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a SHAPES key, a hub id or a local path (a non-empty str), got {name!r}")
     repo = HUB_NAMES.get(name, name)
     dev, dtype = device_and_dtype(device, dtype)
     try:

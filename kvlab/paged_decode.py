@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ._checks import integer, one_of
 from .paging import PREEMPTION_MODES, PagedKVCache
 
 ATTN_NAME = "kvlab_paged"
@@ -46,9 +47,20 @@ def paged_decode_attention_gather(q, k_cache, v_cache, block_table, seq_lens, sc
     What paging costs without a fused kernel: every step first copies each sequence's blocks
     into a contiguous ``[batch, max_blocks * block_size, kv_heads, head_dim]`` tensor (entries past
     a sequence's length are masked out), then runs torch's SDPA on it. Same signature as the
-    kernel; ``block_table`` entries past a sequence's blocks must still be valid block ids.
+    kernel, same checks; ``block_table`` entries past a sequence's blocks are never read.
     """
-    index = block_table.long()
+    from .kernels.paged_attention import _check_inputs  # the kernel's own validation: one rule for all paths
+
+    scale = _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, kernel_limits=False)
+    return _gather_attention(q, k_cache, v_cache, block_table, seq_lens, scale)
+
+
+def _gather_attention(q, k_cache, v_cache, block_table, seq_lens, scale):
+    """``paged_decode_attention_gather`` without its checks (and their host sync), for a caller that
+    validated the step's tables once, as an engine does (compare ``kernels.paged_attention._launch``)."""
+    block_size = k_cache.shape[1]
+    in_use = torch.arange(block_table.shape[1], device=q.device)[None, :] * block_size < seq_lens[:, None]
+    index = torch.where(in_use, block_table.long(), 0)  # unused entries may hold anything
     keys = k_cache[index].flatten(1, 2).transpose(1, 2)  # [batch, kv_heads, max_blocks * block_size, dim]
     values = v_cache[index].flatten(1, 2).transpose(1, 2)
     valid = torch.arange(keys.shape[2], device=q.device)[None, :] < seq_lens[:, None]
@@ -60,6 +72,7 @@ def paged_decode_attention_gather(q, k_cache, v_cache, block_table, seq_lens, sc
 def _decode_attention(path: str):
     from .kernels import paged_decode_attention, paged_decode_attention_ref
 
+    one_of("attention", path, ATTENTION_PATHS)
     return {"kernel": paged_decode_attention, "reference": paged_decode_attention_ref,
             "gather": paged_decode_attention_gather}[path]
 
@@ -72,9 +85,10 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
     ``[batch, num_kv_heads, tokens, head_dim]`` for the new tokens only. Returns
     ``([batch, tokens, num_q_heads, head_dim], None)`` as transformers expects.
     """
-    if paged is None:
-        raise ValueError(f"attention '{ATTN_NAME}' needs the paged= keyword (a PagedBatch); "
+    if not isinstance(paged, PagedBatch):
+        raise ValueError(f"attention '{ATTN_NAME}' needs the paged= keyword (a PagedBatch), got {paged!r}; "
                          "call the model through kvlab.paged_decode")
+    attend = _decode_attention(paged.attention)  # an unknown path is refused before this layer appends
     layer = module.layer_idx
     batch, _, tokens, _ = query.shape
     if len(paged.seq_ids) != batch:
@@ -87,7 +101,6 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
         out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
         return out.transpose(1, 2), None
     cache.append_batch(paged.seq_ids, layer, key[:, :, 0], value[:, :, 0])
-    attend = _decode_attention(paged.attention)
     out = attend(query[:, :, 0].contiguous(), cache.k_pools[layer], cache.v_pools[layer],
                  cache.block_tables(paged.seq_ids), cache.seq_lens(paged.seq_ids, layer), scale=scaling)
     return out[:, None], None
@@ -111,11 +124,7 @@ def use_paged_attention(model):
 def cache_for(model, num_blocks: int, block_size: int = 16, device=None, store=None) -> PagedKVCache:
     """An empty :class:`PagedKVCache` shaped for ``model`` (its layers, KV heads, head dim and dtype);
     ``store`` replaces the ``store_kv`` kernel (e.g. ``store_kv_ref`` to time host-side work on a CPU)."""
-    shape = model.shape if hasattr(model, "shape") else None
-    config = model.config
-    layers = shape.layers if shape else config.num_hidden_layers
-    kv_heads = shape.kv_heads if shape else config.num_key_value_heads
-    head_dim = shape.head_dim if shape else config.hidden_size // config.num_attention_heads
+    layers, kv_heads, head_dim = _model_geometry(model)
     return PagedKVCache(layers, num_blocks, block_size, kv_heads, head_dim, dtype=model.dtype,
                         device=device if device is not None else model.device, store=store)
 
@@ -123,21 +132,109 @@ def cache_for(model, num_blocks: int, block_size: int = 16, device=None, store=N
 # --------------------------------------------------------------------------- the two model calls
 
 
+def _model_geometry(model) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of ``model``, as :func:`cache_for` reads them."""
+    shape = model.shape if hasattr(model, "shape") else None
+    config = model.config
+    layers = shape.layers if shape else config.num_hidden_layers
+    kv_heads = shape.kv_heads if shape else config.num_key_value_heads
+    head_dim = shape.head_dim if shape else getattr(config, "head_dim", None) or (
+        config.hidden_size // config.num_attention_heads)
+    return layers, kv_heads, head_dim
+
+
+def _check_model_and_cache(model, cache, attention: str) -> None:
+    """Everything a step needs from ``model`` and ``cache`` together, checked before any layer appends."""
+    from .kernels import SUPPORTED_HEAD_DIMS
+    from .kernels._validation import is_power_of_two
+
+    one_of("attention", attention, ATTENTION_PATHS)
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a kvlab.paging.PagedKVCache, got {type(cache).__name__}")
+    if getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
+        raise ValueError(f"model uses attention {getattr(model.config, '_attn_implementation', None)!r}, not "
+                         f"{ATTN_NAME!r}: call kvlab.paged_decode.use_paged_attention(model) first "
+                         "(otherwise the cache is never read or written)")
+    layers, kv_heads, head_dim = _model_geometry(model)
+    model_side = {"num_layers": layers, "num_kv_heads": kv_heads, "head_dim": head_dim, "dtype": model.dtype}
+    for name, expected in model_side.items():
+        if getattr(cache, name) != expected:
+            raise ValueError(f"cache.{name} is {getattr(cache, name)} but the model needs {expected}; "
+                             "build the cache with kvlab.paged_decode.cache_for(model, ...)")
+    model_device = torch.device(model.device)
+    if (cache.device.type, cache.device.index or 0) != (model_device.type, model_device.index or 0):
+        raise ValueError(f"cache.device is {cache.device} but the model is on {model_device}; "
+                         "build the cache with kvlab.paged_decode.cache_for(model, ...)")
+    if attention in ("kernel", "reference"):  # the kernel's limits; the reference checks as the kernel does
+        if not is_power_of_two(cache.block_size):
+            raise ValueError(f"cache.block_size must be a power of two for attention={attention!r}, got "
+                             f"{cache.block_size}; use attention='gather' for other sizes")
+        if head_dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"the model's head_dim {head_dim} must be one of {SUPPORTED_HEAD_DIMS} for "
+                             f"attention={attention!r}; use attention='gather'")
+
+
+def _check_tokens(name: str, tokens, vocab: int) -> list[int]:
+    if isinstance(tokens, torch.Tensor):
+        if tokens.dim() != 1 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise TypeError(f"{name} must be a list of int token ids or a 1-D integer tensor, "
+                            f"got a {tokens.dtype} tensor of shape {tuple(tokens.shape)}")
+        tokens = tokens.tolist()
+    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__iter__"):
+        raise TypeError(f"{name} must be a list of int token ids, got {type(tokens).__name__}")
+    return [integer(f"{name}[{i}]", t, 0, vocab) for i, t in enumerate(tokens)]
+
+
 @torch.inference_mode()
 def prefill(model, cache: PagedKVCache, seq_id: int, token_ids, attention: str = "kernel") -> int:
-    """Run ``token_ids`` (a list) through ``model`` into ``cache`` as ``seq_id``; returns the greedy next token."""
-    ids = torch.tensor([list(token_ids)], dtype=torch.long, device=model.device)
-    out = model(ids, use_cache=False, logits_to_keep=1, paged=PagedBatch(cache, [seq_id], attention))
+    """Run ``token_ids`` (a list) through ``model`` into ``cache`` as ``seq_id``; returns the greedy next token.
+
+    All or nothing: on any error the cache is exactly as before."""
+    _check_model_and_cache(model, cache, attention)
+    tokens = _check_tokens("token_ids", token_ids, model.config.vocab_size)
+    if not tokens:
+        raise ValueError("token_ids must hold at least one token")
+    seq = cache._require_resident(seq_id)
+    if any(seq.layer_tokens):
+        raise ValueError(f"sequence {seq_id} already holds tokens {seq.layer_tokens} (per layer); a prefill "
+                         "starts from an empty sequence (new_sequence(), or after preempt(..., 'recompute'))")
+    needed = cache.blocks_to_append(seq_id, len(tokens))
+    if needed > cache.num_free:
+        raise cache._out_of_blocks(needed)
+    ids = torch.tensor([tokens], dtype=torch.long, device=model.device)
+    with cache._all_or_nothing():
+        out = model(ids, use_cache=False, logits_to_keep=1, paged=PagedBatch(cache, [seq_id], attention))
     return int(out.logits[0, -1].argmax())
 
 
 @torch.inference_mode()
 def decode_step(model, cache: PagedKVCache, seq_ids, tokens, attention: str = "kernel") -> list[int]:
-    """One decode step for a batch: token ``tokens[i]`` is fed to ``seq_ids[i]``; returns the next tokens."""
+    """One decode step for a batch: token ``tokens[i]`` is fed to ``seq_ids[i]``; returns the next tokens.
+
+    All or nothing: on any error (even from a layer in the middle of the model) the cache is exactly
+    as before, so a retry does not count a token twice."""
+    _check_model_and_cache(model, cache, attention)
+    if isinstance(seq_ids, (str, bytes, torch.Tensor)) or not hasattr(seq_ids, "__iter__"):
+        raise TypeError(f"seq_ids must be a list of sequence ids, got {type(seq_ids).__name__}")
+    seq_ids = list(seq_ids)
+    tokens = _check_tokens("tokens", tokens, model.config.vocab_size)
+    if not seq_ids or len(tokens) != len(seq_ids):
+        raise ValueError(f"seq_ids and tokens must be non-empty and of equal length, got {len(seq_ids)} "
+                         f"and {len(tokens)}")
+    if len(set(seq_ids)) != len(seq_ids):
+        raise ValueError(f"seq_ids must be distinct, got {seq_ids}")
+    for seq_id in seq_ids:
+        counts = cache._require_resident(seq_id).layer_tokens
+        if len(set(counts)) != 1:
+            raise ValueError(f"sequence {seq_id} is mid-step (tokens per layer {counts})")
+    needed = sum(cache.blocks_to_append(s) for s in seq_ids)
+    if needed > cache.num_free:
+        raise cache._out_of_blocks(needed)
     ids = torch.tensor([[t] for t in tokens], dtype=torch.long, device=model.device)
     positions = cache.seq_lens(seq_ids).to(torch.long)[:, None]  # the new token's position
-    out = model(ids, position_ids=positions, use_cache=False, logits_to_keep=1,
-                paged=PagedBatch(cache, list(seq_ids), attention))
+    with cache._all_or_nothing():
+        out = model(ids, position_ids=positions, use_cache=False, logits_to_keep=1,
+                    paged=PagedBatch(cache, seq_ids, attention))
     return out.logits[:, -1].argmax(dim=-1).tolist()
 
 
@@ -169,17 +266,21 @@ class PagedRun:
     peak_blocks: int
 
 
-def _check_generate_args(prompts, max_new_tokens, attention, preemption, max_batch):
+def _check_generate_args(prompts, max_new_tokens, attention, preemption, max_batch, block_size, num_blocks, vocab):
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise TypeError("prompts must be a non-empty list of token-id lists (or 1-D tensors)")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    integer("max_new_tokens", max_new_tokens, 1)
     if attention not in ATTENTION_PATHS:
         raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
     if preemption not in PREEMPTION_MODES:
         raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
-    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-        raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+    integer("max_batch", max_batch, 1)
+    integer("block_size", block_size, 1)
+    if num_blocks is not None:
+        integer("num_blocks", num_blocks, 1)
+    for i, prompt in enumerate(prompts):
+        if not _check_tokens(f"prompts[{i}]", prompt, vocab):
+            raise ValueError(f"prompts[{i}] must hold at least one token")
 
 
 def paged_generate(model, prompts, max_new_tokens: int, block_size: int = 16, num_blocks: int | None = None,
@@ -193,7 +294,8 @@ def paged_generate(model, prompts, max_new_tokens: int, block_size: int = 16, nu
     generated tokens again; ``swap`` copies its blocks to host memory and back. ``num_blocks``
     defaults to enough for every request at once (no preemption).
     """
-    _check_generate_args(prompts, max_new_tokens, attention, preemption, max_batch)
+    _check_generate_args(prompts, max_new_tokens, attention, preemption, max_batch, block_size, num_blocks,
+                         model.config.vocab_size)
     requests = [_Request(i, [int(t) for t in p]) for i, p in enumerate(prompts)]
     longest = max(len(r.prompt) for r in requests) + max_new_tokens
     per_request = -(-longest // block_size)
@@ -315,8 +417,10 @@ def measure_preemption_cost(model, num_tokens: int, block_size: int = 16, warmup
     from .kernels import store_kv_ref
     from .timing import measure
 
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 2:
-        raise ValueError(f"num_tokens must be an int >= 2, got {num_tokens!r}")
+    integer("num_tokens", num_tokens, 2)
+    integer("block_size", block_size, 1)
+    integer("reps", reps, 1)
+    integer("warmup", warmup, 0)
     use_paged_attention(model)
     blocks = -(-num_tokens // block_size)
     cache = cache_for(model, blocks, block_size, store=None if on_gpu() else store_kv_ref)
@@ -386,6 +490,13 @@ def compare_attention(batch: int, context: int, block_size: int = 16, num_q_head
     path = path or ("kernel" if on_gpu() else "gather")
     if path not in ATTENTION_PATHS:
         raise ValueError(f"path must be one of {ATTENTION_PATHS}, got {path!r}")
+    for name, value in (("batch", batch), ("context", context), ("block_size", block_size),
+                        ("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
+                        ("reps", reps)):
+        integer(name, value, 1)
+    integer("warmup", warmup, 0)
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     dev, dtype = device_and_dtype(None, dtype)
     generator = torch.Generator().manual_seed(seed)
     per_seq = -(-context // block_size)

@@ -13,11 +13,13 @@
 from __future__ import annotations
 
 from collections import Counter, deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from ._checks import integer, one_of, require_memory
 from .hardware import device as default_device
 from .kernels import store_kv  # also switches on the Triton interpreter without CUDA (import it before transformers)
 
@@ -29,6 +31,10 @@ class OutOfBlocksError(MemoryError):
         super().__init__(f"need {needed} KV-cache block(s) but only {free} of {total} are free; "
                          "free or preempt a sequence first")
         self.needed, self.free, self.total = needed, free, total
+
+
+MAX_BLOCK_ID = 2**31 - 1  # block tables are int32
+BOOKKEEPING_BYTES_PER_BLOCK = 64  # a free-list entry, a reference count and an int object, rounded up
 
 
 class BlockAllocator:
@@ -44,10 +50,11 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int):
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int):
-            raise TypeError(f"num_blocks must be an int >= 1, got {type(num_blocks).__name__}")
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        # Block ids are int32 in the block tables the kernels read; the free list and the counts
+        # take host memory per block, so an impossible pool is refused here, not by the OOM killer.
+        num_blocks = integer("num_blocks", num_blocks, 1, MAX_BLOCK_ID + 1)
+        require_memory(f"a pool of {num_blocks:,} blocks (allocator bookkeeping)",
+                       num_blocks * BOOKKEEPING_BYTES_PER_BLOCK, "cpu")
         self.num_blocks = num_blocks
         self._free = deque(range(num_blocks))
         self._ref_counts = [0] * num_blocks
@@ -66,12 +73,27 @@ class BlockAllocator:
 
     def allocate_many(self, count: int) -> list[int]:
         """``count`` free blocks, or none at all if fewer are free."""
+        count = integer("count", count, 0)
         if count > len(self._free):
             raise OutOfBlocksError(count, len(self._free), self.num_blocks)
         blocks = [self._free.popleft() for _ in range(count)]
         for block in blocks:
             self._ref_counts[block] = 1
         return blocks
+
+    def _snapshot(self):
+        return list(self._free), list(self._ref_counts)
+
+    def _restore(self, snapshot) -> None:
+        free, ref_counts = snapshot
+        self._free, self._ref_counts = deque(free), list(ref_counts)
+
+    def _unallocate(self, blocks: list[int]) -> None:
+        """Undo ``allocate_many`` (blocks just taken and not shared since): back to the front of the
+        free list in their old order, so that a retried call takes the very same blocks."""
+        for block in blocks:
+            self._ref_counts[block] = 0
+        self._free.extendleft(reversed(blocks))
 
     def incref(self, block: int) -> None:
         """One more holder of an allocated block (sharing it with another sequence)."""
@@ -115,10 +137,9 @@ class BlockTable:
     """
 
     def __init__(self, block_size: int, blocks=(), num_tokens: int = 0):
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
-        self.block_size = block_size
-        self.blocks = list(blocks)
+        self.block_size = integer("block_size", block_size, 1)
+        self.blocks = [integer(f"blocks[{i}]", b, 0, MAX_BLOCK_ID + 1) for i, b in enumerate(blocks)]
+        integer("num_tokens", num_tokens, 0)
         if not 0 <= num_tokens <= len(self.blocks) * block_size:
             raise ValueError(f"num_tokens must be in [0, {len(self.blocks) * block_size}] for "
                              f"{len(self.blocks)} block(s) of {block_size}, got {num_tokens}")
@@ -134,6 +155,7 @@ class BlockTable:
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens: ceil(num_tokens / block_size)."""
+        integer("num_tokens", num_tokens, 0)
         return -(-num_tokens // self.block_size)
 
     def physical_location(self, token: int) -> tuple[int, int]:
@@ -144,6 +166,8 @@ class BlockTable:
 
     def slots(self, start: int, end: int) -> list[int]:
         """Flat slots ``block * block_size + offset`` of tokens ``start .. end - 1``."""
+        integer("start", start, 0)
+        integer("end", end, start)
         locations = (self.physical_location(t) for t in range(start, end))
         return [block * self.block_size + offset for block, offset in locations]
 
@@ -172,21 +196,31 @@ class PagedKVCache:
     a sequence's blocks either by dropping them (``preempt(..., "recompute")``: the caller
     re-prefills later) or by copying them to host memory (``"swap"``, undone by ``swap_in``);
     ``preemptions`` counts both.
+
+    A call that fails changes nothing: every method checks its arguments first, and ``append``,
+    ``append_batch`` and ``swap_in`` give back what they took if the store or copy fails.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype=torch.float16, device=None, store=None):
         for name, value in (("num_layers", num_layers), ("block_size", block_size),
                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            integer(name, value, 1)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        if store is not None and not callable(store):
+            raise TypeError(f"store must be None or a function like kvlab.kernels.store_kv, got {store!r}")
+        try:
+            self.device = torch.device(device) if device is not None else default_device()
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device must be a torch.device or a name like 'cpu' or 'cuda', got {device!r}") from None
+        if self.device.type == "meta":
+            raise ValueError("device must hold data (e.g. 'cpu' or 'cuda'), got 'meta'")
         self.allocator = BlockAllocator(num_blocks)
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
-        self.device = torch.device(device) if device is not None else default_device()
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        require_memory(f"K and V pools {shape} x {num_layers} layers", num_blocks * self.bytes_per_block, self.device)
         self.k_pools = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self.v_pools = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self._store = store if store is not None else store_kv
@@ -231,6 +265,31 @@ class PagedKVCache:
                       f"{self.bytes_per_block:,} bytes per block)",)
         return error
 
+    def _snapshot(self):
+        """The bookkeeping a failed multi-layer call must put back: allocator, tables, counts, swaps.
+        (Not the pools' contents: a failed call writes only into slots no sequence claims.) A subclass
+        with more state (prefix hashes) extends this and ``_restore``."""
+        sequences = {i: (list(s.table.blocks), s.table.num_tokens, list(s.layer_tokens), s.swapped)
+                     for i, s in self._sequences.items()}
+        return self.allocator._snapshot(), sequences, self._next_id, Counter(self.preemptions)
+
+    def _restore(self, snapshot) -> None:
+        allocator, sequences, self._next_id, self.preemptions = snapshot
+        self.allocator._restore(allocator)
+        self._sequences = {i: _Sequence(BlockTable(self.block_size, blocks, num_tokens), layer_tokens, swapped)
+                           for i, (blocks, num_tokens, layer_tokens, swapped) in sequences.items()}
+
+    @contextmanager
+    def _all_or_nothing(self):
+        """Everything as it was if the block raises: for calls that append to several layers one
+        after another, such as a model's decode step (``kvlab.paged_decode``)."""
+        snapshot = self._snapshot()
+        try:
+            yield
+        except BaseException:
+            self._restore(snapshot)
+            raise
+
     # -- sequences ---------------------------------------------------------------------------
 
     def new_sequence(self) -> int:
@@ -243,6 +302,7 @@ class PagedKVCache:
     def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
         """Free blocks that appending ``num_tokens`` tokens to ``seq_id`` would take (new + copy-on-write)."""
         seq = self._require_resident(seq_id)
+        integer("num_tokens", num_tokens, 0)
         table = seq.table
         new = table.blocks_for(table.num_tokens + num_tokens) - len(table.blocks)
         return max(0, new) + int(self._last_block_is_shared(table) and num_tokens > 0)
@@ -252,76 +312,111 @@ class PagedKVCache:
         partial = table.num_tokens % self.block_size != 0
         return partial and self.allocator.ref_count(table.blocks[-1]) > 1
 
-    def _grow(self, seq: _Sequence, num_tokens: int) -> None:
-        """Layer 0 only: make room for ``num_tokens`` more tokens, all or nothing."""
+    def _grow(self, seq: _Sequence, num_tokens: int, taken: list[int], replaced: list[int]) -> None:
+        """Layer 0 only: make room for ``num_tokens`` more tokens, all or nothing.
+
+        Blocks taken go to ``taken``; a shared last block copied for writing goes to ``replaced``,
+        whose hold is dropped only once the whole call has succeeded (see ``_append``)."""
         table = seq.table
         cow = self._last_block_is_shared(table)
         new = max(0, table.blocks_for(table.num_tokens + num_tokens) - len(table.blocks))
         if cow + new > self.num_free:
             raise self._out_of_blocks(cow + new)
         if cow:
-            table.blocks[-1] = self._copy_block(table.blocks[-1])
-        table.blocks += self.allocator.allocate_many(new)
+            (copy,) = self.allocator.allocate_many(1)
+            taken.append(copy)
+            for k_pool, v_pool in zip(self.k_pools, self.v_pools):
+                k_pool[copy].copy_(k_pool[table.blocks[-1]])
+                v_pool[copy].copy_(v_pool[table.blocks[-1]])
+            replaced.append(table.blocks[-1])
+            table.blocks[-1] = copy
+        fresh = self.allocator.allocate_many(new)
+        taken += fresh
+        table.blocks += fresh
         table.num_tokens += num_tokens
 
-    def _copy_block(self, block: int) -> int:
-        """Copy-on-write: a private copy of ``block`` in every layer; drops our hold on the original."""
-        (copy,) = self.allocator.allocate_many(1)
-        for k_pool, v_pool in zip(self.k_pools, self.v_pools):
-            k_pool[copy].copy_(k_pool[block])
-            v_pool[copy].copy_(v_pool[block])
-        self.allocator.free(block)
-        return copy
+    def _check_layer(self, layer) -> int:
+        return integer("layer", layer, 0, self.num_layers)
 
-    def _reserve(self, seq_id, layer: int, num_tokens: int) -> list[int]:
-        """Slots for the next ``num_tokens`` tokens of ``seq_id`` in ``layer``."""
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
-            raise ValueError(f"layer must be an int in [0, {self.num_layers}), got {layer!r}")
-        seq = self._require_resident(seq_id)
+    def _check_follows_layer0(self, seq_id, seq: _Sequence, layer: int, num_tokens: int) -> None:
         start = seq.layer_tokens[layer]
-        if num_tokens == 0:
-            return []
-        if layer == 0:
-            self._grow(seq, num_tokens)
-        elif start + num_tokens > seq.layer_tokens[0]:
+        if layer > 0 and start + num_tokens > seq.layer_tokens[0]:
             raise ValueError(f"layer {layer} of sequence {seq_id} would hold {start + num_tokens} tokens but layer 0 "
                              f"holds {seq.layer_tokens[0]}: append to layer 0 first (it allocates the blocks)")
-        seq.layer_tokens[layer] = start + num_tokens
-        return seq.table.slots(start, start + num_tokens)
 
-    def _check_kv(self, k, v, num_tokens=None) -> None:
+    def _check_kv(self, k, v, num_tokens=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``k`` and ``v`` checked and converted to the pools' device and dtype (before anything changes)."""
         for name, t in (("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if t.dim() != 3 or tuple(t.shape[1:]) != (self.num_kv_heads, self.head_dim):
                 raise ValueError(f"{name} must be [tokens, {self.num_kv_heads}, {self.head_dim}] "
                                  f"(num_kv_heads, head_dim), got {tuple(t.shape)}")
+            if not t.dtype.is_floating_point:
+                raise TypeError(f"{name} must be a floating-point tensor (stored as {self.dtype}), got {t.dtype}")
+            if t.device.type == "meta":
+                raise ValueError(f"{name} is on the meta device (no data); pass a tensor on {self.device}")
         if k.shape != v.shape or (num_tokens is not None and k.shape[0] != num_tokens):
             raise ValueError(f"k and v must both be [{num_tokens or 'tokens'}, {self.num_kv_heads}, "
                              f"{self.head_dim}], got {tuple(k.shape)} and {tuple(v.shape)}")
+        return k.to(self.device, self.dtype), v.to(self.device, self.dtype)
 
     def append(self, seq_id: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store ``k`` and ``v`` (``[tokens, num_kv_heads, head_dim]``) after ``seq_id``'s tokens in ``layer``."""
-        self._check_kv(k, v)
-        slots = self._reserve(seq_id, layer, k.shape[0])
-        self._write(layer, k, v, slots)
+        """Store ``k`` and ``v`` (``[tokens, num_kv_heads, head_dim]``) after ``seq_id``'s tokens in ``layer``.
+
+        All or nothing: on any error no block, count or table has changed."""
+        layer = self._check_layer(layer)
+        seq = self._require_resident(seq_id)
+        k, v = self._check_kv(k, v)
+        self._check_follows_layer0(seq_id, seq, layer, k.shape[0])
+        self._append(layer, [seq], [k.shape[0]], k, v)
 
     def append_batch(self, seq_ids, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """One new token per sequence (row ``i`` of ``k``/``v`` to ``seq_ids[i]``), in one store launch."""
+        """One new token per sequence (row ``i`` of ``k``/``v`` to ``seq_ids[i]``), in one store launch.
+
+        All or nothing across the batch: on any error no sequence has changed."""
+        if isinstance(seq_ids, (str, bytes, torch.Tensor)) or not hasattr(seq_ids, "__iter__"):
+            raise TypeError(f"seq_ids must be a list of sequence ids, got {type(seq_ids).__name__}")
         seq_ids = list(seq_ids)
+        layer = self._check_layer(layer)
+        seqs = [self._require_resident(s) for s in seq_ids]
         if len(set(seq_ids)) != len(seq_ids):
             raise ValueError(f"seq_ids must be distinct, got {seq_ids}")
-        self._check_kv(k, v, num_tokens=len(seq_ids))
+        k, v = self._check_kv(k, v, num_tokens=len(seq_ids))
+        for seq_id, seq in zip(seq_ids, seqs):
+            self._check_follows_layer0(seq_id, seq, layer, 1)
         needed = sum(self.blocks_to_append(s) for s in seq_ids) if layer == 0 else 0
         if needed > self.num_free:
             raise self._out_of_blocks(needed)
-        slots = [self._reserve(s, layer, 1)[0] for s in seq_ids]
-        self._write(layer, k, v, slots)
+        self._append(layer, seqs, [1] * len(seqs), k, v)
+
+    def _append(self, layer: int, seqs: list[_Sequence], counts: list[int], k, v) -> None:
+        """Reserve every slot, store, and only then drop the holds copy-on-write replaced; if the
+        store (or anything else) fails, put every table, count and block back as it was."""
+        saved = [(seq, list(seq.table.blocks), seq.table.num_tokens, list(seq.layer_tokens)) for seq in seqs]
+        taken, replaced, slots = [], [], []
+        try:
+            for seq, count in zip(seqs, counts):
+                if count == 0:
+                    continue
+                if layer == 0:
+                    self._grow(seq, count, taken, replaced)
+                start = seq.layer_tokens[layer]
+                seq.layer_tokens[layer] = start + count
+                slots += seq.table.slots(start, start + count)
+            if slots:
+                self._write(layer, k, v, slots)
+        except BaseException:
+            for seq, blocks, num_tokens, layer_tokens in saved:
+                seq.table.blocks, seq.table.num_tokens, seq.layer_tokens = blocks, num_tokens, layer_tokens
+            self.allocator._unallocate(taken)
+            raise
+        for block in replaced:
+            self.allocator.free(block)
 
     def _write(self, layer: int, k, v, slots: list[int]) -> None:
         mapping = torch.tensor(slots, dtype=torch.int64, device=self.device)
-        self._store(k.to(self.device, self.dtype), v.to(self.device, self.dtype),
-                    self.k_pools[layer], self.v_pools[layer], mapping)
+        self._store(k, v, self.k_pools[layer], self.v_pools[layer], mapping)
 
     def fork(self, seq_id: int) -> int:
         """A new sequence that shares every block of ``seq_id`` (reference counts, no copy)."""
@@ -347,21 +442,20 @@ class PagedKVCache:
 
     def block_tables(self, seq_ids) -> torch.Tensor:
         """``int32 [batch, max_blocks]``; entries past a sequence's blocks are 0 (never read)."""
-        tables = [self._require_resident(s).table.blocks for s in seq_ids]
+        tables = [self._require_resident(s).table.blocks for s in list(seq_ids)]
         width = max((len(t) for t in tables), default=0) or 1
         rows = [t + [0] * (width - len(t)) for t in tables]
         return torch.tensor(rows, dtype=torch.int32, device=self.device).reshape(len(tables), width)
 
     def seq_lens(self, seq_ids, layer: int | None = None) -> torch.Tensor:
         """``int32 [batch]``: tokens stored for each sequence (in ``layer``; default layer 0)."""
-        layer = 0 if layer is None else layer
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
-            raise ValueError(f"layer must be an int in [0, {self.num_layers}), got {layer!r}")
+        layer = self._check_layer(0 if layer is None else layer)
         return torch.tensor([self._get(s).layer_tokens[layer] for s in seq_ids], dtype=torch.int32,
                             device=self.device)
 
     def gather(self, seq_id: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``seq_id``'s K and V in ``layer`` in logical order, contiguous ``[tokens, num_kv_heads, head_dim]``."""
+        layer = self._check_layer(layer)
         seq = self._require_resident(seq_id)
         length = seq.layer_tokens[layer]
         blocks = torch.tensor(seq.table.blocks[: seq.table.blocks_for(length)], dtype=torch.long, device=self.device)
@@ -378,8 +472,7 @@ class PagedKVCache:
         its tokens later (section 9.5, vLLM's default). ``"swap"``: the blocks are copied to host
         memory first and ``swap_in`` brings them back.
         """
-        if mode not in PREEMPTION_MODES:
-            raise ValueError(f"mode must be one of {PREEMPTION_MODES}, got {mode!r}")
+        one_of("mode", mode, PREEMPTION_MODES)
         seq = self._require_resident(seq_id)
         if len(set(seq.layer_tokens)) != 1:
             raise ValueError(f"sequence {seq_id} is mid-step (tokens per layer {seq.layer_tokens})")
@@ -419,11 +512,15 @@ class PagedKVCache:
         if count > self.num_free:
             raise self._out_of_blocks(count)
         blocks = self.allocator.allocate_many(count)
-        index = torch.tensor(blocks, dtype=torch.long, device=self.device)
-        k_host, v_host = seq.swapped
-        for layer in range(self.num_layers):
-            self.k_pools[layer][index] = k_host[layer].to(self.device, non_blocking=True)
-            self.v_pools[layer][index] = v_host[layer].to(self.device, non_blocking=True)
+        try:
+            index = torch.tensor(blocks, dtype=torch.long, device=self.device)
+            k_host, v_host = seq.swapped
+            for layer in range(self.num_layers):
+                self.k_pools[layer][index] = k_host[layer].to(self.device, non_blocking=True)
+                self.v_pools[layer][index] = v_host[layer].to(self.device, non_blocking=True)
+        except BaseException:
+            self.allocator._unallocate(blocks)
+            raise
         seq.table.blocks = blocks
         seq.swapped = None
 
@@ -447,6 +544,11 @@ class Request:
     id: int
     prompt: int
     output: int
+
+    def __post_init__(self):
+        integer("id", self.id, 0)
+        integer("prompt", self.prompt, 1)
+        integer("output", self.output, 1)  # a request that generates nothing would never finish
 
     @property
     def final(self) -> int:
@@ -475,9 +577,8 @@ def make_trace(n: int, distribution: str = "lognormal", mean_prompt: float = 64,
     """
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
-    for name, value, low in (("n", n, 0), ("max_len", max_len, 2)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    integer("n", n, 0)
+    integer("max_len", max_len, 2)
     for name, value in (("mean_prompt", mean_prompt), ("mean_output", mean_output)):
         if not value >= 1:
             raise ValueError(f"{name} must be >= 1, got {value!r}")
@@ -570,6 +671,16 @@ class _Contiguous:
         self.regions.remove(region)
 
 
+def _check_trace(trace) -> list:
+    if isinstance(trace, (str, bytes)) or not hasattr(trace, "__iter__"):
+        raise TypeError(f"trace must be a list of kvlab.paging.Request, got {type(trace).__name__}")
+    trace = list(trace)
+    for i, request in enumerate(trace):
+        if not isinstance(request, Request):
+            raise TypeError(f"trace[{i}] must be a kvlab.paging.Request, got {type(request).__name__}")
+    return trace
+
+
 def _check_sim_args(policy, budget_tokens, block_size, max_batch, preemption, trace, max_len):
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -577,8 +688,7 @@ def _check_sim_args(policy, budget_tokens, block_size, max_batch, preemption, tr
         raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
     for name, value in (("budget_tokens", budget_tokens), ("block_size", block_size), ("max_batch", max_batch),
                         ("max_len", max_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        integer(name, value, 1)
     longest = max((r.final for r in trace), default=0)
     if longest > max_len:
         raise ValueError(f"max_len ({max_len}) must be >= the longest request in the trace ({longest} tokens)")
@@ -611,11 +721,12 @@ def simulate(trace, policy: str, budget_tokens: int, block_size: int = 16, max_b
     A request holds ``prompt + generated`` tokens; one with output ``G`` admitted at step ``t``
     finishes at step ``t + G - 1`` unless preempted.
     """
-    trace = list(trace)
+    trace = _check_trace(trace)
     max_len = max_len if max_len is not None else max((r.final for r in trace), default=1)
     _check_sim_args(policy, budget_tokens, block_size, max_batch, preemption, trace, max_len)
     if estimate is None:
         estimate = max(1, round(sum(r.output for r in trace) / max(1, len(trace))))
+    integer("estimate", estimate, 1)
     result = SimResult(policy, budget_tokens, block_size, max_batch)
     sim = _Simulation(policy, budget_tokens, block_size, max_batch, max_len, estimate, preemption, result)
     sim.run(trace)
@@ -756,6 +867,11 @@ class _Simulation:
 
 def tokens_in_budget(budget_bytes: float, shape, bytes_per_element: float = 2) -> int:
     """KV slots (tokens, all layers) that ``budget_bytes`` holds for a ``ModelShape`` (section 9.5)."""
-    if not budget_bytes > 0:
-        raise ValueError(f"budget_bytes must be > 0, got {budget_bytes!r}")
+    from ._checks import positive
+    from .models import ModelShape
+
+    positive("budget_bytes", budget_bytes)
+    positive("bytes_per_element", bytes_per_element)
+    if not isinstance(shape, ModelShape):
+        raise TypeError(f"shape must be a kvlab ModelShape (see kvlab.models.SHAPES), got {type(shape).__name__}")
     return int(budget_bytes // shape.kv_bytes_per_token(bytes_per_element))

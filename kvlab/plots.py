@@ -167,3 +167,99 @@ def si(value: float, unit: str, digits: int = 3) -> str:
     if unit == "s" and mag >= 1e3:
         return f"{sign}{mag:,.0f} s"
     return f"{sign}{_sig(mag / scale, digits)} {prefix}{unit}".rstrip()
+
+
+def _op_kind(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("mm", "gemm", "gemv", "matmul", "linear", "addmm", "cutlass", "sm90", "sm80")):
+        return "matmul"
+    if any(k in n for k in ("attention", "sdpa", "flash", "softmax", "paged")):
+        return "attention"
+    if any(k in n for k in ("cat", "copy", "index", "memcpy", "memset", "store")):
+        return "copy"
+    return "other"
+
+
+TIMELINE_COLORS = {"matmul": "C0", "attention": "C3", "copy": "C2", "other": "C7"}
+
+
+def timeline(ax, spans, y: float, *, height: float = 0.6, label: str | None = None):
+    """Draw ``spans`` (name, start_s, end_s) as bars on row ``y``, in ms, coloured by kind; gaps stay white.
+
+    Serves section 9.8: a decode step's kernels (GPU) or operators (CPU) over time.
+    """
+    by_kind: dict[str, list] = {}
+    for name, start, end in spans:
+        by_kind.setdefault(_op_kind(name), []).append((start * 1e3, max((end - start) * 1e3, 1e-4)))
+    for kind, bars in by_kind.items():
+        ax.broken_barh(bars, (y - height / 2, height), color=TIMELINE_COLORS[kind], linewidth=0)
+    if label is not None:
+        ax.text(0, y + height / 2 + 0.05, label, fontsize=_TICK_SIZE, va="bottom")
+    return ax
+
+
+def step_timelines(panels, width: float = 9.0):
+    """Section 9.8: one panel per title in ``panels`` (title -> {label: StepTrace}), each trace a row of
+    bars over time, so the gaps between operators or kernels show as white space. Returns the figure."""
+    from matplotlib.patches import Patch
+
+    fig, axes = plt.subplots(len(panels), 1, figsize=(width, 0.6 + 1.5 * len(panels)), layout="constrained",
+                             squeeze=False)
+    for ax, (title, traces) in zip(axes[:, 0], panels.items()):
+        rows = len(traces)
+        for y, (label, t) in zip(range(rows - 1, -1, -1), traces.items()):
+            timeline(ax, t.timeline, y)
+            ax.text(0, y + 0.34, f"{label}: busy {t.busy_fraction:.0%} of {t.traced_s * 1e3:.3g} ms traced",
+                    fontsize=8, va="bottom")
+        ax.set(yticks=[], ylim=(-0.5, rows - 0.1), xlabel="time within the traced step (ms)")
+        ax.set_title(title, fontsize=_TICK_SIZE, loc="left")
+        ax.spines[["top", "right", "left"]].set_visible(False)
+    axes[0, 0].legend(handles=[Patch(color=c, label=k) for k, c in TIMELINE_COLORS.items()], fontsize=8,
+                      ncol=len(TIMELINE_COLORS), loc="lower right", bbox_to_anchor=(1, 1.0))
+    stamp_corner(fig)
+    return fig
+
+
+def useful_batch_figure(points, tpot_target_s: float, capacity: int, useful: int | None, title: str):
+    """Section 9.8, step 4: measured TPOT and tokens/s against batch, the TPOT target, the batches that
+    do not fit (``capacity``, from ``kvlab.roofline.admitted``) and the useful batch. Returns the figure."""
+    fig, ax = new_figure(width=7.6, height=3.6)
+    b = [p.batch for p in points]
+    ax.plot(b, [p.tpot * 1e3 for p in points], "o-", color="C0", label="TPOT, measured")
+    ax.axhline(tpot_target_s * 1e3, color="C0", ls=":", label=f"TPOT target {tpot_target_s * 1e3:.3g} ms")
+    ax.set(xscale="log", xlabel="batch (sequences per step)", ylabel="TPOT (ms)", ylim=(0, None),
+           xlim=(0.8, max(b) * 1.3))
+    ax.set_xticks(b, [str(x) for x in b])
+    ax.minorticks_off()
+    rate = ax.twinx()
+    rate.plot(b, [p.tokens_per_s for p in points], "s--", color="C2", label="tokens/s, measured")
+    rate.set(ylabel="tokens/s (all sequences)", ylim=(0, None))
+    if capacity < max(b):
+        ax.axvspan(capacity + 0.5, 8 * max(b), color="C3", alpha=0.15,
+                   label=f"does not fit (roofline.admitted): batch > {capacity}")
+    if useful is not None:
+        ax.axvline(useful, color="black", lw=1, label=f"useful batch {useful}")
+    (h1, l1), (h2, l2) = ax.get_legend_handles_labels(), rate.get_legend_handles_labels()
+    fig.legend(h1 + h2, l1 + l2, fontsize=7, loc="outside right upper")
+    ax.set_title(title, fontsize=_TICK_SIZE)
+    stamp_corner(fig)
+    return fig
+
+
+def workload_bytes(diagnoses, selected: str | None = None):
+    """Section 9.8: per workload (name -> Diagnosis), the bytes one step moves for weights and for the
+    cache, the memory left for the cache, and the verdict with the fractions behind it."""
+    fig, axes = new_figure(ncols=len(diagnoses), height=3.4)
+    for ax, (name, d) in zip(np.atleast_1d(axes), diagnoses.items()):
+        work, fit = d.trace.work, d.sweep[0].admission
+        ax.bar(["weights", "KV"], [work.weights_read / 1e6, (work.kv_read + work.kv_written) / 1e6],
+               color=["C0", "C3"])
+        ax.axhline((fit.available - fit.weights) / 1e6, color="C3", ls=":", lw=1, label="memory left for the cache")
+        ax.set(ylabel="MB moved per step")
+        ax.set_title(f"{name}: P={d.prompt_tokens}, b={d.batch} → {d.verdict}\nbusy {d.trace.busy_fraction:.0%} · "
+                     f"bandwidth {d.bandwidth_fraction:.0%} · FLOP/s {d.flops_fraction:.0%}", fontsize=_TICK_SIZE)
+        if name == selected:
+            ax.set_facecolor("#fff6e0")
+        ax.legend(fontsize=7, loc="upper left")
+    stamp_corner(fig)
+    return fig

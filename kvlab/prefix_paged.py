@@ -331,7 +331,7 @@ def measure_ttft(model, prompt_tokens: int, prefix_tokens, block_size: int = 16,
 
     prompt_tokens = integer("prompt_tokens", prompt_tokens, 2)
     block_size = integer("block_size", block_size)
-    prefix_tokens = [integer("prefix_tokens[i]", c, 0, prompt_tokens) for c in prefix_tokens]
+    prefix_tokens = [integer(f"prefix_tokens[{i}]", c, 0, prompt_tokens) for i, c in enumerate(prefix_tokens)]
     attention = attention or ("kernel" if on_gpu() else "gather")
     use_prefix_attention(model)
     per_prompt = -(-prompt_tokens // block_size)

@@ -401,6 +401,7 @@ def footprint(shape: ModelShape, context: int, batch: int, w_q: float = 2, reten
     tiering the HBM-resident fraction ``hbm_fraction`` lambda in [0, 1]. Eq. (4) itself is not in the
     seed's text; phi as a wasted fraction is this module's reading of section 2.5.
     """
+    w_q = _positive("w_q", w_q)
     batch = integer("batch", batch)
     tokens = retained_tokens(shape, context)
     r = _between("retention", retention, 0, 1, low_open=True)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ._checks import integer
+from ._checks import integer, positive
 from .versions import cache_kwargs, returned_cache
 
 METHODS = ("sequential", "parallel", "chunked")
@@ -77,6 +77,12 @@ class DiagonalRecurrence:
         """
         if len(state) != self.state_size:
             raise ValueError(f"state must have {self.state_size} elements, got {len(state)}")
+        try:
+            x = float(x)
+        except (TypeError, ValueError):
+            raise TypeError(f"x must be a number, got {type(x).__name__}") from None
+        if not math.isfinite(x):
+            raise ValueError(f"x must be a finite number, got {x!r}")
         new = tuple(a * h + b * x for a, h, b in zip(self.decay, state, self.gain))
         return new, sum(c * h for c, h in zip(self.readout, new))
 
@@ -158,6 +164,9 @@ def affine_scan(a, b, initial=None, method: str = "sequential", chunk_size: int 
         raise TypeError("a and b must be torch.Tensors")
     if a.dim() < 1 or a.shape != b.shape:
         raise ValueError(f"a and b must share one shape [length, ...], got {tuple(a.shape)} and {tuple(b.shape)}")
+    if not a.dtype.is_floating_point or a.dtype != b.dtype or (initial is not None and initial.dtype != a.dtype):
+        raise TypeError(f"a, b (and initial) must share one floating dtype, got {a.dtype}, {b.dtype}"
+                        + (f", {initial.dtype}" if initial is not None else ""))
     h = torch.zeros_like(b[0]) if initial is None and a.shape[0] else initial
     if initial is not None and tuple(initial.shape) != tuple(a.shape[1:]):
         raise ValueError(f"initial must have shape {tuple(a.shape[1:])}, got {tuple(initial.shape)}")
@@ -398,6 +407,13 @@ def mamba_forward(model, input_ids, states: list[MambaLayerState] | None = None,
     """
     import torch
 
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int32, torch.int64) \
+            or input_ids.dim() != 2:
+        raise TypeError(f"input_ids must be an int64 tensor [batch, tokens], "
+                        f"got {getattr(input_ids, 'dtype', input_ids)!r}")
+    vocab = model.config.vocab_size
+    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+        raise ValueError(f"input_ids must be token ids in [0, {vocab}) (the model's vocab_size)")
     backbone = model.backbone
     hidden = backbone.embeddings(input_ids)
     states = states or [None] * len(backbone.layers)
@@ -416,8 +432,7 @@ def mamba_forward(model, input_ids, states: list[MambaLayerState] | None = None,
 # --- cache arithmetic: attention records against a fixed state ---------------------------------
 
 def _check_positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    positive(name, value)
 
 
 def attention_kv_bytes(context: int, kv_width: int, bytes_per_element: float = 2) -> float:
@@ -554,6 +569,9 @@ def spread_recurrence(state_size: int, fastest: float = 0.5, slowest: float = 0.
     """A recurrence with ``state_size`` decays spread geometrically between ``fastest`` and ``slowest``
     (unit gains and readout): a fair fixed state for the recall probe of section 9.6."""
     integer("state_size", state_size, 1)
+    for name, value in (("fastest", fastest), ("slowest", slowest)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a number in (0, 1), got {type(value).__name__} {value!r}")
     if not 0 < fastest <= slowest < 1:
         raise ValueError(f"need 0 < fastest <= slowest < 1, got fastest={fastest}, slowest={slowest}")
     if state_size == 1:
@@ -571,6 +589,11 @@ def attention_recall(values, position: int | None = None, sharpness: float = 50.
     ``position=None`` asks for every position at once and returns ``[..., length]``."""
     import torch
 
+    if not isinstance(values, torch.Tensor) or not values.dtype.is_floating_point or values.dim() < 1:
+        raise TypeError(f"values must be a floating torch.Tensor [..., length], got {type(values).__name__}")
+    if not bool(torch.isfinite(values).all()):
+        raise ValueError("values holds NaN or infinite numbers")
+    _check_positive("sharpness", sharpness)
     length = values.shape[-1]
     if position is not None:
         integer("position", position, 0)
@@ -617,6 +640,8 @@ def decode_step_times(models: dict, contexts, warmup: int = 2, reps: int = 7) ->
     """
     from .timing import measure
 
+    if not isinstance(models, dict) or not models:
+        raise TypeError(f"models must be a non-empty dict {{name: model}}, got {type(models).__name__}")
     for context in contexts:
         integer("context", context, 1)
     integer("warmup", warmup, 0)
@@ -662,6 +687,8 @@ def scan_inputs(batch: int, dim: int, state: int, length: int, seed: int = 0, de
     """Random selective-scan inputs of the Mamba shapes, with Mamba-like A < 0 and small positive steps."""
     import torch
 
+    for name, value in (("batch", batch), ("dim", dim), ("state", state), ("length", length)):
+        integer(name, value, 1)
     g = torch.Generator().manual_seed(seed)
     dtype = dtype or torch.float32
 

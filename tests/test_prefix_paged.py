@@ -195,6 +195,8 @@ def test_measure_ttft_points(llama):
     assert [p.cached_tokens for p in points] == [0, 16, 32]
     assert all(p.measured.median > 0 for p in points)
     assert points[0].predicted > points[1].predicted > points[2].predicted > 0
+    with pytest.raises(ValueError, match=r"prefix_tokens\[1\] must be an int in \[0, 40\)"):
+        measure_ttft(llama, 40, [0, 40])
 
 
 def test_compute_shape_leaves_out_embeddings(llama):
@@ -276,3 +278,16 @@ class PrefixKVMachine(RuleBasedStateMachine):
 
 TestPrefixKVMachine = PrefixKVMachine.TestCase
 TestPrefixKVMachine.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
+
+
+def test_trained_model_continues_a_cached_opening_like_generate():
+    """The book's trained Llama: a question after a cached opening, its suffix through the kernel."""
+    model, tok = kvlab.trained_model(device=DEVICE)
+    use_prefix_attention(model)
+    cache = prefix_cache_for(model, num_blocks=16, block_size=16)
+    opening = tok("And God said, Let there be light: and there was light. And God saw the light, that it was "
+                  "good: and God divided the light from the darkness.")["input_ids"]
+    generate(model, cache, opening + [5], 1, attention="reference")
+    asked = opening + tok(" And God called", add_special_tokens=False)["input_ids"]
+    run = generate(model, cache, asked, 4, attention="kernel")
+    assert run.cached_tokens == 32 and run.tokens == _expected(model, asked, 4)

@@ -66,3 +66,44 @@ def is_power_of_two(n: int) -> bool:
 
 def require_positive_int(name: str, value) -> int:
     return integer(name, value, 1)
+
+
+def interpreted() -> bool:
+    """Triton runs under its CPU interpreter (no CUDA device, TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def require_computable_dtype(name: str, tensor: torch.Tensor) -> None:
+    """The interpreter computes ``tl.dot`` on bf16 operands wrongly (values off by orders of magnitude,
+    no error), so a kernel that multiplies in the storage dtype refuses bf16 there."""
+    if tensor.dtype == torch.bfloat16 and tensor.device.type == "cpu" and interpreted():
+        raise TypeError(f"{name} is bfloat16, which the Triton interpreter (CPU) cannot compute with; "
+                        "use float16 or float32 on a CPU, or run on a CUDA GPU")
+
+
+def require_no_overlap(name: str, tensor: torch.Tensor) -> None:
+    """A tensor the kernel writes must not have two elements at one address (an ``expand``-ed view):
+    the writes would race and both rows would see each other's update."""
+    dims = sorted((s, n) for s, n in zip(tensor.stride(), tensor.shape) if n > 1)
+    extent = 1  # elements spanned by the dimensions with smaller strides
+    for stride, size in dims:
+        if stride < extent:
+            raise ValueError(f"{name} has overlapping elements (shape {tuple(tensor.shape)}, strides "
+                             f"{tensor.stride()}), e.g. an expanded view; pass a tensor that owns each "
+                             "element once (.clone() or .contiguous())")
+        extent = stride * (size - 1) + extent
+    return None
+
+
+def _byte_range(tensor: torch.Tensor) -> tuple[int, int]:
+    span = sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) + 1 if tensor.numel() else 0
+    start = tensor.data_ptr()
+    return start, start + span * tensor.element_size()
+
+
+def require_disjoint(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
+    """A tensor a kernel writes must not share memory with another it reads or writes."""
+    (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
+    if a.device == b.device and a0 < b1 and b0 < a1:
+        raise ValueError(f"{name_a} and {name_b} share memory and the kernel writes at least one of them; "
+                         "pass separate tensors")

@@ -37,6 +37,7 @@ from ._validation import (
     is_power_of_two,
     require_dtype,
     require_kernel_device,
+    require_computable_dtype,
     require_positive_int,
     require_rank,
     require_same_device,
@@ -180,10 +181,12 @@ def _merge_splits_kernel(
 # --------------------------------------------------------------------------- validation
 
 
-def _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits) -> float:
-    """Validate every argument (section 9.5); return the resolved softmax scale."""
+def _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, kernel_limits=True) -> float:
+    """Validate every argument (section 9.5); return the resolved softmax scale. ``kernel_limits``:
+    also the Triton kernel's own limits (head_dim, power-of-two block size), which a plain-PyTorch
+    path such as ``kvlab.paged_decode.paged_decode_attention_gather`` does not share."""
     _check_types_and_ranks(q, k_cache, v_cache, block_table, seq_lens)
-    _check_shapes(q, k_cache, v_cache, block_table, seq_lens)
+    _check_shapes(q, k_cache, v_cache, block_table, seq_lens, kernel_limits)
     _check_dtypes(q, k_cache, v_cache, block_table, seq_lens)
     require_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
     _check_lengths_and_blocks(block_table, seq_lens, block_size=k_cache.shape[1], num_blocks=k_cache.shape[0])
@@ -191,7 +194,18 @@ def _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
         require_positive_int("num_splits", num_splits)
         if num_splits > MAX_GRID_Z:
             raise ValueError(f"num_splits must be in [1, {MAX_GRID_Z}] (a CUDA grid dimension), got {num_splits}")
+        _check_num_splits(num_splits, seq_lens)
     return _resolve_scale(scale, q.shape[-1])
+
+
+def _check_num_splits(num_splits: int, seq_lens) -> None:
+    """At most ``MAX_SPLITS``, or one split per tile of the longest sequence when that is more:
+    further splits are empty and only cost launches (minutes under the interpreter)."""
+    longest = int(seq_lens.max()) if seq_lens.numel() else 0
+    limit = max(MAX_SPLITS, -(-longest // TILE_TOKENS))
+    if num_splits > limit:
+        raise ValueError(f"num_splits must be in [1, {limit}] (max({MAX_SPLITS}, tiles of {TILE_TOKENS} tokens in "
+                         f"the longest sequence, {longest} tokens)), got {num_splits}")
 
 
 def _check_types_and_ranks(q, k_cache, v_cache, block_table, seq_lens) -> None:
@@ -205,7 +219,7 @@ def _check_types_and_ranks(q, k_cache, v_cache, block_table, seq_lens) -> None:
     require_rank("seq_lens", seq_lens, "[batch]")
 
 
-def _check_shapes(q, k_cache, v_cache, block_table, seq_lens) -> None:
+def _check_shapes(q, k_cache, v_cache, block_table, seq_lens, kernel_limits=True) -> None:
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache and v_cache must have equal shapes, got {tuple(k_cache.shape)} "
                          f"and {tuple(v_cache.shape)}")
@@ -213,14 +227,15 @@ def _check_shapes(q, k_cache, v_cache, block_table, seq_lens) -> None:
     num_blocks, block_size, num_kv_heads, cache_head_dim = k_cache.shape
     if head_dim != cache_head_dim:
         raise ValueError(f"q head_dim ({head_dim}) must equal k_cache head_dim ({cache_head_dim})")
-    if head_dim not in SUPPORTED_HEAD_DIMS:
+    if kernel_limits and head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
     if num_kv_heads < 1 or num_q_heads < 1 or num_q_heads % num_kv_heads:
         raise ValueError(f"num_q_heads ({num_q_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
-    if not is_power_of_two(block_size):
+    if kernel_limits and not is_power_of_two(block_size):
         raise ValueError(f"block_size (k_cache.shape[1]) must be a power of two >= 1, got {block_size}")
-    if num_blocks < 1:
-        raise ValueError("k_cache must hold at least one block (num_blocks >= 1)")
+    if num_blocks < 1 or block_size < 1 or head_dim < 1:
+        raise ValueError(f"k_cache must have num_blocks, block_size and head_dim >= 1, "
+                         f"got shape {tuple(k_cache.shape)}")
     if block_table.shape[0] != batch or seq_lens.shape[0] != batch:
         raise ValueError(f"block_table rows ({block_table.shape[0]}) and seq_lens length ({seq_lens.shape[0]}) "
                          f"must both equal the batch size of q ({batch})")
@@ -276,6 +291,9 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, multiproc
     multiprocessor, but give every split at least ``MIN_TILES_PER_SPLIT`` tiles of the
     longest sequence (shorter ones get empty splits), and stop at ``MAX_SPLITS``.
     """
+    for name, value in (("batch", batch), ("num_kv_heads", num_kv_heads), ("max_seq_len", max_seq_len),
+                        ("multiprocessors", multiprocessors)):
+        require_positive_int(name, value)
     wanted = math.ceil(PROGRAMS_PER_SM * multiprocessors / max(1, batch * num_kv_heads))
     useful = math.ceil(max_seq_len / (TILE_TOKENS * MIN_TILES_PER_SPLIT))
     return max(1, min(wanted, useful, MAX_SPLITS))
@@ -352,6 +370,7 @@ def paged_decode_launcher(q, k_cache, v_cache, block_table, seq_lens, scale=None
     """
     scale = _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
     require_kernel_device(q.device)
+    require_computable_dtype("q", q)
     # A GPU whose blocks cannot hold one program's tiles (head_dim 256 in fp16 on a T4) is refused here.
     require_fits("attend_split", q.dtype, q.device, head_dim=q.shape[-1], group=q.shape[1] // k_cache.shape[2])
     if q.shape[0] == 0:
@@ -398,6 +417,13 @@ def merge_partials(outs: torch.Tensor, lses: torch.Tensor):
     (``[num_parts, ...]``); an empty part has ``lse = -inf``. Returns ``(out, lse)`` of
     the union, exactly what one pass over all the tokens gives.
     """
+    require_tensor("outs", outs)
+    require_tensor("lses", lses)
+    if outs.dim() < 2 or outs.shape[:-1] != lses.shape or outs.shape[0] < 1:
+        raise ValueError(f"outs must be [num_parts >= 1, ..., head_dim] and lses [num_parts, ...] with the same "
+                         f"leading shape, got {tuple(outs.shape)} and {tuple(lses.shape)}")
+    require_dtype("outs", outs, FLOAT_DTYPES + (torch.float64,))
+    require_dtype("lses", lses, FLOAT_DTYPES + (torch.float64,))
     top = lses.max(dim=0).values
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # all parts empty: avoid -inf - -inf
     weights = torch.exp(lses - top)  # <= 1, and exactly 0 for an empty part

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._validation import require_kernel_device
+from ._validation import require_disjoint, require_kernel_device, require_no_overlap
 
 STATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_DIM = 16
@@ -28,7 +28,7 @@ def _selective_state_update_kernel(
     stride_sb, stride_sd, stride_sn,
     stride_ub, stride_ud, stride_db, stride_dd,
     stride_ad, stride_an, stride_bb, stride_bn, stride_cb, stride_cn,
-    stride_zb, stride_zd, stride_ob, stride_od,
+    stride_zb, stride_zd, stride_ob, stride_od, stride_D, stride_bias,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
     BLOCK_DIM: tl.constexpr, STATE_PAD: tl.constexpr,
 ):
@@ -41,7 +41,7 @@ def _selective_state_update_kernel(
     u = tl.load(u_ptr + b * stride_ub + ch * stride_ud, mask=ch_ok, other=0.0).to(tl.float32)
     dt = tl.load(delta_ptr + b * stride_db + ch * stride_dd, mask=ch_ok, other=0.0).to(tl.float32)
     if HAS_BIAS:
-        dt += tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)
+        dt += tl.load(bias_ptr + ch * stride_bias, mask=ch_ok, other=0.0).to(tl.float32)
     if SOFTPLUS:
         # softplus(x) = log(1 + e^x); above 20 it equals x to fp32 precision (and e^x would overflow later)
         dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)
@@ -56,7 +56,7 @@ def _selective_state_update_kernel(
 
     y = tl.sum(h * C[None, :], axis=1)
     if HAS_D:
-        y += u * tl.load(D_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)
+        y += u * tl.load(D_ptr + ch * stride_D, mask=ch_ok, other=0.0).to(tl.float32)
     if HAS_Z:
         z = tl.load(z_ptr + b * stride_zb + ch * stride_zd, mask=ch_ok, other=0.0).to(tl.float32)
         y = y * z * tl.sigmoid(z)
@@ -70,6 +70,11 @@ def _check_inputs(state, u, delta, A, B, C, D, z, delta_bias) -> None:
     _check_tensors(state=state, u_t=u, delta_t=delta, A=A, B_t=B, C_t=C, D=D, z_t=z, delta_bias=delta_bias)
     if state.dtype not in STATE_DTYPES:
         raise TypeError(f"state must have dtype float16, bfloat16 or float32, got {state.dtype}")
+    require_no_overlap("state", state)  # written in place: two batch rows sharing memory would race
+    for name, t in (("u", u), ("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z),
+                    ("delta_bias", delta_bias)):
+        if t is not None:
+            require_disjoint("state", state, name, t)  # an input read while state is written
 
 
 def selective_state_update(state, u, delta, A, B, C, D=None, z=None, delta_bias=None,
@@ -96,6 +101,7 @@ def selective_state_update(state, u, delta, A, B, C, D=None, z=None, delta_bias=
         dim, nstate,
         *state.stride(), *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(),
         *z_strides, *out.stride(),
+        D.stride(0) if D is not None else 0, delta_bias.stride(0) if delta_bias is not None else 0,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=bool(delta_softplus),
         BLOCK_DIM=BLOCK_DIM, STATE_PAD=max(triton.next_power_of_2(nstate), 2),
     )

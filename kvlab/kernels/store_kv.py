@@ -14,8 +14,10 @@ import triton.language as tl
 from ._validation import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
+    require_disjoint,
     require_dtype,
     require_kernel_device,
+    require_no_overlap,
     require_rank,
     require_same_device,
     require_tensor,
@@ -66,6 +68,12 @@ def _check_inputs(k, v, k_cache, v_cache, slot_mapping) -> None:
                         f"{k_cache.dtype}, {v_cache.dtype}")
     require_dtype("slot_mapping", slot_mapping, INDEX_DTYPES)
     require_same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+    require_no_overlap("k_cache", k_cache)  # written in place
+    require_no_overlap("v_cache", v_cache)
+    require_disjoint("k_cache", k_cache, "v_cache", v_cache)
+    for name, t in (("k", k), ("v", v)):  # a token read from the pool being written would race
+        require_disjoint(name, t, "k_cache", k_cache)
+        require_disjoint(name, t, "v_cache", v_cache)
     _check_slots(slot_mapping, num_slots=k_cache.shape[0] * k_cache.shape[1])
 
 
