@@ -172,6 +172,9 @@ def test_static_loop_passes_cache_position_to_a_model_that_declares_it(model):
             super().__init__()
             self.inner, self.config = inner, inner.config
 
+        dtype = property(lambda self: self.inner.dtype)
+        device = property(lambda self: self.inner.device)
+
         def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, past_key_values=None,
                     use_cache=None, cache_position=None, logits_to_keep=0):
             seen.append(cache_position.tolist())
