@@ -243,7 +243,9 @@ class _Stepper:
         return self.static.step(self.token, self.position, self.mask)
 
     def _reset_static(self):
-        self.cache.crop(-1)
+        from .versions import drop_newest
+
+        drop_newest(self.cache, 1)
 
     # -- paged: kvlab's paged cache; each step decodes forks of the prefilled sequences
     def _setup_paged(self, compile):

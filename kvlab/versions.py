@@ -114,6 +114,16 @@ def returned_cache(output):
     raise ValueError("the model returned no cache: call it with use_cache=True")
 
 
+def drop_newest(cache, tokens: int = 1) -> None:
+    """Forget a static cache's newest ``tokens`` so that the next step overwrites them (a repeatable
+    step). Static layers learned ``crop`` after 5.5; before, their write position is a tensor."""
+    if all(hasattr(layer, "crop") for layer in cache.layers):
+        cache.crop(-tokens)
+        return
+    for layer in cache.layers:
+        layer.cumulative_length.sub_(tokens)
+
+
 def takes(model, argument: str) -> bool:
     """Whether ``model.forward`` declares ``argument`` (``logits_to_keep``, ``cache_position``, ...)."""
     return argument in _forward_parameters(model)
