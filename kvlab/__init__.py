@@ -10,14 +10,16 @@ from .hardware import SPECS, calibrate, device, on_gpu, stamp
 from .models import SHAPES, ModelShape, load_model, tiny_model
 from .notebook import glue, reading, sizes
 from .timing import measure
+from .versions import warn_if_below_floor
 
 __version__ = "0.1.0"
+warn_if_below_floor()
 
 _LAZY = {name: "decode" for name in ("naive_decode", "cached_decode", "static_decode", "profile_decode")}
 _LAZY["explore"] = "widgets"
 _LAZY.update(trained_model="trained", trained_tokenizer="trained")
 _SUBMODULES = {"bench", "decode", "diagnose", "engine", "gemv", "kernels", "layout", "longctx", "paged_decode", "paging", "plots",
-               "prefix", "prefix_paged", "roofline", "ssm", "trained", "widgets"}
+               "prefix", "prefix_paged", "roofline", "ssm", "trained", "versions", "widgets"}
 
 
 def __getattr__(name):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -124,3 +125,45 @@ def to_json(results: dict[str, list[Row]]) -> dict:
         "calibration": asdict(calibrate()),
         "results": {name: [asdict(r) for r in rows] for name, rows in results.items()},
     }
+
+
+def _column(record: dict) -> str:
+    s = record["stamp"]
+    return f"{s['device']}, {s['date']}"
+
+
+def records_markdown(records: list[dict]) -> str:
+    """The recorded runs (``python -m kvlab record`` files) as Markdown, for the book's page of recorded
+    measurements: one table of stamps, then one table per benchmark with one column per run, so a
+    GPU's figures stand beside the CPU's. Rows missing from a run show a dash."""
+    if not records:
+        return "No run has been recorded yet."
+    records = sorted(records, key=lambda r: ("CPU" in r["stamp"]["device"], r["stamp"]["date"]))
+    keys = ("device", "driver", "torch", "triton", "transformers", "date")
+    lines = ["| run | " + " | ".join(keys) + " | copy bandwidth | matmul |",
+             "|---|" + "---|" * len(keys) + "---:|---:|"]
+    for i, r in enumerate(records, 1):
+        c = r["calibration"]
+        lines.append(f"| {i} | " + " | ".join(str(r["stamp"].get(k, "")) for k in keys)
+                     + f" | {c['copy_bytes_per_s'] / 1e9:.4g} GB/s | {c['matmul_flops'] / 1e12:.4g} TFLOP/s {c['matmul_dtype']} |")
+    sections = list(dict.fromkeys(name for r in records for name in r["results"]))
+    for section in sections:
+        names = list(dict.fromkeys(row["name"] for r in records for row in r["results"].get(section, [])))
+        found = [{row["name"]: row for row in r["results"].get(section, [])} for r in records]
+        lines += ["", f"**{section}**", "",
+                  "| benchmark | " + " | ".join(f"run {i}" for i in range(1, len(records) + 1)) + " | unit |",
+                  "|---|" + "---:|" * len(records) + "---|"]
+        for name in names:
+            unit = next(f[name]["unit"] for f in found if name in f)
+            cells = [f"{f[name]['value']:.4g}" if name in f else "–" for f in found]
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {unit} |")
+    if all("CPU" in r["stamp"]["device"] for r in records):
+        lines += ["", "No GPU run has been recorded yet: the sessions that built this edition had no GPU."]
+    return "\n".join(lines)
+
+
+def load_records(folder) -> list[dict]:
+    """Every ``*.json`` record in ``folder`` (``book/data/measurements``), in name order."""
+    from pathlib import Path
+
+    return [json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))]

@@ -16,13 +16,13 @@ code that produces the tokens.
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass
 
 import torch
 
 from ._checks import integer
+from .versions import cache_kwargs, returned_cache, takes
 
 METHODS = ("naive", "cached", "static")
 
@@ -99,21 +99,10 @@ def _positions(mask):
     return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
 
 
-def _cache_kw(model) -> str:
-    """transformers 5.x calls the argument ``cache``; earlier releases ``past_key_values``."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 def _last_logits_only(model) -> dict:
     """Ask for the last position's logits only: a greedy pick needs no more, and a long prompt's
     full [batch, P, vocab] logits would cost more memory than its KV cache."""
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-
-
-def _returned_cache(out):
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
+    return {"logits_to_keep": 1} if takes(model, "logits_to_keep") else {}
 
 
 def _greedy(logits):
@@ -142,10 +131,10 @@ def _cached_steps(model, input_ids, max_new_tokens, mask, cache=None):
     position = _positions(mask)
     # ``cache``: a transformers Cache to fill instead of the model's default (section 9.7's windowed,
     # sink and quantized caches); None lets the model create its own DynamicCache.
-    given = {} if cache is None else {_cache_kw(model): cache}
+    given = {} if cache is None else cache_kwargs(model, cache)
     out = model(input_ids, attention_mask=mask, position_ids=position, use_cache=True, **given,
                 **_last_logits_only(model))
-    kw = {_cache_kw(model): _returned_cache(out)}
+    kw = cache_kwargs(model, returned_cache(out))
     token = _greedy(out.logits)
     yield token
     position = position[:, -1:]
@@ -157,6 +146,13 @@ def _cached_steps(model, input_ids, max_new_tokens, mask, cache=None):
         yield token
 
 
+# The optimized step is compiled whole: a graph break would split it into pieces that CUDA graphs
+# cannot replay as one, and a recompilation per step (a cache length read as a Python int, say) would
+# make the "optimized" loop slower than the cached one. tests/test_decode.py holds the step to one
+# graph and no recompilation over 20 steps for every architecture in kvlab.models.ARCHITECTURES.
+COMPILE_OPTIONS = dict(mode="reduce-overhead", fullgraph=True)
+
+
 class _StaticStep:
     """One decode step on a preallocated cache, with every input at a fixed shape and address.
 
@@ -165,14 +161,12 @@ class _StaticStep:
     kernels. The first calls pay for compilation and graph capture.
     """
 
-    def __init__(self, model, cache, compile: bool):
-        self.model, self.kw = model, {_cache_kw(model): cache}
-        forward = self._forward
-        # fullgraph=False: a graph break costs speed, not a crash on a reader's GPU.
-        self.step = torch.compile(forward, mode="reduce-overhead", fullgraph=False) if compile else forward
+    def __init__(self, model, inputs: dict, compile: bool):
+        self.model, self.inputs = model, inputs
+        self.step = torch.compile(self._forward, **COMPILE_OPTIONS) if compile else self._forward
 
     def _forward(self, token, position, mask):
-        logits = self.model(token, attention_mask=mask, position_ids=position, use_cache=True, **self.kw).logits
+        logits = self.model(token, attention_mask=mask, position_ids=position, use_cache=True, **self.inputs).logits
         return _greedy(logits)
 
 
@@ -206,15 +200,24 @@ def _static_steps(model, input_ids, max_new_tokens, mask, compile=None):
     full_mask = torch.zeros((batch, total), dtype=mask.dtype, device=mask.device)
     full_mask[:, :prompt] = mask
     position = _positions(mask)
-    out = model(input_ids, attention_mask=full_mask, position_ids=position, use_cache=True,
-                **{_cache_kw(model): cache}, **_last_logits_only(model))
+    # What transformers' own generate passes with a static cache: the cache, and ``cache_position``
+    # (the slots written) to a model whose forward still declares it; the StaticCache of the supported
+    # releases otherwise keeps the write position itself, in a tensor, so the step never recompiles.
+    slots = torch.arange(prompt, device=input_ids.device)
+    with_slots = takes(model, "cache_position")
+    prefill = dict(cache_kwargs(model, cache), **({"cache_position": slots} if with_slots else {}))
+    out = model(input_ids, attention_mask=full_mask, position_ids=position, use_cache=True, **prefill,
+                **_last_logits_only(model))
     token = _greedy(out.logits)
     yield token
-    step = _StaticStep(model, cache, compile)
+    slot = slots[-1:].clone()  # updated in place: the compiled step sees one address throughout
+    step = _StaticStep(model, dict(cache_kwargs(model, cache), **({"cache_position": slot} if with_slots else {})),
+                       compile)
     position = position[:, -1:].clone()
     for i in range(max_new_tokens - 1):
         full_mask[:, prompt + i] = 1
         position += 1
+        slot += 1
         token = step.step(token, position, full_mask).clone()
         yield token
 

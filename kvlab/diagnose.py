@@ -207,10 +207,10 @@ class _Stepper:
     def _setup_cached(self, compile):
         import torch
 
-        from .decode import _cache_kw, _returned_cache
+        from .versions import cache_kwargs, returned_cache
 
         out = self.model(self.ids, use_cache=True, logits_to_keep=1)
-        self.kw = {_cache_kw(self.model): _returned_cache(out)}
+        self.kw = cache_kwargs(self.model, returned_cache(out))
         self.mask = torch.ones((self.batch, self.context + 1), dtype=torch.long, device=self.device)
         self.position = torch.full((self.batch, 1), self.context, dtype=torch.long, device=self.device)
 
@@ -225,23 +225,27 @@ class _Stepper:
     def _setup_static(self, compile):
         import torch
 
-        from .decode import _cache_kw, _static_cache, _StaticStep
+        from .decode import _static_cache, _StaticStep
+        from .versions import cache_kwargs
 
         cache = _static_cache(self.model, self.batch, self.context + 1)
         self.mask = torch.ones((self.batch, self.context + 1), dtype=torch.long, device=self.device)
         prefill_mask = self.mask.clone()
         prefill_mask[:, -1] = 0
         self.model(self.ids, attention_mask=prefill_mask, use_cache=True, logits_to_keep=1,
-                   **{_cache_kw(self.model): cache})
+                   **cache_kwargs(self.model, cache))
         self.cache = cache
         self.position = torch.full((self.batch, 1), self.context, dtype=torch.long, device=self.device)
-        self.static = _StaticStep(self.model, cache, self.device.type == "cuda" if compile is None else compile)
+        self.static = _StaticStep(self.model, cache_kwargs(self.model, cache),
+                                  self.device.type == "cuda" if compile is None else compile)
 
     def _step_static(self):
         return self.static.step(self.token, self.position, self.mask)
 
     def _reset_static(self):
-        self.cache.crop(-1)
+        from .versions import drop_newest
+
+        drop_newest(self.cache, 1)
 
     # -- paged: kvlab's paged cache; each step decodes forks of the prefilled sequences
     def _setup_paged(self, compile):

@@ -209,7 +209,8 @@ def fit_roofline(intensities, rates) -> RooflineFit:
 
 
 def default_sizes(gpu: bool | None = None) -> dict:
-    """Sweep sizes: on a GPU an 8192 x 8192 bf16 weight (134 MB) and n = 1..4096; on a CPU a
+    """Sweep sizes: on a GPU an 8192 x 8192 half-precision weight (134 MB; bf16 where the GPU has it,
+    else fp16) and n = 1..4096; on a CPU a
     4096 x 6144 fp32 weight (101 MB, several times a server's last-level cache) and n = 1..512.
     """
     if gpu is None:
@@ -217,7 +218,9 @@ def default_sizes(gpu: bool | None = None) -> dict:
 
         gpu = on_gpu()
     if gpu:
-        return dict(K=8192, N=8192, ns=GPU_NS, dtype="bfloat16")
+        from .hardware import device_and_dtype
+
+        return dict(K=8192, N=8192, ns=GPU_NS, dtype=str(device_and_dtype("cuda")[1]).removeprefix("torch."))
     return dict(K=4096, N=6144, ns=CPU_NS, dtype="float32")
 
 
@@ -385,7 +388,8 @@ class _Step:
     def __init__(self, model, batch: int, context: int, seed: int = 0):
         import torch
 
-        from .decode import _cache_kw, _last_logits_only
+        from .decode import _last_logits_only
+        from .versions import cache_kwargs
 
         self.model, self.context = model, context
         self.cache = random_cache(model, batch, context, seed)
@@ -393,7 +397,7 @@ class _Step:
         self.token = torch.randint(0, model.config.vocab_size, (batch, 1), device=dev)
         self.kw = dict(attention_mask=torch.ones(batch, context + 1, dtype=torch.long, device=dev),
                        position_ids=torch.full((batch, 1), context, dtype=torch.long, device=dev),
-                       use_cache=True, **{_cache_kw(model): self.cache}, **_last_logits_only(model))
+                       use_cache=True, **cache_kwargs(model, self.cache), **_last_logits_only(model))
 
     def __call__(self):
         import torch

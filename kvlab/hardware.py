@@ -152,15 +152,29 @@ def device():
 
 
 def device_and_dtype(device=None, dtype=None):
-    """The device to run on (kvlab's by default) and the dtype (bf16 on a GPU, fp32 on a CPU by default)."""
+    """The device to run on (kvlab's by default) and the dtype: by default bf16 on a GPU that has
+    bf16 units, fp16 on one that has not (T4, V100), fp32 on a CPU."""
     import torch
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
     if dtype is None:
-        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        if dev.type != "cuda":
+            dtype = torch.float32
+        else:
+            dtype = torch.bfloat16 if has_bf16(dev) else torch.float16
     return dev, dtype
+
+
+def has_bf16(device) -> bool:
+    """Whether a CUDA device computes in bf16 natively: compute capability 8.0 (Ampere) or later.
+
+    Asked of the capability rather than ``torch.cuda.is_bf16_supported()``, which can answer yes for
+    a T4 (7.5), where bf16 runs emulated and Triton cannot compile bf16 matrix products."""
+    import torch
+
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def on_gpu() -> bool:
@@ -250,20 +264,20 @@ class Calibration:
 def calibrate() -> Calibration:
     """Measure copy bandwidth and matmul rate once per process.
 
-    GPU: a 1 GiB device-to-device copy and an 8192-cube bf16 GEMM. CPU: a 256 MiB memory copy and
+    GPU: a 1 GiB device-to-device copy and an 8192-cube GEMM in bf16 (fp16 without bf16 units). CPU: a 256 MiB memory copy and
     a 2048-cube fp32 GEMM. Both sizes are far beyond the last-level cache, so the copy measures DRAM.
     """
     import torch
 
     from .timing import measure
 
-    dev = device()
+    dev, half = device_and_dtype()
     gpu = dev.type == "cuda"
     nbytes = (1 << 30) if gpu else (256 << 20)
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=dev).uniform_()
     dst = torch.empty_like(src)
     copy_s = measure(lambda: dst.copy_(src), warmup=3, reps=10 if gpu else 5).median
-    n, dtype = (8192, torch.bfloat16) if gpu else (2048, torch.float32)
+    n, dtype = (8192, half) if gpu else (2048, torch.float32)
     a = torch.randn(n, n, device=dev, dtype=dtype)
     b = torch.randn(n, n, device=dev, dtype=dtype)
     mm_s = measure(lambda: a @ b, warmup=3, reps=10 if gpu else 5).median

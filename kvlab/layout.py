@@ -320,7 +320,7 @@ def new_cache(layout: str, *, batch: int, length: int, kv_heads: int, head_dim: 
 
     ``capacity`` defaults to ``length + 1`` (room for one append). Paged caches get
     ``ceil(capacity / block_size)`` blocks per sequence, drawn at random from a pool with
-    ``spare_blocks`` extra blocks. dtype: bf16 on a GPU, fp32 on a CPU by default.
+    ``spare_blocks`` extra blocks. dtype: bf16 on a GPU (fp16 without bf16 units), fp32 on a CPU by default.
     """
     _check_choice("layout", layout, LAYOUTS)
     batch = integer("batch", batch, 1)

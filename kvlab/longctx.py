@@ -33,6 +33,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from ._checks import integer, positive
 from . import roofline
 from .models import SHAPES, ModelShape
+from .versions import cache_kwargs
 
 GIB = 2**30
 BITS = (2, 4, 8)
@@ -305,6 +306,9 @@ class BoundedLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return self.num_sink + self.window
 
+    def get_max_cache_shape(self) -> int:  # transformers < 5.13 asks under this name
+        return self.get_max_length()
+
     def reset(self):
         self.keys = self.values = self.positions = None
         self.is_initialized = False
@@ -538,6 +542,9 @@ class _KeepAllLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return -1
+
+    def get_max_cache_shape(self) -> int:  # transformers < 5.13 asks under this name
+        return self.get_max_length()
 
 
 class QuantizedLayer(_KeepAllLayer):
@@ -847,11 +854,9 @@ def cached_keys_values(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch
     two ``[layers, kv_heads, n, head_dim]`` tensors. What a KV cache would hold, section 9.7."""
     from transformers import DynamicCache
 
-    from .decode import _cache_kw
-
     cache = DynamicCache()
     with torch.inference_mode():
-        model(tokens.reshape(1, -1).to(model.device), use_cache=True, **{_cache_kw(model): cache})
+        model(tokens.reshape(1, -1).to(model.device), use_cache=True, **cache_kwargs(model, cache))
     keys = torch.stack([layer.keys[0] for layer in cache.layers]).float().cpu()
     values = torch.stack([layer.values[0] for layer in cache.layers]).float().cpu()
     return keys, values
@@ -881,9 +886,8 @@ def quantized_cache_quality(model, chunks: torch.Tensor, bits: int | None, group
     if ids.dim() != 2 or ids.shape[1] < 2:
         raise ValueError(f"chunks must be [batch, n] with n >= 2, got shape {tuple(ids.shape)}")
     cache = DynamicCache() if bits is None else QuantizedKVCache(bits, group_size, residual=0, key_groups=key_groups)
-    from .decode import _cache_kw
 
-    logits = model(ids, use_cache=True, **{_cache_kw(model): cache}).logits[:, :-1].float()
+    logits = model(ids, use_cache=True, **cache_kwargs(model, cache)).logits[:, :-1].float()
     nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
     shape = ModelShape.from_config(model.config)
     full = ids.numel() * shape.kv_bytes_per_token(next(model.parameters()).element_size())
@@ -927,8 +931,8 @@ def stream_eval(model, tokens: torch.Tensor, cache=None, first: int = 4, recent:
         raise ValueError(f"tokens must hold at least 2 tokens (one prediction), got {n}")
     logprobs, mass_first, mass_recent = [], [], []
     for t in range(n - 1):
-        out = model(ids[:, t: t + 1], position_ids=torch.tensor([[t]], device=model.device), cache=cache,
-                    use_cache=True, output_attentions=attention)
+        out = model(ids[:, t: t + 1], position_ids=torch.tensor([[t]], device=model.device),
+                    **cache_kwargs(model, cache), use_cache=True, output_attentions=attention)
         logprobs.append(torch.log_softmax(out.logits[0, -1].float(), -1))
         if attention:
             weights = torch.stack([a[0, :, -1].float() for a in out.attentions])  # [layers, heads, kv]

@@ -195,7 +195,7 @@ def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape |
     (a ``SHAPES`` key; by default Llama-3.2-1B, Qwen2.5-0.5B, Mistral-7B or GPT-2). ``overrides`` replace
     ``ModelShape`` fields (``layers``, ``hidden``, ``vocab``...) to make a test model smaller still.
     The model is in eval mode on ``device`` (kvlab's device by default) in ``dtype`` (fp32 on a CPU,
-    bf16 on a GPU by default).
+    bf16 on a GPU, fp16 on one without bf16 units, by default).
     """
     import dataclasses
 

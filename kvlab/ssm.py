@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 
 from ._checks import integer, positive
+from .versions import cache_kwargs, returned_cache
 
 METHODS = ("sequential", "parallel", "chunked")
 # Two more orders, for the scan-order comparison of section 9.6: Blelloch's work-efficient scan and
@@ -576,10 +577,18 @@ def cache_nbytes(cache) -> int:
     total = 0
     for layer in cache.layers:
         tensors = [getattr(layer, "keys", None), getattr(layer, "values", None)]
-        for name in ("conv_states", "recurrent_states"):
-            tensors += list((getattr(layer, name, None) or {}).values())
+        tensors += layer_states(layer, "conv_states") + layer_states(layer, "recurrent_states")
         total += sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
     return total
+
+
+def layer_states(layer, name: str) -> list:
+    """A linear-attention cache layer's ``conv_states`` or ``recurrent_states`` as a list of tensors:
+    transformers 5.14 and later keep a dict of them per layer, 5.5 to 5.13 one tensor."""
+    states = getattr(layer, name, None)
+    if states is None:
+        return []
+    return [t for t in states.values() if t is not None] if isinstance(states, dict) else [states]
 
 
 def layer_kinds(cache) -> list[str]:
@@ -705,7 +714,7 @@ def _filled_cache(model, context: int):
     if model.config.model_type == "mamba":
         ids = torch.randint(0, model.config.vocab_size, (1, min(context, 8)), device=model.device)
         with torch.no_grad():
-            return model(ids, use_cache=True).cache
+            return returned_cache(model(ids, use_cache=True))
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     cache = DynamicCache(config=cfg)
@@ -766,7 +775,7 @@ def _decode_step(model, context: int):
 
     def step():
         with torch.no_grad():
-            model(token, cache=cache, use_cache=True, **extra)
+            model(token, **cache_kwargs(model, cache), use_cache=True, **extra)
 
     return step
 

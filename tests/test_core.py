@@ -35,6 +35,15 @@ def test_stamp_names_device_and_versions():
     assert s["device"] in stamp_line(s)
 
 
+@pytest.mark.parametrize("capability, want", [((7, 0), torch.float16), ((7, 5), torch.float16),
+                                              ((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16)])
+def test_gpu_dtype_is_bf16_only_with_bf16_units(monkeypatch, capability, want):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert kvlab.hardware.device_and_dtype("cuda") == (torch.device("cuda"), want)  # V100, T4, A100, H100
+    assert kvlab.hardware.device_and_dtype("cuda", torch.float32)[1] == torch.float32  # asked for: kept
+    assert kvlab.hardware.device_and_dtype("cpu")[1] == torch.float32
+
+
 def test_calibrate_measures_positive_ceilings():
     c = calibrate()
     assert c.copy_bytes_per_s > 1e8 and c.matmul_flops > 1e8

@@ -140,3 +140,49 @@ def test_closed_forms_reject_bad_sizes():
         positions_processed(0, 5)
     with pytest.raises(TypeError, match="G must be an int"):
         attention_work(4, 2.5)
+
+
+def test_compiled_static_step_is_one_graph_with_no_recompiles(model, monkeypatch):
+    """What CUDA-graph replay needs (section 9.2): the step traced whole (fullgraph=True) and compiled
+    once for 20 steps, on a batch with left padding; the tokens equal the cached loop's."""
+    from kvlab import decode
+
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward  # run the traced graph as is: no CUDA here to replay it
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(decode, "COMPILE_OPTIONS", dict(backend=counting_backend, fullgraph=True))
+    ids, mask = _prompt(2, True)
+    got = static_decode(model, ids, 21, attention_mask=mask, compile=True)
+    assert len(graphs) == 1, f"{len(graphs)} graphs for 20 steps"
+    assert decode.COMPILE_OPTIONS["fullgraph"]
+    assert torch.equal(got, cached_decode(model, ids, 21, attention_mask=mask))
+
+
+def test_static_loop_passes_cache_position_to_a_model_that_declares_it(model):
+    """transformers' generate gives ``cache_position`` (the slots written) to a forward that declares
+    it; so does the static loop, and the slots advance one per step."""
+    seen = []
+
+    class Declares(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        dtype = property(lambda self: self.inner.dtype)
+        device = property(lambda self: self.inner.device)
+
+        def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, past_key_values=None,
+                    use_cache=None, cache_position=None, logits_to_keep=0):
+            seen.append(cache_position.tolist())
+            kw = kvlab.versions.cache_kwargs(self.inner, cache if cache is not None else past_key_values)
+            return self.inner(input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              use_cache=use_cache, logits_to_keep=logits_to_keep, **kw)
+
+    ids = _prompt(1, False)[0]
+    assert torch.equal(static_decode(Declares(model), ids, 4), static_decode(model, ids, 4))
+    P = ids.shape[1]
+    assert seen == [list(range(P)), [P], [P + 1], [P + 2]]

@@ -141,10 +141,12 @@ def test_fit_roofline_without_a_bend_has_no_knee():
         gemv.fit_roofline([1], [1])
 
 
-def test_default_sizes():
+@pytest.mark.parametrize("bf16, half", [(True, "bfloat16"), (False, "float16")])
+def test_default_sizes(monkeypatch, bf16, half):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0) if bf16 else (7, 5))
     cpu, gpu = gemv.default_sizes(gpu=False), gemv.default_sizes(gpu=True)
     assert cpu["ns"][0] == 1 and cpu["ns"][-1] == 512 and cpu["dtype"] == "float32"
-    assert gpu["ns"][0] == 1 and gpu["ns"][-1] == 4096 and gpu["dtype"] == "bfloat16"
+    assert gpu["ns"][0] == 1 and gpu["ns"][-1] == 4096 and gpu["dtype"] == half
     assert (gpu["K"], gpu["N"]) == (8192, 8192)
     assert cpu["K"] * cpu["N"] * 4 > 64 * 2**20  # far beyond a last-level cache
 

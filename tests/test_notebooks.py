@@ -88,8 +88,11 @@ def _build(book):
 @pytest.mark.notebook
 def test_book_builds_with_warnings_as_errors(book):
     html = _build(book)
+    wheels = list((html / "notebooks").glob("kvlab-*.whl"))  # the book carries kvlab (book/_ext/kvlab_install.py)
+    assert len(wheels) == 1
     for path in NOTEBOOKS:
         page = (html / "notebooks" / f"{path.stem}.html").read_text()
+        assert f'href="{wheels[0].name}" download' in page, f"{path.name}: no link to the kvlab wheel"
         assert "data:image/png;base64," in page, f"{path.name}: no figure on the built page"
         assert "kvlab-explorer" in page, f"{path.name}: no slider on the built page"
         assert page.count("const THEBE_JS_URL") <= 1, f"{path.name}: a script is declared twice"

@@ -43,6 +43,7 @@ from ._validation import (
     require_same_device,
     require_tensor,
 )
+from .targets import require_fits
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
 TILE_TOKENS = 64  # tokens one stage-1 program handles per loop iteration (may span several blocks)
@@ -370,6 +371,8 @@ def paged_decode_launcher(q, k_cache, v_cache, block_table, seq_lens, scale=None
     scale = _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
     require_kernel_device(q.device)
     require_computable_dtype("q", q)
+    # A GPU whose blocks cannot hold one program's tiles (head_dim 256 in fp16 on a T4) is refused here.
+    require_fits("attend_split", q.dtype, q.device, head_dim=q.shape[-1], group=q.shape[1] // k_cache.shape[2])
     if q.shape[0] == 0:
         return lambda: torch.empty_like(q)
     if num_splits is None:

@@ -1,0 +1,129 @@
+"""The library versions kvlab supports, and the one place that speaks to transformers' cache API.
+
+Serves every section that runs a model (9.1 to 9.7). transformers has renamed the cache argument of
+``forward`` twice during 5.x: ``past_key_values`` (to 5.15), ``cache`` (later releases, which still
+accept the old name), and Mamba's ``cache_params``; the returned cache moved with it. A name
+that a ``forward`` does not declare falls into its ``**kwargs`` and is silently ignored, so the cache
+never fills and nothing fails. Every call site in kvlab therefore passes and reads its cache through
+:func:`cache_kwargs` and :func:`returned_cache`, which look at the model's own signature.
+
+The floors are the lowest releases the test suite runs on (``make test`` runs it a second time in
+``.venv-floor``, built from ``requirements-floor.txt``). transformers 5.5 is the first release in
+which every model kvlab runs (Llama, Mamba, Jamba) keeps its state in the one layered ``Cache``,
+whose layers take the query length (not a position tensor) in ``get_mask_sizes``, and in which no
+model takes ``cache_position``. Below it kvlab would be half compatibility code; from it, two small
+differences remain and are handled where they occur (cache layers also answer
+``get_max_cache_shape``, the name before 5.13; SSM states are a tensor before 5.14, a dict after).
+torch's floor is transformers' own (2.6); kvlab uses nothing newer.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from importlib.metadata import PackageNotFoundError, version
+
+FLOORS = {"transformers": "5.5.0", "torch": "2.6.0"}
+CACHE_ARGUMENTS = ("cache", "past_key_values", "cache_params")  # newest name first
+
+
+def _parse(text: str):
+    from packaging.version import Version
+
+    return Version(text.split("+")[0])
+
+
+def installed(distribution: str) -> str | None:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def below_floor() -> dict[str, str]:
+    """``{distribution: installed version}`` for each supported library installed below its floor."""
+    low = {}
+    for name, floor in FLOORS.items():
+        have = installed(name)
+        if have is not None and _parse(have) < _parse(floor):
+            low[name] = have
+    return low
+
+
+def upgrade_command(low: dict[str, str]) -> str:
+    return "pip install -U " + " ".join(f"'{name}>={FLOORS[name]}'" for name in low)
+
+
+def warn_if_below_floor() -> None:
+    """One warning, with the command that fixes it, when transformers or torch is too old for kvlab."""
+    low = below_floor()
+    if low:
+        have = ", ".join(f"{name} {v} (kvlab needs >= {FLOORS[name]})" for name, v in low.items())
+        warnings.warn(f"{have}; run `{upgrade_command(low)}` and restart the kernel", stacklevel=3)
+
+
+def meet_floors(run=None) -> None:
+    """What a notebook's first cell calls: below a floor, pip-upgrade that library (transformers, and
+    torch only if it too is below its floor), then stop with one sentence asking for a restart, since
+    the running kernel may hold the old one in memory. Does nothing at or above the floors."""
+    import subprocess
+    import sys
+
+    low = below_floor()
+    if not low:
+        return
+    run = run or subprocess.run
+    specs = [f"{name}>={FLOORS[name]}" for name in low]
+    run([sys.executable, "-m", "pip", "install", "--quiet", "--upgrade", *specs], check=True)
+    raise SystemExit(f"Upgraded {' and '.join(specs)} for kvlab: restart the kernel (on Colab: Runtime, "
+                     "Restart session) and run the notebook again from the top.")
+
+
+def require_transformers(minimum: str, feature: str) -> None:
+    """Raise a clear error when ``feature`` needs a newer transformers than the one installed."""
+    have = installed("transformers") or "0"
+    if _parse(have) < _parse(minimum):
+        raise RuntimeError(f"{feature} needs transformers >= {minimum}; this runtime has {have} "
+                           f"(pip install -U 'transformers>={minimum}')")
+
+
+def _forward_parameters(model):
+    return inspect.signature(model.forward).parameters
+
+
+def cache_argument(model) -> str:
+    """The name under which ``model.forward`` takes its cache in this transformers release."""
+    params = _forward_parameters(model)
+    for name in CACHE_ARGUMENTS:
+        if name in params:
+            return name
+    raise TypeError(f"{type(model).__name__}.forward takes none of {CACHE_ARGUMENTS}: kvlab cannot pass it a cache")
+
+
+def cache_kwargs(model, cache) -> dict:
+    """``{name: cache}`` for ``model(..., **cache_kwargs(model, cache))``: never ``cache=`` directly."""
+    return {cache_argument(model): cache}
+
+
+def returned_cache(output):
+    """The cache a forward pass returned (``output.cache``, ``.past_key_values`` or ``.cache_params``)."""
+    for name in CACHE_ARGUMENTS:
+        cache = getattr(output, name, None)
+        if cache is not None:
+            return cache
+    raise ValueError("the model returned no cache: call it with use_cache=True")
+
+
+def drop_newest(cache, tokens: int = 1) -> None:
+    """Forget a static cache's newest ``tokens`` so that the next step overwrites them (a repeatable
+    step). Static layers learned ``crop`` after 5.5; before, their write position is a tensor."""
+    if all(hasattr(layer, "crop") for layer in cache.layers):
+        cache.crop(-tokens)
+        return
+    for layer in cache.layers:
+        layer.cumulative_length.sub_(tokens)
+
+
+def takes(model, argument: str) -> bool:
+    """Whether ``model.forward`` declares ``argument`` (``logits_to_keep``, ``cache_position``, ...)."""
+    return argument in _forward_parameters(model)
