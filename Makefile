@@ -33,17 +33,17 @@ book: $(READY)
 # All tests: kvlab against its oracles, then every notebook executed in a fresh kernel and the book
 # built from those executed notebooks with warnings as errors. Then again at the floor versions.
 test: $(READY) $(FLOOR_READY)
-	$(BIN)/python -m pytest -n 2 --dist loadfile -q
+	$(BIN)/python -m pytest -n 2 --dist loadfile -q -k "not test_notebook_live_mode_writes_clean_readings"
 	$(MAKE) test-floor
 
-# At the floor: the unit tests, and the notebooks that run a transformers model (04 and 05b run
-# none). What does not depend on transformers' version runs once, above: the book build and its
-# browser tests, the live-mode runs, the ahead-of-time kernel compiles, the fresh-venv install.
+# At the floor: the unit tests, and every notebook executed in live mode (no KVLAB_STATIC), which is
+# how a reader on a GPU runtime with an older transformers meets it. The static execution, the book
+# build and its browser tests, the ahead-of-time kernel compiles and the fresh-venv install run once,
+# above: none depends on transformers' version. Each notebook thus runs twice, not four times.
 test-floor: $(FLOOR_READY)
 	$(FLOOR)/bin/python -m pytest -n 2 --dist loadfile -q -p no:cacheprovider \
-		--ignore tests/test_kernel_targets.py --ignore tests/test_install.py \
-		--ignore tests/test_notebooks_live.py --ignore tests/test_live_browser.py \
-		-k "not test_book_builds and not test_static_pages_in_chromium and not 04_kv_layout and not 05b_paged_kernel"
+		--ignore tests/test_notebooks.py --ignore tests/test_kernel_targets.py \
+		--ignore tests/test_install.py --ignore tests/test_live_browser.py
 
 lab: $(READY)
 	$(BIN)/jupyter lab notebooks
