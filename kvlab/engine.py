@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from . import _checks
 from .kernels import paged_decode_attention_ref  # also switches on the Triton interpreter without CUDA
 from .paged_decode import _gather_attention
-from .paging import PREEMPTION_MODES, BlockAllocator
+from .paging import PREEMPTION_MODES, BlockAllocator, copy_blocks_to_host
 
 ATTN_NAME = "kvlab_engine"
 ATTENTION_PATHS = ("kernel", "gather", "reference")
@@ -435,17 +435,7 @@ class ModelRunner:
 
     def copy_out(self, table: list[int], num_tokens: int) -> tuple:
         """The K and V of a request's first ``num_tokens`` tokens, copied to host memory (pinned on a GPU)."""
-        blocks = torch.tensor(table[: -(-num_tokens // self.block_size)], dtype=torch.long, device=self.device)
-        pin = self.device.type == "cuda"
-        host = []
-        for pools in (self.k_pools, self.v_pools):
-            stacked = torch.stack([pool[blocks] for pool in pools])  # [layers, blocks, block, heads, dim]
-            copy = torch.empty(stacked.shape, dtype=self.dtype, pin_memory=pin)
-            copy.copy_(stacked, non_blocking=pin)
-            host.append(copy)
-        if pin:
-            torch.cuda.synchronize(self.device)
-        return tuple(host)
+        return copy_blocks_to_host(self.k_pools, self.v_pools, table[: -(-num_tokens // self.block_size)])
 
     def copy_in(self, blocks: list[int], host_kv: tuple, first: int) -> None:
         """Write host copies of logical blocks ``first, first + 1, ...`` into physical ``blocks``."""

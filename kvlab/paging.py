@@ -182,6 +182,27 @@ class _Sequence:
     swapped: tuple | None = None  # (k, v) host copies while swapped out
 
 
+def copy_blocks_to_host(k_pools, v_pools, blocks: list[int]) -> tuple:
+    """K and V of ``blocks`` in every layer, copied to host memory: ``(k, v)``, each
+    ``[layers, len(blocks), block_size, kv_heads, head_dim]``. Section 9.5 (swap preemption).
+
+    On a GPU the host copies are pinned, so the transfer runs at the link's speed; the call returns
+    once they are complete.
+    """
+    device = k_pools[0].device
+    index = torch.tensor(blocks, dtype=torch.long, device=device)
+    pin = device.type == "cuda"
+    host = []
+    for pools in (k_pools, v_pools):
+        stacked = torch.stack([pool[index] for pool in pools])
+        copy = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=pin)
+        copy.copy_(stacked, non_blocking=pin)
+        host.append(copy)
+    if pin:
+        torch.cuda.synchronize(device)
+    return tuple(host)
+
+
 class PagedKVCache:
     """A paged KV cache: per-layer K and V pools and one block table per sequence (section 9.5).
 
@@ -488,19 +509,10 @@ class PagedKVCache:
         return tokens
 
     def _swap_out(self, seq: _Sequence) -> None:
-        blocks = torch.tensor(seq.table.blocks, dtype=torch.long, device=self.device)
-        pin = self.device.type == "cuda"  # pinned host memory: the copy runs at PCIe speed, asynchronously
-        host = []
-        for pools in (self.k_pools, self.v_pools):
-            stacked = torch.stack([pool[blocks] for pool in pools])  # [layers, blocks, block, heads, dim]
-            copy = torch.empty(stacked.shape, dtype=self.dtype, pin_memory=pin)
-            copy.copy_(stacked, non_blocking=pin)
-            host.append(copy)
-        if pin:
-            torch.cuda.synchronize(self.device)
+        host = copy_blocks_to_host(self.k_pools, self.v_pools, seq.table.blocks)
         for block in seq.table.blocks:
             self.allocator.free(block)
-        seq.swapped = tuple(host)
+        seq.swapped = host
         seq.table.blocks = []  # num_tokens stays: swap_in needs blocks_for(num_tokens) blocks back
 
     def swap_in(self, seq_id: int) -> None:
