@@ -203,3 +203,20 @@ def test_long_context_trained_solution():
     assert "has a sink head" in t and "closer with the larger window" in t
     t = ex.long_context_trained(0.01, 0.004, 3.10, 3.09, 64, 0.10, 0.30, (64, 128))
     assert "no head sinks" in t and "not closer" in t
+
+
+def test_diagnosis_solutions():
+    flat = folded(ex.diagnosis_batch(0.004, 250, 32, 2e-3, 2.4e-3, 0.08, "overhead", "overhead"), 1)
+    assert "**250**" in flat and "batch 32" in flat and "nearly flat" in flat
+    grew = ex.diagnosis_batch(0.004, 250, 32, 2e-3, 9e-3, 0.03, "overhead", "weights")
+    assert "did not stay flat" in grew and "4.50 times" in grew
+    assert "scales from there" not in folded(ex.diagnosis_batch(0.5, 2, 2, 2e-3, 2.1e-3, 0.9, "weights", "weights"), 1)
+    t = folded(ex.diagnosis_gqa(16, 2, 520, 0.83, 0.39, 0.40, "kv", "overhead"), 2)
+    assert "**39.0%**" in t and "lever worked" in t
+    assert "verdict stays" in ex.diagnosis_gqa(16, 2, 520, 0.83, 0.55, 0.56, "kv", "kv")
+    assert "did not rest on the cache" in ex.diagnosis_gqa(16, 2, 520, 0.83, 0.39, 0.4, "overhead", "overhead")
+    agree = folded(ex.diagnosis_naive_ridge(20.0, 4, 40, 39, 72, 36.5, "compute"), 3)
+    assert "**39**" in agree and "past the ridge point" in agree and "agrees" in agree
+    assert "agrees" in ex.diagnosis_naive_ridge(20.0, 4, 40, 39, 20, 10.0, "weights")
+    assert "not compute" in ex.diagnosis_naive_ridge(20.0, 4, 40, 39, 72, 36.5, "overhead")
+    assert "tip either way" in ex.diagnosis_naive_ridge(20.0, 4, 40, 39, 20, 10.0, "compute")
