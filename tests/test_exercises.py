@@ -220,3 +220,15 @@ def test_diagnosis_solutions():
     assert "agrees" in ex.diagnosis_naive_ridge(20.0, 4, 40, 39, 20, 10.0, "weights")
     assert "not compute" in ex.diagnosis_naive_ridge(20.0, 4, 40, 39, 72, 36.5, "overhead")
     assert "tip either way" in ex.diagnosis_naive_ridge(20.0, 4, 40, 39, 20, 10.0, "compute")
+
+
+def test_paged_kernel_solutions():
+    rows = folded(ex.paged_kernel_rows(32, 8, 16), 1)
+    assert "$G = 32 / 8 = 4$" in rows and "**25%**" in rows and "hardly shows" in rows
+    assert "nothing is wasted" in ex.paged_kernel_rows(32, 2, 16)
+    splits = folded(ex.paged_kernel_splits(132, 8, 2048, 33, 16, 16, 64, 2), 2)
+    assert "**16**" in splits and "128 programs" in splits and "idle" in splits
+    assert "fills the machine" in ex.paged_kernel_splits(132, 8, 32768, 33, 256, 33, 64, 2)
+    clean = folded(ex.paged_kernel_empty_split(0.0, 0.0), 3)
+    assert "exactly those of the other splits" in clean
+    assert "bug" in ex.paged_kernel_empty_split(float("nan"), 0.0)
