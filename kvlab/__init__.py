@@ -8,7 +8,7 @@ import importlib
 
 from .hardware import SPECS, calibrate, device, on_gpu, stamp
 from .models import SHAPES, ModelShape, load_model, tiny_model
-from .notebook import glue, reading, sizes
+from .notebook import reading, sizes
 from .timing import measure
 from .versions import warn_if_below_floor
 

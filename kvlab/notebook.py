@@ -15,20 +15,6 @@ def sizes(cpu, gpu):
     return gpu if on_gpu() else cpu
 
 
-def glue(name: str, value, display: bool = False):
-    """Make ``value`` quotable in the prose as ``{glue:text}`name```; returns ``value``.
-
-    Uses myst-nb's ``glue`` when it is installed (the book build); elsewhere (a Colab runtime) the
-    value is simply returned, so a notebook runs the same everywhere.
-    """
-    try:
-        from myst_nb import glue as myst_glue
-    except ImportError:
-        return value
-    myst_glue(name, value, display=display)
-    return value
-
-
 def reading(markdown_text: str) -> None:
     """Show ``markdown_text`` as a paragraph of the page (Markdown output); returns None.
 
