@@ -1,25 +1,26 @@
 """kvlab: the instrument behind the book on LLM decode and the KV cache.
 
-Importing kvlab does not import torch: ``kvlab.roofline`` is pure Python. The names that need torch
+Importing kvlab does not import torch: ``kvlab.theory.roofline`` is pure Python. The names that need torch
 (the decode loops) load on first use.
 """
 
 import importlib
 
-from .hardware import SPECS, calibrate, device, on_gpu, stamp
-from .models import SHAPES, ModelShape, load_model, tiny_model
-from .notebook import reading, sizes
-from .timing import measure
-from .versions import warn_if_below_floor
+from kvlab.theory.specs import SPECS
+from kvlab.lab.hardware import calibrate, device, on_gpu, stamp
+from kvlab.theory.shapes import SHAPES, ModelShape
+from kvlab.lab.models import load_model, tiny_model
+from kvlab.show.notebook import reading, sizes
+from kvlab.lab.timing import measure
+from kvlab.versions import warn_if_below_floor
 
 __version__ = "0.1.0"
 warn_if_below_floor()
 
 _LAZY = {name: "decode" for name in ("naive_decode", "cached_decode", "static_decode", "profile_decode")}
-_LAZY["explore"] = "widgets"
-_LAZY.update(trained_model="trained", trained_tokenizer="trained")
-_SUBMODULES = {"bench", "decode", "diagnose", "engine", "gemv", "kernels", "layout", "longctx", "paged_decode", "paging", "plots",
-               "prefix", "prefix_paged", "roofline", "ssm", "trained", "versions", "widgets"}
+_LAZY["explore"] = "show.widgets"
+_LAZY.update(trained_model="lab.trained", trained_tokenizer="lab.trained")
+_SUBMODULES = {"cache", "decode", "kernels", "lab", "serving", "show", "theory", "versions"}
 
 
 def __getattr__(name):

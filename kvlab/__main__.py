@@ -17,10 +17,10 @@ def main(argv=None) -> int:
     for p in (bench, record):
         p.add_argument("--only", action="append", metavar="NAME", help="run only this benchmark (repeatable)")
     diag = sub.add_parser("diagnose", help="walk the five steps of section 9.8 and print the verdict")
-    diag.add_argument("--arch", default="llama", help="model architecture (kvlab.models.ARCHITECTURES)")
+    diag.add_argument("--arch", default="llama", help="model architecture (kvlab.lab.models.ARCHITECTURES)")
     diag.add_argument("--size", default=None, choices=("cpu", "real"),
                       help="'cpu': the tiny model; 'real': a published shape (default: real on a GPU)")
-    diag.add_argument("--shape", default=None, help="a kvlab.models.SHAPES key for --size real")
+    diag.add_argument("--shape", default=None, help="a kvlab.theory.shapes.SHAPES key for --size real")
     diag.add_argument("--context", type=int, default=128, help="prompt tokens per sequence")
     diag.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     diag.add_argument("--new-tokens", type=int, default=32, help="tokens generated per sequence")
@@ -36,13 +36,13 @@ def main(argv=None) -> int:
         return _diagnose(args)
 
     import kvlab
-    from kvlab import bench as benchmarks
+    from kvlab.lab import bench as benchmarks
 
     if args.command == "env":
         print(kvlab.env())
         return 0
     results = benchmarks.run(args.only)
-    print(kvlab.hardware.stamp_line())
+    print(kvlab.lab.hardware.stamp_line())
     print(benchmarks.table(results))
     if args.command == "record":
         with open(args.out, "w") as f:
@@ -55,7 +55,7 @@ def _diagnose(args) -> int:
     import torch
 
     import kvlab
-    from kvlab.diagnose import METHODS, Target, diagnose
+    from kvlab.lab.diagnose import METHODS, Target, diagnose
 
     if args.method not in METHODS:
         print(f"--method must be one of {METHODS}, got {args.method!r}", file=sys.stderr)
@@ -72,11 +72,11 @@ def _diagnose(args) -> int:
                                  max_positions=max(4096, args.context + args.new_tokens + 1))
         prompt = torch.randint(0, model.config.vocab_size, (args.batch, args.context),
                                generator=torch.Generator().manual_seed(0)).to(model.device)
-        print(kvlab.hardware.stamp_line())
+        print(kvlab.lab.hardware.stamp_line())
         print(f"model: {model.shape.name}, {model.dtype}")
         print(diagnose(model, prompt, args.new_tokens, method=args.method, target=target, progress=True))
         if args.save_traces:
-            from kvlab.diagnose import trace_step
+            from kvlab.lab.diagnose import trace_step
 
             traces = {m: trace_step(model, prompt, method=m).to_json() for m in ("cached", "static")}
             with open(args.save_traces, "w") as f:

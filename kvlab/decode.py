@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._checks import integer
-from .versions import cache_kwargs, returned_cache, takes
+from kvlab._checks import integer
+from kvlab.versions import cache_kwargs, returned_cache, takes
 
 METHODS = ("naive", "cached", "static")
 
@@ -149,7 +149,7 @@ def _cached_steps(model, input_ids, max_new_tokens, mask, cache=None):
 # The optimized step is compiled whole: a graph break would split it into pieces that CUDA graphs
 # cannot replay as one, and a recompilation per step (a cache length read as a Python int, say) would
 # make the "optimized" loop slower than the cached one. tests/test_decode.py holds the step to one
-# graph and no recompilation over 20 steps for every architecture in kvlab.models.ARCHITECTURES.
+# graph and no recompilation over 20 steps for every architecture in kvlab.lab.models.ARCHITECTURES.
 COMPILE_OPTIONS = dict(mode="reduce-overhead", fullgraph=True)
 
 
@@ -179,7 +179,7 @@ def _static_cache(model, batch, max_len):
 @torch.inference_mode()
 def _require_cache_memory(model, batch: int, tokens: int) -> None:
     """A preallocated cache of ``tokens`` per sequence must fit in free memory (refused by arithmetic)."""
-    from ._checks import require_memory
+    from kvlab._checks import require_memory
 
     config = model.config
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
@@ -240,7 +240,7 @@ def _check_model_inputs(model, input_ids, cache=None, max_new_tokens=0) -> None:
         from transformers.cache_utils import Cache
 
         if not isinstance(cache, Cache):
-            raise TypeError(f"cache must be a transformers Cache (e.g. kvlab.longctx.SinkCache), got "
+            raise TypeError(f"cache must be a transformers Cache (e.g. kvlab.cache.longctx.SinkCache), got "
                             f"{type(cache).__name__}")
         layers, wanted = getattr(cache, "layers", None), getattr(model.config, "num_hidden_layers", None)
         if layers and wanted is not None and len(layers) != wanted:
@@ -273,7 +273,7 @@ def cached_decode(model, input_ids, max_new_tokens, attention_mask=None, cache=N
 
     By default the model's own cache class (transformers' ``DynamicCache``) grows by one position per
     layer per step. ``cache`` passes a fresh transformers ``Cache`` to fill instead (section 9.7:
-    ``kvlab.longctx``'s windowed, sink, quantized and latent caches). Returns ``[batch, max_new_tokens]``.
+    ``kvlab.cache.longctx``'s windowed, sink, quantized and latent caches). Returns ``[batch, max_new_tokens]``.
     """
     return _run("cached", model, input_ids, max_new_tokens, attention_mask, cache=cache)
 

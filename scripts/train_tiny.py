@@ -181,7 +181,7 @@ def plot_curve(rows, path: Path, heldout_loss: float):
     matplotlib.use("Agg")
     import numpy as np
 
-    from kvlab import plots
+    from kvlab.show import plots
 
     fig, ax = plots.new_figure()
     steps = np.array([r[0] for r in rows])
@@ -246,7 +246,7 @@ def evaluate_and_card(model, tok, rows, train_text: str, steps: int, batch: int,
                       lr: float, warmup: int, **_):
     import torch
 
-    from kvlab import hardware, trained
+    from kvlab.lab import hardware, trained
 
     ppl = trained.heldout_perplexity(model, tok, context=context)
     x = tok(PROMPT, return_tensors="pt")["input_ids"]
@@ -288,7 +288,7 @@ def check() -> int:
     """A few hundred steps of a very small model on the committed held-out text: does the loss fall?"""
     import torch
 
-    from kvlab import trained
+    from kvlab.lab import trained
 
     torch.set_num_threads(1)
     tok = trained.trained_tokenizer()
@@ -348,7 +348,7 @@ def main(argv=None) -> int:
         return 0
     settings = dict(TRAIN, steps=args.steps)
     if args.stage == "eval":
-        from kvlab import trained
+        from kvlab.lab import trained
 
         model, tok = trained.trained_model()
         lines = (OUT / "train_log.tsv").read_text().splitlines()[1:]

@@ -21,25 +21,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import kvlab
-from kvlab import decode, layout, longctx, roofline
-from kvlab.kernels import (
-    paged_decode_attention,
-    paged_decode_attention_ref,
-    selective_state_update,
-    selective_state_update_ref,
-    store_kv_ref,
-)
-from kvlab.models import SHAPES
-from kvlab.paged_decode import (
-    compare_attention,
-    decode_step,
-    measure_preemption_cost,
-    paged_decode_attention_gather,
-    paged_generate,
-    prefill,
-    use_paged_attention,
-)
-from kvlab.paging import BlockAllocator, BlockTable, OutOfBlocksError, PagedKVCache, Request, make_trace, simulate
+from kvlab import decode
+from kvlab.cache import layout, longctx
+from kvlab.theory import roofline
+from kvlab.kernels import paged_decode_attention, paged_decode_attention_ref, selective_state_update, selective_state_update_ref, store_kv_ref
+from kvlab.theory.shapes import SHAPES
+from kvlab.serving.paged_decode import compare_attention, decode_step, measure_preemption_cost, paged_decode_attention_gather, paged_generate, prefill, use_paged_attention
+from kvlab.cache.paged import BlockAllocator, BlockTable, OutOfBlocksError, PagedKVCache, Request, make_trace, simulate
 
 INTERPRETED = not torch.cuda.is_available()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -215,8 +203,8 @@ INTEGER_ARGUMENTS = {
     "paging.make_trace n": (lambda x: make_trace(x), "n", 0),
     "layout.new_cache batch": (lambda x: layout.new_cache("BHTD", batch=x, length=2, kv_heads=1, head_dim=4,
                                                          device="cpu"), "batch", 1),
-    "ssm.scan_work length": (lambda x: kvlab.ssm.scan_work(x, "parallel"), "length", 1),
-    "gemv.matmul_flops n": (lambda x: kvlab.gemv.matmul_flops(x, 8, 8), "n", 1),
+    "ssm.scan_work length": (lambda x: kvlab.cache.ssm.scan_work(x, "parallel"), "length", 1),
+    "gemv.matmul_flops n": (lambda x: kvlab.lab.gemv.matmul_flops(x, 8, 8), "n", 1),
 }
 
 
@@ -333,26 +321,26 @@ BAD_CALLS = {
     "tiny_model unknown shape": (lambda: kvlab.tiny_model("llama", shape="unknown"), ValueError,
                                  r"shape must be a ModelShape or one of"),
     "work counter cached": (lambda: decode.positions_processed(4, 2, cached="yes"), TypeError, "cached must be"),
-    "gemv infinite intensity": (lambda: kvlab.gemv.batch_at_intensity(math.inf, 64, 64, 2), ValueError,
+    "gemv infinite intensity": (lambda: kvlab.lab.gemv.batch_at_intensity(math.inf, 64, 64, 2), ValueError,
                                 r"intensity must be a finite number"),
-    "ssm infinite state": (lambda: kvlab.ssm.breakeven_context(4.0, math.inf), ValueError,
+    "ssm infinite state": (lambda: kvlab.cache.ssm.breakeven_context(4.0, math.inf), ValueError,
                            r"state_bytes must be a finite number > 0"),
-    "ssm recurrence None": (lambda: kvlab.ssm.spread_recurrence(4, fastest=None), TypeError, "fastest must be"),
+    "ssm recurrence None": (lambda: kvlab.cache.ssm.spread_recurrence(4, fastest=None), TypeError, "fastest must be"),
     "outlier_keys negative": (lambda: longctx.outlier_keys(-1, 8), ValueError, r"tokens must be an int >= 1"),
     "outlier_keys channels": (lambda: longctx.outlier_keys(4, 8, outlier_channels=9), ValueError,
                               r"outlier_channels must be an int in \[0, 9\)"),
-    "tokens_in_budget nan": (lambda: kvlab.paging.tokens_in_budget(float("nan"), SHAPES["llama-3-8b"]), ValueError,
+    "tokens_in_budget nan": (lambda: kvlab.cache.paged.tokens_in_budget(float("nan"), SHAPES["llama-3-8b"]), ValueError,
                              "budget_bytes must be a finite number"),
-    "tokens_in_budget width": (lambda: kvlab.paging.tokens_in_budget(1e9, SHAPES["llama-3-8b"], None), TypeError,
+    "tokens_in_budget width": (lambda: kvlab.cache.paged.tokens_in_budget(1e9, SHAPES["llama-3-8b"], None), TypeError,
                                "bytes_per_element must be"),
-    "affine_scan int": (lambda: kvlab.ssm.affine_scan(torch.ones(3, 2, dtype=torch.long),
+    "affine_scan int": (lambda: kvlab.cache.ssm.affine_scan(torch.ones(3, 2, dtype=torch.long),
                                                       torch.ones(3, 2, dtype=torch.long)),
                         TypeError, "floating dtype"),
-    "recurrence nan input": (lambda: kvlab.ssm.spread_recurrence(2).step((0.0, 0.0), math.nan), ValueError,
+    "recurrence nan input": (lambda: kvlab.cache.ssm.spread_recurrence(2).step((0.0, 0.0), math.nan), ValueError,
                              "x must be a finite number"),
-    "attention_recall sharpness": (lambda: kvlab.ssm.attention_recall(torch.rand(5), sharpness=-1.0), ValueError,
+    "attention_recall sharpness": (lambda: kvlab.cache.ssm.attention_recall(torch.rand(5), sharpness=-1.0), ValueError,
                                    "sharpness must be a finite number > 0"),
-    "attention_recall nan": (lambda: kvlab.ssm.attention_recall(torch.tensor([1.0, math.nan])), ValueError, "NaN"),
+    "attention_recall nan": (lambda: kvlab.cache.ssm.attention_recall(torch.tensor([1.0, math.nan])), ValueError, "NaN"),
     "kl shapes": (lambda: longctx.kl_divergence(torch.zeros(3, 4), torch.zeros(3, 5)), ValueError, "one shape"),
     "rotate positions": (lambda: longctx.rotate(torch.rand(1, 1, 4, 8), torch.arange(3), torch.rand(4)), ValueError,
                          r"positions must be \[n\] or \[batch, n\] with n = 4"),
@@ -365,13 +353,13 @@ BAD_CALLS = {
     "tiny_model beyond memory": (lambda: kvlab.tiny_model("llama", shape="llama-3.1-405b", device="cpu",
                                                           dtype=torch.float32), MemoryError, "bytes but only"),
     "load_model None": (lambda: kvlab.load_model(None), TypeError, "name must be"),
-    "gemv sweep beyond memory": (lambda: kvlab.gemv.sweep(ns=[1], K=10**6, N=10**6, reps=1), MemoryError,
+    "gemv sweep beyond memory": (lambda: kvlab.lab.gemv.sweep(ns=[1], K=10**6, N=10**6, reps=1), MemoryError,
                                  "bytes but only"),
-    "gemv weight bytes of None": (lambda: kvlab.gemv.weight_read_bytes(None), TypeError, "model must be"),
-    "gemv negative memory": (lambda: kvlab.gemv.calibrated_device(kvlab.hardware.Calibration.__new__(
-        kvlab.hardware.Calibration), memory=-1), ValueError, "memory must be a finite number > 0"),
-    "scan_inputs negative": (lambda: kvlab.ssm.scan_inputs(-1, 4, 4, 4), ValueError, r"batch must be an int >= 1"),
-    "decode_step_times list": (lambda: kvlab.ssm.decode_step_times([], [4]), TypeError, "models must be"),
+    "gemv weight bytes of None": (lambda: kvlab.lab.gemv.weight_read_bytes(None), TypeError, "model must be"),
+    "gemv negative memory": (lambda: kvlab.lab.gemv.calibrated_device(kvlab.lab.hardware.Calibration.__new__(
+        kvlab.lab.hardware.Calibration), memory=-1), ValueError, "memory must be a finite number > 0"),
+    "scan_inputs negative": (lambda: kvlab.cache.ssm.scan_inputs(-1, 4, 4, 4), ValueError, r"batch must be an int >= 1"),
+    "decode_step_times list": (lambda: kvlab.cache.ssm.decode_step_times([], [4]), TypeError, "models must be"),
     "decode fractional mask": (lambda: decode.cached_decode(None, torch.ones(1, 3, dtype=torch.long), 2,
                                                             attention_mask=torch.tensor([[0.5, 1.0, 1.0]])),
                                ValueError, r"only 0 \(padding\) and 1 \(token\), got values such as \[0.5\]"),
@@ -752,9 +740,9 @@ def test_cached_decode_refuses_a_used_cache(model):
 def test_mamba_forward_refuses_ids_outside_the_vocabulary():
     mamba = kvlab.tiny_model("mamba", layers=1, hidden=32, vocab=64, device="cpu", dtype=torch.float32)
     with pytest.raises(ValueError, match=r"input_ids must be token ids in \[0, 64\)"):
-        kvlab.ssm.mamba_forward(mamba, torch.tensor([[1, 64]]))
+        kvlab.cache.ssm.mamba_forward(mamba, torch.tensor([[1, 64]]))
     with pytest.raises(TypeError, match="input_ids must be an int64 tensor"):
-        kvlab.ssm.mamba_forward(mamba, torch.tensor([[1.0, 2.0]]))
+        kvlab.cache.ssm.mamba_forward(mamba, torch.tensor([[1.0, 2.0]]))
 
 
 def test_decode_read_refuses_nan_queries():
@@ -1271,7 +1259,7 @@ def _same_prefix_state(a, b) -> bool:
 def test_prefix_kv_cache_failing_calls_change_nothing(ops):
     """Admit (with shared prefixes), decode, free, and failing calls of every kind between them:
     each failure leaves the block manager, the tables and the stored K and V exactly as they were."""
-    from kvlab.prefix_paged import PrefixKVCache
+    from kvlab.serving.prefix_paged import PrefixKVCache
 
     store = FlakyStore()
     cache = PrefixKVCache(2, 8, 4, 2, 16, torch.float32, "cpu", store=store)

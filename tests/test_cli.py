@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from kvlab import bench
+from kvlab.lab import bench
 
 
 def test_env_prints_device_versions_and_bandwidth():
@@ -20,7 +20,7 @@ def test_every_section_module_has_bench_rows():
     import importlib
 
     for title, module in bench.SECTION_BENCHMARKS.items():
-        assert callable(importlib.import_module(f"kvlab.{module}").bench_rows), title
+        assert callable(importlib.import_module(module).bench_rows), title
         assert title in bench.BENCHMARKS
 
 

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.hardware import SPECS, calibrate, spec, stamp, stamp_line
-from kvlab.models import SHAPES, ModelShape, load_model, tiny_model
-from kvlab.timing import measure
+from kvlab.theory.specs import SPECS, spec
+from kvlab.lab.hardware import calibrate, stamp, stamp_line
+from kvlab.theory.shapes import SHAPES, ModelShape
+from kvlab.lab.models import load_model, tiny_model
+from kvlab.lab.timing import measure
 
 
 def test_specs_have_every_device_and_field():
@@ -39,9 +41,9 @@ def test_stamp_names_device_and_versions():
                                               ((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16)])
 def test_gpu_dtype_is_bf16_only_with_bf16_units(monkeypatch, capability, want):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    assert kvlab.hardware.device_and_dtype("cuda") == (torch.device("cuda"), want)  # V100, T4, A100, H100
-    assert kvlab.hardware.device_and_dtype("cuda", torch.float32)[1] == torch.float32  # asked for: kept
-    assert kvlab.hardware.device_and_dtype("cpu")[1] == torch.float32
+    assert kvlab.lab.hardware.device_and_dtype("cuda") == (torch.device("cuda"), want)  # V100, T4, A100, H100
+    assert kvlab.lab.hardware.device_and_dtype("cuda", torch.float32)[1] == torch.float32  # asked for: kept
+    assert kvlab.lab.hardware.device_and_dtype("cpu")[1] == torch.float32
 
 
 def test_calibrate_measures_positive_ceilings():
@@ -92,7 +94,7 @@ def test_model_shape_rejects_nonsense():
 def test_from_config_recovers_published_shapes(key, arch):
     # Build only the config (a real-shape model would be gigabytes): the shape must survive the round trip,
     # and the parameter count from the config must be within 2% of the published one.
-    from kvlab.models import _config
+    from kvlab.lab.models import _config
 
     shape = SHAPES[key]
     config = _config(arch, shape, 4096)
@@ -104,7 +106,7 @@ def test_from_config_recovers_published_shapes(key, arch):
     assert back.params == pytest.approx(shape.params, rel=0.02)
 
 
-@pytest.mark.parametrize("arch", kvlab.models.ARCHITECTURES)
+@pytest.mark.parametrize("arch", kvlab.lab.models.ARCHITECTURES)
 def test_tiny_model_is_real_architecture_with_its_shape(arch):
     m = tiny_model(arch, layers=2, hidden=64, q_heads=4, intermediate=128, vocab=300)
     assert m.config.model_type == arch and not m.training

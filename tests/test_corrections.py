@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab import SHAPES, SPECS
-from kvlab import roofline as rf
+from kvlab.theory import roofline as rf
 from kvlab.decode import CompileBreakEven, DecodeProfile, break_even_tokens, compile_break_even
-from kvlab.hardware import LINKS, exposed_memory, link
-from kvlab.paged_decode import _copy_blocks, measure_host_copy
-from kvlab import ssm
+from kvlab.theory.specs import LINKS, exposed_memory, link
+from kvlab.serving.paged_decode import _copy_blocks, measure_host_copy
+from kvlab.cache import ssm
 
 GIB = 2**30
 L8, L70, L405 = SHAPES["llama-3-8b"], SHAPES["llama-3-70b"], SHAPES["llama-3.1-405b"]
@@ -287,7 +287,7 @@ def test_scan_order_arguments():
 
 
 def test_kivi_nbytes_matches_the_cache_and_explains_the_short_saving():
-    from kvlab import longctx
+    from kvlab.cache import longctx
 
     torch.manual_seed(0)
     cache = longctx.QuantizedKVCache(bits=2, group_size=32, residual=32)
@@ -308,7 +308,7 @@ def test_kivi_nbytes_matches_the_cache_and_explains_the_short_saving():
 
 
 def test_cache_bytes_full_attention_reads_forwards():
-    from kvlab import longctx
+    from kvlab.cache import longctx
 
     full = longctx.cache_bytes("mistral-7b", 32_768, full=True)
     assert full == 2 * 32_768 * 32 * 8 * 128 * 2  # no window: every token, every layer

@@ -6,15 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvlab
-from kvlab.decode import (
-    attention_work, cached_decode, naive_decode, positions_processed, profile_decode, static_decode,
-)
+from kvlab.decode import attention_work, cached_decode, naive_decode, positions_processed, profile_decode, static_decode
 
 DECODERS = {"naive": naive_decode, "cached": cached_decode, "static": static_decode}
 PROMPT, NEW = 7, 10
 
 
-@pytest.fixture(scope="module", params=kvlab.models.ARCHITECTURES)
+@pytest.fixture(scope="module", params=kvlab.lab.models.ARCHITECTURES)
 def model(request):
     # Small enough for a fast test, big enough to have GQA (llama, qwen2, mistral) or MHA (gpt2).
     return kvlab.tiny_model(request.param, layers=2, hidden=64, q_heads=4, intermediate=128, vocab=512,

@@ -1,4 +1,4 @@
-"""Section 9.8's diagnosis path: its bytes and FLOPs agree with kvlab.roofline, its repeatable step
+"""Section 9.8's diagnosis path: its bytes and FLOPs agree with kvlab.theory.roofline, its repeatable step
 decodes the same token as Hugging Face ``generate``, its verdict is a plain function of the
 measurements (tested on numbers, never on timing thresholds), and bad arguments are refused."""
 
@@ -13,15 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvlab
-from kvlab import roofline
-from kvlab.diagnose import (
-    KV_SHARE_THRESHOLD, LEVERS, METHODS, VERDICTS, BatchPoint, Diagnosis, Step, StepTrace, StepWork, Target,
-    _Stepper, _tile, capacity_batch, decide, diagnose, lever, step_work, this_machine, trace_step, useful_batch,
-)
-from kvlab.readings.diagnosis import (
-    reading_batch, reading_diagnosis, reading_methods, reading_timeline, reading_workloads,
-)
-from kvlab.models import SHAPES, ModelShape
+from kvlab.theory import roofline
+from kvlab.lab.diagnose import KV_SHARE_THRESHOLD, LEVERS, METHODS, VERDICTS, BatchPoint, Diagnosis, Step, StepTrace, StepWork, Target, _Stepper, _tile, capacity_batch, decide, diagnose, lever, step_work, this_machine, trace_step, useful_batch
+from kvlab.show.readings.diagnosis import reading_batch, reading_diagnosis, reading_methods, reading_timeline, reading_workloads
+from kvlab.theory.shapes import SHAPES, ModelShape
 
 
 @pytest.fixture(scope="module")
@@ -253,7 +248,7 @@ def test_bad_arguments_are_refused(small):
         trace_step(small, ids, reps=0)
     with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1"):
         diagnose(small, ids, 0)
-    with pytest.raises(TypeError, match="target must be a kvlab.diagnose.Target"):
+    with pytest.raises(TypeError, match="target must be a kvlab.lab.diagnose.Target"):
         diagnose(small, ids, 2, target={"tpot": 0.1})
     with pytest.raises(ValueError, match="target.tpot must be a finite number > 0"):
         Target(tpot=-1)
@@ -316,7 +311,7 @@ def test_reading_methods_both_branches():
 
 def test_reading_diagnosis_names_verdict_measurements_and_lever():
     text = reading_diagnosis(_diagnosis("kv", because="the KV cache is 80% of the bytes"))
-    assert "`kv`" in text and "80% of the bytes" in text and "30%" in text and "kvlab.longctx" in text
+    assert "`kv`" in text and "80% of the bytes" in text and "30%" in text and "kvlab.cache.longctx" in text
     assert "above 100%" not in text
     over = dataclasses.replace(_diagnosis("compute", "naive"), flops_fraction=1.3)
     assert "130%" in reading_diagnosis(over) and "above 100%" in reading_diagnosis(over)
@@ -348,16 +343,16 @@ def test_cli_diagnose_prints_five_steps_and_a_verdict(tmp_path):
 def test_batch_sweep_points_and_admission(small):
     ids = _ids(small, 1, 6)
     need_two = roofline.admitted(small.shape, this_machine(), 2, 6 + 8, 4, 4).needed
-    sweep = kvlab.diagnose.batch_sweep(small, ids, 8, [1, 2, 3], memory=need_two)
+    sweep = kvlab.lab.diagnose.batch_sweep(small, ids, 8, [1, 2, 3], memory=need_two)
     assert [p.batch for p in sweep] == [1, 2, 3]
     assert [bool(p.admission) for p in sweep] == [True, True, False]
     assert all(p.ttft > 0 and p.tpot > 0 and p.tokens_per_s == p.batch / p.tpot for p in sweep)
     with pytest.raises(ValueError, match="batches must name at least one"):
-        kvlab.diagnose.batch_sweep(small, ids, 8, [])
+        kvlab.lab.diagnose.batch_sweep(small, ids, 8, [])
 
 
 def test_failed_paged_setup_restores_the_attention(small, monkeypatch):
-    import kvlab.paged_decode as paged
+    import kvlab.serving.paged_decode as paged
 
     before = small.config._attn_implementation
 
@@ -376,7 +371,7 @@ def test_figures_draw_from_fake_numbers():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kvlab import plots
+    from kvlab.show import plots
 
     fig = plots.step_timelines({"one": {"cached": _trace(0.5), "static": _trace(0.9, method="static")}})
     assert any(t.get_gid() == "kvlab-stamp" for t in fig.texts)
@@ -392,7 +387,7 @@ def test_figures_draw_from_fake_numbers():
 
 
 def test_step_findings_both_ways():
-    from kvlab.diagnose import _step1_finding, _step3_finding, _step5_finding
+    from kvlab.lab.diagnose import _step1_finding, _step3_finding, _step5_finding
 
     assert "recomputation was the limit" in _step1_finding(20.0, 73.0)
     assert "bought only 1.2x" in _step1_finding(1.2, 73.0)

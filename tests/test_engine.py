@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import kvlab
-from kvlab import engine as engine_module
-from kvlab.engine import Engine
+from kvlab.serving import engine as engine_module
+from kvlab.serving.engine import Engine
 
 VOCAB = 512
 ARCHS = ("llama", "qwen2", "mistral")
@@ -231,7 +231,7 @@ def test_model_keeps_its_attention_and_default_pool():
 
 
 def test_life_reading_both_outcomes():
-    from kvlab.readings.engine import life_reading
+    from kvlab.show.readings.engine import life_reading
 
     busy = life_reading(dict(requests=5, steps=21, chunked=3, preemptions=1, stalled=2, cached_tokens=8), 4, 12, 8)
     calm = life_reading(dict(requests=5, steps=9, chunked=0, preemptions=0, stalled=0, cached_tokens=0), 4, 12, 8)
@@ -240,7 +240,7 @@ def test_life_reading_both_outcomes():
 
 
 def test_comparison_reading_both_outcomes():
-    from kvlab.readings.engine import comparison_reading
+    from kvlab.show.readings.engine import comparison_reading
 
     win = comparison_reading(16, 8, 90.0, 45.0, 1.0, 2.5, 5.0, on_gpu=False)
     lose = comparison_reading(16, 8, 40.0, 45.0, 3.0, 2.5, 5.0, on_gpu=True)
@@ -249,8 +249,8 @@ def test_comparison_reading_both_outcomes():
 
 
 def test_curve_reading_both_outcomes():
-    from kvlab.engine import CurvePoint
-    from kvlab.readings.engine import curve_reading
+    from kvlab.serving.engine import CurvePoint
+    from kvlab.show.readings.engine import curve_reading
 
     growing = [CurvePoint(1, 20.0, 0.05, 1.0, 0, 0.2), CurvePoint(4, 70.0, 0.057, 3.9, 0, 0.2),
                CurvePoint(8, 75.0, 0.06, 4.4, 2, 0.2)]

@@ -1,11 +1,11 @@
-"""Worked solutions (kvlab.readings.exercises): folded, quoting the numbers they are given, and
+"""Worked solutions (kvlab.show.readings.exercises): folded, quoting the numbers they are given, and
 saying which outcome happened where a solution depends on a measurement."""
 
 import re
 
 import pytest
 
-from kvlab.readings import exercises as ex
+from kvlab.show.readings import exercises as ex
 
 
 def folded(text, number):
@@ -37,7 +37,7 @@ def test_decode_loop_solutions():
 
 
 def test_cache_reuse_solutions_and_corrections():
-    from kvlab.readings import cache_reuse
+    from kvlab.show.readings import cache_reuse
 
     ok = folded(ex.cache_reuse_doubling(128, 32, 0.01, 1e-4, 5_088, 10_208, 0.8, 1.6), 1)
     assert "The prediction holds" in ok
@@ -56,7 +56,7 @@ def test_cache_reuse_solutions_and_corrections():
 
 
 def test_gemv_solutions_and_capacity_readings():
-    from kvlab.readings import capacity
+    from kvlab.show.readings import capacity
 
     near = folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 0.15), 1)
     assert "157 ms" in near and "time is bytes" in near
@@ -89,9 +89,9 @@ def test_kv_layout_solutions():
 
 
 def test_paged_attention_solutions_and_preemption_readings():
-    from kvlab.paged_decode import HostCopy
-    from kvlab.readings import preemption
-    from kvlab.timing import Timing
+    from kvlab.serving.paged_decode import HostCopy
+    from kvlab.show.readings import preemption
+    from kvlab.lab.timing import Timing
 
     t = folded(ex.paged_block_size(128, 168, 0.43, 0.27, 0.27, 0.04), 1)
     assert "**43%**" in t and "27%" in t and "stays under the bound" in t
@@ -135,7 +135,7 @@ def test_ssm_solutions():
 
 
 def test_long_context_solutions_and_kivi_reading():
-    from kvlab.readings import capacity
+    from kvlab.show.readings import capacity
 
     assert "Both as predicted" in folded(ex.long_context_onset(4, 32, 37, 37), 1)
     assert "Not where predicted" in ex.long_context_onset(4, 32, 38, 37)
@@ -153,8 +153,8 @@ def test_long_context_solutions_and_kivi_reading():
 
 def test_memory_wall_solutions_and_readings():
     from kvlab import SHAPES
-    from kvlab import roofline as rf
-    from kvlab.readings import capacity
+    from kvlab.theory import roofline as rf
+    from kvlab.show.readings import capacity
 
     t = folded(ex.wall_fixed_point(4, 4, {1: [1.0, 2.0], 4: [4.0, 4.0], 32: [26.0, 5.6]}, [1000, 64000]), 1)
     assert "**4**" in t and "| 32 | 26.00 | 5.60 |" in t
@@ -177,7 +177,7 @@ def test_memory_wall_solutions_and_readings():
 
 
 def test_margins_table_seed_against_exposed():
-    from kvlab.readings import capacity
+    from kvlab.show.readings import capacity
 
     t = capacity.margins_table()
     rows = [line for line in t.splitlines() if line.startswith("| Llama-3-70B")]

@@ -1,4 +1,4 @@
-"""kvlab.gemv: the counts behind the GEMV sweep and the decode-step profile (section 9.3).
+"""kvlab.lab.gemv: the counts behind the GEMV sweep and the decode-step profile (section 9.3).
 
 Timings are never asserted (a shared CPU is noisy): the tests check shapes, units, that every FLOP
 and byte count equals its formula, that the profile's parts add up, and that bad input says what
@@ -15,9 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvlab
-from kvlab import gemv
-from kvlab import roofline as rf
-from kvlab.hardware import Accelerator, Calibration
+from kvlab.lab import gemv
+from kvlab.theory import roofline as rf
+from kvlab.theory.specs import Accelerator
+from kvlab.lab.hardware import Calibration
 
 SMALL = dict(layers=2, hidden=128, q_heads=4, kv_heads=2, intermediate=256, vocab=512)
 CAL = Calibration(copy_bytes_per_s=20e9, matmul_flops=60e9, matmul_dtype="float32", device="test CPU")

@@ -1,7 +1,7 @@
 """KV-cache layouts (section 9.4): address functions against torch's own strides, reads against an
 fp64 attention written from the definition, appends, GQA arithmetic against the seeds, bad input.
 
-The oracles are independent of kvlab.layout: a layout's tensor is built here with torch.permute (the
+The oracles are independent of kvlab.cache.layout: a layout's tensor is built here with torch.permute (the
 contiguous layouts) or with a Python loop over the block table (the paged ones), filled with a code
 that names each element, and every address kvlab computes must find the element it names.
 """
@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab import SHAPES
-from kvlab import layout as L
-from kvlab.bench import Row
+from kvlab.cache import layout as L
+from kvlab.lab.bench import Row
 
 
 def codes(layers, batch, tokens, heads, dim):

@@ -11,12 +11,7 @@ from hypothesis import strategies as st
 
 import kvlab
 from kvlab.decode import cached_decode
-from kvlab.longctx import (
-    BoundedLayer, LatentKVCache, QuantizedKVCache, SinkCache, SlidingWindowCache, attention_error,
-    cache_bytes, design_table, gqa_from_mha, kv_basis, masked_stream_eval, outlier_keys, quantize,
-    quantized_nbytes, stream_eval,
-    rerotation_scores, rotary_of, rotate, window_span,
-)
+from kvlab.cache.longctx import BoundedLayer, LatentKVCache, QuantizedKVCache, SinkCache, SlidingWindowCache, attention_error, cache_bytes, design_table, gqa_from_mha, kv_basis, masked_stream_eval, outlier_keys, quantize, quantized_nbytes, stream_eval, rerotation_scores, rotary_of, rotate, window_span
 
 GIB = 2**30
 SMALL = dict(layers=2, hidden=64, q_heads=4, kv_heads=2, intermediate=128, vocab=512)

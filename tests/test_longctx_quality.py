@@ -8,10 +8,7 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.longctx import (
-    QuantizedKVCache, cached_keys_values, channel_rms, quantize, quantized_cache_quality, recompute_stream_eval,
-    rotary_of, rotate, sink_share, stream_eval, uniform_share,
-)
+from kvlab.cache.longctx import QuantizedKVCache, cached_keys_values, channel_rms, quantize, quantized_cache_quality, recompute_stream_eval, rotary_of, rotate, sink_share, stream_eval, uniform_share
 
 SMALL = dict(layers=2, hidden=64, q_heads=4, kv_heads=2, intermediate=128, vocab=512)
 
@@ -127,7 +124,7 @@ def test_quantized_cache_quality(model):
 
 @pytest.mark.parametrize("num_sink, window", [(1, 6), (4, 9), (0, 7)])
 def test_masked_stream_with_in_cache_positions_matches_the_streaming_cache(model, num_sink, window):
-    from kvlab.longctx import SinkCache, masked_stream_eval
+    from kvlab.cache.longctx import SinkCache, masked_stream_eval
 
     tokens = _ids(40, seed=6)
     cache = SinkCache(num_sink, window, rope="cache", model=model)

@@ -14,14 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.kernels import (
-    choose_num_splits,
-    merge_partials,
-    paged_decode_attention,
-    paged_decode_attention_ref,
-    store_kv,
-    store_kv_ref,
-)
+from kvlab.kernels import choose_num_splits, merge_partials, paged_decode_attention, paged_decode_attention_ref, store_kv, store_kv_ref
 from kvlab.kernels import paged_attention as pa
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -10,15 +10,8 @@ import torch
 
 import kvlab
 from kvlab.kernels import paged_decode_attention_ref
-from kvlab.paged_decode import (
-    ATTN_NAME,
-    PagedBatch,
-    compare_attention,
-    measure_preemption_cost,
-    paged_decode_attention_gather,
-    paged_generate,
-)
-from kvlab.paging import OutOfBlocksError
+from kvlab.serving.paged_decode import ATTN_NAME, PagedBatch, compare_attention, measure_preemption_cost, paged_decode_attention_gather, paged_generate
+from kvlab.cache.paged import OutOfBlocksError
 
 NEW_TOKENS = 6
 
@@ -69,7 +62,7 @@ def test_bad_arguments(model):
         paged_generate(model, _prompts([3]), 2, preemption="drop")
     with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1"):
         paged_generate(model, _prompts([3]), 0)
-    kvlab.paged_decode.use_paged_attention(model)
+    kvlab.serving.paged_decode.use_paged_attention(model)
     with pytest.raises(ValueError, match="needs the paged= keyword"):
         model(torch.tensor([[1, 2]]), use_cache=False)
 
@@ -94,6 +87,6 @@ def test_measurement_helpers_run(model):
 
 
 def test_paged_batch_is_plain_data(model):
-    cache = kvlab.paged_decode.cache_for(model, 4, 4)
+    cache = kvlab.serving.paged_decode.cache_for(model, 4, 4)
     batch = PagedBatch(cache, [cache.new_sequence()])
     assert batch.attention == "kernel" and cache.num_layers == 2 and cache.head_dim == 32

@@ -3,7 +3,7 @@ in both of its branches."""
 
 from types import SimpleNamespace
 
-from kvlab.readings import paged_kernel as r
+from kvlab.show.readings import paged_kernel as r
 
 
 def _timing(seconds, kv_bytes=1e6):

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvlab.paging import BlockAllocator, OutOfBlocksError
+from kvlab.cache.paged import BlockAllocator, OutOfBlocksError
 
 
 class AllocatorMachine(RuleBasedStateMachine):
@@ -110,15 +110,8 @@ from collections import Counter  # noqa: E402
 import torch  # noqa: E402
 
 from kvlab.kernels import store_kv_ref  # noqa: E402
-from kvlab.paging import (  # noqa: E402
-    BlockTable,
-    PagedKVCache,
-    Request,
-    make_trace,
-    simulate,
-    tokens_in_budget,
-)
-from kvlab.models import SHAPES  # noqa: E402
+from kvlab.cache.paged import BlockTable, PagedKVCache, Request, make_trace, simulate, tokens_in_budget
+from kvlab.theory.shapes import SHAPES  # noqa: E402
 
 
 def test_seed_lookup_example():

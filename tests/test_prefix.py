@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-import kvlab.prefix
-from kvlab.paging import OutOfBlocksError
-from kvlab.prefix import PrefixCache, block_hashes
+import kvlab.cache.prefix
+from kvlab.cache.paged import OutOfBlocksError
+from kvlab.cache.prefix import PrefixCache, block_hashes
 
 
 def snapshot(cache: PrefixCache):
@@ -21,7 +21,7 @@ def snapshot(cache: PrefixCache):
 
 
 def test_doctests():
-    assert doctest.testmod(kvlab.prefix).failed == 0
+    assert doctest.testmod(kvlab.cache.prefix).failed == 0
 
 
 # --------------------------------------------------------------------------- scenarios
@@ -405,7 +405,7 @@ TestPrefixMachineBlockThree.settings = _settings
 
 # --------------------------------------------------------------------------- the chat trace and its replay
 
-from kvlab.prefix import REPLAY_POLICIES, make_chat_trace, replay  # noqa: E402
+from kvlab.cache.prefix import REPLAY_POLICIES, make_chat_trace, replay  # noqa: E402
 
 
 def test_chat_trace_resends_history():

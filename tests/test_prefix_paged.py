@@ -6,18 +6,8 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.paging import OutOfBlocksError
-from kvlab.prefix_paged import (
-    ATTN_NAME,
-    PrefixKVCache,
-    compute_shape,
-    decode_step,
-    generate,
-    measure_ttft,
-    prefill,
-    prefix_cache_for,
-    use_prefix_attention,
-)
+from kvlab.cache.paged import OutOfBlocksError
+from kvlab.serving.prefix_paged import ATTN_NAME, PrefixKVCache, compute_shape, decode_step, generate, measure_ttft, prefill, prefix_cache_for, use_prefix_attention
 
 VOCAB = 512
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernel compiled on a GPU, interpreted on a CPU
@@ -174,7 +164,7 @@ def test_bad_calls(llama):
     with pytest.raises(ValueError, match="at least one token"):
         prefill(llama, cache, [])
     with pytest.raises(TypeError, match="PrefixKVCache"):
-        prefill(llama, kvlab.paged_decode.cache_for(llama, 4, 4), [1, 2])
+        prefill(llama, kvlab.serving.paged_decode.cache_for(llama, 4, 4), [1, 2])
     seq, _ = cache.admit([1, 2, 3])
     k = torch.zeros(4, cache.num_kv_heads, cache.head_dim)
     with pytest.raises(ValueError, match="only 3 slot"):

@@ -1,4 +1,4 @@
-"""Readings (kvlab.readings): each outcome-dependent sentence, fed both outcomes.
+"""Readings (kvlab.show.readings): each outcome-dependent sentence, fed both outcomes.
 
 A reading must change with its condition and stay true to the numbers it is given: the tests feed
 each function a measurement that agrees with its prediction and one that does not, and check that
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from kvlab.readings import decode_loop, ratio_text, sci, within
+from kvlab.show.readings import decode_loop, ratio_text, sci, within
 
 
 def no_roles(text):
@@ -55,7 +55,7 @@ def test_decode_loop_intercept_both_outcomes():
 
 # -- 9.2 recompute, cache reuse, optimized decode ------------------------------------------------
 
-from kvlab.readings import cache_reuse  # noqa: E402
+from kvlab.show.readings import cache_reuse  # noqa: E402
 
 
 def test_cache_reuse_speedup_both_outcomes():
@@ -99,7 +99,7 @@ def test_cache_reuse_explore_both_outcomes():
 
 # -- 9.3 GEMV-like behaviour in decode -----------------------------------------------------------
 
-from kvlab.readings import gemv as gemv_readings  # noqa: E402
+from kvlab.show.readings import gemv as gemv_readings  # noqa: E402
 
 
 def test_gemv_copy_speed_both_outcomes():
@@ -154,7 +154,7 @@ def test_gemv_explorer_and_floor_ratio_both_outcomes():
 
 from types import SimpleNamespace  # noqa: E402
 
-from kvlab.readings import kv_layout  # noqa: E402
+from kvlab.show.readings import kv_layout  # noqa: E402
 
 
 def _read(median, predicted=1e-3, kv_bytes=33.6e6, frac=0.4):
@@ -191,7 +191,7 @@ def test_kv_layout_explorer_and_gqa_both_outcomes():
 
 # -- 9.5 PagedAttention --------------------------------------------------------------------------
 
-from kvlab.readings import paged_attention  # noqa: E402
+from kvlab.show.readings import paged_attention  # noqa: E402
 
 
 def _sim(waste, batch, steps, preemptions=0, meta=120):
@@ -232,7 +232,7 @@ def test_paged_attention_and_preemption_both_outcomes():
 
 # -- 9.6 hybrid attention and SSM state ----------------------------------------------------------
 
-from kvlab.readings import ssm_state  # noqa: E402
+from kvlab.show.readings import ssm_state  # noqa: E402
 
 
 def test_ssm_scan_both_regimes_and_outcomes():
@@ -271,7 +271,7 @@ def test_ssm_recall_both_outcomes():
 
 # -- 9.7 long-context attention variants ---------------------------------------------------------
 
-from kvlab.readings import long_context  # noqa: E402
+from kvlab.show.readings import long_context  # noqa: E402
 
 
 def test_long_context_stream_both_outcomes():

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from kvlab.readings import prefix_caching as r
+from kvlab.show.readings import prefix_caching as r
 
 
 def clean(text):

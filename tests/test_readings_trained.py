@@ -1,10 +1,10 @@
-"""Readings of section 9.7 on the trained model (kvlab.readings.trained_model), fed both outcomes."""
+"""Readings of section 9.7 on the trained model (kvlab.show.readings.trained_model), fed both outcomes."""
 
 import re
 
 import pytest
 
-from kvlab.readings import trained_model as r
+from kvlab.show.readings import trained_model as r
 
 
 def no_roles(text):

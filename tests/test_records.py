@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from kvlab.bench import load_records, records_markdown
+from kvlab.lab.bench import load_records, records_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""kvlab.roofline against the seeds' derived numbers, recomputed from their constants.
+"""kvlab.theory.roofline against the seeds' derived numbers, recomputed from their constants.
 
 Seed 000: "9 Decode and KV Cache" (sections 9.3 and 9.7). Seed 004: "The KV Cache Is the New
 Memory Wall". Each test names where its figures are printed. ``printed(value, "12.3")`` checks a
@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab import roofline as rf
-from kvlab.hardware import SPECS
-from kvlab.models import SHAPES
+from kvlab.theory import roofline as rf
+from kvlab.theory.specs import SPECS
+from kvlab.theory.shapes import SHAPES
 
 L8, L70, L405 = SHAPES["llama-3-8b"], SHAPES["llama-3-70b"], SHAPES["llama-3.1-405b"]
 # Seed 000, 9.3 uses 8e9 parameters (16.0 GB) for its 8B model; SHAPES carries seed 004's 8.03e9.
@@ -36,7 +36,7 @@ def printed(value: float, shown: str) -> None:
 
 
 def test_importable_without_torch():
-    code = "import sys; sys.modules['torch'] = None; import kvlab.roofline"
+    code = "import sys; sys.modules['torch'] = None; import kvlab.theory.roofline"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvlab
-from kvlab import ssm
+from kvlab.cache import ssm
 from kvlab.versions import cache_kwargs, returned_cache
 from kvlab.kernels import selective_state_update, selective_state_update_ref
 
@@ -330,14 +330,14 @@ def test_cache_bytes_match_real_llama_mamba_and_jamba_caches():
     with torch.no_grad():
         cache = returned_cache(jamba(ids, use_cache=True))
     assert ssm.layer_kinds(cache) == ["ssm", "attention", "ssm", "attention"]
-    ssm_layer = kvlab.models.SSMShape("jamba-ssm", 1, 32, 4, 128, expand=2, conv_kernel=4)
+    ssm_layer = kvlab.theory.shapes.SSMShape("jamba-ssm", 1, 32, 4, 128, expand=2, conv_kernel=4)
     want = ssm.hybrid_cache_bytes(9, layers=4, attention_layers=2, kv_bytes_per_token=2 * 2 * 8 * 4,
                                   state_bytes=ssm_layer.state_bytes_per_layer(4))
     assert ssm.cache_nbytes(cache) == want
 
 
 def test_budget_arithmetic_and_its_checks():
-    shape = kvlab.models.SSM_SHAPES["mamba-130m"]
+    shape = kvlab.theory.shapes.SSM_SHAPES["mamba-130m"]
     per_layer = shape.state_bytes_per_layer(2)
     assert per_layer == 1536 * (16 + 4) * 2
     # The same width in attention: 768 KV elements per token for a key and for a value.
@@ -353,9 +353,9 @@ def test_budget_arithmetic_and_its_checks():
 
 def test_tiny_mamba_sizes_and_errors():
     m = kvlab.tiny_model("mamba", layers=1, hidden=16, vocab=64)
-    assert isinstance(m.shape, kvlab.models.SSMShape)
+    assert isinstance(m.shape, kvlab.theory.shapes.SSMShape)
     assert m.shape.params == sum(p.numel() for p in m.parameters())
-    assert "mamba" not in kvlab.models.ARCHITECTURES
+    assert "mamba" not in kvlab.lab.models.ARCHITECTURES
     with pytest.raises(ValueError, match="unknown SSMShape field"):
         kvlab.tiny_model("mamba", q_heads=4)
     with pytest.raises(ValueError, match="shape must be one of"):

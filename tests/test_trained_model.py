@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import kvlab
-from kvlab import trained
+from kvlab.lab import trained
 
 ROOT = Path(__file__).resolve().parents[1]
 

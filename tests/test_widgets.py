@@ -1,4 +1,4 @@
-"""kvlab.widgets (static HTML slider and live ipywidgets panel) and kvlab.plots helpers."""
+"""kvlab.show.widgets (static HTML slider and live ipywidgets panel) and kvlab.show.plots helpers."""
 
 import json
 import re
@@ -12,8 +12,8 @@ import pytest  # noqa: E402
 
 pytest.importorskip("ipywidgets")  # a GPU image may lack it; the CPU suite always has it
 
-from kvlab import plots, widgets  # noqa: E402
-from kvlab.widgets import explore  # noqa: E402
+from kvlab.show import plots, widgets  # noqa: E402
+from kvlab.show.widgets import explore  # noqa: E402
 
 STAMP = {"device": "Test Accelerator X1", "torch": "9.9", "transformers": "8.8", "date": "2030-01-02"}
 

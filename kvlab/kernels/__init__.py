@@ -29,15 +29,8 @@ def _switch_on_interpreter() -> None:
 if not torch.cuda.is_available():
     _switch_on_interpreter()
 
-from .paged_attention import (  # noqa: E402  (the interpreter switch must come first)
-    SUPPORTED_HEAD_DIMS,
-    choose_num_splits,
-    merge_partials,
-    paged_decode_attention,
-    paged_decode_attention_ref,
-    paged_decode_launcher,
-)
-from .store_kv import store_kv, store_kv_ref  # noqa: E402
+from kvlab.kernels.paged_attention import SUPPORTED_HEAD_DIMS, choose_num_splits, merge_partials, paged_decode_attention, paged_decode_attention_ref, paged_decode_launcher
+from kvlab.kernels.store_kv import store_kv, store_kv_ref  # noqa: E402
 
 __all__ = [
     "SUPPORTED_HEAD_DIMS",
@@ -50,6 +43,6 @@ __all__ = [
     "store_kv_ref",
 ]
 
-from .ssm_scan import selective_state_update, selective_state_update_ref  # noqa: E402  (section 9.6)
+from kvlab.kernels.ssm_scan import selective_state_update, selective_state_update_ref  # noqa: E402  (section 9.6)
 
 __all__ += ["selective_state_update", "selective_state_update_ref"]

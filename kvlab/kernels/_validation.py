@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from .._checks import integer
+from kvlab._checks import integer
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)

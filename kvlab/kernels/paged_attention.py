@@ -32,18 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._validation import (
-    FLOAT_DTYPES,
-    is_power_of_two,
-    require_dtype,
-    require_kernel_device,
-    require_computable_dtype,
-    require_positive_int,
-    require_rank,
-    require_same_device,
-    require_tensor,
-)
-from .targets import require_fits
+from kvlab.kernels._validation import FLOAT_DTYPES, is_power_of_two, require_dtype, require_kernel_device, require_computable_dtype, require_positive_int, require_rank, require_same_device, require_tensor
+from kvlab.kernels.targets import require_fits
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
 TILE_TOKENS = 64  # tokens one stage-1 program handles per loop iteration (may span several blocks)
@@ -184,7 +174,7 @@ def _merge_splits_kernel(
 def _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, kernel_limits=True) -> float:
     """Validate every argument (section 9.5); return the resolved softmax scale. ``kernel_limits``:
     also the Triton kernel's own limits (head_dim, power-of-two block size), which a plain-PyTorch
-    path such as ``kvlab.paged_decode.paged_decode_attention_gather`` does not share."""
+    path such as ``kvlab.serving.paged_decode.paged_decode_attention_gather`` does not share."""
     _check_types_and_ranks(q, k_cache, v_cache, block_table, seq_lens)
     _check_shapes(q, k_cache, v_cache, block_table, seq_lens, kernel_limits)
     _check_dtypes(q, k_cache, v_cache, block_table, seq_lens)

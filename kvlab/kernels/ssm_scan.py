@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._validation import require_disjoint, require_kernel_device, require_no_overlap
+from kvlab.kernels._validation import require_disjoint, require_kernel_device, require_no_overlap
 
 STATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_DIM = 16
@@ -65,7 +65,7 @@ def _selective_state_update_kernel(
 
 def _check_inputs(state, u, delta, A, B, C, D, z, delta_bias) -> None:
     """Shapes, dtypes and devices of a decode-step update (section 9.6)."""
-    from ..ssm import _check_tensors
+    from kvlab.cache.ssm import _check_tensors
 
     _check_tensors(state=state, u_t=u, delta_t=delta, A=A, B_t=B, C_t=C, D=D, z_t=z, delta_bias=delta_bias)
     if state.dtype not in STATE_DTYPES:
@@ -81,7 +81,7 @@ def selective_state_update(state, u, delta, A, B, C, D=None, z=None, delta_bias=
                            delta_softplus: bool = False):
     """One decode token of a selective SSM in Triton, updating ``state`` in place (section 9.6).
 
-    Args (as ``kvlab.ssm.ssm_step``): ``state`` ``[batch, dim, state]`` (fp32, fp16 or bf16, written
+    Args (as ``kvlab.cache.ssm.ssm_step``): ``state`` ``[batch, dim, state]`` (fp32, fp16 or bf16, written
     in place); ``u``, ``delta``, ``z`` ``[batch, dim]``; ``A`` ``[dim, state]``; ``B``, ``C``
     ``[batch, state]``; ``D``, ``delta_bias`` ``[dim]``. Returns ``y`` ``[batch, dim]`` in ``u``'s dtype.
     """
@@ -111,7 +111,7 @@ def selective_state_update(state, u, delta, A, B, C, D=None, z=None, delta_bias=
 def selective_state_update_ref(state, u, delta, A, B, C, D=None, z=None, delta_bias=None,
                                delta_softplus: bool = False):
     """Plain-PyTorch :func:`selective_state_update`: same signature, same in-place state (section 9.6)."""
-    from ..ssm import ssm_step
+    from kvlab.cache.ssm import ssm_step
 
     _check_inputs(state, u, delta, A, B, C, D, z, delta_bias)
     y, new_state = ssm_step(state, u, delta, A, B, C, D=D, z_t=z, delta_bias=delta_bias,

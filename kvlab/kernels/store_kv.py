@@ -11,17 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._validation import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    require_disjoint,
-    require_dtype,
-    require_kernel_device,
-    require_no_overlap,
-    require_rank,
-    require_same_device,
-    require_tensor,
-)
+from kvlab.kernels._validation import FLOAT_DTYPES, INDEX_DTYPES, require_disjoint, require_dtype, require_kernel_device, require_no_overlap, require_rank, require_same_device, require_tensor
 
 
 @triton.jit

@@ -57,8 +57,8 @@ def _configs(name: str, dtype: torch.dtype, **sizes):
     """(kernel, signature, constants, num_warps) of one kvlab kernel at one size, as its wrapper launches it."""
     import triton
 
-    from . import paged_attention, ssm_scan
-    from .store_kv import _store_kv_kernel
+    from kvlab.kernels import paged_attention, ssm_scan
+    from kvlab.kernels.store_kv import _store_kv_kernel
 
     t = DTYPES[dtype]
     if name == "attend_split":

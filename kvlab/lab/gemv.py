@@ -1,0 +1,602 @@
+"""GEMV against GEMM, measured: why a decode step is a weight read (section 9.3).
+
+Two measurements and the counts behind them:
+
+- ``sweep`` times ``[n x K] @ [K x N]`` for growing n (1 to 4096 on a GPU in bf16, 1 to 512 on a
+  CPU in fp32) with a weight matrix far beyond the last-level cache, and reports achieved FLOP/s,
+  bytes/s and arithmetic intensity per n. FLOPs are 2 n K N; bytes are the weight, the activation
+  and the output, each counted once: (K N + n K + n N) w. At n = 1 the product is a matrix-vector
+  product (GEMV) and reads every weight for two FLOPs; as n grows the same read serves n rows and
+  the product turns into a GEMM that the arithmetic units limit.
+- ``profile_step`` times one decode step of a Hugging Face model, then the same step with a
+  synchronised timer around every weight matrix (``nn.Linear``, GPT-2's ``Conv1D``), and compares
+  the step with the time the calibrated copy bandwidth needs to read its weights once.
+
+``bench_rows`` gives the rows ``python -m kvlab bench`` prints for this section: the GEMV
+bandwidth at batch 1 and the ridge point, calibrated and measured.
+
+Units are SI: seconds, bytes, FLOP; rates per second.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+from kvlab._checks import integer, positive, require_memory
+from kvlab.theory.specs import Accelerator
+from kvlab.lab.hardware import Calibration
+
+CPU_NS = tuple(2**i for i in range(10))  # 1 .. 512
+GPU_NS = tuple(2**i for i in range(13))  # 1 .. 4096
+
+
+# --------------------------------------------------------------------------- counts
+
+
+def _width(element_size) -> float:
+    if isinstance(element_size, bool) or not isinstance(element_size, numbers.Real):
+        raise TypeError(f"element_size must be a number of bytes > 0, got {element_size!r}")
+    if not (element_size > 0 and math.isfinite(element_size)):
+        raise ValueError(f"element_size must be a number of bytes > 0, got {element_size!r}")
+    return float(element_size)
+
+
+def matmul_flops(n: int, K: int, N: int) -> int:
+    """2 n K N: one multiply and one add per weight per activation row."""
+    return 2 * integer("n", n) * integer("K", K) * integer("N", N)
+
+
+def matmul_bytes(n: int, K: int, N: int, element_size: float) -> float:
+    """(K N + n K + n N) w: the weight, the activation and the output, each moved once."""
+    n, K, N = integer("n", n), integer("K", K), integer("N", N)
+    return (K * N + n * K + n * N) * _width(element_size)
+
+
+def matmul_intensity(n: int, K: int, N: int, element_size: float) -> float:
+    """FLOP per byte of ``[n x K] @ [K x N]``: 2 n K N / ((K N + n K + n N) w).
+
+    About 2n / w while n is small against K and N (the weight dominates the bytes), and at most
+    2 K N / ((K + N) w) however large n grows.
+    """
+    return matmul_flops(n, K, N) / matmul_bytes(n, K, N, element_size)
+
+
+def batch_at_intensity(intensity: float, K: int, N: int, element_size: float) -> float:
+    """The (real) n at which ``matmul_intensity(n, K, N, w)`` equals ``intensity``:
+    n = I w K N / (2 K N - I w (K + N)). ``math.inf`` when this K x N never gets there.
+    """
+    if isinstance(intensity, bool) or not isinstance(intensity, numbers.Real) or not 0 < intensity < math.inf:
+        raise ValueError(f"intensity must be a finite number of FLOP/byte > 0, got {intensity!r}")
+    K, N, w = integer("K", K), integer("N", N), _width(element_size)
+    denominator = 2 * K * N - intensity * w * (K + N)
+    return math.inf if denominator <= 0 else intensity * w * K * N / denominator
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+@dataclass(frozen=True)
+class GemvPoint:
+    """One timed ``[n x K] @ [K x N]``: median, fastest and slowest seconds per product."""
+
+    n: int
+    K: int
+    N: int
+    element_size: int
+    seconds: float
+    min_seconds: float
+    max_seconds: float
+
+    @property
+    def flops(self) -> int:
+        return matmul_flops(self.n, self.K, self.N)
+
+    @property
+    def bytes(self) -> float:
+        return matmul_bytes(self.n, self.K, self.N, self.element_size)
+
+    @property
+    def intensity(self) -> float:
+        """FLOP per byte."""
+        return self.flops / self.bytes
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.flops / self.seconds
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes / self.seconds
+
+
+@dataclass(frozen=True)
+class GemvSweep:
+    """The points of one sweep, in increasing n, and what they were measured on."""
+
+    points: tuple[GemvPoint, ...]
+    K: int
+    N: int
+    dtype: str
+    device: str
+
+    @property
+    def ns(self) -> list[int]:
+        return [p.n for p in self.points]
+
+    def at(self, n: int) -> GemvPoint:
+        for p in self.points:
+            if p.n == n:
+                return p
+        raise KeyError(f"n = {n} was not measured; measured: {self.ns}")
+
+    @property
+    def peak_flops_per_s(self) -> float:
+        return max(p.flops_per_s for p in self.points)
+
+    @property
+    def fit(self) -> RooflineFit:
+        """Both roofline segments fitted to the sweep: see :func:`fit_roofline`."""
+        return fit_roofline([p.intensity for p in self.points], [p.flops_per_s for p in self.points])
+
+    @property
+    def knee_intensity(self) -> float:
+        """The fitted knee (FLOP/byte), where the two fitted segments meet: the measured ridge
+        point; nan when the sweep did not reach both regimes."""
+        return self.fit.knee
+
+    @property
+    def knee_batch(self) -> float:
+        """The n whose intensity reaches the fitted knee (nan without one)."""
+        knee = self.knee_intensity
+        if not math.isfinite(knee):
+            return float("nan")
+        return batch_at_intensity(knee, self.K, self.N, self.points[0].element_size)
+
+
+@dataclass(frozen=True)
+class RooflineFit:
+    """A roofline fitted to measured points: FLOP/s = min(bandwidth x intensity, peak).
+
+    ``bandwidth`` (bytes/s) is fitted to the points left of the knee, ``peak`` (FLOP/s) to those
+    right of it; ``split`` is how many points (in increasing intensity) the bandwidth segment
+    took. ``knee = peak / bandwidth`` in FLOP/byte; nan when either segment has fewer than two
+    points, that is, when the sweep did not reach both regimes.
+    """
+
+    bandwidth: float
+    peak: float
+    split: int
+    points: int
+    rms_log_error: float
+
+    @property
+    def knee(self) -> float:
+        if self.split < 2 or self.points - self.split < 2:
+            return float("nan")
+        return self.peak / self.bandwidth
+
+
+def fit_roofline(intensities, rates) -> RooflineFit:
+    """Fit both segments of a roofline to measured (intensity, FLOP/s) points (section 9.3).
+
+    Least squares in log space over every split of the points, sorted by intensity, into a
+    bandwidth-bound left part (log rate = log bandwidth + log intensity) and a compute-bound right
+    part (log rate = log peak); the split with the smallest error wins. Nothing is anchored to one
+    point, so the knee is a property of the whole sweep, not of its first measurement.
+    """
+    pts = sorted(zip(intensities, rates))
+    if len(pts) < 2 or any(not (x > 0 and y > 0) for x, y in pts):
+        raise ValueError(f"fit_roofline needs at least two points with positive intensity and rate, got {pts!r}")
+    lx = [math.log(x) for x, _ in pts]
+    ly = [math.log(y) for _, y in pts]
+    best = None
+    for k in range(len(pts) + 1):
+        left = [y - x for x, y in zip(lx[:k], ly[:k])]
+        right = ly[k:]
+        lb = statistics.fmean(left) if left else -math.inf
+        lp = statistics.fmean(right) if right else math.inf
+        sse = sum((v - lb) ** 2 for v in left) + sum((v - lp) ** 2 for v in right)
+        if best is None or sse < best[0] - 1e-12:
+            best = (sse, k, lb, lp)
+    sse, k, lb, lp = best
+    bandwidth = math.exp(lb) if k else max(y / x for x, y in pts)  # no left part: bound it from above
+    peak = math.exp(lp) if k < len(pts) else max(y for _, y in pts)
+    return RooflineFit(bandwidth, peak, k, len(pts), math.sqrt(sse / len(pts)))
+
+
+def default_sizes(gpu: bool | None = None) -> dict:
+    """Sweep sizes: on a GPU an 8192 x 8192 half-precision weight (134 MB; bf16 where the GPU has it,
+    else fp16) and n = 1..4096; on a CPU a
+    4096 x 6144 fp32 weight (101 MB, several times a server's last-level cache) and n = 1..512.
+    """
+    if gpu is None:
+        from kvlab.lab.hardware import on_gpu
+
+        gpu = on_gpu()
+    if gpu:
+        from kvlab.lab.hardware import device_and_dtype
+
+        return dict(K=8192, N=8192, ns=GPU_NS, dtype=str(device_and_dtype("cuda")[1]).removeprefix("torch."))
+    return dict(K=4096, N=6144, ns=CPU_NS, dtype="float32")
+
+
+def sweep(ns=None, K: int | None = None, N: int | None = None, dtype=None, device=None,
+          warmup: int | None = None, reps: int | None = None, copies: int = 2, seed: int = 0) -> GemvSweep:
+    """Time ``[n x K] @ [K x N]`` for every n in ``ns`` with ``kvlab.lab.timing.measure``.
+
+    Defaults come from ``default_sizes()`` for kvlab's device. ``copies`` weight matrices are
+    used in turn, so a product never finds the previous one's weight in the cache. On a GPU
+    each timed call runs 10 products (one launch is shorter than the timer's resolution) and the
+    time per product is reported.
+    """
+    import torch
+
+    from kvlab.lab.hardware import device as default_device
+    from kvlab.lab.hardware import device_name
+    from kvlab.lab.timing import measure
+
+    dev = torch.device(device) if device is not None else default_device()
+    gpu = dev.type == "cuda"
+    sizes = default_sizes(gpu)
+    ns = sizes["ns"] if ns is None else ns
+    K = sizes["K"] if K is None else K
+    N = sizes["N"] if N is None else N
+    K, N, copies = integer("K", K), integer("N", N), integer("copies", copies)
+    if isinstance(ns, (str, bytes)) or not hasattr(ns, "__iter__"):
+        raise TypeError(f"ns must be a sequence of ints >= 1, got {ns!r}")
+    ns = sorted({integer("n", n) for n in ns})
+    if not ns:
+        raise ValueError("ns must hold at least one n")
+    if dtype is None:
+        dtype = getattr(torch, sizes["dtype"])
+    elif isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"dtype must be a torch dtype or its name, got {dtype!r}")
+        dtype = getattr(torch, dtype)
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+    warmup = (5 if gpu else 1) if warmup is None else warmup
+    reps = (20 if gpu else 3) if reps is None else reps
+    inner = 10 if gpu else 1
+
+    element = torch.empty((), dtype=dtype).element_size()
+    require_memory(f"{copies} weight copies of {K} x {N} and inputs up to n = {ns[-1]}",
+                   (copies * K * N + ns[-1] * (K + N)) * element, dev)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    weights = [torch.randn(K, N, generator=g, device=dev, dtype=dtype) for _ in range(copies)]
+    points = []
+    for n in ns:
+        x = torch.randn(n, K, generator=g, device=dev, dtype=dtype)
+        out = torch.empty(n, N, device=dev, dtype=dtype)
+        turn = [0]
+
+        def run():
+            for _ in range(inner):
+                torch.matmul(x, weights[turn[0] % copies], out=out)
+                turn[0] += 1
+
+        t = measure(run, warmup=warmup, reps=reps, device=dev)
+        points.append(GemvPoint(n, K, N, dtype.itemsize, t.median / inner, t.min / inner, t.max / inner))
+        del x, out
+    del weights
+    return GemvSweep(tuple(points), K, N, str(dtype).removeprefix("torch."), device_name())
+
+
+# --------------------------------------------------------------------------- the calibrated device
+
+
+def memory_bytes(device=None) -> int:
+    """Memory of kvlab's device: a GPU's total memory, or the machine's physical RAM."""
+    import torch
+
+    from kvlab.lab.hardware import device as default_device
+
+    dev = torch.device(device) if device is not None else default_device()
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).total_memory
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def calibrated_device(calibration: Calibration | None = None, memory: float | None = None) -> Accelerator:
+    """This machine as an ``Accelerator`` for ``kvlab.theory.roofline``: the calibrated copy bandwidth as
+    its bytes/s, the calibrated matmul rate as its FLOP/s (in the calibration's dtype, which on a
+    CPU is fp32), and ``memory`` bytes (default: ``memory_bytes()``).
+    """
+    from kvlab.lab.hardware import calibrate
+
+    c = calibration or calibrate()
+    memory = memory_bytes() if memory is None else positive("memory", memory)
+    return Accelerator(
+        name=f"{c.device} (calibrated)", hbm_bytes=float(memory), hbm_bytes_per_s=c.copy_bytes_per_s,
+        bf16_flops=c.matmul_flops, dies=1, die_bytes_per_s=c.copy_bytes_per_s, fabric_bytes_per_s=None,
+        source=f"measured by kvlab.calibrate(): copy bandwidth and {c.matmul_dtype} matmul rate",
+    )
+
+
+# --------------------------------------------------------------------------- a decode step
+
+
+def _matmul_modules(model):
+    """(name, module) of every module that multiplies by a stored 2-D weight: nn.Linear, GPT-2's
+    Conv1D and their kin (embeddings excluded: they gather rows, they do not multiply)."""
+    import torch
+
+    found = []
+    for name, m in model.named_modules():
+        w = getattr(m, "weight", None)
+        if isinstance(m, torch.nn.Embedding) or not isinstance(w, torch.nn.Parameter) or w.dim() != 2:
+            continue
+        if any(True for _ in m.children()):
+            continue
+        found.append((name, m))
+    return found
+
+
+def weight_read_bytes(model, batch: int = 1) -> int:
+    """Bytes of parameters one decode step of ``batch`` sequences reads: every matrix it multiplies
+    by and every norm and bias once, but only ``batch`` rows of an embedding table it merely indexes
+    (a table that is also the output head, tied, is read whole).
+    """
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (a Hugging Face model), got {type(model).__name__}")
+    batch = integer("batch", batch)
+    multiplied = {id(m.weight) for _, m in _matmul_modules(model)}
+    seen, total = set(), 0
+    for m in model.modules():
+        for p in m.parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if isinstance(m, torch.nn.Embedding) and id(p) not in multiplied:
+                total += min(batch, p.shape[0]) * p[0].numel() * p.element_size()
+            else:
+                total += p.numel() * p.element_size()
+    return total
+
+
+def random_cache(model, batch: int, context: int, seed: int = 0):
+    """A transformers ``DynamicCache`` holding ``context`` tokens of random keys and values per
+    sequence: a decode step reads and multiplies them exactly as it would real ones, and no prefill
+    has to run to make them.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    batch, context = integer("batch", batch), integer("context", context)
+    shape = model.shape
+    element = torch.empty((), dtype=model.dtype).element_size()
+    require_memory(f"a random cache of {batch} x {context} tokens",
+                   2 * shape.layers * batch * shape.kv_heads * context * shape.head_dim * element, model.device)
+    cache = DynamicCache(config=model.config)
+    g = torch.Generator(device=model.device).manual_seed(seed)
+    for layer in range(shape.layers):
+        k, v = (torch.randn(batch, shape.kv_heads, context, shape.head_dim, generator=g,
+                            device=model.device, dtype=model.dtype) for _ in range(2))
+        cache.update(k, v, layer)
+    return cache
+
+
+class _Step:
+    """One decode step at a fixed (batch, context), repeatable: the cache is cropped back after each call."""
+
+    def __init__(self, model, batch: int, context: int, seed: int = 0):
+        import torch
+
+        from kvlab.decode import _last_logits_only
+        from kvlab.versions import cache_kwargs
+
+        self.model, self.context = model, context
+        self.cache = random_cache(model, batch, context, seed)
+        dev = model.device
+        self.token = torch.randint(0, model.config.vocab_size, (batch, 1), device=dev)
+        self.kw = dict(attention_mask=torch.ones(batch, context + 1, dtype=torch.long, device=dev),
+                       position_ids=torch.full((batch, 1), context, dtype=torch.long, device=dev),
+                       use_cache=True, **cache_kwargs(model, self.cache), **_last_logits_only(model))
+
+    def __call__(self):
+        import torch
+
+        with torch.inference_mode():
+            self.model(self.token, **self.kw)
+        self.cache.crop(-1)  # drop the token just appended: every call is the same step
+
+
+def step_time(model, batch: int = 1, context: int = 128, warmup: int = 2, reps: int = 5):
+    """``kvlab.lab.timing.Timing`` of one decode step of ``batch`` sequences with ``context`` cached
+    tokens each (random keys and values, see ``random_cache``). The step includes what transformers'
+    ``DynamicCache`` does on every step (appending the new key and value by concatenation).
+    """
+    from kvlab.lab.timing import measure
+
+    step = _Step(model, integer("batch", batch), integer("context", context))
+    return measure(step, warmup=warmup, reps=reps, device=model.device)
+
+
+@dataclass(frozen=True)
+class ModuleTime:
+    """One weight matrix of the step: its module name, its part of the model, bytes and median seconds."""
+
+    name: str
+    part: str
+    weight_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """One decode step taken apart. ``step_seconds`` is the median step without hooks;
+    ``hooked_seconds`` the median step with a synchronised timer around every weight matrix, whose
+    own times are in ``modules``. ``weight_bytes`` is what the step reads of its parameters
+    (``weight_read_bytes``) and ``kv_bytes`` the cache it attends over, read once.
+    """
+
+    model: str
+    dtype: str
+    device: str
+    batch: int
+    context: int
+    step_seconds: float
+    hooked_seconds: float
+    modules: tuple[ModuleTime, ...]
+    weight_bytes: int
+    kv_bytes: int
+    copy_bytes_per_s: float
+
+    @property
+    def matmul_seconds(self) -> float:
+        """Time inside the weight multiplications (with hooks)."""
+        return sum(m.seconds for m in self.modules)
+
+    @property
+    def rest_seconds(self) -> float:
+        """Everything else in the hooked step: attention over the cache, norms, cache update, dispatch."""
+        return max(0.0, self.hooked_seconds - self.matmul_seconds)
+
+    @property
+    def matmul_fraction(self) -> float:
+        return self.matmul_seconds / self.hooked_seconds
+
+    @property
+    def weight_read_seconds(self) -> float:
+        """The floor: weight bytes / calibrated copy bandwidth."""
+        return self.weight_bytes / self.copy_bytes_per_s
+
+    @property
+    def weight_read_fraction(self) -> float:
+        """Share of the measured step that reading the weights once at copy bandwidth accounts for."""
+        return self.weight_read_seconds / self.step_seconds
+
+    @property
+    def floor_seconds(self) -> float:
+        """Weights plus cache, each read once at copy bandwidth (the roofline floor of 9.3)."""
+        return (self.weight_bytes + self.kv_bytes) / self.copy_bytes_per_s
+
+    def by_part(self) -> dict[str, float]:
+        """Hooked seconds per part of the model (attention projections, MLP, output head, other
+        matrices), plus ``"rest"`` for everything outside the weight multiplications."""
+        parts: dict[str, float] = {}
+        for m in self.modules:
+            parts[m.part] = parts.get(m.part, 0.0) + m.seconds
+        parts["rest"] = self.rest_seconds
+        return parts
+
+
+def _part(name: str) -> str:
+    low = name.lower()
+    if "lm_head" in low or low.endswith("head"):
+        return "output head"
+    if "attn" in low or "attention" in low:
+        return "attention projections"
+    if "mlp" in low or "ffn" in low or "feed_forward" in low:
+        return "MLP"
+    return "other matrices"
+
+
+def profile_step(model, batch: int = 1, context: int = 128, warmup: int = 2, reps: int = 5,
+                 calibration: Calibration | None = None) -> StepProfile:
+    """Time one decode step whole, then layer by layer (section 9.3).
+
+    First the plain step (``step_time``); then the same step with a forward pre-hook and hook on
+    every weight matrix that synchronise the device and read ``time.perf_counter``, so each
+    module's time is its own. The hooks' synchronisations make the hooked step somewhat longer than
+    the plain one; the fractions are taken within the hooked step, the weight-read share against the
+    plain one.
+    """
+    import torch
+
+    from kvlab.lab.hardware import calibrate, device_name
+
+    batch, context = integer("batch", batch), integer("context", context)
+    integer("reps", reps)
+    cal = calibration or calibrate()
+    plain = step_time(model, batch, context, warmup=warmup, reps=reps)
+    step = _Step(model, batch, context)
+    modules = _matmul_modules(model)
+    cuda = model.device.type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(model.device)
+
+    starts: dict[str, float] = {}
+    times: dict[str, list[float]] = {name: [] for name, _ in modules}
+    handles = []
+    for name, m in modules:
+        def pre(mod, args, name=name):
+            sync()
+            starts[name] = time.perf_counter()
+
+        def post(mod, args, out, name=name):
+            sync()
+            times[name].append(time.perf_counter() - starts[name])
+
+        handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+    totals = []
+    try:
+        for _ in range(warmup):
+            step()
+        for t in times.values():
+            t.clear()
+        for _ in range(reps):
+            sync()
+            t0 = time.perf_counter()
+            step()
+            sync()
+            totals.append(time.perf_counter() - t0)
+    finally:
+        for h in handles:
+            h.remove()
+    rows = []
+    for name, m in modules:
+        per_call = times[name]
+        calls = max(1, len(per_call) // reps)  # a module called more than once per step (tied reuse)
+        per_rep = [sum(per_call[r * calls:(r + 1) * calls]) for r in range(reps)] if per_call else [0.0]
+        bytes_ = sum(p.numel() * p.element_size() for p in m.parameters(recurse=False))
+        rows.append(ModuleTime(name, _part(name), bytes_, statistics.median(per_rep)))
+    kv = batch * min(context, model.shape.window or context) * model.shape.kv_bytes_per_token(model.dtype.itemsize)
+    return StepProfile(
+        model=model.shape.name, dtype=str(model.dtype).removeprefix("torch."), device=device_name(),
+        batch=batch, context=context, step_seconds=plain.median, hooked_seconds=statistics.median(totals),
+        modules=tuple(rows), weight_bytes=weight_read_bytes(model, batch), kv_bytes=int(kv),
+        copy_bytes_per_s=cal.copy_bytes_per_s,
+    )
+
+
+# --------------------------------------------------------------------------- bench rows
+
+
+def bench_rows(result: GemvSweep | None = None, calibration: Calibration | None = None) -> list:
+    """Rows for ``python -m kvlab bench`` (section 9.3): the GEMV bandwidth at batch 1 against the
+    calibrated copy bandwidth, and the ridge point, calibrated (matmul rate / copy bandwidth) and
+    measured (the knee of both roofline segments fitted to the sweep), in FLOP/byte and as a batch n.
+    """
+    from kvlab.lab.bench import Row
+    from kvlab.lab.hardware import calibrate
+
+    cal = calibration or calibrate()
+    s = result or sweep()
+    one, w = s.points[0], s.points[0].element_size
+    shape = f"[{one.n} x {s.K}] @ [{s.K} x {s.N}] {s.dtype}"
+    ridge = cal.ridge_point
+    return [
+        Row("GEMV bandwidth, batch 1", one.bytes_per_s / 1e9, "GB/s",
+            f"{shape}: weight + activation + output bytes / median time"),
+        Row("GEMV / copy bandwidth", one.bytes_per_s / cal.copy_bytes_per_s, "fraction",
+            f"calibrated copy {cal.copy_bytes_per_s / 1e9:.0f} GB/s (bytes read + written)"),
+        Row("ridge point, calibrated", ridge, "FLOP/B",
+            f"{cal.matmul_flops / 1e12:.3g} TFLOP/s {cal.matmul_dtype} matmul / copy bandwidth"),
+        Row("ridge batch, calibrated", batch_at_intensity(ridge, s.K, s.N, w), "n",
+            f"the n whose intensity reaches the calibrated ridge, K = {s.K}, N = {s.N}"),
+        Row("ridge batch, measured", s.knee_batch, "n",
+            "the n whose intensity reaches the fitted knee"),
+        Row("ridge point, measured", s.knee_intensity, "FLOP/B",
+            "knee of both roofline segments fitted to the sweep (nan: the sweep did not bend)"),
+        Row("sweep peak", s.peak_flops_per_s / 1e12, "TFLOP/s", f"n = {s.ns[0]} .. {s.ns[-1]}"),
+    ]

@@ -1,0 +1,157 @@
+"""The machine under the measurement: device choice, accelerator specifications, calibration, stamps.
+
+Serves every section: the roofline of 9.3 divides bytes by a bandwidth and FLOPs by a rate, and
+each figure in the book names the device and versions it was measured on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+
+
+def device():
+    """The torch device the book measures on: the first CUDA GPU when there is one, else the CPU."""
+    return device_and_dtype()[0]
+
+
+def device_and_dtype(device=None, dtype=None):
+    """The device to run on (kvlab's by default) and the dtype: by default bf16 on a GPU that has
+    bf16 units, fp16 on one that has not (T4, V100), fp32 on a CPU."""
+    import torch
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dtype is None:
+        if dev.type != "cuda":
+            dtype = torch.float32
+        else:
+            dtype = torch.bfloat16 if has_bf16(dev) else torch.float16
+    return dev, dtype
+
+
+def has_bf16(device) -> bool:
+    """Whether a CUDA device computes in bf16 natively: compute capability 8.0 (Ampere) or later.
+
+    Asked of the capability rather than ``torch.cuda.is_bf16_supported()``, which can answer yes for
+    a T4 (7.5), where bf16 runs emulated and Triton cannot compile bf16 matrix products."""
+    import torch
+
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def on_gpu() -> bool:
+    return device().type == "cuda"
+
+
+def device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"CPU: {_cpu_model()} ({os.cpu_count()} logical cores)"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(distribution: str) -> str:
+    # Read the installed metadata rather than importing: importing triton here would fix its
+    # interpreter mode before kvlab.kernels can choose it.
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def stamp() -> dict:
+    """Device, driver and library versions and today's date: what every measurement carries."""
+    import torch
+
+    driver = "none"
+    if torch.cuda.is_available():
+        driver = f"CUDA {torch.version.cuda}"
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10,
+            )
+            if out.returncode == 0:
+                driver = f"driver {out.stdout.strip().splitlines()[0]}, CUDA {torch.version.cuda}"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return {
+        "device": device_name(),
+        "threads": torch.get_num_threads(),
+        "driver": driver,
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def stamp_line(s: dict | None = None) -> str:
+    """One line for a figure's corner: device · torch · transformers · date (and CPU threads)."""
+    s = s or stamp()
+    threads = f" · {s['threads']} thread{'s' * (s['threads'] != 1)}" if "CPU" in s["device"] and "threads" in s else ""
+    return f"{s['device']}{threads} · torch {s['torch']} · transformers {s['transformers']} · {s['date']}"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """This machine's measured ceilings: copy bandwidth (bytes read plus written per second) and matmul rate."""
+
+    copy_bytes_per_s: float
+    matmul_flops: float
+    matmul_dtype: str
+    device: str
+
+    @property
+    def ridge_point(self) -> float:
+        return self.matmul_flops / self.copy_bytes_per_s
+
+
+@functools.lru_cache(maxsize=1)
+def calibrate() -> Calibration:
+    """Measure copy bandwidth and matmul rate once per process.
+
+    GPU: a 1 GiB device-to-device copy and an 8192-cube GEMM in bf16 (fp16 without bf16 units). CPU: a 256 MiB memory copy and
+    a 2048-cube fp32 GEMM. Both sizes are far beyond the last-level cache, so the copy measures DRAM.
+    """
+    import torch
+
+    from kvlab.lab.timing import measure
+
+    dev, half = device_and_dtype()
+    gpu = dev.type == "cuda"
+    nbytes = (1 << 30) if gpu else (256 << 20)
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=dev).uniform_()
+    dst = torch.empty_like(src)
+    copy_s = measure(lambda: dst.copy_(src), warmup=3, reps=10 if gpu else 5).median
+    n, dtype = (8192, half) if gpu else (2048, torch.float32)
+    a = torch.randn(n, n, device=dev, dtype=dtype)
+    b = torch.randn(n, n, device=dev, dtype=dtype)
+    mm_s = measure(lambda: a @ b, warmup=3, reps=10 if gpu else 5).median
+    return Calibration(
+        copy_bytes_per_s=2 * nbytes / copy_s,
+        matmul_flops=2 * n**3 / mm_s,
+        matmul_dtype=str(dtype).removeprefix("torch."),
+        device=device_name(),
+    )

@@ -1,0 +1,59 @@
+"""Timing that a reader can trust: synchronised, warm-up excluded, median of repeats.
+
+On a GPU each repeat is bracketed by CUDA events; on a CPU by ``time.perf_counter``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from kvlab._checks import integer
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call over ``reps`` timed calls."""
+
+    median: float
+    min: float
+    max: float
+    times: tuple[float, ...] = field(repr=False)
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median: how noisy the repeats were."""
+        return (self.max - self.min) / self.median if self.median > 0 else 0.0
+
+
+def measure(fn, warmup: int = 2, reps: int = 5, device=None) -> Timing:
+    """Time ``fn()``: ``warmup`` untimed calls, then ``reps`` timed ones.
+
+    ``device`` defaults to kvlab's device; pass ``"cpu"`` to time host code on a GPU machine.
+    """
+    import torch
+
+    from kvlab.lab.hardware import device as default_device
+
+    integer("warmup", warmup, 0)
+    integer("reps", reps, 1)
+    dev = torch.device(device) if device is not None else default_device()
+    cuda = dev.type == "cuda"
+    for _ in range(warmup):
+        fn()
+    times = []
+    if cuda:
+        torch.cuda.synchronize()
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    else:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return Timing(statistics.median(times), min(times), max(times), tuple(times))

@@ -1,0 +1,140 @@
+"""Readings of section 9.2, recompute, cache reuse and optimized decode (notebook ``02_cache_reuse``)."""
+
+from __future__ import annotations
+
+import math
+
+from kvlab.show.plots import si
+from kvlab.show.readings import ratio_text, within
+
+MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
+
+
+def speedup_reading(P: int, G: int, naive_s: float, naive_pred: float, cached_s: float, cached_pred: float,
+                    worst_error: float, work_ratio: float, naive_growth: float, cached_growth: float) -> str:
+    """The whole-request speedup of caching against the two-pass prediction.
+
+    Times are whole requests, measured and predicted, per loop; ``naive_growth`` and
+    ``cached_growth`` are the last step's time over the first step's, per loop.
+    """
+    speedup, speedup_pred = naive_s / cached_s, naive_pred / cached_pred
+    text = [f"At $P = {P}$ and $G = {G}$, the cached loop finished the request **{speedup:.1f} times** "
+            f"faster than the naive one. The two timed passes predicted {speedup_pred:.1f} times, and "
+            f"the largest gap between a prediction and its measurement was {worst_error:.0%}."]
+    if within(speedup, speedup_pred, 1.5):
+        text.append("That is within a factor of 1.5 of the prediction: the cost of a pass, $a + b\\,n$, "
+                    "explains most of both loops' time.")
+    else:
+        off = ("cached", cached_s / cached_pred) if abs(math.log(cached_s / cached_pred)) >= abs(
+            math.log(naive_s / naive_pred)) else ("naive", naive_s / naive_pred)
+        text.append(f"The measured speedup is {ratio_text(speedup, speedup_pred)} the predicted one, and "
+                    f"most of the gap is the {off[0]} loop, which took {off[1]:.2g} times its prediction.")
+        text.append(_REASONS[off[0], off[1] > 1])
+    if speedup < work_ratio:
+        text.append(f"The naive loop processed {work_ratio:.0f} times as many positions, but its time "
+                    "ratio is smaller. Each pass has a fixed cost $a$ that does not depend on its "
+                    "length, and the cached loop pays it on every step too.")
+    else:
+        text.append(f"The naive loop processed {work_ratio:.0f} times as many positions, and its time "
+                    "ratio is as large: here the fixed cost per pass is small next to the per-token work.")
+    naive_grows, cached_flat = naive_growth > 1.5, cached_growth < 1.5
+    if naive_grows and cached_flat:
+        text.append("On the right, each naive token costs more than the one before, while cached "
+                    "tokens cost about the same.")
+    else:
+        text.append(f"On the right, the last naive token cost {naive_growth:.1f} times the first and the "
+                    f"last cached token {cached_growth:.1f} times the first. The expectation is a "
+                    "growing naive cost and a flat cached one; at these short lengths the fixed "
+                    "per-step cost and the noise of a shared machine can hide it.")
+    return " ".join(text)
+
+
+_REASONS = {
+    ("cached", True): "Its steps cost more than a one-token pass without a cache: each also reads the "
+                      "growing cache and `DynamicCache` copies it ([The decode loop](01_decode_loop.ipynb)), and on a CPU the "
+                      "bookkeeping of a cached step is a large share of a small model's step. "
+                      f"{MEMORY_WALL} takes a step apart.",
+    ("cached", False): "Its steps cost less than the one-token pass we timed: that pass ran once, "
+                       "cold, while the loop's steps reuse warm caches and allocations.",
+    ("naive", False): "Its long passes cost less per token than the line through a one-token and a "
+                      "long pass says: a CPU's matrix products run more efficiently on many rows at "
+                      "once, so $t(n)$ is not a straight line at these lengths.",
+    ("naive", True): "Its long passes cost more per token than the line says, usually because the "
+                     "activations of a long pass no longer fit the CPU's caches.",
+}
+
+
+def latency_reading(P: int, G: int, ttft_cached: float, tpot_naive: float, tpot_cached: float,
+                    tpot_static: float) -> str:
+    """TTFT and TPOT of the three loops at one setting."""
+    text = [f"At $P = {P}$ and $G = {G}$, the cached loop's first token took **{si(ttft_cached, 's')}** and "
+            f"each later one **{si(tpot_cached, 's')}**."]
+    if tpot_naive > tpot_cached:
+        text.append(f"The naive loop's later tokens averaged {si(tpot_naive, 's')}, because every one of "
+                    "them is a prefill of the sequence so far.")
+    else:
+        text.append(f"The naive loop's later tokens averaged {si(tpot_naive, 's')}, no more than the "
+                    "cached loop's, although each is a prefill of the sequence so far: at this short "
+                    "length the fixed cost of a pass hides the extra positions.")
+    text.append(f"The uncompiled static loop averaged {si(tpot_static, 's')} per token.")
+    if tpot_static >= 0.9 * tpot_cached:
+        text.append("A preallocated cache does not make an eager step cheaper on its own: it attends "
+                    "over all of its slots, masked, from the first step.")
+    else:
+        text.append("Here it was faster than the cached loop: writing in place saves the copy that "
+                    "`DynamicCache` makes on every step, which outweighed attending over the unused, "
+                    "masked slots.")
+    text.append("What a preallocated cache buys is a fixed shape and a fixed address for every input, "
+                "which is what compilation and CUDA graphs need.")
+    return " ".join(text)
+
+
+def compile_reading(compile_cost: float, t_eager: float, t_comp: float, break_even: float) -> str:
+    """The one-time cost of compilation against its per-step gain."""
+    gain = t_eager - t_comp
+    text = (f"Compilation and capture cost **{si(compile_cost, 's')}**. A steady step took "
+            f"{si(t_eager, 's')} eager and {si(t_comp, 's')} compiled")
+    if gain > 0 and math.isfinite(break_even):
+        return (text + f", a gain of {si(gain, 's')} per token. The compiled loop catches up after "
+                f"**{break_even:,.0f} tokens**, where the two extrapolated lines in the figure cross.")
+    return (text + f": the compiled step was not faster ({si(-gain, 's')} slower), so compiling never "
+            "pays off here. That is the expected result on a CPU, where there are no CUDA graphs and "
+            "the step is dominated by work the compiler does not change; on a GPU the gain is large.")
+
+
+def explore_reading(P: int, G: int, batch: int, model: str, ttft: dict, tpot: dict, time_ratio: float,
+                    work_ratio: float) -> str:
+    """Under the explorer: this setting's latencies and the measured ratio against the 9.1 bound."""
+    text = [f"{model}, $P = {P}$, $G = {G}$, batch {batch}: TPOT was {si(tpot['naive'], 's')} naive, "
+            f"{si(tpot['cached'], 's')} cached and {si(tpot['static'], 's')} static; TTFT "
+            f"{si(min(ttft.values()), 's')} to {si(max(ttft.values()), 's')}."]
+    from kvlab.decode import attention_work
+
+    pairs_ratio = attention_work(P, G) / attention_work(P, G, cached=True)
+    if time_ratio <= work_ratio:
+        text.append(f"The naive loop took {time_ratio:.1f} times as long as the cached one, below the "
+                    f"positions ratio of {work_ratio:.1f}: the fixed per-pass cost is paid by both loops. "
+                    "The positions ratio is not a bound in general, though: it counts per-position layer "
+                    "work, and where attention dominates a pass the naive loop's extra work follows the "
+                    f"pairs ratio instead, {pairs_ratio:.1f} at this setting.")
+    else:
+        text.append(f"The naive loop took {time_ratio:.1f} times as long as the cached one, above the "
+                    f"positions ratio of {work_ratio:.1f}. That ratio counts only per-position layer work; "
+                    f"the naive loop's attention work grows with the pairs ratio, {pairs_ratio:.1f} here, so "
+                    "where attention is a large share of a pass the time ratio can pass the positions "
+                    "ratio. On a CPU, the activations of a long naive pass leaving the caches add to it.")
+    return " ".join(text)
+
+
+def gpu_break_even_reading(compile_cost: float) -> str:
+    """What this compile time implies on a GPU, where the per-step gain is milliseconds at most."""
+    from kvlab.decode import break_even_tokens
+
+    one_ms = break_even_tokens(compile_cost, 1e-3)
+    return (f"On a GPU compilation takes as long or longer: tracing and code generation run on the CPU, and "
+            f"capture adds a few recorded steps. Graph replay can save at most what an eager step spends "
+            f"launching kernels, milliseconds for a small model. At this run's {si(compile_cost, 's')} of "
+            f"compilation, even a gain of a full millisecond per step breaks even only after "
+            f"**{one_ms:,.0f} tokens**, and compile times of tens of seconds on a large model push that "
+            "higher. That is why serving engines compile once per batch size at start-up and reuse the "
+            "graphs across requests, rather than paying the cost in any one request.")

@@ -1,0 +1,710 @@
+"""The analytical model of decode: bytes and FLOPs of one step, its roofline floor, admission,
+the traffic and capacity crossovers, compression speedup, die placement, the unified footprint
+model, prefill time with a prefix hit rate, transfer time, and the design rules.
+
+Serves section 9.3 of the book (seed 000, "9 Decode and KV Cache": the decode-step floor of
+Table 9.1), section 9.7 (Table 9.3) and the memory-wall notebook (seed 004, "The KV Cache Is the
+New Memory Wall": Eqs. (1) and (4)-(14), Propositions 3.1-3.6, Corollary 3.8, appendices A and B,
+and the design rules of section 6.2).
+
+Pure Python: importable without torch.
+
+Units are decimal SI throughout, as seed 004 (appendix C.2) prescribes: bytes, seconds, FLOP and
+tokens; k = 1e3, M = 1e6, GB = 1e9 bytes, TB/s = 1e12 bytes/s; 128k tokens means 128,000 tokens,
+not 2**17. (Seed 000's Table 9.3 prints binary GiB; divide by 2**30 to compare with it.)
+
+Notation (seed 004, Table 10): P parameters, w_p and w_kv bytes per weight and cache element,
+L layers, n_q and n_kv query and key-value heads, d_h head dimension, g = n_q / n_kv, s context
+(cached tokens per sequence), b batch (sequences decoded together), beta bandwidth in bytes/s.
+Two per-token constants recur:
+
+    K = 2 L n_kv d_h w_kv     cache bytes per token (Eq. 1; MLA: L (d_c + d_r) w_kv)
+    A = 4 L n_q d_h           attention FLOP per cached token per sequence (Eq. 5, Table 8)
+
+A shape with a sliding ``window`` retains only min(s, window) tokens: its cache bytes, attention
+FLOPs and footprint stop growing at the window (seed 000, section 9.7). Everything else follows
+seed 004, whose model assumes a full cache.
+
+``hw`` is an ``Accelerator`` from ``kvlab.theory.specs.SPECS`` or its key (``"b200"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass
+
+from kvlab._checks import integer
+from kvlab.theory.specs import LINKS, SPECS, Accelerator, Link, link, spec
+from kvlab.theory.shapes import ModelShape
+
+PLACEMENTS = ("striped", "pinned")
+QUALITY_BUDGETS = ("none", "small", "moderate")
+
+
+# --------------------------------------------------------------------------- argument checks
+
+
+def _real(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _positive(name: str, value) -> float:
+    """A finite real number > 0 (bytes, widths, bandwidths, factors)."""
+    x = _real(name, value)
+    if not (x > 0 and math.isfinite(x)):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return x
+
+
+def _between(name: str, value, low: float, high: float, *, low_open=False, high_open=False) -> float:
+    """A real number in the interval [low, high], with either end open on request."""
+    x = _real(name, value)
+    above = x > low if low_open else x >= low
+    below = x < high if high_open else x <= high
+    if not (above and below):
+        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        raise ValueError(f"{name} must be in {interval}, got {value!r}")
+    return x
+
+
+def _device(hw) -> Accelerator:
+    """An ``Accelerator``, or the ``SPECS`` key of one (unknown keys raise ValueError)."""
+    if isinstance(hw, Accelerator):
+        return hw
+    if isinstance(hw, str):
+        return spec(hw)
+    raise TypeError(f"hw must be an Accelerator or one of {', '.join(SPECS)}, got {type(hw).__name__}")
+
+
+def _model(shape) -> ModelShape:
+    if not isinstance(shape, ModelShape):
+        raise TypeError(f"shape must be a ModelShape (see kvlab.theory.shapes.SHAPES), got {type(shape).__name__}")
+    return shape
+
+
+def _placement(placement) -> str:
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+    return placement
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:,.1f} GB"
+
+
+# --------------------------------------------------------------------------- per-token constants
+
+
+def retained_tokens(shape: ModelShape, context: int) -> int:
+    """Tokens a sequence keeps in its cache: s, or min(s, W) for a sliding window W (seed 000, 9.7)."""
+    shape, context = _model(shape), integer("context", context)
+    return min(context, shape.window) if shape.window else context
+
+
+def kv_bytes_per_token(shape: ModelShape, w_kv: float = 2) -> float:
+    """K = 2 L n_kv d_h w_kv, cache bytes per token across all layers (seed 004, Eq. 1)."""
+    return _model(shape).kv_bytes_per_token(_positive("w_kv", w_kv))
+
+
+def attention_flops_per_token(shape: ModelShape) -> float:
+    """A = 4 L n_q d_h: a score and a weighted sum per query head per cached token (seed 004, Eq. 5)."""
+    shape = _model(shape)
+    return 4 * shape.layers * shape.q_heads * shape.head_dim
+
+
+# --------------------------------------------------------------------------- one decode step
+
+
+@dataclass(frozen=True)
+class StepBytes:
+    """HBM bytes one decode step reads: every weight once, every sequence's cache once."""
+
+    weights: float
+    kv: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.kv
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs of one decode step: the weight matrix-vector products and the attention contractions."""
+
+    weights: float
+    attention: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.attention
+
+
+def step_bytes(shape: ModelShape, batch: int, context: int, w_p: float = 2, w_kv: float = 2) -> StepBytes:
+    """Bytes of one decode step, B(s, b) = P w_p + b s K (seed 004, Eq. 6; seed 000, 9.3).
+
+    Returns ``StepBytes`` with ``.weights`` (P w_p), ``.kv`` (b s K) and ``.total``.
+    """
+    batch = integer("batch", batch)
+    tokens = retained_tokens(shape, context)
+    weights = shape.params * _positive("w_p", w_p)
+    return StepBytes(weights=weights, kv=batch * tokens * kv_bytes_per_token(shape, w_kv))
+
+
+def step_flops(shape: ModelShape, batch: int, context: int) -> StepFlops:
+    """FLOPs of one decode step, F(s, b) = b (2P + A s) with A = 4 L n_q d_h (seed 004, Eq. 5).
+
+    Softmax is left out as lower order (a fraction 3 / (4 d_h) of the attention term, appendix A.1).
+    Returns ``StepFlops`` with ``.weights`` (2 P b), ``.attention`` (b A s) and ``.total``.
+    """
+    batch = integer("batch", batch)
+    tokens = retained_tokens(shape, context)
+    return StepFlops(weights=2 * shape.params * batch,
+                     attention=batch * attention_flops_per_token(shape) * tokens)
+
+
+def step_time_floor(shape: ModelShape, hw, batch: int, context: int, w_p: float = 2, w_kv: float = 2,
+                    placement: str = "striped") -> float:
+    """Roofline floor of one decode step in seconds (seed 004, appendix C.4 (ii); seed 000, 9.3):
+
+        T_step >= max(B(s, b) / beta_eff, F(s, b) / peak)
+
+    Decode sits far below the ridge, so the byte term is the floor in every case the seeds work.
+    """
+    hw = _device(hw)
+    read = step_bytes(shape, batch, context, w_p, w_kv).total / effective_bandwidth(hw, placement)
+    compute = step_flops(shape, batch, context).total / hw.bf16_flops
+    return max(read, compute)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Whether weights plus cache fit in HBM. Truthy when they fit; ``str`` says by how much."""
+
+    weights: float
+    kv: float
+    available: float
+
+    @property
+    def needed(self) -> float:
+        return self.weights + self.kv
+
+    @property
+    def shortfall(self) -> float:
+        """Bytes missing for the configuration to fit (0 when it fits)."""
+        return max(0.0, self.needed - self.available)
+
+    def __bool__(self) -> bool:
+        return self.needed <= self.available
+
+    def __str__(self) -> str:
+        head = f"needs {_gb(self.needed)}, {_gb(self.available)} available"
+        if self:
+            return f"{head} ({_gb(self.available - self.needed)} to spare)"
+        return f"{head}: does not fit by {_gb(self.shortfall)} ({self.shortfall:,.0f} bytes)"
+
+
+def admitted(shape: ModelShape, hw, batch: int, context: int, w_p: float = 2, w_kv: float = 2,
+             devices: int = 1) -> Admission:
+    """Do P w_p + b s K bytes fit in the HBM of ``devices`` accelerators? (seed 000, 9.3; seed 004, Table 5)"""
+    hw = _device(hw)
+    devices = integer("devices", devices)
+    need = step_bytes(shape, batch, context, w_p, w_kv)
+    return Admission(weights=need.weights, kv=need.kv, available=devices * hw.hbm_bytes)
+
+
+@dataclass(frozen=True)
+class FloorRow:
+    """One row of seed 000's Table 9.1; ``step_time`` and ``tokens_per_s`` are None when not admitted."""
+
+    batch: int
+    context: int
+    weight_bytes: float
+    kv_bytes: float
+    admission: Admission
+    step_time: float | None
+    tokens_per_s: float | None
+
+
+def decode_floor_table(shape: ModelShape, hw, cases, params: float | None = None, w_p: float = 2,
+                       w_kv: float = 2, placement: str = "striped") -> list[FloorRow]:
+    """Rows of seed 000's Table 9.1 for ``cases``, an iterable of (B sequences, T tokens each).
+
+    Each row carries weight bytes P w_p, KV bytes B T K, the step floor B(T, B) / beta, and the
+    ideal rate B / T_step over all sequences, or None for both where the row is not admitted.
+    ``params`` overrides ``shape.params`` (Table 9.1 uses 8e9 for its 8B model).
+    """
+    shape = _model(shape)
+    if params is not None:
+        shape = dataclasses.replace(shape, params=_positive("params", params))
+    rows = []
+    for batch, context in cases:
+        fit = admitted(shape, hw, batch, context, w_p, w_kv)
+        step = step_time_floor(shape, hw, batch, context, w_p, w_kv, placement) if fit else None
+        rows.append(FloorRow(batch, context, fit.weights, fit.kv, fit, step,
+                             batch / step if step else None))
+    return rows
+
+
+# --------------------------------------------------------------------------- intensity and ridge
+
+
+def arithmetic_intensity(shape: ModelShape, context: int, batch: int, w_p: float = 2, w_kv: float = 2) -> float:
+    """AI(s, b) = F(s, b) / B(s, b) = b (2P + A s) / (P w_p + b s K), FLOP per byte (seed 004, Eq. 7)."""
+    return step_flops(shape, batch, context).total / step_bytes(shape, batch, context, w_p, w_kv).total
+
+
+def kv_intensity_floor(shape: ModelShape, w_kv: float = 2) -> float:
+    """lim_{s -> inf} AI(s, b) = A / K = 2g / w_kv, whatever the batch (seed 004, Prop. 3.1(ii), Eq. 8)."""
+    return attention_flops_per_token(shape) / kv_bytes_per_token(shape, w_kv)
+
+
+def batch_intensity_ceiling(shape: ModelShape, context: int, w_p: float = 2, w_kv: float = 2) -> float:
+    """sup_b AI(s, b) = A / K + (2 / w_p) s*(1) / s, the most batching can give at context s
+    (seed 004, Prop. 3.1(iv)). Dense weights only: a window is not applied here.
+    """
+    context = integer("context", context)
+    s_star = shape.params * _positive("w_p", w_p) / kv_bytes_per_token(shape, w_kv)
+    return kv_intensity_floor(shape, w_kv) + (2 / w_p) * s_star / context
+
+
+def fixed_point_batch(shape: ModelShape, w_p: float = 2, w_kv: float = 2) -> float:
+    """b-dagger = g w_p / w_kv (= A w_p / (2K)): the batch at which AI(s, b) does not depend on s
+    (seed 004, Eq. 9, Prop. 3.1(iii)). Below it AI rises with s, above it AI falls.
+    """
+    return kv_intensity_floor(shape, w_kv) * _positive("w_p", w_p) / 2
+
+
+def ridge_point(hw) -> float:
+    """I* = peak dense bf16 FLOP/s over aggregate HBM bytes/s (seed 004, Table 3, appendix B.4)."""
+    return _device(hw).ridge_point
+
+
+def ridge_batch(hw, w_p: float = 2) -> float:
+    """b = I* w_p / 2, the batch at which the weight products alone reach the ridge
+    (seed 004, section 1.1 and Prop. 3.3(iii); seed 000, 9.3).
+    """
+    return ridge_point(hw) * _positive("w_p", w_p) / 2
+
+
+# --------------------------------------------------------------------------- crossovers
+
+
+def crossover_context(shape: ModelShape, batch: int = 1, w_p: float = 2, w_kv: float = 2) -> float:
+    """s*(b) = P w_p / (b K): the context above which KV bytes exceed weight bytes per step
+    (seed 004, Eq. 12, Table 4, appendix B.3). s*(b) = s*(1) / b (Prop. 3.3(ii)).
+
+    For a sliding-window shape whose window is shorter than s*(b) the cache never catches up:
+    returns ``math.inf``.
+    """
+    batch = integer("batch", batch)
+    s_star = shape.params * _positive("w_p", w_p) / (batch * kv_bytes_per_token(shape, w_kv))
+    return math.inf if shape.window and s_star > shape.window else s_star
+
+
+def capacity_context(shape: ModelShape, hw, w_p: float = 2, w_kv: float = 2, batch: int = 1,
+                     devices: int = 1) -> float | None:
+    """s_cap = (M - P w_p) / (b K): the longest context whose cache fits beside the weights
+    (seed 004, Eq. 13, appendix B.3). None where the weights alone do not fit (M <= P w_p).
+
+    For a sliding-window shape whose whole window fits, every context fits: returns ``math.inf``.
+    """
+    hw = _device(hw)
+    batch, devices = integer("batch", batch), integer("devices", devices)
+    free = devices * hw.hbm_bytes - shape.params * _positive("w_p", w_p)
+    if free <= 0:
+        return None
+    per_token = batch * kv_bytes_per_token(shape, w_kv)
+    if shape.window and free >= shape.window * per_token:
+        return math.inf
+    return free / per_token
+
+
+def free_beside_weights(shape: ModelShape, hw, w_p: float = 2, devices: int = 1) -> float:
+    """M - P w_p: bytes left for the cache once the weights are loaded (negative when they do not fit).
+    The margin behind s_cap (seed 004, Eq. 13). Pass ``hardware.exposed_memory(hw)`` for the memory
+    the driver really reports, or a shape with ``params=shape.counted_params()`` for unrounded weights.
+    """
+    hw = _device(hw)
+    devices = integer("devices", devices)
+    return devices * hw.hbm_bytes - _model(shape).params * _positive("w_p", w_p)
+
+
+def max_batch(shape: ModelShape, hw, context: int, w_p: float = 2, w_kv: float = 2, devices: int = 1) -> int:
+    """The largest batch b of ``context``-token sequences with P w_p + b s K <= M: what admission
+    allows (seed 000, 9.3; seed 004, Eq. 13 solved for b). 0 when not even one sequence fits.
+    """
+    context = integer("context", context)
+    free = free_beside_weights(shape, hw, w_p, devices)
+    if free <= 0:
+        return 0
+    per_sequence = retained_tokens(shape, context) * kv_bytes_per_token(shape, w_kv)
+    return int(free // per_sequence)
+
+
+@dataclass(frozen=True)
+class AdmittedRate:
+    """The most sequences admission allows at one context, their step floor and their token rate
+    (None for both when not even one sequence fits)."""
+
+    batch: int
+    step_time: float | None
+    tokens_per_s: float | None
+
+
+def admitted_rate(shape: ModelShape, hw, context: int, w_p: float = 2, w_kv: float = 2,
+                  devices: int = 1) -> AdmittedRate:
+    """Decode at the largest admitted batch: ``max_batch`` and its ``step_time_floor``.
+
+    This is where KV compression pays in the weight-bound regime (the scope of seed 004's design
+    rule 3): at a fixed batch, dividing KV bytes barely shortens a step when s < s*, but where
+    capacity binds it admits a larger batch at about the same step floor. Llama-3-70B on a B200 at
+    128k: 1 sequence in bf16, 4 with a 4-bit cache, hence about 4x the tokens/s.
+    """
+    batch = max_batch(shape, hw, context, w_p, w_kv, devices)
+    if batch == 0:
+        return AdmittedRate(0, None, None)
+    hw = _device(hw)
+    if devices > 1:  # the step's bytes are read by all devices' HBM together
+        hw = dataclasses.replace(hw, hbm_bytes_per_s=devices * hw.hbm_bytes_per_s,
+                                 die_bytes_per_s=devices * hw.die_bytes_per_s, bf16_flops=devices * hw.bf16_flops)
+    step = step_time_floor(shape, hw, batch, context, w_p, w_kv)
+    return AdmittedRate(batch, step, batch / step)
+
+
+def kv_fraction(shape: ModelShape, context: int, batch: int, w_p: float = 2, w_kv: float = 2) -> float:
+    """eta(s, b) = b s K / B(s, b), the KV share of step bytes; equals s / (s + s*(b))
+    (seed 004, Prop. 3.3(i)).
+    """
+    b = step_bytes(shape, batch, context, w_p, w_kv)
+    return b.kv / b.total
+
+
+def compression_speedup(c: float, context: int, s_star: float) -> float:
+    """S(c; s, b) = c (s + s*(b)) / (s + c s*(b)): step speedup from dividing KV bytes by c
+    (seed 004, Eq. 14, Prop. 3.4(i)). 1 < S < c for c > 1; S -> c as s -> inf.
+
+    Pass the crossover of the batch in question, ``crossover_context(shape, batch)``; an infinite
+    crossover (a window that never catches up) gives S = 1.
+    """
+    c = _positive("c", c)
+    context = integer("context", context)
+    if _real("s_star", s_star) == math.inf:
+        return 1.0
+    s_star = _positive("s_star", s_star)
+    return c * (context + s_star) / (context + c * s_star)
+
+
+# --------------------------------------------------------------------------- placement on dies
+
+
+def effective_bandwidth(hw, placement: str = "striped") -> float:
+    """beta_eff of KV reads under a page placement (seed 004, Eq. 10, Prop. 3.6, appendix A.4).
+
+    A read with local fraction gamma takes max(gamma x / beta_p, (1 - gamma) x / beta_f):
+    ``"pinned"`` (gamma = 1) gives the per-die beta_p; ``"striped"`` (gamma = 1 / D) gives
+    min(beta_agg, D / (D - 1) beta_f). An undisclosed fabric rate (MI300X) is taken not to bind
+    (Remark 3.7). A single-die package reaches beta_agg either way.
+
+    The choice is the seed's model, not an engine's: in their default modes a B200 and an MI300X
+    interleave physical addresses across all HBM stacks, so every allocation is striped and a block
+    manager cannot pin a page to one die. Only partitioned modes (MI300X's NPS4 memory partitions
+    with CPX compute partitions) make memory local to a part of the package, and each part
+    is then a separate device with its share of the bandwidth.
+    """
+    hw, placement = _device(hw), _placement(placement)
+    if hw.dies == 1:
+        return hw.hbm_bytes_per_s
+    if placement == "pinned":
+        return hw.die_bytes_per_s
+    if hw.fabric_bytes_per_s is None:
+        return hw.hbm_bytes_per_s
+    return min(hw.hbm_bytes_per_s, hw.dies / (hw.dies - 1) * hw.fabric_bytes_per_s)
+
+
+def rate_ceiling(shape: ModelShape, hw, placement: str = "striped", w_kv: float = 2) -> float:
+    """R_inf = beta_eff / K, the limit of s b / T_step as s -> inf: context times token rate is a
+    hardware constant (seed 004, Eq. 11, Corollary 3.8, appendix B.4). Tokens/s.
+    """
+    return effective_bandwidth(hw, placement) / kv_bytes_per_token(shape, w_kv)
+
+
+# --------------------------------------------------------------------------- footprint
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """KV bytes stored (``total``), split into those resident in HBM and those on other tiers."""
+
+    total: float
+    hbm: float
+
+    @property
+    def offloaded(self) -> float:
+        return self.total - self.hbm
+
+
+def footprint(shape: ModelShape, context: int, batch: int, w_q: float = 2, retention: float = 1.0,
+              fragmentation: float = 0.0, sharing: float = 1.0, hbm_fraction: float = 1.0) -> Footprint:
+    """The unified KV footprint model (seed 004, Eq. 4, section 2.2):
+
+        M_kv = b s r (2 L n_kv d_h w_q) / ((1 - phi) sigma),   M_hbm = lambda M_kv
+
+    Each mitigation domain sets one factor: quantization the stored width ``w_q`` (bytes per element,
+    0.25 for 2-bit), eviction the ``retention`` r in (0, 1], paging the ``fragmentation`` phi in [0, 1)
+    (the fraction of allocated cache memory wasted), prefix caching the ``sharing`` sigma >= 1, and
+    tiering the HBM-resident fraction ``hbm_fraction`` lambda in [0, 1]. Eq. (4) itself is not in the
+    seed's text; phi as a wasted fraction is this module's reading of section 2.5.
+    """
+    w_q = _positive("w_q", w_q)
+    batch = integer("batch", batch)
+    tokens = retained_tokens(shape, context)
+    r = _between("retention", retention, 0, 1, low_open=True)
+    phi = _between("fragmentation", fragmentation, 0, 1, high_open=True)
+    sigma = _between("sharing", sharing, 1, math.inf, high_open=True)
+    lam = _between("hbm_fraction", hbm_fraction, 0, 1)
+    total = batch * tokens * kv_bytes_per_token(shape, w_q) * r / ((1 - phi) * sigma)
+    return Footprint(total=total, hbm=lam * total)
+
+
+def sharing_factor(prefix_tokens: int, suffix_tokens: int, requests: int) -> float:
+    """sigma = n (p + u) / (p + n u) for n requests sharing one p-token prefix, each with its own
+    u-token suffix: unshared bytes over shared bytes (seed 004, section 2.6, appendix B.5).
+    """
+    p = integer("prefix_tokens", prefix_tokens, 0)
+    u = integer("suffix_tokens", suffix_tokens, 0)
+    n = integer("requests", requests)
+    if p + u == 0:
+        raise ValueError("prefix_tokens + suffix_tokens must be >= 1, got 0")
+    return n * (p + u) / (p + n * u)
+
+
+# --------------------------------------------------------------------------- prefill and transfer
+
+
+def prefill_flops(shape: ModelShape, tokens: int, hit_rate: float = 0.0) -> float:
+    """FLOPs to encode the uncached part of an s-token prompt when a fraction h is already cached
+    (seed 004, appendix A.3, section 4.5):
+
+        F = 2 P s (1 - h) + 2 L n_q d_h s^2 (1 - h^2)
+
+    The weight term is linear in the new tokens. New position i attends over i tokens for A i FLOPs;
+    summed over i = hs..s that is A (s^2 - (hs)^2) / 2, hence 1 - h^2. Full causal attention (no
+    window) is assumed.
+    """
+    shape = _model(shape)
+    s = integer("tokens", tokens)
+    h = _between("hit_rate", hit_rate, 0, 1)
+    weights = 2 * shape.params * s * (1 - h)
+    attention = attention_flops_per_token(shape) / 2 * s**2 * (1 - h**2)
+    return weights + attention
+
+
+def prefill_time(shape: ModelShape, hw, tokens: int, mfu: float = 0.7, hit_rate: float = 0.0,
+                 prefix_tokens: int = 0) -> float:
+    """Time to first token, prefill_flops / (mu * peak) in seconds, at model FLOP utilization mu
+    (seed 004, appendix A.3 and C.4 (iii): mu = 0.70). Give the cached share either as
+    ``hit_rate`` h or as ``prefix_tokens`` (h = prefix_tokens / tokens), not both.
+    """
+    hw = _device(hw)
+    tokens = integer("tokens", tokens)
+    mu = _between("mfu", mfu, 0, 1, low_open=True)
+    prefix = integer("prefix_tokens", prefix_tokens, 0)
+    if prefix > tokens:
+        raise ValueError(f"prefix_tokens must be in [0, tokens={tokens}], got {prefix}")
+    if prefix and hit_rate:
+        raise ValueError("give the cached share as hit_rate or as prefix_tokens, not both")
+    h = prefix / tokens if prefix else hit_rate
+    return prefill_flops(shape, tokens, h) / (mu * hw.bf16_flops)
+
+
+def transfer_time(nbytes: float, link_bytes_per_s: float, codec: float = 1.0) -> float:
+    """Seconds to move ``nbytes`` over a link, x / (codec * beta_link), where ``codec`` is the
+    transport codec's size reduction (seed 004, section 2.7, appendix B.5; CacheGen's is about 4).
+    """
+    return _positive("nbytes", nbytes) / (_positive("codec", codec) * _positive("link_bytes_per_s", link_bytes_per_s))
+
+
+def _link(value) -> Link:
+    if isinstance(value, Link):
+        return value
+    if isinstance(value, str):
+        return link(value)
+    raise TypeError(f"link must be a Link or one of {', '.join(LINKS)}, got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class RecomputeOrSwap:
+    """Per-token cost of getting a preempted request's cache back (section 9.5), both ways.
+
+    ``recompute`` = 2 P_active / F: its prefill multiplies every token by every (active) weight;
+    the attention term, which grows with the request, only adds to it. ``swap`` = 2 K / beta_link:
+    each cache byte crosses the host link once out and once back, each way at the one-way rate.
+    Recompute wins only when P / K < F / beta_link, i.e. ``ratio`` = recompute / swap < 1.
+    """
+
+    shape: str
+    device: str
+    link: str
+    recompute: float
+    swap: float
+    params_per_kv_byte: float
+    flops_per_link_byte: float
+
+    @property
+    def ratio(self) -> float:
+        """recompute / swap per token: (P / K) / (F / beta); above 1, swap is cheaper."""
+        return self.recompute / self.swap
+
+    @property
+    def cheaper(self) -> str:
+        return "swap" if self.ratio > 1 else "recompute"
+
+
+def recompute_or_swap(shape: ModelShape, hw, link=None, w_kv: float = 2, mfu: float = 1.0) -> RecomputeOrSwap:
+    """Recompute against swap per token, at the arithmetic level (section 9.5).
+
+    ``hw`` supplies the FLOP rate F (dense bf16 peak times ``mfu``) and, unless ``link`` (a
+    ``LINKS`` key or a ``Link``) is given, its host link. Short requests do not favour recompute:
+    both costs are per token, and a short prefill still reads every weight. What this omits is how
+    efficiently the link is used: many small copies (small blocks) reach a fraction of its rate,
+    which ``paged_decode.measure_host_copy`` measures.
+    """
+    shape, hw = _model(shape), _device(hw)
+    mu = _between("mfu", mfu, 0, 1, low_open=True)
+    if link is None:
+        if hw.host_link is None:
+            raise ValueError(f"{hw.name} has no host_link recorded; pass link= one of {', '.join(LINKS)}")
+        link = hw.host_link
+    chosen = _link(link)
+    flops = mu * hw.bf16_flops
+    k = kv_bytes_per_token(shape, w_kv)
+    return RecomputeOrSwap(
+        shape=shape.name, device=hw.name, link=chosen.name,
+        recompute=2 * shape.params_per_token / flops, swap=2 * k / chosen.bytes_per_s_each_way,
+        params_per_kv_byte=shape.params_per_token / k, flops_per_link_byte=flops / chosen.bytes_per_s_each_way)
+
+
+# --------------------------------------------------------------------------- design rules
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """One step of the decision procedure: the rule (1-8 of seed 004, section 6.2), the domain it
+    concerns, the advice (which may be to leave the domain alone), and the numbers behind it.
+    """
+
+    rule: int
+    domain: str
+    advice: str
+    reason: str
+
+
+def _regime(context: int, s_star: float, s_cap: float | None) -> str:
+    if s_cap is None or context > s_cap:
+        return "beyond capacity"
+    return "weight-bound" if context < s_star else "KV-bound"
+
+
+def recommend(shape: ModelShape, hw, context: int, batch: int, quality_budget: str,
+              retrieval_critical: bool = False) -> list[Recommendation]:
+    """The eight design rules of seed 004, section 6.2, applied in order (its Algorithm 1).
+
+    ``quality_budget`` is the accuracy the deployment may give up for speed:
+      - ``"none"``: lossless domains only (paging, prefix caching, tiering, placement);
+      - ``"small"``: also KV quantization to 8 or 4 bits, reported near-free (section 4.3);
+      - ``"moderate"``: also 2-bit KV with structure-aware layouts and eviction down to r = 0.5,
+        each validated on position-sensitive (needle-style) probes.
+    ``retrieval_critical`` traffic is never evicted (rule 5). BF16 weights and cache are assumed.
+    Returns one ``Recommendation`` per rule that applies to this (shape, device, s, b).
+    """
+    shape, hw = _model(shape), _device(hw)
+    if quality_budget not in QUALITY_BUDGETS:
+        raise ValueError(f"quality_budget must be one of {QUALITY_BUDGETS}, got {quality_budget!r}")
+    context, batch = integer("context", context), integer("batch", batch)
+    s_star = crossover_context(shape, batch)
+    s_cap = capacity_context(shape, hw, batch=batch)
+    regime = _regime(context, s_star, s_cap)
+    cap = "none (the weights alone do not fit)" if s_cap is None else f"{s_cap:,.0f} tokens"
+    recs = [
+        Recommendation(1, "regime", f"{regime}: choose techniques for this regime",
+                       f"on {hw.name}: s = {context:,}, s*({batch}) = {s_star:,.0f}, s_cap = {cap}"),
+        Recommendation(2, "paging", "enable always", "lossless; raises the feasible batch, not decode speed"),
+        Recommendation(2, "prefix caching", "enable always",
+                       "lossless; divides stored bytes by sigma and skips prefill of shared tokens"),
+    ]
+    byte_factor = 1.0
+    if context < s_star:
+        recs.append(Recommendation(
+            3, "weights and batching",
+            "do not compress the KV cache for speed at this batch; spend effort on prefill, batching and "
+            "weight precision",
+            f"s < s*: even 4-bit KV (c = 4) would give only {compression_speedup(4, context, s_star):.2f}x at "
+            f"b = {batch}; {_rule3_scope(shape, hw, context)}"))
+    else:
+        byte_factor = _quantize(recs, quality_budget, context, s_star)
+        byte_factor = _evict(recs, quality_budget, retrieval_critical, context, s_star, byte_factor)
+    if regime == "beyond capacity":
+        recs.append(_tier(shape, hw, batch, context, byte_factor))
+    if hw.dies > 1:
+        gain = effective_bandwidth(hw, "striped") / effective_bandwidth(hw, "pinned")
+        recs.append(Recommendation(7, "placement",
+                                   "keep KV reads striped across dies (default memory modes interleave "
+                                   "addresses across all stacks; partitioned modes pin)",
+                                   f"{hw.dies} dies: striping reads {gain:.1f}x faster than pinning (Eq. 11)"))
+    recs.append(Recommendation(
+        8, "re-evaluation", "recompute s*, s_cap and the ridge on every model, hardware or workload change",
+        "s* moves as 1/b with batch; s_cap and the ridge move with the device"))
+    return recs
+
+
+def _rule3_scope(shape: ModelShape, hw: Accelerator, context: int) -> str:
+    """Where capacity binds, compression admits a larger batch at about the same step floor."""
+    bf16, int4 = max_batch(shape, hw, context), max_batch(shape, hw, context, w_kv=0.5)
+    if int4 <= bf16 or int4 == 0:
+        return f"capacity admits {bf16} sequences in bf16 and no more with 4-bit KV"
+    return (f"but capacity admits {bf16} sequence{'s' * (bf16 != 1)} in bf16 and {int4} with 4-bit KV: "
+            f"compress if the batch is capacity-bound")
+
+
+def _quantize(recs: list, budget: str, context: int, s_star: float) -> float:
+    """Rule 4: above s*, quantize first, as far as the quality budget allows. Returns the byte factor."""
+    if budget == "none":
+        recs.append(Recommendation(4, "quantization", "do not quantize: the quality budget allows no loss",
+                                   f"4-bit KV would give {compression_speedup(4, context, s_star):.2f}x"))
+        return 1.0
+    if budget == "small":
+        c, what = 4, "4-bit KV, per-channel keys, outliers isolated"
+    else:
+        c, what = 8, "2-bit KV with a structure-aware layout, validated on position-sensitive probes"
+    recs.append(Recommendation(4, "quantization", what,
+                               f"s >= s*: c = {c} gives {compression_speedup(c, context, s_star):.2f}x (Eq. 14)"))
+    return float(c)
+
+
+def _evict(recs: list, budget: str, retrieval_critical: bool, context: int, s_star: float, c: float) -> float:
+    """Rule 5: evict only when the workload tolerates it, never below r = 0.5 without a needle test."""
+    if retrieval_critical:
+        recs.append(Recommendation(5, "eviction", "do not evict", "retrieval-critical traffic loses evicted positions"))
+        return c
+    if budget != "moderate":
+        recs.append(Recommendation(5, "eviction", "do not evict", f"quality budget {budget!r} excludes eviction"))
+        return c
+    joint = compression_speedup(2 * c, context, s_star)
+    recs.append(Recommendation(5, "eviction", "retain r >= 0.5; run a needle-style evaluation before going lower",
+                               f"joint byte factor {2 * c:g} gives {joint:.2f}x"))
+    return 2 * c
+
+
+def _tier(shape: ModelShape, hw: Accelerator, batch: int, context: int, byte_factor: float) -> Recommendation:
+    """Rule 6: beyond s_cap, tier or shard, saying what is missing with and without compression."""
+    reason = f"BF16 {admitted(shape, hw, batch, context)}"
+    if byte_factor > 1:
+        compressed = admitted(shape, hw, batch, context, w_kv=2 / byte_factor)
+        reason += f"; with KV bytes divided by {byte_factor:g} it {compressed}"
+    return Recommendation(
+        6, "tiering", "tier or shard; codecs on every cross-link transfer; never read per-step KV from a remote tier",
+        reason)
