@@ -17,7 +17,8 @@ from kvlab.versions import warn_if_below_floor
 __version__ = "0.1.0"
 warn_if_below_floor()
 
-_LAZY = {name: "decode" for name in ("naive_decode", "cached_decode", "static_decode", "profile_decode")}
+_LAZY = {name: "decode" for name in ("naive_decode", "cached_decode", "static_decode")}
+_LAZY["profile_decode"] = "lab.decode_timing"
 _LAZY["explore"] = "show.widgets"
 _LAZY.update(trained_model="lab.trained", trained_tokenizer="lab.trained")
 _SUBMODULES = {"cache", "decode", "kernels", "lab", "serving", "show", "theory", "versions"}

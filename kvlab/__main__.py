@@ -55,10 +55,12 @@ def _diagnose(args) -> int:
     import torch
 
     import kvlab
-    from kvlab.lab.diagnose import METHODS, Target, diagnose
+    from kvlab.lab.diagnose import diagnose
+    from kvlab.theory.verdict import Target
+    from kvlab.theory.work import STEP_METHODS
 
-    if args.method not in METHODS:
-        print(f"--method must be one of {METHODS}, got {args.method!r}", file=sys.stderr)
+    if args.method not in STEP_METHODS:
+        print(f"--method must be one of {STEP_METHODS}, got {args.method!r}", file=sys.stderr)
         return 2
     try:
         if args.batch < 1 or args.context < 1 or args.new_tokens < 1:
@@ -76,7 +78,7 @@ def _diagnose(args) -> int:
         print(f"model: {model.shape.name}, {model.dtype}")
         print(diagnose(model, prompt, args.new_tokens, method=args.method, target=target, progress=True))
         if args.save_traces:
-            from kvlab.lab.diagnose import trace_step
+            from kvlab.lab.step_trace import trace_step
 
             traces = {m: trace_step(model, prompt, method=m).to_json() for m in ("cached", "static")}
             with open(args.save_traces, "w") as f:

@@ -72,3 +72,49 @@ def positive(name: str, value) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
+
+
+def real(name: str, value) -> float:
+    """``value`` as a float; a TypeError for anything but a real number (bools included)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def between(name: str, value, low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> float:
+    """``value`` as a real number in the interval [low, high], with either end open on request."""
+    x = real(name, value)
+    above = x > low if low_open else x >= low
+    below = x < high if high_open else x <= high
+    if not (above and below):
+        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        raise ValueError(f"{name} must be in {interval}, got {value!r}")
+    return x
+
+
+def named_shapes(layouts: dict, **tensors) -> dict:
+    """Each tensor must be a floating ``torch.Tensor`` whose dimensions are the axes its layout names
+    (``layouts[name] == "[batch, dim, length]"``); axes of one name must have one size, and all
+    tensors one device. ``None`` is skipped (an optional argument). Returns ``{axis: size}``."""
+    import torch
+
+    sizes = {}
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor {layouts[name]}, got {type(t).__name__}")
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+        axes = layouts[name].strip("[]").split(", ")
+        if t.dim() != len(axes):
+            raise ValueError(f"{name} must have {len(axes)} dimensions {layouts[name]}, got shape {tuple(t.shape)}")
+        for axis, size in zip(axes, t.shape):
+            size = int(size)
+            if sizes.setdefault(axis, (size, name))[0] != size:
+                raise ValueError(f"{name} has {axis}={size} but {sizes[axis][1]} has {axis}={sizes[axis][0]} "
+                                 f"({name} is {layouts[name]})")
+    devices = {t.device for t in tensors.values() if t is not None}
+    if len(devices) > 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    return {axis: size for axis, (size, _) in sizes.items()}

@@ -1,4 +1,4 @@
-"""Three decode loops over a Hugging Face causal LM, and the work each one does (sections 9.1 and 9.2).
+"""Notebooks 01 and 02, the decode loop and cache reuse (sections 9.1 and 9.2): three decode loops.
 
 - ``naive_decode`` reruns the model over the whole growing sequence for every new token.
 - ``cached_decode`` runs the prompt once (prefill), keeps each layer's keys and values in a cache,
@@ -10,58 +10,21 @@ All three take ``(model, input_ids, max_new_tokens, attention_mask=None)``, deco
 ``max_new_tokens`` steps (no stop token), and return only the generated ids ``[batch, max_new_tokens]``.
 Left-padded batches work: positions come from the mask, as ``model.generate`` computes them.
 
-Each loop is written as a generator of per-step tokens, so ``profile_decode`` can time the very same
-code that produces the tokens.
+Each loop is written as a generator of per-step tokens; ``decode_steps`` hands that generator out
+(validated), so ``kvlab.lab.decode_timing.profile_decode`` times the very code that produces the
+tokens. The loops follow the Decode and KV Cache chapter, 2026, sections 9.1 and 9.2, on Hugging
+Face models and caches (Wolf et al. 2020); the work each does, in closed form, is
+``kvlab.theory.work``; CUDA-graph replay is the PyTorch CUDA Graphs documentation's.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
 import torch
 
-from kvlab._checks import integer
-from kvlab.versions import cache_kwargs, returned_cache, takes
+from kvlab._checks import integer, one_of, require_memory
+from kvlab.versions import cache_kwargs, last_logits_only, returned_cache, takes
 
 METHODS = ("naive", "cached", "static")
-
-
-# --- the work each loop does (section 9.1) -------------------------------------------------------
-
-def _check_pg(P, G, cached=False):
-    integer("P", P, 1)
-    integer("G", G, 0)
-    if not isinstance(cached, bool):
-        raise TypeError(f"cached must be True or False, got {cached!r}")
-
-
-def positions_processed(P: int, G: int, cached: bool = False) -> int:
-    """Token positions the per-token layer work (projections, MLP) touches to generate G tokens.
-
-    Without a cache the j-th pass reruns all P + j positions: sum_{j<G} (P + j) = G*P + G(G-1)/2.
-    With a cache, prefill runs P positions and each of the G - 1 later steps runs one: P + G - 1.
-    """
-    _check_pg(P, G, cached)
-    if G == 0:
-        return 0
-    return P + G - 1 if cached else G * P + G * (G - 1) // 2
-
-
-def attention_work(P: int, G: int, cached: bool = False) -> int:
-    """Query-key pairs dense full-prefix attention scores to generate G tokens (section 9.1).
-
-    Without a cache each pass over n = P + j positions scores n * n pairs:
-    sum_{j<G} (P + j)^2 = G P^2 + P G (G-1) + G (G-1)(2G-1)/6.
-    With a cache, prefill scores P * P pairs and the j-th decode step P + j (its one query against
-    the history including itself): P^2 + (G-1) P + G (G-1)/2.
-    """
-    _check_pg(P, G, cached)
-    if G == 0:
-        return 0
-    if cached:
-        return P * P + (G - 1) * P + G * (G - 1) // 2
-    return G * P * P + P * G * (G - 1) + G * (G - 1) * (2 * G - 1) // 6
 
 
 # --- input checks and the plumbing shared by the loops ------------------------------------------
@@ -99,12 +62,6 @@ def _positions(mask):
     return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
 
 
-def _last_logits_only(model) -> dict:
-    """Ask for the last position's logits only: a greedy pick needs no more, and a long prompt's
-    full [batch, P, vocab] logits would cost more memory than its KV cache."""
-    return {"logits_to_keep": 1} if takes(model, "logits_to_keep") else {}
-
-
 def _greedy(logits):
     return logits[:, -1].argmax(dim=-1, keepdim=True)
 
@@ -117,7 +74,7 @@ def _empty(input_ids):
 
 @torch.inference_mode()
 def _naive_steps(model, input_ids, max_new_tokens, mask):
-    ids, last = input_ids, _last_logits_only(model)
+    ids, last = input_ids, last_logits_only(model)
     for _ in range(max_new_tokens):
         logits = model(ids, attention_mask=mask, position_ids=_positions(mask), use_cache=False, **last).logits
         token = _greedy(logits)
@@ -133,7 +90,7 @@ def _cached_steps(model, input_ids, max_new_tokens, mask, cache=None):
     # sink and quantized caches); None lets the model create its own DynamicCache.
     given = {} if cache is None else cache_kwargs(model, cache)
     out = model(input_ids, attention_mask=mask, position_ids=position, use_cache=True, **given,
-                **_last_logits_only(model))
+                **last_logits_only(model))
     kw = cache_kwargs(model, returned_cache(out))
     token = _greedy(out.logits)
     yield token
@@ -153,7 +110,7 @@ def _cached_steps(model, input_ids, max_new_tokens, mask, cache=None):
 COMPILE_OPTIONS = dict(mode="reduce-overhead", fullgraph=True)
 
 
-class _StaticStep:
+class StaticStep:
     """One decode step on a preallocated cache, with every input at a fixed shape and address.
 
     On a GPU the step is compiled with ``mode="reduce-overhead"``: torch.compile fuses what it can and
@@ -170,7 +127,8 @@ class _StaticStep:
         return _greedy(logits)
 
 
-def _static_cache(model, batch, max_len):
+def new_static_cache(model, max_len: int):
+    """transformers' ``StaticCache`` for ``model`` with ``max_len`` slots per layer, allocated up front."""
     from transformers import StaticCache
 
     return StaticCache(config=model.config, max_cache_len=max_len)
@@ -179,8 +137,6 @@ def _static_cache(model, batch, max_len):
 @torch.inference_mode()
 def _require_cache_memory(model, batch: int, tokens: int) -> None:
     """A preallocated cache of ``tokens`` per sequence must fit in free memory (refused by arithmetic)."""
-    from kvlab._checks import require_memory
-
     config = model.config
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -195,7 +151,7 @@ def _static_steps(model, input_ids, max_new_tokens, mask, compile=None):
     if compile is None:
         compile = input_ids.device.type == "cuda"
     _require_cache_memory(model, batch, total)
-    cache = _static_cache(model, batch, total)
+    cache = new_static_cache(model, total)
     # The mask covers the whole cache from the start; a slot becomes visible when its token is written.
     full_mask = torch.zeros((batch, total), dtype=mask.dtype, device=mask.device)
     full_mask[:, :prompt] = mask
@@ -207,11 +163,11 @@ def _static_steps(model, input_ids, max_new_tokens, mask, compile=None):
     with_slots = takes(model, "cache_position")
     prefill = dict(cache_kwargs(model, cache), **({"cache_position": slots} if with_slots else {}))
     out = model(input_ids, attention_mask=full_mask, position_ids=position, use_cache=True, **prefill,
-                **_last_logits_only(model))
+                **last_logits_only(model))
     token = _greedy(out.logits)
     yield token
     slot = slots[-1:].clone()  # updated in place: the compiled step sees one address throughout
-    step = _StaticStep(model, dict(cache_kwargs(model, cache), **({"cache_position": slot} if with_slots else {})),
+    step = StaticStep(model, dict(cache_kwargs(model, cache), **({"cache_position": slot} if with_slots else {})),
                        compile)
     position = position[:, -1:].clone()
     for i in range(max_new_tokens - 1):
@@ -240,7 +196,7 @@ def _check_model_inputs(model, input_ids, cache=None, max_new_tokens=0) -> None:
         from transformers.cache_utils import Cache
 
         if not isinstance(cache, Cache):
-            raise TypeError(f"cache must be a transformers Cache (e.g. kvlab.cache.longctx.SinkCache), got "
+            raise TypeError(f"cache must be a transformers Cache (e.g. kvlab.cache.window.SinkCache), got "
                             f"{type(cache).__name__}")
         layers, wanted = getattr(cache, "layers", None), getattr(model.config, "num_hidden_layers", None)
         if layers and wanted is not None and len(layers) != wanted:
@@ -251,19 +207,31 @@ def _check_model_inputs(model, input_ids, cache=None, max_new_tokens=0) -> None:
                              f"{cache.get_seq_length()} tokens")
 
 
-def _run(method, model, input_ids, max_new_tokens, attention_mask, **options):
+def decode_steps(method, model, input_ids, max_new_tokens, attention_mask=None, **options):
+    """The loop ``method`` (one of ``METHODS``) as a generator of ``[batch, 1]`` tokens, one per step.
+
+    Everything is validated here, before the generator exists; the first token comes out of prefill,
+    each later one out of one decode step. Options (``cache=`` for ``cached``, ``compile=`` for
+    ``static``) pass through. ``kvlab.lab.decode_timing.profile_decode`` times each step of it.
+    """
+    one_of("method", method, METHODS)
     mask = _validate(input_ids, max_new_tokens, attention_mask)
     _check_model_inputs(model, input_ids, options.get("cache"), max_new_tokens)
     if max_new_tokens == 0:
-        return _empty(input_ids)
-    tokens = list(_STEPS[method](model, input_ids, max_new_tokens, mask, **options))
-    return torch.cat(tokens, dim=1)
+        return iter(())
+    return _STEPS[method](model, input_ids, max_new_tokens, mask, **options)
+
+
+def _run(method, model, input_ids, max_new_tokens, attention_mask, **options):
+    tokens = list(decode_steps(method, model, input_ids, max_new_tokens, attention_mask, **options))
+    return torch.cat(tokens, dim=1) if tokens else _empty(input_ids)
 
 
 def naive_decode(model, input_ids, max_new_tokens, attention_mask=None):
     """Greedy decode that reruns the model over the full sequence for every token (section 9.2).
 
-    Processes ``positions_processed(P, G)`` token positions. Returns ``[batch, max_new_tokens]``.
+    Processes ``kvlab.theory.work.positions_processed(P, G)`` token positions. Returns
+    ``[batch, max_new_tokens]``.
     """
     return _run("naive", model, input_ids, max_new_tokens, attention_mask)
 
@@ -273,7 +241,7 @@ def cached_decode(model, input_ids, max_new_tokens, attention_mask=None, cache=N
 
     By default the model's own cache class (transformers' ``DynamicCache``) grows by one position per
     layer per step. ``cache`` passes a fresh transformers ``Cache`` to fill instead (section 9.7:
-    ``kvlab.cache.longctx``'s windowed, sink, quantized and latent caches). Returns ``[batch, max_new_tokens]``.
+    the windowed, sink, quantized and latent caches of ``kvlab.cache``). Returns ``[batch, max_new_tokens]``.
     """
     return _run("cached", model, input_ids, max_new_tokens, attention_mask, cache=cache)
 
@@ -287,129 +255,3 @@ def static_decode(model, input_ids, max_new_tokens, attention_mask=None, compile
     captures it as a CUDA graph. Returns ``[batch, max_new_tokens]``.
     """
     return _run("static", model, input_ids, max_new_tokens, attention_mask, compile=compile)
-
-
-# --- timing the loops (section 9.2) --------------------------------------------------------------
-
-@dataclass(frozen=True)
-class DecodeProfile:
-    """Wall-clock anatomy of one decode: time to first token, then one time per later step."""
-
-    method: str
-    batch: int
-    prompt_tokens: int
-    new_tokens: int
-    ttft: float
-    step_times: tuple[float, ...]
-    tokens: torch.Tensor
-
-    @property
-    def total(self) -> float:
-        return self.ttft + sum(self.step_times)
-
-    @property
-    def tpot(self) -> float:
-        """Time per output token after the first (the mean decode step); nan with one token."""
-        return sum(self.step_times) / len(self.step_times) if self.step_times else float("nan")
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Generated tokens per second over the whole request, all sequences of the batch."""
-        return self.batch * self.new_tokens / self.total if self.total > 0 else float("nan")
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        """Tokens per second of the decode steps alone (prefill excluded)."""
-        return self.batch / self.tpot if self.step_times else float("nan")
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def profile_decode(model, input_ids, max_new_tokens, method="cached", attention_mask=None, **options):
-    """Run one decode with ``method`` in ``METHODS`` and time every step of it.
-
-    The first interval (time to first token) covers prefill and the first greedy pick; each later
-    interval one decode step. The device is synchronised at every step, as a streaming server must
-    before it can send the token. Options (``compile=`` for ``static``) pass through.
-    """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    mask = _validate(input_ids, max_new_tokens, attention_mask)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1 for profile_decode, got {max_new_tokens}")
-    _check_model_inputs(model, input_ids, options.get("cache"), max_new_tokens)
-    steps = _STEPS[method](model, input_ids, max_new_tokens, mask, **options)
-    times, tokens = [], []
-    _sync(input_ids.device)
-    start = time.perf_counter()
-    for token in steps:
-        _sync(input_ids.device)
-        now = time.perf_counter()
-        times.append(now - start)
-        tokens.append(token)
-        start = now
-    return DecodeProfile(method, input_ids.shape[0], input_ids.shape[1], max_new_tokens,
-                         times[0], tuple(times[1:]), torch.cat(tokens, dim=1))
-
-
-# --- compilation: a one-time cost against a per-step gain (section 9.2) ----------------------------
-
-def break_even_tokens(compile_seconds: float, step_gain: float) -> float:
-    """Output tokens after which a one-time cost of ``compile_seconds`` is repaid by saving
-    ``step_gain`` seconds per decode step: compile_seconds / step_gain (section 9.2); ``inf`` when
-    the compiled step is not faster. Seconds of compilation against milliseconds per step give
-    thousands of tokens, which is why engines compile once at start-up, not per request.
-    """
-    for name, value in (("compile_seconds", compile_seconds), ("step_gain", step_gain)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            raise TypeError(f"{name} must be a real number of seconds, got {value!r}")
-    if compile_seconds < 0:
-        raise ValueError(f"compile_seconds must be >= 0, got {compile_seconds!r}")
-    return compile_seconds / step_gain if step_gain > 0 else float("inf")
-
-
-@dataclass(frozen=True)
-class CompileBreakEven:
-    """What compilation cost and what it saves per step, from two profiles of one request (section 9.2)."""
-
-    compile_seconds: float
-    eager_step: float
-    compiled_step: float
-
-    @property
-    def step_gain(self) -> float:
-        return self.eager_step - self.compiled_step
-
-    @property
-    def tokens(self) -> float:
-        return break_even_tokens(self.compile_seconds, self.step_gain)
-
-
-def compile_break_even(eager: DecodeProfile, compiled: DecodeProfile, warm: int = 8) -> CompileBreakEven:
-    """Compile cost and per-step gain measured from an eager and a compiled profile of one request.
-
-    Steady steps are the medians after the first ``warm`` steps. The compile (and, on a GPU, graph
-    capture) cost is the compiled run's extra time net of the gain its steady steps already made:
-    (compiled total - eager total) + tokens x gain, so the break-even is exactly where the two runs'
-    cumulative times, extrapolated at their steady steps, cross. It depends on ``warm`` only through
-    the two medians.
-    """
-    import statistics
-
-    warm = integer("warm", warm, 1)
-    for name, p in (("eager", eager), ("compiled", compiled)):
-        if not isinstance(p, DecodeProfile):
-            raise TypeError(f"{name} must be a DecodeProfile (from profile_decode), got {type(p).__name__}")
-        if len(p.step_times) <= warm:
-            raise ValueError(f"{name} has {len(p.step_times)} decode steps; warm={warm} needs more than {warm}")
-    if len(eager.step_times) != len(compiled.step_times):
-        raise ValueError(f"eager and compiled must decode the same number of tokens, got "
-                         f"{len(eager.step_times) + 1} and {len(compiled.step_times) + 1}")
-    t_eager = statistics.median(eager.step_times[warm:])
-    t_compiled = statistics.median(compiled.step_times[warm:])
-    tokens = len(eager.step_times) + 1
-    cost = (compiled.total - eager.total) + tokens * (t_eager - t_compiled)
-    return CompileBreakEven(max(0.0, cost), t_eager, t_compiled)

@@ -127,3 +127,10 @@ def drop_newest(cache, tokens: int = 1) -> None:
 def takes(model, argument: str) -> bool:
     """Whether ``model.forward`` declares ``argument`` (``logits_to_keep``, ``cache_position``, ...)."""
     return argument in _forward_parameters(model)
+
+
+def last_logits_only(model) -> dict:
+    """``{"logits_to_keep": 1}`` where ``model.forward`` takes it, else ``{}``: a greedy pick needs the
+    last position's logits only, and a long prompt's full [batch, P, vocab] logits would cost more
+    memory than its KV cache."""
+    return {"logits_to_keep": 1} if takes(model, "logits_to_keep") else {}

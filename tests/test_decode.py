@@ -1,14 +1,17 @@
-"""The three decode loops against Hugging Face ``generate``, and the closed forms of 9.1 against counting."""
+"""kvlab.decode: the three loops of sections 9.1 and 9.2 decode exactly what Hugging Face ``generate`` decodes
+(greedy, left-padded batches included), process the positions of 9.1's closed form, and refuse bad input.
+"""
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import kvlab
-from kvlab.decode import attention_work, cached_decode, naive_decode, positions_processed, profile_decode, static_decode
+from kvlab.decode import cached_decode, naive_decode, static_decode
+from kvlab.theory.work import positions_processed
+
 
 DECODERS = {"naive": naive_decode, "cached": cached_decode, "static": static_decode}
+
 PROMPT, NEW = 7, 10
 
 
@@ -102,44 +105,6 @@ def test_bad_inputs(model):
             decode(model, ids[0], 3)
 
 
-def test_profile_decode_times_the_same_tokens(model):
-    ids, mask = _prompt(3, True)
-    for method in DECODERS:
-        prof = profile_decode(model, ids, NEW, method=method, attention_mask=mask)
-        assert torch.equal(prof.tokens, cached_decode(model, ids, NEW, attention_mask=mask))
-        assert len(prof.step_times) == NEW - 1
-        assert prof.ttft > 0 and all(t > 0 for t in prof.step_times)
-        assert prof.tokens_per_s == pytest.approx(3 * NEW / prof.total)
-    with pytest.raises(ValueError, match="method must be one of"):
-        profile_decode(model, ids, NEW, method="fast")
-
-
-def _brute_force(P, G, cached):
-    positions = pairs = 0
-    for j in range(G):
-        n = P + j  # the sequence length when the j-th token is predicted
-        if cached and j > 0:
-            positions += 1
-            pairs += n
-        else:
-            positions += n
-            pairs += n * n
-    return positions, pairs
-
-
-@settings(max_examples=200, deadline=None)
-@given(P=st.integers(1, 3000), G=st.integers(0, 600), cached=st.booleans())
-def test_closed_forms_equal_counting(P, G, cached):
-    assert (positions_processed(P, G, cached), attention_work(P, G, cached)) == _brute_force(P, G, cached)
-
-
-def test_closed_forms_reject_bad_sizes():
-    with pytest.raises(ValueError, match="P must be an int >= 1"):
-        positions_processed(0, 5)
-    with pytest.raises(TypeError, match="G must be an int"):
-        attention_work(4, 2.5)
-
-
 def test_compiled_static_step_is_one_graph_with_no_recompiles(model, monkeypatch):
     """What CUDA-graph replay needs (section 9.2): the step traced whole (fullgraph=True) and compiled
     once for 20 steps, on a batch with left padding; the tokens equal the cached loop's."""
@@ -184,3 +149,57 @@ def test_static_loop_passes_cache_position_to_a_model_that_declares_it(model):
     assert torch.equal(static_decode(Declares(model), ids, 4), static_decode(model, ids, 4))
     P = ids.shape[1]
     assert seen == [list(range(P)), [P], [P + 1], [P + 2]]
+
+
+def test_decode_past_learned_positions_is_refused():
+    gpt2 = kvlab.tiny_model("gpt2", layers=1, hidden=32, q_heads=2, vocab=64, intermediate=64, max_positions=16,
+                            device="cpu", dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"prompt \(10\) \+ max_new_tokens \(7\) must be <= 16"):
+        cached_decode(gpt2, torch.ones(1, 10, dtype=torch.long), 7)
+    assert cached_decode(gpt2, torch.ones(1, 10, dtype=torch.long), 6).shape == (1, 6)
+
+
+
+@pytest.fixture(scope="module")
+def small_llama():
+    """A two-layer Llama with a vocabulary of 128, for the refusals below."""
+    return kvlab.tiny_model("llama", layers=2, hidden=64, q_heads=4, kv_heads=2, vocab=128, intermediate=128,
+                            device="cpu", dtype=torch.float32, seed=5)
+
+
+@pytest.mark.parametrize("loop", ["naive_decode", "cached_decode", "static_decode", "profile_decode"])
+def test_decode_loops_refuse_token_ids_outside_the_vocabulary(small_llama, loop):
+    for ids in (torch.tensor([[1, 128]]), torch.tensor([[-1, 2]])):
+        with pytest.raises(ValueError, match=r"input_ids must be token ids in \[0, 128\)"):
+            getattr(kvlab, loop)(small_llama, ids, 2)
+
+
+def test_static_decode_refuses_a_cache_beyond_memory(small_llama):
+    with pytest.raises(MemoryError, match="static cache of 1 x 10000000002 tokens"):
+        static_decode(small_llama, torch.tensor([[1, 2]]), 10**10)
+
+
+def test_cached_decode_refuses_a_used_cache(small_llama):
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cached_decode(small_llama, torch.tensor([[1, 2]]), 1, cache=cache)
+    with pytest.raises(ValueError, match="cache must be empty"):
+        cached_decode(small_llama, torch.tensor([[1, 2]]), 1, cache=cache)
+    with pytest.raises(TypeError, match="cache must be a transformers Cache"):
+        cached_decode(small_llama, torch.tensor([[1, 2]]), 1, cache={})
+
+
+# name: (call, error, a regex the message must match: the argument's name and what is allowed)
+BAD_CALLS = {
+    "decode fractional mask": (lambda: cached_decode(None, torch.ones(1, 3, dtype=torch.long), 2,
+                                                            attention_mask=torch.tensor([[0.5, 1.0, 1.0]])),
+                               ValueError, r"only 0 \(padding\) and 1 \(token\), got values such as \[0.5\]"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_CALLS)
+def test_bad_call_raises_a_clear_error(name):
+    call, error, message = BAD_CALLS[name]
+    with pytest.raises(error, match=message):
+        call()

@@ -1,247 +1,27 @@
-"""KV-cache layouts: where each cached key and value lives, and what reading and appending cost (section 9.4).
+"""Notebook 04, KV-cache layout (section 9.4): a KV cache in one of four layouts, read and appended.
 
-Four layouts of one K pool; V is a second tensor of the same shape and layout:
-
-* ``BHTD``, contiguous ``[layers, batch, kv_heads, tokens, head_dim]``: transformers' caches, SDPA's input;
-* ``BTHD``, contiguous ``[layers, batch, tokens, kv_heads, head_dim]``: the order K/V projections produce;
-* ``NHD``, paged ``[layers, num_blocks, block_size, kv_heads, head_dim]``: vLLM, ``kvlab.kernels``;
-* ``HND``, paged ``[layers, num_blocks, kv_heads, block_size, head_dim]``: FlashInfer's other choice.
-
-**How the layer enters.** kvlab gives every layout a *leading layer dimension*: one K tensor and
-one V tensor hold all layers, and ``k[layer]`` is the per-layer tensor an attention call receives
-(for ``NHD`` exactly the ``[num_blocks, block_size, num_kv_heads, head_dim]`` pool of
-``kvlab.kernels``). An engine that allocates one tensor per layer uses the same offsets without the
-layer term. For the paged layouts a sequence's block table maps its logical block
-``token // block_size`` to a physical block; the token sits at ``token % block_size`` inside it.
-
-The measurements time one layer: a model's decode step repeats them once per layer.
+``KVCache`` holds K and V of ``batch`` sequences in a layout of ``kvlab.cache.addresses``
+(``BHTD``, ``BTHD``, or the paged ``NHD`` and ``HND`` with a block table). A decode step reads it
+(``layer_kv`` gives one layer's K and V ready for attention: views for the contiguous layouts, a
+gather through the block table for the paged ones; ``decode_read`` attends one query per
+sequence over them) and appends one token per sequence (``append_token``: an indexed write into
+preallocated capacity, ``torch.cat`` growth as transformers' DynamicCache does, or a slot write
+through the block table, Kwon et al. 2023). What reading and appending cost is measured by
+``kvlab.lab.layout_timing``, one layer at a time.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import torch
 
 from kvlab._checks import integer, require_memory
+from kvlab.cache.addresses import LAYOUTS, PAGED, KVGeometry, as_block_table, check_choice
 from kvlab.lab.hardware import device_and_dtype
 
-LAYOUTS = ("BHTD", "BTHD", "NHD", "HND")
-PAGED = ("NHD", "HND")
 APPEND_METHODS = {"BHTD": ("index", "cat"), "BTHD": ("index", "cat"), "NHD": ("slot",), "HND": ("slot",)}
-
-# Each layout's axes, outermost first, as (coordinate, coordinate symbol, size symbol).
-_AXES = {
-    "BHTD": (("layer", "l", "L"), ("seq", "b", "B"), ("head", "h", "H"), ("token", "t", "T"), ("dim", "d", "D")),
-    "BTHD": (("layer", "l", "L"), ("seq", "b", "B"), ("token", "t", "T"), ("head", "h", "H"), ("dim", "d", "D")),
-    "NHD": (("layer", "l", "L"), ("block", "p", "N"), ("slot", "o", "S"), ("head", "h", "H"), ("dim", "d", "D")),
-    "HND": (("layer", "l", "L"), ("block", "p", "N"), ("head", "h", "H"), ("slot", "o", "S"), ("dim", "d", "D")),
-}
-
-
-# --------------------------------------------------------------------------- argument checks
-
-
-def _check_choice(name: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
-
-
-def _check_index(name: str, value, high: int):
-    """An int or an integer tensor, every entry in [0, high)."""
-    if isinstance(value, torch.Tensor):
-        if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
-            raise TypeError(f"{name} must be an int or an integer tensor, got a {value.dtype} tensor")
-        if value.numel() and (int(value.min()) < 0 or int(value.max()) >= high):
-            got = int(value) if value.numel() == 1 else f"values from {int(value.min())} to {int(value.max())}"
-            raise ValueError(f"{name} must be in [0, {high}), got {got}")
-        return value
-    return integer(name, value, 0, high)
-
-
-def _as_block_table(block_table) -> torch.Tensor:
-    if isinstance(block_table, torch.Tensor):
-        table = block_table
-    else:
-        try:
-            table = torch.tensor(block_table)
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"block_table must be a 2-D integer tensor or a list of equal-length lists ({e})") from None
-    if table.dtype.is_floating_point or table.dtype == torch.bool:
-        raise TypeError(f"block_table must hold integers, got {table.dtype}")
-    if table.dim() != 2:
-        raise ValueError(f"block_table must be 2-D [sequences, blocks per sequence], got shape {tuple(table.shape)}")
-    return table
-
-
-# --------------------------------------------------------------------------- geometry and addresses
-
-
-@dataclass(frozen=True)
-class KVGeometry:
-    """The shape of one K (or V) pool in one layout, and its address arithmetic (section 9.4).
-
-    Contiguous layouts (``BHTD``, ``BTHD``) set ``batch`` and ``max_tokens`` (slots per sequence);
-    paged ones (``NHD``, ``HND``) set ``num_blocks`` and ``block_size``. Build one with
-    :meth:`contiguous` or :meth:`paged`.
-    """
-
-    layout: str
-    layers: int
-    kv_heads: int
-    head_dim: int
-    batch: int = 0
-    max_tokens: int = 0
-    num_blocks: int = 0
-    block_size: int = 0
-
-    def __post_init__(self):
-        _check_choice("layout", self.layout, LAYOUTS)
-        for name in ("layers", "kv_heads", "head_dim"):
-            integer(name, getattr(self, name), 1)
-        used, unused = (("num_blocks", "block_size"), ("batch", "max_tokens")) if self.is_paged \
-            else (("batch", "max_tokens"), ("num_blocks", "block_size"))
-        for name in used:
-            integer(name, getattr(self, name), 1)
-        for name in unused:
-            if getattr(self, name) != 0:
-                kind = "paged" if name in ("num_blocks", "block_size") else "contiguous"
-                raise ValueError(f"{name} applies to {kind} layouts only; leave it 0 for {self.layout}")
-
-    @classmethod
-    def contiguous(cls, layout: str, *, layers: int, batch: int, max_tokens: int, kv_heads: int,
-                   head_dim: int) -> "KVGeometry":
-        if layout in PAGED:
-            raise ValueError(f"layout {layout!r} is paged; use KVGeometry.paged, or a layout in ('BHTD', 'BTHD')")
-        return cls(layout, layers, kv_heads, head_dim, batch=batch, max_tokens=max_tokens)
-
-    @classmethod
-    def paged(cls, layout: str, *, layers: int, num_blocks: int, block_size: int, kv_heads: int,
-              head_dim: int) -> "KVGeometry":
-        if layout not in PAGED:
-            raise ValueError(f"layout {layout!r} is contiguous; use KVGeometry.contiguous, or a layout in {PAGED}")
-        return cls(layout, layers, kv_heads, head_dim, num_blocks=num_blocks, block_size=block_size)
-
-    @property
-    def is_paged(self) -> bool:
-        return self.layout in PAGED
-
-    @property
-    def axes(self) -> tuple[str, ...]:
-        """Names of the tensor's axes, outermost first."""
-        return tuple(a for a, _, _ in _AXES[self.layout])
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        sizes = {"layer": self.layers, "seq": self.batch, "token": self.max_tokens, "head": self.kv_heads,
-                 "dim": self.head_dim, "block": self.num_blocks, "slot": self.block_size}
-        return tuple(sizes[a] for a in self.axes)
-
-    @property
-    def strides(self) -> tuple[int, ...]:
-        """Row-major element strides, the ones ``torch.empty(self.shape)`` has."""
-        strides, step = [], 1
-        for size in reversed(self.shape):
-            strides.append(step)
-            step *= size
-        return tuple(reversed(strides))
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    def coordinates(self, layer, seq, token, head, dim, block_table=None) -> dict:
-        """The tensor index of one element: a value per axis (paged: the block-table lookup done)."""
-        _check_index("layer", layer, self.layers)
-        _check_index("head", head, self.kv_heads)
-        _check_index("dim", dim, self.head_dim)
-        if not self.is_paged:
-            _check_index("seq", seq, self.batch)
-            _check_index("token", token, self.max_tokens)
-            return {"layer": layer, "seq": seq, "head": head, "token": token, "dim": dim}
-        if block_table is None:
-            raise ValueError(f"a paged layout ({self.layout}) needs block_table to find a token's block")
-        table = _as_block_table(block_table)
-        if isinstance(token, torch.Tensor):
-            table = table.to(token.device)  # index the table where the coordinates live
-        rows, blocks_per_seq = table.shape
-        _check_index("seq", seq, rows)
-        _check_index("token", token, blocks_per_seq * self.block_size)
-        physical = table[seq, token // self.block_size]
-        _check_index(f"block_table entry (physical block of sequence {seq})", physical, self.num_blocks)
-        if not any(isinstance(x, torch.Tensor) for x in (layer, seq, token, head, dim)):
-            physical = int(physical)  # all-int arguments give an int offset
-        return {"layer": layer, "block": physical, "slot": token % self.block_size, "head": head, "dim": dim}
-
-    def address(self, layer, seq, token, head, dim, block_table=None):
-        """Element offset of ``(layer, seq, token, head, dim)`` in this pool (section 9.4).
-
-        Arguments are ints, or integer tensors that broadcast (then the result is a tensor).
-        ``block_table`` (paged layouts only): ``[sequences, blocks per sequence]`` physical block ids.
-        Byte address = base pointer + offset * element size; K and V share offsets.
-        """
-        coords = self.coordinates(layer, seq, token, head, dim, block_table)
-        return sum(coords[a] * s for a, s in zip(self.axes, self.strides))
-
-    def formula(self) -> str:
-        """The offset formula in symbols, e.g. ``offset = (((l·B + b)·H + h)·T + t)·D + d``."""
-        (_, first, _), *rest = _AXES[self.layout]
-        expr = first
-        for _, coord, size in rest:
-            expr = f"({expr})·{size} + {coord}"
-        expr = expr.replace("(l)", "l", 1)
-        lookup = "p = table[b][t // S], o = t mod S;  " if self.is_paged else ""
-        return f"{lookup}offset = {expr}"
-
-    def explain(self, layer: int, seq: int, token: int, head: int, dim: int, block_table=None) -> str:
-        """The formula with this element's numbers substituted, ending in its offset."""
-        coords = self.coordinates(layer, seq, token, head, dim, block_table)
-        values = [int(coords[a]) for a in self.axes]
-        expr = str(values[0])
-        for value, size in zip(values[1:], self.shape[1:]):
-            expr = f"({expr}·{size} + {value})"
-        lookup = ""
-        if self.is_paged:
-            lookup = (f"p = table[{seq}][{token} // {self.block_size}] = table[{seq}][{token // self.block_size}]"
-                      f" = {int(coords['block'])}, o = {token} mod {self.block_size} = {int(coords['slot'])};  ")
-        return f"{lookup}offset = {expr[1:-1]} = {int(self.address(layer, seq, token, head, dim, block_table)):,}"
-
-
-def locate(token: int, block_table_row, block_size: int) -> tuple[int, int]:
-    """(physical block, slot) of a sequence's ``token``: the block-table lookup of sections 9.4 and 9.5."""
-    block_size = integer("block_size", block_size, 1)
-    row = list(block_table_row.tolist() if isinstance(block_table_row, torch.Tensor) else block_table_row)
-    token = integer("token", token, 0, len(row) * block_size)
-    block = integer(f"block_table_row[{token // block_size}]", row[token // block_size], 0)
-    return block, token % block_size
-
-
-def contiguous_runs(geometry: KVGeometry, tokens: int, heads=None, seq: int = 0, block_table=None) -> torch.Tensor:
-    """Lengths (in elements) of the unbroken address ranges a read of one sequence's K touches.
-
-    The read covers tokens ``0..tokens-1``, every dim, of ``heads`` (a list of KV heads; default
-    all). Long runs are what a GPU coalesces and a CPU prefetches; every layout here keeps the head
-    dim innermost, so no run is shorter than one head vector.
-    """
-    heads = list(range(geometry.kv_heads)) if heads is None else list(heads)
-    if not heads:
-        raise ValueError("heads must name at least one KV head")
-    if geometry.is_paged:
-        if block_table is None:
-            raise ValueError(f"a paged layout ({geometry.layout}) needs block_table to find a token's block")
-        limit = _as_block_table(block_table).shape[1] * geometry.block_size
-    else:
-        limit = geometry.max_tokens
-    tokens = integer("tokens", tokens, 1, limit + 1)
-    t = torch.arange(tokens).view(-1, 1, 1)
-    h = torch.tensor(heads).view(1, -1, 1)
-    d = torch.arange(geometry.head_dim).view(1, 1, -1)
-    offsets = geometry.address(0, seq, t, h, d, block_table).flatten().unique()  # unique() sorts
-    breaks = torch.nonzero(offsets.diff() != 1).flatten() + 1
-    edges = torch.cat([torch.tensor([0]), breaks, torch.tensor([offsets.numel()])])
-    return edges.diff()
 
 
 # --------------------------------------------------------------------------- a cache in one layout
@@ -322,7 +102,7 @@ def new_cache(layout: str, *, batch: int, length: int, kv_heads: int, head_dim: 
     ``ceil(capacity / block_size)`` blocks per sequence, drawn at random from a pool with
     ``spare_blocks`` extra blocks. dtype: bf16 on a GPU (fp16 without bf16 units), fp32 on a CPU by default.
     """
-    _check_choice("layout", layout, LAYOUTS)
+    check_choice("layout", layout, LAYOUTS)
     batch = integer("batch", batch, 1)
     length = integer("length", length, 0)
     capacity = length + 1 if capacity is None else integer("capacity", capacity, max(length, 1))
@@ -348,7 +128,7 @@ def cache_from_dense(layout: str, k, v, *, capacity: int | None = None, block_si
     ``block_table`` (``[batch, ceil(capacity / block_size)]`` distinct ids; the pool then has
     ``max(id) + 1 + spare_blocks`` blocks).
     """
-    _check_choice("layout", layout, LAYOUTS)
+    check_choice("layout", layout, LAYOUTS)
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -390,7 +170,7 @@ def cache_from_dense(layout: str, k, v, *, capacity: int | None = None, block_si
 
 
 def _check_block_table(block_table, batch: int, per_seq: int) -> torch.Tensor:
-    table = _as_block_table(block_table).to("cpu", torch.int64)
+    table = as_block_table(block_table).to("cpu", torch.int64)
     if tuple(table.shape) != (batch, per_seq):
         raise ValueError(f"block_table must be [batch, ceil(capacity / block_size)] = [{batch}, {per_seq}], "
                          f"got {list(table.shape)}")
@@ -454,33 +234,24 @@ def decode_read(cache: KVCache, q: torch.Tensor, layer: int = 0) -> torch.Tensor
     if q.dtype != cache.k.dtype or q.device != cache.k.device:
         raise TypeError(f"q must be {cache.k.dtype} on {cache.k.device} like the cache, got {q.dtype} on {q.device}")
     _require_finite("q", q)
-    return _decode_read(cache, q, layer)
+    integer("layer", layer, 0, g.layers)
+    return _attend(cache, q, layer)
 
 
-def _decode_read(cache: KVCache, q: torch.Tensor, layer: int) -> torch.Tensor:
-    """``decode_read`` without its checks, for timing after one validated call."""
+def decode_reader(cache: KVCache, q: torch.Tensor, layer: int = 0):
+    """``decode_read(cache, q, layer)`` checked once, returned as a call with no arguments that
+    reads again without checking: the timed path of section 9.4 (``kvlab.lab.layout_timing``)."""
+    decode_read(cache, q, layer)
+    return lambda: _attend(cache, q, layer)
+
+
+def _attend(cache: KVCache, q: torch.Tensor, layer: int) -> torch.Tensor:
     g = cache.geometry
     keys, values = layer_kv(cache, layer)
     batch, q_heads, dim = q.shape
     grouped = q.reshape(batch, g.kv_heads, q_heads // g.kv_heads, dim)
     out = torch.nn.functional.scaled_dot_product_attention(grouped, keys, values)
     return out.reshape(batch, q_heads, dim)
-
-
-def read_traffic(cache: KVCache) -> tuple[int, int]:
-    """(K and V bytes one layer's decode read needs, bytes ``decode_read`` actually moves).
-
-    Contiguous: the two are equal. Paged with a gather: the gather reads every held block and
-    writes a copy of it (``2 * gathered``), then attention reads the copy (``kv``), plus the
-    block-table entries. Reads and writes both count, as in ``calibrate().copy_bytes_per_s``.
-    """
-    kv = cache.batch * cache.length * cache.bytes_per_token
-    if not cache.geometry.is_paged:
-        return kv, kv
-    blocks = -(-cache.length // cache.geometry.block_size)
-    gathered = cache.batch * blocks * cache.geometry.block_size * cache.bytes_per_token
-    table = cache.batch * blocks * cache.block_table.element_size()
-    return kv, 2 * gathered + kv + table
 
 
 # --------------------------------------------------------------------------- the append path
@@ -548,12 +319,20 @@ def _writer(cache: KVCache, method: str):
 
 def _check_method(cache: KVCache, method: str | None) -> str:
     method = APPEND_METHODS[cache.layout][0] if method is None else method
-    _check_choice(f"method (for layout {cache.layout})", method, APPEND_METHODS[cache.layout])
+    check_choice(f"method (for layout {cache.layout})", method, APPEND_METHODS[cache.layout])
     if method != "cat" and cache.length >= cache.capacity:
         raise ValueError(f"the cache is full (length {cache.length} = capacity {cache.capacity}); "
                          + ("grow it with method='cat' or allocate a larger capacity" if not cache.geometry.is_paged
                             else "give the sequences more blocks"))
     return method
+
+
+def token_writer(cache: KVCache, method: str | None = None):
+    """``write(k_new, v_new)`` for ``append_token``'s ``method`` on ``cache``, the method checked once:
+    each call stores one token per sequence at position ``cache.length`` without checking its
+    arguments and without advancing ``length`` (``cat`` returns the grown pools instead of keeping
+    them). The timed path of section 9.4 (``kvlab.lab.layout_timing``)."""
+    return _writer(cache, _check_method(cache, method))
 
 
 def append_token(cache: KVCache, k_new: torch.Tensor, v_new: torch.Tensor, method: str | None = None) -> None:
@@ -571,240 +350,3 @@ def append_token(cache: KVCache, k_new: torch.Tensor, v_new: torch.Tensor, metho
         cache.k, cache.v = grown
         cache.geometry = dataclasses.replace(cache.geometry, max_tokens=cache.length + 1)
     cache.length += 1
-
-
-# --------------------------------------------------------------------------- measurements
-
-
-@dataclass(frozen=True)
-class ReadMeasurement:
-    """Timed decode read of one layer (section 9.4). Bytes count reads plus writes."""
-
-    layout: str
-    batch: int
-    context: int
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    dtype: str
-    timing: object  # kvlab.lab.timing.Timing
-    kv_bytes: int
-    moved_bytes: int
-    copy_bytes_per_s: float
-
-    @property
-    def kv_bytes_per_s(self) -> float:
-        """Useful bandwidth: the K and V attention needs, per second."""
-        return self.kv_bytes / self.timing.median
-
-    @property
-    def moved_bytes_per_s(self) -> float:
-        return self.moved_bytes / self.timing.median
-
-    @property
-    def fraction_of_copy(self) -> float:
-        """Moved bytes per second over the calibrated copy bandwidth."""
-        return self.moved_bytes_per_s / self.copy_bytes_per_s
-
-    @property
-    def predicted_s(self) -> float:
-        """The time if every moved byte went at copy bandwidth."""
-        return self.moved_bytes / self.copy_bytes_per_s
-
-
-@dataclass(frozen=True)
-class AppendMeasurement:
-    """Timed append of one token to every sequence of one layer (section 9.4)."""
-
-    layout: str
-    method: str
-    batch: int
-    context: int
-    kv_heads: int
-    head_dim: int
-    dtype: str
-    timing: object
-    new_bytes: int
-    moved_bytes: int
-    copy_bytes_per_s: float
-
-    @property
-    def per_token_s(self) -> float:
-        """Median time of one step's append divided by the tokens it appended (one per sequence)."""
-        return self.timing.median / self.batch
-
-    @property
-    def predicted_s(self) -> float:
-        return self.moved_bytes / self.copy_bytes_per_s
-
-
-def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
-def measure_read(cache: KVCache, q_heads: int | None = None, layer: int = 0, warmup: int = 2,
-                 reps: int = 5) -> ReadMeasurement:
-    """Time ``decode_read`` on ``cache`` with a random query of ``q_heads`` heads (default: KV heads)."""
-    from kvlab.lab.hardware import calibrate
-    from kvlab.lab.timing import measure
-
-    g = cache.geometry
-    q_heads = g.kv_heads if q_heads is None else integer("q_heads", q_heads, 1)
-    if q_heads % g.kv_heads:
-        raise ValueError(f"q_heads ({q_heads}) must be a multiple of the cache's kv_heads ({g.kv_heads})")
-    q = torch.randn(cache.batch, q_heads, g.head_dim, dtype=cache.k.dtype, device=cache.k.device)
-    decode_read(cache, q, layer)  # validates once; the timed calls skip nothing else
-    timing = measure(lambda: _decode_read(cache, q, layer), warmup=warmup, reps=reps, device=cache.k.device)
-    kv, moved = read_traffic(cache)
-    return ReadMeasurement(cache.layout, cache.batch, cache.length, q_heads, g.kv_heads, g.head_dim,
-                           _dtype_name(cache.k), timing, kv, moved, calibrate().copy_bytes_per_s)
-
-
-def append_traffic(cache: KVCache, method: str) -> tuple[int, int]:
-    """(bytes of the new tokens' K and V, bytes the append moves) for all layers.
-
-    An in-place write reads the new token and writes it (``2 * new``). ``cat`` reads the held
-    tokens and the new one and writes them all to a new tensor.
-    """
-    new = cache.geometry.layers * cache.batch * cache.bytes_per_token
-    if method == "cat":
-        return new, 2 * new * (cache.length + 1)
-    return new, 2 * new
-
-
-def measure_append(cache: KVCache, method: str | None = None, warmup: int = 2, reps: int = 5) -> AppendMeasurement:
-    """Time appending one token per sequence at position ``cache.length``, without advancing it.
-
-    Each timed call overwrites the same slot (``index``, ``slot``) or builds the same grown tensor
-    (``cat``), so every call sees the same context.
-    """
-    from kvlab.lab.hardware import calibrate
-    from kvlab.lab.timing import measure
-
-    method = _check_method(cache, method)
-    g = cache.geometry
-    shape = (g.layers, cache.batch, g.kv_heads, g.head_dim)
-    k_new = torch.randn(shape, dtype=cache.k.dtype, device=cache.k.device)
-    v_new = torch.randn_like(k_new)
-    write = _writer(cache, method)
-    timing = measure(lambda: write(k_new, v_new), warmup=warmup, reps=reps, device=cache.k.device)
-    new, moved = append_traffic(cache, method)
-    return AppendMeasurement(cache.layout, method, cache.batch, cache.length, g.kv_heads, g.head_dim,
-                             _dtype_name(cache.k), timing, new, moved, calibrate().copy_bytes_per_s)
-
-
-# --------------------------------------------------------------------------- GQA
-
-
-@dataclass(frozen=True)
-class GQARow:
-    """Cache cost of one grouping of a model's query heads (section 9.4, seed 002 on GQA)."""
-
-    group: int
-    kv_heads: int
-    bytes_per_token: float
-    bytes_per_sequence: float
-
-
-def gqa_cache_bytes(shape, context: int, bytes_per_element: float = 2, groups=None) -> list[GQARow]:
-    """KV-cache bytes per token and per ``context``-token sequence as query heads share KV heads.
-
-    ``shape`` is a ``ModelShape``; ``groups`` the query heads per KV head to tabulate (default:
-    every divisor of the query-head count, 1 = multi-head attention). Uses
-    ``ModelShape.kv_bytes_per_token`` with the KV-head count replaced.
-    """
-    from kvlab.theory.shapes import ModelShape
-
-    if not isinstance(shape, ModelShape):
-        raise TypeError(f"shape must be a kvlab ModelShape, got {type(shape).__name__}")
-    if shape.latent_dim is not None:
-        raise ValueError(f"{shape.name} caches a latent (MLA), not per-head K and V: GQA grouping does not apply")
-    context = integer("context", context, 1)
-    divisors = [g for g in range(1, shape.q_heads + 1) if shape.q_heads % g == 0]
-    groups = divisors if groups is None else list(groups)
-    rows = []
-    for group in groups:
-        group = integer("group", group, 1)
-        if shape.q_heads % group:
-            raise ValueError(f"group must divide {shape.name}'s {shape.q_heads} query heads; allowed: {divisors}")
-        grouped = dataclasses.replace(shape, kv_heads=shape.q_heads // group)
-        per_token = grouped.kv_bytes_per_token(bytes_per_element)
-        rows.append(GQARow(group, grouped.kv_heads, per_token, per_token * context))
-    return rows
-
-
-# --------------------------------------------------------------------------- benchmark
-
-
-def bench_rows(rounds: int = 5, context: int | None = None, batch: int | None = None) -> list:
-    """Read bandwidth and append cost of the four layouts, and MHA against GQA, side by side (9.4).
-
-    Each round measures every layout and method once, interleaved; the rows are medians over rounds,
-    and ratios of medians from the same run. CPU: batch 4, context 2048, 8 heads of 64, fp32.
-    GPU: batch 32, context 4096, 32 query and 8 KV heads of 128, bf16.
-    """
-    import statistics
-
-    from kvlab.lab.bench import Row
-    from kvlab.lab.hardware import calibrate, on_gpu
-
-    rounds = integer("rounds", rounds, 1)
-    gpu = on_gpu()
-    batch = integer("batch", batch, 1) if batch is not None else (32 if gpu else 4)
-    context = integer("context", context, 1) if context is not None else (4096 if gpu else 2048)
-    q_heads, kv_heads, dim = (32, 8, 128) if gpu else (8, 8, 64)
-    caches = {layout: new_cache(layout, batch=batch, length=context, kv_heads=kv_heads, head_dim=dim, seed=i)
-              for i, layout in enumerate(LAYOUTS)}
-    reads: dict[str, list] = {layout: [] for layout in LAYOUTS}
-    appends: dict[tuple, list] = {(lay, m): [] for lay in LAYOUTS for m in APPEND_METHODS[lay]}
-    for _ in range(rounds):
-        for layout, cache in caches.items():
-            reads[layout].append(measure_read(cache, q_heads, warmup=1, reps=3))
-            for method in APPEND_METHODS[layout]:
-                appends[layout, method].append(measure_append(cache, method, warmup=1, reps=5))
-    copy = calibrate().copy_bytes_per_s
-    where = (f"batch {batch}, context {context}, {q_heads} q / {kv_heads} KV heads of {dim}, "
-             f"{_dtype_name(caches['BHTD'].k)}, one layer")
-    read_s = {lay: statistics.median(m.timing.median for m in ms) for lay, ms in reads.items()}
-    rows = []
-    for layout, ms in reads.items():
-        kv, moved = ms[0].kv_bytes, ms[0].moved_bytes
-        rows.append(Row(f"read {layout}", kv / read_s[layout] / 1e9, "GB/s", f"useful K+V bytes/s; {where}"))
-        rows.append(Row(f"read {layout} moved / copy", moved / read_s[layout] / copy, "fraction",
-                        f"moved {moved / kv:.2f}x the K+V bytes; copy {copy / 1e9:.1f} GB/s"))
-    for paged in PAGED:
-        for contiguous in ("BHTD", "BTHD"):
-            rows.append(Row(f"read time {paged} / {contiguous}", read_s[paged] / read_s[contiguous], "x",
-                            "ratio of medians, same run; paged gathers through its block table"))
-    append_s = {key: statistics.median(m.per_token_s for m in ms) for key, ms in appends.items()}
-    how = {"index": "write into preallocated slots", "cat": "torch.cat growth, as DynamicCache",
-           "slot": "indexed write through the block table"}
-    for (layout, method), seconds in append_s.items():
-        note = ("kvlab.kernels.store_kv" + ("" if gpu else "_ref") + ", argument checks included"
-                if layout == "NHD" else how[method])
-        rows.append(Row(f"append {layout} {method}", seconds * 1e6, "µs/token", f"one layer; {note}"))
-    for layout in ("BHTD", "BTHD"):
-        rows.append(Row(f"append {layout} cat / index", append_s[layout, "cat"] / append_s[layout, "index"], "x",
-                        "torch.cat growth copies the whole layer's cache"))
-    rows.append(Row("read / append (BTHD index)", read_s["BTHD"] / (append_s["BTHD", "index"] * batch), "x",
-                    "one decode step: read all K+V vs write one token per sequence"))
-    rows += _gqa_rows(rounds, batch, context, q_heads, dim)
-    return rows
-
-
-def _gqa_rows(rounds: int, batch: int, context: int, q_heads: int, dim: int) -> list:
-    import statistics
-
-    from kvlab.lab.bench import Row
-
-    kv_choices = (q_heads, q_heads // 4)
-    caches = {h: new_cache("BHTD", batch=batch, length=context, kv_heads=h, head_dim=dim, seed=h) for h in kv_choices}
-    times: dict[int, list] = {h: [] for h in kv_choices}
-    for _ in range(rounds):
-        for h, cache in caches.items():
-            times[h].append(measure_read(cache, q_heads, warmup=1, reps=3).timing.median)
-    mha, gqa = (statistics.median(times[h]) for h in kv_choices)
-    return [
-        Row(f"read MHA ({kv_choices[0]} KV) / GQA ({kv_choices[1]} KV)", mha / gqa, "x",
-            f"{q_heads} query heads both; cache bytes ratio {kv_choices[0] // kv_choices[1]}x"),
-    ]

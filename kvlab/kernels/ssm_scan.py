@@ -15,10 +15,16 @@ import torch
 import triton
 import triton.language as tl
 
+from kvlab._checks import named_shapes
 from kvlab.kernels._validation import require_disjoint, require_kernel_device, require_no_overlap
 
 STATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_DIM = 16
+# The shapes of one decode step's arguments, named as kvlab.cache.mamba.ssm_step names them.
+LAYOUT = {
+    "state": "[batch, dim, state]", "u_t": "[batch, dim]", "delta_t": "[batch, dim]", "z_t": "[batch, dim]",
+    "A": "[dim, state]", "B_t": "[batch, state]", "C_t": "[batch, state]", "D": "[dim]", "delta_bias": "[dim]",
+}
 
 
 @triton.jit
@@ -65,9 +71,7 @@ def _selective_state_update_kernel(
 
 def _check_inputs(state, u, delta, A, B, C, D, z, delta_bias) -> None:
     """Shapes, dtypes and devices of a decode-step update (section 9.6)."""
-    from kvlab.cache.ssm import _check_tensors
-
-    _check_tensors(state=state, u_t=u, delta_t=delta, A=A, B_t=B, C_t=C, D=D, z_t=z, delta_bias=delta_bias)
+    named_shapes(LAYOUT, state=state, u_t=u, delta_t=delta, A=A, B_t=B, C_t=C, D=D, z_t=z, delta_bias=delta_bias)
     if state.dtype not in STATE_DTYPES:
         raise TypeError(f"state must have dtype float16, bfloat16 or float32, got {state.dtype}")
     require_no_overlap("state", state)  # written in place: two batch rows sharing memory would race
@@ -81,7 +85,7 @@ def selective_state_update(state, u, delta, A, B, C, D=None, z=None, delta_bias=
                            delta_softplus: bool = False):
     """One decode token of a selective SSM in Triton, updating ``state`` in place (section 9.6).
 
-    Args (as ``kvlab.cache.ssm.ssm_step``): ``state`` ``[batch, dim, state]`` (fp32, fp16 or bf16, written
+    Args (as ``kvlab.cache.mamba.ssm_step``): ``state`` ``[batch, dim, state]`` (fp32, fp16 or bf16, written
     in place); ``u``, ``delta``, ``z`` ``[batch, dim]``; ``A`` ``[dim, state]``; ``B``, ``C``
     ``[batch, state]``; ``D``, ``delta_bias`` ``[dim]``. Returns ``y`` ``[batch, dim]`` in ``u``'s dtype.
     """
@@ -110,11 +114,21 @@ def selective_state_update(state, u, delta, A, B, C, D=None, z=None, delta_bias=
 
 def selective_state_update_ref(state, u, delta, A, B, C, D=None, z=None, delta_bias=None,
                                delta_softplus: bool = False):
-    """Plain-PyTorch :func:`selective_state_update`: same signature, same in-place state (section 9.6)."""
-    from kvlab.cache.ssm import ssm_step
+    """Plain-PyTorch :func:`selective_state_update`: same signature, same in-place state (section 9.6).
 
+    In fp32 (fp64 for fp64 ``u``): h = exp(dt A) h + dt u B, y = <C, h> + D u, times silu(z), with
+    dt = softplus(delta + delta_bias) when ``delta_softplus``.
+    """
     _check_inputs(state, u, delta, A, B, C, D, z, delta_bias)
-    y, new_state = ssm_step(state, u, delta, A, B, C, D=D, z_t=z, delta_bias=delta_bias,
-                            delta_softplus=delta_softplus)
-    state.copy_(new_state.to(state.dtype))
-    return y
+    work = torch.float64 if u.dtype == torch.float64 else torch.float32
+    dt = delta.to(work) if delta_bias is None else delta.to(work) + delta_bias.to(work)
+    if delta_softplus:
+        dt = torch.nn.functional.softplus(dt)
+    h = torch.exp(dt[..., None] * A.to(work)) * state.to(work) + (dt * u.to(work))[..., None] * B.to(work)[:, None, :]
+    y = (h * C.to(work)[:, None, :]).sum(-1)
+    if D is not None:
+        y = y + u.to(work) * D.to(work)
+    if z is not None:
+        y = y * torch.nn.functional.silu(z.to(work))
+    state.copy_(h.to(state.dtype))
+    return y.to(u.dtype)

@@ -44,7 +44,7 @@ def decode_loops(reps: int = 3) -> list[Row]:
     """
     import torch
 
-    from kvlab.decode import profile_decode
+    from kvlab.lab.decode_timing import profile_decode
     from kvlab.lab.hardware import calibrate, on_gpu
     from kvlab.lab.models import tiny_model
 
@@ -79,11 +79,11 @@ def decode_loops(reps: int = 3) -> list[Row]:
 # The sections whose module keeps its own ``bench_rows()``: book section -> kvlab module.
 SECTION_BENCHMARKS = {
     "9.3 GEMV and the ridge": "kvlab.lab.gemv",
-    "9.4 KV layouts": "kvlab.cache.layout",
+    "9.4 KV layouts": "kvlab.lab.layout_timing",
     "9.5 paged attention and admission": "kvlab.serving.paged_decode",
     "prefix caching": "kvlab.serving.prefix_paged",
-    "9.6 SSM state and scans": "kvlab.cache.ssm",
-    "9.7 long-context caches": "kvlab.cache.longctx",
+    "9.6 SSM state and scans": "kvlab.lab.ssm_timing",
+    "9.7 long-context caches": "kvlab.lab.cache_quality",
     "9.8 decode diagnosis": "kvlab.lab.diagnose",
     "11 continuous batching engine": "kvlab.serving.engine",
 }

@@ -1,19 +1,15 @@
-"""GEMV against GEMM, measured: why a decode step is a weight read (section 9.3).
-
-Two measurements and the counts behind them:
+"""Notebook 03, GEMV-like decode and the roofline (section 9.3): the measurements.
 
 - ``sweep`` times ``[n x K] @ [K x N]`` for growing n (1 to 4096 on a GPU in bf16, 1 to 512 on a
   CPU in fp32) with a weight matrix far beyond the last-level cache, and reports achieved FLOP/s,
-  bytes/s and arithmetic intensity per n. FLOPs are 2 n K N; bytes are the weight, the activation
-  and the output, each counted once: (K N + n K + n N) w. At n = 1 the product is a matrix-vector
-  product (GEMV) and reads every weight for two FLOPs; as n grows the same read serves n rows and
-  the product turns into a GEMM that the arithmetic units limit.
-- ``profile_step`` times one decode step of a Hugging Face model, then the same step with a
-  synchronised timer around every weight matrix (``nn.Linear``, GPT-2's ``Conv1D``), and compares
-  the step with the time the calibrated copy bandwidth needs to read its weights once.
-
-``bench_rows`` gives the rows ``python -m kvlab bench`` prints for this section: the GEMV
-bandwidth at batch 1 and the ridge point, calibrated and measured.
+  bytes/s and arithmetic intensity per n, with the counts of ``kvlab.theory.matmul``; its
+  ``fit`` is the two-segment roofline fitted to all points (Williams et al. 2009).
+- ``step_time`` and ``profile_step`` time one decode step of a Hugging Face model, then the same
+  step with a synchronised timer around every weight matrix (``nn.Linear``, GPT-2's ``Conv1D``),
+  and compare it with the time the calibrated copy bandwidth needs to read its weights once
+  (``weight_read_bytes``).
+- ``bench_rows``: the GEMV bandwidth at batch 1 and the ridge point, calibrated and measured, for
+  ``python -m kvlab bench``.
 
 Units are SI: seconds, bytes, FLOP; rates per second.
 """
@@ -21,60 +17,26 @@ Units are SI: seconds, bytes, FLOP; rates per second.
 from __future__ import annotations
 
 import math
-import numbers
-import os
 import statistics
 import time
 from dataclasses import dataclass
 
-from kvlab._checks import integer, positive, require_memory
-from kvlab.theory.specs import Accelerator
-from kvlab.lab.hardware import Calibration
+import torch
+from transformers import DynamicCache
+
+from kvlab._checks import integer, require_memory
+from kvlab.lab.bench import Row
+from kvlab.lab.hardware import Calibration, calibrate, device_and_dtype, device_name, on_gpu
+from kvlab.lab.hardware import device as default_device
+from kvlab.lab.timing import measure
+# calibrated_device lives in kvlab.lab.hardware; importable here too until kvlab.serving.prefix_paged
+# (which asks for kvlab.lab.gemv.calibrated_device) is updated.
+from kvlab.lab.hardware import calibrated_device  # noqa: F401
+from kvlab.theory.matmul import RooflineFit, batch_at_intensity, fit_roofline, matmul_bytes, matmul_flops
+from kvlab.versions import cache_kwargs, last_logits_only
 
 CPU_NS = tuple(2**i for i in range(10))  # 1 .. 512
 GPU_NS = tuple(2**i for i in range(13))  # 1 .. 4096
-
-
-# --------------------------------------------------------------------------- counts
-
-
-def _width(element_size) -> float:
-    if isinstance(element_size, bool) or not isinstance(element_size, numbers.Real):
-        raise TypeError(f"element_size must be a number of bytes > 0, got {element_size!r}")
-    if not (element_size > 0 and math.isfinite(element_size)):
-        raise ValueError(f"element_size must be a number of bytes > 0, got {element_size!r}")
-    return float(element_size)
-
-
-def matmul_flops(n: int, K: int, N: int) -> int:
-    """2 n K N: one multiply and one add per weight per activation row."""
-    return 2 * integer("n", n) * integer("K", K) * integer("N", N)
-
-
-def matmul_bytes(n: int, K: int, N: int, element_size: float) -> float:
-    """(K N + n K + n N) w: the weight, the activation and the output, each moved once."""
-    n, K, N = integer("n", n), integer("K", K), integer("N", N)
-    return (K * N + n * K + n * N) * _width(element_size)
-
-
-def matmul_intensity(n: int, K: int, N: int, element_size: float) -> float:
-    """FLOP per byte of ``[n x K] @ [K x N]``: 2 n K N / ((K N + n K + n N) w).
-
-    About 2n / w while n is small against K and N (the weight dominates the bytes), and at most
-    2 K N / ((K + N) w) however large n grows.
-    """
-    return matmul_flops(n, K, N) / matmul_bytes(n, K, N, element_size)
-
-
-def batch_at_intensity(intensity: float, K: int, N: int, element_size: float) -> float:
-    """The (real) n at which ``matmul_intensity(n, K, N, w)`` equals ``intensity``:
-    n = I w K N / (2 K N - I w (K + N)). ``math.inf`` when this K x N never gets there.
-    """
-    if isinstance(intensity, bool) or not isinstance(intensity, numbers.Real) or not 0 < intensity < math.inf:
-        raise ValueError(f"intensity must be a finite number of FLOP/byte > 0, got {intensity!r}")
-    K, N, w = integer("K", K), integer("N", N), _width(element_size)
-    denominator = 2 * K * N - intensity * w * (K + N)
-    return math.inf if denominator <= 0 else intensity * w * K * N / denominator
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -158,69 +120,14 @@ class GemvSweep:
         return batch_at_intensity(knee, self.K, self.N, self.points[0].element_size)
 
 
-@dataclass(frozen=True)
-class RooflineFit:
-    """A roofline fitted to measured points: FLOP/s = min(bandwidth x intensity, peak).
-
-    ``bandwidth`` (bytes/s) is fitted to the points left of the knee, ``peak`` (FLOP/s) to those
-    right of it; ``split`` is how many points (in increasing intensity) the bandwidth segment
-    took. ``knee = peak / bandwidth`` in FLOP/byte; nan when either segment has fewer than two
-    points, that is, when the sweep did not reach both regimes.
-    """
-
-    bandwidth: float
-    peak: float
-    split: int
-    points: int
-    rms_log_error: float
-
-    @property
-    def knee(self) -> float:
-        if self.split < 2 or self.points - self.split < 2:
-            return float("nan")
-        return self.peak / self.bandwidth
-
-
-def fit_roofline(intensities, rates) -> RooflineFit:
-    """Fit both segments of a roofline to measured (intensity, FLOP/s) points (section 9.3).
-
-    Least squares in log space over every split of the points, sorted by intensity, into a
-    bandwidth-bound left part (log rate = log bandwidth + log intensity) and a compute-bound right
-    part (log rate = log peak); the split with the smallest error wins. Nothing is anchored to one
-    point, so the knee is a property of the whole sweep, not of its first measurement.
-    """
-    pts = sorted(zip(intensities, rates))
-    if len(pts) < 2 or any(not (x > 0 and y > 0) for x, y in pts):
-        raise ValueError(f"fit_roofline needs at least two points with positive intensity and rate, got {pts!r}")
-    lx = [math.log(x) for x, _ in pts]
-    ly = [math.log(y) for _, y in pts]
-    best = None
-    for k in range(len(pts) + 1):
-        left = [y - x for x, y in zip(lx[:k], ly[:k])]
-        right = ly[k:]
-        lb = statistics.fmean(left) if left else -math.inf
-        lp = statistics.fmean(right) if right else math.inf
-        sse = sum((v - lb) ** 2 for v in left) + sum((v - lp) ** 2 for v in right)
-        if best is None or sse < best[0] - 1e-12:
-            best = (sse, k, lb, lp)
-    sse, k, lb, lp = best
-    bandwidth = math.exp(lb) if k else max(y / x for x, y in pts)  # no left part: bound it from above
-    peak = math.exp(lp) if k < len(pts) else max(y for _, y in pts)
-    return RooflineFit(bandwidth, peak, k, len(pts), math.sqrt(sse / len(pts)))
-
-
 def default_sizes(gpu: bool | None = None) -> dict:
     """Sweep sizes: on a GPU an 8192 x 8192 half-precision weight (134 MB; bf16 where the GPU has it,
     else fp16) and n = 1..4096; on a CPU a
     4096 x 6144 fp32 weight (101 MB, several times a server's last-level cache) and n = 1..512.
     """
     if gpu is None:
-        from kvlab.lab.hardware import on_gpu
-
         gpu = on_gpu()
     if gpu:
-        from kvlab.lab.hardware import device_and_dtype
-
         return dict(K=8192, N=8192, ns=GPU_NS, dtype=str(device_and_dtype("cuda")[1]).removeprefix("torch."))
     return dict(K=4096, N=6144, ns=CPU_NS, dtype="float32")
 
@@ -234,12 +141,6 @@ def sweep(ns=None, K: int | None = None, N: int | None = None, dtype=None, devic
     each timed call runs 10 products (one launch is shorter than the timer's resolution) and the
     time per product is reported.
     """
-    import torch
-
-    from kvlab.lab.hardware import device as default_device
-    from kvlab.lab.hardware import device_name
-    from kvlab.lab.timing import measure
-
     dev = torch.device(device) if device is not None else default_device()
     gpu = dev.type == "cuda"
     sizes = default_sizes(gpu)
@@ -287,45 +188,12 @@ def sweep(ns=None, K: int | None = None, N: int | None = None, dtype=None, devic
     return GemvSweep(tuple(points), K, N, str(dtype).removeprefix("torch."), device_name())
 
 
-# --------------------------------------------------------------------------- the calibrated device
-
-
-def memory_bytes(device=None) -> int:
-    """Memory of kvlab's device: a GPU's total memory, or the machine's physical RAM."""
-    import torch
-
-    from kvlab.lab.hardware import device as default_device
-
-    dev = torch.device(device) if device is not None else default_device()
-    if dev.type == "cuda":
-        return torch.cuda.get_device_properties(dev).total_memory
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def calibrated_device(calibration: Calibration | None = None, memory: float | None = None) -> Accelerator:
-    """This machine as an ``Accelerator`` for ``kvlab.theory.roofline``: the calibrated copy bandwidth as
-    its bytes/s, the calibrated matmul rate as its FLOP/s (in the calibration's dtype, which on a
-    CPU is fp32), and ``memory`` bytes (default: ``memory_bytes()``).
-    """
-    from kvlab.lab.hardware import calibrate
-
-    c = calibration or calibrate()
-    memory = memory_bytes() if memory is None else positive("memory", memory)
-    return Accelerator(
-        name=f"{c.device} (calibrated)", hbm_bytes=float(memory), hbm_bytes_per_s=c.copy_bytes_per_s,
-        bf16_flops=c.matmul_flops, dies=1, die_bytes_per_s=c.copy_bytes_per_s, fabric_bytes_per_s=None,
-        source=f"measured by kvlab.calibrate(): copy bandwidth and {c.matmul_dtype} matmul rate",
-    )
-
-
 # --------------------------------------------------------------------------- a decode step
 
 
 def _matmul_modules(model):
     """(name, module) of every module that multiplies by a stored 2-D weight: nn.Linear, GPT-2's
     Conv1D and their kin (embeddings excluded: they gather rows, they do not multiply)."""
-    import torch
-
     found = []
     for name, m in model.named_modules():
         w = getattr(m, "weight", None)
@@ -342,8 +210,6 @@ def weight_read_bytes(model, batch: int = 1) -> int:
     by and every norm and bias once, but only ``batch`` rows of an embedding table it merely indexes
     (a table that is also the output head, tied, is read whole).
     """
-    import torch
-
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module (a Hugging Face model), got {type(model).__name__}")
     batch = integer("batch", batch)
@@ -366,9 +232,6 @@ def random_cache(model, batch: int, context: int, seed: int = 0):
     sequence: a decode step reads and multiplies them exactly as it would real ones, and no prefill
     has to run to make them.
     """
-    import torch
-    from transformers import DynamicCache
-
     batch, context = integer("batch", batch), integer("context", context)
     shape = model.shape
     element = torch.empty((), dtype=model.dtype).element_size()
@@ -383,26 +246,19 @@ def random_cache(model, batch: int, context: int, seed: int = 0):
     return cache
 
 
-class _Step:
+class RandomCacheStep:
     """One decode step at a fixed (batch, context), repeatable: the cache is cropped back after each call."""
 
     def __init__(self, model, batch: int, context: int, seed: int = 0):
-        import torch
-
-        from kvlab.decode import _last_logits_only
-        from kvlab.versions import cache_kwargs
-
         self.model, self.context = model, context
         self.cache = random_cache(model, batch, context, seed)
         dev = model.device
         self.token = torch.randint(0, model.config.vocab_size, (batch, 1), device=dev)
         self.kw = dict(attention_mask=torch.ones(batch, context + 1, dtype=torch.long, device=dev),
                        position_ids=torch.full((batch, 1), context, dtype=torch.long, device=dev),
-                       use_cache=True, **cache_kwargs(model, self.cache), **_last_logits_only(model))
+                       use_cache=True, **cache_kwargs(model, self.cache), **last_logits_only(model))
 
     def __call__(self):
-        import torch
-
         with torch.inference_mode():
             self.model(self.token, **self.kw)
         self.cache.crop(-1)  # drop the token just appended: every call is the same step
@@ -413,9 +269,7 @@ def step_time(model, batch: int = 1, context: int = 128, warmup: int = 2, reps: 
     tokens each (random keys and values, see ``random_cache``). The step includes what transformers'
     ``DynamicCache`` does on every step (appending the new key and value by concatenation).
     """
-    from kvlab.lab.timing import measure
-
-    step = _Step(model, integer("batch", batch), integer("context", context))
+    step = RandomCacheStep(model, integer("batch", batch), integer("context", context))
     return measure(step, warmup=warmup, reps=reps, device=model.device)
 
 
@@ -509,15 +363,11 @@ def profile_step(model, batch: int = 1, context: int = 128, warmup: int = 2, rep
     the plain one; the fractions are taken within the hooked step, the weight-read share against the
     plain one.
     """
-    import torch
-
-    from kvlab.lab.hardware import calibrate, device_name
-
     batch, context = integer("batch", batch), integer("context", context)
     integer("reps", reps)
     cal = calibration or calibrate()
     plain = step_time(model, batch, context, warmup=warmup, reps=reps)
-    step = _Step(model, batch, context)
+    step = RandomCacheStep(model, batch, context)
     modules = _matmul_modules(model)
     cuda = model.device.type == "cuda"
 
@@ -577,9 +427,6 @@ def bench_rows(result: GemvSweep | None = None, calibration: Calibration | None 
     calibrated copy bandwidth, and the ridge point, calibrated (matmul rate / copy bandwidth) and
     measured (the knee of both roofline segments fitted to the sweep), in FLOP/byte and as a batch n.
     """
-    from kvlab.lab.bench import Row
-    from kvlab.lab.hardware import calibrate
-
     cal = calibration or calibrate()
     s = result or sweep()
     one, w = s.points[0], s.points[0].element_size

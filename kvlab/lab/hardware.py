@@ -1,7 +1,9 @@
-"""The machine under the measurement: device choice, accelerator specifications, calibration, stamps.
+"""Every notebook: the machine under the measurement, its device, calibration and stamp.
 
-Serves every section: the roofline of 9.3 divides bytes by a bandwidth and FLOPs by a rate, and
-each figure in the book names the device and versions it was measured on.
+The roofline of section 9.3 divides bytes by a bandwidth and FLOPs by a rate; ``calibrate``
+measures both on this machine, and ``calibrated_device`` turns them into an ``Accelerator`` that
+``kvlab.theory`` accepts in place of a datasheet's (``kvlab.theory.specs``). Each figure in the book
+names, with ``stamp``, the device and versions it was measured on.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ import os
 import platform
 import subprocess
 from dataclasses import dataclass
+
+from kvlab._checks import positive
+from kvlab.lab.timing import measure
+from kvlab.theory.specs import Accelerator
 
 
 def device():
@@ -137,8 +143,6 @@ def calibrate() -> Calibration:
     """
     import torch
 
-    from kvlab.lab.timing import measure
-
     dev, half = device_and_dtype()
     gpu = dev.type == "cuda"
     nbytes = (1 << 30) if gpu else (256 << 20)
@@ -154,4 +158,28 @@ def calibrate() -> Calibration:
         matmul_flops=2 * n**3 / mm_s,
         matmul_dtype=str(dtype).removeprefix("torch."),
         device=device_name(),
+    )
+
+
+def memory_bytes(device=None) -> int:
+    """Memory of kvlab's device: a GPU's total memory, or the machine's physical RAM."""
+    import torch
+
+    dev = torch.device(device) if device is not None else device_and_dtype()[0]
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).total_memory
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def calibrated_device(calibration: Calibration | None = None, memory: float | None = None) -> Accelerator:
+    """This machine as an ``Accelerator`` for ``kvlab.theory.roofline``: the calibrated copy bandwidth as
+    its bytes/s, the calibrated matmul rate as its FLOP/s (in the calibration's dtype, which on a
+    CPU is fp32), and ``memory`` bytes (default: ``memory_bytes()``).
+    """
+    c = calibration or calibrate()
+    memory = memory_bytes() if memory is None else positive("memory", memory)
+    return Accelerator(
+        name=f"{c.device} (calibrated)", hbm_bytes=float(memory), hbm_bytes_per_s=c.copy_bytes_per_s,
+        bf16_flops=c.matmul_flops, dies=1, die_bytes_per_s=c.copy_bytes_per_s, fabric_bytes_per_s=None,
+        source=f"measured by kvlab.calibrate(): copy bandwidth and {c.matmul_dtype} matmul rate",
     )

@@ -8,6 +8,7 @@ make the generated text meaningless, which no measurement in the book depends on
 
 from __future__ import annotations
 
+from kvlab._checks import integer
 from kvlab.theory.shapes import SHAPES, SSM_SHAPES, ModelShape, SSMShape
 
 # The hub checkpoints behind the small shapes, for readers with a network (load_model).
@@ -109,6 +110,8 @@ def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape |
     model.generation_config.pad_token_id = 0
     model.shape = ModelShape.from_config(config, name=base.name)
     return model
+
+
 # Accepted by tiny_model but kept out of ARCHITECTURES: kvlab.decode passes the growing attention mask
 # at every decode step and uses StaticCache, which MambaForCausalLM does not take (section 9.6).
 SSM_ARCHITECTURES = ("mamba",)
@@ -162,13 +165,46 @@ def _tiny_mamba(size, shape, dtype, device, seed, **overrides):
     return model
 
 
+def tiny_hybrid(layers: int = 4, attention_layers: int = 2, hidden: int = 64, heads: int = 4,
+                kv_heads: int | None = None, state_size: int = 16, expand: int = 2, vocab: int = 512, seed: int = 0, dtype=None, device=None):
+    """A random-weight Jamba (Mamba layers with every (L/k)-th layer attention), built from a config.
+
+    ``attention_layers`` k of ``layers`` L must divide L: layers L/k - 1, 2L/k - 1, ... are
+    attention (multi-head unless ``kv_heads``), the rest Mamba layers of ``expand * hidden`` channels
+    and a ``state_size`` state; the MLPs are dense (one expert). Section 9.6: a real hybrid cache, as Jamba (Lieber et al. 2024) keeps one.
+    k = 0 is refused: transformers' Jamba cannot run with a cache holding no attention layer (its
+    ``get_seq_length`` raises); a pure SSM is ``tiny_model("mamba")``.
+    """
+    import torch
+    import transformers
+
+    from kvlab.lab.hardware import device as default_device
+
+    integer("layers", layers, 1)
+    integer("attention_layers", attention_layers, 1)
+    if attention_layers > layers or layers % attention_layers:
+        raise ValueError(f"attention_layers must be a divisor of layers={layers}, got {attention_layers}")
+    period = layers // attention_layers
+    config = transformers.JambaConfig(
+        hidden_size=hidden, num_hidden_layers=layers, vocab_size=vocab, num_attention_heads=heads,
+        num_key_value_heads=kv_heads or heads, intermediate_size=2 * hidden, num_experts=1, num_experts_per_tok=1,
+        attn_layer_period=period, attn_layer_offset=period - 1, mamba_d_state=state_size, mamba_expand=expand,
+        mamba_dt_rank=max(1, -(-hidden // 16)), mamba_d_conv=4, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    dev = torch.device(device) if device is not None else default_device()
+    torch.manual_seed(seed)
+    with torch.device(dev):
+        model = transformers.JambaForCausalLM(config)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval()
+
+
 def load_model(name: str, dtype=None, device=None):
     """A real checkpoint: a ``SHAPES`` key with a hub name (``llama-3.2-1b``...), a hub id, or a local path.
 
     Needs the network (or a local copy); offline it raises a ``RuntimeError`` that says so, and points
     at ``tiny_model`` which needs neither.
     """
-    import torch
     import transformers
 
     from kvlab.lab.hardware import device_and_dtype

@@ -1,6 +1,7 @@
-"""Timing that a reader can trust: synchronised, warm-up excluded, median of repeats.
+"""Every notebook: timing that a reader can trust, synchronised, warm-up excluded, median of repeats.
 
-On a GPU each repeat is bracketed by CUDA events; on a CPU by ``time.perf_counter``.
+On a GPU each repeat is bracketed by CUDA events; on a CPU by ``time.perf_counter``. This module
+depends on nothing else in ``kvlab.lab`` (``hardware.calibrate`` times with it).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+
 from kvlab._checks import integer
 
 
@@ -29,15 +31,16 @@ class Timing:
 def measure(fn, warmup: int = 2, reps: int = 5, device=None) -> Timing:
     """Time ``fn()``: ``warmup`` untimed calls, then ``reps`` timed ones.
 
-    ``device`` defaults to kvlab's device; pass ``"cpu"`` to time host code on a GPU machine.
+    ``device`` defaults to kvlab's device (the first CUDA GPU when there is one, as
+    ``kvlab.lab.hardware.device()``); pass ``"cpu"`` to time host code on a GPU machine.
     """
     import torch
 
-    from kvlab.lab.hardware import device as default_device
-
     integer("warmup", warmup, 0)
     integer("reps", reps, 1)
-    dev = torch.device(device) if device is not None else default_device()
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
     cuda = dev.type == "cuda"
     for _ in range(warmup):
         fn()

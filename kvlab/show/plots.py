@@ -9,12 +9,12 @@ measured on. No widgets here (those are in ``widgets.py``).
 from __future__ import annotations
 
 import functools
-import math
 
 import matplotlib.pyplot as plt
 import numpy as np
 
 from kvlab.lab import hardware
+from kvlab.show.format import si, sig
 
 _STAMP_GID = "kvlab-stamp"
 _STAMP_SIZE = 6.5  # points
@@ -131,42 +131,12 @@ def roofline_axes(ax, peak_flops: float, bytes_per_s: float, *, intensities=None
         label = f"roof: {si(peak_flops, 'FLOP/s')}, {si(bytes_per_s, 'B/s')}"
     (line,) = ax.loglog(grid, np.minimum(peak_flops, grid * bytes_per_s), "-", lw=2, label=label)
     ax.plot([ridge], [peak_flops], "o", color=line.get_color(), ms=6)
-    ax.annotate(f"ridge: {_sig(ridge)} FLOP/B", (ridge, peak_flops), xytext=(8, -14),
+    ax.annotate(f"ridge: {sig(ridge)} FLOP/B", (ridge, peak_flops), xytext=(8, -14),
                 textcoords="offset points", fontsize=_TICK_SIZE, color=line.get_color())
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("FLOP/s")
     ax.legend(fontsize=_LEGEND_SIZE)
     return ax
-
-
-_PREFIXES = [(1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
-_SECONDS = [(1.0, ""), (1e-3, "m"), (1e-6, "µ"), (1e-9, "n")]
-
-
-def _sig(x: float, digits: int = 3) -> str:
-    return f"{x:.{digits}g}"
-
-
-def si(value: float, unit: str, digits: int = 3) -> str:
-    """Format a quantity with an SI prefix and ``digits`` significant figures, for prose and labels.
-
-    ``si(3.35e12, "B/s") == "3.35 TB/s"``, ``si(0.0051, "s") == "5.1 ms"``, ``si(2.5e-6, "s") ==
-    "2.5 µs"``. Seconds scale down (ms, µs, ns) but never up; other units scale up (k to E) but
-    never down. Prefixes are decimal, as in the datasheets. Serves every section.
-    """
-    value = float(value)
-    if not math.isfinite(value) or value == 0:
-        return f"{value:g} {unit}".rstrip()
-    sign = "-" if value < 0 else ""
-    # Round first, so that 999.96e9 becomes "1 TB/s", not "1e+03 GB/s".
-    mag = float(_sig(abs(value), digits))
-    table = _SECONDS if unit == "s" else _PREFIXES + [(1.0, "")]
-    for scale, prefix in table:
-        if mag >= scale:
-            break
-    if unit == "s" and mag >= 1e3:
-        return f"{sign}{mag:,.0f} s"
-    return f"{sign}{_sig(mag / scale, digits)} {prefix}{unit}".rstrip()
 
 
 def _op_kind(name: str) -> str:

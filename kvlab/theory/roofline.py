@@ -1,29 +1,33 @@
-"""The analytical model of decode: bytes and FLOPs of one step, its roofline floor, admission,
-the traffic and capacity crossovers, compression speedup, die placement, the unified footprint
-model, prefill time with a prefix hit rate, transfer time, and the design rules.
+"""Notebook 03, GEMV-like decode and the roofline (section 9.3), and notebook 10, the memory wall:
+the analytical model of one decode step.
 
-Serves section 9.3 of the book (seed 000, "9 Decode and KV Cache": the decode-step floor of
-Table 9.1), section 9.7 (Table 9.3) and the memory-wall notebook (seed 004, "The KV Cache Is the
-New Memory Wall": Eqs. (1) and (4)-(14), Propositions 3.1-3.6, Corollary 3.8, appendices A and B,
-and the design rules of section 6.2).
+Bytes and FLOPs of one step, its roofline floor, admission (do weights plus cache fit), arithmetic
+intensity and the ridge, the traffic and capacity crossovers s* and s_cap, the largest admitted
+batch, compression speedup, die placement, prefill time with a prefix hit rate, transfer time, and
+recompute against swap. The footprint model and the design rules built on these are in
+``kvlab.theory.memory_wall``.
+
+Sources: the Decode and KV Cache chapter, 2026 (the decode-step floor of Table 9.1, section 9.7's
+windows) and the KV Cache Memory Wall, 2026 (Eqs. (1) and (5)-(14), Propositions 3.1-3.6,
+Corollary 3.8, appendices A and B); the roofline itself is Williams et al. 2009.
 
 Pure Python: importable without torch.
 
-Units are decimal SI throughout, as seed 004 (appendix C.2) prescribes: bytes, seconds, FLOP and
-tokens; k = 1e3, M = 1e6, GB = 1e9 bytes, TB/s = 1e12 bytes/s; 128k tokens means 128,000 tokens,
-not 2**17. (Seed 000's Table 9.3 prints binary GiB; divide by 2**30 to compare with it.)
+Units are decimal SI throughout, as the memory-wall paper (appendix C.2) prescribes: bytes, seconds,
+FLOP and tokens; k = 1e3, M = 1e6, GB = 1e9 bytes, TB/s = 1e12 bytes/s; 128k tokens means 128,000
+tokens, not 2**17. (The chapter's Table 9.3 prints binary GiB; divide by 2**30 to compare with it.)
 
-Notation (seed 004, Table 10): P parameters, w_p and w_kv bytes per weight and cache element,
-L layers, n_q and n_kv query and key-value heads, d_h head dimension, g = n_q / n_kv, s context
-(cached tokens per sequence), b batch (sequences decoded together), beta bandwidth in bytes/s.
-Two per-token constants recur:
+Notation (the memory-wall paper's Table 10): P parameters, w_p and w_kv bytes per weight and cache
+element, L layers, n_q and n_kv query and key-value heads, d_h head dimension, g = n_q / n_kv, s
+context (cached tokens per sequence), b batch (sequences decoded together), beta bandwidth in
+bytes/s. Two per-token constants recur:
 
     K = 2 L n_kv d_h w_kv     cache bytes per token (Eq. 1; MLA: L (d_c + d_r) w_kv)
     A = 4 L n_q d_h           attention FLOP per cached token per sequence (Eq. 5, Table 8)
 
 A shape with a sliding ``window`` retains only min(s, window) tokens: its cache bytes, attention
-FLOPs and footprint stop growing at the window (seed 000, section 9.7). Everything else follows
-seed 004, whose model assumes a full cache.
+FLOPs and footprint stop growing at the window (the chapter's section 9.7). Everything else follows
+the memory-wall paper, whose model assumes a full cache.
 
 ``hw`` is an ``Accelerator`` from ``kvlab.theory.specs.SPECS`` or its key (``"b200"``).
 """
@@ -32,58 +36,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass
 
-from kvlab._checks import integer
-from kvlab.theory.specs import LINKS, SPECS, Accelerator, Link, link, spec
-from kvlab.theory.shapes import ModelShape
+from kvlab._checks import between, integer, positive, real
+from kvlab.theory.shapes import ModelShape, model_shape
+from kvlab.theory.specs import LINKS, accelerator, as_link
 
 PLACEMENTS = ("striped", "pinned")
-QUALITY_BUDGETS = ("none", "small", "moderate")
-
-
-# --------------------------------------------------------------------------- argument checks
-
-
-def _real(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    return float(value)
-
-
-def _positive(name: str, value) -> float:
-    """A finite real number > 0 (bytes, widths, bandwidths, factors)."""
-    x = _real(name, value)
-    if not (x > 0 and math.isfinite(x)):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return x
-
-
-def _between(name: str, value, low: float, high: float, *, low_open=False, high_open=False) -> float:
-    """A real number in the interval [low, high], with either end open on request."""
-    x = _real(name, value)
-    above = x > low if low_open else x >= low
-    below = x < high if high_open else x <= high
-    if not (above and below):
-        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        raise ValueError(f"{name} must be in {interval}, got {value!r}")
-    return x
-
-
-def _device(hw) -> Accelerator:
-    """An ``Accelerator``, or the ``SPECS`` key of one (unknown keys raise ValueError)."""
-    if isinstance(hw, Accelerator):
-        return hw
-    if isinstance(hw, str):
-        return spec(hw)
-    raise TypeError(f"hw must be an Accelerator or one of {', '.join(SPECS)}, got {type(hw).__name__}")
-
-
-def _model(shape) -> ModelShape:
-    if not isinstance(shape, ModelShape):
-        raise TypeError(f"shape must be a ModelShape (see kvlab.theory.shapes.SHAPES), got {type(shape).__name__}")
-    return shape
 
 
 def _placement(placement) -> str:
@@ -101,18 +60,18 @@ def _gb(nbytes: float) -> str:
 
 def retained_tokens(shape: ModelShape, context: int) -> int:
     """Tokens a sequence keeps in its cache: s, or min(s, W) for a sliding window W (seed 000, 9.7)."""
-    shape, context = _model(shape), integer("context", context)
+    shape, context = model_shape(shape), integer("context", context)
     return min(context, shape.window) if shape.window else context
 
 
 def kv_bytes_per_token(shape: ModelShape, w_kv: float = 2) -> float:
     """K = 2 L n_kv d_h w_kv, cache bytes per token across all layers (seed 004, Eq. 1)."""
-    return _model(shape).kv_bytes_per_token(_positive("w_kv", w_kv))
+    return model_shape(shape).kv_bytes_per_token(positive("w_kv", w_kv))
 
 
 def attention_flops_per_token(shape: ModelShape) -> float:
     """A = 4 L n_q d_h: a score and a weighted sum per query head per cached token (seed 004, Eq. 5)."""
-    shape = _model(shape)
+    shape = model_shape(shape)
     return 4 * shape.layers * shape.q_heads * shape.head_dim
 
 
@@ -150,7 +109,7 @@ def step_bytes(shape: ModelShape, batch: int, context: int, w_p: float = 2, w_kv
     """
     batch = integer("batch", batch)
     tokens = retained_tokens(shape, context)
-    weights = shape.params * _positive("w_p", w_p)
+    weights = shape.params * positive("w_p", w_p)
     return StepBytes(weights=weights, kv=batch * tokens * kv_bytes_per_token(shape, w_kv))
 
 
@@ -174,7 +133,7 @@ def step_time_floor(shape: ModelShape, hw, batch: int, context: int, w_p: float 
 
     Decode sits far below the ridge, so the byte term is the floor in every case the seeds work.
     """
-    hw = _device(hw)
+    hw = accelerator(hw)
     read = step_bytes(shape, batch, context, w_p, w_kv).total / effective_bandwidth(hw, placement)
     compute = step_flops(shape, batch, context).total / hw.bf16_flops
     return max(read, compute)
@@ -210,7 +169,7 @@ class Admission:
 def admitted(shape: ModelShape, hw, batch: int, context: int, w_p: float = 2, w_kv: float = 2,
              devices: int = 1) -> Admission:
     """Do P w_p + b s K bytes fit in the HBM of ``devices`` accelerators? (seed 000, 9.3; seed 004, Table 5)"""
-    hw = _device(hw)
+    hw = accelerator(hw)
     devices = integer("devices", devices)
     need = step_bytes(shape, batch, context, w_p, w_kv)
     return Admission(weights=need.weights, kv=need.kv, available=devices * hw.hbm_bytes)
@@ -237,9 +196,9 @@ def decode_floor_table(shape: ModelShape, hw, cases, params: float | None = None
     ideal rate B / T_step over all sequences, or None for both where the row is not admitted.
     ``params`` overrides ``shape.params`` (Table 9.1 uses 8e9 for its 8B model).
     """
-    shape = _model(shape)
+    shape = model_shape(shape)
     if params is not None:
-        shape = dataclasses.replace(shape, params=_positive("params", params))
+        shape = dataclasses.replace(shape, params=positive("params", params))
     rows = []
     for batch, context in cases:
         fit = admitted(shape, hw, batch, context, w_p, w_kv)
@@ -267,7 +226,7 @@ def batch_intensity_ceiling(shape: ModelShape, context: int, w_p: float = 2, w_k
     (seed 004, Prop. 3.1(iv)). Dense weights only: a window is not applied here.
     """
     context = integer("context", context)
-    s_star = shape.params * _positive("w_p", w_p) / kv_bytes_per_token(shape, w_kv)
+    s_star = shape.params * positive("w_p", w_p) / kv_bytes_per_token(shape, w_kv)
     return kv_intensity_floor(shape, w_kv) + (2 / w_p) * s_star / context
 
 
@@ -275,19 +234,19 @@ def fixed_point_batch(shape: ModelShape, w_p: float = 2, w_kv: float = 2) -> flo
     """b-dagger = g w_p / w_kv (= A w_p / (2K)): the batch at which AI(s, b) does not depend on s
     (seed 004, Eq. 9, Prop. 3.1(iii)). Below it AI rises with s, above it AI falls.
     """
-    return kv_intensity_floor(shape, w_kv) * _positive("w_p", w_p) / 2
+    return kv_intensity_floor(shape, w_kv) * positive("w_p", w_p) / 2
 
 
 def ridge_point(hw) -> float:
     """I* = peak dense bf16 FLOP/s over aggregate HBM bytes/s (seed 004, Table 3, appendix B.4)."""
-    return _device(hw).ridge_point
+    return accelerator(hw).ridge_point
 
 
 def ridge_batch(hw, w_p: float = 2) -> float:
     """b = I* w_p / 2, the batch at which the weight products alone reach the ridge
     (seed 004, section 1.1 and Prop. 3.3(iii); seed 000, 9.3).
     """
-    return ridge_point(hw) * _positive("w_p", w_p) / 2
+    return ridge_point(hw) * positive("w_p", w_p) / 2
 
 
 # --------------------------------------------------------------------------- crossovers
@@ -301,7 +260,7 @@ def crossover_context(shape: ModelShape, batch: int = 1, w_p: float = 2, w_kv: f
     returns ``math.inf``.
     """
     batch = integer("batch", batch)
-    s_star = shape.params * _positive("w_p", w_p) / (batch * kv_bytes_per_token(shape, w_kv))
+    s_star = shape.params * positive("w_p", w_p) / (batch * kv_bytes_per_token(shape, w_kv))
     return math.inf if shape.window and s_star > shape.window else s_star
 
 
@@ -312,9 +271,9 @@ def capacity_context(shape: ModelShape, hw, w_p: float = 2, w_kv: float = 2, bat
 
     For a sliding-window shape whose whole window fits, every context fits: returns ``math.inf``.
     """
-    hw = _device(hw)
+    hw = accelerator(hw)
     batch, devices = integer("batch", batch), integer("devices", devices)
-    free = devices * hw.hbm_bytes - shape.params * _positive("w_p", w_p)
+    free = devices * hw.hbm_bytes - shape.params * positive("w_p", w_p)
     if free <= 0:
         return None
     per_token = batch * kv_bytes_per_token(shape, w_kv)
@@ -328,9 +287,9 @@ def free_beside_weights(shape: ModelShape, hw, w_p: float = 2, devices: int = 1)
     The margin behind s_cap (seed 004, Eq. 13). Pass ``hardware.exposed_memory(hw)`` for the memory
     the driver really reports, or a shape with ``params=shape.counted_params()`` for unrounded weights.
     """
-    hw = _device(hw)
+    hw = accelerator(hw)
     devices = integer("devices", devices)
-    return devices * hw.hbm_bytes - _model(shape).params * _positive("w_p", w_p)
+    return devices * hw.hbm_bytes - model_shape(shape).params * positive("w_p", w_p)
 
 
 def max_batch(shape: ModelShape, hw, context: int, w_p: float = 2, w_kv: float = 2, devices: int = 1) -> int:
@@ -367,7 +326,7 @@ def admitted_rate(shape: ModelShape, hw, context: int, w_p: float = 2, w_kv: flo
     batch = max_batch(shape, hw, context, w_p, w_kv, devices)
     if batch == 0:
         return AdmittedRate(0, None, None)
-    hw = _device(hw)
+    hw = accelerator(hw)
     if devices > 1:  # the step's bytes are read by all devices' HBM together
         hw = dataclasses.replace(hw, hbm_bytes_per_s=devices * hw.hbm_bytes_per_s,
                                  die_bytes_per_s=devices * hw.die_bytes_per_s, bf16_flops=devices * hw.bf16_flops)
@@ -390,11 +349,11 @@ def compression_speedup(c: float, context: int, s_star: float) -> float:
     Pass the crossover of the batch in question, ``crossover_context(shape, batch)``; an infinite
     crossover (a window that never catches up) gives S = 1.
     """
-    c = _positive("c", c)
+    c = positive("c", c)
     context = integer("context", context)
-    if _real("s_star", s_star) == math.inf:
+    if real("s_star", s_star) == math.inf:
         return 1.0
-    s_star = _positive("s_star", s_star)
+    s_star = positive("s_star", s_star)
     return c * (context + s_star) / (context + c * s_star)
 
 
@@ -415,7 +374,7 @@ def effective_bandwidth(hw, placement: str = "striped") -> float:
     with CPX compute partitions) make memory local to a part of the package, and each part
     is then a separate device with its share of the bandwidth.
     """
-    hw, placement = _device(hw), _placement(placement)
+    hw, placement = accelerator(hw), _placement(placement)
     if hw.dies == 1:
         return hw.hbm_bytes_per_s
     if placement == "pinned":
@@ -432,42 +391,7 @@ def rate_ceiling(shape: ModelShape, hw, placement: str = "striped", w_kv: float 
     return effective_bandwidth(hw, placement) / kv_bytes_per_token(shape, w_kv)
 
 
-# --------------------------------------------------------------------------- footprint
-
-
-@dataclass(frozen=True)
-class Footprint:
-    """KV bytes stored (``total``), split into those resident in HBM and those on other tiers."""
-
-    total: float
-    hbm: float
-
-    @property
-    def offloaded(self) -> float:
-        return self.total - self.hbm
-
-
-def footprint(shape: ModelShape, context: int, batch: int, w_q: float = 2, retention: float = 1.0,
-              fragmentation: float = 0.0, sharing: float = 1.0, hbm_fraction: float = 1.0) -> Footprint:
-    """The unified KV footprint model (seed 004, Eq. 4, section 2.2):
-
-        M_kv = b s r (2 L n_kv d_h w_q) / ((1 - phi) sigma),   M_hbm = lambda M_kv
-
-    Each mitigation domain sets one factor: quantization the stored width ``w_q`` (bytes per element,
-    0.25 for 2-bit), eviction the ``retention`` r in (0, 1], paging the ``fragmentation`` phi in [0, 1)
-    (the fraction of allocated cache memory wasted), prefix caching the ``sharing`` sigma >= 1, and
-    tiering the HBM-resident fraction ``hbm_fraction`` lambda in [0, 1]. Eq. (4) itself is not in the
-    seed's text; phi as a wasted fraction is this module's reading of section 2.5.
-    """
-    w_q = _positive("w_q", w_q)
-    batch = integer("batch", batch)
-    tokens = retained_tokens(shape, context)
-    r = _between("retention", retention, 0, 1, low_open=True)
-    phi = _between("fragmentation", fragmentation, 0, 1, high_open=True)
-    sigma = _between("sharing", sharing, 1, math.inf, high_open=True)
-    lam = _between("hbm_fraction", hbm_fraction, 0, 1)
-    total = batch * tokens * kv_bytes_per_token(shape, w_q) * r / ((1 - phi) * sigma)
-    return Footprint(total=total, hbm=lam * total)
+# --------------------------------------------------------------------------- prefill and transfer
 
 
 def sharing_factor(prefix_tokens: int, suffix_tokens: int, requests: int) -> float:
@@ -482,9 +406,6 @@ def sharing_factor(prefix_tokens: int, suffix_tokens: int, requests: int) -> flo
     return n * (p + u) / (p + n * u)
 
 
-# --------------------------------------------------------------------------- prefill and transfer
-
-
 def prefill_flops(shape: ModelShape, tokens: int, hit_rate: float = 0.0) -> float:
     """FLOPs to encode the uncached part of an s-token prompt when a fraction h is already cached
     (seed 004, appendix A.3, section 4.5):
@@ -495,9 +416,9 @@ def prefill_flops(shape: ModelShape, tokens: int, hit_rate: float = 0.0) -> floa
     summed over i = hs..s that is A (s^2 - (hs)^2) / 2, hence 1 - h^2. Full causal attention (no
     window) is assumed.
     """
-    shape = _model(shape)
+    shape = model_shape(shape)
     s = integer("tokens", tokens)
-    h = _between("hit_rate", hit_rate, 0, 1)
+    h = between("hit_rate", hit_rate, 0, 1)
     weights = 2 * shape.params * s * (1 - h)
     attention = attention_flops_per_token(shape) / 2 * s**2 * (1 - h**2)
     return weights + attention
@@ -509,9 +430,9 @@ def prefill_time(shape: ModelShape, hw, tokens: int, mfu: float = 0.7, hit_rate:
     (seed 004, appendix A.3 and C.4 (iii): mu = 0.70). Give the cached share either as
     ``hit_rate`` h or as ``prefix_tokens`` (h = prefix_tokens / tokens), not both.
     """
-    hw = _device(hw)
+    hw = accelerator(hw)
     tokens = integer("tokens", tokens)
-    mu = _between("mfu", mfu, 0, 1, low_open=True)
+    mu = between("mfu", mfu, 0, 1, low_open=True)
     prefix = integer("prefix_tokens", prefix_tokens, 0)
     if prefix > tokens:
         raise ValueError(f"prefix_tokens must be in [0, tokens={tokens}], got {prefix}")
@@ -525,15 +446,7 @@ def transfer_time(nbytes: float, link_bytes_per_s: float, codec: float = 1.0) ->
     """Seconds to move ``nbytes`` over a link, x / (codec * beta_link), where ``codec`` is the
     transport codec's size reduction (seed 004, section 2.7, appendix B.5; CacheGen's is about 4).
     """
-    return _positive("nbytes", nbytes) / (_positive("codec", codec) * _positive("link_bytes_per_s", link_bytes_per_s))
-
-
-def _link(value) -> Link:
-    if isinstance(value, Link):
-        return value
-    if isinstance(value, str):
-        return link(value)
-    raise TypeError(f"link must be a Link or one of {', '.join(LINKS)}, got {type(value).__name__}")
+    return positive("nbytes", nbytes) / (positive("codec", codec) * positive("link_bytes_per_s", link_bytes_per_s))
 
 
 @dataclass(frozen=True)
@@ -573,138 +486,16 @@ def recompute_or_swap(shape: ModelShape, hw, link=None, w_kv: float = 2, mfu: fl
     efficiently the link is used: many small copies (small blocks) reach a fraction of its rate,
     which ``paged_decode.measure_host_copy`` measures.
     """
-    shape, hw = _model(shape), _device(hw)
-    mu = _between("mfu", mfu, 0, 1, low_open=True)
+    shape, hw = model_shape(shape), accelerator(hw)
+    mu = between("mfu", mfu, 0, 1, low_open=True)
     if link is None:
         if hw.host_link is None:
             raise ValueError(f"{hw.name} has no host_link recorded; pass link= one of {', '.join(LINKS)}")
         link = hw.host_link
-    chosen = _link(link)
+    chosen = as_link(link)
     flops = mu * hw.bf16_flops
     k = kv_bytes_per_token(shape, w_kv)
     return RecomputeOrSwap(
         shape=shape.name, device=hw.name, link=chosen.name,
         recompute=2 * shape.params_per_token / flops, swap=2 * k / chosen.bytes_per_s_each_way,
         params_per_kv_byte=shape.params_per_token / k, flops_per_link_byte=flops / chosen.bytes_per_s_each_way)
-
-
-# --------------------------------------------------------------------------- design rules
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """One step of the decision procedure: the rule (1-8 of seed 004, section 6.2), the domain it
-    concerns, the advice (which may be to leave the domain alone), and the numbers behind it.
-    """
-
-    rule: int
-    domain: str
-    advice: str
-    reason: str
-
-
-def _regime(context: int, s_star: float, s_cap: float | None) -> str:
-    if s_cap is None or context > s_cap:
-        return "beyond capacity"
-    return "weight-bound" if context < s_star else "KV-bound"
-
-
-def recommend(shape: ModelShape, hw, context: int, batch: int, quality_budget: str,
-              retrieval_critical: bool = False) -> list[Recommendation]:
-    """The eight design rules of seed 004, section 6.2, applied in order (its Algorithm 1).
-
-    ``quality_budget`` is the accuracy the deployment may give up for speed:
-      - ``"none"``: lossless domains only (paging, prefix caching, tiering, placement);
-      - ``"small"``: also KV quantization to 8 or 4 bits, reported near-free (section 4.3);
-      - ``"moderate"``: also 2-bit KV with structure-aware layouts and eviction down to r = 0.5,
-        each validated on position-sensitive (needle-style) probes.
-    ``retrieval_critical`` traffic is never evicted (rule 5). BF16 weights and cache are assumed.
-    Returns one ``Recommendation`` per rule that applies to this (shape, device, s, b).
-    """
-    shape, hw = _model(shape), _device(hw)
-    if quality_budget not in QUALITY_BUDGETS:
-        raise ValueError(f"quality_budget must be one of {QUALITY_BUDGETS}, got {quality_budget!r}")
-    context, batch = integer("context", context), integer("batch", batch)
-    s_star = crossover_context(shape, batch)
-    s_cap = capacity_context(shape, hw, batch=batch)
-    regime = _regime(context, s_star, s_cap)
-    cap = "none (the weights alone do not fit)" if s_cap is None else f"{s_cap:,.0f} tokens"
-    recs = [
-        Recommendation(1, "regime", f"{regime}: choose techniques for this regime",
-                       f"on {hw.name}: s = {context:,}, s*({batch}) = {s_star:,.0f}, s_cap = {cap}"),
-        Recommendation(2, "paging", "enable always", "lossless; raises the feasible batch, not decode speed"),
-        Recommendation(2, "prefix caching", "enable always",
-                       "lossless; divides stored bytes by sigma and skips prefill of shared tokens"),
-    ]
-    byte_factor = 1.0
-    if context < s_star:
-        recs.append(Recommendation(
-            3, "weights and batching",
-            "do not compress the KV cache for speed at this batch; spend effort on prefill, batching and "
-            "weight precision",
-            f"s < s*: even 4-bit KV (c = 4) would give only {compression_speedup(4, context, s_star):.2f}x at "
-            f"b = {batch}; {_rule3_scope(shape, hw, context)}"))
-    else:
-        byte_factor = _quantize(recs, quality_budget, context, s_star)
-        byte_factor = _evict(recs, quality_budget, retrieval_critical, context, s_star, byte_factor)
-    if regime == "beyond capacity":
-        recs.append(_tier(shape, hw, batch, context, byte_factor))
-    if hw.dies > 1:
-        gain = effective_bandwidth(hw, "striped") / effective_bandwidth(hw, "pinned")
-        recs.append(Recommendation(7, "placement",
-                                   "keep KV reads striped across dies (default memory modes interleave "
-                                   "addresses across all stacks; partitioned modes pin)",
-                                   f"{hw.dies} dies: striping reads {gain:.1f}x faster than pinning (Eq. 11)"))
-    recs.append(Recommendation(
-        8, "re-evaluation", "recompute s*, s_cap and the ridge on every model, hardware or workload change",
-        "s* moves as 1/b with batch; s_cap and the ridge move with the device"))
-    return recs
-
-
-def _rule3_scope(shape: ModelShape, hw: Accelerator, context: int) -> str:
-    """Where capacity binds, compression admits a larger batch at about the same step floor."""
-    bf16, int4 = max_batch(shape, hw, context), max_batch(shape, hw, context, w_kv=0.5)
-    if int4 <= bf16 or int4 == 0:
-        return f"capacity admits {bf16} sequences in bf16 and no more with 4-bit KV"
-    return (f"but capacity admits {bf16} sequence{'s' * (bf16 != 1)} in bf16 and {int4} with 4-bit KV: "
-            f"compress if the batch is capacity-bound")
-
-
-def _quantize(recs: list, budget: str, context: int, s_star: float) -> float:
-    """Rule 4: above s*, quantize first, as far as the quality budget allows. Returns the byte factor."""
-    if budget == "none":
-        recs.append(Recommendation(4, "quantization", "do not quantize: the quality budget allows no loss",
-                                   f"4-bit KV would give {compression_speedup(4, context, s_star):.2f}x"))
-        return 1.0
-    if budget == "small":
-        c, what = 4, "4-bit KV, per-channel keys, outliers isolated"
-    else:
-        c, what = 8, "2-bit KV with a structure-aware layout, validated on position-sensitive probes"
-    recs.append(Recommendation(4, "quantization", what,
-                               f"s >= s*: c = {c} gives {compression_speedup(c, context, s_star):.2f}x (Eq. 14)"))
-    return float(c)
-
-
-def _evict(recs: list, budget: str, retrieval_critical: bool, context: int, s_star: float, c: float) -> float:
-    """Rule 5: evict only when the workload tolerates it, never below r = 0.5 without a needle test."""
-    if retrieval_critical:
-        recs.append(Recommendation(5, "eviction", "do not evict", "retrieval-critical traffic loses evicted positions"))
-        return c
-    if budget != "moderate":
-        recs.append(Recommendation(5, "eviction", "do not evict", f"quality budget {budget!r} excludes eviction"))
-        return c
-    joint = compression_speedup(2 * c, context, s_star)
-    recs.append(Recommendation(5, "eviction", "retain r >= 0.5; run a needle-style evaluation before going lower",
-                               f"joint byte factor {2 * c:g} gives {joint:.2f}x"))
-    return 2 * c
-
-
-def _tier(shape: ModelShape, hw: Accelerator, batch: int, context: int, byte_factor: float) -> Recommendation:
-    """Rule 6: beyond s_cap, tier or shard, saying what is missing with and without compression."""
-    reason = f"BF16 {admitted(shape, hw, batch, context)}"
-    if byte_factor > 1:
-        compressed = admitted(shape, hw, batch, context, w_kv=2 / byte_factor)
-        reason += f"; with KV bytes divided by {byte_factor:g} it {compressed}"
-    return Recommendation(
-        6, "tiering", "tier or shard; codecs on every cross-link transfer; never read per-step KV from a remote tier",
-        reason)

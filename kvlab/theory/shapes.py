@@ -121,6 +121,13 @@ class ModelShape:
         )
 
 
+def model_shape(shape) -> ModelShape:
+    """``shape`` itself, refused with a TypeError unless it is a ``ModelShape``."""
+    if not isinstance(shape, ModelShape):
+        raise TypeError(f"shape must be a ModelShape (see kvlab.theory.shapes.SHAPES), got {type(shape).__name__}")
+    return shape
+
+
 def _shape(name, layers, q, kv, d, hidden, params, vocab, intermediate, **extra):
     return ModelShape(name, layers, q, kv, d, hidden, params, vocab, intermediate=intermediate, **extra)
 

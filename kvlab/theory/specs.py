@@ -125,6 +125,24 @@ def link(key: str) -> Link:
         raise ValueError(f"unknown link {key!r}; known links: {', '.join(LINKS)}") from None
 
 
+def accelerator(hw) -> Accelerator:
+    """``hw`` itself if it is an ``Accelerator``, else the ``SPECS`` entry of its key (``"b200"``)."""
+    if isinstance(hw, Accelerator):
+        return hw
+    if isinstance(hw, str):
+        return spec(hw)
+    raise TypeError(f"hw must be an Accelerator or one of {', '.join(SPECS)}, got {type(hw).__name__}")
+
+
+def as_link(value) -> Link:
+    """``value`` itself if it is a ``Link``, else the ``LINKS`` entry of its key (``"pcie5-x16"``)."""
+    if isinstance(value, Link):
+        return value
+    if isinstance(value, str):
+        return link(value)
+    raise TypeError(f"link must be a Link or one of {', '.join(LINKS)}, got {type(value).__name__}")
+
+
 def exposed_memory(hw) -> Accelerator:
     """``hw`` (an ``Accelerator`` or its ``SPECS`` key) with ``hbm_bytes`` set to the memory the
     driver reports instead of the decimal reading of the marketed figure: an H200 sold as 141 GB
@@ -133,9 +151,7 @@ def exposed_memory(hw) -> Accelerator:
     """
     import dataclasses
 
-    hw = spec(hw) if isinstance(hw, str) else hw
-    if not isinstance(hw, Accelerator):
-        raise TypeError(f"hw must be an Accelerator or one of {', '.join(SPECS)}, got {type(hw).__name__}")
+    hw = accelerator(hw)
     if hw.hbm_bytes_exposed is None:
         known = [k for k, a in SPECS.items() if a.hbm_bytes_exposed is not None]
         raise ValueError(f"the driver-reported memory of {hw.name} is not recorded; known for: {', '.join(known)}")

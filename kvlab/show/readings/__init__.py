@@ -20,11 +20,3 @@ def within(measured: float, predicted: float, factor: float) -> bool:
         return False
     return 1 / factor <= measured / predicted <= factor
 
-
-def sci(x: float, digits: int = 3) -> str:
-    """A large or small count as Markdown math, ``$3.13 \\times 10^{8}$``; plain below 10^6."""
-    if x == 0 or 1e-3 <= abs(x) < 1e6:
-        rounded = float(f"{x:.{digits}g}")
-        return f"{rounded:,.0f}" if abs(rounded) >= 10 ** (digits - 1) else f"{rounded:g}"
-    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
-    return f"${mantissa} \\times 10^{{{int(exponent)}}}$"

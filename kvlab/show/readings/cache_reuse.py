@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from kvlab.show.plots import si
+from kvlab.show.format import si
 from kvlab.show.readings import ratio_text, within
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
@@ -108,7 +108,7 @@ def explore_reading(P: int, G: int, batch: int, model: str, ttft: dict, tpot: di
     text = [f"{model}, $P = {P}$, $G = {G}$, batch {batch}: TPOT was {si(tpot['naive'], 's')} naive, "
             f"{si(tpot['cached'], 's')} cached and {si(tpot['static'], 's')} static; TTFT "
             f"{si(min(ttft.values()), 's')} to {si(max(ttft.values()), 's')}."]
-    from kvlab.decode import attention_work
+    from kvlab.theory.work import attention_work
 
     pairs_ratio = attention_work(P, G) / attention_work(P, G, cached=True)
     if time_ratio <= work_ratio:
@@ -128,7 +128,7 @@ def explore_reading(P: int, G: int, batch: int, model: str, ttft: dict, tpot: di
 
 def gpu_break_even_reading(compile_cost: float) -> str:
     """What this compile time implies on a GPU, where the per-step gain is milliseconds at most."""
-    from kvlab.decode import break_even_tokens
+    from kvlab.theory.work import break_even_tokens
 
     one_ms = break_even_tokens(compile_cost, 1e-3)
     return (f"On a GPU compilation takes as long or longer: tracing and code generation run on the CPU, and "

@@ -58,7 +58,7 @@ def h200_margin_reading(context_cap_seed: float) -> str:
 def kivi_residual_reading(tokens: int, residual: int, group_size: int, bits: int, elements_per_token: int,
                           element_bytes: float, meta_bytes: int, held: float, long_tokens: int = 131_072) -> str:
     """Notebook 08: why a short KIVI cache saves far less than its bit width suggests."""
-    from kvlab.cache.longctx import kivi_nbytes, quantized_nbytes
+    from kvlab.theory.cache_sizes import kivi_nbytes, quantized_nbytes
 
     quantized = max(0, (tokens - residual) // group_size * group_size)
     full_bytes = tokens * elements_per_token * element_bytes
@@ -79,7 +79,7 @@ def nvlink_reading(cache_bytes: float, codec: float, seed_seconds: float, recomp
                    pcie_seconds: float) -> str:
     """Notebook 10: a one-way KV fetch over NVLink gets half the quoted (bidirectional) figure."""
     from kvlab.theory.specs import LINKS
-    from kvlab.show.plots import si
+    from kvlab.show.format import si
     from kvlab.theory.roofline import transfer_time
 
     nvlink, pcie = LINKS["nvlink4"], LINKS["pcie5-x16"]
@@ -110,7 +110,7 @@ def placement_reading(gain_b200: float, gain_mi300x: float) -> str:
 
 def rule3_reading(shape_name: str, device_name: str, context: int, speedup_c4: float, bf16, int4) -> str:
     """Notebook 10: the scope of design rule 3, in numbers."""
-    from kvlab.show.plots import si
+    from kvlab.show.format import si
 
     text = (f"Rule 3 is about step time at a fixed batch: below $s^*$ a 4-bit cache would shorten a step of "
             f"one sequence only {speedup_c4:.2f}x. It does not make compression useless in the weight-bound "

@@ -6,7 +6,12 @@ result; every sentence that depends on the outcome has both branches written.
 
 from __future__ import annotations
 
-from kvlab.lab.diagnose import Diagnosis, StepTrace, Target
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: a reading imports no torch
+    from kvlab.lab.diagnose import Diagnosis
+    from kvlab.lab.step_trace import StepTrace
+    from kvlab.theory.verdict import Target
 
 
 def _ms(seconds: float) -> str:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 
-from kvlab.show.plots import si
-from kvlab.show.readings import ratio_text, sci, within
+from kvlab.show.format import sci, si
+from kvlab.show.readings import ratio_text, within
 
 
 def count(n: float) -> str:
@@ -405,7 +405,7 @@ def long_context_outliers(flat: dict, aligned: dict) -> str:
 
 def long_context_kivi_bytes(bits: int, residual: int, predicted: float, measured: float, full: float) -> str:
     """Exercise 3 of 9.7: the bytes a 4-bit KIVI cache holds with no residual."""
-    text = (f"With residual 0 every whole group of tokens is quantized as soon as it fills: `longctx.kivi_nbytes` "
+    text = (f"With residual 0 every whole group of tokens is quantized as soon as it fills: `kvlab.theory.cache_sizes.kivi_nbytes` "
             f"(packed {bits}-bit codes, plus an FP32 scale and zero point per group, plus the tokens of an "
             f"unfinished group at full precision) gives **{si(predicted, 'B')}**, against {si(full, 'B')} "
             f"for the FP32 cache, {full / predicted:.1f} times fewer. The bar measured {si(measured, 'B')}.")
@@ -631,7 +631,7 @@ def diagnosis_naive_ridge(ridge: float, element_size: int, closed_form: float, c
             f"products over $P w$ bytes, plus attention FLOPs that grow as $n^2$. Its intensity is about "
             f"$2n / w$ FLOP per byte, so it passes this machine's ridge point of {ridge:.3g} FLOP/byte near "
             f"$n \\approx \\text{{ridge}} \\cdot w / 2$, about {closed_form:,.0f} positions (with $w$ = "
-            f"{element_size} bytes). Counting the attention FLOPs too with `kvlab.lab.diagnose.step_work`, the first such context "
+            f"{element_size} bytes). Counting the attention FLOPs too with `kvlab.theory.work.step_work`, the first such context "
             f"is **{crossing:,}** tokens. The page's naive step ran at {context:,} cached tokens, an intensity "
             f"of {intensity:.3g} FLOP/byte, ")
     past = intensity > ridge

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvlab.show.plots import si
+from kvlab.show.format import si
 from kvlab.show.readings import ratio_text, within
 
 

@@ -8,7 +8,7 @@ both outcomes are written, and the other branch says what was expected and the l
 
 from __future__ import annotations
 
-from kvlab.show.plots import si
+from kvlab.show.format import si
 
 SINK_SHARE = 0.25  # a head is a sink head when a quarter or more of its attention goes to the first token
 SINK_FACTOR = 4.0  # ... and that is at least this many times what uniform attention would give it

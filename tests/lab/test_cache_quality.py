@@ -1,6 +1,5 @@
-"""Section 9.7 on a trained model: the measurements notebook 08 makes with kvlab.trained_model(),
-checked here on small random models against independent computations (token-by-token streaming,
-a loop of fresh forward passes, the model's own projections, uniform attention)."""
+"""kvlab.lab.cache_quality: where quantization error enters, attention sinks, and quality through a cache.
+"""
 
 import math
 
@@ -8,7 +7,38 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.cache.longctx import QuantizedKVCache, cached_keys_values, channel_rms, quantize, quantized_cache_quality, recompute_stream_eval, rotary_of, rotate, sink_share, stream_eval, uniform_share
+from kvlab.cache.quantized import quantize
+from kvlab.cache.rope import rotary_of, rotate
+from kvlab.lab.cache_quality import attention_error, cached_keys_values, channel_rms, outlier_keys, quantized_cache_quality, rerotation_scores, sink_share, uniform_share
+from kvlab.lab.streams import stream_eval
+
+
+def test_error_enters_through_scores_and_values_separately():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(4, n, 32, generator=g, dtype=torch.float64) for n in (1, 50, 50))
+    e = attention_error(q, k, v, k, v)
+    assert e["scores"] == e["values"] == e["both"] == 0.0
+    k_hat = quantize(k, 2, 32, axis=-1).dequantize()
+    v_hat = quantize(v, 2, 32, axis=-1).dequantize()
+    e = attention_error(q, k, v, k_hat, v)
+    assert e["scores"] > 0 and e["values"] == 0.0 and e["score_rmse"] > 0
+    e = attention_error(q, k, v, k, v_hat)
+    assert e["values"] > 0 and e["scores"] == 0.0 and e["score_rmse"] == 0.0
+
+
+def test_rerotated_keys_change_scores_by_relative_position():
+    dim = 32
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    q, k = torch.randn(dim), torch.randn(10, dim)
+    pos = torch.arange(10)
+    s = rerotation_scores(q, k, inv_freq, 20, pos)
+    # Correct: depends on t - p. Plus-current-position: on -p. Twice: on t - 2p. Check by rotation.
+    expected = (rotate(k.double(), pos.double() - 20, inv_freq) @ q.double()) / math.sqrt(dim)
+    assert torch.allclose(s["correct"], expected)
+    assert torch.allclose(s["plus current position"], (rotate(k.double(), pos.double(), inv_freq) @ q.double()) / math.sqrt(dim))
+    assert torch.allclose(s["twice its own position"][0], s["correct"][0])  # p = 0 is unharmed
+    assert not torch.allclose(s["twice its own position"][1:], s["correct"][1:])
+
 
 SMALL = dict(layers=2, hidden=64, q_heads=4, kv_heads=2, intermediate=128, vocab=512)
 
@@ -53,25 +83,6 @@ def test_sink_share_rejects_bad_input(model):
         sink_share(sdpa, _ids(20))
 
 
-@pytest.mark.parametrize("window, stride", [(5, 1), (8, 3), (29, 1)])
-def test_recompute_matches_a_loop_of_fresh_forward_passes(model, window, stride):
-    tokens = _ids(30, seed=3)
-    positions, nll = recompute_stream_eval(model, tokens, window, stride=stride, batch=4)
-    assert positions.tolist() == list(range(window - 1, 29, stride))
-    for t, loss in zip(positions.tolist(), nll):
-        with torch.inference_mode():
-            logits = model(tokens[t - window + 1: t + 1][None]).logits[0, -1]
-        expected = torch.nn.functional.cross_entropy(logits[None], tokens[t + 1: t + 2])
-        assert math.isclose(float(loss), float(expected), rel_tol=1e-4, abs_tol=1e-5)
-
-
-def test_recompute_rejects_bad_input(model):
-    with pytest.raises(ValueError, match="start"):
-        recompute_stream_eval(model, _ids(10), 4, start=2)
-    with pytest.raises(ValueError, match="window"):
-        recompute_stream_eval(model, _ids(10), 0)
-
-
 def test_cached_keys_are_the_rotated_projections(model):
     tokens = _ids(20, seed=4)
     keys, values = cached_keys_values(model, tokens)
@@ -87,21 +98,6 @@ def test_cached_keys_are_the_rotated_projections(model):
         assert torch.allclose(keys[i], rotate(k, torch.arange(20)[None], inv_freq, scaling)[0], atol=1e-5)
         assert torch.allclose(values[i], v[0], atol=1e-6)
     assert torch.allclose(channel_rms(keys), keys.pow(2).mean(-2).sqrt())
-
-
-def test_per_token_key_groups_quantize_each_token_on_its_own():
-    cache = QuantizedKVCache(bits=4, group_size=8, residual=0, key_groups="token")
-    keys = torch.randn(1, 2, 24, 16) * torch.linspace(0.1, 30, 16)
-    values = torch.randn(1, 2, 24, 16)
-    k_out, v_out = cache.update(keys, values, 0)
-    # Independent oracle: quantize 8-token blocks of keys with groups along the channel axis.
-    expected = torch.cat([quantize(keys[..., i: i + 8, :], 4, 8, axis=-1).dequantize() for i in range(0, 24, 8)], -2)
-    assert torch.allclose(k_out, expected)
-    per_channel = QuantizedKVCache(bits=4, group_size=8, residual=0).update(keys, values, 0)[0]
-    assert not torch.allclose(k_out, per_channel)
-    assert torch.equal(v_out, QuantizedKVCache(bits=4, group_size=8, residual=0).update(keys, values, 0)[1])
-    with pytest.raises(ValueError, match="key_groups"):
-        QuantizedKVCache(key_groups="head")
 
 
 def test_quantized_cache_quality(model):
@@ -122,17 +118,16 @@ def test_quantized_cache_quality(model):
         quantized_cache_quality(model, chunks[0], 8)
 
 
-@pytest.mark.parametrize("num_sink, window", [(1, 6), (4, 9), (0, 7)])
-def test_masked_stream_with_in_cache_positions_matches_the_streaming_cache(model, num_sink, window):
-    from kvlab.cache.longctx import SinkCache, masked_stream_eval
+# name: (call, error, a regex the message must match: the argument's name and what is allowed)
+BAD_CALLS = {
+    "outlier_keys negative": (lambda: outlier_keys(-1, 8), ValueError, r"tokens must be an int >= 1"),
+    "outlier_keys channels": (lambda: outlier_keys(4, 8, outlier_channels=9), ValueError,
+                              r"outlier_channels must be an int in \[0, 9\)"),
+}
 
-    tokens = _ids(40, seed=6)
-    cache = SinkCache(num_sink, window, rope="cache", model=model)
-    stepped = stream_eval(model, tokens, cache, first=3, recent=5, attention=True)
-    masked = masked_stream_eval(model, tokens, num_sink, window, first=3, recent=5, rope="cache")
-    assert torch.allclose(stepped.logprobs, masked.logprobs, atol=1e-4)
-    assert torch.allclose(stepped.mass_first, masked.mass_first, atol=1e-5)
-    assert model.config._attn_implementation == "eager"  # restored
-    original = masked_stream_eval(model, tokens, num_sink, window, first=3, recent=5)
-    if num_sink:  # the two conventions differ once the sinks are moved
-        assert not torch.allclose(original.logprobs, masked.logprobs, atol=1e-4)
+
+@pytest.mark.parametrize("name", BAD_CALLS)
+def test_bad_call_raises_a_clear_error(name):
+    call, error, message = BAD_CALLS[name]
+    with pytest.raises(error, match=message):
+        call()

@@ -1,10 +1,7 @@
-"""kvlab.theory.roofline against the seeds' derived numbers, recomputed from their constants.
-
-Seed 000: "9 Decode and KV Cache" (sections 9.3 and 9.7). Seed 004: "The KV Cache Is the New
-Memory Wall". Each test names where its figures are printed. ``printed(value, "12.3")`` checks a
-value to the precision the seed prints it with (half a unit in the last shown digit).
-Where a seed's own arithmetic does not hold together the comment shows the arithmetic and the
-test checks the figure that the constants give.
+"""kvlab.theory.roofline against every derived number of the Decode and KV Cache chapter, 2026 (Table 9.1,
+section 9.3) and the KV Cache Memory Wall, 2026 (sections 1 to 5, appendices A to C), recomputed from
+their constants, plus its properties and its refusals of bad input; and recompute against swap
+(section 9.5), real capacities beside the marketed ones, and the scope of design rule 3.
 """
 
 import dataclasses
@@ -13,18 +10,23 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from kvlab.theory import roofline as rf
-from kvlab.theory.specs import SPECS
+from kvlab.theory.memory_wall import footprint, recommend
 from kvlab.theory.shapes import SHAPES
+from kvlab.theory.specs import LINKS, SPECS, exposed_memory
+
 
 L8, L70, L405 = SHAPES["llama-3-8b"], SHAPES["llama-3-70b"], SHAPES["llama-3.1-405b"]
+
 # Seed 000, 9.3 uses 8e9 parameters (16.0 GB) for its 8B model; SHAPES carries seed 004's 8.03e9.
 L8_SEED000 = dataclasses.replace(L8, params=8e9)
+
 K128 = 128_000  # seed 004 counts context in decimal tokens (appendix C.2)
+
 GB, GIB = 1e9, 2**30
+
 PCIE5, NVLINK, ETHERNET_400G = 64e9, 900e9, 400e9 / 8  # seed 004, sections 2.7 and 5.3
 
 
@@ -39,8 +41,6 @@ def test_importable_without_torch():
     code = "import sys; sys.modules['torch'] = None; import kvlab.theory.roofline"
     subprocess.run([sys.executable, "-c", code], check=True)
 
-
-# ----------------------------------------------------------------- seed 000, section 9.3, Table 9.1
 
 TABLE_9_1 = [  # B, T, weight GB, KV GB, step floor ms, tokens/s ceiling
     (1, 8192, "16.0", "1.07", "5.1", "196"),
@@ -94,35 +94,12 @@ def test_section_9_3_attention_is_4_flop_per_byte_for_8b():
     assert rf.step_flops(L8, 7, 1000).attention / rf.step_bytes(L8, 7, 1000).kv == 4.0
 
 
-# ----------------------------------------------------------------- seed 000, section 9.7, Table 9.3
-
-
-def test_table_9_3_cache_of_one_131072_token_sequence():
-    s = 131_072  # seed 000 counts this sequence as 2**17 tokens and prints binary GiB
-    mha = dataclasses.replace(L8, kv_heads=32)
-    windowed = dataclasses.replace(L8, window=4096)
-    printed(rf.footprint(mha, s, 1).total / GIB, "64")
-    printed(rf.footprint(L8, s, 1).total / GIB, "16")
-    printed(rf.footprint(L8, s, 1, w_q=1).total / GIB, "8")
-    printed(rf.footprint(windowed, s, 1).total / GIB, "0.5")
-
-
-def test_section_9_7_mistral_window_cuts_cache_8x_at_32k():
-    full = dataclasses.replace(SHAPES["mistral-7b"], window=None)
-    ratio = rf.footprint(full, 32_000, 1).total / rf.footprint(SHAPES["mistral-7b"], 32_000, 1).total
-    printed(ratio, "8")  # 32,000 / 4,096 = 7.8, "8 times"
-    assert rf.crossover_context(SHAPES["mistral-7b"]) == math.inf  # s* = 7.24e9 x 2 / 131,072 = 110k > 4,096
-
-
-# ----------------------------------------------------------------- seed 004, sections 1 and 2
-
-
 def test_section_1_per_token_bytes_and_sizes():
     assert rf.kv_bytes_per_token(L70) == 327_680
     printed(L70.params * 2 / GB, "140")
-    printed(rf.footprint(L70, K128, 1).total / GB, "42")
-    printed(rf.footprint(L70, 10**6, 1).total / GB, "328")
-    assert rf.footprint(L70, 10**6, 1).total > 4 * SPECS["h100-sxm"].hbm_bytes  # "more than four H100"
+    printed(footprint(L70, K128, 1).total / GB, "42")
+    printed(footprint(L70, 10**6, 1).total / GB, "328")
+    assert footprint(L70, 10**6, 1).total > 4 * SPECS["h100-sxm"].hbm_bytes  # "more than four H100"
 
 
 def test_section_1_1_intensities_and_ridge():
@@ -145,9 +122,6 @@ def test_section_2_7_link_ratios():
     printed(SPECS["h100-sxm"].hbm_bytes_per_s / PCIE5, "52")  # "about 50x below H100 HBM"
     printed(SPECS["h100-sxm"].hbm_bytes_per_s / NVLINK, "3.7")
     printed(SPECS["b200"].hbm_bytes_per_s / PCIE5, "125")  # sections 4.5 and 6.2
-
-
-# ----------------------------------------------------------------- seed 004, section 3 and appendix B.3-B.4
 
 
 def test_appendix_b3_crossovers():
@@ -249,36 +223,9 @@ def test_table_5_capacity_column():
     assert rf.admitted(L70, "b200", 1, 512_000, devices=2)  # "sharding across two devices"
 
 
-# ----------------------------------------------------------------- seed 004, section 4 and appendix B.5
-
-
-def test_section_4_footprints_and_sharing():
-    unshared = 8 * rf.footprint(L70, K128, 1).total
-    shared = (96_000 + 8 * 32_000) * rf.kv_bytes_per_token(L70)
-    sigma = rf.sharing_factor(96_000, 32_000, 8)
-    printed(rf.footprint(L70, K128, 1).total / GB, "41.9")
-    printed(unshared / GB, "335.5")
-    printed(shared / GB, "115.3")
-    printed(sigma, "2.91")
-    assert rf.footprint(L70, K128, 8, sharing=sigma).total == pytest.approx(shared)
-    printed((shared + L70.params * 2) / GB, "255")  # W3 aggregate with weights, section 4.1
-    assert not rf.admitted(L70, "b200", 32, K128)  # W2 exceeds one device
-
-
 def test_section_4_3_intensity_floor_ladder():
     printed(rf.kv_intensity_floor(L70, w_kv=2), "8")
     printed(rf.kv_intensity_floor(L70, w_kv=0.25), "64")
-
-
-def test_section_4_6_and_5_5_composed_capacity():
-    base = rf.footprint(L70, K128, 1).total
-    sigma = rf.sharing_factor(96_000, 32_000, 8)
-    composed = rf.footprint(L70, K128, 1, w_q=0.25, retention=0.5, sharing=sigma).total
-    # "approaches 46x in capacity terms": 8 x 2 x sigma with sigma = 8 x 128k / (96k + 8 x 32k) =
-    # 1,024 / 352 = 2.909 gives 46.5 (46.6 with sigma rounded to 2.91); to two figures that is 47.
-    # The seed truncates to 46; the composed factor is 46.5.
-    printed(base / composed, "46.5")
-    printed(base / rf.footprint(L70, K128, 1, w_q=0.25, retention=0.5, sharing=4).total, "64")
 
 
 def test_section_4_5_time_to_first_token():
@@ -293,7 +240,7 @@ def test_section_4_5_time_to_first_token():
 
 
 def test_section_4_5_and_b5_transfer_times():
-    cache = rf.footprint(L70, K128, 1).total
+    cache = footprint(L70, K128, 1).total
     pcie, codec, nvlink = (rf.transfer_time(cache, PCIE5), rf.transfer_time(cache, PCIE5, codec=4),
                            rf.transfer_time(cache, NVLINK, codec=4))
     printed(pcie, "0.66")
@@ -320,14 +267,15 @@ def test_appendix_a1_softmax_fraction():
 def test_appendix_c2_binary_units():
     # "Under binary units the 128k Llama-3-70B cache is 39.0 GiB": 41,943,040,000 / 2**30 = 39.06,
     # which to three significant figures is 39.1 GiB, not 39.0.
-    printed(rf.footprint(L70, K128, 1).total / GIB, "39.1")
+    printed(footprint(L70, K128, 1).total / GIB, "39.1")
 
-
-# ----------------------------------------------------------------- properties (hypothesis)
 
 contexts = st.integers(1, 10**7)
+
 batches = st.integers(1, 4096)
+
 factors = st.floats(1.01, 64)
+
 shapes = st.sampled_from([SHAPES[k] for k in ("llama-3-8b", "llama-3-70b", "llama-3.1-405b", "llama-2-13b",
                                               "deepseek-v2", "qwen2.5-0.5b")])
 
@@ -367,9 +315,6 @@ def test_step_time_times_rate_tends_to_rate_ceiling(shape, s, b):
     assert s * b / rf.step_time_floor(shape, "b200", b, s) <= r_inf * (1 + 1e-12)
 
 
-# ----------------------------------------------------------------- errors and edge cases
-
-
 @pytest.mark.parametrize("call, kind, words", [
     (lambda: rf.step_bytes(L8, 0, 10), ValueError, "batch must be an int >= 1"),
     (lambda: rf.step_bytes(L8, 1, -5), ValueError, "context must be an int >= 1"),
@@ -388,10 +333,10 @@ def test_step_time_times_rate_tends_to_rate_ceiling(shape, s, b):
     (lambda: rf.compression_speedup(0, 10, 10), ValueError, "c must be"),
     (lambda: rf.compression_speedup(2, 0, 10), ValueError, "context"),
     (lambda: rf.compression_speedup(2, 10, -1), ValueError, "s_star"),
-    (lambda: rf.footprint(L70, 10, 1, retention=0), ValueError, "retention must be in (0, 1]"),
-    (lambda: rf.footprint(L70, 10, 1, fragmentation=1), ValueError, "fragmentation must be in [0, 1)"),
-    (lambda: rf.footprint(L70, 10, 1, sharing=0.5), ValueError, "sharing"),
-    (lambda: rf.footprint(L70, 10, 1, hbm_fraction=1.5), ValueError, "hbm_fraction"),
+    (lambda: footprint(L70, 10, 1, retention=0), ValueError, "retention must be in (0, 1]"),
+    (lambda: footprint(L70, 10, 1, fragmentation=1), ValueError, "fragmentation must be in [0, 1)"),
+    (lambda: footprint(L70, 10, 1, sharing=0.5), ValueError, "sharing"),
+    (lambda: footprint(L70, 10, 1, hbm_fraction=1.5), ValueError, "hbm_fraction"),
     (lambda: rf.prefill_time(L70, "b200", 0), ValueError, "tokens"),
     (lambda: rf.prefill_time(L70, "b200", 100, mfu=0), ValueError, "mfu"),
     (lambda: rf.prefill_time(L70, "b200", 100, hit_rate=1.5), ValueError, "hit_rate"),
@@ -399,7 +344,7 @@ def test_step_time_times_rate_tends_to_rate_ceiling(shape, s, b):
     (lambda: rf.prefill_time(L70, "b200", 100, hit_rate=0.5, prefix_tokens=50), ValueError, "not both"),
     (lambda: rf.transfer_time(0, 64e9), ValueError, "nbytes"),
     (lambda: rf.transfer_time(1e9, -1), ValueError, "link_bytes_per_s"),
-    (lambda: rf.recommend(L70, "b200", K128, 1, "large"), ValueError, "quality_budget must be one of"),
+    (lambda: recommend(L70, "b200", K128, 1, "large"), ValueError, "quality_budget must be one of"),
     (lambda: rf.decode_floor_table(L8, "h100-sxm", [(1, 10)], params=0), ValueError, "params"),
 ])
 def test_bad_input_names_the_argument(call, kind, words):
@@ -428,34 +373,108 @@ def test_windowed_capacity_and_speedup_edges():
     assert rf.compression_speedup(4, 1000, math.inf) == 1.0
 
 
-# ----------------------------------------------------------------- design rules (seed 004, 6.2)
+@pytest.mark.parametrize("device", list(SPECS))
+@pytest.mark.parametrize("key", list(SHAPES))
+def test_recompute_or_swap_every_shape_and_device(key, device):
+    shape, hw = SHAPES[key], SPECS[device]
+    r = rf.recompute_or_swap(shape, device)
+    active = shape.active_params or shape.params
+    k = shape.kv_bytes_per_token(2)
+    beta = LINKS[hw.host_link].bytes_per_s_each_way
+    assert r.recompute == pytest.approx(2 * active / hw.bf16_flops)
+    assert r.swap == pytest.approx(2 * k / beta)
+    # recompute wins only when params per KV byte is below FLOP/s per link byte/s
+    assert r.ratio == pytest.approx((active / k) / (hw.bf16_flops / beta))
+    assert r.cheaper == ("recompute" if active / k < hw.bf16_flops / beta else "swap")
 
 
-def rules(recs):
-    return [(r.rule, r.domain) for r in recs]
+def test_recompute_or_swap_worked_numbers():
+    # Llama-3-8B on an H100 over PCIe Gen5: 8.03e9 / 131,072 = 61,264.0 params per KV byte against
+    # 989.5e12 / 64e9 = 15,460.9 FLOP per link byte: swap is about 3.96x cheaper per token.
+    r = rf.recompute_or_swap(L8, "h100-sxm")
+    assert r.params_per_kv_byte == pytest.approx(61_264.0, abs=0.1)
+    assert r.flops_per_link_byte == pytest.approx(15_460.9, abs=0.1)
+    assert r.ratio == pytest.approx(3.962, abs=1e-3) and r.cheaper == "swap"
+    # GQA 70B: 70e9 / 327,680 = 213,623 -> about 13.8x in swap's favour
+    assert rf.recompute_or_swap(L70, "h100-sxm").ratio == pytest.approx(213_623.0 / 15_460.9, rel=1e-4)
+    # MHA models carry many KV bytes per parameter: Llama-2-13B on a B200 (2,250 TFLOP/s over
+    # 64 GB/s = 35,156) has 13e9 / 819,200 = 15,869 -> recompute wins (0.45)
+    r13 = rf.recompute_or_swap(SHAPES["llama-2-13b"], "b200")
+    assert r13.ratio == pytest.approx(15_869.1 / 35_156.25, rel=1e-4) and r13.cheaper == "recompute"
+    # a mixture of experts multiplies each token by its active parameters only (Mixtral: 12.9e9)
+    mix = rf.recompute_or_swap(SHAPES["mixtral-8x7b"], "h100-sxm")
+    assert mix.recompute == pytest.approx(2 * 12.9e9 / 989.5e12)
+    # a slower link favours recompute in proportion
+    slow = rf.recompute_or_swap(L8, "h100-sxm", link="pcie4-x16")
+    assert slow.ratio == pytest.approx(r.ratio / 2)
+    # MFU scales the FLOP rate
+    assert rf.recompute_or_swap(L8, "h100-sxm", mfu=0.5).ratio == pytest.approx(2 * r.ratio)
 
 
-def test_recommend_w2_moderate_budget():
-    recs = rf.recommend(L70, "b200", K128, 32, "moderate")
-    assert rules(recs) == [(1, "regime"), (2, "paging"), (2, "prefix caching"), (4, "quantization"),
-                           (5, "eviction"), (6, "tiering"), (7, "placement"), (8, "re-evaluation")]
-    assert "4.82x" in recs[3].reason and "6.62x" in recs[4].reason
-    assert "does not fit by" in recs[5].reason
+def test_recompute_or_swap_bad_input():
+    with pytest.raises(ValueError, match="unknown link 'nvlink9'"):
+        rf.recompute_or_swap(L8, "h100-sxm", link="nvlink9")
+    with pytest.raises(ValueError, match="mfu"):
+        rf.recompute_or_swap(L8, "h100-sxm", mfu=0)
+    with pytest.raises(ValueError, match="host_link"):
+        rf.recompute_or_swap(L8, dataclasses.replace(SPECS["h100-sxm"], host_link=None))
+    with pytest.raises(TypeError, match="link must be"):
+        rf.recompute_or_swap(L8, "h100-sxm", link=64e9)
 
 
-def test_recommend_weight_bound_and_lossless():
-    recs = rf.recommend(L8, "h100-sxm", 8192, 1, "none")
-    assert rules(recs) == [(1, "regime"), (2, "paging"), (2, "prefix caching"), (3, "weights and batching"),
-                           (8, "re-evaluation")]
-    assert recs[0].advice.startswith("weight-bound")
-    above = rf.recommend(L70, "b200", K128, 32, "none", retrieval_critical=True)
-    quant = next(r for r in above if r.rule == 4)
-    evict = next(r for r in above if r.rule == 5)
-    assert quant.advice.startswith("do not quantize") and evict.advice == "do not evict"
+def test_h200_margin_beside_70b_weights():
+    # the seed's rounding: 141e9 - 70e9 * 2 = 1 GB
+    assert rf.free_beside_weights(L70, "h200") == pytest.approx(1e9)
+    real = dataclasses.replace(L70, params=L70.counted_params())
+    margin = rf.free_beside_weights(real, exposed_memory("h200"))
+    assert margin == pytest.approx(143_771 * 2**20 - 2 * 70_552_387_584)
+    assert 9.6e9 < margin < 9.7e9
+    assert rf.free_beside_weights(L405, "h100-sxm") < 0
 
 
-def test_recommend_beyond_capacity_without_room_for_weights():
-    recs = rf.recommend(L405, "mi300x", K128, 1, "small")
-    assert recs[0].advice.startswith("beyond capacity")
-    assert (6, "tiering") in rules(recs) and (7, "placement") in rules(recs)
-    assert "8.0x" in next(r for r in recs if r.rule == 7).reason
+def test_largest_admitted_batch_notebook_03():
+    seed8 = dataclasses.replace(L8, params=8e9)
+    assert rf.max_batch(seed8, "h100-sxm", 2048) == (80e9 - 16e9) // (2048 * 131_072) == 238
+    real8 = dataclasses.replace(L8, params=L8.counted_params())
+    expected = int((81_559 * 2**20 - 2 * 8_029_995_008) // (2048 * 131_072))
+    assert rf.max_batch(real8, exposed_memory("h100-sxm"), 2048) == expected == 258
+    assert rf.max_batch(L405, "h100-sxm", 2048) == 0
+    assert rf.max_batch(L405, "h100-sxm", 2048, devices=16) > 0  # 810 GB of weights
+    with pytest.raises(ValueError, match="context"):
+        rf.max_batch(L8, "h100-sxm", 0)
+
+
+def test_compression_admits_a_larger_batch_at_the_same_step_floor():
+    # 70B on a B200 at 128k: (192e9 - 140e9) / (128,000 * 327,680) = 1.24 -> 1 sequence in bf16;
+    # with a 4-bit cache (0.5 bytes per element) 4.96 -> 4 sequences.
+    bf16 = rf.admitted_rate(L70, "b200", 128_000)
+    int4 = rf.admitted_rate(L70, "b200", 128_000, w_kv=0.5)
+    assert (bf16.batch, int4.batch) == (1, 4)
+    # 4 x 0.5 = 1 x 2 bytes per element: the same bytes per step, the same floor
+    assert int4.step_time == pytest.approx(bf16.step_time) == pytest.approx((140e9 + 128_000 * 327_680) / 8e12)
+    assert int4.tokens_per_s / bf16.tokens_per_s == pytest.approx(4)
+    # and at fixed batch one, compression barely shortens the step (weight-bound)
+    s_star = rf.crossover_context(L70)
+    assert 128_000 < s_star and rf.compression_speedup(4, 128_000, s_star) < 1.25
+    none = rf.admitted_rate(L405, "b200", 128_000)
+    assert none.batch == 0 and none.step_time is None
+    rule3 = next(r for r in recommend(L70, "b200", 128_000, 1, "small") if r.rule == 3)
+    assert "1 sequence in bf16 and 4 with 4-bit KV" in rule3.reason
+
+
+# Integer arguments: (a call taking the value, the argument's name, the smallest allowed value)
+INTEGER_ARGUMENTS = {
+    "roofline.retained_tokens context": (lambda x: rf.retained_tokens(SHAPES["llama-3-8b"], x), "context", 1),
+}
+
+
+@pytest.mark.parametrize("name", INTEGER_ARGUMENTS)
+@settings(max_examples=12, deadline=None)
+@given(value=st.one_of(st.integers(max_value=-1), st.sampled_from([0.5, 2.0, "3", None, True, math.nan])))
+def test_integer_arguments_refuse_what_is_not_an_int_in_range(name, value):
+    call, argument, low = INTEGER_ARGUMENTS[name]
+    if isinstance(value, int) and not isinstance(value, bool) and value >= low:
+        return
+    with pytest.raises(TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError,
+                       match=argument):
+        call(value)

@@ -1,0 +1,193 @@
+"""Notebook 08, long-context variants (section 9.7): what each smaller cache costs in quality, and in time.
+
+- where quantization error enters attention: ``attention_error`` (through the scores, through the
+  values, or both; KV Cache articles, 2026), on keys with outlier channels like those KIVI and
+  KVQuant report (``outlier_keys``; Liu et al. 2024, Hooper et al. 2024), and
+  ``rerotation_scores``, what rotating an already-rotated cached key again does to the scores;
+- on a real model: ``sink_share`` (how much attention each head puts on the first token, against
+  ``uniform_share``; Xiao et al. 2024), ``cached_keys_values`` and ``channel_rms`` (the outlier
+  channels of a real cache), ``quantized_cache_quality`` (perplexity through a quantized cache);
+- ``bench_rows``: decode step time with the full, windowed and quantized caches, for
+  ``python -m kvlab bench``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import torch
+from transformers import DynamicCache
+
+from kvlab._checks import integer, positive
+from kvlab.cache.hf_cache import layer_nbytes
+from kvlab.cache.quantized import QuantizedKVCache
+from kvlab.cache.rope import rotate
+from kvlab.cache.window import SlidingWindowCache
+from kvlab.lab.bench import Row
+from kvlab.lab.decode_timing import profile_decode
+from kvlab.lab.hardware import on_gpu
+from kvlab.lab.models import tiny_model
+from kvlab.theory.cache_sizes import BITS
+from kvlab.theory.shapes import ModelShape
+from kvlab.versions import cache_kwargs
+
+
+def attention_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_hat: torch.Tensor,
+                    v_hat: torch.Tensor) -> dict:
+    """Relative error of attention outputs when only keys, only values, or both are approximated.
+
+    ``q [..., m, d]``, ``k, v [..., n, d]``; fp64 softmax(q k^T / sqrt(d)) v. Key error enters through
+    the scores (it reshapes the weights); value error through the weighted sum. Seed 002's contract:
+    quantization error enters attention through both. Returns ``{"scores", "values", "both"}`` as
+    ||o_hat - o|| / ||o||, plus ``"score_rmse"``, the RMS error of the scores themselves.
+    """
+    def attend(kk, vv):
+        s = q.double() @ kk.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
+        return s, torch.softmax(s, dim=-1) @ vv.double()
+
+    s, o = attend(k, v)
+    s_hat, o_k = attend(k_hat, v)
+    _, o_v = attend(k, v_hat)
+    _, o_kv = attend(k_hat, v_hat)
+    rel = lambda a: float((a - o).norm() / o.norm())  # noqa: E731
+    return {"scores": rel(o_k), "values": rel(o_v), "both": rel(o_kv),
+            "score_rmse": float((s_hat - s).pow(2).mean().sqrt())}
+
+
+def outlier_keys(tokens: int, head_dim: int, outlier_channels: int = 4, outlier_scale: float = 20.0,
+                 seed: int = 0, dtype=torch.float32) -> torch.Tensor:
+    """Keys ``[tokens, head_dim]`` with a few channels ``outlier_scale`` times larger than the rest,
+    and a per-channel offset, like the key outliers KIVI and KVQuant report (seed 004, 2.3)."""
+    integer("tokens", tokens, 1)
+    integer("head_dim", head_dim, 1)
+    integer("outlier_channels", outlier_channels, 0, head_dim + 1)
+    positive("outlier_scale", outlier_scale)
+    integer("seed", seed, 0)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(tokens, head_dim, generator=g, dtype=torch.float64)
+    channels = torch.randperm(head_dim, generator=g)[:outlier_channels]
+    k[:, channels] = k[:, channels] * outlier_scale + outlier_scale * torch.randn(outlier_channels, generator=g, dtype=torch.float64)
+    return k.to(dtype)
+
+
+def rerotation_scores(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, query_position: int,
+                      key_positions) -> dict:
+    """What rotating an already-rotated cached key again does to attention scores (seed 002).
+
+    ``q [d]`` and ``k [n, d]`` are un-rotated projections. Returns the scores q_t . k_p of correct
+    decoding (keys rotated once, at their positions p), the scores when the cache applies the
+    current position t to keys that already carry R_p (keys at p + t), and when it rotates them by p
+    again (keys at 2p), all scaled by 1/sqrt(d), fp64.
+    """
+    q64, k64 = q.double(), k.double()
+    pos = torch.as_tensor(key_positions, dtype=torch.float64)
+    qr = rotate(q64[None], [query_position], inv_freq)[0]
+    cached = rotate(k64, pos, inv_freq)
+    scale = q.shape[-1] ** -0.5
+    return {
+        "correct": cached @ qr * scale,
+        "plus current position": rotate(cached, torch.full_like(pos, query_position), inv_freq) @ qr * scale,
+        "twice its own position": rotate(cached, pos, inv_freq) @ qr * scale,
+    }
+
+
+def sink_share(model, tokens: torch.Tensor, first: int = 1, skip: int = 16) -> torch.Tensor:
+    """``[layers, heads]``: the mean share of attention each head puts on the first ``first`` tokens.
+
+    One forward pass over ``tokens [n]`` (eager attention); averaged over the queries at positions
+    ``skip`` to n - 1, where uniform attention would give ``uniform_share(n, first, skip)``. A head
+    far above that is an attention sink (StreamingLLM), section 9.7.
+    """
+    integer("first", first, 1)
+    integer("skip", skip, 0)
+    ids = tokens.reshape(1, -1).to(model.device)
+    if not ids.shape[1] > max(first, skip):
+        raise ValueError(f"tokens must be longer than first ({first}) and skip ({skip}), got {ids.shape[1]}")
+    with torch.inference_mode():
+        out = model(ids, use_cache=False, output_attentions=True)
+    if not out.attentions or out.attentions[0] is None:
+        raise ValueError("the model returned no attention weights: use attn_implementation='eager'")
+    weights = torch.stack([a[0].float() for a in out.attentions])  # [layers, heads, queries, keys]
+    return weights[:, :, skip:, :first].sum(-1).mean(-1).cpu()
+
+
+def uniform_share(n: int, first: int = 1, skip: int = 16) -> float:
+    """What ``sink_share`` would be if every query at t spread its attention evenly over t + 1 keys."""
+    return float(sum(min(1.0, first / (t + 1)) for t in range(skip, n)) / (n - skip))
+
+
+def cached_keys_values(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys (rotated, as cached) and values of one forward pass over ``tokens [n]``:
+    two ``[layers, kv_heads, n, head_dim]`` tensors. What a KV cache would hold, section 9.7."""
+    cache = DynamicCache()
+    with torch.inference_mode():
+        model(tokens.reshape(1, -1).to(model.device), use_cache=True, **cache_kwargs(model, cache))
+    keys = torch.stack([layer.keys[0] for layer in cache.layers]).float().cpu()
+    values = torch.stack([layer.values[0] for layer in cache.layers]).float().cpu()
+    return keys, values
+
+
+def channel_rms(x: torch.Tensor) -> torch.Tensor:
+    """``[..., head_dim]``: RMS of each channel over the tokens of ``x [..., tokens, head_dim]``."""
+    return x.float().pow(2).mean(-2).sqrt()
+
+
+@torch.inference_mode()
+def quantized_cache_quality(model, chunks: torch.Tensor, bits: int | None, group_size: int = 32,
+                            key_groups: str = "channel") -> dict:
+    """Perplexity of ``chunks [batch, n]`` when every cached key and value is quantized, section 9.7.
+
+    Each chunk is one prefill through ``QuantizedKVCache(bits, group_size, residual=0, key_groups)``
+    so attention reads the quantized keys and values of every complete group (the last partial group
+    of ``group_size`` tokens stays exact, as KIVI's residual does); ``bits=None`` is the full-precision
+    cache. Returns ``{"ppl", "logits", "nbytes", "full_bytes"}``, where ``nbytes`` is what the cache
+    holds and ``full_bytes`` what the same tokens take unquantized.
+    """
+    if bits is not None and (isinstance(bits, bool) or bits not in BITS):
+        raise ValueError(f"bits must be None (full precision) or one of {BITS}, got {bits!r}")
+    ids = chunks.to(model.device)
+    if ids.dim() != 2 or ids.shape[1] < 2:
+        raise ValueError(f"chunks must be [batch, n] with n >= 2, got shape {tuple(ids.shape)}")
+    cache = DynamicCache() if bits is None else QuantizedKVCache(bits, group_size, residual=0, key_groups=key_groups)
+
+    logits = model(ids, use_cache=True, **cache_kwargs(model, cache)).logits[:, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+    shape = ModelShape.from_config(model.config)
+    full = ids.numel() * shape.kv_bytes_per_token(next(model.parameters()).element_size())
+    nbytes = sum(layer_nbytes(layer) for layer in cache.layers)
+    return {"ppl": float(nll.exp()), "logits": logits.cpu(), "nbytes": nbytes, "full_bytes": int(full)}
+
+
+def bench_rows(reps: int = 2) -> list:
+    """Decode step time at long context for full, windowed and quantized caches (section 9.7).
+
+    One prompt of P tokens, then G decode steps per cache, the caches interleaved ``reps`` times;
+    rows give the median step time and the ratios to the full cache, measured in the same run.
+    CPU: the tiny Llama at P = 512. GPU: the Llama-3.2-1B shape (random weights, bf16) at
+    P = 32,768, window 4,096, KIVI 4-bit.
+    """
+    gpu = on_gpu()
+    model = tiny_model("llama", size="real", max_positions=40_000) if gpu else tiny_model("llama")
+    P, G, W = (32_768, 32, 4096) if gpu else (512, 12, 128)
+    prompt = torch.randint(0, model.config.vocab_size, (1, P), device=model.device)
+    makers = {
+        "full": lambda: None,
+        f"window {W}": lambda: SlidingWindowCache(W),
+        "KIVI 4-bit": lambda: QuantizedKVCache(bits=4, group_size=32, residual=128),
+        "KIVI 2-bit": lambda: QuantizedKVCache(bits=2, group_size=32, residual=128),
+    }
+    profile_decode(model, prompt[:, :64], 4, method="cached")  # warm-up
+    steps: dict[str, list[float]] = {name: [] for name in makers}
+    for _ in range(reps):
+        for name, make in makers.items():
+            p = profile_decode(model, prompt, G, method="cached", cache=make())
+            steps[name].extend(p.step_times[2:])
+    median = {name: statistics.median(ts) for name, ts in steps.items()}
+    where = f"{model.shape.name}, {str(model.dtype).removeprefix('torch.')}, P={P:,}, batch 1"
+    rows = [Row(f"decode step, {name} cache", median[name] * 1e3, "ms", where) for name in makers]
+    rows += [Row(f"{name} / full step time", median[name] / median["full"], "x", "ratio of medians, same run")
+             for name in makers if name != "full"]
+    return rows

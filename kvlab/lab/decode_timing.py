@@ -1,0 +1,124 @@
+"""Notebooks 01 and 02, the decode loop and cache reuse (sections 9.1 and 9.2): timing the loops.
+
+``profile_decode`` runs one decode with a loop of ``kvlab.decode`` and times every step of the very
+generator that produces its tokens: time to first token (prefill and the first greedy pick), then
+one time per decode step, the device synchronised at each, as a streaming server must before it
+can send the token. ``compile_break_even`` reads from an eager and a compiled profile of one request
+what compilation cost and what it saves per step, and so after how many tokens it pays
+(``kvlab.theory.work.break_even_tokens``; the Decode and KV Cache chapter, 2026, section 9.2).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kvlab._checks import integer, one_of
+from kvlab.decode import METHODS, decode_steps
+from kvlab.theory.work import break_even_tokens
+
+
+@dataclass(frozen=True)
+class DecodeProfile:
+    """Wall-clock anatomy of one decode: time to first token, then one time per later step."""
+
+    method: str
+    batch: int
+    prompt_tokens: int
+    new_tokens: int
+    ttft: float
+    step_times: tuple[float, ...]
+    tokens: torch.Tensor
+
+    @property
+    def total(self) -> float:
+        return self.ttft + sum(self.step_times)
+
+    @property
+    def tpot(self) -> float:
+        """Time per output token after the first (the mean decode step); nan with one token."""
+        return sum(self.step_times) / len(self.step_times) if self.step_times else float("nan")
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second over the whole request, all sequences of the batch."""
+        return self.batch * self.new_tokens / self.total if self.total > 0 else float("nan")
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens per second of the decode steps alone (prefill excluded)."""
+        return self.batch / self.tpot if self.step_times else float("nan")
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile_decode(model, input_ids, max_new_tokens, method="cached", attention_mask=None, **options):
+    """Run one decode with ``method`` in ``METHODS`` and time every step of it.
+
+    The first interval (time to first token) covers prefill and the first greedy pick; each later
+    interval one decode step. The device is synchronised at every step, as a streaming server must
+    before it can send the token. Options (``compile=`` for ``static``) pass through.
+    """
+    one_of("method", method, METHODS)
+    steps = decode_steps(method, model, input_ids, max_new_tokens, attention_mask, **options)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1 for profile_decode, got {max_new_tokens}")
+    times, tokens = [], []
+    _sync(input_ids.device)
+    start = time.perf_counter()
+    for token in steps:
+        _sync(input_ids.device)
+        now = time.perf_counter()
+        times.append(now - start)
+        tokens.append(token)
+        start = now
+    return DecodeProfile(method, input_ids.shape[0], input_ids.shape[1], max_new_tokens,
+                         times[0], tuple(times[1:]), torch.cat(tokens, dim=1))
+
+
+@dataclass(frozen=True)
+class CompileBreakEven:
+    """What compilation cost and what it saves per step, from two profiles of one request (section 9.2)."""
+
+    compile_seconds: float
+    eager_step: float
+    compiled_step: float
+
+    @property
+    def step_gain(self) -> float:
+        return self.eager_step - self.compiled_step
+
+    @property
+    def tokens(self) -> float:
+        return break_even_tokens(self.compile_seconds, self.step_gain)
+
+
+def compile_break_even(eager: DecodeProfile, compiled: DecodeProfile, warm: int = 8) -> CompileBreakEven:
+    """Compile cost and per-step gain measured from an eager and a compiled profile of one request.
+
+    Steady steps are the medians after the first ``warm`` steps. The compile (and, on a GPU, graph
+    capture) cost is the compiled run's extra time net of the gain its steady steps already made:
+    (compiled total - eager total) + tokens x gain, so the break-even is exactly where the two runs'
+    cumulative times, extrapolated at their steady steps, cross. It depends on ``warm`` only through
+    the two medians.
+    """
+    warm = integer("warm", warm, 1)
+    for name, p in (("eager", eager), ("compiled", compiled)):
+        if not isinstance(p, DecodeProfile):
+            raise TypeError(f"{name} must be a DecodeProfile (from profile_decode), got {type(p).__name__}")
+        if len(p.step_times) <= warm:
+            raise ValueError(f"{name} has {len(p.step_times)} decode steps; warm={warm} needs more than {warm}")
+    if len(eager.step_times) != len(compiled.step_times):
+        raise ValueError(f"eager and compiled must decode the same number of tokens, got "
+                         f"{len(eager.step_times) + 1} and {len(compiled.step_times) + 1}")
+    t_eager = statistics.median(eager.step_times[warm:])
+    t_compiled = statistics.median(compiled.step_times[warm:])
+    tokens = len(eager.step_times) + 1
+    cost = (compiled.total - eager.total) + tokens * (t_eager - t_compiled)
+    return CompileBreakEven(max(0.0, cost), t_eager, t_compiled)

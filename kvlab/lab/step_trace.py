@@ -1,0 +1,176 @@
+"""Notebook 09, a worked path through a slow decode step (section 9.8): step 2, the per-token trace.
+
+``trace_step`` times one decode step (``kvlab.lab.repeatable_step``), then runs it under
+``torch.profiler`` and splits the traced span into the time covered by kernels (GPU) or top-level
+operators (CPU) and the gaps between them: a step mostly made of gaps is lost to launches and
+Python dispatch, a busy one is bound by the bytes or FLOPs it moves (``kvlab.theory.work.step_work``).
+The ``StepTrace`` it returns is what ``kvlab.theory.verdict.decide`` reads, and what the book's
+recorded GPU traces store (``to_json``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import statistics
+import sys
+from dataclasses import dataclass, field
+
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from kvlab._checks import integer
+from kvlab.lab.hardware import device_name
+from kvlab.lab.repeatable_step import RepeatableStep, element_bytes, prepared_ids, sync
+from kvlab.theory.work import StepWork, step_work
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """One decode step timed, then traced under ``torch.profiler`` (section 9.8, step 2).
+
+    ``step_s``: median wall time of the untraced step. ``traced_s``: the traced step's span, from the
+    first operator's start to the last one's end (the profiler slows small operators down, so use
+    its shares, not its absolute time). ``busy_s``: the part of that span covered by kernels (GPU)
+    or by top-level operators (CPU: the matmuls and elementwise work, not the Python between them);
+    ``idle_s`` the rest. ``ops``: (name, seconds, calls), by total time, largest first.
+    ``timeline``: (name, start_s, end_s) of each kernel or top-level operator, from the span's start.
+    ``work``: the bytes and FLOPs of :func:`step_work`.
+    """
+
+    method: str
+    batch: int
+    context: int
+    device: str
+    step_s: float
+    traced_s: float
+    busy_s: float
+    ops: tuple
+    timeline: tuple
+    work: StepWork
+    step_times: tuple = field(repr=False, default=())
+
+    @property
+    def idle_s(self) -> float:
+        return max(0.0, self.traced_s - self.busy_s)
+
+    @property
+    def busy_fraction(self) -> float:
+        return self.busy_s / self.traced_s if self.traced_s > 0 else 0.0
+
+    @property
+    def achieved_bandwidth(self) -> float:
+        """Bytes the step must move over its measured time (bytes per second)."""
+        return self.work.total_bytes / self.step_s
+
+    @property
+    def achieved_flops(self) -> float:
+        return self.work.flops / self.step_s
+
+    def to_json(self) -> dict:
+        """A plain dict for ``book/data/measurements/`` (recorded traces shown beside the reader's)."""
+        return {"method": self.method, "batch": self.batch, "context": self.context, "device": self.device,
+                "step_s": self.step_s, "traced_s": self.traced_s, "busy_s": self.busy_s,
+                "ops": [list(o) for o in self.ops], "timeline": [list(t) for t in self.timeline],
+                "work": {"weights_read": self.work.weights_read, "kv_read": self.work.kv_read,
+                         "kv_written": self.work.kv_written, "flops": self.work.flops}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "StepTrace":
+        return cls(d["method"], d["batch"], d["context"], d["device"], d["step_s"], d["traced_s"], d["busy_s"],
+                   tuple(tuple(o) for o in d["ops"]), tuple(tuple(t) for t in d["timeline"]), StepWork(**d["work"]))
+
+
+def _union_length(intervals) -> float:
+    total, end = 0.0, -math.inf
+    for start, stop in sorted(intervals):
+        if start > end:
+            total += stop - start
+            end = stop
+        elif stop > end:
+            total += stop - end
+            end = stop
+    return total
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """Point file descriptor 2 at /dev/null for the block (Python exceptions still propagate)."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # no real stderr: nothing to silence
+        yield
+        return
+    sys.stderr.flush()
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(null)
+        os.close(saved)
+
+
+def _profile(stepper):
+    """Profile one step; returns (traced span, busy time, ranked ops, timeline) in seconds."""
+    gpu = stepper.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with _native_stderr_silenced():  # the profiler's C++ side logs its start and stop on stderr
+        with profile(activities=activities) as prof:
+            stepper.step()
+            sync(stepper.device)
+    stepper.reset()
+    events = [e for e in prof.events() if e.time_range.end > e.time_range.start]
+    if gpu:
+        parts = [e for e in events if e.device_type == DeviceType.CUDA]
+        by_op = {}
+        for e in parts:
+            seconds, calls = by_op.get(e.name, (0.0, 0))
+            by_op[e.name] = (seconds + e.time_range.elapsed_us() / 1e6, calls + 1)
+    else:
+        ops = [e for e in events if e.name.startswith("aten::")]
+        parts = [e for e in ops if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")]
+        by_op = {}
+        for e in ops:  # self time: each operator's own share, without the operators it calls
+            seconds, calls = by_op.get(e.name, (0.0, 0))
+            by_op[e.name] = (seconds + e.self_cpu_time_total / 1e6, calls + 1)
+    if not events:
+        raise RuntimeError("the profiler recorded no events for the step")
+    origin = min(e.time_range.start for e in events)
+    span = (max(e.time_range.end for e in events) - origin) / 1e6
+    busy = _union_length((e.time_range.start, e.time_range.end) for e in parts) / 1e6
+    timeline = tuple(sorted(((e.name, (e.time_range.start - origin) / 1e6, (e.time_range.end - origin) / 1e6)
+                             for e in parts), key=lambda t: t[1]))
+    ranked = tuple(sorted(((n, s, c) for n, (s, c) in by_op.items()), key=lambda t: -t[1]))
+    return span, busy, ranked, timeline
+
+
+def trace_step(model, input_ids, context: int | None = None, method: str = "cached", warmup: int = 2,
+               reps: int = 3, compile: bool | None = None, traces: int = 3) -> StepTrace:
+    """Time and trace one decode step of ``method`` with ``context`` tokens cached per sequence (9.8, step 2).
+
+    ``input_ids`` ``[batch, P]`` fills the cache (repeated up to ``context``, which defaults to P); the
+    step feeds each sequence one more token. The step runs ``warmup`` times untimed, ``reps`` times
+    timed (each from the same cache state), then ``traces`` times under ``torch.profiler`` with CPU
+    and, on a GPU, CUDA activities; the trace kept is the shortest (the least disturbed by other
+    processes). ``compile`` applies to ``static`` (default: on a GPU only). ``paged`` runs
+    kvlab's Triton kernels on a GPU and their PyTorch references on a CPU.
+    """
+    shape, ids = prepared_ids(model, input_ids, context, method)
+    integer("warmup", warmup, 0)
+    integer("reps", reps, 1)
+    integer("traces", traces, 1)
+    stepper = RepeatableStep(model, ids, method, compile)
+    try:
+        times = stepper.time(warmup, reps)
+        # The shortest of ``traces`` profiled steps: on a shared machine a step that was descheduled
+        # shows the pause as a gap or as one long operator, neither of which is the step's own.
+        span, busy, ops, timeline = min((_profile(stepper) for _ in range(traces)), key=lambda t: t[0])
+    finally:
+        stepper.close()
+    w = element_bytes(model)
+    work = step_work(shape, stepper.batch, stepper.context, method, w, w)
+    return StepTrace(method, stepper.batch, stepper.context, device_name(), statistics.median(times), span, busy,
+                     ops, timeline, work, tuple(times))

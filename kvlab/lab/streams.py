@@ -1,0 +1,203 @@
+"""Notebook 08, long-context variants (section 9.7): next-token loss and attention mass on a long stream.
+
+What a bounded cache costs shows on a token stream longer than the cache: ``stream_eval`` feeds
+the tokens one at a time through a model with a given cache (``kvlab.cache.window``) and records
+each next token's log-probabilities and, with eager attention, the attention mass the newest
+query puts on the first and the most recent tokens. ``masked_stream_eval`` gives the same numbers
+in one forward pass, with the cache's visibility written as a mask (``eviction_mask``), much faster
+on a CPU; tests hold the two to each other. ``recompute_stream_eval`` is StreamingLLM's quality
+baseline (Xiao et al. 2024), a window recomputed from scratch for every token, and
+``kl_divergence`` compares two runs position by position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface, DynamicCache
+from transformers.models.llama.modeling_llama import repeat_kv
+
+from kvlab._checks import integer
+from kvlab.cache.rope import rotary_of, rotate
+from kvlab.cache.window import ROPE_MODES
+from kvlab.versions import cache_kwargs
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    """Per-step results of feeding a token stream one token at a time (section 9.7)."""
+
+    nll: torch.Tensor  # [steps] negative log-likelihood of the next token
+    logprobs: torch.Tensor  # [steps, vocab] next-token log-probabilities
+    mass_first: torch.Tensor | None  # [steps] attention mass on the first tokens (positions < first)
+    mass_recent: torch.Tensor | None  # [steps] attention mass on the most recent tokens
+    stored: int  # tokens held per layer at the end
+
+
+@torch.inference_mode()
+def stream_eval(model, tokens: torch.Tensor, cache=None, first: int = 4, recent: int = 64,
+                attention: bool = False) -> StreamResult:
+    """Feed ``tokens [n]`` one at a time through ``model`` with ``cache`` (None: a full cache).
+
+    Step t predicts token t + 1 from everything the cache lets it see. With ``attention=True`` (the
+    model must use eager attention) it also records, averaged over layers and heads, how much
+    attention mass the newest query puts on the first ``first`` tokens of the stream and on the
+    ``recent`` newest ones (absolute positions).
+    """
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    integer("first", first, 0)
+    integer("recent", recent, 0)
+    cache = DynamicCache() if cache is None else cache
+    ids = tokens.reshape(1, -1).to(model.device)
+    n = ids.shape[1]
+    if n < 2:
+        raise ValueError(f"tokens must hold at least 2 tokens (one prediction), got {n}")
+    logprobs, mass_first, mass_recent = [], [], []
+    for t in range(n - 1):
+        out = model(ids[:, t: t + 1], position_ids=torch.tensor([[t]], device=model.device),
+                    **cache_kwargs(model, cache), use_cache=True, output_attentions=attention)
+        logprobs.append(torch.log_softmax(out.logits[0, -1].float(), -1))
+        if attention:
+            weights = torch.stack([a[0, :, -1].float() for a in out.attentions])  # [layers, heads, kv]
+            pos = _retained_positions(cache, weights.shape[-1], t)
+            mass = weights.mean((0, 1))
+            mass_first.append(float(mass[pos < first].sum()))
+            mass_recent.append(float(mass[pos > t - recent].sum()))
+    logprobs = torch.stack(logprobs)
+    nll = -logprobs.gather(1, ids[0, 1:, None].to(logprobs.device))[:, 0]
+    as_tensor = lambda xs: torch.tensor(xs) if attention else None  # noqa: E731
+    stored = cache.stored_tokens if hasattr(cache, "stored_tokens") else cache.get_seq_length()
+    return StreamResult(nll.cpu(), logprobs.cpu(), as_tensor(mass_first), as_tensor(mass_recent), stored)
+
+
+def _retained_positions(cache, kv_length: int, t: int) -> torch.Tensor:
+    layer = cache.layers[0]
+    if getattr(layer, "positions", None) is not None:
+        return layer.positions[0].cpu()
+    return torch.arange(t - kv_length + 1, t + 1)
+
+
+def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """KL(reference || other) per row of two ``[steps, vocab]`` log-probability tensors, in nats."""
+    for name, t in (("reference", reference), ("other", other)):
+        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating torch.Tensor of log-probabilities, got {type(t).__name__}")
+    if reference.shape != other.shape:
+        raise ValueError(f"reference and other must share one shape [steps, vocab], got {tuple(reference.shape)} "
+                         f"and {tuple(other.shape)}")
+    return (reference.exp() * (reference - other)).sum(-1)
+
+
+def eviction_mask(n: int, num_sink: int = 0, window: int | None = None) -> torch.Tensor:
+    """``[n, n]`` boolean mask of what a token-by-token stream through ``SinkCache(num_sink, window)``
+    (``rope="original"``) lets each query see: itself, the first ``num_sink`` tokens and the
+    ``window`` newest (all earlier tokens when ``window`` is None). Section 9.7."""
+    integer("n", n, 0)
+    integer("num_sink", num_sink, 0)
+    if window is not None:
+        integer("window", window, 1)
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    allowed = j <= i
+    if window is not None:
+        allowed &= (j < num_sink) | (i - j < window)
+    return allowed
+
+
+def _in_cache_attention(num_sink: int, window: int, inv_freq: torch.Tensor):
+    """Eager attention in which the sink keys sit at their slots of ``SinkCache(num_sink, window,
+    rope="cache")``: for the query at t, sink i is min(t, S + W - 1) - i positions back, not t - i.
+
+    Every other key is at its true distance, as in the cache. RoPE scores depend only on the
+    difference of positions, so rotating the query back by max(0, t - S - W + 1) and scoring it
+    against the sinks as stored gives the same scores as moving the sinks.
+    """
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        keys = repeat_kv(key, module.num_key_value_groups)
+        values = repeat_kv(value, module.num_key_value_groups)
+        scores = query @ keys.transpose(2, 3) * scaling
+        if num_sink:
+            n = query.shape[-2]
+            shift = (torch.arange(n, device=query.device) - (num_sink + window - 1)).clamp(min=0)
+            back = rotate(query, -shift, inv_freq, 1.0)
+            scores[..., :num_sink] = back @ keys[..., :num_sink, :].transpose(2, 3) * scaling
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        return (weights @ values).transpose(1, 2).contiguous(), weights
+
+    return attention
+
+
+@torch.inference_mode()
+def masked_stream_eval(model, tokens: torch.Tensor, num_sink: int = 0, window: int | None = None,
+                       first: int = 4, recent: int = 64, rope: str = "original") -> StreamResult:
+    """``stream_eval`` in one forward pass: the same attention as streaming the tokens one at a time
+    through ``SinkCache(num_sink, window, rope=rope)``, expressed as an explicit mask.
+
+    The model must use eager attention (for the attention mass). ``rope="cache"`` (StreamingLLM's
+    positions inside the cache) swaps in an attention function that scores the sinks at their
+    in-cache distance for the length of the call. Much faster than stepping on a CPU; tests check
+    both conventions against the cache itself.
+    """
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    integer("num_sink", num_sink, 0)
+    if window is not None:
+        integer("window", window, 1)  # window 0 would leave a query nothing to attend to
+    integer("first", first, 0)
+    integer("recent", recent, 0)
+    if rope not in ROPE_MODES:
+        raise ValueError(f"rope must be one of {ROPE_MODES}, got {rope!r}")
+    ids = tokens.reshape(1, -1).to(model.device)
+    n = ids.shape[1]
+    if n < 2:
+        raise ValueError(f"tokens must hold at least 2 tokens (one prediction), got {n}")
+    allowed = eviction_mask(n, num_sink, window).to(model.device)
+    mask = torch.zeros(n, n, dtype=model.dtype, device=model.device)
+    mask = mask.masked_fill(~allowed, torch.finfo(model.dtype).min)[None, None]
+    if rope == "cache" and window is not None:
+        AttentionInterface.register("kvlab_in_cache", _in_cache_attention(num_sink, window, rotary_of(model)[0]))
+        before = model.config._attn_implementation
+        model.config._attn_implementation = "kvlab_in_cache"
+        try:
+            out = model(ids, attention_mask=mask, use_cache=False, output_attentions=True)
+        finally:
+            model.config._attn_implementation = before
+    else:
+        out = model(ids, attention_mask=mask, use_cache=False, output_attentions=True)
+    logprobs = torch.log_softmax(out.logits[0, :-1].float(), -1)
+    nll = -logprobs.gather(1, ids[0, 1:, None])[:, 0]
+    weights = torch.stack([a[0].float() for a in out.attentions]).mean((0, 1))[:-1]  # [n-1 queries, n keys]
+    t = torch.arange(n - 1, device=weights.device)[:, None]
+    j = torch.arange(n, device=weights.device)[None, :]
+    mass_first = (weights * (j < first)).sum(-1)
+    mass_recent = (weights * (j > t - recent)).sum(-1)
+    stored = n - 1 if window is None else min(n - 1, num_sink + window)
+    return StreamResult(nll.cpu(), logprobs.cpu(), mass_first.cpu(), mass_recent.cpu(), stored)
+
+
+@torch.inference_mode()
+def recompute_stream_eval(model, tokens: torch.Tensor, window: int, start: int | None = None,
+                          stride: int = 1, batch: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sliding window with recomputation: token t + 1 predicted from the ``window`` newest tokens, run
+    from scratch at positions 0..window-1 (no cache carried between steps), section 9.7.
+
+    StreamingLLM's quality baseline: exact attention over the window, at window-squared work per
+    token. Evaluated at positions t = start, start + stride, ... (``start`` defaults to window - 1,
+    the first full window). Returns ``(positions [m], nll [m])``.
+    """
+    integer("window", window, 1)
+    integer("stride", stride, 1)
+    ids = tokens.reshape(-1).to(model.device)
+    start = window - 1 if start is None else start
+    integer("start", start, window - 1, len(ids) - 1)
+    positions = torch.arange(start, len(ids) - 1, stride)
+    nll = []
+    for chunk in positions.split(batch):
+        x = torch.stack([ids[t - window + 1: t + 1] for t in chunk])
+        logits = model(x, use_cache=False, logits_to_keep=1).logits[:, -1].float()
+        nll.append(torch.nn.functional.cross_entropy(logits, ids[chunk + 1], reduction="none"))
+    return positions, torch.cat(nll).cpu()

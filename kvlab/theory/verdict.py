@@ -1,0 +1,155 @@
+"""Notebook 09, a worked path through a slow decode step (section 9.8): the verdict.
+
+The Decode and KV Cache chapter, 2026, section 9.8, ends its reasoning path in one of five
+verdicts: the step is lost to overhead between kernels, bound by the weights it reads, by the KV
+cache it reads, by compute, or the request does not fit at all. ``decide`` turns the path's
+measurements (the busy share of a traced step, its share of the copy bandwidth and of the matmul
+rate, the KV share of its bytes, the admission check) into that verdict, in the chapter's order,
+with the thresholds named below; ``lever`` names the change the path recommends next.
+``useful_batch`` is step 4, the largest batch within a service target.
+
+Plain functions of numbers, so that a reader (and a test) can check the arithmetic; the
+measurements themselves are taken by ``kvlab.lab.diagnose``. Pure Python.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvlab._checks import positive, real
+from kvlab.theory import roofline
+from kvlab.theory.work import check_method
+
+VERDICTS = ("overhead", "weights", "kv", "compute", "capacity")
+# Below this share of the traced step spent inside operators (CPU) or kernels (GPU), the gaps between
+# them (Python, dispatch, launches) are the larger part of the step.
+BUSY_THRESHOLD = 0.5
+# Below this share of both ceilings (copy bandwidth, matmul rate) the step uses neither: its time goes
+# to fixed per-operator costs, even where the profiler counts them as "inside" an operator.
+CEILING_THRESHOLD = 0.05
+# Above this share of the step's bytes, the KV cache (not the weights) is what the step reads.
+KV_SHARE_THRESHOLD = 0.5
+
+LEVERS = {
+    "capacity": "make the cache fit: paging to stop reserving each request's maximum "
+                "(kvlab.serving.paged_decode.paged_generate, section 9.5 PagedAttention), then fewer or narrower "
+                "entries per token: grouped-query attention, KV quantization or a window "
+                "(kvlab.cache.window, kvlab.cache.quantized, section 9.7 Long-context variants)",
+    "overhead": "remove the gaps: a stable loop compiled and replayed as a CUDA graph "
+                "(kvlab.static_decode(compile=True), section 9.2), or more sequences per step so that "
+                "each launch does more work (step 4)",
+    "overhead-static": "the loop is already stable: put more sequences in each step so that each "
+                       "launch does more work (step 4, the useful batch)",
+    "compute-naive": "reuse the cache: kvlab.cached_decode (section 9.2) drops the recomputed positions",
+    "compute": "the step is at the compute roof: a smaller batch per step lowers TPOT, and more FLOP/s "
+               "needs a faster matmul or a lower precision (section 9.3)",
+    "weights": "batch more sequences per step: the weights are read once for all of them, up to the "
+               "useful batch of step 4 (kvlab.theory.roofline.ridge_batch, section 9.3); weight quantization "
+               "lowers the bytes per parameter",
+    "kv": "read fewer KV bytes per step: grouped-query attention, KV quantization or a window "
+          "(kvlab.cache.window, kvlab.cache.quantized, section 9.7 Long-context variants); paging (section 9.5) admits more requests "
+          "but does not shrink what an admitted request reads",
+}
+
+
+def decide(*, busy_fraction: float, bandwidth_fraction: float, flops_fraction: float, kv_share: float,
+           admitted: "bool | roofline.Admission" = True) -> tuple[str, str]:
+    """The verdict of section 9.8 from the measurements; returns (verdict, the measurements it rests on).
+
+    In order: a request that does not fit is ``capacity``; a step that is mostly gaps between
+    operators, or that uses under ``CEILING_THRESHOLD`` of both ceilings, is ``overhead``; a step
+    whose share of the compute ceiling exceeds its share of the bandwidth ceiling (its arithmetic
+    intensity is past the machine's ridge point) is ``compute``; otherwise it is memory-bound, on
+    ``kv`` when the cache is most of its bytes and on ``weights`` when they are.
+    """
+    for name, value in (("busy_fraction", busy_fraction), ("bandwidth_fraction", bandwidth_fraction),
+                        ("flops_fraction", flops_fraction), ("kv_share", kv_share)):
+        x = real(name, value)
+        if not (x >= 0 and math.isfinite(x)):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if kv_share > 1:
+        raise ValueError(f"kv_share must be in [0, 1], got {kv_share!r}")
+    ceilings = (f"{bandwidth_fraction:.0%} of the copy bandwidth and {flops_fraction:.0%} of the matmul rate")
+    if not admitted:
+        detail = f": {admitted}" if isinstance(admitted, roofline.Admission) else ""
+        return "capacity", f"weights plus cache for the requested batch and length do not fit in memory{detail}"
+    if busy_fraction < BUSY_THRESHOLD:
+        return "overhead", (f"operators or kernels were busy for only {busy_fraction:.0%} of the traced step "
+                            f"(threshold {BUSY_THRESHOLD:.0%}); the rest is gaps between them")
+    if max(bandwidth_fraction, flops_fraction) < CEILING_THRESHOLD:
+        return "overhead", (f"the step reached only {ceilings} (both under {CEILING_THRESHOLD:.0%}): "
+                            "fixed per-operator costs, not bytes or FLOPs, set its time")
+    if flops_fraction > bandwidth_fraction:
+        return "compute", (f"busy for {busy_fraction:.0%} of the step at {ceilings}: nearer the compute "
+                           "ceiling than the bandwidth one (intensity past the ridge point)")
+    part = "kv" if kv_share > KV_SHARE_THRESHOLD else "weights"
+    what = "the KV cache" if part == "kv" else "the weights"
+    return part, (f"busy for {busy_fraction:.0%} of the step at {ceilings}; {what} make up "
+                  f"{kv_share if part == 'kv' else 1 - kv_share:.0%} of the bytes it moves")
+
+
+def lever(verdict: str, method: str) -> str:
+    """The next change the path recommends for ``verdict`` on loop ``method``."""
+    if verdict not in VERDICTS:
+        raise ValueError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
+    check_method(method)
+    if verdict == "overhead" and method == "static":
+        return LEVERS["overhead-static"]
+    if verdict == "compute" and method == "naive":
+        return LEVERS["compute-naive"]
+    return LEVERS[verdict]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A service target for step 4: TPOT and TTFT limits in seconds, and the memory (bytes) for weights
+    plus cache (default: this device's memory). Any of them may be None (no limit)."""
+
+    tpot: float | None = None
+    ttft: float | None = None
+    memory: float | None = None
+
+    def __post_init__(self):
+        for name in ("tpot", "ttft", "memory"):
+            value = getattr(self, name)
+            if value is not None:
+                positive(f"target.{name}", value)
+
+
+@dataclass(frozen=True)
+class BatchPoint:
+    """Step 4 at one batch size: measured TTFT and TPOT, and whether weights plus cache fit."""
+
+    batch: int
+    ttft: float
+    tpot: float
+    admission: roofline.Admission
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batch / self.tpot
+
+    def meets(self, target: Target) -> bool:
+        return (bool(self.admission) and (target.tpot is None or self.tpot <= target.tpot)
+                and (target.ttft is None or self.ttft <= target.ttft))
+
+
+def capacity_batch(shape, hw, context: int, w: float = 2) -> int:
+    """The largest batch whose weights plus cache of ``context`` tokens each fit (``roofline.admitted``);
+    0 when not even one sequence fits."""
+    fit = roofline.admitted(shape, hw, 1, context, w, w)
+    if not fit:
+        return 0
+    return int((fit.available - fit.weights) // fit.kv) if fit.kv > 0 else 2**31
+
+
+def useful_batch(sweep, target: Target) -> int | None:
+    """Step 4: the largest measured batch that meets ``target`` and fits; without TPOT and TTFT limits,
+    the admitted batch with the most tokens per second. None when no measured batch qualifies."""
+    ok = [p for p in sweep if p.meets(target)]
+    if not ok:
+        return None
+    if target.tpot is None and target.ttft is None:
+        return max(ok, key=lambda p: p.tokens_per_s).batch
+    return max(p.batch for p in ok)
