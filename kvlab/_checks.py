@@ -1,4 +1,6 @@
-"""Argument checks shared by kvlab's modules: an error names the argument and its allowed range."""
+"""Every notebook: argument checks shared by kvlab's modules; an error names the argument, the value it
+got and what is allowed (CONTRIBUTING.md, "Errors"). Plain Python; torch is imported only by the
+tensor checks that need it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The library versions kvlab supports, and the one place that speaks to transformers' cache API.
+"""Every notebook that runs a model: the library versions kvlab supports, and the one place that
+speaks to transformers' cache API (Wolf et al. 2020).
 
 Serves every section that runs a model (9.1 to 9.7). transformers has renamed the cache argument of
 ``forward`` twice during 5.x: ``past_key_values`` (to 5.15), ``cache`` (later releases, which still

@@ -88,5 +88,5 @@ class DiagonalRecurrence:
 # The worked example of section 9.6: h_t = (0.5 h_{t-1,1} + x_t, 0.25 h_{t-1,2} + 2 x_t), y_t = h_t1 + h_t2.
 SEED_RECURRENCE = DiagonalRecurrence(decay=(0.5, 0.25), gain=(1.0, 2.0), readout=(1.0, 1.0))
 SEED_INPUTS = (2.0, 1.0)
-SEED_STATES = ((2.0, 4.0), (2.0, 3.0))  # h1, h2 as the seed gives them
+SEED_STATES = ((2.0, 4.0), (2.0, 3.0))  # h1, h2 as the chapter gives them
 SEED_OUTPUTS = (6.0, 5.0)  # y1, y2

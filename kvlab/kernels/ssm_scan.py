@@ -1,4 +1,5 @@
-"""The decode-step update of a selective SSM in Triton (section 9.6, hybrid attention and SSM state).
+"""Notebook 07, hybrid attention and SSM state (section 9.6): the decode-step update of a selective SSM
+in Triton (Gu and Dao 2023), beside its plain-PyTorch reference.
 
 Every decode token of every Mamba layer reads the sequence's state ``[dim, state]``, decays it,
 adds the token's input, writes it back in place and reduces it against ``C_t`` for the output. The

@@ -1,4 +1,4 @@
-"""Every measurement the book quotes, as one table: ``python -m kvlab bench`` and ``record``.
+"""Every notebook: every measurement the book quotes, as one table (``python -m kvlab bench`` and ``record``).
 
 Each benchmark returns rows of ``(name, value, unit, note)``: a function registered here with
 ``@benchmark``, or a section module's own ``bench_rows()`` listed in ``SECTION_BENCHMARKS``. Methods that are compared run interleaved in one process and are

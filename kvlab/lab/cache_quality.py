@@ -38,7 +38,7 @@ def attention_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_hat: to
     """Relative error of attention outputs when only keys, only values, or both are approximated.
 
     ``q [..., m, d]``, ``k, v [..., n, d]``; fp64 softmax(q k^T / sqrt(d)) v. Key error enters through
-    the scores (it reshapes the weights); value error through the weighted sum. Seed 002's contract:
+    the scores (it reshapes the weights); value error through the weighted sum. The KV Cache articles' contract:
     quantization error enters attention through both. Returns ``{"scores", "values", "both"}`` as
     ||o_hat - o|| / ||o||, plus ``"score_rmse"``, the RMS error of the scores themselves.
     """
@@ -58,7 +58,7 @@ def attention_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_hat: to
 def outlier_keys(tokens: int, head_dim: int, outlier_channels: int = 4, outlier_scale: float = 20.0,
                  seed: int = 0, dtype=torch.float32) -> torch.Tensor:
     """Keys ``[tokens, head_dim]`` with a few channels ``outlier_scale`` times larger than the rest,
-    and a per-channel offset, like the key outliers KIVI and KVQuant report (seed 004, 2.3)."""
+    and a per-channel offset, like the key outliers KIVI and KVQuant report (KV Cache Memory Wall, 2026, 2.3)."""
     integer("tokens", tokens, 1)
     integer("head_dim", head_dim, 1)
     integer("outlier_channels", outlier_channels, 0, head_dim + 1)
@@ -75,7 +75,7 @@ def outlier_keys(tokens: int, head_dim: int, outlier_channels: int = 4, outlier_
 
 def rerotation_scores(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, query_position: int,
                       key_positions) -> dict:
-    """What rotating an already-rotated cached key again does to attention scores (seed 002).
+    """What rotating an already-rotated cached key again does to attention scores (KV Cache articles, 2026).
 
     ``q [d]`` and ``k [n, d]`` are un-rotated projections. Returns the scores q_t . k_p of correct
     decoding (keys rotated once, at their positions p), the scores when the cache applies the

@@ -353,22 +353,9 @@ def _part(name: str) -> str:
     return "other matrices"
 
 
-def profile_step(model, batch: int = 1, context: int = 128, warmup: int = 2, reps: int = 5,
-                 calibration: Calibration | None = None) -> StepProfile:
-    """Time one decode step whole, then layer by layer (section 9.3).
-
-    First the plain step (``step_time``); then the same step with a forward pre-hook and hook on
-    every weight matrix that synchronise the device and read ``time.perf_counter``, so each
-    module's time is its own. The hooks' synchronisations make the hooked step somewhat longer than
-    the plain one; the fractions are taken within the hooked step, the weight-read share against the
-    plain one.
-    """
-    batch, context = integer("batch", batch), integer("context", context)
-    integer("reps", reps)
-    cal = calibration or calibrate()
-    plain = step_time(model, batch, context, warmup=warmup, reps=reps)
-    step = RandomCacheStep(model, batch, context)
-    modules = _matmul_modules(model)
+def _hooked_step_times(model, step, modules, warmup: int, reps: int):
+    """Seconds of ``reps`` calls of ``step`` with a synchronised timer around each of ``modules``:
+    (the whole step's times, {module name: the times of each of its calls})."""
     cuda = model.device.type == "cuda"
 
     def sync():
@@ -403,6 +390,25 @@ def profile_step(model, batch: int = 1, context: int = 128, warmup: int = 2, rep
     finally:
         for h in handles:
             h.remove()
+    return totals, times
+
+
+def profile_step(model, batch: int = 1, context: int = 128, warmup: int = 2, reps: int = 5,
+                 calibration: Calibration | None = None) -> StepProfile:
+    """Time one decode step whole, then layer by layer (section 9.3).
+
+    First the plain step (``step_time``); then the same step with a forward pre-hook and hook on
+    every weight matrix that synchronise the device and read ``time.perf_counter``, so each
+    module's time is its own. The hooks' synchronisations make the hooked step somewhat longer than
+    the plain one; the fractions are taken within the hooked step, the weight-read share against the
+    plain one.
+    """
+    batch, context = integer("batch", batch), integer("context", context)
+    integer("reps", reps)
+    cal = calibration or calibrate()
+    plain = step_time(model, batch, context, warmup=warmup, reps=reps)
+    modules = _matmul_modules(model)
+    totals, times = _hooked_step_times(model, RandomCacheStep(model, batch, context), modules, warmup, reps)
     rows = []
     for name, m in modules:
         per_call = times[name]

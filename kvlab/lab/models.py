@@ -1,6 +1,7 @@
-"""Models to measure on (every notebook): real Hugging Face architectures with random weights, built
-from a ``kvlab.theory.shapes`` shape so that they run anywhere without a download, and hub
-checkpoints for readers with a network.
+"""Every notebook: models to measure on, real Hugging Face architectures (Wolf et al. 2020) with random
+weights, built from a ``kvlab.theory.shapes`` shape so that they run anywhere without a download
+(Llama, Qwen2, Mistral, GPT-2, Mamba, and the Jamba hybrid of ``tiny_hybrid``), and hub checkpoints
+for readers with a network.
 
 Random weights time exactly like trained ones (the same matrices are read and multiplied); they only
 make the generated text meaningless, which no measurement in the book depends on.

@@ -1,4 +1,4 @@
-"""Shared matplotlib helpers: house-style figures, measured-vs-predicted, roofline axes, the device stamp.
+"""Every notebook: shared matplotlib helpers, house-style figures, measured-vs-predicted, roofline axes, the device stamp.
 
 Serves every section of the book: each measurement is drawn beside its prediction on the same axes
 (9.1 to 9.8, prefix caching, the memory wall), the roofline of 9.3 and the memory-wall chapter is

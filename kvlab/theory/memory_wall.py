@@ -40,7 +40,7 @@ class Footprint:
 
 def footprint(shape: ModelShape, context: int, batch: int, w_q: float = 2, retention: float = 1.0,
               fragmentation: float = 0.0, sharing: float = 1.0, hbm_fraction: float = 1.0) -> Footprint:
-    """The unified KV footprint model (seed 004, Eq. 4, section 2.2):
+    """The unified KV footprint model (KV Cache Memory Wall, 2026, Eq. 4, section 2.2):
 
         M_kv = b s r (2 L n_kv d_h w_q) / ((1 - phi) sigma),   M_hbm = lambda M_kv
 
@@ -66,7 +66,7 @@ def footprint(shape: ModelShape, context: int, batch: int, w_q: float = 2, reten
 
 @dataclass(frozen=True)
 class Recommendation:
-    """One step of the decision procedure: the rule (1-8 of seed 004, section 6.2), the domain it
+    """One step of the decision procedure: the rule (1-8 of KV Cache Memory Wall, 2026, section 6.2), the domain it
     concerns, the advice (which may be to leave the domain alone), and the numbers behind it.
     """
 
@@ -84,7 +84,7 @@ def _regime(context: int, s_star: float, s_cap: float | None) -> str:
 
 def recommend(shape: ModelShape, hw, context: int, batch: int, quality_budget: str,
               retrieval_critical: bool = False) -> list[Recommendation]:
-    """The eight design rules of seed 004, section 6.2, applied in order (its Algorithm 1).
+    """The eight design rules of KV Cache Memory Wall, 2026, section 6.2, applied in order (its Algorithm 1).
 
     ``quality_budget`` is the accuracy the deployment may give up for speed:
       - ``"none"``: lossless domains only (paging, prefix caching, tiering, placement);

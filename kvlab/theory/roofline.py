@@ -59,18 +59,18 @@ def _gb(nbytes: float) -> str:
 
 
 def retained_tokens(shape: ModelShape, context: int) -> int:
-    """Tokens a sequence keeps in its cache: s, or min(s, W) for a sliding window W (seed 000, 9.7)."""
+    """Tokens a sequence keeps in its cache: s, or min(s, W) for a sliding window W (Decode and KV Cache chapter, 2026, 9.7)."""
     shape, context = model_shape(shape), integer("context", context)
     return min(context, shape.window) if shape.window else context
 
 
 def kv_bytes_per_token(shape: ModelShape, w_kv: float = 2) -> float:
-    """K = 2 L n_kv d_h w_kv, cache bytes per token across all layers (seed 004, Eq. 1)."""
+    """K = 2 L n_kv d_h w_kv, cache bytes per token across all layers (KV Cache Memory Wall, 2026, Eq. 1)."""
     return model_shape(shape).kv_bytes_per_token(positive("w_kv", w_kv))
 
 
 def attention_flops_per_token(shape: ModelShape) -> float:
-    """A = 4 L n_q d_h: a score and a weighted sum per query head per cached token (seed 004, Eq. 5)."""
+    """A = 4 L n_q d_h: a score and a weighted sum per query head per cached token (KV Cache Memory Wall, 2026, Eq. 5)."""
     shape = model_shape(shape)
     return 4 * shape.layers * shape.q_heads * shape.head_dim
 
@@ -103,7 +103,7 @@ class StepFlops:
 
 
 def step_bytes(shape: ModelShape, batch: int, context: int, w_p: float = 2, w_kv: float = 2) -> StepBytes:
-    """Bytes of one decode step, B(s, b) = P w_p + b s K (seed 004, Eq. 6; seed 000, 9.3).
+    """Bytes of one decode step, B(s, b) = P w_p + b s K (KV Cache Memory Wall, 2026, Eq. 6; Decode and KV Cache chapter, 2026, 9.3).
 
     Returns ``StepBytes`` with ``.weights`` (P w_p), ``.kv`` (b s K) and ``.total``.
     """
@@ -114,7 +114,7 @@ def step_bytes(shape: ModelShape, batch: int, context: int, w_p: float = 2, w_kv
 
 
 def step_flops(shape: ModelShape, batch: int, context: int) -> StepFlops:
-    """FLOPs of one decode step, F(s, b) = b (2P + A s) with A = 4 L n_q d_h (seed 004, Eq. 5).
+    """FLOPs of one decode step, F(s, b) = b (2P + A s) with A = 4 L n_q d_h (KV Cache Memory Wall, 2026, Eq. 5).
 
     Softmax is left out as lower order (a fraction 3 / (4 d_h) of the attention term, appendix A.1).
     Returns ``StepFlops`` with ``.weights`` (2 P b), ``.attention`` (b A s) and ``.total``.
@@ -127,7 +127,7 @@ def step_flops(shape: ModelShape, batch: int, context: int) -> StepFlops:
 
 def step_time_floor(shape: ModelShape, hw, batch: int, context: int, w_p: float = 2, w_kv: float = 2,
                     placement: str = "striped") -> float:
-    """Roofline floor of one decode step in seconds (seed 004, appendix C.4 (ii); seed 000, 9.3):
+    """Roofline floor of one decode step in seconds (KV Cache Memory Wall, 2026, appendix C.4 (ii); Decode and KV Cache chapter, 2026, 9.3):
 
         T_step >= max(B(s, b) / beta_eff, F(s, b) / peak)
 
@@ -168,7 +168,7 @@ class Admission:
 
 def admitted(shape: ModelShape, hw, batch: int, context: int, w_p: float = 2, w_kv: float = 2,
              devices: int = 1) -> Admission:
-    """Do P w_p + b s K bytes fit in the HBM of ``devices`` accelerators? (seed 000, 9.3; seed 004, Table 5)"""
+    """Do P w_p + b s K bytes fit in the HBM of ``devices`` accelerators? (Decode and KV Cache chapter, 2026, 9.3; KV Cache Memory Wall, 2026, Table 5)"""
     hw = accelerator(hw)
     devices = integer("devices", devices)
     need = step_bytes(shape, batch, context, w_p, w_kv)
@@ -177,7 +177,7 @@ def admitted(shape: ModelShape, hw, batch: int, context: int, w_p: float = 2, w_
 
 @dataclass(frozen=True)
 class FloorRow:
-    """One row of seed 000's Table 9.1; ``step_time`` and ``tokens_per_s`` are None when not admitted."""
+    """One row of the Decode and KV Cache chapter's Table 9.1; ``step_time`` and ``tokens_per_s`` are None when not admitted."""
 
     batch: int
     context: int
@@ -190,7 +190,7 @@ class FloorRow:
 
 def decode_floor_table(shape: ModelShape, hw, cases, params: float | None = None, w_p: float = 2,
                        w_kv: float = 2, placement: str = "striped") -> list[FloorRow]:
-    """Rows of seed 000's Table 9.1 for ``cases``, an iterable of (B sequences, T tokens each).
+    """Rows of the Decode and KV Cache chapter's Table 9.1 for ``cases``, an iterable of (B sequences, T tokens each).
 
     Each row carries weight bytes P w_p, KV bytes B T K, the step floor B(T, B) / beta, and the
     ideal rate B / T_step over all sequences, or None for both where the row is not admitted.
@@ -212,18 +212,18 @@ def decode_floor_table(shape: ModelShape, hw, cases, params: float | None = None
 
 
 def arithmetic_intensity(shape: ModelShape, context: int, batch: int, w_p: float = 2, w_kv: float = 2) -> float:
-    """AI(s, b) = F(s, b) / B(s, b) = b (2P + A s) / (P w_p + b s K), FLOP per byte (seed 004, Eq. 7)."""
+    """AI(s, b) = F(s, b) / B(s, b) = b (2P + A s) / (P w_p + b s K), FLOP per byte (KV Cache Memory Wall, 2026, Eq. 7)."""
     return step_flops(shape, batch, context).total / step_bytes(shape, batch, context, w_p, w_kv).total
 
 
 def kv_intensity_floor(shape: ModelShape, w_kv: float = 2) -> float:
-    """lim_{s -> inf} AI(s, b) = A / K = 2g / w_kv, whatever the batch (seed 004, Prop. 3.1(ii), Eq. 8)."""
+    """lim_{s -> inf} AI(s, b) = A / K = 2g / w_kv, whatever the batch (KV Cache Memory Wall, 2026, Prop. 3.1(ii), Eq. 8)."""
     return attention_flops_per_token(shape) / kv_bytes_per_token(shape, w_kv)
 
 
 def batch_intensity_ceiling(shape: ModelShape, context: int, w_p: float = 2, w_kv: float = 2) -> float:
     """sup_b AI(s, b) = A / K + (2 / w_p) s*(1) / s, the most batching can give at context s
-    (seed 004, Prop. 3.1(iv)). Dense weights only: a window is not applied here.
+    (KV Cache Memory Wall, 2026, Prop. 3.1(iv)). Dense weights only: a window is not applied here.
     """
     context = integer("context", context)
     s_star = shape.params * positive("w_p", w_p) / kv_bytes_per_token(shape, w_kv)
@@ -232,19 +232,19 @@ def batch_intensity_ceiling(shape: ModelShape, context: int, w_p: float = 2, w_k
 
 def fixed_point_batch(shape: ModelShape, w_p: float = 2, w_kv: float = 2) -> float:
     """b-dagger = g w_p / w_kv (= A w_p / (2K)): the batch at which AI(s, b) does not depend on s
-    (seed 004, Eq. 9, Prop. 3.1(iii)). Below it AI rises with s, above it AI falls.
+    (KV Cache Memory Wall, 2026, Eq. 9, Prop. 3.1(iii)). Below it AI rises with s, above it AI falls.
     """
     return kv_intensity_floor(shape, w_kv) * positive("w_p", w_p) / 2
 
 
 def ridge_point(hw) -> float:
-    """I* = peak dense bf16 FLOP/s over aggregate HBM bytes/s (seed 004, Table 3, appendix B.4)."""
+    """I* = peak dense bf16 FLOP/s over aggregate HBM bytes/s (KV Cache Memory Wall, 2026, Table 3, appendix B.4)."""
     return accelerator(hw).ridge_point
 
 
 def ridge_batch(hw, w_p: float = 2) -> float:
     """b = I* w_p / 2, the batch at which the weight products alone reach the ridge
-    (seed 004, section 1.1 and Prop. 3.3(iii); seed 000, 9.3).
+    (KV Cache Memory Wall, 2026, section 1.1 and Prop. 3.3(iii); Decode and KV Cache chapter, 2026, 9.3).
     """
     return ridge_point(hw) * positive("w_p", w_p) / 2
 
@@ -254,7 +254,7 @@ def ridge_batch(hw, w_p: float = 2) -> float:
 
 def crossover_context(shape: ModelShape, batch: int = 1, w_p: float = 2, w_kv: float = 2) -> float:
     """s*(b) = P w_p / (b K): the context above which KV bytes exceed weight bytes per step
-    (seed 004, Eq. 12, Table 4, appendix B.3). s*(b) = s*(1) / b (Prop. 3.3(ii)).
+    (KV Cache Memory Wall, 2026, Eq. 12, Table 4, appendix B.3). s*(b) = s*(1) / b (Prop. 3.3(ii)).
 
     For a sliding-window shape whose window is shorter than s*(b) the cache never catches up:
     returns ``math.inf``.
@@ -267,7 +267,7 @@ def crossover_context(shape: ModelShape, batch: int = 1, w_p: float = 2, w_kv: f
 def capacity_context(shape: ModelShape, hw, w_p: float = 2, w_kv: float = 2, batch: int = 1,
                      devices: int = 1) -> float | None:
     """s_cap = (M - P w_p) / (b K): the longest context whose cache fits beside the weights
-    (seed 004, Eq. 13, appendix B.3). None where the weights alone do not fit (M <= P w_p).
+    (KV Cache Memory Wall, 2026, Eq. 13, appendix B.3). None where the weights alone do not fit (M <= P w_p).
 
     For a sliding-window shape whose whole window fits, every context fits: returns ``math.inf``.
     """
@@ -284,7 +284,7 @@ def capacity_context(shape: ModelShape, hw, w_p: float = 2, w_kv: float = 2, bat
 
 def free_beside_weights(shape: ModelShape, hw, w_p: float = 2, devices: int = 1) -> float:
     """M - P w_p: bytes left for the cache once the weights are loaded (negative when they do not fit).
-    The margin behind s_cap (seed 004, Eq. 13). Pass ``hardware.exposed_memory(hw)`` for the memory
+    The margin behind s_cap (KV Cache Memory Wall, 2026, Eq. 13). Pass ``hardware.exposed_memory(hw)`` for the memory
     the driver really reports, or a shape with ``params=shape.counted_params()`` for unrounded weights.
     """
     hw = accelerator(hw)
@@ -294,7 +294,7 @@ def free_beside_weights(shape: ModelShape, hw, w_p: float = 2, devices: int = 1)
 
 def max_batch(shape: ModelShape, hw, context: int, w_p: float = 2, w_kv: float = 2, devices: int = 1) -> int:
     """The largest batch b of ``context``-token sequences with P w_p + b s K <= M: what admission
-    allows (seed 000, 9.3; seed 004, Eq. 13 solved for b). 0 when not even one sequence fits.
+    allows (Decode and KV Cache chapter, 2026, 9.3; KV Cache Memory Wall, 2026, Eq. 13 solved for b). 0 when not even one sequence fits.
     """
     context = integer("context", context)
     free = free_beside_weights(shape, hw, w_p, devices)
@@ -318,7 +318,7 @@ def admitted_rate(shape: ModelShape, hw, context: int, w_p: float = 2, w_kv: flo
                   devices: int = 1) -> AdmittedRate:
     """Decode at the largest admitted batch: ``max_batch`` and its ``step_time_floor``.
 
-    This is where KV compression pays in the weight-bound regime (the scope of seed 004's design
+    This is where KV compression pays in the weight-bound regime (the scope of the KV Cache Memory Wall's design
     rule 3): at a fixed batch, dividing KV bytes barely shortens a step when s < s*, but where
     capacity binds it admits a larger batch at about the same step floor. Llama-3-70B on a B200 at
     128k: 1 sequence in bf16, 4 with a 4-bit cache, hence about 4x the tokens/s.
@@ -336,7 +336,7 @@ def admitted_rate(shape: ModelShape, hw, context: int, w_p: float = 2, w_kv: flo
 
 def kv_fraction(shape: ModelShape, context: int, batch: int, w_p: float = 2, w_kv: float = 2) -> float:
     """eta(s, b) = b s K / B(s, b), the KV share of step bytes; equals s / (s + s*(b))
-    (seed 004, Prop. 3.3(i)).
+    (KV Cache Memory Wall, 2026, Prop. 3.3(i)).
     """
     b = step_bytes(shape, batch, context, w_p, w_kv)
     return b.kv / b.total
@@ -344,7 +344,7 @@ def kv_fraction(shape: ModelShape, context: int, batch: int, w_p: float = 2, w_k
 
 def compression_speedup(c: float, context: int, s_star: float) -> float:
     """S(c; s, b) = c (s + s*(b)) / (s + c s*(b)): step speedup from dividing KV bytes by c
-    (seed 004, Eq. 14, Prop. 3.4(i)). 1 < S < c for c > 1; S -> c as s -> inf.
+    (KV Cache Memory Wall, 2026, Eq. 14, Prop. 3.4(i)). 1 < S < c for c > 1; S -> c as s -> inf.
 
     Pass the crossover of the batch in question, ``crossover_context(shape, batch)``; an infinite
     crossover (a window that never catches up) gives S = 1.
@@ -361,14 +361,14 @@ def compression_speedup(c: float, context: int, s_star: float) -> float:
 
 
 def effective_bandwidth(hw, placement: str = "striped") -> float:
-    """beta_eff of KV reads under a page placement (seed 004, Eq. 10, Prop. 3.6, appendix A.4).
+    """beta_eff of KV reads under a page placement (KV Cache Memory Wall, 2026, Eq. 10, Prop. 3.6, appendix A.4).
 
     A read with local fraction gamma takes max(gamma x / beta_p, (1 - gamma) x / beta_f):
     ``"pinned"`` (gamma = 1) gives the per-die beta_p; ``"striped"`` (gamma = 1 / D) gives
     min(beta_agg, D / (D - 1) beta_f). An undisclosed fabric rate (MI300X) is taken not to bind
     (Remark 3.7). A single-die package reaches beta_agg either way.
 
-    The choice is the seed's model, not an engine's: in their default modes a B200 and an MI300X
+    The choice is the memory-wall paper's model, not an engine's: in their default modes a B200 and an MI300X
     interleave physical addresses across all HBM stacks, so every allocation is striped and a block
     manager cannot pin a page to one die. Only partitioned modes (MI300X's NPS4 memory partitions
     with CPX compute partitions) make memory local to a part of the package, and each part
@@ -386,7 +386,7 @@ def effective_bandwidth(hw, placement: str = "striped") -> float:
 
 def rate_ceiling(shape: ModelShape, hw, placement: str = "striped", w_kv: float = 2) -> float:
     """R_inf = beta_eff / K, the limit of s b / T_step as s -> inf: context times token rate is a
-    hardware constant (seed 004, Eq. 11, Corollary 3.8, appendix B.4). Tokens/s.
+    hardware constant (KV Cache Memory Wall, 2026, Eq. 11, Corollary 3.8, appendix B.4). Tokens/s.
     """
     return effective_bandwidth(hw, placement) / kv_bytes_per_token(shape, w_kv)
 
@@ -396,7 +396,7 @@ def rate_ceiling(shape: ModelShape, hw, placement: str = "striped", w_kv: float 
 
 def sharing_factor(prefix_tokens: int, suffix_tokens: int, requests: int) -> float:
     """sigma = n (p + u) / (p + n u) for n requests sharing one p-token prefix, each with its own
-    u-token suffix: unshared bytes over shared bytes (seed 004, section 2.6, appendix B.5).
+    u-token suffix: unshared bytes over shared bytes (KV Cache Memory Wall, 2026, section 2.6, appendix B.5).
     """
     p = integer("prefix_tokens", prefix_tokens, 0)
     u = integer("suffix_tokens", suffix_tokens, 0)
@@ -408,7 +408,7 @@ def sharing_factor(prefix_tokens: int, suffix_tokens: int, requests: int) -> flo
 
 def prefill_flops(shape: ModelShape, tokens: int, hit_rate: float = 0.0) -> float:
     """FLOPs to encode the uncached part of an s-token prompt when a fraction h is already cached
-    (seed 004, appendix A.3, section 4.5):
+    (KV Cache Memory Wall, 2026, appendix A.3, section 4.5):
 
         F = 2 P s (1 - h) + 2 L n_q d_h s^2 (1 - h^2)
 
@@ -427,7 +427,7 @@ def prefill_flops(shape: ModelShape, tokens: int, hit_rate: float = 0.0) -> floa
 def prefill_time(shape: ModelShape, hw, tokens: int, mfu: float = 0.7, hit_rate: float = 0.0,
                  prefix_tokens: int = 0) -> float:
     """Time to first token, prefill_flops / (mu * peak) in seconds, at model FLOP utilization mu
-    (seed 004, appendix A.3 and C.4 (iii): mu = 0.70). Give the cached share either as
+    (KV Cache Memory Wall, 2026, appendix A.3 and C.4 (iii): mu = 0.70). Give the cached share either as
     ``hit_rate`` h or as ``prefix_tokens`` (h = prefix_tokens / tokens), not both.
     """
     hw = accelerator(hw)
@@ -444,7 +444,7 @@ def prefill_time(shape: ModelShape, hw, tokens: int, mfu: float = 0.7, hit_rate:
 
 def transfer_time(nbytes: float, link_bytes_per_s: float, codec: float = 1.0) -> float:
     """Seconds to move ``nbytes`` over a link, x / (codec * beta_link), where ``codec`` is the
-    transport codec's size reduction (seed 004, section 2.7, appendix B.5; CacheGen's is about 4).
+    transport codec's size reduction (KV Cache Memory Wall, 2026, section 2.7, appendix B.5; CacheGen's is about 4).
     """
     return positive("nbytes", nbytes) / (positive("codec", codec) * positive("link_bytes_per_s", link_bytes_per_s))
 

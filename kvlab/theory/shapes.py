@@ -1,5 +1,5 @@
-"""Model shapes: the constants of a decoder (or a Mamba stack) that decode cost depends on, and the
-published shapes the seeds reason about (every notebook; the memory-wall model's Table 1).
+"""Every notebook: model shapes, the constants of a decoder (or a Mamba stack) that decode cost
+depends on, and the published shapes the sources reason about (KV Cache Memory Wall, 2026, Table 1).
 
 Pure Python. ``kvlab.lab.models`` builds Hugging Face models of these shapes.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The constants of a decoder that decode cost depends on (section 9.3, seed 004 Table 1).
+    """The constants of a decoder that decode cost depends on (section 9.3, KV Cache Memory Wall, 2026 Table 1).
 
     ``params`` is the parameter count the seeds use; ``latent_dim`` and ``rope_dim`` describe a
     Multi-head Latent Attention cache (DeepSeek-V2); ``window`` a sliding-window model (Mistral 7B).
@@ -56,7 +56,7 @@ class ModelShape:
         return self.q_heads // self.kv_heads
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2) -> float:
-        """Cache bytes one retained token costs across all layers (seed 004, Eq. 1).
+        """Cache bytes one retained token costs across all layers (KV Cache Memory Wall, 2026, Eq. 1).
 
         Standard attention stores a key and a value per KV head: 2 * L * n_kv * d_h * w.
         MLA stores one latent of (d_c + d_r) elements per layer instead: L * (d_c + d_r) * w.
@@ -132,8 +132,8 @@ def _shape(name, layers, q, kv, d, hidden, params, vocab, intermediate, **extra)
     return ModelShape(name, layers, q, kv, d, hidden, params, vocab, intermediate=intermediate, **extra)
 
 
-# Published shapes. Parameter counts are those the seeds use (seed 004 appendix B.2 rounds 70B and
-# 405B; seed 000 section 9.3 uses 8e9 for its Table 9.1, seed 004 8.03e9 for Llama-3-8B);
+# Published shapes. Parameter counts are those the sources use (KV Cache Memory Wall, 2026, appendix B.2 rounds 70B and
+# 405B; Decode and KV Cache chapter, 2026 section 9.3 uses 8e9 for its Table 9.1, KV Cache Memory Wall, 2026 8.03e9 for Llama-3-8B);
 # ModelShape.counted_params() gives the unrounded count. Active parameters of the mixtures of
 # experts: Mistral AI's Mixtral announcement (12.9B of 46.7B), the DeepSeek-V2 paper (21B of 236B).
 SHAPES: dict[str, ModelShape] = {

@@ -1,5 +1,6 @@
-"""Accelerators and links as their vendors specify them: HBM capacity and bandwidth, dense bf16
-rate, dies and fabric, host and peer links (every notebook; the memory-wall model's Table 3).
+"""Every notebook: accelerators and links as their vendors specify them, HBM capacity and bandwidth,
+dense bf16 rate, dies and fabric, host and peer links (NVIDIA H100 datasheet, NVIDIA H200 datasheet,
+and the others each entry names; KV Cache Memory Wall, 2026, Table 3).
 
 Pure Python: the analytical model (``kvlab.theory``) reads these; ``kvlab.lab.hardware`` measures
 the machine in front of the reader.
@@ -61,9 +62,9 @@ LINKS: dict[str, Link] = {
     "pcie3-x16": Link("PCIe Gen3 x16", 16e9, "PCI-SIG: 8 GT/s x 16 lanes, about 16 GB/s per direction"),
     "pcie4-x16": Link("PCIe Gen4 x16", 32e9, "PCI-SIG: 16 GT/s x 16 lanes, about 32 GB/s per direction"),
     "pcie5-x16": Link("PCIe Gen5 x16", 64e9,
-                      "PCI-SIG: 32 GT/s x 16 lanes, about 64 GB/s per direction (seed 004, section 2.7)"),
+                      "PCI-SIG: 32 GT/s x 16 lanes, about 64 GB/s per direction (KV Cache Memory Wall, 2026, section 2.7)"),
     "nvlink4": Link("NVLink 4 (H100/H200)", 450e9,
-                    "NVIDIA H100 datasheet: 900 GB/s total, i.e. 450 GB/s each way (seed 004 quotes the 900)"),
+                    "NVIDIA H100 datasheet: 900 GB/s total, i.e. 450 GB/s each way (the KV Cache Memory Wall, 2026, quotes the 900)"),
 }
 
 # Total memory the driver reports (nvidia-smi "memory.total"), in MiB: the marketed "80 GB" and
@@ -71,7 +72,7 @@ LINKS: dict[str, Link] = {
 _MIB = 2**20
 _EXPOSED = "nvidia-smi memory.total: {} MiB"
 
-_H100 = "NVIDIA H100 Tensor Core GPU datasheet (2023), as quoted in seed 004, Table 3 and section 1.1"
+_H100 = "NVIDIA H100 Tensor Core GPU datasheet (2023), as quoted in KV Cache Memory Wall, 2026, Table 3 and section 1.1"
 SPECS: dict[str, Accelerator] = {
     "h100-sxm": Accelerator("NVIDIA H100 SXM", 80e9, 3.35e12, 989.5e12, 1, 3.35e12, None,
                             _H100 + "; " + _EXPOSED.format(81559), 81559 * _MIB, "pcie5-x16"),
@@ -82,12 +83,12 @@ SPECS: dict[str, Accelerator] = {
     ),
     "b200": Accelerator(
         "NVIDIA B200", 192e9, 8.0e12, 2250e12, 2, 4.0e12, 10e12,
-        "NVIDIA Blackwell B200 datasheet (2024), as quoted in seed 004, Table 3 and appendix B.3 (NV-HBI 10 TB/s)",
+        "NVIDIA Blackwell B200 datasheet (2024), as quoted in KV Cache Memory Wall, 2026, Table 3 and appendix B.3 (NV-HBI 10 TB/s)",
         host_link="pcie5-x16",
     ),
     "mi300x": Accelerator(
         "AMD Instinct MI300X", 192e9, 5.3e12, 1307e12, 8, 0.66e12, None,
-        "AMD Instinct MI300X datasheet (2024), as quoted in seed 004, Table 3 and appendix B.3 "
+        "AMD Instinct MI300X datasheet (2024), as quoted in KV Cache Memory Wall, 2026, Table 3 and appendix B.3 "
         "(on-package fabric rate not disclosed)",
         host_link="pcie5-x16",
     ),
@@ -147,7 +148,7 @@ def exposed_memory(hw) -> Accelerator:
     """``hw`` (an ``Accelerator`` or its ``SPECS`` key) with ``hbm_bytes`` set to the memory the
     driver reports instead of the decimal reading of the marketed figure: an H200 sold as 141 GB
     exposes about 140 GiB, about 150.8e9 bytes; an H100 80 GB about 79.6 GiB, 85.5e9 bytes.
-    Every ``kvlab.theory.roofline`` function accepts the result in place of the seed's device.
+    Every ``kvlab.theory.roofline`` function accepts the result in place of a datasheet's device.
     """
     import dataclasses
 

@@ -1,10 +1,10 @@
-"""The sentences that depend on a measurement, one module per section of the book.
+"""Every notebook: the sentences that depend on a measurement, one module per section of the book.
 
 A reading is a plain function: it takes the numbers a notebook measured and returns Markdown for
 ``kvlab.reading`` or for ``explore(..., reading=...)``. Where a sentence depends on the outcome (a
 slope within a factor of its prediction, one method faster than another), both outcomes are
 written here: the other branch says what was expected, what was measured, and the most likely
-reason on this kind of machine. ``tests/test_readings.py`` feeds each function both outcomes.
+reason on this kind of machine. ``tests/show/test_readings_<section>.py`` feeds each function both outcomes.
 """
 
 

@@ -1,4 +1,4 @@
-"""Readings of section 9.2, recompute, cache reuse and optimized decode (notebook ``02_cache_reuse``)."""
+"""Notebook 02, recompute, cache reuse and optimized decode (section 9.2): its readings."""
 
 from __future__ import annotations
 

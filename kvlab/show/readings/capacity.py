@@ -1,5 +1,8 @@
-"""Readings on memory capacity: the marketed figures the seeds compute with, against the memory a
-device really exposes and a model's unrounded parameter count (section 9.3, the memory wall)."""
+"""Notebooks 03 and 10, GEMV-like decode (section 9.3) and the memory wall: readings on memory capacity.
+
+The marketed figures the sources compute with (Decode and KV Cache chapter, 2026; KV Cache Memory
+Wall, 2026), against the memory a device really exposes and a model's unrounded parameter count.
+"""
 
 from __future__ import annotations
 

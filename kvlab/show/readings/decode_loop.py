@@ -1,4 +1,4 @@
-"""Readings of section 9.1, the decode loop (notebook ``01_decode_loop``)."""
+"""Notebook 01, the decode loop (section 9.1): its readings."""
 
 from __future__ import annotations
 

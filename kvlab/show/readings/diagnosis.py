@@ -1,4 +1,4 @@
-"""Readings of section 9.8, the worked decode reasoning path (notebook ``09_diagnosis``).
+"""Notebook 09, a worked path through a slow decode step (section 9.8): its readings.
 
 Each function takes what :mod:`kvlab.lab.diagnose` measured and returns the paragraph printed under the
 result; every sentence that depends on the outcome has both branches written.

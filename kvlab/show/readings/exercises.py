@@ -1,4 +1,4 @@
-"""Worked solutions of the exercises, one function per exercise that has numbers (every section).
+"""Every notebook: worked solutions of the exercises, one function per exercise that has numbers.
 
 Each function takes what the notebook computed or measured and returns Markdown wrapped by
 ``solution``: an HTML ``<details>`` block, collapsed until the reader opens it, in the book and in

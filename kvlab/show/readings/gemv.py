@@ -1,4 +1,4 @@
-"""Readings of section 9.3, GEMV-like behaviour in decode (notebook ``03_gemv``)."""
+"""Notebook 03, GEMV-like decode and the roofline (section 9.3): its readings."""
 
 from __future__ import annotations
 

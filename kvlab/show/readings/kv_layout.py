@@ -1,4 +1,4 @@
-"""Readings of section 9.4, KV-cache layout (notebook ``04_kv_layout``)."""
+"""Notebook 04, KV-cache layout (section 9.4): its readings."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Readings of section 9.7, long-context attention variants (notebook ``08_long_context``)."""
+"""Notebook 08, long-context variants (section 9.7): its readings."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Readings of section 9.6, hybrid attention and SSM state (notebook ``07_ssm_state``)."""
+"""Notebook 07, hybrid attention and SSM state (section 9.6): its readings."""
 
 from __future__ import annotations
 

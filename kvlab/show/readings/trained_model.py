@@ -1,4 +1,4 @@
-"""Readings of section 9.7 measured on the book's trained model (notebook ``08_long_context``).
+"""Notebook 08, long-context variants (section 9.7): readings measured on the book's trained model.
 
 Each function takes the numbers a cell measured with ``kvlab.trained_model()`` and returns the
 Markdown under it; where the sentence depends on the outcome (does this model have attention sinks,
