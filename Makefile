@@ -11,7 +11,7 @@ FLOOR_READY := $(FLOOR)/.ready
 # CPU measurements run on one thread: stable on a shared machine, and every stamp records it.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: book test test-floor lab bench env clean
+.PHONY: book test test-floor lab bench env diagram clean
 
 $(READY): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,10 @@ bench: $(READY)
 
 env: $(READY)
 	$(BIN)/python -m kvlab env
+
+# The stack diagram and notebook table of book/architecture.md, redrawn from kvlab's imports.
+diagram: $(READY)
+	$(BIN)/python scripts/stack_diagram.py
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis .jupyter_cache
