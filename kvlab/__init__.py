@@ -1,4 +1,4 @@
-"""kvlab: the instrument behind the book on LLM decode and the KV cache.
+"""Every notebook: kvlab, the instrument behind the book on LLM decode and the KV cache.
 
 Importing kvlab does not import torch: ``kvlab.theory.roofline`` is pure Python. The names that need torch
 (the decode loops) load on first use.

@@ -1,4 +1,4 @@
-"""``python -m kvlab env | bench | record OUT.json | diagnose``: the instrument from the command line."""
+"""Every notebook, from the command line: ``python -m kvlab env | bench | record OUT.json | diagnose``."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ KEY_GROUPS = ("channel", "token")
 
 @dataclass(frozen=True)
 class QuantizedTensor:
-    """Asymmetric min-max quantization in groups, with packed codes (section 9.7, seed 004 2.3).
+    """Asymmetric min-max quantization in groups, with packed codes (section 9.7; KV Cache Memory Wall, 2026, section 2.3).
 
     Each group of ``group_size`` consecutive elements along ``axis`` shares one ``scale`` and one
     ``zero`` (the group's minimum): x ~ code x scale + zero with code in [0, 2^bits - 1]. Codes are

@@ -1,4 +1,5 @@
-"""The small trained model shipped with the book, for the quality measurements of section 9.7.
+"""Notebook 08, long-context variants (section 9.7): the small model trained by the project and shipped
+with the book, the contrast to a pretrained model in the quality measurements.
 
 Random weights (``kvlab.tiny_model``) time exactly like trained ones but have no perplexity to lose,
 no attention sinks and no outlier channels. This module loads a small Llama trained by

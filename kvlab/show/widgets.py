@@ -1,4 +1,4 @@
-"""Sliders over a measurement: live in a Jupyter kernel, pre-rendered in the static book.
+"""Every notebook: sliders over a measurement, live in a Jupyter kernel, pre-rendered in the static book.
 
 Serves every section of the book: each notebook ends its idea with ``explore(measure, sliders,
 plot)``, which reruns a real measurement when the reader moves a slider. The same ``plot`` draws
