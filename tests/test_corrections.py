@@ -1,6 +1,7 @@
 """The formulas behind the book's teaching corrections (issue 12), each against arithmetic written
 out here: recompute against swap, real memory capacities, one-way link rates, the scope of design
-rule 3, compile break-even, swap's copy size, and the Blelloch and two-level scans."""
+rule 3, compile break-even, and the Blelloch and two-level scans (swap's copy size is tested in
+tests/lab/test_lab_paged_attention.py)."""
 
 import dataclasses
 import math
@@ -14,7 +15,6 @@ from kvlab import SHAPES, SPECS
 from kvlab.theory import roofline as rf
 from kvlab.decode import CompileBreakEven, DecodeProfile, break_even_tokens, compile_break_even
 from kvlab.theory.specs import LINKS, exposed_memory, link
-from kvlab.serving.paged_decode import _copy_blocks, measure_host_copy
 from kvlab.cache import ssm
 
 GIB = 2**30
@@ -193,27 +193,6 @@ def test_compile_break_even_from_profiles():
         compile_break_even(eager, [0.1], warm=1)
     with pytest.raises(ValueError, match="same number"):
         compile_break_even(eager, _profile([0.001] * 12), warm=4)
-
-
-# ------------------------------------------------------------------ swap: many small copies
-
-
-def test_copy_blocks_copies_every_block():
-    src = torch.arange(24, dtype=torch.float32).view(6, 4)
-    dst = torch.zeros_like(src)
-    _copy_blocks(src, dst, False)
-    assert torch.equal(src, dst)
-
-
-def test_measure_host_copy_accounts_bytes():
-    rows = measure_host_copy(1 << 16, [1024, 4096, 65536], device="cpu", warmup=0, reps=1)
-    assert [(r.block_bytes, r.blocks, r.total_bytes) for r in rows] == [
-        (1024, 64, 65536), (4096, 16, 65536), (65536, 1, 65536)]
-    assert all(r.bytes_per_s > 0 and r.one_copy_bytes_per_s > 0 and r.efficiency > 0 for r in rows)
-    assert measure_host_copy(4000, 1000, device="cpu", warmup=0, reps=1)[0].blocks == 4
-    for bad, match in (([], "at least one"), ([6], "multiple of 4"), ([1 << 20], "block_bytes"), ([True], "block_bytes")):
-        with pytest.raises((ValueError, TypeError), match=match):
-            measure_host_copy(1 << 16, bad, device="cpu")
 
 
 # ------------------------------------------------------------------ scans (9.6)

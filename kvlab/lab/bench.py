@@ -80,12 +80,12 @@ def decode_loops(reps: int = 3) -> list[Row]:
 SECTION_BENCHMARKS = {
     "9.3 GEMV and the ridge": "kvlab.lab.gemv",
     "9.4 KV layouts": "kvlab.cache.layout",
-    "9.5 paged attention and admission": "kvlab.serving.paged_decode",
-    "prefix caching": "kvlab.serving.prefix_paged",
+    "9.5 paged attention and admission": "kvlab.lab.paged_attention",
+    "prefix caching": "kvlab.lab.prefix",
     "9.6 SSM state and scans": "kvlab.cache.ssm",
     "9.7 long-context caches": "kvlab.cache.longctx",
     "9.8 decode diagnosis": "kvlab.lab.diagnose",
-    "11 continuous batching engine": "kvlab.serving.engine",
+    "11 continuous batching engine": "kvlab.lab.engine",
 }
 
 
