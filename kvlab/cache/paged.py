@@ -1,7 +1,7 @@
 """Notebooks 05, 06 and 11: the paged KV cache, per-layer K and V pools over one block manager.
 
 ``k_pools[layer]`` and ``v_pools[layer]`` are ``[num_blocks, block_size, num_kv_heads, head_dim]``
-(Kwon et al. 2023); one :class:`~kvlab.cache.blocks.BlockManager` (prefix caching on or off) owns the
+(Kwon et al. 2023); one :class:`~kvlab.cache.block_manager.BlockManager` (prefix caching on or off) owns the
 block tables, and all layers of a sequence share its table: token ``t`` sits in the same block and
 offset in every layer.
 
@@ -31,7 +31,8 @@ import torch
 
 from kvlab import kernels
 from kvlab._checks import integer, one_of, require_memory
-from kvlab.cache.blocks import PREEMPTION_MODES, BlockManager, BlockTable, OutOfBlocksError, token_list
+from kvlab.cache.block_manager import BlockManager
+from kvlab.cache.blocks import PREEMPTION_MODES, BlockTable, OutOfBlocksError, token_list
 from kvlab.lab.hardware import device as default_device
 
 
@@ -57,7 +58,7 @@ def copy_blocks_to_host(k_pools, v_pools, blocks: list[int]) -> tuple:
 
 
 class PagedKVCache:
-    """Per-layer K and V pools and one :class:`~kvlab.cache.blocks.BlockManager` (notebooks 05, 06, 11).
+    """Per-layer K and V pools and one :class:`~kvlab.cache.block_manager.BlockManager` (notebooks 05, 06, 11).
 
     ``store`` writes the by-hand ``append`` (default :func:`kvlab.kernels.store_kv`; pass
     ``kvlab.kernels.store_kv_ref`` to time host-side work on a CPU). A model step stores through

@@ -5,7 +5,7 @@ engine's policy, with no token budget and no watermark) over one of three memori
 model: each step, every scheduled chunk counts as computed and a request that completes gets a
 token. The memories answer the block manager's calls (Kwon et al. 2023):
 
-- ``paged``: a :class:`~kvlab.cache.blocks.BlockManager` of ``budget // block_size`` blocks, taken
+- ``paged``: a :class:`~kvlab.cache.block_manager.BlockManager` of ``budget // block_size`` blocks, taken
   one at a time as sequences grow;
 - ``reserve-max`` and ``reserve-estimate``: :class:`ContiguousMemory`, one region of token slots per
   request placed first fit, of ``max_len`` slots or of ``prompt + estimate``. A region cannot grow:
@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvlab._checks import integer, one_of
-from kvlab.cache.blocks import PREEMPTION_MODES, BlockManager
+from kvlab.cache.block_manager import BlockManager
+from kvlab.cache.blocks import PREEMPTION_MODES
 from kvlab.serving.request import Request
 from kvlab.serving.scheduler import Scheduler
 

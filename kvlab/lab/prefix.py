@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvlab._checks import integer
-from kvlab.cache.blocks import BlockManager
+from kvlab.cache.block_manager import BlockManager
 from kvlab.lab.timing import measure, merge_timings
 from kvlab.serving.paged_decode import cache_for, decode_step, prefill
 

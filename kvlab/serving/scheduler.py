@@ -4,7 +4,7 @@ Every step, the scheduler decides who runs and with how many tokens (iteration-l
 Yu et al. 2022; on a paged cache, Kwon et al. 2023). It works on any *memory* with the block
 manager's calls (``admit``, ``reserve``, ``commit``, ``preempt``, ``resume``, ``free`` and their
 ``blocks_to_*`` questions): the engine gives it a :class:`~kvlab.cache.paged.PagedKVCache`, notebook
-05's admission simulator a bare :class:`~kvlab.cache.blocks.BlockManager` or contiguous regions.
+05's admission simulator a bare :class:`~kvlab.cache.block_manager.BlockManager` or contiguous regions.
 
 kvlab's choices, each one of several an engine could make:
 

@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import kvlab.cache.blocks
-from kvlab.cache.blocks import BlockAllocator, BlockManager, BlockTable, OutOfBlocksError, block_hashes
+import kvlab.cache.block_manager
+from kvlab.cache.block_manager import BlockManager
+from kvlab.cache.blocks import BlockAllocator, BlockTable, OutOfBlocksError, block_hashes
 
 
 def state(m: BlockManager):
@@ -32,6 +34,7 @@ def written(m: BlockManager, tokens, salt=None):
 
 def test_doctests():
     assert doctest.testmod(kvlab.cache.blocks).failed == 0
+    assert doctest.testmod(kvlab.cache.block_manager).failed == 0
 
 
 # --------------------------------------------------------------------------- the allocator
