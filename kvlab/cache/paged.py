@@ -166,7 +166,7 @@ class PagedKVCache:
         self.require_in_step(seq_id)
         tokens = token_list(token_ids)
         new = -(-(self.num_tokens(seq_id) + len(tokens)) // self.block_size) - len(self.block_table(seq_id))
-        if self.blocks_to_append(seq_id, len(tokens)) == new:  # no copy: the manager's append is all or nothing
+        if self.blocks_to_append(seq_id, len(tokens)) == new:  # no copy: the manager's reserve is all or nothing
             self.manager.reserve(seq_id, tokens)
             return
         with self.all_or_nothing():

@@ -446,9 +446,9 @@ def paged_decode_gather_unchecked(q, k_cache, v_cache, block_table, seq_lens, sc
     in_use = torch.arange(block_table.shape[1], device=q.device)[None, :] * block_size < seq_lens[:, None]
     index = torch.where(in_use, block_table.long(), 0)  # unused entries may hold anything
     valid = torch.arange(index.shape[1] * block_size, device=q.device)[None, :] < seq_lens[:, None]
-    keep = valid[:, None, :, None]  # a slot past a sequence's end may hold anything, even NaN: zero it
-    keys = torch.where(keep, k_cache[index].flatten(1, 2).transpose(1, 2), 0)  # [batch, kv_heads, slots, dim]
-    values = torch.where(keep, v_cache[index].flatten(1, 2).transpose(1, 2), 0)
+    unused = ~valid[:, :, None, None]  # a slot past a sequence's end may hold anything, even NaN: zero it
+    keys = k_cache[index].flatten(1, 2).masked_fill_(unused, 0).transpose(1, 2)  # [batch, kv_heads, slots, dim]
+    values = v_cache[index].flatten(1, 2).masked_fill_(unused, 0).transpose(1, 2)
     out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=valid[:, None, None, :],
                                          scale=scale, enable_gqa=True)
     return out[:, :, 0]

@@ -183,7 +183,7 @@ class Scheduler:
             self.log(request, "resume", "swap")
 
     def _decode(self, request: Request) -> Scheduled:
-        self.memory.reserve(request.seq, request.tokens[-1:])  # the slot of the token fed this step
+        self.memory.reserve(request.seq, request.output[-1:])  # the slot of the token fed this step
         return Scheduled(request, self.memory.num_computed(request.seq), 1, "decode")
 
     def _chunk(self, request: Request, budget: int) -> Scheduled:
