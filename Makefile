@@ -42,7 +42,7 @@ test: $(READY) $(FLOOR_READY)
 # above: none depends on transformers' version. Each notebook thus runs twice, not four times.
 test-floor: $(FLOOR_READY)
 	$(FLOOR)/bin/python -m pytest -n 2 --dist loadfile -q -p no:cacheprovider \
-		--ignore tests/test_notebooks.py --ignore tests/test_kernel_targets.py \
+		--ignore tests/test_notebooks.py --ignore tests/kernels/test_targets.py \
 		--ignore tests/test_install.py --ignore tests/test_live_browser.py
 
 lab: $(READY)

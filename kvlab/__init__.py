@@ -7,7 +7,8 @@ Importing kvlab does not import torch: ``kvlab.theory.roofline`` is pure Python.
 import importlib
 
 from kvlab.theory.specs import SPECS
-from kvlab.lab.hardware import calibrate, device, on_gpu, stamp
+from kvlab.lab.hardware import calibrate, stamp
+from kvlab.devices import device, on_gpu
 from kvlab.theory.shapes import SHAPES, ModelShape
 from kvlab.lab.models import load_model, tiny_model
 from kvlab.show.notebook import reading, sizes

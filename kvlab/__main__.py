@@ -32,6 +32,10 @@ def main(argv=None) -> int:
                       help="also write the cached and static step traces, with their stamp, to this JSON file "
                            "(name it *diagnose-traces*.json in book/data/measurements/ for notebook 09)")
     args = parser.parse_args(argv)
+    if args.command != "env":  # without CUDA the kernels run in Triton's interpreter: on before they load
+        from kvlab.kernels import use_interpreter
+
+        use_interpreter()
     if args.command == "diagnose":
         return _diagnose(args)
 

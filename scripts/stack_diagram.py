@@ -45,8 +45,8 @@ class Layer:
 # layer above. Each layer needs only what is under it: a formula needs no tensor, a kernel no cache,
 # a cache no model loop, a loop no measurement, a measurement no figure.
 LAYERS = (
-    Layer("base", "argument checks; the one place that speaks to transformers' cache API", "support",
-          modules=("kvlab._checks", "kvlab.versions")),
+    Layer("base", "argument checks, the default device and dtype, and the one place that speaks to transformers' cache API", "support",
+          modules=("kvlab._checks", "kvlab.devices", "kvlab.versions")),
     Layer("theory", "formulas in pure Python: roofline, specifications, shapes, work", "lesson",
           packages=("kvlab.theory",)),
     Layer("kernels", "Triton kernels, each beside its PyTorch reference", "lesson",

@@ -1,10 +1,9 @@
 import os
 
-import torch
+import kvlab.kernels
 
-# Without a GPU, Triton kernels run under its interpreter; set before anything imports triton.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# Without a GPU, Triton kernels run under its interpreter: switched on before any kernel is imported.
+kvlab.kernels.use_interpreter()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

@@ -19,7 +19,7 @@ import torch
 
 from kvlab._checks import integer, require_memory
 from kvlab.cache.addresses import LAYOUTS, PAGED, KVGeometry, as_block_table, check_choice
-from kvlab.lab.hardware import device_and_dtype
+from kvlab.devices import device_and_dtype
 
 APPEND_METHODS = {"BHTD": ("index", "cat"), "BTHD": ("index", "cat"), "NHD": ("slot",), "HND": ("slot",)}
 

@@ -1,48 +1,65 @@
-"""Triton kernels for section 9.5 (PagedAttention), each beside a plain-PyTorch reference.
+"""Notebooks 05, 05b and 07: kvlab's Triton kernels, each beside a plain-PyTorch reference.
 
-On a machine without CUDA the Triton interpreter is switched on before triton is
-imported, so notebooks and tests run the same kernels on the CPU (slowly, and
-without bf16 arithmetic).
+Importing this package imports no kernel and no Triton: each name below loads its module on first
+use. That matters on a machine without CUDA, where the kernels run under Triton's interpreter:
+``triton.jit`` decides when a kernel is *decorated* (its module imported) whether it is compiled or
+interpreted, so :func:`use_interpreter` must run before the first kernel module is imported.
+kvlab's entry points call it (the notebooks' setup cells, ``python -m kvlab``, the test suite).
+The interpreter has no bf16 arithmetic: on a CPU use fp32 or fp16.
 """
 
+from __future__ import annotations
+
+import importlib
 import os
 import sys
 
-import torch
+KERNEL_MODULES = ("paged_attention", "store", "ssm_scan")
+_HOMES = {
+    "SUPPORTED_HEAD_DIMS": "paged_attention", "choose_num_splits": "paged_attention",
+    "merge_partials": "paged_attention", "multiprocessor_count": "paged_attention",
+    "paged_decode_attention": "paged_attention", "paged_decode_attention_gather": "paged_attention",
+    "paged_decode_attention_ref": "paged_attention", "paged_decode_gather_unchecked": "paged_attention",
+    "paged_decode_launcher": "paged_attention", "paged_decode_unchecked": "paged_attention",
+    "store_kv": "store", "store_kv_ref": "store", "store_kv_unchecked": "store",
+    "selective_state_update": "ssm_scan", "selective_state_update_ref": "ssm_scan",
+}
+__all__ = ["use_interpreter", *_HOMES]
 
 
-def _switch_on_interpreter() -> None:
-    """Without CUDA, run Triton under its interpreter. Triton reads the switch when it is imported
-    (its own ``@triton.jit`` helpers become interpretable then), so if something imported it
-    earlier (``kvlab.env()`` asks for its version, transformers probes for it), drop those modules
-    and let the import below load them again with the switch on."""
+def use_interpreter() -> bool:
+    """Run kvlab's Triton kernels under Triton's interpreter when there is no CUDA device; returns
+    whether the interpreter is on. Call it before anything imports a kernel module.
+
+    Sets ``TRITON_INTERPRET=1``. If something imported Triton before (transformers may), Triton's own
+    ``@triton.jit`` helpers were decorated without the switch, so those modules are dropped and load
+    again on next use (all but the compiled extension, which cannot load twice).
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return os.environ.get("TRITON_INTERPRET") == "1"
     if os.environ.get("TRITON_INTERPRET") == "1":
-        return
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-    if os.environ["TRITON_INTERPRET"] == "1":
-        stale = [m for m in sys.modules if m == "triton" or m.startswith("triton.")]
-        for name in stale:
-            if not name.startswith("triton._C"):  # the compiled extension cannot be loaded twice
-                del sys.modules[name]
+        return True
+    loaded = [m for m in KERNEL_MODULES if f"{__name__}.{m}" in sys.modules]
+    if loaded:
+        raise RuntimeError(f"kvlab.kernels.use_interpreter() must run before the kernels are imported, but "
+                           f"{loaded} already were, compiled for a GPU this machine does not have; call it first "
+                           "thing in the process (or start Python with TRITON_INTERPRET=1)")
+    os.environ["TRITON_INTERPRET"] = "1"
+    for name in [m for m in sys.modules if m == "triton" or m.startswith("triton.")]:
+        if not name.startswith("triton._C"):
+            del sys.modules[name]
+    return True
 
 
-if not torch.cuda.is_available():
-    _switch_on_interpreter()
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    if name in (*KERNEL_MODULES, "shared_memory", "targets"):
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-from kvlab.kernels.paged_attention import SUPPORTED_HEAD_DIMS, choose_num_splits, merge_partials, paged_decode_attention, paged_decode_attention_ref, paged_decode_launcher
-from kvlab.kernels.store_kv import store_kv, store_kv_ref  # noqa: E402
 
-__all__ = [
-    "SUPPORTED_HEAD_DIMS",
-    "choose_num_splits",
-    "merge_partials",
-    "paged_decode_attention",
-    "paged_decode_attention_ref",
-    "paged_decode_launcher",
-    "store_kv",
-    "store_kv_ref",
-]
-
-from kvlab.kernels.ssm_scan import selective_state_update, selective_state_update_ref  # noqa: E402  (section 9.6)
-
-__all__ += ["selective_state_update", "selective_state_update_ref"]
+def __dir__():
+    return sorted(__all__)

@@ -1,4 +1,5 @@
-"""Argument checks shared by the kernels of section 9.5 (PagedAttention).
+"""Notebooks 05b and 07: argument checks shared by kvlab's Triton kernels (paged attention, after
+Kwon et al. 2023, and the SSM step, after Gu and Dao 2023).
 
 Every check runs in Python before a launch and raises a ``TypeError`` (wrong kind
 or dtype) or ``ValueError`` (wrong shape, range or device) that names the argument
@@ -48,15 +49,20 @@ def require_same_device(**tensors: torch.Tensor) -> torch.device:
     return first
 
 
-def require_kernel_device(device: torch.device) -> None:
-    """Triton runs on CUDA tensors, or on CPU tensors under the interpreter (TRITON_INTERPRET=1)."""
+def require_kernel_device(device: torch.device, kernel=None, call: str = "the Triton kernel") -> None:
+    """Triton runs on CUDA tensors, or on CPU tensors under its interpreter. The interpreter must have
+    been on when ``kernel`` was decorated (``kvlab.kernels.use_interpreter()`` before the import):
+    ``triton.jit`` decides then, once, whether a kernel is compiled or interpreted."""
     if device.type == "cuda":
         return
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+    interpreting = (os.environ.get("TRITON_INTERPRET") == "1" if kernel is None
+                    else type(kernel).__name__ == "InterpretedFunction")
+    if device.type == "cpu" and interpreting:
         return
     raise ValueError(
-        f"inputs are on {device}; the Triton kernel needs CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 "
-        "(set before triton is imported); use the *_ref function otherwise"
+        f"{call} got tensors on {device}; it needs CUDA tensors, or CPU tensors under Triton's interpreter, "
+        "which must be switched on before kvlab's kernels are imported: call kvlab.kernels.use_interpreter() "
+        "first thing (or start Python with TRITON_INTERPRET=1), or use the *_ref function"
     )
 
 

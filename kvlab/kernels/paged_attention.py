@@ -1,4 +1,4 @@
-"""Paged decode attention (section 9.5, PagedAttention), split-K "flash decoding" in Triton.
+"""Notebooks 05 and 05b: paged decode attention (Kwon et al. 2023), split-K "flash decoding" in Triton.
 
 One decode step: every sequence has one new query token per query head, and attends
 to its whole history, stored in a paged KV cache
@@ -22,6 +22,13 @@ The kernel runs in two stages:
 
 Splitting the sequence is what lets a batch-1 long-context decode use the whole GPU:
 without it there are only ``batch * num_kv_heads`` programs.
+
+Beside the kernel, with the same signature and the same checks: :func:`paged_decode_attention_ref`
+(fp64, from the definition, one sequence at a time) and :func:`paged_decode_attention_gather`
+(vectorised PyTorch: gather every block through the table, then SDPA). Each checked function
+validates and then calls its unchecked twin (:func:`paged_decode_unchecked`,
+:func:`paged_decode_gather_unchecked`), which a caller that validated a step's tables once calls in
+every layer (``kvlab.serving.attention``): no checks, no host sync, capturable in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -32,8 +39,10 @@ import torch
 import triton
 import triton.language as tl
 
+import torch.nn.functional as F
+
 from kvlab.kernels._validation import FLOAT_DTYPES, is_power_of_two, require_dtype, require_kernel_device, require_computable_dtype, require_positive_int, require_rank, require_same_device, require_tensor
-from kvlab.kernels.targets import require_fits
+from kvlab.kernels.shared_memory import KernelConfig, require_fits, signature
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
 TILE_TOKENS = 64  # tokens one stage-1 program handles per loop iteration (may span several blocks)
@@ -42,6 +51,8 @@ MAX_SPLITS = 256  # the automatic choice never goes beyond this
 MAX_GRID_Z = 65535
 CPU_PROGRAM_SLOTS = 4  # stands in for the multiprocessor count under the CPU interpreter
 PROGRAMS_PER_SM = 2
+
+DTYPES_TRITON = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))
 LOG2E = 1.0 / math.log(2.0)  # scores go through exp2, so the scale carries log2(e)
@@ -172,9 +183,8 @@ def _merge_splits_kernel(
 
 
 def _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, kernel_limits=True) -> float:
-    """Validate every argument (section 9.5); return the resolved softmax scale. ``kernel_limits``:
-    also the Triton kernel's own limits (head_dim, power-of-two block size), which a plain-PyTorch
-    path such as ``kvlab.serving.paged_decode.paged_decode_attention_gather`` does not share."""
+    """Validate every argument; return the resolved softmax scale. ``kernel_limits``: also the Triton
+    kernel's own limits (head_dim, power-of-two block size), which the gather path does not share."""
     _check_types_and_ranks(q, k_cache, v_cache, block_table, seq_lens)
     _check_shapes(q, k_cache, v_cache, block_table, seq_lens, kernel_limits)
     _check_dtypes(q, k_cache, v_cache, block_table, seq_lens)
@@ -274,7 +284,7 @@ def _resolve_scale(scale, head_dim: int) -> float:
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, multiprocessors: int) -> int:
-    """Splits per sequence so that the stage-1 grid fills the machine (section 9.5).
+    """Splits per sequence so that the stage-1 grid fills the machine (notebook 05b).
 
     Without splitting there are only ``batch * num_kv_heads`` programs, far fewer than a
     GPU's multiprocessors for a batch-1 decode. Aim for ``PROGRAMS_PER_SM`` programs per
@@ -301,9 +311,37 @@ def _group_rows(group: int) -> int:
     return max(16, triton.next_power_of_2(group))
 
 
-def _launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int) -> torch.Tensor:
+def attend_split_config(dtype: torch.dtype, group: int, head_dim: int, block_size: int = 16) -> KernelConfig:
+    """Stage 1 as :func:`paged_decode_unchecked` launches it, for ``triton.compile`` and the shared-memory check."""
+    t = DTYPES_TRITON[dtype]
+    pointers = dict(q_ptr=t, k_cache_ptr=t, v_cache_ptr=t, block_table_ptr="i32", seq_lens_ptr="i32",
+                    partial_out_ptr="fp32", partial_lse_ptr="fp32")
+    constants = dict(GROUP=group, GROUP_PAD=_group_rows(group), HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+                     TILE_N=TILE_TOKENS, DOT_PRECISION="ieee" if dtype == torch.float32 else None)
+    return KernelConfig("attend_split", dtype, _attend_split_kernel,
+                        signature(_attend_split_kernel, pointers, ("qk_scale_log2",)), constants,
+                        sizes=dict(head_dim=head_dim, group=group))
+
+
+def merge_splits_config(dtype: torch.dtype, head_dim: int, num_splits: int) -> KernelConfig:
+    """Stage 2 as :func:`paged_decode_unchecked` launches it."""
+    pointers = dict(partial_out_ptr="fp32", partial_lse_ptr="fp32", out_ptr=DTYPES_TRITON[dtype])
+    constants = dict(HEAD_DIM=head_dim, SPLIT_TILE=min(16, triton.next_power_of_2(num_splits)))
+    return KernelConfig("merge_splits", dtype, _merge_splits_kernel, signature(_merge_splits_kernel, pointers),
+                        constants, sizes=dict(head_dim=head_dim, num_splits=num_splits))
+
+
+def paged_decode_unchecked(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int | None = None):
+    """The kernel's two launches without any check: for a caller that has validated these tensors.
+
+    ``scale`` is the softmax scale (a float); ``num_splits`` None picks a count from the table's
+    width, which never reads a tensor on the host, so the call can be captured in a CUDA graph.
+    """
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
+    if num_splits is None:
+        longest = block_table.shape[1] * block_size
+        num_splits = choose_num_splits(max(1, batch), num_kv_heads, max(1, longest), multiprocessor_count(q.device))
     group = num_q_heads // num_kv_heads
     out = torch.empty_like(q)
     seq_lens = seq_lens.contiguous()  # the kernel indexes it as a flat array
@@ -329,7 +367,7 @@ def _launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):
-    """One decode step of attention over a paged KV cache, in Triton (section 9.5, PagedAttention).
+    """One decode step of attention over a paged KV cache, in Triton (notebooks 05 and 05b).
 
     Args:
         q: ``[batch, num_q_heads, head_dim]``, float16, bfloat16 or float32.
@@ -352,30 +390,30 @@ def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale=Non
 
 
 def paged_decode_launcher(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):
-    """Validate once, then return a function that launches the kernel on these tensors (section 9.5).
+    """Validate once, then return a function that launches the kernel on these tensors (notebook 05b).
 
-    For timing the kernel alone: an engine checks its block tables when it schedules a batch, not
-    at every launch, and the host-side check (one device sync) would otherwise be timed with it.
-    The tensors' shapes and the validity of their block ids must not change between launches.
+    For timing the kernel alone: the tensors' shapes and the validity of their block ids must not
+    change between launches.
     """
     scale = _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
-    require_kernel_device(q.device)
+    require_kernel_device(q.device, _attend_split_kernel, "paged_decode_attention")
     require_computable_dtype("q", q)
     # A GPU whose blocks cannot hold one program's tiles (head_dim 256 in fp16 on a T4) is refused here.
-    require_fits("attend_split", q.dtype, q.device, head_dim=q.shape[-1], group=q.shape[1] // k_cache.shape[2])
+    require_fits(attend_split_config(q.dtype, q.shape[1] // k_cache.shape[2], q.shape[-1], k_cache.shape[1]),
+                 q.device)
     if q.shape[0] == 0:
         return lambda: torch.empty_like(q)
     if num_splits is None:
         longest = int(seq_lens.max())
         num_splits = choose_num_splits(q.shape[0], k_cache.shape[2], longest, multiprocessor_count(q.device))
-    return lambda: _launch(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+    return lambda: paged_decode_unchecked(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
 
 
 def paged_decode_attention_ref(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):
-    """Plain-PyTorch paged decode attention, same signature (section 9.5, PagedAttention).
+    """Plain-PyTorch paged decode attention in fp64, from the definition; same signature (notebook 05).
 
     Gathers each sequence's K and V through its block table, repeats each KV head over
-    its GQA group, and applies softmax attention in fp32. ``num_splits`` is validated
+    its GQA group, and applies softmax attention in float64. ``num_splits`` is validated
     and otherwise ignored: one pass is the definition the splits must reproduce.
     """
     scale = _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
@@ -383,11 +421,37 @@ def paged_decode_attention_ref(q, k_cache, v_cache, block_table, seq_lens, scale
     out = torch.empty_like(q)
     for b, length in enumerate(seq_lens.tolist()):
         keys, values = _gather_sequence(k_cache, v_cache, block_table[b], length)
-        keys = keys.repeat_interleave(group, dim=1).float()  # [length, num_q_heads, head_dim]
-        values = values.repeat_interleave(group, dim=1).float()
-        scores = torch.einsum("hd,thd->ht", q[b].float(), keys) * scale
+        keys = keys.repeat_interleave(group, dim=1).double()  # [length, num_q_heads, head_dim]
+        values = values.repeat_interleave(group, dim=1).double()
+        scores = torch.einsum("hd,thd->ht", q[b].double(), keys) * scale
         out[b] = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), values).to(q.dtype)
     return out
+
+
+def paged_decode_attention_gather(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):
+    """Paged decode attention in vectorised PyTorch: gather through the block table, then SDPA (notebook 05).
+
+    What paging costs without a fused kernel: every step first copies each sequence's blocks into a
+    contiguous ``[batch, max_blocks * block_size, kv_heads, head_dim]`` tensor (entries past a
+    sequence's length are masked out), then runs torch's SDPA on it. Same signature and checks as the
+    kernel, except its limits: any block size and head_dim.
+    """
+    scale = _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, kernel_limits=False)
+    return paged_decode_gather_unchecked(q, k_cache, v_cache, block_table, seq_lens, scale)
+
+
+def paged_decode_gather_unchecked(q, k_cache, v_cache, block_table, seq_lens, scale: float):
+    """:func:`paged_decode_attention_gather` without its checks (and their host sync)."""
+    block_size = k_cache.shape[1]
+    in_use = torch.arange(block_table.shape[1], device=q.device)[None, :] * block_size < seq_lens[:, None]
+    index = torch.where(in_use, block_table.long(), 0)  # unused entries may hold anything
+    valid = torch.arange(index.shape[1] * block_size, device=q.device)[None, :] < seq_lens[:, None]
+    unused = ~valid[:, :, None, None]  # a slot past a sequence's end may hold anything, even NaN: zero it
+    keys = k_cache[index].flatten(1, 2).masked_fill_(unused, 0).transpose(1, 2)  # [batch, kv_heads, slots, dim]
+    values = v_cache[index].flatten(1, 2).masked_fill_(unused, 0).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=valid[:, None, None, :],
+                                         scale=scale, enable_gqa=True)
+    return out[:, :, 0]
 
 
 def _gather_sequence(k_cache, v_cache, table_row, length: int):
@@ -400,7 +464,7 @@ def _gather_sequence(k_cache, v_cache, table_row, length: int):
 
 
 def merge_partials(outs: torch.Tensor, lses: torch.Tensor):
-    """Merge attention computed over disjoint parts of a sequence (section 9.5, split-K).
+    """Merge attention computed over disjoint parts of a sequence (notebook 05b, split-K).
 
     ``outs[i]`` is softmax attention over part ``i`` alone (``[num_parts, ..., head_dim]``)
     and ``lses[i]`` the natural log-sum-exp of that part's scaled scores

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from kvlab._checks import named_shapes
 from kvlab.kernels._validation import require_disjoint, require_kernel_device, require_no_overlap
+from kvlab.kernels.shared_memory import DTYPES, KernelConfig, signature
 
 STATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_DIM = 16
@@ -68,6 +69,17 @@ def _selective_state_update_kernel(
         z = tl.load(z_ptr + b * stride_zb + ch * stride_zd, mask=ch_ok, other=0.0).to(tl.float32)
         y = y * z * tl.sigmoid(z)
     tl.store(out_ptr + b * stride_ob + ch * stride_od, y.to(out_ptr.dtype.element_ty), mask=ch_ok)
+
+
+def ssm_update_config(dtype: torch.dtype, state: int) -> KernelConfig:
+    """The state-update kernel at one state size, as :func:`selective_state_update` launches it with
+    every optional input present (for the ahead-of-time compiles of ``kvlab.kernels.targets``)."""
+    kernel = _selective_state_update_kernel
+    pointers = {p: DTYPES[dtype] for p in kernel.arg_names if p.endswith("_ptr")}
+    pointers.update(A_ptr="fp32", D_ptr="fp32", bias_ptr="fp32")
+    constants = dict(HAS_D=True, HAS_Z=True, HAS_BIAS=True, SOFTPLUS=True, BLOCK_DIM=BLOCK_DIM,
+                     STATE_PAD=max(triton.next_power_of_2(state), 2))
+    return KernelConfig("ssm_update", dtype, kernel, signature(kernel, pointers), constants, sizes=dict(state=state))
 
 
 def _check_inputs(state, u, delta, A, B, C, D, z, delta_bias) -> None:

@@ -45,7 +45,8 @@ def decode_loops(reps: int = 3) -> list[Row]:
     import torch
 
     from kvlab.lab.decode_timing import profile_decode
-    from kvlab.lab.hardware import calibrate, on_gpu
+    from kvlab.lab.hardware import calibrate
+    from kvlab.devices import on_gpu
     from kvlab.lab.models import tiny_model
 
     gpu = on_gpu()
@@ -80,12 +81,12 @@ def decode_loops(reps: int = 3) -> list[Row]:
 SECTION_BENCHMARKS = {
     "9.3 GEMV and the ridge": "kvlab.lab.gemv",
     "9.4 KV layouts": "kvlab.lab.layout_timing",
-    "9.5 paged attention and admission": "kvlab.serving.paged_decode",
-    "prefix caching": "kvlab.serving.prefix_paged",
+    "9.5 paged attention and admission": "kvlab.lab.paged_attention",
+    "prefix caching": "kvlab.lab.prefix",
     "9.6 SSM state and scans": "kvlab.lab.ssm_timing",
     "9.7 long-context caches": "kvlab.lab.cache_quality",
     "9.8 decode diagnosis": "kvlab.lab.diagnose",
-    "11 continuous batching engine": "kvlab.serving.engine",
+    "11 continuous batching engine": "kvlab.lab.engine",
 }
 
 

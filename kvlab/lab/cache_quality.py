@@ -26,7 +26,7 @@ from kvlab.cache.rope import rotate
 from kvlab.cache.window import SlidingWindowCache
 from kvlab.lab.bench import Row
 from kvlab.lab.decode_timing import profile_decode
-from kvlab.lab.hardware import on_gpu
+from kvlab.devices import on_gpu
 from kvlab.lab.models import tiny_model
 from kvlab.theory.cache_sizes import BITS
 from kvlab.theory.shapes import ModelShape

@@ -28,7 +28,8 @@ import torch
 
 from kvlab._checks import integer
 from kvlab.lab.bench import Row
-from kvlab.lab.hardware import calibrate, calibrated_device, on_gpu
+from kvlab.lab.hardware import calibrate, calibrated_device
+from kvlab.devices import on_gpu
 from kvlab.lab.models import tiny_model
 from kvlab.lab.repeatable_step import (check_ids, element_bytes, model_shape_of, prefill_time, prepared_ids,
                                        step_time, tile_prompt)

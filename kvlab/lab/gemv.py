@@ -26,12 +26,10 @@ from transformers import DynamicCache
 
 from kvlab._checks import integer, require_memory
 from kvlab.lab.bench import Row
-from kvlab.lab.hardware import Calibration, calibrate, device_and_dtype, device_name, on_gpu
-from kvlab.lab.hardware import device as default_device
+from kvlab.lab.hardware import Calibration, calibrate, device_name
+from kvlab.devices import device_and_dtype, on_gpu
+from kvlab.devices import device as default_device
 from kvlab.lab.timing import measure
-# calibrated_device lives in kvlab.lab.hardware; importable here too until kvlab.serving.prefix_paged
-# (which asks for kvlab.lab.gemv.calibrated_device) is updated.
-from kvlab.lab.hardware import calibrated_device  # noqa: F401
 from kvlab.theory.matmul import RooflineFit, batch_at_intensity, fit_roofline, matmul_bytes, matmul_flops
 from kvlab.versions import cache_kwargs, last_logits_only
 

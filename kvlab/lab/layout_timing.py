@@ -22,7 +22,8 @@ from kvlab._checks import integer
 from kvlab.cache.addresses import LAYOUTS, PAGED, KVGeometry, as_block_table
 from kvlab.cache.layout import APPEND_METHODS, KVCache, decode_reader, new_cache, token_writer
 from kvlab.lab.bench import Row
-from kvlab.lab.hardware import calibrate, on_gpu
+from kvlab.lab.hardware import calibrate
+from kvlab.devices import on_gpu
 from kvlab.lab.timing import measure
 
 

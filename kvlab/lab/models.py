@@ -69,7 +69,7 @@ def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape |
     import torch
     import transformers
 
-    from kvlab.lab.hardware import device_and_dtype
+    from kvlab.devices import device_and_dtype
 
     if arch in SSM_ARCHITECTURES:  # a selective SSM (section 9.6); see _tiny_mamba for why not in ARCHITECTURES
         return _tiny_mamba(size, shape, dtype, device, seed, **overrides)
@@ -133,7 +133,7 @@ def _tiny_mamba(size, shape, dtype, device, seed, **overrides):
     import torch
     import transformers
 
-    from kvlab.lab.hardware import device_and_dtype
+    from kvlab.devices import device_and_dtype
 
     if size not in ("cpu", "real"):
         raise ValueError(f"size must be 'cpu' or 'real', got {size!r}")
@@ -179,7 +179,7 @@ def tiny_hybrid(layers: int = 4, attention_layers: int = 2, hidden: int = 64, he
     import torch
     import transformers
 
-    from kvlab.lab.hardware import device as default_device
+    from kvlab.devices import device as default_device
 
     integer("layers", layers, 1)
     integer("attention_layers", attention_layers, 1)
@@ -208,7 +208,7 @@ def load_model(name: str, dtype=None, device=None):
     """
     import transformers
 
-    from kvlab.lab.hardware import device_and_dtype
+    from kvlab.devices import device_and_dtype
 
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a SHAPES key, a hub id or a local path (a non-empty str), got {name!r}")

@@ -21,7 +21,7 @@ from transformers import DynamicCache
 from kvlab._checks import integer
 from kvlab.cache.mamba import selective_scan
 from kvlab.lab.bench import Row
-from kvlab.lab.hardware import on_gpu
+from kvlab.devices import on_gpu
 from kvlab.lab.models import tiny_model
 from kvlab.lab.timing import Timing, measure
 from kvlab.theory.ssm import DEFAULT_CHUNK_SIZE

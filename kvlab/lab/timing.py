@@ -32,7 +32,7 @@ def measure(fn, warmup: int = 2, reps: int = 5, device=None) -> Timing:
     """Time ``fn()``: ``warmup`` untimed calls, then ``reps`` timed ones.
 
     ``device`` defaults to kvlab's device (the first CUDA GPU when there is one, as
-    ``kvlab.lab.hardware.device()``); pass ``"cpu"`` to time host code on a GPU machine.
+    ``kvlab.devices.device()``); pass ``"cpu"`` to time host code on a GPU machine.
     """
     import torch
 
@@ -60,3 +60,11 @@ def measure(fn, warmup: int = 2, reps: int = 5, device=None) -> Timing:
             fn()
             times.append(time.perf_counter() - t0)
     return Timing(statistics.median(times), min(times), max(times), tuple(times))
+
+
+def merge_timings(parts) -> Timing:
+    """One Timing over all the repeats of several, for measurements taken one repeat at a time
+    (interleaved with a rival's, so that drift on a shared machine hits both alike)."""
+    times = tuple(t for part in parts for t in part.times)
+    ordered = sorted(times)
+    return Timing(ordered[len(ordered) // 2], ordered[0], ordered[-1], times)

@@ -49,7 +49,7 @@ def trained_model(dtype=None, device=None, attn_implementation: str = "eager"):
     import torch
     import transformers
 
-    from kvlab.lab.hardware import device_and_dtype
+    from kvlab.devices import device_and_dtype
     from kvlab.theory.shapes import ModelShape
 
     _require(DATA_DIR / "model.safetensors")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 def sizes(cpu, gpu):
     """``gpu`` on a CUDA machine, else ``cpu``: one place where a notebook states both sizes."""
-    from kvlab.lab.hardware import on_gpu
+    from kvlab.devices import on_gpu
 
     return gpu if on_gpu() else cpu
 

@@ -89,7 +89,7 @@ def test_kv_layout_solutions():
 
 
 def test_paged_attention_solutions_and_preemption_readings():
-    from kvlab.serving.paged_decode import HostCopy
+    from kvlab.lab.paged_attention import HostCopy
     from kvlab.show.readings import preemption
     from kvlab.lab.timing import Timing
 

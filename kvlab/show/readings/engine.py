@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvlab.show.plots import si
+from kvlab.show.format import si
 
 
 def life_reading(counts: dict, block_size: int, num_blocks: int, budget: int) -> str:
@@ -18,7 +18,7 @@ def life_reading(counts: dict, block_size: int, num_blocks: int, budget: int) ->
         text.append("Every prompt fitted in what its first step had left, so no prefill was chunked; a "
                     "smaller budget or a longer prompt would split one.")
     if counts["preemptions"]:
-        text.append(f"The pool ran out {counts['preemptions']} time(s): the newest decoding request lost "
+        text.append(f"The pool ran out {counts['preemptions']} time(s): the newest running request lost "
                     "its blocks and went back to the head of the queue, and came back when blocks were free.")
     else:
         text.append("The pool never ran out, so nothing was preempted; the trace was meant to force it, "
@@ -58,7 +58,7 @@ def comparison_reading(requests: int, max_batch: int, engine_tps: float, generat
 
 
 def curve_reading(points, capacity: float, chosen: int, prefix_caching: bool = True) -> str:
-    """The latency-throughput curve. ``points``: :class:`kvlab.serving.engine.CurvePoint` in ``max_batch`` order;
+    """The latency-throughput curve. ``points``: :class:`kvlab.lab.engine.CurvePoint` in ``max_batch`` order;
     ``capacity``: mean requests the pool holds at once; ``chosen``: the slider's ``max_batch``."""
     first, best = points[0], max(points, key=lambda p: p.tokens_per_s)
     here = next(p for p in points if p.max_batch == chosen)

@@ -488,7 +488,7 @@ def prefix_whole_blocks(prompt: int, block: int, served: int) -> str:
     text = (f"{prompt} tokens in blocks of {block} are {blocks} full blocks, all cached after the first request. "
             "But at least one prompt token must be computed, because its logits give the first output token, "
             f"so the second request can reuse at most {blocks - 1} blocks: it computes **{prompt - (blocks - 1) * block} "
-            f"tokens**, the whole last block, not one. `PrefixCache.lookup` serves {served}.")
+            f"tokens**, the whole last block, not one. `BlockManager.lookup` serves {served}.")
     if served == (blocks - 1) * block:
         text += " As predicted."
     else:

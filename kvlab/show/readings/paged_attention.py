@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvlab.show.plots import si
+from kvlab.show.format import si
 
 GEMV = "[GEMV-like behaviour in decode](03_gemv.ipynb)"
 

@@ -1,11 +1,13 @@
-"""Readings on preemption, recompute against swap (section 9.5): the per-token arithmetic for every
-published shape and device, and what decides on the reader's own machine."""
+"""Notebook 05, PagedAttention (section 9.5): readings on preemption, recompute against swap.
+
+The per-token arithmetic for every published shape and device, and what decides on the reader's
+own machine."""
 
 from __future__ import annotations
 
 from kvlab.theory.specs import LINKS, SPECS
 from kvlab.theory.shapes import SHAPES
-from kvlab.show.plots import si
+from kvlab.show.format import si
 from kvlab.theory.roofline import recompute_or_swap
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvlab.show.plots import si
+from kvlab.show.format import si
 from kvlab.show.readings import ratio_text, within
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"

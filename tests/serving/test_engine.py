@@ -15,6 +15,8 @@ import torch
 
 import kvlab
 from kvlab.serving import engine as engine_module
+from kvlab.serving import runner as runner_module
+from kvlab.serving.attention import paged_attention
 from kvlab.serving.engine import Engine
 
 VOCAB = 512
@@ -118,22 +120,69 @@ def _expected_small(seed):
                            max_new_tokens=n, do_sample=False)[0, len(p):].tolist() for p, n in zip(prompts, news)]
 
 
-def test_chunked_prefill_and_a_shared_prefix_still_being_written():
-    """Two identical 3-block prompts admitted in one step, prefilled 5 tokens at a time: the second hits
-    the first's blocks before they are written, so it must wait for them, then reuse them."""
+def test_a_prefix_hit_is_only_ever_on_written_blocks():
+    """Two identical 3-block prompts. Admitted in one step, nothing of the first is written when the
+    second is admitted: the second finds no hit and computes its own (nobody waits for a block another
+    request is filling). With a budget of 5 tokens a step, the second is admitted only after some of the
+    first's chunks are written, and reuses the blocks they filled."""
     model = _model("llama")
     prompt = [random.Random(7).randrange(VOCAB) for _ in range(12)]
-    engine = Engine(model, num_blocks=16, block_size=4, max_batch=4, max_batched_tokens=5, debug=True)
-    first, second = engine.add_request(prompt, 3), engine.add_request(list(prompt), 3)
+    expected = _generate_one(model, prompt, 3)
+    for budget, hit in ((24, 0), (5, 8)):
+        engine = Engine(model, num_blocks=16, block_size=4, max_batch=4, max_batched_tokens=budget, debug=True)
+        first, second = engine.add_request(prompt, 3), engine.add_request(list(prompt), 3)
+        while engine.has_work():
+            engine.step()
+        assert first.output == second.output == expected and second.cached_tokens == hit
+        chunks = [e.detail for e in engine.events if e.request == first.id and e.kind == "prefill"]
+        assert sum(chunks) == 12 and (len(chunks) >= 2) == (budget == 5)  # chunked prefill
+        assert engine.all_blocks_free_or_cached()
+
+
+def test_a_request_preempted_in_the_middle_of_its_prefill_still_gets_generates_tokens():
+    model = _model("llama")
+    rng = random.Random(8)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (6, 14)]
+    for mode in ("recompute", "swap"):
+        engine = Engine(model, num_blocks=6, block_size=4, max_batch=2, max_batched_tokens=4, preemption=mode,
+                        watermark=0.0, debug=True)
+        first, second = (engine.add_request(p, n) for p, n in zip(prompts, (9, 3)))
+        mid_prefill = False
+        while engine.has_work():
+            seen, prefilling = len(engine.events), second.state == "running" and not second.output
+            engine.step()
+            mid_prefill |= prefilling and any(e.kind == "preempt" and e.request == second.id
+                                              for e in engine.events[seen:])
+        assert mid_prefill, mode  # the newest request lost its blocks before its prefill was done
+        assert first.output == _generate_one(model, prompts[0], 9) and second.output == _generate_one(model, prompts[1], 3)
+
+
+def test_a_failed_step_leaves_the_engine_consistent_and_the_next_step_goes_on():
+    """A layer that raises once, in a step that mixes decodes and a prefill chunk: the error reaches the
+    caller, the invariants hold, nothing unwritten is cached, and the run ends with generate's tokens."""
+    model = _model("llama")
+    prompts, news = _trace(3, 4, n=5, max_new=6)
+    engine = Engine(model, num_blocks=40, block_size=4, max_batch=4, max_batched_tokens=10, debug=True)
+    for p, n in zip(prompts, news):
+        engine.add_request(p, n)
+    engine.step()
+    engine.step()
+    mlp = model.model.layers[-1].mlp
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("injected failure in the last layer")
+
+    mlp.forward = fail
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            engine.step()
+    finally:
+        del mlp.forward
+    engine.check_invariants()
     while engine.has_work():
         engine.step()
-    expected = _generate_one(model, prompt, 3)
-    assert first.output == second.output == expected
-    chunks = [e.detail for e in engine.events if e.request == first.id and e.kind == "prefill"]
-    assert len(chunks) >= 2 and sum(chunks) == 12  # chunked prefill
-    assert second.cached_tokens == 8  # two of its three blocks came from the first request
-    assert [e.kind for e in engine.events if e.request == second.id][:2] == ["arrive", "admit"]
-    assert engine.all_blocks_free_or_cached()
+    model.set_attn_implementation("sdpa")
+    assert [r.output for r in engine.requests.values()] == [_generate_one(model, p, n) for p, n in zip(prompts, news)]
 
 
 def _generate_one(model, prompt, new):
@@ -160,12 +209,12 @@ def test_life_of_a_request_in_the_event_log():
     engine = Engine(_model("llama"), num_blocks=8, block_size=4, max_batched_tokens=6, max_batch=2, debug=True)
     request = engine.add_request(list(range(1, 11)), 4)
     engine.step()
-    assert request.state == "running" and request.num_computed == 6 and not request.output
+    assert request.state == "running" and engine.cache.num_computed(request.seq) == 6 and not request.output
     while engine.has_work():
         engine.step()
     kinds = [e.kind for e in engine.events if e.request == request.id]
     assert kinds == ["arrive", "admit", "prefill", "prefill", "decode", "decode", "decode", "finish"]
-    assert request.state == "finished" and len(request.output) == 4
+    assert request.state == "finished" and len(request.output) == 4 and engine.stats.generated_tokens == 4
     assert 0 < request.ttft <= request.finish_time - request.arrival and request.tpot > 0
     metrics = engine.metrics()
     assert metrics["requests"] == 1 and metrics["generated_tokens"] == 4 and metrics["steps"] == engine.stats.steps
@@ -208,7 +257,7 @@ def test_cuda_graphs_never_built_on_a_cpu(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("CUDA-graph capture called on a CPU")
 
-    monkeypatch.setattr(engine_module.CudaGraphs, "__init__", refuse)
+    monkeypatch.setattr(runner_module.CudaGraphs, "__init__", refuse)
     engine = Engine(_model("llama"), num_blocks=16, block_size=16, cuda_graphs=True)
     assert engine.runner.graphs is None
     with warnings.catch_warnings():
@@ -223,51 +272,14 @@ def test_model_keeps_its_attention_and_default_pool():
     assert engine.pool_bytes <= engine_module.CPU_KV_BUDGET_BYTES < engine.pool_bytes + engine.bytes_per_block
     engine.generate([[1, 2, 3]], 2)
     assert model.config._attn_implementation == "sdpa"
-    with pytest.raises(ValueError, match="engine_step"):
-        engine_module.engine_attention(model.model.layers[0].self_attn, None, None, None, None)
-
-
-# --------------------------------------------------------------------------- readings (both outcomes)
-
-
-def test_life_reading_both_outcomes():
-    from kvlab.show.readings.engine import life_reading
-
-    busy = life_reading(dict(requests=5, steps=21, chunked=3, preemptions=1, stalled=2, cached_tokens=8), 4, 12, 8)
-    calm = life_reading(dict(requests=5, steps=9, chunked=0, preemptions=0, stalled=0, cached_tokens=0), 4, 12, 8)
-    assert "ran in chunks" in busy and "ran out 1 time" in busy and "8 prompt tokens" in busy
-    assert "no prefill was chunked" in calm and "never ran out" in calm and "prefix cache" not in calm
-
-
-def test_comparison_reading_both_outcomes():
-    from kvlab.show.readings.engine import comparison_reading
-
-    win = comparison_reading(16, 8, 90.0, 45.0, 1.0, 2.5, 5.0, on_gpu=False)
-    lose = comparison_reading(16, 8, 40.0, 45.0, 3.0, 2.5, 5.0, on_gpu=True)
-    assert "**2.00**" in win and "never waits" in win and "which returns a batch" in win
-    assert "at least 2 times" in lose and "fell short" in lose and "slowed the requests" in lose
-
-
-def test_curve_reading_both_outcomes():
-    from kvlab.serving.engine import CurvePoint
-    from kvlab.show.readings.engine import curve_reading
-
-    growing = [CurvePoint(1, 20.0, 0.05, 1.0, 0, 0.2), CurvePoint(4, 70.0, 0.057, 3.9, 0, 0.2),
-               CurvePoint(8, 75.0, 0.06, 4.4, 2, 0.2)]
-    flat = [CurvePoint(1, 20.0, 0.05, 1.0, 0, 0.0), CurvePoint(4, 21.0, 0.19, 3.9, 0, 0.0)]
-    text = curve_reading(growing, capacity=4.5, chosen=4)
-    assert "grew from 20" in text and "pool, which holds about 4.5" in text and "preempted 2" in text
-    assert "of the flat-step prediction" in text and "still set the cost" in text
-    assert "20% of the tokens admitted came from cached" in text
-    text = curve_reading(flat, capacity=20.0, chosen=1)
-    assert "barely moved" in text and "did not bind" in text and "only 27%" in text and "no admission hit" in text
-    assert "was off" in curve_reading(flat, capacity=20.0, chosen=1, prefix_caching=False)
+    with pytest.raises(ValueError, match="kvlab_step"):
+        paged_attention(model.model.layers[0].self_attn, None, None, None, None)
 
 
 def test_step_metadata_built_once_per_step(monkeypatch):
     built = []
-    original = engine_module.ModelRunner.metadata
-    monkeypatch.setattr(engine_module.ModelRunner, "metadata", lambda self, *a: built.append(1) or original(self, *a))
+    original = runner_module.build_step
+    monkeypatch.setattr(runner_module, "build_step", lambda *a: built.append(1) or original(*a))
     engine = Engine(_model("llama"), num_blocks=16, block_size=4, max_batched_tokens=4, max_batch=4)
     engine.generate([[1, 2, 3, 4, 5, 6], [7, 8]], 3)
     assert len(built) == engine.stats.steps  # one per step, for a model of two layers
@@ -279,7 +291,7 @@ def test_invariant_hook_catches_a_broken_allocator():
     engine.step()
     engine.check_invariants()
     (request,) = engine.scheduler.running
-    engine.blocks.allocator.incref(engine.blocks.block_table(request.seq)[0])  # a holder nobody accounts for
+    engine.cache.manager.allocator.incref(engine.cache.block_table(request.seq)[0])  # a holder nobody accounts for
     with pytest.raises(AssertionError, match="reference count 2, holders 1"):
         engine.check_invariants()
 
@@ -291,8 +303,8 @@ def test_cuda_graph_decode_matches_generate(monkeypatch):
     model = kvlab.tiny_model("llama", layers=2, hidden=128, q_heads=4, kv_heads=2, vocab=VOCAB, intermediate=256,
                              device="cuda", dtype=torch.float32, seed=3)
     replays = []
-    original = engine_module.CudaGraphs.run
-    monkeypatch.setattr(engine_module.CudaGraphs, "run", lambda self, *a: replays.append(1) or original(self, *a))
+    original = runner_module.CudaGraphs.run
+    monkeypatch.setattr(runner_module.CudaGraphs, "run", lambda self, *a: replays.append(1) or original(self, *a))
     prompts, news = _trace(4, 16, n=6, max_new=12)
     engine = Engine(model, num_blocks=64, block_size=16, max_batch=6, debug=True)
     assert engine.runner.graphs is not None and engine.runner.attention == "kernel"

@@ -1,6 +1,6 @@
 """Every Triton kernel compiles ahead of time for sm_75 (T4), sm_80 (A100) and sm_90 (H100), in fp16
 and bf16, at the sizes the notebooks and ``bench`` use, with its shared memory within each target's
-per-block limit; where it is not, the wrapper refuses before any launch (sections 9.5 and 9.6).
+per-block limit; where it is not, the wrapper refuses before any launch (notebooks 05b and 07).
 
 No GPU is needed: ``triton.compile`` targets a GPU it does not see. The compiles run in one
 subprocess with the interpreter off (this process runs the kernels under TRITON_INTERPRET=1).
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvlab.kernels import targets
+from kvlab.kernels import paged_attention, shared_memory, targets
 from kvlab.kernels.paged_attention import SUPPORTED_HEAD_DIMS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ DTYPES = ("float16", "bfloat16")
 
 def _configs():
     configs = []
-    for capability in targets.TARGETS:
+    for capability in shared_memory.TARGETS:
         for dtype in DTYPES:
             at = dict(dtype=dtype, capability=capability)
             # head dims 16-128 are what the notebooks and bench use; 256 is the largest the wrapper takes
@@ -49,63 +49,73 @@ def test_every_kernel_compiles_for_every_target(compiled):
     assert len(compiled) == len(_configs())
     seen = {(c["kernel"], c["dtype"], c["capability"]) for c in compiled}
     assert seen == {(k, d, c) for k in ("attend_split", "merge_splits", "store_kv", "ssm_update")
-                    for d in ("fp16", "bf16") for c in targets.TARGETS}
+                    for d in ("fp16", "bf16") for c in shared_memory.TARGETS}
 
 
 def test_shared_memory_fits_each_target_except_where_the_wrapper_refuses(compiled):
     too_big = []
     for c in compiled:
-        limit = targets.shared_memory_limit(c["capability"])
+        limit = shared_memory.shared_memory_limit(c["capability"])
         sizes = {k: v for k, v in c.items() if k not in ("kernel", "dtype", "capability", "shared")}
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[c["dtype"]]
+        config = targets.config(c["kernel"], dtype, **sizes)
         if c["shared"] <= limit:
-            targets.check_fits(c["kernel"], dtype, c["capability"], c["shared"], limit, **sizes)  # no error
+            shared_memory.check_fits(config, c["capability"], c["shared"], limit)  # no error
         else:
             too_big.append((c["kernel"], c["capability"], c["dtype"], c["head_dim"]))
             with pytest.raises(ValueError, match=rf"needs {c['shared']} bytes of shared memory .* sm_{c['capability']}"):
-                targets.check_fits(c["kernel"], dtype, c["capability"], c["shared"], limit, **sizes)
+                shared_memory.check_fits(config, c["capability"], c["shared"], limit)
     # Every configuration the notebooks and bench use (head_dim <= 128) runs on every target.
     assert all(head_dim == 256 for *_, head_dim in too_big), too_big
     assert all(capability == 75 for _, capability, *_ in too_big), too_big
 
 
 def test_the_limits_are_the_documented_ones():
-    assert targets.shared_memory_limit(75) == 64 * 1024
-    assert targets.shared_memory_limit(80) == 163 * 1024
-    assert targets.shared_memory_limit(90) == 227 * 1024
-    assert targets.shared_memory_limit(89) == 99 * 1024
+    assert shared_memory.shared_memory_limit(75) == 64 * 1024
+    assert shared_memory.shared_memory_limit(80) == 163 * 1024
+    assert shared_memory.shared_memory_limit(90) == 227 * 1024
+    assert shared_memory.shared_memory_limit(89) == 99 * 1024
     with pytest.raises(ValueError, match="capability"):
-        targets.shared_memory_limit(61)
+        shared_memory.shared_memory_limit(61)
 
 
 def test_wrapper_refuses_a_config_the_gpu_cannot_hold_before_launch(monkeypatch):
     """On a (simulated) T4, the paged kernel at head_dim 256 in fp16 is refused by the wrapper."""
-    from kvlab.kernels import paged_attention
-
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device=None: type("P", (), {"shared_memory_per_block_optin": 64 * 1024})())
-    monkeypatch.setattr(targets, "compiled_shared_memory", lambda name, dtype, capability, **sizes:
-                        320 * sizes["head_dim"])  # what sm_75 needs, as the compiles above measure
+    monkeypatch.setattr(shared_memory, "compiled_shared_memory", lambda config, capability:
+                        320 * config.sizes["head_dim"])  # what sm_75 needs, as the compiles above measure
     with pytest.raises(ValueError, match=r"head_dim=256.*sm_75 allows 65536"):
-        targets.require_fits("attend_split", torch.float16, "cuda", head_dim=256, group=4)
-    targets.require_fits("attend_split", torch.float16, "cuda", head_dim=128, group=4)
+        shared_memory.require_fits(paged_attention.attend_split_config(torch.float16, 4, 256), "cuda")
+    shared_memory.require_fits(paged_attention.attend_split_config(torch.float16, 4, 128), "cuda")
 
 
 def test_the_wrapper_asks_before_it_launches(monkeypatch):
-    from kvlab.kernels import paged_attention
-
     asked = []
 
-    def refuse(name, dtype, device, **sizes):
-        asked.append((name, dtype, sizes))
+    def refuse(config, device):
+        asked.append((config.name, config.dtype, config.sizes))
         raise ValueError("refused")
 
     monkeypatch.setattr(paged_attention, "require_fits", refuse)
-    monkeypatch.setattr(paged_attention, "_launch", lambda *a: pytest.fail("launched"))
+    monkeypatch.setattr(paged_attention, "paged_decode_unchecked", lambda *a: pytest.fail("launched"))
     q, cache = torch.randn(1, 8, 64), torch.randn(4, 16, 2, 64)
     with pytest.raises(ValueError, match="refused"):
         paged_attention.paged_decode_attention(q, cache, cache, torch.zeros(1, 4, dtype=torch.int32),
                                                torch.tensor([20], dtype=torch.int32))
     assert asked == [("attend_split", torch.float32, dict(head_dim=64, group=4))]
+
+
+def test_kernel_modules_do_not_import_the_catalog():
+    """The catalog (this file's subprocess) imports every kernel module; none imports it back."""
+    import ast
+
+    from kvlab.kernels import store
+
+    for module in (paged_attention, store, shared_memory):
+        tree = ast.parse(open(module.__file__).read())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert "kvlab.kernels.targets" not in imported, module.__name__

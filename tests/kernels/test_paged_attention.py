@@ -1,4 +1,4 @@
-"""Paged decode attention and store_kv (section 9.5) against an fp64 oracle written here.
+"""Paged decode attention and store_kv (notebooks 05 and 05b) against an fp64 oracle written here.
 
 The oracle gathers each token's K and V by explicit Python indexing through the block
 table and applies softmax(q k^T scale) v in float64, sharing no code with kvlab. On a
@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.kernels import choose_num_splits, merge_partials, paged_decode_attention, paged_decode_attention_ref, store_kv, store_kv_ref
+from kvlab.kernels import choose_num_splits, merge_partials, paged_decode_attention, paged_decode_attention_gather, paged_decode_attention_ref, paged_decode_gather_unchecked, paged_decode_unchecked, store_kv, store_kv_ref, store_kv_unchecked
 from kvlab.kernels import paged_attention as pa
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -129,9 +129,26 @@ def test_kernel_2048_tokens_head_dim_128():
     _check_against_oracle(paged_decode_attention, LONG_CASE, seed=99, long_len=2048)
 
 
+@pytest.mark.parametrize("fn", [paged_decode_attention_ref, paged_decode_attention_gather], ids=["ref", "gather"])
 @pytest.mark.parametrize("case", CASES + [LONG_CASE], ids=_case_id)
-def test_reference_matches_fp64_oracle(case):
-    _check_against_oracle(paged_decode_attention_ref, case, seed=7, long_len=2048)
+def test_plain_pytorch_paths_match_fp64_oracle(fn, case):
+    _check_against_oracle(fn, case, seed=7, long_len=2048)
+
+
+def test_unchecked_twins_compute_what_the_checked_functions_do():
+    q, k_cache, v_cache, table, seq_lens = make_paged_batch([1, 17, 40], 16, 4, 64, torch.float32, seed=4)
+    for splits in (None, 3):
+        torch.testing.assert_close(paged_decode_unchecked(q, k_cache, v_cache, table, seq_lens, 0.125, splits),
+                                   paged_decode_attention(q, k_cache, v_cache, table, seq_lens, 0.125, splits))
+    torch.testing.assert_close(paged_decode_gather_unchecked(q, k_cache, v_cache, table, seq_lens, 0.125),
+                               paged_decode_attention_gather(q, k_cache, v_cache, table, seq_lens, 0.125))
+    k, v = torch.randn(3, 2, 64).to(DEVICE), torch.randn(3, 2, 64).to(DEVICE)
+    a, b = torch.zeros(4, 8, 2, 64, device=DEVICE), torch.zeros(4, 8, 2, 64, device=DEVICE)
+    c, d = a.clone(), b.clone()
+    slots = torch.tensor([5, -1, 30], device=DEVICE)
+    store_kv_unchecked(k, v, a, b, slots)
+    store_kv_ref(k, v, c, d, slots)
+    assert torch.equal(a, c) and torch.equal(b, d)
 
 
 @pytest.mark.gpu
@@ -300,7 +317,7 @@ def test_attention_rejects_bad_input_before_launch(fn, name, monkeypatch):
     def no_launch(*args, **kwargs):
         raise AssertionError("the kernel was launched with bad input")
 
-    monkeypatch.setattr(pa, "_launch", no_launch)
+    monkeypatch.setattr(pa, "paged_decode_unchecked", no_launch)
     mutate, error, message = ATTENTION_ERRORS[name]
     args = _valid_attention_args()
     mutate(args)

@@ -1,8 +1,12 @@
-"""Write new tokens' K and V into the paged KV cache (section 9.5, PagedAttention).
+"""Notebooks 05 and 11: write new tokens' K and V into the paged KV cache (Kwon et al. 2023).
 
 ``slot_mapping[i]`` says where token ``i`` goes: ``slot = block * block_size + offset``,
 so the token lands in ``k_cache[block, offset]``. A slot of -1 means "do not store"
-(padding tokens in a batch).
+(padding tokens in a batch, such as a CUDA graph's spare rows).
+
+:func:`store_kv` checks every argument and calls :func:`store_kv_unchecked`, the launch alone, which
+a caller that validated a step's slots once calls in every layer; :func:`store_kv_ref` is the
+plain-PyTorch reference with the same signature and checks.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import triton
 import triton.language as tl
 
 from kvlab.kernels._validation import FLOAT_DTYPES, INDEX_DTYPES, require_disjoint, require_dtype, require_kernel_device, require_no_overlap, require_rank, require_same_device, require_tensor
+from kvlab.kernels.shared_memory import KernelConfig, signature
 
 
 @triton.jit
@@ -41,8 +46,17 @@ def _store_kv_kernel(
              v, mask=mask)
 
 
+def store_kv_config(dtype: torch.dtype, head_dim: int, block_size: int = 16) -> KernelConfig:
+    """The kernel as :func:`store_kv_unchecked` launches it, for ``triton.compile``."""
+    t = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+    pointers = dict(k_ptr=t, v_ptr=t, k_cache_ptr=t, v_cache_ptr=t, slot_ptr="i64")
+    constants = dict(BLOCK_SIZE=block_size, DIM_PAD=triton.next_power_of_2(head_dim))
+    return KernelConfig("store_kv", dtype, _store_kv_kernel, signature(_store_kv_kernel, pointers), constants,
+                        sizes=dict(head_dim=head_dim))
+
+
 def _check_inputs(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """Validate every argument of store_kv (section 9.5)."""
+    """Validate every argument of store_kv."""
     for name, value in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache),
                         ("slot_mapping", slot_mapping)):
         require_tensor(name, value)
@@ -95,7 +109,7 @@ def _check_slots(slot_mapping, num_slots: int) -> None:
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """Store each token's K and V at its slot of the paged cache, in Triton (section 9.5).
+    """Store each token's K and V at its slot of the paged cache, in Triton (notebook 05).
 
     Args:
         k, v: ``[num_tokens, num_kv_heads, head_dim]``, the caches' dtype.
@@ -104,7 +118,12 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
             in ``[0, num_blocks * block_size)``, or -1 to skip the token; no slot twice.
     """
     _check_inputs(k, v, k_cache, v_cache, slot_mapping)
-    require_kernel_device(k.device)
+    require_kernel_device(k.device, _store_kv_kernel, "store_kv")
+    store_kv_unchecked(k, v, k_cache, v_cache, slot_mapping)
+
+
+def store_kv_unchecked(k, v, k_cache, v_cache, slot_mapping) -> None:
+    """:func:`store_kv`'s launch without any check (no host sync): for validated slots."""
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
@@ -117,7 +136,7 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
 
 
 def store_kv_ref(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """Plain-PyTorch :func:`store_kv`, same signature and checks (section 9.5)."""
+    """Plain-PyTorch :func:`store_kv`, same signature and checks (notebook 05)."""
     _check_inputs(k, v, k_cache, v_cache, slot_mapping)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()

@@ -1,0 +1,250 @@
+"""Notebooks 05, 06 and 11: the one block allocator of kvlab's serving stack, block tables and block hashes.
+
+A paged KV cache stores each sequence in fixed-size blocks found through a per-sequence block table
+(Kwon et al. 2023). This module, and :mod:`kvlab.cache.block_manager` on top of it, only move block
+ids; the K and V tensors live in :class:`kvlab.cache.paged.PagedKVCache`.
+
+- :class:`BlockAllocator`: reference-counted block ids. Its free list is ordered for prefix
+  caching: blocks that hold no reusable hash are handed out first (taking one evicts nothing), then
+  cached blocks, least recently freed first; a hit takes a free cached block back out of the list.
+- :class:`BlockTable`: one sequence's logical blocks -> physical blocks.
+- :func:`block_hashes`: the chained hash of each full block, as vLLM's block manager and nano-vllm
+  (Yu 2025) compute it; RadixAttention keeps the same prefixes in a tree (Zheng et al. 2024).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import numbers
+from array import array
+from collections import OrderedDict
+
+from kvlab._checks import integer, require_memory
+
+MAX_BLOCK_ID = 2**31 - 1  # block tables are int32
+MAX_TOKEN_ID = 2**63  # token ids are hashed as int64
+BOOKKEEPING_BYTES_PER_BLOCK = 64  # a free-list entry, a reference count and a hash slot, rounded up
+PREEMPTION_MODES = ("recompute", "swap")
+_ROOT = b"kvlab-prefix-root"
+
+
+class OutOfBlocksError(MemoryError):
+    """Not enough free blocks: ``needed``, ``free`` and ``total`` blocks, and bytes when the caller
+    knows the size of a block."""
+
+    def __init__(self, needed: int, free: int, total: int, bytes_per_block: int | None = None):
+        message = f"need {needed} KV-cache block(s) but only {free} of {total} are free"
+        if bytes_per_block:
+            message += (f" ({needed * bytes_per_block:,} bytes needed, {free * bytes_per_block:,} bytes free, "
+                        f"{bytes_per_block:,} bytes per block)")
+        super().__init__(message + "; free or preempt a sequence first")
+        self.needed, self.free, self.total = needed, free, total
+
+
+# --------------------------------------------------------------------------- the allocator
+
+
+class BlockAllocator:
+    """Reference-counted pool of ``num_blocks`` physical KV-cache blocks (notebook 05).
+
+    The free list's front is taken next. ``free(block, cached=True)`` puts a block that still holds a
+    reusable hash at the back (least recently freed blocks are evicted first); an uncached block goes
+    to the front, so that handing it out evicts nothing.
+
+    >>> pool = BlockAllocator(4)
+    >>> (block,) = pool.allocate(1)
+    >>> pool.incref(block)          # a second sequence shares it
+    >>> pool.free(block); pool.ref_count(block)
+    1
+    >>> pool.free(block); pool.num_free
+    4
+    """
+
+    def __init__(self, num_blocks: int):
+        # Block ids are int32 in the block tables the kernels read; the bookkeeping takes host memory
+        # per block, so an impossible pool is refused here, not by the OOM killer.
+        num_blocks = integer("num_blocks", num_blocks, 1, MAX_BLOCK_ID + 1)
+        require_memory(f"a pool of {num_blocks:,} blocks (allocator bookkeeping)",
+                       num_blocks * BOOKKEEPING_BYTES_PER_BLOCK, "cpu")
+        self.num_blocks = num_blocks
+        self._refs = [0] * num_blocks
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def free_order(self) -> list[int]:
+        """Free blocks in the order they are handed out (the first is taken next)."""
+        return list(self._free)
+
+    def allocate(self, count: int) -> list[int]:
+        """``count`` blocks from the front of the free list, each held once; all or none."""
+        count = integer("count", count, 0)
+        if count > len(self._free):
+            raise OutOfBlocksError(count, len(self._free), self.num_blocks)
+        blocks = [self._free.popitem(last=False)[0] for _ in range(count)]
+        for block in blocks:
+            self._refs[block] = 1
+        return blocks
+
+    def reclaim(self, block: int) -> None:
+        """Take a free block back out of the free list (a prefix hit on a block nobody holds)."""
+        self._require_known(block)
+        if self._refs[block]:
+            raise ValueError(f"cannot reclaim block {block}: it is held ({self._refs[block]} holder(s))")
+        del self._free[block]
+        self._refs[block] = 1
+
+    def incref(self, block: int) -> None:
+        """One more holder of an allocated block (sharing it with another sequence)."""
+        self._require_allocated(block, "incref")
+        self._refs[block] += 1
+
+    def free(self, block: int, cached: bool = False) -> None:
+        """Drop one holder; the last one's free puts the block on the free list (see the class doc)."""
+        self._require_allocated(block, "free")
+        self._refs[block] -= 1
+        if self._refs[block] == 0:
+            self._free[block] = None
+            if not cached:
+                self._free.move_to_end(block, last=False)
+
+    def uncache(self, block: int) -> None:
+        """A free block lost its hash: move it to the front, where taking it evicts nothing."""
+        if block in self._free:
+            self._free.move_to_end(block, last=False)
+
+    def ref_count(self, block: int) -> int:
+        self._require_known(block)
+        return self._refs[block]
+
+    def snapshot(self):
+        return list(self._refs), OrderedDict(self._free)
+
+    def restore(self, snapshot) -> None:
+        refs, free = snapshot
+        self._refs, self._free = list(refs), OrderedDict(free)
+
+    def _require_known(self, block) -> None:
+        if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block < self.num_blocks:
+            raise ValueError(f"block must be an int in [0, {self.num_blocks}), got {block!r}")
+
+    def _require_allocated(self, block, action: str) -> None:
+        self._require_known(block)
+        if self._refs[block] == 0:
+            raise ValueError(f"cannot {action} block {block}: it is free (not allocated)")
+
+
+# --------------------------------------------------------------------------- block tables
+
+
+class BlockTable:
+    """One sequence's logical blocks -> physical blocks (notebook 05).
+
+    Token ``t`` lives in logical block ``t // block_size`` at offset ``t % block_size``;
+    ``blocks[logical]`` is the physical block. The seed's example (request A, block size 16,
+    logical [0, 1, 2] -> physical [7, 2, 15]):
+
+    >>> table = BlockTable(16, [7, 2, 15], num_tokens=48)
+    >>> table.physical_location(17)
+    (2, 1)
+    """
+
+    def __init__(self, block_size: int, blocks=(), num_tokens: int = 0):
+        self.block_size = integer("block_size", block_size, 1)
+        self.blocks = [integer(f"blocks[{i}]", b, 0, MAX_BLOCK_ID + 1) for i, b in enumerate(blocks)]
+        integer("num_tokens", num_tokens, 0)
+        if not 0 <= num_tokens <= len(self.blocks) * block_size:
+            raise ValueError(f"num_tokens must be in [0, {len(self.blocks) * block_size}] for "
+                             f"{len(self.blocks)} block(s) of {block_size}, got {num_tokens}")
+        self.num_tokens = num_tokens
+
+    def __repr__(self) -> str:
+        return f"BlockTable(block_size={self.block_size}, blocks={self.blocks}, num_tokens={self.num_tokens})"
+
+    @property
+    def capacity(self) -> int:
+        """Tokens the held blocks can store."""
+        return len(self.blocks) * self.block_size
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold ``num_tokens`` tokens: ceil(num_tokens / block_size)."""
+        integer("num_tokens", num_tokens, 0)
+        return -(-num_tokens // self.block_size)
+
+    def physical_location(self, token: int) -> tuple[int, int]:
+        """(physical block, offset) of logical token ``token``."""
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < self.capacity:
+            raise ValueError(f"token must be an int in [0, {self.capacity}) (the blocks held), got {token!r}")
+        return self.blocks[token // self.block_size], token % self.block_size
+
+    def slots(self, start: int, end: int) -> list[int]:
+        """Flat slots ``block * block_size + offset`` of tokens ``start .. end - 1``."""
+        integer("start", start, 0)
+        integer("end", end, start)
+        locations = (self.physical_location(t) for t in range(start, end))
+        return [block * self.block_size + offset for block, offset in locations]
+
+
+# --------------------------------------------------------------------------- block hashes
+
+
+def root_hash(salt) -> bytes:
+    """Where a chain starts: the root, with the salt (a tenant or isolation key) mixed in."""
+    if salt is None:
+        key = b""
+    elif isinstance(salt, str):
+        key = b"s" + salt.encode()
+    elif isinstance(salt, bytes):
+        key = b"b" + salt
+    elif isinstance(salt, numbers.Integral) and not isinstance(salt, bool):
+        key = b"i" + str(int(salt)).encode()
+    else:
+        raise TypeError(f"salt must be None, a str, bytes or an int, got {type(salt).__name__} {salt!r}")
+    return hashlib.blake2b(_ROOT + key, digest_size=16).digest()
+
+
+def chain_hash(parent: bytes, block_tokens) -> bytes:
+    """The hash of one full block: its parent's hash and its own token ids, 128-bit BLAKE2b."""
+    digest = hashlib.blake2b(parent, digest_size=16)
+    digest.update(array("q", block_tokens).tobytes())
+    return digest.digest()
+
+
+def token_list(token_ids, name: str = "token_ids") -> list[int]:
+    """``token_ids`` (a list, tuple, 1-D tensor or array of ints in [0, 2**63)) as a list of ints."""
+    if isinstance(token_ids, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of token ids (ints >= 0), got a {type(token_ids).__name__}; "
+                        "tokenize the text first")
+    if hasattr(token_ids, "tolist"):  # a torch tensor or a numpy array
+        token_ids = token_ids.tolist()
+    try:
+        tokens = list(token_ids)
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of token ids (ints >= 0), got {type(token_ids).__name__}") from None
+    if all(type(t) is int and 0 <= t < MAX_TOKEN_ID for t in tokens):  # the common case, quickly
+        return tokens
+    for i, t in enumerate(tokens):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < MAX_TOKEN_ID:
+            raise ValueError(f"{name}[{i}] must be a token id (an int in [0, 2**63)), got {t!r}")
+    return [int(t) for t in tokens]
+
+
+def block_hashes(token_ids, block_size: int, salt=None) -> list[bytes]:
+    """The chained hashes of the full blocks of ``token_ids`` (notebook 06).
+
+    Hash ``k`` covers tokens ``0 .. (k + 1) * block_size - 1`` and ``salt``: two prompts share hash
+    ``k`` only when their first ``k + 1`` blocks hold the same token ids under the same salt.
+    A partial last block has no hash.
+    """
+    tokens, block_size = token_list(token_ids), integer("block_size", block_size)
+    parent, hashes = root_hash(salt), []
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = chain_hash(parent, tokens[start:start + block_size])
+        hashes.append(parent)
+    return hashes

@@ -1,0 +1,307 @@
+"""Notebook 06: what prefix caching saves, measured, and how eviction policies compare on a chat trace.
+
+- :func:`make_chat_trace` and :func:`replay`: a multi-tenant chat trace (a few shared system
+  prompts, many users, turns that resend the whole history) run through the block manager with
+  prefix caching on, one request at a time, under three policies (KV Cache articles, 2026).
+- :func:`measure_ttft`: time to first token against the cached prefix, beside
+  :func:`kvlab.theory.roofline.prefill_time` (KV Cache Memory Wall, 2026);
+  :func:`measure_decode_after_prefix`: decode steps after a cold prefill and after a prefix hit.
+- :func:`bench_rows`: the section's rows of ``python -m kvlab bench``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from kvlab._checks import integer
+from kvlab.cache.block_manager import BlockManager
+from kvlab.lab.timing import measure, merge_timings
+from kvlab.serving.paged_decode import cache_for, decode_step, prefill
+
+REPLAY_POLICIES = ("lru", "reserve", "none")
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One turn of one user's chat: ``prompt`` resends the system prompt and the whole history."""
+
+    user: int
+    turn: int
+    system: int
+    prompt: tuple
+    reply: tuple
+
+
+def make_chat_trace(num_system_prompts: int = 3, num_users: int = 24, turns: int = 3, system_tokens: int = 192,
+                    user_tokens: int = 24, reply_tokens: int = 24, think_time: float = 6.0, vocab: int = 8192,
+                    seed: int = 0) -> list:
+    """A multi-tenant chat trace (notebook 06): a few shared system prompts, many users, multi-turn chats.
+
+    Each user picks one of ``num_system_prompts`` system prompts at random and holds ``turns`` turns;
+    turn ``t``'s prompt is the system prompt, then every earlier user message and reply, then a new
+    user message of ``user_tokens`` tokens; the reply has ``reply_tokens`` tokens. Users arrive one
+    after another (exponential gaps of mean 1) and each next turn follows after an exponential think
+    time of mean ``think_time`` (in the same units), so that only some chats are active at a time.
+    Requests are ordered by time. Token ids are random in ``[0, vocab)``.
+    """
+    import numpy as np
+
+    for name, value, low in (("num_system_prompts", num_system_prompts, 1), ("num_users", num_users, 1),
+                             ("turns", turns, 1), ("system_tokens", system_tokens, 0),
+                             ("user_tokens", user_tokens, 1), ("reply_tokens", reply_tokens, 1),
+                             ("vocab", vocab, 2)):
+        integer(name, value, low)
+    if not think_time >= 0:
+        raise ValueError(f"think_time must be >= 0, got {think_time!r}")
+    rng = np.random.default_rng(seed)
+    draw = lambda n: tuple(int(t) for t in rng.integers(0, vocab, n))  # noqa: E731
+    systems = [draw(system_tokens) for _ in range(num_system_prompts)]
+    choice = rng.integers(0, num_system_prompts, num_users)
+    starts = np.cumsum(rng.exponential(1.0, num_users))
+    times = starts[:, None] + np.cumsum(rng.exponential(think_time, (num_users, turns)), axis=1)
+    times[:, 0] = starts
+    order = sorted((times[u, t], u, t) for u in range(num_users) for t in range(turns))
+    history = {u: systems[choice[u]] for u in range(num_users)}
+    trace = []
+    for _, u, t in order:
+        prompt = history[u] + draw(user_tokens)
+        reply = draw(reply_tokens)
+        trace.append(ChatRequest(u, t, int(choice[u]), prompt, reply))
+        history[u] = prompt + reply
+    return trace
+
+
+@dataclass
+class ReplayResult:
+    """What one cache policy did with a chat trace (notebook 06): per request, prompt and cached tokens."""
+
+    policy: str
+    num_blocks: int
+    block_size: int
+    prompt_tokens: list = field(default_factory=list)
+    cached_tokens: list = field(default_factory=list)
+    evictions: int = 0
+    peak_cached: int = 0  # most blocks holding a reusable hash at once
+    final_cached: int = 0  # blocks holding a reusable hash when the trace ends
+
+    @property
+    def hit_rate(self) -> float:
+        total = sum(self.prompt_tokens)
+        return sum(self.cached_tokens) / total if total else 0.0
+
+    def mean_ttft(self, prefill_seconds) -> float:
+        """Mean time to first token, with ``prefill_seconds(prompt_tokens, cached_tokens)`` per request."""
+        times = [prefill_seconds(p, c) for p, c in zip(self.prompt_tokens, self.cached_tokens)]
+        return sum(times) / len(times) if times else 0.0
+
+
+def replay(trace, num_blocks: int, block_size: int, policy: str = "lru") -> ReplayResult:
+    """Run a chat trace through a prefix cache of ``num_blocks`` blocks, one request at a time (notebook 06).
+
+    Each request is admitted, its prompt committed as computed (the prefill wrote it), its reply
+    reserved and committed token by token (all but the last, which is never fed back), and freed;
+    its full blocks stay cached. ``lru`` is the block manager as it is: it evicts the least recently
+    freed block first. ``reserve`` never evicts a cached block: it registers blocks only while room
+    for the longest request stays out of the cache. ``none`` computes every prompt in full.
+    ``num_blocks`` must hold the longest request.
+    """
+    if policy not in REPLAY_POLICIES:
+        raise ValueError(f"policy must be one of {REPLAY_POLICIES}, got {policy!r}")
+    num_blocks, block_size = integer("num_blocks", num_blocks), integer("block_size", block_size)
+    trace = list(trace)
+    longest = max((-(-(len(r.prompt) + len(r.reply) - 1) // block_size) for r in trace), default=0)
+    if longest > num_blocks:
+        raise ValueError(f"num_blocks must be >= {longest} (the longest request's blocks at block size "
+                         f"{block_size}), got {num_blocks}")
+    result = ReplayResult(policy, num_blocks, block_size)
+    if policy == "none":
+        result.prompt_tokens = [len(r.prompt) for r in trace]
+        result.cached_tokens = [0] * len(trace)
+        return result
+    cap = num_blocks - longest if policy == "reserve" else None
+    manager = BlockManager(num_blocks, block_size, prefix_caching=True, max_cached_blocks=cap)
+    for request in trace:
+        seq_id, cached = manager.admit(request.prompt)
+        manager.commit(seq_id, len(request.prompt))
+        for token in request.reply[:-1]:
+            manager.reserve(seq_id, [token])
+            manager.commit(seq_id, manager.num_tokens(seq_id))
+        manager.free(seq_id)
+        result.prompt_tokens.append(len(request.prompt))
+        result.cached_tokens.append(cached)
+        result.peak_cached = max(result.peak_cached, manager.num_cached)
+    result.evictions, result.final_cached = manager.stats.evictions, manager.num_cached
+    return result
+
+
+# --------------------------------------------------------------------------- time to first token
+
+
+def compute_shape(model):
+    """``model.shape`` with ``params`` counting only the matrices a prefill multiplies for every prompt
+    token: not the embedding table (a lookup) nor the output head (run on the last token only,
+    ``logits_to_keep=1``). This is the shape :func:`kvlab.theory.roofline.prefill_time` should see."""
+    shape = model.shape
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    embeddings = shape.vocab * shape.hidden * (1 if tied else 2)
+    return dataclasses.replace(shape, params=float(shape.params - embeddings))
+
+
+@dataclass(frozen=True)
+class TTFTPoint:
+    """Time to first token of one prompt with ``cached_tokens`` of its ``prompt_tokens`` served from the
+    cache: ``measured`` (a Timing) and ``predicted`` (seconds, prefill FLOPs at the calibrated rate)."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    measured: object
+    predicted: float
+
+
+def _fresh(generator, count: int, vocab: int, avoid: int) -> list[int]:
+    tokens = torch.randint(0, vocab, (count,), generator=generator).tolist()
+    if tokens and tokens[0] == avoid:
+        tokens[0] = (avoid + 1) % vocab  # differ at the first uncached position, so nothing after it hits
+    return tokens
+
+
+def measure_ttft(model, prompt_tokens: int, prefix_tokens, block_size: int = 16, warmup: int = 1, reps: int = 3,
+                 seed: int = 0, attention: str | None = None) -> list[TTFTPoint]:
+    """Time to first token of a ``prompt_tokens``-token prompt whose first ``c`` tokens are cached,
+    for each ``c`` in ``prefix_tokens`` (rounded down to whole blocks by the cache), interleaved (notebook 06).
+
+    Every timed prompt is a shared stream's first ``c`` tokens followed by fresh tokens, so exactly
+    the shared blocks hit. ``attention`` defaults to the kernels on a GPU and to the ``"gather"`` path
+    on a CPU (the Triton interpreter would time Python).
+    The prediction is :func:`kvlab.theory.roofline.prefill_time` of :func:`compute_shape` on
+    :func:`kvlab.lab.hardware.calibrated_device` at utilization 1.
+    """
+    from kvlab.lab.hardware import calibrated_device
+    from kvlab.devices import on_gpu
+    from kvlab.theory.roofline import prefill_time
+
+    prompt_tokens = integer("prompt_tokens", prompt_tokens, 2)
+    block_size = integer("block_size", block_size)
+    prefix_tokens = [integer(f"prefix_tokens[{i}]", c, 0, prompt_tokens) for i, c in enumerate(prefix_tokens)]
+    attention = attention or ("kernel" if on_gpu() else "gather")
+    per_prompt = -(-prompt_tokens // block_size)
+    cache = cache_for(model, 4 * per_prompt + 4, block_size, prefix_caching=True)
+    generator = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    shared = torch.randint(0, vocab, (prompt_tokens,), generator=generator).tolist()
+    seq, _ = cache.admit(shared)
+    prefill(model, cache, seq, attention=attention)  # caches the shared stream's blocks
+    cache.free(seq)
+
+    def run(prompt, cached_out):
+        seq_id, cached = cache.admit(prompt)
+        prefill(model, cache, seq_id, attention=attention)
+        cached_out.append((seq_id, cached))
+
+    timings = {c: [] for c in prefix_tokens}
+    hits = {c: [] for c in prefix_tokens}
+    for rep in range(warmup + reps):  # interleaved over c, so that drift hits every point alike
+        for c in prefix_tokens:
+            prompt = shared[:c] + _fresh(generator, prompt_tokens - c, vocab, shared[c])
+            done = []
+            timing = measure(lambda: run(prompt, done), warmup=0, reps=1, device=model.device)
+            seq_id, cached = done[0]
+            cache.free(seq_id)
+            if rep >= warmup:
+                timings[c].append(timing)
+                hits[c].append(cached)
+    shape, hw = compute_shape(model), calibrated_device()
+    points = []
+    for c in prefix_tokens:
+        cached = min(hits[c])
+        predicted = prefill_time(shape, hw, prompt_tokens, mfu=1.0, prefix_tokens=cached)
+        points.append(TTFTPoint(prompt_tokens, cached, merge_timings(timings[c]), predicted))
+    return points
+
+
+@dataclass(frozen=True)
+class DecodeAfterPrefix:
+    """Decode steps of two sequences of the same length, one whose prompt was computed in full
+    (``computed``) and one whose prompt's prefix came from the cache (``cached``); Timings (notebook 06)."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    computed: object
+    cached: object
+    kv_bytes_per_step: int  # K and V one step of one sequence reads, all layers
+
+
+def measure_decode_after_prefix(model, prompt_tokens: int, block_size: int = 16, steps: int = 8, seed: int = 0,
+                                attention: str | None = None) -> DecodeAfterPrefix:
+    """Time decode steps after a cold prefill and after a prefix hit, interleaved (notebook 06).
+
+    Where caching does not help: a decode step reads every cached token's K and V whether the
+    prefill computed them or found them in the cache, so the two should take the same time.
+    """
+    from kvlab.devices import on_gpu
+
+    prompt_tokens = integer("prompt_tokens", prompt_tokens, 2)
+    steps = integer("steps", steps)
+    attention = attention or ("kernel" if on_gpu() else "gather")
+    per_seq = -(-(prompt_tokens + steps + 1) // block_size)
+    cache = cache_for(model, 3 * per_seq + 2, block_size, prefix_caching=True)
+    generator = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    shared = torch.randint(0, vocab, (prompt_tokens - 1,), generator=generator).tolist()
+    cold, _ = cache.admit(shared + [1])
+    cold_token = prefill(model, cache, cold, attention=attention)
+    warm, warm_hit = cache.admit(shared + [2])
+    warm_token = prefill(model, cache, warm, attention=attention)
+    state = {cold: cold_token, warm: warm_token}
+
+    def step(seq_id):
+        (state[seq_id],) = decode_step(model, cache, [seq_id], [state[seq_id]], attention)
+
+    runs = {cold: [], warm: []}
+    for i in range(steps):
+        for seq_id in (cold, warm) if i % 2 == 0 else (warm, cold):  # alternate who goes first
+            runs[seq_id].append(measure(lambda: step(seq_id), warmup=0, reps=1, device=model.device))
+    length = prompt_tokens + steps // 2
+    kv_bytes = int(model.shape.kv_bytes_per_token(model.dtype.itemsize) * length)
+    return DecodeAfterPrefix(prompt_tokens, warm_hit, merge_timings(runs[cold]), merge_timings(runs[warm]),
+                             kv_bytes)
+
+
+# --------------------------------------------------------------------------- benchmark rows
+
+
+def bench_rows():
+    """Time to first token with and without a cached prefix, and hit rates on a chat trace (notebook 06)."""
+    from kvlab.lab.bench import Row
+    from kvlab.lab.hardware import calibrated_device
+    from kvlab.devices import on_gpu
+    from kvlab.lab.models import tiny_model
+    from kvlab.theory.roofline import prefill_time
+
+    gpu = on_gpu()
+    model = tiny_model("llama", size="real" if gpu else "cpu")
+    prompt = 4096 if gpu else 512
+    points = measure_ttft(model, prompt, [0, prompt * 3 // 4, prompt - 1], block_size=16, reps=5 if gpu else 3)
+    cold = points[0]
+    rows = [Row(f"TTFT, {prompt}-token prompt, nothing cached", cold.measured.median * 1e3, "ms",
+                f"{model.shape.name}, paged cache, block 16")]
+    for p in points[1:]:
+        rows += [
+            Row(f"TTFT cold / TTFT with {p.cached_tokens} cached", cold.measured.median / p.measured.median, "x",
+                "ratio of medians, same run"),
+            Row(f"predicted cold / cached {p.cached_tokens}", cold.predicted / p.predicted, "x",
+                "roofline.prefill_time at the calibrated matmul rate"),
+        ]
+    trace = make_chat_trace(num_system_prompts=3, num_users=24, turns=3, seed=0)
+    shape, hw = compute_shape(model), calibrated_device()
+    longest = max(-(-(len(r.prompt) + len(r.reply) - 1) // 16) for r in trace)
+    for policy in REPLAY_POLICIES:
+        result = replay(trace, 2 * longest, 16, policy)
+        note = f"72-request chat trace, 3 system prompts, {2 * longest} blocks of 16"
+        rows.append(Row(f"{policy}: prompt tokens served from cache", 100 * result.hit_rate, "%", note))
+        ttft = result.mean_ttft(lambda p, c: prefill_time(shape, hw, p, mfu=1.0, prefix_tokens=c))
+        rows.append(Row(f"{policy}: mean predicted TTFT", ttft * 1e3, "ms", note + ", prefill_time"))
+    return rows

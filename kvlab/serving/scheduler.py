@@ -1,0 +1,221 @@
+"""Notebooks 05 and 11: the one scheduler of kvlab's serving stack, continuous batching on a paged cache.
+
+Every step, the scheduler decides who runs and with how many tokens (iteration-level scheduling,
+Yu et al. 2022; on a paged cache, Kwon et al. 2023). It works on any *memory* with the block
+manager's calls (``admit``, ``reserve``, ``commit``, ``preempt``, ``resume``, ``free`` and their
+``blocks_to_*`` questions): the engine gives it a :class:`~kvlab.cache.paged.PagedKVCache`, notebook
+05's admission simulator a bare :class:`~kvlab.cache.block_manager.BlockManager` or contiguous regions.
+
+kvlab's choices, each one of several an engine could make:
+
+- **make room first**: while the decoding requests' next tokens need more blocks than are free,
+  preempt the newest running request, by recompute (drop its blocks, prefill again later) or swap
+  (copy its blocks to host memory). The newest, as vLLM and nano-vllm do; it may be in the middle of
+  its prefill, since its blocks promise nothing (a hash is registered only once its K and V are
+  written). A request whose next token cannot fit in its memory at all (a full contiguous region)
+  is preempted itself, by recompute;
+- **swapped requests come back first**, oldest first, in a step that preempted nothing;
+- **decodes next**: one token for every decoding request;
+- **then prefill chunks**, first come first served, within ``max_batched_tokens`` tokens per step
+  (chunked prefill): a long prompt runs over several steps while the others keep decoding;
+- **admission last**, first come first served, only in a step that preempted nothing and with nothing
+  swapped out, and only while ``max_batch`` and the free blocks allow, leaving ``watermark_blocks``
+  free unless nothing else runs, so that a new request does not force a preemption at once.
+
+After the forward pass, :meth:`Scheduler.update` commits what was computed, appends the sampled
+tokens and frees the requests that are done.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from kvlab.cache.blocks import PREEMPTION_MODES
+from kvlab.serving.request import Request
+
+
+@dataclass
+class Scheduled:
+    """One chunk of a step: feed ``request.tokens[start:start + count]`` at positions ``start ..``."""
+
+    request: Request
+    start: int
+    count: int
+    kind: str  # "decode" or "prefill"
+
+    @property
+    def chunk(self) -> tuple[int, int]:
+        """What the model runner takes: ``(seq_id, count)``."""
+        return self.request.seq, self.count
+
+    @property
+    def completes(self) -> bool:
+        """After this chunk every token of the request is computed: its last logits give the next token."""
+        return self.start + self.count == self.request.num_tokens
+
+
+@dataclass
+class SchedulerStats:
+    """Preemptions since the scheduler was made, and what they cost (notebook 05)."""
+
+    preemptions: int = 0
+    recomputed_tokens: int = 0  # computed tokens dropped by recompute preemptions (to prefill again)
+    swapped_blocks: int = 0  # blocks copied to host memory (and later back) by swap preemptions
+
+
+class Scheduler:
+    """Who runs this step, and with how many tokens (notebooks 05 and 11); see the module for the policy.
+
+    ``log(request, kind, detail)`` is called for every admission, resumption, preemption, chunk and
+    finish (the engine's event log).
+    """
+
+    def __init__(self, memory, max_batch: int, max_batched_tokens: int, preemption: str = "recompute",
+                 watermark_blocks: int = 0, log=None):
+        if preemption not in PREEMPTION_MODES:
+            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
+        self.memory, self.max_batch, self.max_batched_tokens = memory, max_batch, max_batched_tokens
+        self.preemption, self.watermark_blocks = preemption, watermark_blocks
+        self.log = log or (lambda request, kind, detail=None: None)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
+        self.stats = SchedulerStats()
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    # -- one step ------------------------------------------------------------------------------
+
+    def schedule(self) -> list[Scheduled]:
+        """This step's chunks, one-token chunks first (the attention packs decode rows first)."""
+        preempted = self._make_room()
+        if not preempted:
+            self._swap_in()
+        plan = [self._decode(r) for r in self.running if self._decoding(r)]
+        scheduled = {id(e.request) for e in plan}
+        budget = self.max_batched_tokens - len(plan)
+        for request in self.running:
+            if budget and id(request) not in scheduled and self._uncomputed(request):
+                plan.append(self._chunk(request, budget))
+                budget -= plan[-1].count
+        if not preempted and not self.swapped:
+            self._admit(plan, budget)
+        return sorted(plan, key=lambda e: e.count > 1)
+
+    def update(self, plan: list[Scheduled], next_tokens: list[int], now: float = 0.0) -> list[Request]:
+        """After the forward pass: commit every chunk, append the tokens of the chunks that complete
+        their request, and free the requests that are done; returns those."""
+        finished = []
+        for entry, token in zip(plan, next_tokens):
+            request = entry.request
+            self.memory.commit(request.seq, entry.start + entry.count)
+            self.log(request, entry.kind, entry.count)
+            if not entry.completes:
+                continue
+            request.output.append(token)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            if request.done:
+                self.memory.free(request.seq)
+                request.seq, request.state, request.finish_time = None, "finished", now
+                self.running.remove(request)
+                self.log(request, "finish", len(request.output))
+                finished.append(request)
+        return finished
+
+    # -- the parts of a step -------------------------------------------------------------------
+
+    def _decoding(self, request: Request) -> bool:
+        """Every token but the newest is computed: this step feeds the newest."""
+        seq = request.seq
+        return self.memory.num_computed(seq) == self.memory.num_tokens(seq) == request.num_tokens - 1
+
+    def _uncomputed(self, request: Request) -> int:
+        return self.memory.num_tokens(request.seq) - self.memory.num_computed(request.seq)
+
+    def _make_room(self) -> bool:
+        """Preempt until every decoding request's next token has a slot; True if anyone was."""
+        preempted = False
+        for request in [r for r in self.running if self._decoding(r)]:
+            if self.memory.blocks_to_append(request.seq) > self.memory.num_blocks:  # cannot grow in place
+                self._preempt(request, "recompute")
+                preempted = True
+        while self.running:
+            needed = sum(self.memory.blocks_to_append(r.seq) for r in self.running if self._decoding(r))
+            if needed <= self.memory.num_free:
+                break
+            self._preempt(self.running[-1], self.preemption)
+            preempted = True
+        return preempted
+
+    def _preempt(self, request: Request, mode: str) -> None:
+        self.running.remove(request)
+        request.preemptions += 1
+        self.stats.preemptions += 1
+        self.log(request, "preempt", mode)
+        held = self.memory.preempt(request.seq, mode)
+        if mode == "swap":
+            self.stats.swapped_blocks += -(-held // self.memory.block_size)
+            request.state = "swapped"
+            self.swapped.appendleft(request)
+        else:
+            self.stats.recomputed_tokens += held
+            request.state = "waiting"
+            self.waiting.appendleft(request)
+
+    def _swap_in(self) -> None:
+        """Swapped requests back, oldest first, leaving the blocks this step's decodes will take (its own
+        next token's included)."""
+        while self.swapped and len(self.running) < self.max_batch:
+            request = self.swapped[0]
+            decodes = sum(self.memory.blocks_to_append(r.seq) for r in self.running if self._decoding(r))
+            if not self._fits(self.memory.blocks_to_resume(request.seq, request.tokens[-1:]) + decodes):
+                return
+            self.swapped.popleft()
+            self.memory.resume(request.seq)
+            request.state = "running"
+            self.running.append(request)
+            self.log(request, "resume", "swap")
+
+    def _decode(self, request: Request) -> Scheduled:
+        self.memory.reserve(request.seq, request.output[-1:])  # the slot of the token fed this step
+        return Scheduled(request, self.memory.num_computed(request.seq), 1, "decode")
+
+    def _chunk(self, request: Request, budget: int) -> Scheduled:
+        start = self.memory.num_computed(request.seq)
+        return Scheduled(request, start, min(self._uncomputed(request), budget), "prefill")
+
+    def _admit(self, plan: list[Scheduled], budget: int) -> None:
+        """New requests, and those preempted by recompute, first come first served."""
+        while self.waiting and budget > 0 and len(self.running) < self.max_batch:
+            request = self.waiting[0]
+            if request.seq is None:
+                needed = self.memory.blocks_to_admit(request.tokens)
+            else:  # its prompt and the tokens generated so far, all but the newest held when preempted
+                unheld = request.tokens[self.memory.num_tokens(request.seq):]
+                needed = self.memory.blocks_to_resume(request.seq, unheld)
+            if not self._fits(needed):
+                return
+            self.waiting.popleft()
+            if request.seq is None:
+                request.seq, cached = self.memory.admit(request.tokens)
+                self.log(request, "admit", cached)
+            else:
+                cached = self.memory.resume(request.seq, unheld)
+                self.log(request, "resume", "recompute")
+            request.admitted_tokens += len(request.tokens)
+            request.cached_tokens += cached
+            request.state = "running"
+            self.running.append(request)
+            plan.append(self._chunk(request, budget))
+            budget -= plan[-1].count
+
+    def _fits(self, blocks: int) -> bool:
+        if not self.running:  # alone, a request may use the whole pool
+            return blocks <= self.memory.num_free
+        return blocks <= self.memory.num_free - self.watermark_blocks

@@ -1,0 +1,98 @@
+"""Notebook 06's measurements: the chat trace, its replay through the block manager against an oracle
+that never forgets, and the time-to-first-token helpers (never a timing asserted)."""
+
+import pytest
+import torch
+
+import kvlab
+from kvlab.lab.prefix import REPLAY_POLICIES, compute_shape, make_chat_trace, measure_decode_after_prefix, measure_ttft, replay
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return kvlab.tiny_model("llama", layers=2, hidden=128, q_heads=4, kv_heads=2, vocab=512, intermediate=256,
+                            device="cpu", dtype=torch.float32, seed=5)
+
+
+def test_chat_trace_resends_history():
+    trace = make_chat_trace(num_system_prompts=2, num_users=5, turns=3, system_tokens=20, user_tokens=4,
+                            reply_tokens=3, seed=1)
+    assert len(trace) == 15
+    last = {}
+    for r in trace:
+        if r.user in last:
+            prev = last[r.user]
+            assert r.turn == prev.turn + 1 and r.prompt[: len(prev.prompt) + 3] == prev.prompt + prev.reply
+            assert len(r.prompt) == len(prev.prompt) + 3 + 4
+        else:
+            assert r.turn == 0 and len(r.prompt) == 24
+        last[r.user] = r
+    systems = {r.system: r.prompt[:20] for r in trace}
+    assert all(r.prompt[:20] == systems[r.system] for r in trace)
+    assert make_chat_trace(seed=3) == make_chat_trace(seed=3)
+
+
+def unbounded_oracle(trace, block_size):
+    """Cached tokens per request with a cache that never forgets: the longest whole-block prefix
+    (leaving one token) that some earlier request's stream covered with full blocks."""
+    seen, out = set(), []
+    for r in trace:
+        k = (len(r.prompt) - 1) // block_size
+        while k and tuple(r.prompt[: k * block_size]) not in seen:
+            k -= 1
+        out.append(k * block_size)
+        stream = r.prompt + r.reply[:-1]
+        seen.update(tuple(stream[: j * block_size]) for j in range(1, len(stream) // block_size + 1))
+    return out
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_replay_with_room_for_everything_matches_the_oracle(block_size):
+    trace = make_chat_trace(num_system_prompts=2, num_users=6, turns=3, system_tokens=30, user_tokens=5,
+                            reply_tokens=6, vocab=50, seed=2)
+    total = sum(-(-(len(r.prompt) + len(r.reply)) // block_size) for r in trace)
+    expected = unbounded_oracle(trace, block_size)
+    for policy in ("lru", "reserve"):
+        result = replay(trace, total + 100, block_size, policy)
+        assert result.cached_tokens == expected and result.evictions == 0
+    assert replay(trace, total, block_size, "none").cached_tokens == [0] * len(trace)
+
+
+def test_replay_small_cache():
+    trace = make_chat_trace(num_users=10, seed=4)
+    longest = max(-(-(len(r.prompt) + len(r.reply) - 1) // 16) for r in trace)
+    lru, reserve = (replay(trace, longest + 4, 16, p) for p in ("lru", "reserve"))
+    assert lru.evictions > 0 and reserve.evictions == 0
+    assert reserve.peak_cached <= 4
+    assert 0 < reserve.hit_rate and 0 < lru.hit_rate < 1
+    assert lru.mean_ttft(lambda p, c: p - c) == pytest.approx(
+        sum(p - c for p, c in zip(lru.prompt_tokens, lru.cached_tokens)) / len(trace))
+    with pytest.raises(ValueError, match=f"num_blocks must be >= {longest}"):
+        replay(trace, longest - 1, 16)
+    with pytest.raises(ValueError, match="policy must be one of"):
+        replay(trace, 100, 16, "fifo")
+    assert REPLAY_POLICIES == ("lru", "reserve", "none")
+    with pytest.raises(ValueError, match="think_time"):
+        make_chat_trace(think_time=-1)
+
+
+def test_measure_ttft_points(llama):
+    points = measure_ttft(llama, 40, [0, 17, 39], block_size=8, warmup=0, reps=1)
+    assert [p.cached_tokens for p in points] == [0, 16, 32]
+    assert all(p.measured.median > 0 for p in points)
+    assert points[0].predicted > points[1].predicted > points[2].predicted > 0
+    with pytest.raises(ValueError, match=r"prefix_tokens\[1\] must be an int in \[0, 40\)"):
+        measure_ttft(llama, 40, [0, 40])
+
+
+def test_decode_after_a_prefix_hit(llama):
+    after = measure_decode_after_prefix(llama, 24, block_size=8, steps=2)
+    assert after.cached_tokens == 16 and after.computed.median > 0 and after.cached.median > 0
+    assert after.kv_bytes_per_step == llama.shape.kv_bytes_per_token(4) * 25
+
+
+def test_compute_shape_leaves_out_embeddings(llama):
+    shape = compute_shape(llama)
+    matrices = sum(p.numel() for n, p in llama.named_parameters() if p.dim() == 2 and "embed" not in n
+                   and "lm_head" not in n)
+    assert shape.params == matrices

@@ -1,0 +1,93 @@
+"""The one attention function and its per-step metadata (notebooks 05, 06, 11), without a model: a
+step that mixes a decode token, a prefill chunk that continues a sequence and a fresh prefill, through
+each path, against fp64 attention written from the definition; and the step checks."""
+
+import types
+
+import pytest
+import torch
+
+from kvlab.cache.paged import PagedKVCache
+from kvlab.kernels import store_kv_ref
+from kvlab.serving.attention import ATTENTION_PATHS, build_step, paged_attention
+
+HEADS, KV_HEADS, DIM, BLOCK = 4, 2, 16, 4
+
+
+def _cache():
+    """A decodes its 10th token, B prefills 5 more after 6 written ones, C prefills all 7 of its prompt."""
+    gen = torch.Generator().manual_seed(0)
+    cache = PagedKVCache(1, 16, BLOCK, KV_HEADS, DIM, torch.float32, "cpu", store=store_kv_ref)
+    seqs = []
+    for written, more in ((9, 1), (6, 5)):
+        seq = cache.new_sequence()
+        k = torch.randn(written, KV_HEADS, DIM, generator=gen)
+        cache.append(seq, 0, k, -k)
+        cache.reserve(seq, [1] * more)
+        seqs.append(seq)
+    seqs.append(cache.admit([2] * 7)[0])
+    return cache, seqs, gen
+
+
+def _oracle(cache_before, seqs, chunks, q, k, v, scale):
+    """fp64: each new token of a chunk attends to its sequence's written tokens and the chunk up to itself."""
+    out, t = [], 0
+    for seq, count in chunks:
+        old_k, old_v = cache_before[seq]
+        keys, values = torch.cat([old_k, k[t:t + count]]).double(), torch.cat([old_v, v[t:t + count]]).double()
+        for i in range(count):
+            n = old_k.shape[0] + i + 1
+            kk = keys[:n].repeat_interleave(HEADS // KV_HEADS, dim=1)
+            vv = values[:n].repeat_interleave(HEADS // KV_HEADS, dim=1)
+            weights = (torch.einsum("hd,nhd->hn", q[t + i].double(), kk) * scale).softmax(-1)
+            out.append(torch.einsum("hn,nhd->hd", weights, vv))
+        t += count
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("path", ATTENTION_PATHS)
+def test_a_mixed_step_matches_fp64_attention_and_stores_every_token(path):
+    cache, seqs, gen = _cache()
+    chunks = [(seqs[0], 1), (seqs[1], 5), (seqs[2], 7)]
+    before = {s: cache.gather(s, 0) for s in seqs}
+    total = sum(n for _, n in chunks)
+    q = torch.randn(total, HEADS, DIM, generator=gen)
+    k, v = torch.randn(total, KV_HEADS, DIM, generator=gen), torch.randn(total, KV_HEADS, DIM, generator=gen)
+    meta = build_step(cache, chunks, path)
+    assert meta.num_decode == 1 and meta.slots.shape == (total,)
+    out, none = paged_attention(types.SimpleNamespace(layer_idx=0), q.transpose(0, 1)[None],
+                                k.transpose(0, 1)[None], v.transpose(0, 1)[None], None, scaling=0.3, kvlab_step=meta)
+    assert none is None and out.shape == (1, total, HEADS, DIM)
+    torch.testing.assert_close(out[0].double(), _oracle(before, seqs, chunks, q, k, v, 0.3), atol=1e-5, rtol=1e-5)
+    t = 0
+    for seq, count in chunks:  # the new K and V are in the pool at the reserved slots
+        cache.commit(seq, cache.num_tokens(seq))
+        got_k, got_v = cache.gather(seq, 0)
+        assert torch.equal(got_k[-count:], k[t:t + count]) and torch.equal(got_v[-count:], v[t:t + count])
+        t += count
+
+
+def test_the_step_is_checked_once_and_names_the_problem():
+    cache, (a, b, c), _ = _cache()
+    d = cache.admit([3] * 5)[0]
+    cache.preempt(d, "recompute")
+    for chunks, error, match in [
+        ([(a, 2)], ValueError, "has 1 reserved token"), ([(a, 0)], ValueError, "got a chunk of 0"),
+        ([(b, 1), (b, 1)], ValueError, "appears twice"), ([(b, 5), (a, 1)], ValueError, "must come before"),
+        ([(99, 1)], ValueError, "not a live sequence"), ([(d, 1)], ValueError, "is preempted"),
+        ([], ValueError, "at least one"), ("ab", TypeError, "chunks must be a list"),
+    ]:
+        with pytest.raises(error, match=match):
+            build_step(cache, chunks, "gather")
+    with pytest.raises(ValueError, match="attention must be one of"):
+        build_step(cache, [(a, 1)], "flash")
+    two = PagedKVCache(2, 4, BLOCK, KV_HEADS, DIM, torch.float32, "cpu", store=store_kv_ref)
+    f = two.new_sequence()
+    two.append(f, 0, torch.zeros(2, KV_HEADS, DIM), torch.zeros(2, KV_HEADS, DIM))  # layer 1 not yet
+    with pytest.raises(ValueError, match="mid-step"):
+        build_step(two, [(f, 1)], "gather")
+
+
+def test_the_attention_function_needs_its_metadata():
+    with pytest.raises(ValueError, match="needs the kvlab_step= keyword"):
+        paged_attention(types.SimpleNamespace(layer_idx=0), None, None, None, None)
