@@ -1,0 +1,51 @@
+"""Notebook 03, GEMV-like decode and the roofline (section 9.3): worked solutions of the exercises that have numbers."""
+
+from __future__ import annotations
+
+from kvlab.show.format import si
+from kvlab.show.readings import ratio_text, within
+from kvlab.show.readings.exercises.folded import solution
+
+
+def gemv_big_product(K: int, N: int, element_size: int, gemv_bytes_per_s: float, measured_s: float | None) -> str:
+    """Exercise 1 of 9.3: the time of one 70B MLP matrix-vector product."""
+    nbytes = K * N * element_size
+    predicted = nbytes / gemv_bytes_per_s
+    text = (f"At $n = 1$ the product is a weight read: {K:,} × {N:,} elements of {element_size} bytes are "
+            f"{si(nbytes, 'B')}, and this machine's batch-1 product streamed at {si(gemv_bytes_per_s, 'B/s')}, "
+            f"so it should take about **{si(predicted, 's')}**. The activation and output vectors add a "
+            "negligible share.")
+    if measured_s is None:
+        return solution(1, text + " Measure it with the cell the exercise names.")
+    text += f" Measured: **{si(measured_s, 's')}**, {ratio_text(measured_s, predicted)} the prediction."
+    if within(measured_s, predicted, 1.5):
+        text += " A matrix this large streams at the same rate as the sweep's: time is bytes."
+    else:
+        text += (" The gap means the rate changed between the two measurements: on a shared machine the "
+                 "bandwidth left over moves from second to second, and a matrix of this size may also "
+                 "run into memory pressure.")
+    return solution(1, text)
+
+
+def gemv_h200_batch(batch: int, step: float, rate: float, step32: float, rate32: float) -> str:
+    """Exercise 2 of 9.3: the largest H200 batch of 8,192-token sequences for the 8B model."""
+    return solution(2, (
+        "Solve $P w_p + B\\,T\\,k \\le M$ for $B$: $B = \\lfloor (M - P w_p) / (T k) \\rfloor$ "
+        f"(`rf.max_batch`). On the H200 that is **{batch} sequences**, with a step floor of "
+        f"{si(step, 's')} and {rate:,.0f} tokens/s, against {si(step32, 's')} and {rate32:,.0f} tokens/s at 32 "
+        f"sequences: {rate / rate32:.2f} times the tokens/s for {batch / 32:.1f} times the batch. Past 32 "
+        "sequences of this length the cache already outweighs the weights, so each extra sequence adds "
+        "nearly its own read time: batching stops paying once the step is KV-bound."))
+
+
+def gemv_attention_ridge(ridge: float, needs: dict, max_g: int) -> str:
+    """Exercise 3 of 9.3: what g and w_kv would bring attention to the H100's ridge."""
+    rows = "\n".join(f"| {w:g} | {g:,.0f} |" for w, g in needs.items())
+    return solution(3, (
+        f"Attention does $2g/w_{{kv}}$ FLOP per cache byte, so reaching the ridge of {ridge:.0f} FLOP per byte "
+        "needs $g = I^* w_{kv} / 2$:\n\n"
+        f"| $w_{{kv}}$ (bytes) | $g$ needed |\n|---:|---:|\n{rows}\n\n"
+        f"Llama-3-70B has {max_g} query heads, so even one KV head for all of them (multi-query attention, "
+        f"$g = {max_g}$) falls short in bf16, and a 4-bit cache only just comes near. Attention over the "
+        "cache stays bandwidth-bound; what helps is fewer bytes (the levers of the long-context section), "
+        "not more arithmetic per byte."))

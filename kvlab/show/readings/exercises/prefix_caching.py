@@ -1,0 +1,57 @@
+"""Notebook 06, prefix caching: worked solutions of the exercises that have numbers."""
+
+from __future__ import annotations
+
+from kvlab.show.format import si
+from kvlab.show.readings import ratio_text, within
+from kvlab.show.readings.exercises.folded import solution
+
+
+def prefix_whole_blocks(prompt: int, block: int, served: int) -> str:
+    """Exercise 1 of prefix caching: a prompt of whole blocks sent twice."""
+    blocks = prompt // block
+    text = (f"{prompt} tokens in blocks of {block} are {blocks} full blocks, all cached after the first request. "
+            "But at least one prompt token must be computed, because its logits give the first output token, "
+            f"so the second request can reuse at most {blocks - 1} blocks: it computes **{prompt - (blocks - 1) * block} "
+            f"tokens**, the whole last block, not one. `BlockManager.lookup` serves {served}.")
+    if served == (blocks - 1) * block:
+        text += " As predicted."
+    else:
+        text += " That is not the predicted count: check that the first request was admitted into this cache."
+    return solution(1, text)
+
+
+def prefix_system_prompts(block: int, blocks: int, hit: dict) -> str:
+    """Exercise 2 of prefix caching: more system prompts in the same memory."""
+    loss = {p: hit[p, 1] - hit[p, 8] for p in ("lru", "reserve")}
+    worse = max(loss, key=loss.get)
+    text = (f"With one system prompt every user shares it; with eight, each is shared by fewer users and all "
+            f"eight compete for {blocks} blocks of {block} tokens. LRU keeps what was used last, so it tends "
+            "to hold the prompts of the active users; reserve keeps whatever it cached first and cannot make "
+            "room, so it should lose more once the first prompts are not the popular ones. Measured hit "
+            f"rates, one system prompt against eight: LRU {hit['lru', 1]:.0%} to {hit['lru', 8]:.0%}, reserve "
+            f"{hit['reserve', 1]:.0%} to {hit['reserve', 8]:.0%}; **{worse}** lost more.")
+    if worse == "lru":
+        text += (" Here LRU lost more: with many prompts and little memory, the blocks it evicts are soon needed "
+                 "again, while reserve's fixed set still serves the users whose prompts it happened to keep.")
+    text += (" With a salt per user, no block is shared between users at all, not even the system prompt: what "
+             "is left is each user's own earlier turns, which the next turn resends, so the hit rate falls to "
+             "the share of a prompt that is that user's history.")
+    return solution(2, text)
+
+
+def prefix_ninety(prompt: int, block: int, cached: int, predicted: float, measured: float, cold: float) -> str:
+    """Exercise 3 of prefix caching: time to first token at a 90% hit rate."""
+    text = (f"A 90% hit on a {prompt}-token prompt is rounded down to whole blocks of {block}: {cached} cached "
+            f"tokens. The line (prefill FLOPs of the {prompt - cached} new tokens over the calibrated matmul "
+            f"rate) predicts **{si(predicted, 's')}**. `measure_ttft` measured **{si(measured, 's')}** "
+            f"(against {si(cold, 's')} with nothing cached).")
+    if within(measured, predicted, 1.5):
+        text += " Close to the line."
+    elif measured > predicted:
+        text += (f" {ratio_text(measured, predicted)} the line: the fixed cost of a forward pass (dispatch, "
+                 "the head, the cache bookkeeping) does not shrink with the hit rate, and at a high hit rate it "
+                 "is most of what is left.")
+    else:
+        text += " Below the line: the calibrated rate understates what this small prefill reached."
+    return solution(3, text)

@@ -1,0 +1,67 @@
+"""Notebook 07, hybrid attention and SSM state (section 9.6): worked solutions of the exercises that have numbers."""
+
+from __future__ import annotations
+
+from kvlab.show.format import si
+from kvlab.show.readings.exercises.folded import solution
+
+
+def ssm_breakeven(name: str, d_inner: int, conv: int, state: int, state_bytes: float, hidden: int,
+                  kv_bytes: float, tokens: float) -> str:
+    """Exercise 1 of 9.6: when an attention layer outgrows a Mamba layer."""
+    return solution(1, (
+        f"One {name} layer keeps a convolution window and an SSM state: $d_\\text{{inner}}(k_\\text{{conv}} + n)$ = "
+        f"{d_inner:,} × ({conv} + {state}) numbers, {si(state_bytes, 'B')} in bf16, whatever the length. An "
+        f"attention layer of the same width ({hidden:,}, multi-head) stores a key and a value of {hidden:,} "
+        f"numbers per token, {si(kv_bytes, 'B')}. `ssm.breakeven_context` divides the two: the attention "
+        f"layer is larger after **{tokens:,.0f} tokens**, well inside any real prompt. Grouped-query "
+        "attention moves the crossover out in proportion to the group size, not beyond a few hundred tokens."))
+
+
+def ssm_narrow_scan(dim_before: int, dim_after: int, winner_before: str, winner_after: str, times: dict) -> str:
+    """Exercise 2 of 9.6: a narrower scan makes the per-round cost matter more."""
+    rows = "\n".join(f"| {m} | {si(t, 's')} |" for m, t in times.items())
+    text = (f"The cost model is $\\tau\\cdot\\text{{rounds}} + \\gamma\\cdot\\text{{compositions}}\\cdot E$ with "
+            f"$E$ = batch × d × n. Going from d = {dim_before} to d = {dim_after} divides $E$, and with it the "
+            "work term, by "
+            f"{dim_before // dim_after}, while the rounds cost the same: the **round term** gains weight, and "
+            "the orders with few rounds (parallel, then chunked) should gain on the sequential scan. At the "
+            f"longest prompt, with d = {dim_after}:\n\n| order | time |\n|---|---:|\n{rows}\n\n")
+    if winner_after != "sequential":
+        text += (f"The {winner_after} scan won (at d = {dim_before} the {winner_before} scan did): fewer rounds "
+                 "now matter more than the extra compositions.")
+    else:
+        text += ("The sequential scan still won: on this CPU a round of PyTorch ops costs little more than the "
+                 "Python loop's step, so even at this width the parallel orders' extra work is not repaid.")
+    return solution(2, text)
+
+
+def ssm_hybrid_fraction(layers: int, attention_layers: int, fractions: dict) -> str:
+    """Exercise 3 of 9.6: the share of an all-attention cache a 1-in-8 hybrid keeps."""
+    parts = ", ".join(f"**{f:.1%}** at {s:,} tokens" for s, f in fractions.items())
+    return solution(3, (
+        "The hybrid keeps $k$ attention caches and $L - k$ fixed states: "
+        "$\\frac{k\\,s\\,K + (L-k)\\,M_\\text{state}}{L\\,s\\,K}$, which falls toward $k/L$ as $s$ grows. With "
+        f"$k/L$ = {attention_layers}/{layers} and this page's layer widths, that is {parts}. At short context "
+        "the fixed states dominate, so the hybrid saves little; at long context it keeps about one part in "
+        f"{layers // attention_layers}."))
+
+
+def ssm_full_rank(n: int, s: int, error_full: float, rank_full: int, s_eq: int, rank_equal: int,
+                  error_equal: float) -> str:
+    """Exercise 4 of 9.6: a state as large as the sequence, and a state with equal decays."""
+    text = (f"With $n = s$ the input map is square and, for distinct decays, invertible in exact arithmetic: "
+            f"every token can be read back, so the prediction is $1 - n/s$ = **0**. Computed at $n = s = {n}$: "
+            f"**{error_full:.2g}**, with a numerical rank of {rank_full}.")
+    if error_full < 1e-6:
+        text += " Zero up to rounding, as predicted."
+    else:
+        text += (f" Not zero: {n} decays packed between 0.5 and 0.99 make the map's rows (powers of each "
+                 "decay) nearly parallel, so its smallest singular values fall below what fp64 resolves next "
+                 "to its largest, and only its numerical rank is usable: invertible on paper, not in floating "
+                 "point. A fixed state of many elements needs well-separated timescales to use them all.")
+    text += (f" With all decays equal, every state element is the same weighted sum of the inputs, up to its "
+             f"gain: the map has rank **{rank_equal}**, the state holds one number's worth of information, and "
+             f"the error is $1 - 1/s$ = **{error_equal:.4f}** at $s = {s_eq}$. Distinct decays are what let a "
+             "fixed state keep several timescales.")
+    return solution(4, text)
