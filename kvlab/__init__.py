@@ -20,6 +20,7 @@ warn_if_below_floor()
 _LAZY = {name: "decode" for name in ("naive_decode", "cached_decode", "static_decode", "profile_decode")}
 _LAZY["explore"] = "show.widgets"
 _LAZY.update(trained_model="lab.trained", trained_tokenizer="lab.trained")
+_LAZY["pretrained_model"] = "lab.pretrained"
 _SUBMODULES = {"cache", "decode", "kernels", "lab", "serving", "show", "theory", "versions"}
 
 
