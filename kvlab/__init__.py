@@ -22,6 +22,7 @@ _LAZY = {name: "decode" for name in ("naive_decode", "cached_decode", "static_de
 _LAZY["profile_decode"] = "lab.decode_timing"
 _LAZY["explore"] = "show.widgets"
 _LAZY.update(trained_model="lab.trained", trained_tokenizer="lab.trained")
+_LAZY["pretrained_model"] = "lab.pretrained"
 _SUBMODULES = {"cache", "decode", "kernels", "lab", "serving", "show", "theory", "versions"}
 
 
