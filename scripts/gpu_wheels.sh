@@ -29,4 +29,9 @@ ${PYTHON:-python3} -m pip download --quiet --no-deps --only-binary=:all: --pytho
     "${PLATFORMS[@]}" -d "$DIR" "${WHEELS[@]}"
 count=$(ls "$DIR"/*.whl | wc -l)
 test "$count" -eq "${#WHEELS[@]}" || { echo "expected ${#WHEELS[@]} wheels in $DIR, found $count" >&2; exit 1; }
-echo "$count wheels for Python $PYV in $DIR: $(du -sh "$DIR" | cut -f1)"
+# A device call carries the working tree (tracked and untracked files that git does not ignore)
+# and the named ignored paths, 64 MiB in all.
+tree=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
+wheels=$(du -cb "$DIR"/*.whl | tail -n 1 | cut -f1)
+echo "$count wheels for Python $PYV in $DIR: $((wheels >> 20)) MiB; with the working tree $(((tree + wheels) >> 20)) MiB of 64"
+test $((tree + wheels)) -le $((64 << 20)) || { echo "over the 64 MiB a device call carries" >&2; exit 1; }

@@ -17,9 +17,10 @@ def pytest_terminal_summary(terminalreporter):
         if r.when == "call" and "notebook_seconds" in props:
             mode = "live" if "live" in r.nodeid.split("::")[0] else "static"
             rows.append((r.nodeid.split("[")[-1].rstrip("]"), mode, props["notebook_seconds"],
-                         props.get("missed_wakeups", 0)))
+                         props.get("missed_wakeups") or {}))
     if rows:
         terminalreporter.write_sep("-", "notebook execution times (this machine)")
         for name, mode, seconds, missed in sorted(rows):
-            note = f" ({missed} missed socket wake-ups recovered)" if missed else ""
+            counts = ", ".join(f"{channel} {n}" for channel, n in missed.items() if n)
+            note = f" (missed socket wake-ups recovered: {counts})" if counts else ""
             terminalreporter.write_line(f"{name} {mode}: {seconds:.0f} s{note}")

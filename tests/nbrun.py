@@ -82,8 +82,9 @@ class NotebookStalled(AssertionError):
 class Run:
     nb: nbformat.NotebookNode
     seconds: float
-    missed_wakeups: int
+    missed_wakeups: int  # shell and iopub together
     cell_seconds: dict = field(default_factory=dict)  # code cell index -> seconds
+    missed_by_channel: dict = field(default_factory=dict)  # {"shell": n, "iopub": n}
 
 
 class _Client(NotebookClient):
@@ -94,7 +95,7 @@ class _Client(NotebookClient):
         self.deadline = time.monotonic() + limit_s
         self.limit_s = limit_s
         self.stacks_file = stacks_file
-        self.missed = 0
+        self.missed = {"shell": 0, "iopub": 0}
         self.cell_seconds: dict[int, float] = {}
 
     def _time_left(self, cell) -> int:
@@ -107,7 +108,7 @@ class _Client(NotebookClient):
 
     def _count_missed(self) -> None:
         if self.kc is not None:
-            self.missed = self.kc.shell_channel.missed_wakeups + self.kc.iopub_channel.missed_wakeups
+            self.missed = {"shell": self.kc.shell_channel.missed_wakeups, "iopub": self.kc.iopub_channel.missed_wakeups}
 
     async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
         start = time.monotonic()
@@ -170,7 +171,7 @@ def run(path: Path, *, static: bool, limit_s: float | None = None, env: dict | N
         client.execute(env=env)
     finally:
         os.unlink(stacks)
-    return Run(nb, time.monotonic() - start, client.missed, client.cell_seconds)
+    return Run(nb, time.monotonic() - start, sum(client.missed.values()), client.cell_seconds, client.missed)
 
 
 def main(argv=None) -> int:
@@ -190,7 +191,7 @@ def main(argv=None) -> int:
         after = args.after_file.read_text() if args.after_file else None
         result = run(args.notebook, static=not args.live, limit_s=args.limit, after=after)
         nbformat.write(result.nb, args.out / args.notebook.name)
-        record.update(ok=True, seconds=round(result.seconds, 1), missed_wakeups=result.missed_wakeups,
+        record.update(ok=True, seconds=round(result.seconds, 1), missed_wakeups=result.missed_by_channel,
                       cell_seconds=result.cell_seconds)
         return 0
     except Exception as e:

@@ -57,7 +57,7 @@ def test_notebook_is_committed_clean_and_executes(book, path, record_property):
     nb = _execute(book, path)
     run = book["runs"][path.name]
     record_property("notebook_seconds", run.seconds)  # reported by conftest
-    record_property("missed_wakeups", run.missed_wakeups)
+    record_property("missed_wakeups", run.missed_by_channel)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
     assert not errors

@@ -35,7 +35,7 @@ def test_markdown_cells_have_no_myst_roles(path):
 def test_notebook_live_mode_writes_clean_readings(path, record_property):
     run = nbrun.run(path, static=False)
     record_property("notebook_seconds", run.seconds)  # reported by conftest
-    record_property("missed_wakeups", run.missed_wakeups)
+    record_property("missed_wakeups", run.missed_by_channel)
     nb = run.nb
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
