@@ -19,6 +19,7 @@ bounds what one lost wake-up costs to a slice; the channels count them (``missed
 from __future__ import annotations
 
 import argparse
+import asyncio
 import faulthandler
 import json
 import os
@@ -28,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from queue import Empty
 
 import nbformat
 import zmq
@@ -64,8 +66,6 @@ class SlicedChannel(AsyncZMQSocketChannel):
                 _, frames = self.session.feed_identities(frames)
                 return self.session.deserialize(frames)
             if deadline is not None and time.monotonic() >= deadline:
-                from queue import Empty
-
                 raise Empty
 
 
@@ -108,7 +108,7 @@ class _Client(NotebookClient):
 
     def _count_missed(self) -> None:
         if self.kc is not None:
-            self.missed = {"shell": self.kc.shell_channel.missed_wakeups, "iopub": self.kc.iopub_channel.missed_wakeups}
+            self.missed = {name: getattr(self.kc, f"{name}_channel").missed_wakeups for name in ("shell", "iopub")}
 
     async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
         start = time.monotonic()
@@ -123,16 +123,18 @@ class _Client(NotebookClient):
 
     async def _report(self, cell, index, start, error) -> str:
         """Where the cell stalled: the cell, the time, the client's socket state, both sides' stacks."""
-        lines = [f"{Path(self.resources['metadata'].get('name', 'notebook'))}: cell {index} "
-                 f"ran {time.monotonic() - start:.0f} s and the notebook's limit of {self.limit_s:.0f} s "
-                 f"ran out ({type(error).__name__}).", "cell source:", cell.source[:600]]
+        what = ("the kernel died" if isinstance(error, DeadKernelError)
+                else f"the notebook's limit of {self.limit_s:.0f} s ran out")
+        lines = [f"{self.resources['metadata'].get('name', 'notebook')}: cell {index} ran "
+                 f"{time.monotonic() - start:.0f} s and {what} ({type(error).__name__}).",
+                 "cell source:", cell.source[:600]]
         if self.kc is not None:
             events = self.kc.shell_channel.socket.get(zmq.EVENTS)
             lines.append(f"client shell socket ZMQ_EVENTS={events} (1: a reply waits unread); "
                          f"missed wake-ups so far: {self.kc.shell_channel.missed_wakeups}")
         try:
             await self.km.signal_kernel(signal.SIGUSR1)  # faulthandler in the kernel writes its stacks
-            time.sleep(1)
+            await asyncio.sleep(1)
             lines += ["kernel stacks (the thread that runs cells first):", Path(self.stacks_file).read_text()[:8000]]
         except Exception as e:  # a dead kernel has no stacks to give
             lines.append(f"kernel stacks unavailable: {type(e).__name__}: {e}")
