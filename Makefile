@@ -60,7 +60,8 @@ test-floor: $(FLOOR_READY)
 		--ignore tests/test_install.py --ignore tests/test_live_browser.py
 
 # scripts/gpu_check.sh --dry-run: every step of the device check but the GPU-only record, on this
-# CPU, with the device image's package set and the carried wheels (about 3 minutes on 2 cores).
+# CPU, with the device image's package set and the carried wheels (4 min 54 s on the loaded 2-core
+# machine beside the floor suite). Building .venv-device once took 10 min under load (torch 3.5).
 test-gpu-dry: $(DEVICE_READY)
 	PYTHON=$(DEVICE)/bin/python KVLAB_WHEELS=.whl-dry scripts/gpu_check.sh --dry-run
 
