@@ -61,7 +61,8 @@ test-floor: $(FLOOR_READY)
 
 # scripts/gpu_check.sh --dry-run: every step of the device check but the GPU-only record, on this
 # CPU, with the device image's package set and the carried wheels (4 min 54 s on the loaded 2-core
-# machine beside the floor suite). Building .venv-device once took 10 min under load (torch 3.5).
+# machine beside the floor suite). Building .venv-device (once) took 10 min under
+# load, 3.5 of them unpacking the torch CPU wheel.
 test-gpu-dry: $(DEVICE_READY)
 	PYTHON=$(DEVICE)/bin/python KVLAB_WHEELS=.whl-dry scripts/gpu_check.sh --dry-run
 
