@@ -106,11 +106,11 @@ fi
 # The static notebooks at their GPU sizes, side by side (16 cores); each has its own limit inside
 # the step's, so a stalled one still writes its record naming the cell (tests/nbrun.py).
 step static-notebooks 100 300 bash -c 'pids=(); for nb in "$@"; do
-        '"$PY"' tests/nbrun.py "notebooks/$nb.ipynb" --out "'"$WORK"'/notebooks" --limit '"$((DRY ? 280 : 90))"' & pids+=($!)
+        '"$PY"' tests/nbrun.py "notebooks/$nb.ipynb" --out "'"$WORK"'/notebooks/static" --limit '"$((DRY ? 280 : 90))"' & pids+=($!)
     done; rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done; exit $rc' _ "${static_notebooks[@]}"
 # The live GPU reader's path: notebook 01 without KVLAB_STATIC, then one of its sliders moved through
 # the widget's own callback and the re-measured figure and reading timed (scripts/slider_check.py).
-step live-notebook 70 300 $PY tests/nbrun.py notebooks/01_decode_loop.ipynb --live --out "$WORK/notebooks" \
+step live-notebook 70 300 $PY tests/nbrun.py notebooks/01_decode_loop.ipynb --live --out "$WORK/notebooks/live" \
     --limit "$((DRY ? 280 : 60))" --after-file scripts/slider_check.py
 cat "$KVLAB_SLIDER_OUT" 2>/dev/null | tee -a "$OUT/summary.txt"
 echo "results: $OUT/summary.txt, $OUT/gpu-check.tar.gz" | tee -a "$OUT/summary.txt"
