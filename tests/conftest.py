@@ -8,11 +8,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Report how long each notebook took to execute (a figure for the README, never an assertion)."""
-    rows = [(r.nodeid.split("[")[-1].rstrip("]"), dict(r.user_properties)["notebook_seconds"])
-            for r in terminalreporter.stats.get("passed", [])
-            if r.when == "call" and "notebook_seconds" in dict(r.user_properties)]
+    """Report how long each notebook took to execute (a figure for the README, never an assertion),
+    and the socket wake-ups the notebook runner had to recover (tests/nbrun.py)."""
+    rows = []
+    for r in terminalreporter.stats.get("passed", []):
+        props = dict(r.user_properties)
+        if r.when == "call" and "notebook_seconds" in props:
+            mode = "live" if "live" in r.nodeid.split("::")[0] else "static"
+            rows.append((r.nodeid.split("[")[-1].rstrip("]"), mode, props["notebook_seconds"],
+                         props.get("missed_wakeups") or {}))
     if rows:
         terminalreporter.write_sep("-", "notebook execution times (this machine)")
-        for name, seconds in sorted(rows):
-            terminalreporter.write_line(f"{name}: {seconds:.0f} s")
+        for name, mode, seconds, missed in sorted(rows):
+            counts = ", ".join(f"{channel} {n}" for channel, n in missed.items() if n)
+            note = f" (missed socket wake-ups recovered: {counts})" if counts else ""
+            terminalreporter.write_line(f"{name} {mode}: {seconds:.0f} s{note}")

@@ -251,6 +251,7 @@ def test_no_reading_function_means_no_reading_block():
 
 
 def test_live_reading_is_redrawn_with_the_figure(monkeypatch):
+    monkeypatch.setattr(widgets, "SLOW_RUN_S", float("inf"))  # rerun on change, however loaded the machine
     shown = []
     monkeypatch.setattr(widgets, "_in_ipython", lambda: True)
     import IPython.display
@@ -301,7 +302,10 @@ def test_duplicate_values_and_bare_strings_are_rejected():
 # -- live mode -----------------------------------------------------------------------------------
 
 
-def test_live_builds_widgets_and_reruns_on_change():
+def test_live_builds_widgets_and_reruns_on_change(monkeypatch):
+    # Whether a panel reruns on change depends on how long its first run took; on a loaded machine
+    # that can pass SLOW_RUN_S, so fix the threshold rather than assert a timing.
+    monkeypatch.setattr(widgets, "SLOW_RUN_S", float("inf"))
     calls = []
 
     def measure(a, b):
