@@ -67,17 +67,18 @@ def _latency(value) -> float:
     return float(value)
 
 
-def tensor_parallel_heads(shape: ModelShape, world: int) -> tuple[int, int]:
+def tensor_parallel_heads(shape: ModelShape, world: int, argument: str = "world") -> tuple[int, int]:
     """(query heads, KV heads) each of ``world`` devices holds under tensor parallelism.
 
     Refuses a world size that does not divide the KV heads (and so the query heads, a multiple of
     them) or the MLP width, where the shape has one: a device cannot hold a fraction of a head.
     (Engines that run more devices than KV heads copy KV heads instead; kvlab does not.)
+    ``argument`` is the caller's name for the world size, used in the error.
     """
-    shape, world = _shape(shape), integer("world", world)
+    shape, world = _shape(shape), integer(argument, world)
     for what, count in (("KV heads", shape.kv_heads), ("MLP width", shape.intermediate)):
         if count is not None and count % world:
-            raise ValueError(f"world={world} must divide the {what} of {shape.name} ({count}); "
+            raise ValueError(f"{argument}={world} must divide the {what} of {shape.name} ({count}); "
                              f"allowed world sizes: {_divisors(shape)}")
     return shape.q_heads // world, shape.kv_heads // world
 
