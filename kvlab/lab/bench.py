@@ -86,6 +86,7 @@ SECTION_BENCHMARKS = {
     "9.7 long-context caches": "kvlab.cache.longctx",
     "9.8 decode diagnosis": "kvlab.lab.diagnose",
     "11 continuous batching engine": "kvlab.serving.engine",
+    "12 decode across devices": "kvlab.lab.parallel",
 }
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,8 @@ class Handoff:
     kv_bytes: int
     table_bytes: int
     header_bytes: int
+    send_s: float
+    messages: int = 3
 
     @property
     def total_bytes(self) -> int:
@@ -75,16 +78,20 @@ def send_prompt_cache(model, cache, prompt: list[int], to_rank: int, attention: 
                           for layer in range(cache.num_layers)])
     header = torch.tensor([len(prompt), first, len(table)], dtype=torch.long, device=cache.device)
     table_tensor = torch.tensor(table, dtype=torch.int32, device=cache.device)
-    for message in (header, table_tensor, blocks):
-        dist.send(message.contiguous(), dst=to_rank)
+    messages = [m.contiguous() for m in (header, table_tensor, blocks)]
+    dist.barrier()  # both ranks ready: the time below is the transfer, not the receiver's start-up
+    start = time.perf_counter()
+    for message in messages:
+        dist.send(message, dst=to_rank)
     return {"prefill_table": table, "kv_bytes": _nbytes(blocks), "table_bytes": _nbytes(table_tensor),
-            "header_bytes": _nbytes(header)}
+            "header_bytes": _nbytes(header), "send_s": time.perf_counter() - start}
 
 
 def receive_prompt_cache(cache, from_rank: int) -> tuple[int, int, list[int]]:
     """Receive a prompt's blocks into a new sequence of ``cache``; returns (sequence id, first token,
     the sender's table)."""
     header = torch.empty(3, dtype=torch.long, device=cache.device)
+    dist.barrier()
     dist.recv(header, src=from_rank)
     length, first, count = header.tolist()
     table = torch.empty(count, dtype=torch.int32, device=cache.device)
@@ -104,6 +111,7 @@ def _handoff_on_rank(rank: int, world_size: int, path: str, prompt: list[int], m
     from kvlab.serving.paged_decode import cache_for, decode_step
 
     if rank not in (prefill_rank, decode_rank):
+        dist.barrier()  # the handoff's barrier is collective: every rank takes part
         return None
     device = launch.rank_device()
     model = _paged_model(path, device)
@@ -154,4 +162,4 @@ def disaggregated_generate(model, prompt, max_new_tokens: int, block_size: int =
     if got["sent_table"] != sent["prefill_table"]:
         raise RuntimeError("the decode rank received another block table than the prefill rank sent")
     return Handoff(got["tokens"], sent["prefill_table"], got["decode_table"], sent["kv_bytes"],
-                   sent["table_bytes"], sent["header_bytes"])
+                   sent["table_bytes"], sent["header_bytes"], sent["send_s"])

@@ -104,6 +104,15 @@ def collective_bytes(kind: str, nbytes: float, world: int) -> float:
     return (world - 1) * nbytes
 
 
+def ring_steps(kind: str, world: int) -> int:
+    """Messages each device sends one after another in a ring collective: 2 (p - 1) for an
+    all-reduce (a reduce-scatter, then an all-gather), p - 1 for an all-gather. A point-to-point
+    latency alpha therefore costs a call about ``ring_steps * alpha``."""
+    one_of("kind", kind, COLLECTIVES)
+    world = integer("world", world)
+    return (2 if kind == "all_reduce" else 1) * (world - 1)
+
+
 def collective_time(kind: str, nbytes: float, world: int, link, latency: float = 0.0) -> float:
     """Seconds of one ring collective: alpha + bytes per device / one-way link rate (0 on one device)."""
     sent = collective_bytes(kind, nbytes, world)

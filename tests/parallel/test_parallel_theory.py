@@ -30,6 +30,11 @@ def test_ring_all_reduce_moves_2_p_minus_1_over_p_of_the_message(world, share):
     assert par.collective_bytes("all_gather", 1e6, world) == pytest.approx((world - 1) * 1e6)
 
 
+def test_ring_steps():
+    assert [par.ring_steps("all_reduce", p) for p in (1, 2, 8)] == [0, 2, 14]
+    assert [par.ring_steps("all_gather", p) for p in (1, 2, 8)] == [0, 1, 7]
+
+
 def test_collective_time_is_latency_plus_bytes_at_the_one_way_rate():
     assert par.collective_time("all_reduce", 9e6, 4, "nvlink4", latency=7e-6) == pytest.approx(7e-6 + 1.5 * 9e6 / 450e9)
     assert par.collective_time("all_gather", 1e6, 2, "pcie5-x16") == pytest.approx(1e6 / 64e9)
