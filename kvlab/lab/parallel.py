@@ -7,11 +7,13 @@ at sizes from a kilobyte to megabytes, and a line fit to the one-way time, t(n) 
 (Hockney 1994). alpha is the per-message latency, beta the rate. On one CPU with gloo, the
 "link" is the kernel's loopback TCP between two processes sharing the same memory: these
 numbers measure the mechanism, not NVLink.
+
+Every time here is the fastest of several repeats, not their median: on a shared machine the other
+processes only ever add time, and the fastest repeat is the least disturbed one.
 """
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -91,7 +93,7 @@ def _ping_pong_on_rank(rank: int, world_size: int, sizes, reps: int):
                 dist.send(buffer, dst=0)
             if i >= 2:
                 rounds.append((time.perf_counter() - start) / 2)
-        times.append(statistics.median(rounds))
+        times.append(min(rounds))
     return times if rank == 0 else None
 
 
@@ -120,9 +122,9 @@ class CollectiveSweep:
 
 
 def _collective_on_rank(rank: int, world_size: int, kind: str, sizes, reps: int):
-    """Median seconds of ``kind`` per size on this rank, each timed call starting after a barrier."""
+    """Fastest seconds of ``kind`` per size on this rank, each timed call starting after a barrier."""
     device = launch.rank_device()
-    medians = []
+    fastest = []
     for n in sizes:
         part = torch.ones(n // 4, device=device)
         parts = [torch.empty_like(part) for _ in range(world_size)]
@@ -138,8 +140,8 @@ def _collective_on_rank(rank: int, world_size: int, kind: str, sizes, reps: int)
                 torch.cuda.synchronize()
             if i >= 2:
                 calls.append(time.perf_counter() - start)
-        medians.append(statistics.median(calls))
-    return medians
+        fastest.append(min(calls))
+    return fastest
 
 
 def predicted_collective(kind: str, nbytes: float, world_size: int, link: MeasuredLink) -> float:
@@ -150,7 +152,7 @@ def predicted_collective(kind: str, nbytes: float, world_size: int, link: Measur
 
 def measure_collectives(workers: launch.Workers, link: MeasuredLink, kind: str = "all_reduce", sizes=SIZES,
                         reps: int = 9) -> CollectiveSweep:
-    """Time ``kind`` at each size on ``workers`` (the slowest rank's median counts: a collective
+    """Time ``kind`` at each size on ``workers`` (the slowest rank's time counts: a collective
     ends when its last rank does) and predict each from ``link``."""
     from kvlab._checks import one_of
 
@@ -190,7 +192,7 @@ class StepComparison:
 
 
 def _step_seconds(net, batch: int, context: int, steps: int, vocab: int, together: bool) -> float:
-    """Median seconds of one cached decode step after a ``context``-token prefill (three rounds)."""
+    """Seconds of one cached decode step after a ``context``-token prefill: the fastest of three rounds."""
     from transformers import DynamicCache
 
     from kvlab.versions import cache_kwargs
@@ -211,7 +213,7 @@ def _step_seconds(net, batch: int, context: int, steps: int, vocab: int, togethe
                 token = out.logits[:, -1:].argmax(-1)
             if r:
                 rounds.append((time.perf_counter() - start) / steps)
-    return statistics.median(rounds)
+    return min(rounds)
 
 
 def _split_step_on_rank(rank: int, world_size: int, path: str, batch: int, context: int, steps: int,
@@ -228,8 +230,8 @@ def _split_step_on_rank(rank: int, world_size: int, path: str, batch: int, conte
 def compare_tensor_parallel_step(net, workers: launch.Workers, batch: int = 1, context: int = 64,
                                  steps: int = 8, reps: int = 15) -> StepComparison:
     """One decode step of ``net`` here (one process, this process's threads) and split over
-    ``workers`` (``kvlab.parallel.tensor``), each the median over rounds of ``steps`` steps."""
-    from kvlab.parallel.tensor import check_splittable, vocab_sharded
+    ``workers`` (``kvlab.parallel.tensor``), each the fastest of rounds of ``steps`` steps."""
+    from kvlab.parallel.tensor import check_splittable, save_checkpoint, vocab_sharded
 
     check_splittable(net, workers.world_size)
     batch, context = integer("batch", batch), integer("context", context)
@@ -240,7 +242,7 @@ def compare_tensor_parallel_step(net, workers: launch.Workers, batch: int = 1, c
     logits = batch * net.config.vocab_size // workers.world_size * element if sharded else 0
     one = _step_seconds(net, batch, context, steps, net.config.vocab_size, together=False)
     with tempfile.TemporaryDirectory(prefix="kvlab-tp-") as path:
-        net.save_pretrained(path)
+        save_checkpoint(net, path)
         ranks = workers.run(_split_step_on_rank, path, batch, context, steps, message, logits, reps)
     split, reduce_s, gather_s = (max(r[i] for r in ranks) for i in range(3))
     calls = 2 * net.config.num_hidden_layers
@@ -271,11 +273,35 @@ def bench_rows(world_size: int = 2):
     return [
         Row("link rate (one way)", link.bytes_per_s / 1e9, "GB/s", f"{where}; ping-pong 1 KiB-4 MiB, line fit"),
         Row("link latency", link.latency_s * 1e6, "us", "per message, the fit's intercept"),
-        Row("all-reduce 1 MiB", sweep.measured_s[0] * 1e3, "ms", "slowest rank's median"),
+        Row("all-reduce 1 MiB", sweep.measured_s[0] * 1e3, "ms", "fastest of 9 calls, slowest rank"),
         Row("all-reduce 1 MiB / ring model", sweep.measured_s[0] / sweep.predicted_s[0], "x",
             "ring model with the calibrated link"),
         Row("KV handoff rate", handoff.total_bytes / handoff.send_s / 1e9, "GB/s",
             f"{handoff.kv_bytes / 1e6:.2f} MB of blocks, 256-token prompt"),
         Row("tensor-parallel step", step.split_s * 1e3, "ms", f"{net.shape.name}, batch 1, context 64"),
-        Row("tensor-parallel / one process", step.split_s / step.one_process_s, "x", "ratio of medians"),
+        Row("tensor-parallel / one process", step.split_s / step.one_process_s, "x", "ratio of the fastest rounds"),
     ]
+
+
+# --------------------------------------------------------------------------- where to run, and what was recorded
+
+SECTION = "12 decode across devices"  # this page's rows in ``python -m kvlab record`` files
+
+
+def ranks_here(world_size: int = 2) -> tuple[int, str]:
+    """``(world_size, device)`` for this machine: every GPU with NCCL when there are two or more,
+    else ``world_size`` CPU processes with gloo."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return (gpus, "cuda") if gpus >= 2 else (integer("world_size", world_size, 2), "cpu")
+
+
+def recorded_rows(records) -> dict:
+    """``{device: [(name, value, unit), ...]}`` of this page's rows in the GPU records among
+    ``records`` (``kvlab.lab.bench.load_records``); CPU records are left out."""
+    found = {}
+    for record in records:
+        device = record["stamp"]["device"]
+        rows = record["results"].get(SECTION)
+        if rows and not device.startswith("CPU"):
+            found[f"{device}, {record['stamp']['date']}"] = [(r["name"], r["value"], r["unit"]) for r in rows]
+    return found

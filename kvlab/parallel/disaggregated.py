@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from kvlab._checks import integer, one_of
 from kvlab.parallel import launch
+from kvlab.parallel.tensor import save_checkpoint
 
 ATTENTION_PATHS = ("kernel", "reference")
 
@@ -60,9 +61,11 @@ def _nbytes(t: torch.Tensor) -> int:
 def _paged_model(path: str, device):
     import transformers
 
+    from kvlab.parallel.tensor import quiet_progress
     from kvlab.serving.paged_decode import use_paged_attention
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+    with quiet_progress():
+        model = transformers.AutoModelForCausalLM.from_pretrained(path).to(device).eval()
     return use_paged_attention(model)
 
 
@@ -154,7 +157,7 @@ def disaggregated_generate(model, prompt, max_new_tokens: int, block_size: int =
     if not prompt:
         raise ValueError("prompt must hold at least one token")
     with tempfile.TemporaryDirectory(prefix="kvlab-pd-") as path:
-        model.save_pretrained(path)
+        save_checkpoint(model, path)
         ranks = launch.call(workers, _handoff_on_rank, path, prompt, max_new_tokens, block_size, prefill_rank,
                             decode_rank, attention, world_size=world_size, backend=backend, device=device,
                             timeout=timeout)

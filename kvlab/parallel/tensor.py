@@ -22,6 +22,7 @@ What kvlab adds: the checks before any process starts, the unchanged decode loop
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tempfile
 
@@ -72,6 +73,28 @@ def check_splittable(model, world_size: int) -> ModelShape:
     return shape
 
 
+@contextlib.contextmanager
+def quiet_progress():
+    """transformers' progress bars off inside the block (a notebook would show one per save and load)."""
+    from transformers.utils import logging
+
+    was_on = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            logging.enable_progress_bar()
+
+
+def save_checkpoint(model, folder: str) -> str:
+    """Write ``model`` where every rank can load it: ``from_pretrained`` is where tensor parallelism
+    applies its plan. Returns ``folder``."""
+    with quiet_progress():
+        model.save_pretrained(folder)
+    return folder
+
+
 def _sharded_loading() -> dict:
     """``from_pretrained`` keywords that ask for tensor parallelism over all ranks of the group."""
     import torch.distributed as dist
@@ -90,7 +113,8 @@ def load_sharded(path: str, dtype=None):
     """Inside a rank: this rank's share of the checkpoint at ``path``, split by the model's plan."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **_sharded_loading())
+    with quiet_progress():
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **_sharded_loading())
     model.eval()
     model.generation_config.eos_token_id = None  # random weights: never stop early (as kvlab.tiny_model)
     return model
@@ -127,7 +151,7 @@ def tensor_parallel_decode(model, input_ids, max_new_tokens: int, world_size: in
     if input_ids.numel() == 0 or int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
         raise ValueError(f"input_ids must be a non-empty tensor of token ids in [0, {vocab})")
     with tempfile.TemporaryDirectory(prefix="kvlab-tp-") as path:
-        model.save_pretrained(path)
+        save_checkpoint(model, path)
         ranks = launch.call(workers, _decode_on_rank, path, input_ids.cpu(), max_new_tokens, model.dtype,
                             world_size=world_size, backend=backend, device=device, timeout=timeout)
     tokens = ranks[0]["tokens"]

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import kvlab
+from kvlab.lab import parallel as lab
 from kvlab.parallel.context import context_parallel_decode_attention, partial_attention, split_positions
 from kvlab.parallel.disaggregated import disaggregated_generate
 from kvlab.parallel.launch import Workers
@@ -93,3 +94,28 @@ def test_disaggregated_tokens_equal_generate_and_bytes_equal_the_formula(workers
     blocks = -(-prompt_len // block_size)
     assert len(got.prefill_table) == blocks and got.table_bytes == 4 * blocks and got.header_bytes == 24
     assert len(got.decode_table) == -(-(prompt_len + 7) // block_size)  # grew on the decode rank
+
+
+def test_measurements_run_and_predict_from_the_calibrated_link(workers):
+    link = lab.calibrate_link(workers, sizes=(4096, 4 * 2**20), reps=3)  # sizes far apart: noise cannot invert them
+    assert link.bytes_per_s > 0 and link.latency_s >= 0 and len(link.one_way_s) == 2
+    assert link.link().bytes_per_s_each_way == link.bytes_per_s
+    for kind, steps in (("all_reduce", 2), ("all_gather", 1)):
+        sweep = lab.measure_collectives(workers, link, kind, sizes=(4096,), reps=2)
+        assert sweep.measured_s[0] > 0
+        assert sweep.predicted_s[0] == pytest.approx(steps * link.latency_s + 4096 / link.bytes_per_s)
+    model = kvlab.tiny_model("llama", **SMALL)
+    step = lab.compare_tensor_parallel_step(model, workers, batch=2, context=8, steps=2, reps=2)
+    assert step.calls == 2 * SMALL["layers"] and step.message_bytes == 2 * SMALL["hidden"] * 4
+    assert step.predicted_s == pytest.approx(step.one_process_s / 2 + step.communication_s)
+
+
+@pytest.mark.parametrize("call, pattern", [
+    (lambda w: lab.calibrate_link(w, sizes=(4097,)), "multiples of 4"),
+    (lambda w: lab.calibrate_link(w, sizes=()), "sizes"),
+    (lambda w: lab.measure_collectives(w, None, "broadcast"), "kind"),
+    (lambda w: lab.compare_tensor_parallel_step(kvlab.tiny_model("llama", **SMALL), w, batch=0), "batch"),
+])
+def test_measurements_refuse_bad_input_before_the_ranks_run(workers, call, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        call(workers)
