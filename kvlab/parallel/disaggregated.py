@@ -109,8 +109,10 @@ def receive_prompt_cache(cache, from_rank: int) -> tuple[int, int, list[int]]:
     return seq, first, table.tolist()
 
 
-def _handoff_on_rank(rank: int, world_size: int, path: str, prompt: list[int], max_new_tokens: int,
+def handoff_on_rank(rank: int, world_size: int, path: str, prompt: list[int], max_new_tokens: int,
                      block_size: int, prefill_rank: int, decode_rank: int, attention: str):
+    """What every rank runs: the prefill rank prefills and sends, the decode rank receives and
+    decodes, any other rank only joins the barrier."""
     from kvlab.serving.paged_decode import cache_for, decode_step
 
     if rank not in (prefill_rank, decode_rank):
@@ -158,7 +160,7 @@ def disaggregated_generate(model, prompt, max_new_tokens: int, block_size: int =
         raise ValueError("prompt must hold at least one token")
     with tempfile.TemporaryDirectory(prefix="kvlab-pd-") as path:
         save_checkpoint(model, path)
-        ranks = launch.call(workers, _handoff_on_rank, path, prompt, max_new_tokens, block_size, prefill_rank,
+        ranks = launch.call(workers, handoff_on_rank, path, prompt, max_new_tokens, block_size, prefill_rank,
                             decode_rank, attention, world_size=world_size, backend=backend, device=device,
                             timeout=timeout)
     sent, got = ranks[prefill_rank], ranks[decode_rank]

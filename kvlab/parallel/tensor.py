@@ -120,7 +120,9 @@ def load_sharded(path: str, dtype=None):
     return model
 
 
-def _decode_on_rank(rank: int, world_size: int, path: str, input_ids, max_new_tokens: int, dtype) -> dict:
+def decode_on_rank(rank: int, world_size: int, path: str, input_ids, max_new_tokens: int, dtype) -> dict:
+    """What every rank runs: load its share of the checkpoint, decode with kvlab's cached loop, and
+    report the tokens and what its cache holds."""
     from transformers import DynamicCache
 
     from kvlab.decode import cached_decode
@@ -152,7 +154,7 @@ def tensor_parallel_decode(model, input_ids, max_new_tokens: int, world_size: in
         raise ValueError(f"input_ids must be a non-empty tensor of token ids in [0, {vocab})")
     with tempfile.TemporaryDirectory(prefix="kvlab-tp-") as path:
         save_checkpoint(model, path)
-        ranks = launch.call(workers, _decode_on_rank, path, input_ids.cpu(), max_new_tokens, model.dtype,
+        ranks = launch.call(workers, decode_on_rank, path, input_ids.cpu(), max_new_tokens, model.dtype,
                             world_size=world_size, backend=backend, device=device, timeout=timeout)
     tokens = ranks[0]["tokens"]
     if any(not torch.equal(r["tokens"], tokens) for r in ranks):
