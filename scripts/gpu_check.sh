@@ -27,9 +27,10 @@ step() {  # step LABEL SECONDS COMMAND...: run with a time limit, keep its exit 
 }
 
 step env 30 bash -c "$PY -m kvlab env | tee '$OUT/env.txt'"
-# The notebooks run below; the ahead-of-time compile and the fresh-venv install tests need no GPU.
+# The notebooks run below; the ahead-of-time compile and the fresh-venv install tests need no GPU,
+# nor do tests/parallel (CPU ranks on gloo; they start processes for minutes).
 step tests 90 bash -c "$PY -m pytest tests -q -p no:cacheprovider -rs -x --ignore=tests/test_notebooks.py \
-    --ignore=tests/test_kernel_targets.py --ignore=tests/test_install.py 2>&1 | tee '$OUT/gpu-tests.log'; exit \${PIPESTATUS[0]}"
+    --ignore=tests/test_kernel_targets.py --ignore=tests/test_install.py --ignore=tests/parallel 2>&1 | tee '$OUT/gpu-tests.log'; exit \${PIPESTATUS[0]}"
 step record 110 bash -c "$PY -m kvlab record '$OUT/$name-$day.json' 2>&1 | tee '$OUT/bench.txt'; exit \${PIPESTATUS[0]}"
 # Section 9.8: the cached and static step traces that notebook 09 draws beside the reader's own.
 step diagnose 50 bash -c "$PY -m kvlab diagnose --context 1024 --save-traces '$OUT/$name-$day-diagnose-traces.json' 2>&1 \

@@ -191,6 +191,11 @@ class StepComparison:
         return self.one_process_s / self.world_size + self.communication_s
 
 
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _step_seconds(net, batch: int, context: int, steps: int, vocab: int, together: bool) -> float:
     """Seconds of one cached decode step after a ``context``-token prefill: the fastest of three rounds."""
     from transformers import DynamicCache
@@ -205,12 +210,14 @@ def _step_seconds(net, batch: int, context: int, steps: int, vocab: int, togethe
         out = net(ids, use_cache=True, **cache_kwargs(net, cache))
         token = out.logits[:, -1:].argmax(-1)
         for r in range(4):  # one warm-up round
+            _sync(device)
             if together:
                 dist.barrier()
             start = time.perf_counter()
             for _ in range(steps):
                 out = net(token, use_cache=True, **cache_kwargs(net, cache))
                 token = out.logits[:, -1:].argmax(-1)
+            _sync(device)
             if r:
                 rounds.append((time.perf_counter() - start) / steps)
     return min(rounds)
@@ -255,13 +262,16 @@ def compare_tensor_parallel_step(net, workers: launch.Workers, batch: int = 1, c
 
 def bench_rows(world_size: int = 2):
     """The link, an all-reduce, a KV handoff and a tensor-parallel step at ``world_size`` ranks:
-    NCCL across GPUs when there are enough, else gloo across CPU processes."""
+    NCCL across GPUs when there are enough, gloo across CPU processes on a machine without a GPU,
+    and no rows on a machine with too few GPUs (its record would file CPU figures under a GPU)."""
     from kvlab.lab.bench import Row
     from kvlab.lab.models import tiny_model
     from kvlab.parallel.disaggregated import disaggregated_generate
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    device = "cuda" if gpus >= world_size else "cpu"
+    if 0 < gpus < world_size:
+        return []  # CPU ranks beside one GPU would be recorded under the GPU's name: nothing to measure
+    device = "cuda" if gpus else "cpu"
     where = f"{world_size} ranks, {launch.default_backend(device)} on {device}"
     with launch.Workers(world_size, device=device) as workers:
         link = calibrate_link(workers)

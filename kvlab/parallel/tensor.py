@@ -98,13 +98,9 @@ def save_checkpoint(model, folder: str) -> str:
 def _sharded_loading() -> dict:
     """``from_pretrained`` keywords that ask for tensor parallelism over all ranks of the group."""
     import torch.distributed as dist
+    from transformers.distributed import DistributedConfig
 
-    try:
-        from transformers.distributed import DistributedConfig
-    except ImportError:  # pragma: no cover - not at the supported releases
-        DistributedConfig = None
-    fields = {f.name for f in dataclasses.fields(DistributedConfig)} if DistributedConfig else set()
-    if "tp_size" in fields:
+    if "tp_size" in {f.name for f in dataclasses.fields(DistributedConfig)}:
         return {"distributed_config": DistributedConfig(tp_size=dist.get_world_size())}
     return {"tp_plan": "auto"}
 
@@ -115,9 +111,7 @@ def load_sharded(path: str, dtype=None):
 
     with quiet_progress():
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **_sharded_loading())
-    model.eval()
-    model.generation_config.eos_token_id = None  # random weights: never stop early (as kvlab.tiny_model)
-    return model
+    return model.eval()
 
 
 def decode_on_rank(rank: int, world_size: int, path: str, input_ids, max_new_tokens: int, dtype) -> dict:

@@ -12,9 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("mechanism, expected", [("tensor", "tokens equal generate: True")])
 def test_torchrun_runs_a_mechanism_on_two_ranks(mechanism, expected):
-    torchrun = Path(sys.executable).parent / "torchrun"
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # the `torchrun` command, in any venv
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([str(torchrun), "--nproc-per-node", "2", "-m", "kvlab.parallel", mechanism],
+    result = subprocess.run([*torchrun, "--nproc-per-node", "2", "-m", "kvlab.parallel", mechanism],
                             capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert expected in result.stdout
