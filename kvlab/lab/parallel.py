@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from kvlab._checks import integer
+from kvlab._checks import integer, one_of
 from kvlab.parallel import launch
 from kvlab.theory import parallel as model
 from kvlab.theory.specs import Link
@@ -154,8 +154,6 @@ def measure_collectives(workers: launch.Workers, link: MeasuredLink, kind: str =
                         reps: int = 9) -> CollectiveSweep:
     """Time ``kind`` at each size on ``workers`` (the slowest rank's time counts: a collective
     ends when its last rank does) and predict each from ``link``."""
-    from kvlab._checks import one_of
-
     one_of("kind", kind, model.COLLECTIVES)
     sizes, reps = _check_sizes(sizes), integer("reps", reps)
     per_rank = workers.run(_collective_on_rank, kind, sizes, reps)
