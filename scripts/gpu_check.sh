@@ -81,14 +81,16 @@ fi
 step wheels 25 120 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" "$WHEELS"/*.whl
 step env 30 120 bash -c "$PY -m kvlab env && $PY -c 'import nbclient, ipykernel, ipywidgets, mdit_py_plugins'"
-# The notebooks run below; the ahead-of-time compile and the fresh-venv install tests need no GPU.
+# The notebooks run below; the ahead-of-time compile and the fresh-venv install tests need no GPU,
+# nor do tests/parallel (CPU ranks on gloo; they start processes for minutes).
 # Collection never fails: test files that need a browser or Jupyter skip where those are missing.
 if ((DRY)); then
     step tests 110 300 bash -c "$PY -m pytest tests -q -p no:cacheprovider --collect-only >$WORK/collect.txt \
-        && tail -n 1 $WORK/collect.txt && $PY -m pytest -q -p no:cacheprovider -rs tests/test_widgets.py"
+        && tail -n 1 $WORK/collect.txt && $PY -m pytest -q -p no:cacheprovider -rs tests/show/test_widgets.py"
 else
     step tests 110 300 $PY -m pytest tests -q -p no:cacheprovider -rs -n 8 --dist loadfile --maxfail=20 \
-        --durations=15 -m "not notebook" --ignore=tests/test_kernel_targets.py --ignore=tests/test_install.py
+        --durations=15 -m "not notebook" --ignore=tests/kernels/test_targets.py --ignore=tests/test_install.py \
+        --ignore=tests/parallel
 fi
 if ((DRY)); then
     echo "record: skipped in the dry run (the GPU-only measurement)" | tee -a "$OUT/summary.txt"

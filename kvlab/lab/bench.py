@@ -87,6 +87,7 @@ SECTION_BENCHMARKS = {
     "9.7 long-context caches": "kvlab.lab.cache_quality",
     "9.8 decode diagnosis": "kvlab.lab.diagnose",
     "11 continuous batching engine": "kvlab.lab.engine",
+    "12 decode across devices": "kvlab.lab.parallel",
 }
 
 
