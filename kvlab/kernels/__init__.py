@@ -46,3 +46,8 @@ __all__ = [
 from kvlab.kernels.ssm_scan import selective_state_update, selective_state_update_ref  # noqa: E402  (section 9.6)
 
 __all__ += ["selective_state_update", "selective_state_update_ref"]
+
+from kvlab.kernels.paged_prefill import paged_prefill_attention, paged_prefill_attention_ref, paged_prefill_launcher, paged_prefill_work, plan_query_tiles  # noqa: E402  (notebooks 06, 11)
+
+__all__ += ["paged_prefill_attention", "paged_prefill_attention_ref", "paged_prefill_launcher", "paged_prefill_work",
+            "plan_query_tiles"]

@@ -57,7 +57,7 @@ def _configs(name: str, dtype: torch.dtype, **sizes):
     """(kernel, signature, constants, num_warps) of one kvlab kernel at one size, as its wrapper launches it."""
     import triton
 
-    from kvlab.kernels import paged_attention, ssm_scan
+    from kvlab.kernels import paged_attention, paged_prefill, ssm_scan
     from kvlab.kernels.store_kv import _store_kv_kernel
 
     t = DTYPES[dtype]
@@ -87,6 +87,12 @@ def _configs(name: str, dtype: torch.dtype, **sizes):
         constants = dict(HAS_D=True, HAS_Z=True, HAS_BIAS=True, SOFTPLUS=True, BLOCK_DIM=ssm_scan.BLOCK_DIM,
                          STATE_PAD=max(triton.next_power_of_2(sizes["state"]), 2))
         return k, _signature(k, pointers), constants, 4
+    if name == "paged_prefill":
+        k = paged_prefill._prefill_kernel
+        pointers = dict(q_ptr=t, k_cache_ptr=t, v_cache_ptr=t, out_ptr=t, block_table_ptr="i32",
+                        cu_query_lens_ptr="i32", context_lens_ptr="i32", tiles_ptr="i32")
+        constants = paged_prefill._constants(dtype, sizes["group"], sizes["head_dim"], sizes.get("block_size", 16))
+        return k, _signature(k, pointers, ("qk_scale_log2",)), constants, paged_prefill.NUM_WARPS
     raise ValueError(f"unknown kernel {name!r}")
 
 
