@@ -53,21 +53,25 @@ LAYERS = (
           packages=("kvlab.kernels",)),
     Layer("cache", "what is cached and where: blocks, paged pools, layouts, long context, SSM state", "lesson",
           packages=("kvlab.cache",)),
-    Layer("decode & serving", "the loops over a model: decode, scheduler, attention, runner, engine", "lesson",
-          packages=("kvlab.serving",), modules=("kvlab.decode",)),
+    Layer("decode & serving", "the loops over a model: decode, scheduler, attention, runner, engine, across devices", "lesson",
+          packages=("kvlab.serving", "kvlab.parallel"), modules=("kvlab.decode",)),
     Layer("lab", "the machine, models, timing and each notebook's measurements", "lab",
           packages=("kvlab.lab",)),
     Layer("show", "presentation: readings, widgets, plots", "support",
           packages=("kvlab.show",)),
     Layer("entry", "the top-level names and the command line", "support",
-          modules=("kvlab", "kvlab.__main__")),
+          modules=("kvlab", "kvlab.__main__", "kvlab.parallel.__main__")),
 )
 
 
 def layer_of(module: str) -> Layer | None:
-    """The layer ``module`` belongs to, or None when ``LAYERS`` does not place it."""
+    """The layer ``module`` belongs to, or None when ``LAYERS`` does not place it (a module named
+    in a layer's ``modules`` is placed there even inside another layer's package)."""
     for layer in LAYERS:
-        if module in layer.modules or any(module == p or module.startswith(p + ".") for p in layer.packages):
+        if module in layer.modules:
+            return layer
+    for layer in LAYERS:
+        if any(module == p or module.startswith(p + ".") for p in layer.packages):
             return layer
     return None
 

@@ -1,4 +1,4 @@
-"""Notebooks 05, 05b and 07: kvlab's Triton kernels, each beside a plain-PyTorch reference.
+"""Notebooks 05, 05b, 06, 07 and 11: kvlab's Triton kernels, each beside a plain-PyTorch reference.
 
 Importing this package imports no kernel and no Triton: each name below loads its module on first
 use. That matters on a machine without CUDA, where the kernels run under Triton's interpreter:
@@ -14,13 +14,16 @@ import importlib
 import os
 import sys
 
-KERNEL_MODULES = ("paged_attention", "store", "ssm_scan")
+KERNEL_MODULES = ("paged_attention", "paged_prefill", "store", "ssm_scan")
 _HOMES = {
     "SUPPORTED_HEAD_DIMS": "paged_attention", "choose_num_splits": "paged_attention",
     "merge_partials": "paged_attention", "multiprocessor_count": "paged_attention",
     "paged_decode_attention": "paged_attention", "paged_decode_attention_gather": "paged_attention",
     "paged_decode_attention_ref": "paged_attention", "paged_decode_gather_unchecked": "paged_attention",
     "paged_decode_launcher": "paged_attention", "paged_decode_unchecked": "paged_attention",
+    "paged_prefill_attention": "paged_prefill", "paged_prefill_attention_ref": "paged_prefill",
+    "paged_prefill_launcher": "paged_prefill", "paged_prefill_unchecked": "paged_prefill",
+    "paged_prefill_work": "paged_prefill", "plan_query_tiles": "paged_prefill",
     "store_kv": "store", "store_kv_ref": "store", "store_kv_unchecked": "store",
     "selective_state_update": "ssm_scan", "selective_state_update_ref": "ssm_scan",
 }

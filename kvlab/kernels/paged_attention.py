@@ -42,7 +42,7 @@ import triton.language as tl
 import torch.nn.functional as F
 
 from kvlab.kernels._validation import FLOAT_DTYPES, is_power_of_two, require_dtype, require_kernel_device, require_computable_dtype, require_positive_int, require_rank, require_same_device, require_tensor
-from kvlab.kernels.shared_memory import KernelConfig, require_fits, signature
+from kvlab.kernels.shared_memory import DTYPES, KernelConfig, require_fits, signature
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
 TILE_TOKENS = 64  # tokens one stage-1 program handles per loop iteration (may span several blocks)
@@ -52,7 +52,6 @@ MAX_GRID_Z = 65535
 CPU_PROGRAM_SLOTS = 4  # stands in for the multiprocessor count under the CPU interpreter
 PROGRAMS_PER_SM = 2
 
-DTYPES_TRITON = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))
 LOG2E = 1.0 / math.log(2.0)  # scores go through exp2, so the scale carries log2(e)
@@ -313,7 +312,7 @@ def _group_rows(group: int) -> int:
 
 def attend_split_config(dtype: torch.dtype, group: int, head_dim: int, block_size: int = 16) -> KernelConfig:
     """Stage 1 as :func:`paged_decode_unchecked` launches it, for ``triton.compile`` and the shared-memory check."""
-    t = DTYPES_TRITON[dtype]
+    t = DTYPES[dtype]
     pointers = dict(q_ptr=t, k_cache_ptr=t, v_cache_ptr=t, block_table_ptr="i32", seq_lens_ptr="i32",
                     partial_out_ptr="fp32", partial_lse_ptr="fp32")
     constants = dict(GROUP=group, GROUP_PAD=_group_rows(group), HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
@@ -325,7 +324,7 @@ def attend_split_config(dtype: torch.dtype, group: int, head_dim: int, block_siz
 
 def merge_splits_config(dtype: torch.dtype, head_dim: int, num_splits: int) -> KernelConfig:
     """Stage 2 as :func:`paged_decode_unchecked` launches it."""
-    pointers = dict(partial_out_ptr="fp32", partial_lse_ptr="fp32", out_ptr=DTYPES_TRITON[dtype])
+    pointers = dict(partial_out_ptr="fp32", partial_lse_ptr="fp32", out_ptr=DTYPES[dtype])
     constants = dict(HEAD_DIM=head_dim, SPLIT_TILE=min(16, triton.next_power_of_2(num_splits)))
     return KernelConfig("merge_splits", dtype, _merge_splits_kernel, signature(_merge_splits_kernel, pointers),
                         constants, sizes=dict(head_dim=head_dim, num_splits=num_splits))

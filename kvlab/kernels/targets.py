@@ -31,6 +31,10 @@ def config(name: str, dtype: torch.dtype, **sizes) -> KernelConfig:
         from kvlab.kernels import ssm_scan
 
         return ssm_scan.ssm_update_config(dtype, sizes["state"])
+    if name == "paged_prefill":
+        from kvlab.kernels import paged_prefill
+
+        return paged_prefill.paged_prefill_config(dtype, sizes["group"], sizes["head_dim"], sizes.get("block_size", 16))
     raise ValueError(f"unknown kernel {name!r}")
 
 

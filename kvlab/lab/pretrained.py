@@ -1,6 +1,6 @@
-"""SmolLM2-135M-Instruct, a real pretrained chat model that loads offline: the model behind every
-quality claim and every real text in the book (section 9.7's attention sinks and outlier channels,
-the chat prompts of 9.1, prefix caching and the engine).
+"""Notebooks 01, 06, 08, 09 and 11: SmolLM2-135M-Instruct, a real pretrained chat model that loads
+offline, the model behind every quality claim and every real text in the book (section 9.7's
+attention sinks and outlier channels, the chat prompts of 9.1, prefix caching and the engine).
 
 Random weights (``kvlab.tiny_model``) time like trained ones but say nothing; the KJV model
 (``kvlab.trained_model``) is too small to grow attention sinks. SmolLM2 (Ben Allal et al. 2025) is small

@@ -1,5 +1,5 @@
-"""Decode across devices: the communication each way of splitting decode adds to a step, beside the
-single-device step floor of ``kvlab.theory.roofline`` (notebook 12, "Decode across devices").
+"""Notebook 12, decode across devices: the communication each way of splitting decode adds to a
+step, beside the single-device step floor of ``kvlab.theory.roofline``.
 
 Pure Python: importable without torch.
 
@@ -162,7 +162,7 @@ class SplitStep:
 
 
 def _floor(hw, nbytes: float, flops: float, placement: str) -> float:
-    """max(bytes / beta_eff, FLOPs / peak): the roofline floor of given work (seed 004, appendix C.4)."""
+    """max(bytes / beta_eff, FLOPs / peak): the roofline floor of given work (KV Cache Memory Wall, 2026, appendix C.4)."""
     peak = (hw if isinstance(hw, Accelerator) else spec(hw)).bf16_flops
     return max(nbytes / roofline.effective_bandwidth(hw, placement), flops / peak)
 
@@ -323,7 +323,7 @@ def handoff(shape: ModelShape, hw, tokens: int, link, latency: float = 0.0, w_kv
             block_size: int | None = None, codec: float = 1.0, mfu: float = 0.7) -> Handoff:
     """Disaggregated prefill: the transfer of ``tokens`` tokens of cache over ``link`` (one call
     with ``latency``, bytes divided by a transport ``codec``) beside recomputing them on ``hw``
-    at model FLOP utilization ``mfu`` (seed 004, section 5.3 and appendix B.5)."""
+    at model FLOP utilization ``mfu`` (KV Cache Memory Wall, 2026, section 5.3 and appendix B.5)."""
     chosen = _link(link)
     nbytes = kv_transfer_bytes(shape, tokens, w_kv, block_size)
     transfer = _latency(latency) + roofline.transfer_time(nbytes, chosen.bytes_per_s_each_way, codec)

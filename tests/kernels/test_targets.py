@@ -33,6 +33,7 @@ def _configs():
             configs += [dict(at, kernel="merge_splits", head_dim=d, num_splits=s) for d in (64, 128, 256) for s in (1, 64)]
             configs += [dict(at, kernel="store_kv", head_dim=d) for d in (64, 128, 256)]
             configs.append(dict(at, kernel="ssm_update", state=16))
+            configs += [dict(at, kernel="paged_prefill", head_dim=d, group=g) for d, g in ((64, 3), (128, 8), (256, 4))]
     return configs
 
 
@@ -48,7 +49,7 @@ def compiled():
 def test_every_kernel_compiles_for_every_target(compiled):
     assert len(compiled) == len(_configs())
     seen = {(c["kernel"], c["dtype"], c["capability"]) for c in compiled}
-    assert seen == {(k, d, c) for k in ("attend_split", "merge_splits", "store_kv", "ssm_update")
+    assert seen == {(k, d, c) for k in ("attend_split", "merge_splits", "store_kv", "ssm_update", "paged_prefill")
                     for d in ("fp16", "bf16") for c in shared_memory.TARGETS}
 
 

@@ -8,7 +8,7 @@ sentence depends on the outcome, both outcomes are written.
 
 from __future__ import annotations
 
-from kvlab.show.plots import si
+from kvlab.show.format import si
 from kvlab.show.readings import ratio_text, within
 from kvlab.show.readings.exercises import solution
 
