@@ -100,14 +100,25 @@ def test_book_builds_with_warnings_as_errors(book):
 # -- the built pages in a real browser -----------------------------------------------------------
 
 # Runs in each page after load: what a reader would see that the book should never show.
-_PAGE_CHECKS = r"""
+# Both scripts call done() exactly once: a MathJax promise that rejects or never settles, or a check
+# that throws, is reported as a finding instead of leaving WebDriver waiting for a script timeout.
+_SETTLE = r"""
+const settle = (promise, ms) => Promise.race([
+  promise.then(() => "typeset", (e) => "MathJax failed: " + e),
+  new Promise((r) => setTimeout(() => r("MathJax still running after " + ms / 1000 + " s"), ms)),
+]);
+"""
+
+_PAGE_CHECKS = _SETTLE + r"""
 const done = arguments[arguments.length - 1];
+const roleNames = arguments[0];
 const ready = (window.MathJax && MathJax.startup && MathJax.startup.promise) || Promise.resolve();
-ready.then(() => {
+settle(ready, 45000).then((mathjax) => { try {
   const text = document.body.innerText;
   const visible = (e) => e.offsetParent !== null;
   done({
-    roles: arguments[0].filter((r) => text.includes(r)),
+    mathjax: mathjax,
+    roles: roleNames.filter((r) => text.includes(r)),
     pipeTables: [...document.querySelectorAll("article p")]
       .map((p) => p.textContent).filter((t) => /\|\s*:?-{3,}:?\s*\|/.test(t)).map((t) => t.slice(0, 80)),
     strayValues: [...document.querySelectorAll(".cell_output .output.text_plain")]
@@ -120,12 +131,13 @@ ready.then(() => {
     pageWidth: document.documentElement.scrollWidth,
     viewport: window.innerWidth,
   });
-});
+} catch (e) { done({scriptError: String(e)}); } });
 """
 
 # Moves every static slider to its last position and back; returns what went wrong.
-_SLIDER_CHECKS = r"""
+_SLIDER_CHECKS = _SETTLE + r"""
 const done = arguments[arguments.length - 1];
+try {
 const problems = [];
 const moves = [];
 for (const root of document.querySelectorAll(".kvlab-explorer")) {
@@ -141,13 +153,16 @@ for (const root of document.querySelectorAll(".kvlab-explorer")) {
     input.value = first; input.dispatchEvent(new Event("input"));
   }
 }
-const ready = (window.MathJax && MathJax.typesetPromise) ? MathJax.typesetPromise() : Promise.resolve();
-ready.then(() => {
+const ready = (window.MathJax && MathJax.typesetPromise && MathJax.startup)
+  ? MathJax.startup.promise.then(() => MathJax.typesetPromise()) : Promise.resolve();
+settle(ready, 45000).then((mathjax) => {
+  if (mathjax !== "typeset") problems.push(mathjax);
   for (const r of document.querySelectorAll(".kvlab-reading")) {
     if (/\\\(|\$/.test(r.innerText)) problems.push("math left untypeset in a reading: " + r.innerText.slice(0, 80));
   }
   done({problems: problems, moves: moves.length});
 });
+} catch (e) { done({problems: ["slider check failed: " + e], moves: 0}); }
 """
 
 
@@ -169,7 +184,7 @@ def test_static_pages_in_chromium(book, width, tmp_path):
     driver = chromium(width=width, height=900)
     report = {}
     try:
-        driver.set_script_timeout(60)
+        driver.set_script_timeout(180)
         for page in toc_pages(book["root"]):
             driver.get((html / f"{page}.html").as_uri())
             found = driver.execute_async_script(_PAGE_CHECKS, list(ROLES))
@@ -183,11 +198,14 @@ def test_static_pages_in_chromium(book, width, tmp_path):
         driver.quit()
     problems = []
     for page, f in report.items():
+        if "scriptError" in f:
+            problems.append(f"{page}: the page check failed: {f['scriptError']}")
+            continue
         for key in ("roles", "pipeTables", "strayValues", "explorerErrors", "remote", "console"):
             if f[key]:
                 problems.append(f"{page}: {key}: {f[key]}")
         if f["rawMath"]:
-            problems.append(f"{page}: {f['rawMath']} math elements not typeset by MathJax")
+            problems.append(f"{page}: {f['rawMath']} math elements not typeset by MathJax ({f['mathjax']})")
         if "sliders" in f and f["sliders"]["problems"]:
             problems.append(f"{page}: sliders: {f['sliders']['problems']}")
         problems += [f"{page}: a figure's alt text is a file path: {i['alt']}" for i in f["images"]

@@ -429,7 +429,10 @@ _SCRIPT = """
     var M = window.MathJax;
     if (M && M.typesetClear) M.typesetClear([reading]);
     reading.innerHTML = typeof t === "number" ? d.texts[t] : "";
-    if (M && M.typesetPromise) M.typesetPromise([reading]);
+    // MathJax 3 asks that typesets be chained through startup.promise, never run side by side.
+    if (M && M.typesetPromise && M.startup && M.startup.promise) {
+      M.startup.promise = M.startup.promise.then(function () { return M.typesetPromise([reading]); });
+    }
   }
   for (var j = 0; j < inputs.length; j++) inputs[j].addEventListener("input", show);
   show();
