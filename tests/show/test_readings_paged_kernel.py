@@ -93,6 +93,9 @@ def test_split_reading_in_each_branch_of_model_and_measurement():
     cpu, interpreted = dict(copy=1e10, gpu=False), split_grid(1, 2, 1024, 1, num_splits=8)
     slower = r.split_reading(dict(cpu, timing=_splits("slower", 8), grid=interpreted), 8, 1024)
     assert "no parallelism" in slower and "no gain at all" in slower and "bandwidth" not in slower
+    lost = compare_timings(_splits("slower", 8).split, _splits("slower", 8).one).ratio
+    assert f"the split kernel took **{1 / lost:.2f} times** as long as one split" in slower
+    assert "one split took **" in paid and "the split kernel took" not in paid
     assert "not parallel hardware" in r.split_reading(dict(cpu, timing=_splits("faster", 8), grid=interpreted), 8, 1024)
     one = _splits("even", 1)
     assert "the baseline" in r.split_reading(dict(cpu, timing=one, grid=split_grid(1, 2, 1024, 1, 1)), 1, 1024)

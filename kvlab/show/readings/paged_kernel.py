@@ -90,8 +90,10 @@ def split_reading(result: dict, num_splits: int, context: int) -> str:
         return text + (_bandwidth(timing, result["copy"]) if gpu else "")
     c = compare_timings(timing.split, timing.one)
     text = (f"At context {context:,}, batch 1, the kernel with {num_splits} splits took {si(timing.split.median, 's')} "
-            f"and with one split {si(timing.one.median, 's')}, in one loop that alternates them: one split took "
-            f"**{c.ratio:.2f} times** as long. The grid model bounds the gain by the multiprocessors kept busy: "
+            f"and with one split {si(timing.one.median, 's')}, in one loop that alternates them: "
+            + (f"one split took **{c.ratio:.2f} times** as long. " if c.ratio >= 1 else
+               f"the split kernel took **{1 / c.ratio:.2f} times** as long as one split. ")
+            + "The grid model bounds the gain by the multiprocessors kept busy: "
             f"{grid.programs_unsplit} programs without splitting and {grid.programs} with, {slots}, so "
             + (f"at most {grid.busy_gain:.3g} times. " if grid.predicts_gain else "no gain at all. "))
     if gpu:
