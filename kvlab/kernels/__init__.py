@@ -17,7 +17,8 @@ import sys
 KERNEL_MODULES = ("paged_attention", "paged_prefill", "store", "ssm_scan")
 _HOMES = {
     "SUPPORTED_HEAD_DIMS": "paged_attention", "choose_num_splits": "paged_attention",
-    "merge_partials": "paged_attention", "multiprocessor_count": "paged_attention",
+    "merge_partials": "paged_attention", "merge_splits": "paged_attention",
+    "multiprocessor_count": "paged_attention", "paged_decode_partials": "paged_attention",
     "paged_decode_attention": "paged_attention", "paged_decode_attention_gather": "paged_attention",
     "paged_decode_attention_ref": "paged_attention", "paged_decode_gather_unchecked": "paged_attention",
     "paged_decode_launcher": "paged_attention", "paged_decode_unchecked": "paged_attention",

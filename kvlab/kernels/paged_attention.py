@@ -29,6 +29,8 @@ Beside the kernel, with the same signature and the same checks: :func:`paged_dec
 validates and then calls its unchecked twin (:func:`paged_decode_unchecked`,
 :func:`paged_decode_gather_unchecked`), which a caller that validated a step's tables once calls in
 every layer (``kvlab.serving.attention``): no checks, no host sync, capturable in a CUDA graph.
+Each stage can also run alone, checked, to be looked at: :func:`paged_decode_partials` (stage 1)
+and :func:`merge_splits` (stage 2).
 """
 
 from __future__ import annotations
@@ -159,8 +161,10 @@ def _merge_splits_kernel(
         max_lanes = tl.maximum(max_lanes, lse)
     global_max = tl.max(max_lanes, axis=0)
 
-    # Pass 2: weights exp(lse - max) <= 1 cannot overflow; an empty split's weight is exp(-inf) = 0
-    # and its stored output is 0, so it adds exactly nothing (no inf - inf, no 0/0).
+    # Pass 2: weights exp(lse - max) <= 1 cannot overflow; an empty split's weight is exp(-inf) = 0.
+    # Its output is added as 0 * part, which is 0 only because stage 1 stores part = 0 for an empty
+    # split (0 * NaN is NaN). The defensive merge, for partials from elsewhere, masks the part first:
+    # part = tl.where(weight[:, None] > 0, part, 0.0), as merge_partials does.
     weight_lanes = tl.zeros([SPLIT_TILE], tl.float32)
     acc = tl.zeros([HEAD_DIM], tl.float32)
     for start in range(0, num_splits, SPLIT_TILE):
@@ -336,17 +340,24 @@ def paged_decode_unchecked(q, k_cache, v_cache, block_table, seq_lens, scale: fl
     ``scale`` is the softmax scale (a float); ``num_splits`` None picks a count from the table's
     width, which never reads a tensor on the host, so the call can be captured in a CUDA graph.
     """
-    batch, num_q_heads, head_dim = q.shape
+    batch, num_q_heads, _ = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     if num_splits is None:
         longest = block_table.shape[1] * block_size
         num_splits = choose_num_splits(max(1, batch), num_kv_heads, max(1, longest), multiprocessor_count(q.device))
+    partial_out, partial_lse = _launch_attend_split(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+    return _launch_merge(partial_out, partial_lse, torch.empty_like(q))
+
+
+def _launch_attend_split(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int):
+    """Stage 1: every split's normalised output ``[batch, num_q_heads, num_splits, head_dim]`` and its
+    log-sum-exp ``[batch, num_q_heads, num_splits]``, both fp32."""
+    batch, num_q_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
-    out = torch.empty_like(q)
     seq_lens = seq_lens.contiguous()  # the kernel indexes it as a flat array
     partial_out = torch.empty((batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
     partial_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
-
     _attend_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_table, seq_lens, partial_out, partial_lse,
         scale * LOG2E,
@@ -358,11 +369,58 @@ def paged_decode_unchecked(q, k_cache, v_cache, block_table, seq_lens, scale: fl
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=4,
     )
+    return partial_out, partial_lse
+
+
+def _launch_merge(partial_out, partial_lse, out):
+    """Stage 2: the log-sum-exp merge of the splits into ``out`` ``[batch, num_q_heads, head_dim]``."""
+    batch, num_q_heads, num_splits, head_dim = partial_out.shape
     _merge_splits_kernel[(batch, num_q_heads)](
         partial_out, partial_lse, out, *out.stride(), num_splits,
         HEAD_DIM=head_dim, SPLIT_TILE=min(16, triton.next_power_of_2(num_splits)),
     )
     return out
+
+
+def paged_decode_partials(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):
+    """Stage 1 alone, checked as :func:`paged_decode_attention` is (notebook 05b): ``(partial_out,
+    partial_lse)``, each split's normalised output ``[batch, num_q_heads, num_splits, head_dim]`` and
+    the natural log-sum-exp of its scores ``[batch, num_q_heads, num_splits]``, in fp32. A split that
+    holds no token of its sequence stores output 0 and log-sum-exp ``-inf``."""
+    scale, num_splits = _check_launch(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits,
+                                      "paged_decode_partials")
+    return _launch_attend_split(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+
+
+def merge_splits(partial_out, partial_lse, dtype=torch.float32):
+    """Stage 2 alone, the Triton merge (notebook 05b): ``[batch, num_q_heads, head_dim]`` in ``dtype``
+    from stage 1's ``partial_out`` ``[batch, num_q_heads, num_splits, head_dim]`` and ``partial_lse``
+    ``[batch, num_q_heads, num_splits]`` (fp32, contiguous, split 0 of every row finite).
+
+    Unlike :func:`merge_partials` it does not mask a split whose log-sum-exp is ``-inf``: it adds
+    ``0 * partial_out``, which is NaN when that output is NaN. Stage 1 stores 0 there, so the kernel
+    is exact; partials from anywhere else need the mask (see the comment in the kernel).
+    """
+    for name, tensor, layout in (("partial_out", partial_out, "[batch, num_q_heads, num_splits, head_dim]"),
+                                 ("partial_lse", partial_lse, "[batch, num_q_heads, num_splits]")):
+        require_tensor(name, tensor)
+        require_rank(name, tensor, layout)
+        require_dtype(name, tensor, (torch.float32,))
+    if partial_out.shape[:3] != partial_lse.shape or partial_lse.shape[2] < 1:
+        raise ValueError(f"partial_out must be [batch, num_q_heads, num_splits >= 1, head_dim] and partial_lse "
+                         f"[batch, num_q_heads, num_splits], got {tuple(partial_out.shape)} and "
+                         f"{tuple(partial_lse.shape)}")
+    if partial_out.shape[3] not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"partial_out head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {partial_out.shape[3]}")
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype!r}")
+    if not (partial_out.is_contiguous() and partial_lse.is_contiguous()):
+        raise ValueError("partial_out and partial_lse must be contiguous (the kernel indexes them as flat rows)")
+    require_same_device(partial_out=partial_out, partial_lse=partial_lse)
+    require_kernel_device(partial_out.device, _merge_splits_kernel, "merge_splits")
+    batch, num_q_heads, _, head_dim = partial_out.shape
+    out = torch.empty((batch, num_q_heads, head_dim), dtype=dtype, device=partial_out.device)
+    return _launch_merge(partial_out, partial_lse, out) if batch and num_q_heads else out
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):
@@ -394,18 +452,25 @@ def paged_decode_launcher(q, k_cache, v_cache, block_table, seq_lens, scale=None
     For timing the kernel alone: the tensors' shapes and the validity of their block ids must not
     change between launches.
     """
+    scale, num_splits = _check_launch(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits,
+                                      "paged_decode_attention")
+    if q.shape[0] == 0:
+        return lambda: torch.empty_like(q)
+    return lambda: paged_decode_unchecked(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+
+
+def _check_launch(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, call: str) -> tuple[float, int]:
+    """Every check of the inputs and of the device, then ``(scale, num_splits)`` resolved."""
     scale = _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
-    require_kernel_device(q.device, _attend_split_kernel, "paged_decode_attention")
+    require_kernel_device(q.device, _attend_split_kernel, call)
     require_computable_dtype("q", q)
     # A GPU whose blocks cannot hold one program's tiles (head_dim 256 in fp16 on a T4) is refused here.
     require_fits(attend_split_config(q.dtype, q.shape[1] // k_cache.shape[2], q.shape[-1], k_cache.shape[1]),
                  q.device)
-    if q.shape[0] == 0:
-        return lambda: torch.empty_like(q)
     if num_splits is None:
-        longest = int(seq_lens.max())
-        num_splits = choose_num_splits(q.shape[0], k_cache.shape[2], longest, multiprocessor_count(q.device))
-    return lambda: paged_decode_unchecked(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+        longest = int(seq_lens.max()) if q.shape[0] else 1
+        num_splits = choose_num_splits(max(1, q.shape[0]), k_cache.shape[2], longest, multiprocessor_count(q.device))
+    return scale, num_splits
 
 
 def paged_decode_attention_ref(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):

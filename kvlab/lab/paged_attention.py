@@ -1,153 +1,57 @@
-"""Notebooks 05 and 05b: what paging and preemption cost, measured (Kwon et al. 2023).
+"""Notebooks 05 and 05b: what reading a paged cache costs, measured (Kwon et al. 2023).
 
-- :func:`measure_preemption_cost` times recompute against swap of one sequence on a real model,
-  interleaved; :func:`measure_host_copy` times swap's transfer as many small copies against one.
 - :func:`compare_attention` times paged decode attention (the Triton kernel on a GPU, the gather
-  path on a CPU) against torch's SDPA on the same keys and values laid out contiguously.
-- :func:`bench_rows` gives the section's rows of ``python -m kvlab bench``, the admission
-  simulator's (:mod:`kvlab.lab.paging`) included.
+  path on a CPU) against torch's SDPA on the same keys and values laid out contiguously, beside
+  :func:`gather_overhead_s`, what the gather path's extra copy should cost;
+  :func:`compare_splits` times the kernel with ``num_splits`` splits, with one, and SDPA, in one
+  loop that alternates them.
+- :func:`compare_timings` says whether two timings differ by more than their repeats' spread.
+- :func:`bench_rows` gives the section's rows of ``python -m kvlab bench``: these, preemption's
+  (:mod:`kvlab.lab.preemption`) and the admission simulator's (:mod:`kvlab.lab.paging`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
 from kvlab import kernels
-from kvlab._checks import integer, one_of
-from kvlab.lab.timing import measure, merge_timings
+from kvlab._checks import integer, one_of, positive
+from kvlab.lab.timing import Timing, measure, merge_timings
 from kvlab.serving.attention import ATTENTION_PATHS
-from kvlab.serving.paged_decode import cache_for, prefill
 
 
 @dataclass(frozen=True)
-class PreemptionCost:
-    """Measured cost of taking one sequence's blocks away and giving them back (notebook 05).
+class Comparison:
+    """Two timings side by side (notebooks 05, 05b). ``ratio`` = b's median / a's median, how many times
+    as fast ``a`` was. ``outcome``: ``"faster"`` when a's slowest repeat beat b's fastest, ``"slower"``
+    when a's fastest lost to b's slowest, else ``"even"``: the repeats overlap, and a shared machine's
+    noise could explain the difference of the medians."""
 
-    ``recompute``: drop the blocks, then prefill the ``tokens`` again with the real model into
-    fresh blocks. ``swap``: copy the blocks to host memory (pinned on a GPU) and back.
-    Both are :class:`kvlab.lab.timing.Timing` of the whole round trip.
-    """
-
-    tokens: int
-    blocks: int
-    swap_bytes: int  # bytes copied to the host and back (both directions)
-    recompute: object
-    swap: object
-
-
-def measure_preemption_cost(model, num_tokens: int, block_size: int = 16, warmup: int = 1, reps: int = 3,
-                            seed: int = 0) -> PreemptionCost:
-    """Time recompute and swap of one ``num_tokens``-token sequence on ``model``, interleaved (notebook 05).
-
-    On a CPU the prefill runs the gather path (the Triton interpreter would time Python, not memory);
-    on a GPU the kernels.
-    """
-    from kvlab.devices import on_gpu
-
-    integer("num_tokens", num_tokens, 2)
-    integer("block_size", block_size, 1)
-    integer("reps", reps, 1)
-    integer("warmup", warmup, 0)
-    attention = "kernel" if on_gpu() else "gather"
-    blocks = -(-num_tokens // block_size)
-    cache = cache_for(model, blocks, block_size)
-    generator = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, model.config.vocab_size, (num_tokens,), generator=generator).tolist()
-    seq = cache.new_sequence()
-    prefill(model, cache, seq, tokens, attention)
-
-    def recompute():
-        cache.preempt(seq, "recompute")
-        cache.resume(seq)
-        prefill(model, cache, seq, attention=attention)
-
-    def swap():
-        cache.preempt(seq, "swap")
-        cache.resume(seq)
-
-    timings = {"recompute": [], "swap": []}
-    for _ in range(reps):  # interleaved, so that drift on a shared machine hits both alike
-        timings["recompute"].append(measure(recompute, warmup=warmup, reps=1, device=model.device))
-        timings["swap"].append(measure(swap, warmup=warmup, reps=1, device=model.device))
-    merged = {k: merge_timings(v) for k, v in timings.items()}
-    return PreemptionCost(num_tokens, blocks, 2 * blocks * cache.bytes_per_block, merged["recompute"], merged["swap"])
-
-
-# --------------------------------------------------------------------------- swap's transfer
-
-@dataclass(frozen=True)
-class HostCopy:
-    """Moving ``blocks`` blocks of ``block_bytes`` each from the device to host memory, timed one
-    copy per block (``per_block``) and as one copy of the same bytes (``one_copy``)."""
-
-    block_bytes: int
-    blocks: int
-    per_block: object  # Timing
-    one_copy: object  # Timing
+    ratio: float
+    a: Timing
+    b: Timing
 
     @property
-    def total_bytes(self) -> int:
-        return self.block_bytes * self.blocks
-
-    @property
-    def bytes_per_s(self) -> float:
-        """Rate of the block-by-block copy."""
-        return self.total_bytes / self.per_block.median
-
-    @property
-    def one_copy_bytes_per_s(self) -> float:
-        return self.total_bytes / self.one_copy.median
-
-    @property
-    def efficiency(self) -> float:
-        """Block-by-block rate as a fraction of the one-copy rate."""
-        return self.one_copy.median / self.per_block.median
+    def outcome(self) -> str:
+        if self.a.max < self.b.min:
+            return "faster"
+        if self.a.min > self.b.max:
+            return "slower"
+        return "even"
 
 
-def copy_block_by_block(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> None:
-    """One copy per row: the way a swap that copies block by block moves a cache."""
-    for i in range(src.shape[0]):
-        dst[i].copy_(src[i], non_blocking=non_blocking)
-
-
-def measure_host_copy(total_bytes: int, block_bytes, device=None, warmup: int = 1, reps: int = 5) -> list[HostCopy]:
-    """Time a swap-out's transfer against block size (notebook 05): ``total_bytes`` of device
-    memory copied to host memory as one copy per block of each size in ``block_bytes``, and as one
-    copy. On a GPU the host buffer is pinned and the copies cross PCIe; on a CPU "host" and
-    "device" are the same DRAM, and the per-copy cost is dispatch. The PagedAttention paper
-    measured swap losing to recompute at small block sizes for this reason: many small transfers
-    use the link poorly. (``PagedKVCache`` gathers a sequence's blocks on the device and moves them
-    in one copy per layer stack, which avoids it.)
-
-    Each block size copies the largest whole number of its blocks that fits in ``total_bytes``.
-    Returns one ``HostCopy`` per block size, in the order given.
-    """
-    from kvlab.devices import device as default_device
-
-    total_bytes = integer("total_bytes", total_bytes, 4)
-    sizes = [block_bytes] if isinstance(block_bytes, int) and not isinstance(block_bytes, bool) else list(block_bytes)
-    if not sizes:
-        raise ValueError("block_bytes must name at least one block size")
-    for b in sizes:
-        integer("block_bytes", b, 4, total_bytes + 1)
-        if b % 4:
-            raise ValueError(f"block_bytes must be a multiple of 4 (fp32 elements), got {b}")
-    dev = torch.device(device) if device is not None else default_device()
-    pin = dev.type == "cuda"
-    src = torch.empty(total_bytes // 4, dtype=torch.float32, device=dev).uniform_()
-    dst = torch.empty(total_bytes // 4, dtype=torch.float32, pin_memory=pin)
-    results = []
-    for b in sizes:
-        blocks = total_bytes // b
-        rows_src = src[: blocks * b // 4].view(blocks, b // 4)
-        rows_dst = dst[: blocks * b // 4].view(blocks, b // 4)
-        per_block = measure(lambda: copy_block_by_block(rows_src, rows_dst, pin), warmup=warmup, reps=reps, device=dev)
-        one = measure(lambda: rows_dst.copy_(rows_src, non_blocking=pin), warmup=warmup, reps=reps, device=dev)
-        results.append(HostCopy(b, blocks, per_block, one))
-    return results
+def compare_timings(a: Timing, b: Timing) -> Comparison:
+    """Whether ``a`` was faster than ``b`` beyond the spread of their repeats (see :class:`Comparison`)."""
+    for name, t in (("a", a), ("b", b)):
+        if not all(hasattr(t, f) for f in ("median", "min", "max")):
+            raise TypeError(f"{name} must be a kvlab.lab.timing.Timing, got {type(t).__name__}")
+        if not t.median > 0:
+            raise ValueError(f"{name}.median must be > 0 seconds, got {t.median!r}")
+    return Comparison(b.median / a.median, a, b)
 
 
 @dataclass(frozen=True)
@@ -168,6 +72,54 @@ class AttentionTiming:
         return self.kv_bytes / self.contiguous.median
 
 
+def _paged_case(batch, context, block_size, num_q_heads, num_kv_heads, head_dim, dtype, identity_table, seed):
+    """Random q and a paged cache of ``batch`` sequences of ``context`` tokens, and the same keys and
+    values laid out contiguously per sequence for SDPA."""
+    from kvlab.devices import device_and_dtype
+
+    for name, value in (("batch", batch), ("context", context), ("block_size", block_size),
+                        ("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        integer(name, value, 1)
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    dev, dtype = device_and_dtype(None, dtype)
+    generator = torch.Generator().manual_seed(seed)
+    per_seq = -(-context // block_size)
+    order = torch.arange(batch * per_seq) if identity_table else torch.randperm(batch * per_seq, generator=generator)
+    table = order.reshape(batch, per_seq).to(dev, torch.int32)
+    pool_shape = (batch * per_seq, block_size, num_kv_heads, head_dim)
+    k_pool = torch.randn(pool_shape, generator=generator).to(dev, dtype)
+    v_pool = torch.randn(pool_shape, generator=generator).to(dev, dtype)
+    lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
+    k_flat = k_pool[table.long()].flatten(1, 2)[:, :context].transpose(1, 2).contiguous()
+    v_flat = v_pool[table.long()].flatten(1, 2)[:, :context].transpose(1, 2).contiguous()
+    q = torch.randn(batch, num_q_heads, head_dim, generator=generator).to(dev, dtype)
+    kv_bytes = 2 * batch * context * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    return SimpleNamespace(q=q, k_pool=k_pool, v_pool=v_pool, table=table, lens=lens, kv_bytes=kv_bytes,
+                           contiguous=lambda: F.scaled_dot_product_attention(q[:, :, None], k_flat, v_flat,
+                                                                             enable_gqa=True))
+
+
+def _alternate(contenders: dict, warmup: int, reps: int) -> dict:
+    """Time each of ``contenders`` (name -> function) once per round, ``reps`` rounds: one timing loop
+    that alternates them, so that drift on a shared machine hits all alike."""
+    for fn in contenders.values():
+        for _ in range(warmup):
+            fn()
+    runs = {name: [] for name in contenders}
+    for _ in range(reps):
+        for name, fn in contenders.items():
+            runs[name].append(measure(fn, warmup=0, reps=1))
+    return {name: merge_timings(parts) for name, parts in runs.items()}
+
+
+def gather_overhead_s(kv_bytes: float, copy_bytes_per_s: float) -> float:
+    """Seconds the gather path adds to a decode step at the copy bandwidth (notebook 05): it copies the keys
+    and values out of their blocks and then zeroes, in place, the slots past each sequence's end, two
+    passes that each read and write ``kv_bytes``; the copy bandwidth counts bytes read plus written."""
+    return 2 * 2 * positive("kv_bytes", kv_bytes) / positive("copy_bytes_per_s", copy_bytes_per_s)
+
+
 def compare_attention(batch: int, context: int, block_size: int = 16, num_q_heads: int = 8, num_kv_heads: int = 2,
                       head_dim: int = 64, dtype=None, path: str | None = None, identity_table: bool = False,
                       num_splits: int | None = None, warmup: int = 2, reps: int = 5,
@@ -181,48 +133,66 @@ def compare_attention(batch: int, context: int, block_size: int = 16, num_q_head
     The kernel path validates its inputs once and times the launches alone; ``num_splits`` is
     passed to it (None: its automatic choice).
     """
-    from kvlab.devices import device_and_dtype, on_gpu
+    from kvlab.devices import on_gpu
 
     path = one_of("path", path or ("kernel" if on_gpu() else "gather"), ATTENTION_PATHS)
-    for name, value in (("batch", batch), ("context", context), ("block_size", block_size),
-                        ("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
-                        ("reps", reps)):
-        integer(name, value, 1)
+    integer("reps", reps, 1)
     integer("warmup", warmup, 0)
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-    dev, dtype = device_and_dtype(None, dtype)
-    generator = torch.Generator().manual_seed(seed)
-    per_seq = -(-context // block_size)
-    order = torch.arange(batch * per_seq) if identity_table else torch.randperm(batch * per_seq, generator=generator)
-    table = order.reshape(batch, per_seq).to(dev, torch.int32)
-    pool_shape = (batch * per_seq, block_size, num_kv_heads, head_dim)
-    k_pool = torch.randn(pool_shape, generator=generator).to(dev, dtype)
-    v_pool = torch.randn(pool_shape, generator=generator).to(dev, dtype)
-    lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
-    # The same keys and values, laid out contiguously per sequence for SDPA.
-    k_flat = k_pool[table.long()].flatten(1, 2)[:, :context].transpose(1, 2).contiguous()
-    v_flat = v_pool[table.long()].flatten(1, 2)[:, :context].transpose(1, 2).contiguous()
-    q = torch.randn(batch, num_q_heads, head_dim, generator=generator).to(dev, dtype)
+    case = _paged_case(batch, context, block_size, num_q_heads, num_kv_heads, head_dim, dtype, identity_table, seed)
+    args = (case.q, case.k_pool, case.v_pool, case.table, case.lens)
     if path == "kernel":
-        paged = kernels.paged_decode_launcher(q, k_pool, v_pool, table, lens, num_splits=num_splits)
+        paged = kernels.paged_decode_launcher(*args, num_splits=num_splits)
     else:
         attend = kernels.paged_decode_attention_gather if path == "gather" else kernels.paged_decode_attention_ref
 
         def paged():
-            return attend(q, k_pool, v_pool, table, lens)
-
-    def contiguous():
-        return F.scaled_dot_product_attention(q[:, :, None], k_flat, v_flat, enable_gqa=True)
+            return attend(*args)
 
     with torch.inference_mode():
-        torch.testing.assert_close(paged().float(), contiguous()[:, :, 0].float(), atol=2e-2, rtol=2e-2)
-        runs = {"paged": [], "contiguous": []}
-        for _ in range(reps):
-            runs["paged"].append(measure(paged, warmup=warmup if not runs["paged"] else 0, reps=1))
-            runs["contiguous"].append(measure(contiguous, warmup=warmup if not runs["contiguous"] else 0, reps=1))
-    kv_bytes = 2 * batch * context * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-    return AttentionTiming(merge_timings(runs["paged"]), merge_timings(runs["contiguous"]), kv_bytes, path)
+        torch.testing.assert_close(paged().float(), case.contiguous()[:, :, 0].float(), atol=2e-2, rtol=2e-2)
+        timed = _alternate({"paged": paged, "contiguous": case.contiguous}, warmup, reps)
+    return AttentionTiming(timed["paged"], timed["contiguous"], case.kv_bytes, path)
+
+
+@dataclass(frozen=True)
+class SplitTiming:
+    """The paged kernel at one decode step with ``num_splits`` splits (``split``), with one (``one``), and
+    SDPA on the same keys and values laid out contiguously, timed in one alternating loop (notebook 05b)."""
+
+    num_splits: int
+    split: Timing
+    one: Timing
+    contiguous: Timing
+    kv_bytes: int
+
+    @property
+    def split_bytes_per_s(self) -> float:
+        return self.kv_bytes / self.split.median
+
+
+def compare_splits(batch: int, context: int, num_splits: int, block_size: int = 16, num_q_heads: int = 8,
+                   num_kv_heads: int = 2, head_dim: int = 64, dtype=None, warmup: int = 1, reps: int = 5,
+                   seed: int = 0) -> SplitTiming:
+    """The Triton kernel with ``num_splits`` splits against itself with one split and against SDPA, on the
+    same data, in one timing loop that runs each once per round (notebook 05b). With ``num_splits=1``
+    there is one contender less: ``one`` is ``split``."""
+    integer("num_splits", num_splits, 1)
+    integer("reps", reps, 1)
+    integer("warmup", warmup, 0)
+    case = _paged_case(batch, context, block_size, num_q_heads, num_kv_heads, head_dim, dtype, False, seed)
+    args = (case.q, case.k_pool, case.v_pool, case.table, case.lens)
+    contenders = {"split": kernels.paged_decode_launcher(*args, num_splits=num_splits)}
+    if num_splits != 1:
+        contenders["one"] = kernels.paged_decode_launcher(*args, num_splits=1)
+    contenders["contiguous"] = case.contiguous
+    with torch.inference_mode():
+        want = case.contiguous()[:, :, 0].float()
+        for name in ("split", "one"):
+            if name in contenders:
+                torch.testing.assert_close(contenders[name]().float(), want, atol=2e-2, rtol=2e-2)
+        timed = _alternate(contenders, warmup, reps)
+    return SplitTiming(num_splits, timed["split"], timed.get("one", timed["split"]), timed["contiguous"],
+                       case.kv_bytes)
 
 
 def bench_rows():
@@ -231,6 +201,7 @@ def bench_rows():
     from kvlab.lab.hardware import calibrate
     from kvlab.devices import on_gpu
     from kvlab.lab.paging import make_trace, simulate
+    from kvlab.lab.preemption import cached_recompute_rows, measure_host_copy
 
     gpu = on_gpu()
     rows = []
@@ -252,13 +223,15 @@ def bench_rows():
     if gpu:  # the kernel against itself: block-table indirection, and what split-K buys at batch 1
         permuted = compare_attention(32, 16384, 16, reps=10, **shape)
         ordered = compare_attention(32, 16384, 16, reps=10, identity_table=True, **shape)
-        split = compare_attention(1, 32768, 16, reps=10, **shape)
-        one = compare_attention(1, 32768, 16, reps=10, num_splits=1, **shape)
+        auto = kernels.choose_num_splits(1, heads[1], 32768, kernels.multiprocessor_count(torch.device("cuda")))
+        splits = compare_splits(1, 32768, auto, 16, reps=10, **shape)
         rows += [
             Row("permuted / identity table time b32 s16384", permuted.paged.median / ordered.paged.median, "x",
-                "same kernel; blocks in random order vs in order"),
-            Row("num_splits=1 / split-K time b1 s32768", one.paged.median / split.paged.median, "x",
-                "same kernel; automatic num_splits vs one split"),
+                "same kernel; blocks in random order vs in order, two runs"),
+            Row("num_splits=1 / split-K time b1 s32768", splits.one.median / splits.split.median, "x",
+                f"same kernel; automatic num_splits ({auto}) vs one split, one alternating loop"),
+            Row("split-K paged attention b1 s32768", splits.split_bytes_per_s / 1e9, "GB/s",
+                f"{auto} splits, block 16, kernel path"),
         ]
     # swap's transfer: one copy per 16-token block of one layer's K (Llama-3-8B: 16 x 8 x 128 x 2 bytes)
     # against one copy of the same bytes; on a GPU device-to-pinned-host over PCIe
@@ -266,6 +239,7 @@ def bench_rows():
     for r in measure_host_copy(total, [16 * 8 * 128 * 2, 1 << 20], reps=5):
         rows.append(Row(f"host copy in {r.block_bytes // 1024} KiB blocks / one copy", r.efficiency, "fraction",
                         f"{r.blocks} copies of {r.block_bytes:,} B against one of {r.total_bytes:,} B, same run"))
+    rows += cached_recompute_rows(gpu)
     trace = make_trace(200, "lognormal", mean_prompt=64, mean_output=128, max_len=512, seed=0)
     for policy in ("reserve-max", "reserve-estimate", "paged"):
         result = simulate(trace, policy, budget_tokens=8192, block_size=16, max_len=512)

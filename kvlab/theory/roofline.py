@@ -3,9 +3,9 @@ the analytical model of one decode step.
 
 Bytes and FLOPs of one step, its roofline floor, admission (do weights plus cache fit), arithmetic
 intensity and the ridge, the traffic and capacity crossovers s* and s_cap, the largest admitted
-batch, compression speedup, die placement, prefill time with a prefix hit rate, transfer time, and
-recompute against swap. The footprint model and the design rules built on these are in
-``kvlab.theory.memory_wall``.
+batch, compression speedup, die placement, prefill time with a prefix hit rate and transfer time.
+The footprint model and the design rules built on these are in ``kvlab.theory.memory_wall``;
+recompute against swap, per token, in ``kvlab.theory.preemption``.
 
 Sources: the Decode and KV Cache chapter, 2026 (the decode-step floor of Table 9.1, section 9.7's
 windows) and the KV Cache Memory Wall, 2026 (Eqs. (1) and (5)-(14), Propositions 3.1-3.6,
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from kvlab._checks import between, integer, positive, real
 from kvlab.theory.shapes import ModelShape, model_shape
-from kvlab.theory.specs import LINKS, accelerator, as_link
+from kvlab.theory.specs import accelerator
 
 PLACEMENTS = ("striped", "pinned")
 
@@ -447,55 +447,3 @@ def transfer_time(nbytes: float, link_bytes_per_s: float, codec: float = 1.0) ->
     transport codec's size reduction (KV Cache Memory Wall, 2026, section 2.7, appendix B.5; CacheGen's is about 4).
     """
     return positive("nbytes", nbytes) / (positive("codec", codec) * positive("link_bytes_per_s", link_bytes_per_s))
-
-
-@dataclass(frozen=True)
-class RecomputeOrSwap:
-    """Per-token cost of getting a preempted request's cache back (section 9.5), both ways.
-
-    ``recompute`` = 2 P_active / F: its prefill multiplies every token by every (active) weight;
-    the attention term, which grows with the request, only adds to it. ``swap`` = 2 K / beta_link:
-    each cache byte crosses the host link once out and once back, each way at the one-way rate.
-    Recompute wins only when P / K < F / beta_link, i.e. ``ratio`` = recompute / swap < 1.
-    """
-
-    shape: str
-    device: str
-    link: str
-    recompute: float
-    swap: float
-    params_per_kv_byte: float
-    flops_per_link_byte: float
-
-    @property
-    def ratio(self) -> float:
-        """recompute / swap per token: (P / K) / (F / beta); above 1, swap is cheaper."""
-        return self.recompute / self.swap
-
-    @property
-    def cheaper(self) -> str:
-        return "swap" if self.ratio > 1 else "recompute"
-
-
-def recompute_or_swap(shape: ModelShape, hw, link=None, w_kv: float = 2, mfu: float = 1.0) -> RecomputeOrSwap:
-    """Recompute against swap per token, at the arithmetic level (section 9.5).
-
-    ``hw`` supplies the FLOP rate F (dense bf16 peak times ``mfu``) and, unless ``link`` (a
-    ``LINKS`` key or a ``Link``) is given, its host link. Short requests do not favour recompute:
-    both costs are per token, and a short prefill still reads every weight. What this omits is how
-    efficiently the link is used: many small copies (small blocks) reach a fraction of its rate,
-    which ``paged_decode.measure_host_copy`` measures.
-    """
-    shape, hw = model_shape(shape), accelerator(hw)
-    mu = between("mfu", mfu, 0, 1, low_open=True)
-    if link is None:
-        if hw.host_link is None:
-            raise ValueError(f"{hw.name} has no host_link recorded; pass link= one of {', '.join(LINKS)}")
-        link = hw.host_link
-    chosen = as_link(link)
-    flops = mu * hw.bf16_flops
-    k = kv_bytes_per_token(shape, w_kv)
-    return RecomputeOrSwap(
-        shape=shape.name, device=hw.name, link=chosen.name,
-        recompute=2 * shape.params_per_token / flops, swap=2 * k / chosen.bytes_per_s_each_way,
-        params_per_kv_byte=shape.params_per_token / k, flops_per_link_byte=flops / chosen.bytes_per_s_each_way)

@@ -219,6 +219,58 @@ def test_merge_of_only_empty_parts_is_empty_not_nan():
     assert torch.equal(out, torch.zeros(4)) and lse.item() == float("-inf")
 
 
+# --------------------------------------------------------------------------- empty splits in the Triton merge
+
+
+def _empty_splits(lengths, num_splits):
+    """Split j of a sequence of n tokens holds tiles [j t, (j + 1) t), t = ceil(tiles / num_splits): empty
+    once j t reaches the sequence's tiles (the kernel's own rule, written out here)."""
+    rows = []
+    for n in lengths:
+        tiles = math.ceil(n / pa.TILE_TOKENS)
+        per = math.ceil(tiles / num_splits)
+        rows.append([j * per >= tiles for j in range(num_splits)])
+    return torch.tensor(rows)
+
+
+def test_stage_one_stores_zero_in_empty_splits_and_the_triton_merge_relies_on_it():
+    """Notebook 05b, exercise 3: the Triton merge does not mask a split whose log-sum-exp is -inf (a NaN
+    output there comes out NaN: 0 x NaN), while merge_partials does; the kernel is exact because stage
+    1 stores exactly 0 (and lse -inf) in every empty split."""
+    lengths, splits, group = [1, 70, 200, 512], 8, 4
+    q, k_cache, v_cache, table, seq_lens = make_paged_batch(lengths, 16, group, 64, torch.float32, seed=11)
+    partial_out, partial_lse = pa.paged_decode_partials(q, k_cache, v_cache, table, seq_lens, num_splits=splits)
+    empty = _empty_splits(lengths, splits)[:, None, :].expand(partial_lse.shape).to(partial_lse.device)
+    assert torch.equal(torch.isneginf(partial_lse), empty) and empty[:3].any() and not empty[3].any()
+    assert torch.equal(partial_out[empty], torch.zeros_like(partial_out[empty]))  # stage 1 stores 0
+    merged = pa.merge_splits(partial_out, partial_lse)
+    want = oracle_fp64(q, k_cache, v_cache, table, seq_lens, 64**-0.5)
+    assert torch.isfinite(merged).all() and relative_error(merged, want) < TOLERANCE[torch.float32]
+    torch.testing.assert_close(merged, paged_decode_attention(q, k_cache, v_cache, table, seq_lens, num_splits=splits))
+
+    poisoned = partial_out.masked_fill(empty[..., None], float("nan"))
+    leaked = pa.merge_splits(poisoned, partial_lse)
+    assert torch.isnan(leaked[:3]).all()  # every head of the three sequences with an empty split
+    torch.testing.assert_close(leaked[3], merged[3])  # the 512-token sequence has none
+    masked, _ = merge_partials(poisoned.permute(2, 0, 1, 3), partial_lse.permute(2, 0, 1))
+    torch.testing.assert_close(masked, merged)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda o, l: pa.merge_splits(o.tolist(), l), TypeError, "partial_out must be a torch.Tensor"),
+    (lambda o, l: pa.merge_splits(o[0], l), ValueError, "partial_out must have 4 dimensions"),
+    (lambda o, l: pa.merge_splits(o, l[:, :, :2]), ValueError, "num_splits >= 1"),
+    (lambda o, l: pa.merge_splits(o.half(), l), TypeError, "partial_out must have dtype"),
+    (lambda o, l: pa.merge_splits(o[..., :48], l), ValueError, "head_dim must be one of"),
+    (lambda o, l: pa.merge_splits(o.transpose(0, 1).contiguous().transpose(0, 1), l), ValueError, "contiguous"),
+    (lambda o, l: pa.merge_splits(o, l, dtype=torch.int32), TypeError, "dtype must be one of"),
+])
+def test_merge_splits_rejects_bad_input(call, error, match):
+    out, lse = torch.zeros(2, 4, 3, 64), torch.zeros(2, 4, 3)
+    with pytest.raises(error, match=match):
+        call(out.to(DEVICE), lse.to(DEVICE))
+
+
 # --------------------------------------------------------------------------- store_kv
 
 
@@ -311,13 +363,15 @@ ATTENTION_ERRORS = {
 }
 
 
-@pytest.mark.parametrize("fn", [paged_decode_attention, paged_decode_attention_ref], ids=["triton", "ref"])
+@pytest.mark.parametrize("fn", [paged_decode_attention, paged_decode_attention_ref, pa.paged_decode_partials],
+                         ids=["triton", "ref", "partials"])
 @pytest.mark.parametrize("name", ATTENTION_ERRORS)
 def test_attention_rejects_bad_input_before_launch(fn, name, monkeypatch):
     def no_launch(*args, **kwargs):
         raise AssertionError("the kernel was launched with bad input")
 
     monkeypatch.setattr(pa, "paged_decode_unchecked", no_launch)
+    monkeypatch.setattr(pa, "_launch_attend_split", no_launch)
     mutate, error, message = ATTENTION_ERRORS[name]
     args = _valid_attention_args()
     mutate(args)

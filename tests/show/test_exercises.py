@@ -88,39 +88,6 @@ def test_kv_layout_solutions():
     assert "allocates" in ex.kv_layout_cat(4096, 60e-3, 14e-3)
 
 
-def test_paged_attention_solutions_and_preemption_readings():
-    from kvlab.lab.paged_attention import HostCopy
-    from kvlab.show.readings import preemption
-    from kvlab.lab.timing import Timing
-
-    t = folded(ex.paged_block_size(128, 168, 0.43, 0.27, 0.27, 0.04), 1)
-    assert "**43%**" in t and "27%" in t and "stays under the bound" in t
-    assert "above the bound" in ex.paged_block_size(128, 168, 0.43, 0.27, 0.5, 0.04)
-    t = folded(ex.paged_fork_append({"B": [3, 4], "B'": [3, 4]}, {"B": [3, 9], "B'": [3, 4]}, 4, 9), 2)
-    assert "[3, 9]" in t and "B' stays [3, 4]" in t
-    assert "The same, as predicted" in folded(ex.paged_swap_steps({"recompute": 789, "swap": 789},
-                                                                  {"recompute": 131, "swap": 131}, 9234), 3)
-    assert "They differ by 11" in ex.paged_swap_steps({"recompute": 789, "swap": 800}, {"recompute": 1, "swap": 1}, 9)
-    table = preemption.crossover_table()
-    assert table.count("\n") == 2 + 11 and "**0.45**" in table  # Llama-2-13B on a B200: recompute wins
-    assert "**14**" in preemption.crossover_reading()
-
-    def copy(block, seconds, one):
-        timing = lambda s: Timing(s, s, s, (s,))  # noqa: E731
-        return HostCopy(block, 1024, timing(seconds), timing(one))
-
-    slow = preemption.host_copy_reading([copy(8192, 1.0, 0.04), copy(1 << 20, 0.05, 0.04)], 8192, 16)
-    assert "4%" in slow and "waste most of the link" in slow
-    fast = preemption.host_copy_reading([copy(8192, 0.05, 0.04), copy(1 << 20, 0.04, 0.04)], 8192, 16)
-    assert "keep most of the rate" in fast
-    agree = preemption.decides_reading(1e6, 1e3, 1e11, 5e9, 0.5, 2e-4, 1e-6)
-    assert "the arithmetic decides" in agree
-    flip = preemption.decides_reading(1e6, 1e3, 1e11, 5e9, 0.01, 2e-4, 1e-6)
-    assert "transfer efficiency decides" in flip
-    odd = preemption.decides_reading(1e6, 1e3, 1e11, 5e9, 0.5, 1e-6, 2e-4)
-    assert "measurement disagrees" in odd
-
-
 def test_ssm_solutions():
     t = folded(ex.ssm_breakeven("Mamba-1.4B", 4096, 4, 16, 163_840, 2048, 8192, 20.0), 1)
     assert "**20 tokens**" in t
@@ -220,15 +187,3 @@ def test_diagnosis_solutions():
     assert "agrees" in ex.diagnosis_naive_ridge(20.0, 4, 40, 39, 20, 10.0, "weights")
     assert "not compute" in ex.diagnosis_naive_ridge(20.0, 4, 40, 39, 72, 36.5, "overhead")
     assert "tip either way" in ex.diagnosis_naive_ridge(20.0, 4, 40, 39, 20, 10.0, "compute")
-
-
-def test_paged_kernel_solutions():
-    rows = folded(ex.paged_kernel_rows(32, 8, 16), 1)
-    assert "$G = 32 / 8 = 4$" in rows and "**25%**" in rows and "hardly shows" in rows
-    assert "nothing is wasted" in ex.paged_kernel_rows(32, 2, 16)
-    splits = folded(ex.paged_kernel_splits(132, 8, 2048, 33, 16, 16, 64, 2), 2)
-    assert "**16**" in splits and "128 programs" in splits and "idle" in splits
-    assert "fills the machine" in ex.paged_kernel_splits(132, 8, 32768, 33, 256, 33, 64, 2)
-    clean = folded(ex.paged_kernel_empty_split(0.0, 0.0), 3)
-    assert "exactly those of the other splits" in clean
-    assert "bug" in ex.paged_kernel_empty_split(float("nan"), 0.0)

@@ -1,7 +1,7 @@
 """kvlab.theory.roofline against every derived number of the Decode and KV Cache chapter, 2026 (Table 9.1,
 section 9.3) and the KV Cache Memory Wall, 2026 (sections 1 to 5, appendices A to C), recomputed from
-their constants, plus its properties and its refusals of bad input; and recompute against swap
-(section 9.5), real capacities beside the marketed ones, and the scope of design rule 3.
+their constants, plus its properties and its refusals of bad input; real capacities beside the
+marketed ones, and the scope of design rule 3.
 """
 
 import dataclasses
@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 from kvlab.theory import roofline as rf
 from kvlab.theory.memory_wall import footprint, recommend
 from kvlab.theory.shapes import SHAPES
-from kvlab.theory.specs import LINKS, SPECS, exposed_memory
+from kvlab.theory.specs import SPECS, exposed_memory
 
 
 L8, L70, L405 = SHAPES["llama-3-8b"], SHAPES["llama-3-70b"], SHAPES["llama-3.1-405b"]
@@ -371,55 +371,6 @@ def test_step_time_floor_uses_the_larger_of_bytes_and_flops():
 def test_windowed_capacity_and_speedup_edges():
     assert rf.capacity_context(SHAPES["mistral-7b"], "h100-sxm") == math.inf
     assert rf.compression_speedup(4, 1000, math.inf) == 1.0
-
-
-@pytest.mark.parametrize("device", list(SPECS))
-@pytest.mark.parametrize("key", list(SHAPES))
-def test_recompute_or_swap_every_shape_and_device(key, device):
-    shape, hw = SHAPES[key], SPECS[device]
-    r = rf.recompute_or_swap(shape, device)
-    active = shape.active_params or shape.params
-    k = shape.kv_bytes_per_token(2)
-    beta = LINKS[hw.host_link].bytes_per_s_each_way
-    assert r.recompute == pytest.approx(2 * active / hw.bf16_flops)
-    assert r.swap == pytest.approx(2 * k / beta)
-    # recompute wins only when params per KV byte is below FLOP/s per link byte/s
-    assert r.ratio == pytest.approx((active / k) / (hw.bf16_flops / beta))
-    assert r.cheaper == ("recompute" if active / k < hw.bf16_flops / beta else "swap")
-
-
-def test_recompute_or_swap_worked_numbers():
-    # Llama-3-8B on an H100 over PCIe Gen5: 8.03e9 / 131,072 = 61,264.0 params per KV byte against
-    # 989.5e12 / 64e9 = 15,460.9 FLOP per link byte: swap is about 3.96x cheaper per token.
-    r = rf.recompute_or_swap(L8, "h100-sxm")
-    assert r.params_per_kv_byte == pytest.approx(61_264.0, abs=0.1)
-    assert r.flops_per_link_byte == pytest.approx(15_460.9, abs=0.1)
-    assert r.ratio == pytest.approx(3.962, abs=1e-3) and r.cheaper == "swap"
-    # GQA 70B: 70e9 / 327,680 = 213,623 -> about 13.8x in swap's favour
-    assert rf.recompute_or_swap(L70, "h100-sxm").ratio == pytest.approx(213_623.0 / 15_460.9, rel=1e-4)
-    # MHA models carry many KV bytes per parameter: Llama-2-13B on a B200 (2,250 TFLOP/s over
-    # 64 GB/s = 35,156) has 13e9 / 819,200 = 15,869 -> recompute wins (0.45)
-    r13 = rf.recompute_or_swap(SHAPES["llama-2-13b"], "b200")
-    assert r13.ratio == pytest.approx(15_869.1 / 35_156.25, rel=1e-4) and r13.cheaper == "recompute"
-    # a mixture of experts multiplies each token by its active parameters only (Mixtral: 12.9e9)
-    mix = rf.recompute_or_swap(SHAPES["mixtral-8x7b"], "h100-sxm")
-    assert mix.recompute == pytest.approx(2 * 12.9e9 / 989.5e12)
-    # a slower link favours recompute in proportion
-    slow = rf.recompute_or_swap(L8, "h100-sxm", link="pcie4-x16")
-    assert slow.ratio == pytest.approx(r.ratio / 2)
-    # MFU scales the FLOP rate
-    assert rf.recompute_or_swap(L8, "h100-sxm", mfu=0.5).ratio == pytest.approx(2 * r.ratio)
-
-
-def test_recompute_or_swap_bad_input():
-    with pytest.raises(ValueError, match="unknown link 'nvlink9'"):
-        rf.recompute_or_swap(L8, "h100-sxm", link="nvlink9")
-    with pytest.raises(ValueError, match="mfu"):
-        rf.recompute_or_swap(L8, "h100-sxm", mfu=0)
-    with pytest.raises(ValueError, match="host_link"):
-        rf.recompute_or_swap(L8, dataclasses.replace(SPECS["h100-sxm"], host_link=None))
-    with pytest.raises(TypeError, match="link must be"):
-        rf.recompute_or_swap(L8, "h100-sxm", link=64e9)
 
 
 def test_h200_margin_beside_70b_weights():

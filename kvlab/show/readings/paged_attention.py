@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from kvlab.lab.paged_attention import compare_timings, gather_overhead_s
+from kvlab.lab.paging import paging_saves
 from kvlab.show.format import si
+from kvlab.show.readings import ratio_text
 
 GEMV = "[GEMV-like behaviour in decode](03_gemv.ipynb)"
 
@@ -20,23 +23,28 @@ def event_reading(snapshot: dict, event: int, num_blocks: int) -> str:
     return text + "; no block is shared."
 
 
-def waste_reading(runs: dict, predicted: dict, distribution: str, block_size: int, budget: int,
-                  trace_n: int) -> str:
-    """Under the allocation explorer: waste, batch and preemptions of the three allocators."""
+def waste_reading(runs: dict, predicted: dict, trace, distribution: str, block_size: int, budget: int,
+                  max_len: int) -> str:
+    """Under the allocation explorer: waste, batch and preemptions of the three allocators, read against the
+    per-request formula (``kvlab.lab.paging.predicted_waste``; the verdict is ``paging_saves``)."""
     mx, est, pg = runs["reserve-max"], runs["reserve-estimate"], runs["paged"]
-    text = [f"On {trace_n} {distribution} requests with a budget of {budget:,} tokens and {block_size}-token "
-            f"blocks, reserving the maximum wasted **{mx.waste_fraction:.0%}** of the allocated KV memory "
-            f"(the per-request formula gives {predicted['reserve-max']:.0%}), reserving an estimate "
-            f"{est.waste_fraction:.0%}, and paging **{pg.waste_fraction:.1%}**."]
-    if pg.waste_fraction < mx.waste_fraction:
+    text = [f"On {len(trace)} {distribution} requests with a budget of {budget:,} tokens and {block_size}-token "
+            f"blocks, reserving the maximum wasted **{mx.waste_fraction:.0%}** of the allocated KV memory, "
+            f"reserving an estimate {est.waste_fraction:.0%}, and paging **{pg.waste_fraction:.1%}**. The "
+            f"per-request formula, $1 - \\sum (P + g - 1) / \\sum \\text{{slots}}(g)$, predicts "
+            f"{predicted['reserve-max']:.0%} and {predicted['paged']:.1%} for the first and the last."]
+    saves = paging_saves(trace, block_size, max_len)
+    if saves:
         text.append(f"The waste turns into batch size: on average {mx.mean_batch:.1f} requests ran at once "
                     f"under reserve-max and {pg.mean_batch:.1f} under paging, which finished the trace "
                     f"{mx.steps / pg.steps:.1f} times sooner, in decode steps.")
+        if pg.waste_fraction >= mx.waste_fraction:
+            text.append("The simulation contradicts the formula here: paging wasted no less. The formula ignores "
+                        "queueing and preemption, and readmitted requests start a partly filled block again.")
     else:
-        text.append(f"Here paging wasted no less than reserving the maximum: with {block_size}-token blocks "
-                    "the last block of a short request is mostly empty, so large blocks give back what "
-                    f"paging saves. Mean batch {mx.mean_batch:.1f} (reserve-max) against {pg.mean_batch:.1f} "
-                    "(paged).")
+        text.append(f"The formula predicts no saving: with {block_size}-token blocks a request's blocks hold at "
+                    f"least the {max_len} slots of a maximal reservation, so blocks this large give back what "
+                    f"paging saves. Mean batch {mx.mean_batch:.1f} (reserve-max) against {pg.mean_batch:.1f} (paged).")
     if pg.preemptions:
         text.append(f"Paging paid with {pg.preemptions} preemptions, because it admits a request as soon "
                     "as its prompt fits and only finds out later that the running batch needs more blocks "
@@ -47,35 +55,51 @@ def waste_reading(runs: dict, predicted: dict, distribution: str, block_size: in
     return " ".join(text)
 
 
-def attention_reading(context: int, path: str, paged_bytes_per_s: float, sdpa_bytes_per_s: float,
-                      copy_bytes_per_s: float) -> str:
-    """Paged against contiguous decode attention at the longest context."""
-    ratio = sdpa_bytes_per_s / paged_bytes_per_s  # paged time / contiguous time
-    text = (f"At a context of {context:,} tokens the paged path ({path}) read the cache at "
-            f"**{si(paged_bytes_per_s, 'B/s')}** and SDPA on the contiguous cache at "
-            f"**{si(sdpa_bytes_per_s, 'B/s')}**, so the paged step took {ratio:.1f} times as long; this "
-            f"machine copies at {si(copy_bytes_per_s, 'B/s')}.")
-    if ratio > 1.1:
-        if path == "gather":
-            return text + (" On a CPU the gap is the gather: the paged path copies the whole cache before "
-                           "attending. A fused kernel reads each block in place, which is the point of "
-                           "writing one; whether kvlab's reaches the copy bandwidth is a GPU measurement.")
+def attention_reading(context: int, timing, copy_bytes_per_s: float) -> str:
+    """Paged against contiguous decode attention at the longest context (``timing``: an ``AttentionTiming``);
+    the verdict is ``kvlab.lab.paged_attention.compare_timings`` on the two timings' repeats."""
+    c = compare_timings(timing.contiguous, timing.paged)  # ratio: paged time / contiguous time
+    text = (f"At a context of {context:,} tokens the paged path ({timing.path}) read the cache at "
+            f"**{si(timing.paged_bytes_per_s, 'B/s')}** and SDPA on the contiguous cache at "
+            f"**{si(timing.contiguous_bytes_per_s, 'B/s')}**, so the paged step took {c.ratio:.1f} times as long "
+            f"(medians of one loop that alternates the two); this machine copies at {si(copy_bytes_per_s, 'B/s')}.")
+    if c.outcome == "faster":
+        if timing.path == "gather":
+            extra = gather_overhead_s(timing.kv_bytes, copy_bytes_per_s)
+            gap = timing.paged.median - timing.contiguous.median
+            return text + (f" On a CPU the gap is the gather: before attending, the paged path copies the "
+                           f"{si(timing.kv_bytes, 'B')} of keys and values out of their blocks and zeroes the slots "
+                           f"past each sequence's end, two passes that take {si(extra, 's')} at the copy bandwidth "
+                           f"(`gather_overhead_s`), against a measured gap of {si(gap, 's')}. A fused kernel reads each "
+                           "block in place, which is the point of writing one; whether kvlab's reaches the copy "
+                           "bandwidth is a GPU measurement.")
         return text + (" The kernel reads blocks in place, so the gap is the kernel's own efficiency: "
                        "block-table lookups and smaller tiles than SDPA's.")
-    return text + (" The paged path kept up with the contiguous one: reading through a block table cost "
-                   "nothing measurable at this size, because the blocks are long enough to stream.")
+    if c.outcome == "even":
+        return text + (" Within the spread of the repeats the paged path kept up with the contiguous one: reading "
+                       "through a block table cost nothing measurable at this size.")
+    return text + (" The paged path beat SDPA on the contiguous cache by more than the spread of the repeats. SDPA "
+                   "is not written for a single query token (its kernels tile the queries), and at this size that "
+                   "cost more than reading through a block table.")
 
 
-def preemption_reading(tokens: int, recompute_s: float, swap_s: float, swap_bytes: float,
-                       demo_preemptions: int) -> str:
-    """Recompute against swap for the largest preempted request."""
-    text = (f"For a request holding {tokens} tokens, recompute took **{si(recompute_s, 's')}** and swap "
-            f"**{si(swap_s, 's')}** (moving {si(swap_bytes, 'B')}).")
-    if swap_s < recompute_s:
-        text += (f" Swap was {recompute_s / swap_s:.0f} times cheaper: on this machine a copy of the blocks "
-                 "costs less than a prefill of the tokens.")
-    else:
-        text += (f" Recompute was {swap_s / recompute_s:.1f} times cheaper: the prefill of a short request "
+def preemption_reading(cost, demo_preemptions: int) -> str:
+    """Recompute against swap for the largest preempted request (``cost``: a ``PreemptionCost``). The
+    request waits for the recompute or for the swap-in; the verdict is ``compare_timings`` of the two."""
+    c = compare_timings(cost.swap_in, cost.recompute)  # ratio: recompute / swap-in
+    text = (f"For a request holding {cost.tokens} tokens, recompute took **{si(cost.recompute.median, 's')}**; swap "
+            f"took {si(cost.swap_out.median, 's')} to copy its blocks out and **{si(cost.swap_in.median, 's')}** to "
+            f"copy them back, {si(cost.bytes_each_way, 'B')} each way. The request waits for the recompute or for "
+            "the swap-in; the swap-out happens when it is preempted, and on a GPU it can overlap the batch's "
+            "compute (kvlab's `copy_blocks_to_host` waits for its copies, so here it adds to that step).")
+    if c.outcome == "faster":
+        text += (f" The swap-in was {ratio_text(c.ratio, 1)} cheaper than the recompute: on this machine a copy of the "
+                 "blocks costs less than a prefill of the tokens.")
+    elif c.outcome == "slower":
+        text += (f" Recompute was {ratio_text(1 / c.ratio, 1)} cheaper than the swap-in: the prefill of a short request "
                  "on this small model costs less than moving its blocks and the bookkeeping around it.")
+    else:
+        text += (" The two are within the spread of their repeats: at this size neither is clearly cheaper "
+                 "on this machine.")
     return text + (f" In the demonstration above, recompute preempted {demo_preemptions} times to finish "
                    "three requests in five blocks.")

@@ -1,14 +1,16 @@
 """Notebook 05, PagedAttention (section 9.5): readings on preemption, recompute against swap.
 
-The per-token arithmetic for every published shape and device, and what decides on the reader's
-own machine."""
+The per-token arithmetic for every published shape and device (``kvlab.theory.preemption``:
+recompute 2 P / F against a swap-in of K / beta, the swap-out overlapped), what decides on the
+reader's own machine, and what a recompute recomputes once prefix caching keeps the request's blocks."""
 
 from __future__ import annotations
 
 from kvlab.theory.specs import LINKS, SPECS
 from kvlab.theory.shapes import SHAPES
 from kvlab.show.format import si
-from kvlab.theory.roofline import recompute_or_swap
+from kvlab.lab.paged_attention import compare_timings
+from kvlab.theory.preemption import preemption_per_token, recompute_or_swap
 
 
 def crossover_table(shapes=None, devices=None, w_kv: float = 2) -> str:
@@ -34,26 +36,32 @@ def crossover_table(shapes=None, devices=None, w_kv: float = 2) -> str:
 
 
 def crossover_reading(shapes=None, devices=None) -> str:
-    """Which (shape, device) pairs favour recompute, counted from the table."""
+    """Which (shape, device) pairs favour recompute, counted from the table, with the swap-out overlapped
+    and, for comparison, with an engine that waits for it."""
     shapes = list(SHAPES) if shapes is None else list(shapes)
     devices = list(SPECS) if devices is None else list(devices)
-    wins = [(k, d) for k in shapes for d in devices if recompute_or_swap(SHAPES[k], d).cheaper == "recompute"]
+    pairs = [(k, d) for k in shapes for d in devices]
+    wins = [(k, d) for k, d in pairs if recompute_or_swap(SHAPES[k], d).cheaper == "recompute"]
+    serial = [(k, d) for k, d in pairs if recompute_or_swap(SHAPES[k], d, overlap_swap_out=False).cheaper == "recompute"]
     gqa = [k for k in shapes if SHAPES[k].group > 1 and SHAPES[k].latent_dim is None and SHAPES[k].params > 5e9]
     worst = min(recompute_or_swap(SHAPES[k], d).ratio for k in gqa for d in devices) if gqa else None
     losers = sorted({k for k, _ in wins}, key=lambda k: recompute_or_swap(SHAPES[k], devices[0]).params_per_kv_byte)
     described = ", ".join(f"{SHAPES[k].name} ({'multi-head attention' if SHAPES[k].group == 1 else 'small, with a deep cache'})"
                           for k in losers)
-    text = (f"Of {len(shapes) * len(devices)} pairs, recompute is cheaper per token in **{len(wins)}**, all of them "
-            f"models with few parameters per cache byte: {described or 'none'}.")
+    text = (f"Of {len(pairs)} pairs, recompute is cheaper per token in **{len(wins)}**, all of them models with few "
+            f"parameters per cache byte: {described or 'none'}.")
     if worst is not None:
         text += (f" For the grouped-query models of several billion parameters, swap over the host link is at "
                  f"least **{worst:.1f} times** cheaper at the arithmetic level, on every device listed.")
+    text += (f" An engine that waits for the swap-out doubles swap's cost (2K/β), and recompute is then cheaper in "
+             f"{len(serial)} pairs.")
     return text + (" A mixture of experts counts its active parameters (a token multiplies only those); "
                    "DeepSeek-V2's latent cache has so few bytes per token that swap wins by a wide margin.")
 
 
 def host_copy_reading(copies: list, page_block_bytes: int, page_block_tokens: int) -> str:
-    """The measured host transfer rate against block size."""
+    """The measured host transfer rate against block size; the verdict is the fixed-cost model of a copy
+    (``HostCopy.fixed_cost_dominates``: t = t0 + b / beta, t0 against b / beta)."""
     rows = "\n".join(f"| {si(c.block_bytes, 'B')} | {c.blocks:,} | {si(c.bytes_per_s, 'B/s')} | "
                      f"{c.efficiency:.0%} |" for c in copies)
     small, big = copies[0], copies[-1]
@@ -61,41 +69,74 @@ def host_copy_reading(copies: list, page_block_bytes: int, page_block_tokens: in
             f"{rows}\n\nCopying {si(small.total_bytes, 'B')} in blocks of {si(small.block_bytes, 'B')} ran at "
             f"{small.efficiency:.0%} of the rate of one copy of the same bytes; in blocks of "
             f"{si(big.block_bytes, 'B')}, at {big.efficiency:.0%}. (One layer's K for one of this page's "
-            f"{page_block_tokens}-token blocks is {si(page_block_bytes, 'B')}.)")
-    if small.efficiency < 0.5:
-        text += (" Small copies waste most of the link: each pays a fixed cost (a launch, a driver call, "
-                 "here a Python call) that a large copy pays once.")
-    else:
-        text += (" Here even small copies keep most of the rate: their fixed cost is small next to "
-                 "their bytes on this machine.")
-    return text
+            f"{page_block_tokens}-token blocks is {si(page_block_bytes, 'B')}.) In the fixed-cost model of a copy, "
+            f"$t = t_0 + b/\\beta$, each {si(small.block_bytes, 'B')} copy spent {si(small.transfer_s, 's')} moving "
+            f"its bytes at the one-copy rate")
+    if small.fixed_cost_dominates:
+        return text + (f" and {si(small.fixed_cost_s, 's')} on everything else: small copies waste most of the link, "
+                       "because each pays a fixed cost (a launch, a driver call, here a Python call) that a large "
+                       "copy pays once.")
+    return text + (f" and {si(max(small.fixed_cost_s, 0.0), 's')} on everything else, less than its transfer: here "
+                   "even small copies keep most of the rate.")
 
 
 def decides_reading(params: float, kv_bytes_per_token: float, flops: float, link_bytes_per_s: float,
-                    block_efficiency: float, recompute_per_token: float, swap_per_token: float) -> str:
-    """Which effect decides recompute against swap on this machine: the arithmetic or the copies.
+                    block_efficiency: float, cost) -> str:
+    """Which effect decides recompute against swap on this machine: the arithmetic or the copies, and
+    whether the measurement (``cost``, a ``PreemptionCost``) agrees.
 
-    ``link_bytes_per_s`` is the one-way rate of the swap link: on a CPU half the calibrated copy
-    bandwidth, which counts each byte read and written.
+    The model is ``kvlab.theory.preemption.preemption_per_token``: recompute 2 P / F against the swap-in
+    K / beta that the request waits for. ``link_bytes_per_s`` is the one-way rate of the swap link: on a
+    CPU half the calibrated copy bandwidth, which counts each byte read and written.
     """
-    arithmetic = (params / kv_bytes_per_token) / (flops / link_bytes_per_s)
-    blocked = arithmetic * block_efficiency
-    measured = recompute_per_token / swap_per_token
-    text = (f"On this machine, for this page's model: $P/K$ = {params / kv_bytes_per_token:,.0f} parameters per "
-            f"cache byte against $F/\\beta$ = {flops / link_bytes_per_s:,.0f} FLOP per byte moved one way, so the "
-            f"arithmetic puts recompute at **{arithmetic:.1f} times** swap's cost per token. Moving the blocks "
-            f"one small copy at a time, at {block_efficiency:.0%} of the copy rate, would make it "
-            f"{blocked:.1f} times. Measured per token: recompute {si(recompute_per_token, 's')}, swap "
-            f"{si(swap_per_token, 's')}, a ratio of {measured:.1f}.")
-    if (arithmetic > 1) == (blocked > 1):
-        text += (" Both readings agree, so the arithmetic decides here: "
-                 f"{'swap' if arithmetic > 1 else 'recompute'} is cheaper whatever the copy size.")
+    model = preemption_per_token(params, kv_bytes_per_token, flops, link_bytes_per_s)
+    blocked = preemption_per_token(params, kv_bytes_per_token, flops, link_bytes_per_s * block_efficiency)
+    measured = compare_timings(cost.swap_in, cost.recompute)  # ratio: recompute / swap-in
+    n = cost.tokens
+    text = (f"On this machine, for this page's model: $P/K$ = {model.params_per_kv_byte:,.0f} parameters per cache "
+            f"byte against $F/\\beta$ = {model.flops_per_link_byte:,.0f} FLOP per byte moved one way. The model "
+            f"(`kvlab.theory.preemption.preemption_per_token`) charges recompute $2P/F$ = {si(model.recompute, 's')} "
+            f"per token and the swap-in $K/\\beta$ = {si(model.swap_in, 's')}, so recompute costs "
+            f"**{model.ratio:.1f} times** the swap-in. Moving the blocks one small copy at a time, at "
+            f"{block_efficiency:.0%} of the copy rate, would make it {blocked.ratio:.1f} times. Measured per token: "
+            f"recompute {si(cost.recompute.median / n, 's')}, swap-in {si(cost.swap_in.median / n, 's')}, a ratio "
+            f"of {measured.ratio:.1f}.")
+    if model.cheaper == blocked.cheaper:
+        text += (" Both agree, so the arithmetic decides here: "
+                 f"{model.cheaper} is cheaper whatever the copy size.")
     else:
         text += (" The two disagree, so transfer efficiency decides: with many small copies recompute wins, "
                  "with one large copy per sequence swap does. kvlab's swap gathers a sequence's blocks first "
                  "and moves them in one copy per layer stack.")
-    if (measured > 1) != (arithmetic > 1):
-        text += (" The measurement disagrees with the arithmetic: at these small sizes a recompute is mostly "
-                 "the model's fixed per-call cost and a swap mostly bookkeeping, neither of which the "
-                 "per-token formula counts.")
-    return text
+    verdict = {"faster": "swap", "slower": "recompute"}.get(measured.outcome)
+    if verdict is None:
+        return text + (" The measurement cannot tell them apart: the repeats of the two overlap.")
+    if verdict == model.cheaper:
+        return text + f" The measurement agrees: {verdict} was cheaper, beyond the spread of the repeats."
+    return text + (f" The measurement disagrees with the arithmetic: {verdict} was cheaper. At these small sizes a "
+                   "recompute is mostly the model's fixed per-call cost and a swap mostly bookkeeping, neither of "
+                   "which the per-token formula counts.")
+
+
+def cached_recompute_reading(r, num_requests: int, num_blocks: int) -> str:
+    """What recompute preemption recomputed once prefix caching kept the requests' blocks (``r``: a
+    ``kvlab.lab.preemption.CachedRecompute``), split by why each token was or was not served."""
+    text = (f"{num_requests} requests ({r.prompt_tokens:,} prompt tokens) ran through the engine in {num_blocks} "
+            f"blocks of {r.block_size} tokens, preempting by recompute. The {len(r.held)} preemptions dropped the K "
+            f"and V of **{r.dropped:,} tokens**. With prefix caching on, the readmissions found **{r.from_cache:,}** "
+            f"of them still cached ({r.from_cache / max(1, r.dropped):.0%}) and recomputed {r.recomputed:,}: "
+            f"{r.partial_block_tokens:,} in partly filled last blocks, which are never hashed, and "
+            f"{r.evicted_tokens:,} in full blocks that the pool had handed to the running requests before the "
+            f"preempted request came back. In all the engine prefilled {r.prefill_tokens[True]:,} tokens with "
+            f"caching on and {r.prefill_tokens[False]:,} with it off")
+    text += (", and generated the same tokens both ways." if r.same_tokens else
+             "; the two runs generated different tokens, which is a bug: caching must not change greedy output.")
+    if r.evicted_tokens == 0:
+        return text + (" No full block was handed out: a recompute redid only the partial last blocks, the case "
+                       "in which recompute costs almost nothing.")
+    return text + (f" Had every request come back before its blocks were reused, recompute would have redone only "
+                   f"the {r.partial_block_tokens:,} partial-block tokens. The pool reused the rest because a "
+                   "preemption happens when the pool is full, so the preempted request's blocks are the oldest "
+                   "entries of the free list, which hands out its oldest entry first (its last block first, so "
+                   "the prefix survives longest), and the request comes back only once its whole footprint is "
+                   "free again, typically after another request finishes.")

@@ -21,37 +21,53 @@ def paged_kernel_rows(q_heads: int, kv_heads: int, rows: int) -> str:
     return solution(1, text)
 
 
-def paged_kernel_splits(multiprocessors: int, kv_heads: int, context: int, wanted: int, useful: int,
-                        chosen: int, tile_tokens: int, min_tiles: int) -> str:
-    """Exercise 2 of the paged kernel: how many splits ``choose_num_splits`` picks at batch 1."""
-    text = (f"At batch 1 there are only {kv_heads} programs without splitting (one per KV head), for "
-            f"{multiprocessors} multiprocessors. To give every multiprocessor two programs the kernel would "
-            f"want $\\lceil 2 \\cdot {multiprocessors} / {kv_heads} \\rceil = {wanted}$ splits. But each split "
-            f"should keep at least {min_tiles} tiles of {tile_tokens} tokens, so that its fixed cost (loading "
-            f"the query, writing a partial result and its log-sum-exp) is spread over enough keys: "
-            f"$\\lceil {context} / ({tile_tokens} \\cdot {min_tiles}) \\rceil = {useful}$ splits at most. "
-            f"`choose_num_splits` takes the smaller, **{chosen}**")
-    if chosen < wanted:
-        text += (f", so at context {context:,} the grid has {chosen * kv_heads} programs and leaves part of the "
-                 "machine idle: the sequence is too short to split further usefully.")
-    else:
-        text += (f", which fills the machine with {chosen * kv_heads} programs: the sequence is long enough "
-                 "for every split to keep its minimum of tiles.")
-    return solution(2, text)
+def paged_kernel_splits(grid, tile_tokens: int, min_tiles: int, programs_per_sm: int) -> str:
+    """Exercise 2 of the paged kernel: how many splits ``choose_num_splits`` picks at batch 1 (``grid``:
+    :func:`kvlab.lab.paged_kernel.split_grid`, whose ``bound`` says which limit set the count)."""
+    sms, heads, context = grid.multiprocessors, grid.kv_heads, grid.context
+    text = (f"At batch 1 there are only {heads} programs without splitting (one per KV head), for {sms} "
+            f"multiprocessors. To give every multiprocessor {programs_per_sm} programs the kernel would want "
+            f"$\\lceil {programs_per_sm} \\cdot {sms} / {heads} \\rceil = {grid.wanted}$ splits. But each split should "
+            f"keep at least {min_tiles} tiles of {tile_tokens} tokens, so that its fixed cost (loading the query, "
+            f"writing a partial result and its log-sum-exp) is spread over enough keys: "
+            f"$\\lceil {context} / ({tile_tokens} \\cdot {min_tiles}) \\rceil = {grid.useful}$ splits at most. "
+            f"`choose_num_splits` takes the smaller, **{grid.splits}**")
+    if grid.bound == "tiles":
+        return solution(2, text + (f", so at context {context:,} the grid has {grid.programs} programs and leaves "
+                                   "part of the machine idle: the sequence is too short to split further usefully."))
+    return solution(2, text + (f", which fills the machine with {grid.programs} programs: the sequence is long "
+                               "enough for every split to keep its minimum of tiles."))
 
 
-def paged_kernel_empty_split(max_difference: float, lse_difference: float) -> str:
-    """Exercise 3 of the paged kernel: a split with ``lse = -inf`` and a NaN output in the merge."""
-    text = ("Prediction: an empty split has weight $e^{-\\infty - m} = 0$, so the merge should equal the merge "
-            "of the other splits alone, whatever the empty split's output holds. A plain weighted sum would "
-            "not: $0 \\cdot \\text{NaN}$ is NaN. ")
-    if max_difference == 0 and lse_difference == 0:
-        text += ("Measured: the output and the log-sum-exp are exactly those of the other splits "
-                 "(difference 0), because `merge_partials` masks the outputs of zero-weight splits before "
-                 "the sum. This is what makes empty splits harmless: a split that lies past a short sequence's "
-                 "end need not produce a meaningful output.")
+def paged_kernel_empty_split(masked_difference: float, lse_difference: float, nan_rows: int, rows: int,
+                             stage_one_largest: float, empty_splits: int) -> str:
+    """Exercise 3 of the paged kernel: empty splits whose outputs are NaN, merged by ``merge_partials`` and by
+    the Triton merge, and what stage 1 itself stores there (all measured in the notebook)."""
+    text = ("Prediction: an empty split has weight $e^{-\\infty - M} = 0$, so a merge that leaves it out gives the "
+            "merge of the other splits, whatever its output holds. A merge that only weighs it does not: "
+            "$0 \\cdot \\text{NaN}$ is NaN. ")
+    if masked_difference == 0 and lse_difference == 0:
+        text += ("Measured: `merge_partials` gives exactly the merge of the non-empty splits (difference 0), "
+                 "because it masks the outputs of zero-weight splits before the sum. ")
     else:
-        text += (f"Measured: the merge differs from the merge of the other splits by {max_difference:.3g} in "
-                 f"the output and {lse_difference:.3g} in the log-sum-exp. That would be a bug: an empty split "
-                 "must not change the result.")
-    return solution(3, text)
+        text += (f"Measured: `merge_partials` differs from the merge of the non-empty splits by {masked_difference:.3g} "
+                 f"in the output and {lse_difference:.3g} in the log-sum-exp. That would be a bug: it masks empty "
+                 "splits, so they must not change the result. ")
+    if nan_rows == rows:
+        text += (f"The Triton merge, `merge_splits`, returned NaN in all {rows} rows that had an empty split: it "
+                 "computes $0 \\cdot \\text{NaN}$, because it weighs the empty split's output instead of masking it. ")
+    else:
+        text += (f"The Triton merge returned NaN in {nan_rows} of the {rows} rows that had an empty split; a merge "
+                 "that does not mask should give NaN in all of them, one that masks in none. ")
+    if stage_one_largest == 0:
+        text += (f"The kernel is still exact, because its stage 1 writes output 0 and log-sum-exp $-\\infty$ into "
+                 f"every split that holds no token: the {empty_splits} empty splits of this batch held exactly 0, "
+                 "and $0 \\cdot 0 = 0$. ")
+    else:
+        text += (f"Stage 1 left up to {stage_one_largest:.3g} in an empty split's output, not 0: with the merge as "
+                 "it is, that is a bug. ")
+    return solution(3, text + (
+        "The defensive merge masks the part before the sum, `part = tl.where(weight[:, None] > 0, part, 0.0)`, "
+        "as `merge_partials` does, at the cost of a select per element. It matters wherever the partials come "
+        "from something other than this stage 1, for example one that skips the store of an empty split: its "
+        "buffer comes from `torch.empty`, which may hold NaN."))
