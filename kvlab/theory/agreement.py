@@ -46,9 +46,9 @@ class Comparison:
         return self.outcome == WITHIN
 
     def describe(self) -> str:
-        """``"1.4 times the prediction (agreement: within a factor 1.25)"``."""
+        """``"1.43 times the prediction (agreement: within a factor 1.25)"``."""
         r = self.ratio
-        times = f"{r:.2g}" if r < 10 else f"{r:,.0f}"
+        times = f"{r:.3g}" if r < 100 else f"{r:,.0f}"
         return f"{times} times the prediction (agreement: within a factor {self.tolerance:g})"
 
 

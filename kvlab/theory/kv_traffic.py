@@ -6,7 +6,7 @@ The page predicts every time from the bytes it moves, reads plus writes, at the 
 
 - ``compare_with_bytes``: a time, or a ratio of times, against the bytes model's, agreeing within
   ``BYTES_TOLERANCE``;
-- ``cache_resident``: whether a read's bytes fit in the device's largest hardware cache
+- ``cache_resident``: whether a read's bytes fit, with room to spare, in the device's largest hardware cache
   (``kvlab.lab.layout_timing.last_level_cache_bytes``), the likely reason a read beats its bytes.
 
 Pure Python.
@@ -21,6 +21,9 @@ from kvlab.theory.agreement import Comparison, compare
 # bytes; further off, something besides the bytes (arithmetic, fixed per-call costs, the hardware
 # caches, another process) set it.
 BYTES_TOLERANCE = 1.25
+# A read's working set stays in a hardware cache between repeats only if it takes at most this share
+# of it: the cache also holds the query, the scores and the output, and other processes' lines.
+RESIDENT_SHARE = 0.5
 
 
 def compare_with_bytes(measured: float, predicted: float) -> Comparison:
@@ -30,8 +33,8 @@ def compare_with_bytes(measured: float, predicted: float) -> Comparison:
 
 
 def cache_resident(nbytes: float, cache_bytes: int | None) -> bool:
-    """Whether ``nbytes``, a read's working set, fits in a hardware cache of ``cache_bytes`` (False when
-    the size is unknown): such a read can be served from that cache between repeats, faster than the
-    DRAM bandwidth the calibration measured."""
+    """Whether ``nbytes``, a read's working set, fits in a hardware cache of ``cache_bytes``: at most
+    ``RESIDENT_SHARE`` of it (False when the size is unknown). Such a read can be served from that
+    cache between repeats, faster than the DRAM bandwidth the calibration measured."""
     positive("nbytes", nbytes)
-    return cache_bytes is not None and nbytes <= cache_bytes
+    return cache_bytes is not None and nbytes <= RESIDENT_SHARE * cache_bytes

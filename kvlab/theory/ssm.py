@@ -4,7 +4,7 @@
   h_t = a_t h_{t-1} + b_t over s tokens in each order ``kvlab.cache.scan.affine_scan`` implements:
   sequential (the decode path), Hillis-Steele parallel (Hillis and Steele 1986), chunked, Blelloch's
   work-efficient scan (Blelloch 1990) and the two-level scan;
-- ``scan_time``, ``fastest_order`` and ``parallel_break_even``: the scan cost model of section 9.6,
+- ``scan_time``, ``usable_fit``, ``fastest_order`` and ``parallel_break_even``: the scan cost model of section 9.6,
   t = tau * rounds + gamma * compositions * E, and the round cost at which the parallel scan starts
   to beat the sequential one;
 - ``attention_step_slope``, ``SLOPE_TOLERANCE`` and ``is_flat``: how much an attention decode step
@@ -125,6 +125,12 @@ def scan_time(length: int, method: str, chunk_size: int | None, round_s: float, 
 # The fitted cost model explains a measured ratio of two orders' times when it predicts the same winner
 # and a ratio within this factor of the measured one.
 SCAN_TOLERANCE = 1.25
+
+
+def usable_fit(round_s: float, element_s: float) -> bool:
+    """Whether a least-squares fit of ``scan_time`` to measured points told its two terms apart: both
+    costs came out positive. A zero or negative one means the points could not separate them."""
+    return real("round_s", round_s) > 0 and real("element_s", element_s) > 0
 
 
 def fastest_order(length: int, round_s: float, element_s: float, elements: int, chunk_size: int | None = None,

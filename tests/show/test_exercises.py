@@ -208,20 +208,33 @@ def test_long_context_solutions_and_kivi_reading():
 
 
 def test_memory_wall_solutions_and_readings():
+    import kvlab
     from kvlab import SHAPES
     from kvlab.theory import roofline as rf
     from kvlab.show.readings import capacity
 
+    L70 = SHAPES["llama-3-70b"]
     t = folded(ex.wall_fixed_point(4, 4, {1: [1.0, 2.0], 4: [4.0, 4.0], 32: [26.0, 5.6]}, [1000, 64000]), 1)
     assert "**4**" in t and "| 32 | 26.00 | 5.60 |" in t
-    t = folded(ex.wall_288(1.057, 53_406, 320_435, 56_458, 451_660, 4.0), 2)
+    import dataclasses
+
+    from kvlab.theory import memory_wall as mw
+
+    # The band opens where the device holds twice the weights: devices 10% on each side of that memory.
+    edge = 2 * L70.params * 2
+    for factor, opens in ((1.1, True), (0.9, False)):
+        hw = dataclasses.replace(kvlab.SPECS["b200"], hbm_bytes=factor * edge)
+        assert mw.kv_bound_regime_exists(L70, hw) is opens
+        text = ex.wall_288(mw.kv_bound_band(L70, hw), mw.kv_bound_regime_exists(L70, hw), 53_406, 320_435,
+                           56_458, 451_660, 4.0)
+        assert ("now exists" in text) is opens and ("still no one-device" in text) is not opens
+    t = folded(ex.wall_288(1.057, True, 53_406, 320_435, 56_458, 451_660, 4.0), 2)
     assert "now exists" in t and "**320,435 tokens**" in t
-    assert "still no one-device" in ex.wall_288(0.9, 53_406, 320_435, 56_458, 451_660, 4.0)
     t = folded(ex.wall_joint({"half": 1.13, "joint": 1.21}, {"half": 1.83, "joint": 3.12}), 3)
     assert "**$S(4)$ = 3.12**" in t and "at both batches" in t
     cache = 41_943_040_000
     nv = capacity.nvlink_reading(cache, 4, 25.0)
-    assert "**23.3 ms**" in nv and "450 GB/s" in nv and "900 GB/s" in nv and "11.7 ms" in nv
+    assert "**23.3 ms**" in nv and "450 and 64 GB/s" in nv and "900 GB/s" in nv and "128 GB/s" in nv and "11.7 ms" in nv
     assert "**38x to 1,073x**" in nv and "2,146x at the top" in nv  # every figure at the one-way rate
     links = capacity.w4_links(cache)
     assert [round(t, 4) for t in links.values()] == [0.6554, 0.1638, 0.0233]
@@ -231,7 +244,6 @@ def test_memory_wall_solutions_and_readings():
     assert "**38× to 1,073×**" in fixes and "38× to 2,146×" in fixes and "$g = 4$, $g = 8$, $g = 16$" in fixes
     assert fixes.count("\n") == 4 and fixes.startswith("1. ") and "5. **39.0 GiB.**" in fixes
     assert "interleave" in capacity.placement_reading(2.0, 8.0)
-    L70 = SHAPES["llama-3-70b"]
     r3 = capacity.rule3_reading(L70.name, "NVIDIA B200", 128_000, 1.21, rf.admitted_rate(L70, "b200", 128_000),
                                 rf.admitted_rate(L70, "b200", 128_000, w_kv=0.5))
     assert "**1 sequence in bf16**" in r3 and "**4 with a 4-bit cache**" in r3 and "**4.0 times**" in r3

@@ -18,6 +18,7 @@ def test_compare_on_both_sides_of_each_edge():
     assert compare(-1.0, 2.0, 1.25).outcome == BELOW  # a negative slope is below any positive prediction
     c = compare(2.8, 2.0, 1.25)
     assert c.ratio == pytest.approx(1.4) and c.describe() == "1.4 times the prediction (agreement: within a factor 1.25)"
+    assert compare(2.006, 1.0, 2.0).describe().startswith("2.01 times")
 
 
 @pytest.mark.parametrize("call, kind, words", [
@@ -35,5 +36,8 @@ def test_bad_input_names_the_argument(call, kind, words):
 def test_bytes_model_and_residency():
     low, high = edges(1e-3, BYTES_TOLERANCE)
     assert compare_with_bytes(0.9 * low, 1e-3).outcome == BELOW and compare_with_bytes(1.1 * high, 1e-3).outcome == ABOVE
-    assert cache_resident(32 << 20, 32 << 20) and not cache_resident((32 << 20) + 1, 32 << 20)
+    from kvlab.theory.kv_traffic import RESIDENT_SHARE
+
+    edge = RESIDENT_SHARE * (32 << 20)
+    assert cache_resident(0.9 * edge, 32 << 20) and not cache_resident(1.1 * edge, 32 << 20)
     assert not cache_resident(1.0, None)  # unknown size: never assume residency

@@ -6,6 +6,7 @@ import pytest
 import kvlab
 from kvlab.theory import roofline
 from kvlab.theory.shapes import SHAPES
+from kvlab.theory import verdict as verdict_models
 from kvlab.theory.verdict import BatchPoint, LEVERS, Target, VERDICTS, capacity_batch, decide, lever, useful_batch
 from kvlab.theory.work import STEP_METHODS
 
@@ -110,3 +111,20 @@ def test_idle_batch_and_parity_models_on_both_sides():
     assert verdict.compare_loops(50.0, 50.0 * 1.1 * verdict.LOOP_TOLERANCE).outcome == "below"
     assert verdict.past_ridge(1.1 * 3.5, 3.5) and not verdict.past_ridge(0.9 * 3.5, 3.5)
     assert verdict.exceeds_ceilings(0.2, 1.1) and not verdict.exceeds_ceilings(0.9, 0.5)
+
+
+@pytest.mark.parametrize("call, kind, words", [
+    (lambda: verdict_models.bandwidth_batch(SHAPES["llama-3.2-1b"], 8, 0.0, 1e9),
+     ValueError, "step_s must be a finite number > 0"),
+    (lambda: verdict_models.shared_weight_tpot(0.01, 0, 1e5, 1e9),
+     ValueError, "batch must be an int >= 1"),
+    (lambda: verdict_models.expected_static_idle(1e-3, 0, 10),
+     ValueError, "cached_ops must be an int >= 1"),
+    (lambda: verdict_models.past_ridge(1.0, -2.0),
+     ValueError, "ridge must be a finite number > 0"),
+    (lambda: verdict_models.compare_loops(1.0, 0.0),
+     ValueError, "reference_tokens_per_s must be a finite number > 0"),
+])
+def test_reading_models_refuse_bad_numbers(call, kind, words):
+    with pytest.raises(kind, match=words):
+        call()

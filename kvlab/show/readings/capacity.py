@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvlab.theory.specs import exposed_memory, spec
+from kvlab.show.format import si
+from kvlab.theory.memory_wall import ridge_admitted
+from kvlab.theory.roofline import free_beside_weights, max_batch, ridge_batch, transfer_time
 from kvlab.theory.shapes import SHAPES
-from kvlab.theory.roofline import free_beside_weights, max_batch, ridge_batch
+from kvlab.theory.specs import LINKS, exposed_memory, spec
 
 GIB = 2**30
 
@@ -31,7 +33,7 @@ def largest_batch_reading(context: int = 2048) -> str:
             f"the 8B model's unrounded {SHAPES['llama-3-8b'].counted_params() / 1e9:.2f}e9 parameters, the "
             f"largest batch of {context:,}-token sequences is **{real_batch}** instead of {seed_batch}.")
     b_ridge = round(ridge_batch(h100))
-    if real_batch < b_ridge:
+    if not ridge_admitted(_real(SHAPES["llama-3-8b"]), real_h100, context):
         text += (f" More room, the same conclusion: the ridge batch of {b_ridge} still does not fit.")
     else:
         text += (f" That reaches the ridge batch of {b_ridge}: with the real capacity, the weight products could "
@@ -79,12 +81,8 @@ def kivi_residual_reading(tokens: int, residual: int, group_size: int, bits: int
 
 
 def w4_links(cache_bytes: float, codec: float = 4) -> dict:
-    """Notebook 10, W4: seconds to move one session's cache over the host and peer links, each at its
-    one-way rate from ``kvlab.theory.specs.LINKS`` (a fetch moves the cache one way), and the seed's
-    NVLink figure, computed at the bidirectional total it quotes."""
-    from kvlab.theory.roofline import transfer_time
-    from kvlab.theory.specs import LINKS
-
+    """Notebook 10, W4: seconds to move one session's cache over the host and peer links, by link, each
+    at its one-way rate from ``kvlab.theory.specs.LINKS`` (a fetch moves the cache one way)."""
     pcie, nvlink = LINKS["pcie5-x16"], LINKS["nvlink4"]
     return {
         f"PCIe Gen5 x16, {pcie.bytes_per_s_each_way / 1e9:.0f} GB/s one way": transfer_time(cache_bytes, pcie.bytes_per_s_each_way),
@@ -96,26 +94,21 @@ def w4_links(cache_bytes: float, codec: float = 4) -> dict:
 
 def seed_nvlink_seconds(cache_bytes: float, codec: float = 4) -> float:
     """The seed's W4 NVLink fetch: the cache over NVLink's quoted total of both directions (900 GB/s)."""
-    from kvlab.theory.roofline import transfer_time
-    from kvlab.theory.specs import LINKS
-
     return transfer_time(cache_bytes, LINKS["nvlink4"].bytes_per_s_both_ways, codec=codec)
 
 
 def nvlink_reading(cache_bytes: float, codec: float, recompute_seconds: float) -> str:
     """Notebook 10: a one-way KV fetch over NVLink gets half the quoted (bidirectional) figure, and the
     range of W4's speedups over recompute that follows."""
-    from kvlab.show.format import si
-    from kvlab.theory.specs import LINKS
-
     nvlink, pcie = LINKS["nvlink4"], LINKS["pcie5-x16"]
     fetch = list(w4_links(cache_bytes, codec).values())
     seed = seed_nvlink_seconds(cache_bytes, codec)
     slow, fast = recompute_seconds / max(fetch), recompute_seconds / min(fetch)
-    return (f"One correction to the seed's arithmetic, applied in the table above. NVIDIA quotes NVLink as the "
-            f"total of both directions, {nvlink.bytes_per_s_both_ways / 1e9:,.0f} GB/s on an H100; a fetch moves "
-            f"the cache one way, at {nvlink.bytes_per_s_each_way / 1e9:,.0f} GB/s. PCIe's "
-            f"{pcie.bytes_per_s_each_way / 1e9:.0f} GB/s in the table is its per-direction rate too. So the "
+    return (f"One correction to the seed's arithmetic, applied in the table above. NVIDIA's H100 datasheet "
+            f"quotes both links as the total of the two directions, NVLink at "
+            f"{nvlink.bytes_per_s_both_ways / 1e9:,.0f} GB/s and PCIe Gen5 at {pcie.bytes_per_s_both_ways / 1e9:,.0f} "
+            f"GB/s; a fetch moves the cache one way, at {nvlink.bytes_per_s_each_way / 1e9:,.0f} and "
+            f"{pcie.bytes_per_s_each_way / 1e9:.0f} GB/s. The seed takes PCIe's one-way rate but NVLink's total. So the "
             f"codec-compressed fetch over NVLink takes **{si(min(fetch), 's')}**, {min(fetch) / seed:.0f} times the "
             f"seed's {si(seed, 's')}, and fetching is **{slow:.0f}x to {fast:,.0f}x** faster than the "
             f"{si(recompute_seconds, 's')} recompute, rather than the seed's {recompute_seconds / seed:,.0f}x at the "
@@ -138,7 +131,8 @@ def seed_corrections_reading(fixed_points: dict, ai_small: float, ai_floor: floa
     slowest, fastest = max(links.values()), min(links.values())
     seed = seed_nvlink_seconds(cache_bytes)
     groups = ", ".join(f"$g = {g:g}$" for g, _ in fixed_points.values())
-    points = " and ".join(f"{name}'s {b:g}" for name, (g, b) in fixed_points.items())
+    parts = [f"{name}'s {b:g}" for name, (g, b) in fixed_points.items()]
+    points = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
     return "\n".join([
         f"1. **$b^\\dagger = 8$ \"for the GQA models\".** $b^\\dagger = g\\,w_p / w_{{kv}}$ depends on the group "
         f"factor, and the three Llama-3 models of Table 1 have three: {groups}. The figure 8 is right for "
@@ -177,8 +171,6 @@ def placement_reading(gain_b200: float, gain_mi300x: float) -> str:
 
 def rule3_reading(shape_name: str, device_name: str, context: int, speedup_c4: float, bf16, int4) -> str:
     """Notebook 10: the scope of design rule 3, in numbers."""
-    from kvlab.show.format import si
-
     text = (f"Rule 3 is about step time at a fixed batch: below $s^*$ a 4-bit cache would shorten a step of "
             f"one sequence only {speedup_c4:.2f}x. It does not make compression useless in the weight-bound "
             f"regime. Where capacity limits the batch, compression changes the batch: at {context:,} tokens, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvlab.show.format import si
 from kvlab.theory import verdict as model
 from kvlab.theory.agreement import ABOVE, BELOW
 
@@ -156,8 +157,6 @@ def reading_real_model(random_d: Diagnosis, real_d: Diagnosis, random_name: str,
     """The path on the pretrained model beside the random-weight one: the two verdicts of
     ``kvlab.theory.verdict.decide``, and why they agree or differ (a step's work depends on the shape,
     not on what the weights learned)."""
-    from kvlab.show.format import si
-
     text = (f"**{real_name}, cached loop: verdict `{real_d.verdict}`** ({real_d.because}). Traced at "
             f"{real_d.context} cached tokens, one step took {_ms(real_d.trace.step_s)} and read "
             f"{si(real_d.trace.work.weights_read, 'B')} of weights. Beside it, the random-weight {random_name} of "

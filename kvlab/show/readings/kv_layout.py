@@ -42,10 +42,10 @@ def _residency(read, llc: int | None) -> str:
     """Why a read can beat its bytes: its cache fits the device's largest hardware cache, or not."""
     where = f"this device's {si(llc, 'B')} last-level cache" if llc else "the device's last-level cache (size unknown)"
     if cache_resident(read.kv_bytes, llc):
-        return (f"its {si(read.kv_bytes, 'B')} of keys and values fit in {where}, so repeats read them "
-                "from there rather than from DRAM")
-    return (f"its {si(read.kv_bytes, 'B')} do not fit in {where}, so the likelier cause is a calibration "
-            "taken while the machine was busier than during this read")
+        return (f"its {si(read.kv_bytes, 'B')} of keys and values fit in {where} with room to spare, so "
+                "repeats read them from there rather than from DRAM")
+    return (f"its {si(read.kv_bytes, 'B')} of keys and values do not fit in {where} with room to spare, so "
+            "the likelier cause is a calibration taken while the machine was busier than during this read")
 
 
 def append_reading(read, index, slot, cat) -> str:
@@ -56,8 +56,8 @@ def append_reading(read, index, slot, cat) -> str:
     text = [f"In-place appends cost {si(index.timing.median, 's')} (`BHTD` index) and "
             f"{si(slot.timing.median, 's')} (`NHD` slot, including `store_kv`'s argument checks) per step. "
             f"The read cost **{si(read.timing.median, 's')}**, {time_ratio:,.0f} times the index append. Counted "
-            f"in bytes, {MODEL}, the read moves {bytes_ratio:,.0f} times the append's bytes, a ratio that "
-            "grows with every token: the read path is the one to optimize at long context."]
+            f"by {MODEL}, the read moves {bytes_ratio:,.0f} times the append's bytes, a ratio that grows with "
+            "every token: the read path is the one to optimize at long context."]
     c = compare_with_bytes(time_ratio, bytes_ratio)
     if c.outcome == BELOW:
         text.append("The time ratio is below the byte ratio, as expected: an append moves a few kilobytes, so "
@@ -111,8 +111,8 @@ def gqa_reading(mha, small, llc: int | None) -> str:
     if c.outcome == ABOVE:
         both = cache_resident(mha.kv_bytes, llc)
         if cache_resident(small.kv_bytes, llc) and not both:
-            why = (f"the smaller cache fits in this device's {si(llc, 'B')} last-level cache and the larger one "
-                   "does not, so repeats read the smaller one from that cache, faster than DRAM")
+            why = (f"the smaller cache fits in this device's {si(llc, 'B')} last-level cache with room to spare "
+                   "and the larger one does not, so repeats read the smaller one from that cache, faster than DRAM")
         else:
             why = ("the two caches sit on the same side of the device's last-level cache "
                    f"({si(llc, 'B') if llc else 'size unknown'}), so the likelier cause is another process "

@@ -33,7 +33,7 @@ def scan_reading(length: int, dim: int, state_size: int, chunk_size: int, times:
             f"took **{si(t_seq, 's')}**, the parallel scan **{si(t_par, 's')}** and the chunked scan "
             f"**{si(t_chunk, 's')}**: the parallel scan was {_faster(t_seq / t_par)} and the chunked scan "
             f"{_faster(t_seq / t_chunk)} than the sequential one."]
-    if tau <= 0 or gamma <= 0:
+    if not ssm.usable_fit(tau, gamma):
         text.append(f"Fitting the cost model {COST_MODEL} gave a round cost of {si(tau, 's')} and {si(gamma, 's')} "
                     "per composition; a value at or below zero means the two terms could not be told apart at "
                     "these sizes, so read the measured points, not the curves.")

@@ -21,15 +21,15 @@ def kv_layout_batch(lo_read, hi_read, lo_append, hi_append, llc: int | None) -> 
     text = (f"The read moves $2BsHDw$ bytes, proportional to $B$: going from {b_lo} to {b_hi} sequences should "
             f"multiply its time by **{c.predicted:g}** (the bytes model: {si(lo_read.predicted_s, 's')} and "
             f"{si(hi_read.predicted_s, 's')}). The `index` append writes $2BHDw$ bytes, a few kilobytes, so its "
-            "time is the fixed cost of one operation and should barely move. Measured: the read went from "
-            f"{si(lo_read.timing.median, 's')} to {si(hi_read.timing.median, 's')} (**{c.measured:.2f}x**, "
-            f"{c.describe()}), the append from {si(lo_append.timing.median, 's')} to "
-            f"{si(hi_append.timing.median, 's')} ({app:.1f}x).")
+            "time is the fixed cost of one operation and should barely move. Measured: the append went from "
+            f"{si(lo_append.timing.median, 's')} to {si(hi_append.timing.median, 's')} ({app:.1f}x), and the read "
+            f"from {si(lo_read.timing.median, 's')} to {si(hi_read.timing.median, 's')}, **{c.measured:.2f}x**: "
+            f"{c.describe()}.")
     if c.outcome == BELOW:
         if cache_resident(lo_read.kv_bytes, llc) and not cache_resident(hi_read.kv_bytes, llc):
             text += (f" The read grew less than its bytes: the {b_lo}-sequence cache ({si(lo_read.kv_bytes, 'B')}) "
-                     f"fits in this device's {si(llc, 'B')} last-level cache and the {b_hi}-sequence one does not, "
-                     "so the smaller batch read faster than DRAM.")
+                     f"fits in this device's {si(llc, 'B')} last-level cache with room to spare and the "
+                     f"{b_hi}-sequence one does not, so the smaller batch read faster than DRAM.")
         else:
             text += (" The read grew less than its bytes although both caches sit on the same side of the "
                      "last-level cache: a fixed cost per read (the call, the softmax's small tensors) weighs "
@@ -49,10 +49,11 @@ def kv_layout_block1(D: int, w: int, runs_1: dict, runs_16: dict, block: int, ga
             f"is one head vector, $D w$ = **{si(D * w, 'B')}**, the same as `NHD`: the layouts differ only "
             f"inside a block, and a one-token block has no inside. kvlab's runs: `HND` "
             f"{si(runs_1['HND'], 'B')} at block 1 against {si(runs_16['HND'], 'B')} at block {block}; `NHD` "
-            f"{si(runs_1['NHD'], 'B')} and {si(runs_16['NHD'], 'B')}. The gather copies the same bytes (the bytes "
-            f"model puts block 1 at {c.predicted:.3f} times block {block}, for the longer block table) but through "
-            f"{block} times as many pieces. Measured on one `NHD` read: {si(gather_1.timing.median, 's')} at block 1 "
-            f"against {si(gather_16.timing.median, 's')} at block {block}, {c.describe()}.")
+            f"{si(runs_1['NHD'], 'B')} and {si(runs_16['NHD'], 'B')}. The gather copies the same bytes through "
+            f"{block} times as many pieces: the bytes model puts block 1 at {c.predicted:.3f} times block {block}, "
+            "the longer block table adding almost nothing, so any slowdown is the pieces'. Measured on one `NHD` "
+            f"read: {si(gather_1.timing.median, 's')} at block 1 against {si(gather_16.timing.median, 's')} at block "
+            f"{block}, {c.measured:.2f} times: {c.describe()}.")
     if c.outcome == ABOVE:
         text += " Slower than its bytes: per-block indexing costs more than the bytes."
     elif c.outcome == BELOW:

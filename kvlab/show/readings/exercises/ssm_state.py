@@ -32,7 +32,7 @@ def ssm_narrow_scan(dim_before: int, dim_after: int, state_size: int, length: in
             f"divides $E$, and with it the work term, by {dim_before / dim_after:g}, while the rounds cost the same: "
             "the **round term** gains weight, and the orders with few rounds (parallel, then chunked) gain on the "
             "sequential scan.")
-    if tau <= 0 or gamma <= 0:
+    if not ssm.usable_fit(tau, gamma):
         text += (" The fit at the wider setting could not tell the two terms apart, so it predicts nothing here; "
                  f"at the longest prompt, with d = {dim_after}:\n\n| order | time |\n|---|---:|\n{rows}\n\n")
         return solution(2, text + f"The {min(times, key=times.get)} scan won.")
