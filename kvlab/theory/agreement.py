@@ -46,10 +46,12 @@ class Comparison:
         return self.outcome == WITHIN
 
     def describe(self) -> str:
-        """``"1.43 times the prediction (agreement: within a factor 1.25)"``."""
+        """The ratio and the outcome: ``"1.4 times the prediction: above it, beyond the factor 1.25 either
+        way that counts as agreement"``; inside that factor, ``"...: within the factor 1.25 ..."``."""
         r = self.ratio
         times = f"{r:.3g}" if r < 100 else f"{r:,.0f}"
-        return f"{times} times the prediction (agreement: within a factor {self.tolerance:g})"
+        where = "within" if self.agrees else f"{self.outcome} it, beyond"
+        return f"{times} times the prediction: {where} the factor {self.tolerance:g} either way that counts as agreement"
 
 
 def compare(measured: float, predicted: float, tolerance: float) -> Comparison:

@@ -64,7 +64,7 @@ def test_explore_reading_on_both_sides_of_the_bytes_model():
     assert "do not fit" in fast_not and "calibration" in fast_not
     assert "about the copy bandwidth" in on and "bytes model" in on and "index 5 µs" in on
     assert "slower than its bytes" in slow
-    assert "within a factor 1.25" in on
+    assert "within the factor 1.25" in on
 
 
 def test_gqa_reading_three_ways():

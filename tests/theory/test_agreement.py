@@ -17,7 +17,10 @@ def test_compare_on_both_sides_of_each_edge():
     assert compare(1.1 * high, 2.0, 1.25).outcome == ABOVE
     assert compare(-1.0, 2.0, 1.25).outcome == BELOW  # a negative slope is below any positive prediction
     c = compare(2.8, 2.0, 1.25)
-    assert c.ratio == pytest.approx(1.4) and c.describe() == "1.4 times the prediction (agreement: within a factor 1.25)"
+    assert c.ratio == pytest.approx(1.4) and c.describe() == ("1.4 times the prediction: above it, beyond the factor 1.25 either way "
+                                                           "that counts as agreement")
+    assert compare(1.1, 1.0, 1.25).describe() == "1.1 times the prediction: within the factor 1.25 either way that counts as agreement"
+    assert compare(0.5, 1.0, 1.25).describe().startswith("0.5 times the prediction: below it, beyond")
     assert compare(2.006, 1.0, 2.0).describe().startswith("2.01 times")
 
 

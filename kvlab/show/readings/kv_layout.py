@@ -63,7 +63,7 @@ def append_reading(read, index, slot, cat) -> str:
         text.append("The time ratio is below the byte ratio, as expected: an append moves a few kilobytes, so "
                     "its time is almost all the fixed cost of one operation, which the bytes model leaves out.")
     else:
-        text.append(f"The time ratio came out at {c.describe()} of the byte ratio; the append's fixed "
+        text.append(f"Against the byte ratio, the time ratio came out at {c.describe()}; the append's fixed "
                     "per-operation cost should have kept it below. The likely reason on a shared machine: "
                     "another process slowed the read (rerun the cell).")
     c = compare_with_bytes(cat.timing.median / read.timing.median, cat.predicted_s / read.predicted_s)

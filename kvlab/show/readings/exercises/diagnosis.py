@@ -20,7 +20,7 @@ def diagnosis_batch(weight_bytes: float, sequence_bytes: float, context: int, ba
     """
     flat = model.flat_step_fraction(batch, step_1, weight_bytes, sequence_bytes, bandwidth)
     c = compare(fraction_b, flat, model.BATCH_TOLERANCE)
-    text = (f"A step moves $P w + b\\,(s + 1)\\,K$ bytes: the weights once for every sequence in the batch "
+    text = (f"A step moves $P w + b\\,(s + 1)\\,K$ bytes: the weights, read once for all the sequences of the batch "
             f"({si(weight_bytes, 'B')}) and each sequence's cache read and new token ({si(sequence_bytes, 'B')} at "
             f"{context:,} cached tokens). Only the second term grows with $b$. At batch 1 the step took "
             f"{si(step_1, 's')} and moved its {si(weight_bytes + sequence_bytes, 'B')} at {fraction_1:.1%} of the "
