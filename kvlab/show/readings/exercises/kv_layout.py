@@ -23,7 +23,7 @@ def kv_layout_batch(lo_read, hi_read, lo_append, hi_append, llc: int | None) -> 
             f"{si(hi_read.predicted_s, 's')}). The `index` append writes $2BHDw$ bytes, a few kilobytes, so its "
             "time is the fixed cost of one operation and should barely move. Measured: the append went from "
             f"{si(lo_append.timing.median, 's')} to {si(hi_append.timing.median, 's')} ({app:.1f}x), and the read "
-            f"from {si(lo_read.timing.median, 's')} to {si(hi_read.timing.median, 's')}, **{c.measured:.2f}x**: "
+            f"from {si(lo_read.timing.median, 's')} to {si(hi_read.timing.median, 's')}, **{c.measured:.2f}x**, "
             f"{c.describe()}.")
     if c.outcome == BELOW:
         if cache_resident(lo_read.kv_bytes, llc) and not cache_resident(hi_read.kv_bytes, llc):
@@ -53,7 +53,7 @@ def kv_layout_block1(D: int, w: int, runs_1: dict, runs_16: dict, block: int, ga
             f"{block} times as many pieces: the bytes model puts block 1 at {c.predicted:.3f} times block {block}, "
             "the longer block table adding almost nothing, so any slowdown is the pieces'. Measured on one `NHD` "
             f"read: {si(gather_1.timing.median, 's')} at block 1 against {si(gather_16.timing.median, 's')} at block "
-            f"{block}, {c.measured:.2f} times: {c.describe()}.")
+            f"{block}, {c.describe()}.")
     if c.outcome == ABOVE:
         text += " Slower than its bytes: per-block indexing costs more than the bytes."
     elif c.outcome == BELOW:
