@@ -28,6 +28,8 @@ def main(argv=None) -> int:
     diag.add_argument("--tpot-ms", type=float, default=None, help="time-per-output-token target (ms)")
     diag.add_argument("--ttft-ms", type=float, default=None, help="time-to-first-token target (ms)")
     diag.add_argument("--memory-gb", type=float, default=None, help="memory for weights plus cache (GB)")
+    diag.add_argument("--threads", type=int, default=None,
+                      help="CPU threads to measure on (default: kvlab.lab.repeatable_step.CPU_THREADS, 1, as make sets)")
     diag.add_argument("--save-traces", metavar="OUT.json", default=None,
                       help="also write the cached and static step traces, with their stamp, to this JSON file "
                            "(name it *diagnose-traces*.json in book/data/measurements/ for notebook 09)")
@@ -60,6 +62,8 @@ def _diagnose(args) -> int:
 
     import kvlab
     from kvlab.lab.diagnose import diagnose
+    from kvlab.lab.hardware import cpu_threads
+    from kvlab.lab.repeatable_step import CPU_THREADS, measurement_threads
     from kvlab.theory.verdict import Target
     from kvlab.theory.work import STEP_METHODS
 
@@ -78,16 +82,19 @@ def _diagnose(args) -> int:
                                  max_positions=max(4096, args.context + args.new_tokens + 1))
         prompt = torch.randint(0, model.config.vocab_size, (args.batch, args.context),
                                generator=torch.Generator().manual_seed(0)).to(model.device)
-        print(kvlab.lab.hardware.stamp_line())
-        print(f"model: {model.shape.name}, {model.dtype}")
-        print(diagnose(model, prompt, args.new_tokens, method=args.method, target=target, progress=True))
-        if args.save_traces:
-            from kvlab.lab.step_trace import trace_step
+        threads = measurement_threads(model, CPU_THREADS if args.threads is None else args.threads)
+        with cpu_threads(threads):  # the stamp names the threads the measurements run on
+            print(kvlab.lab.hardware.stamp_line())
+            print(f"model: {model.shape.name}, {model.dtype}")
+            print(diagnose(model, prompt, args.new_tokens, method=args.method, target=target, progress=True,
+                           threads=threads))
+            if args.save_traces:
+                from kvlab.lab.step_trace import trace_step
 
-            traces = {m: trace_step(model, prompt, method=m).to_json() for m in ("cached", "static")}
-            with open(args.save_traces, "w") as f:
-                json.dump({"stamp": kvlab.stamp(), "traces": traces}, f)
-            print(f"wrote {args.save_traces}")
+                traces = {m: trace_step(model, prompt, method=m, threads=threads).to_json() for m in ("cached", "static")}
+                with open(args.save_traces, "w") as f:
+                    json.dump({"stamp": kvlab.stamp(), "traces": traces}, f)
+                print(f"wrote {args.save_traces}")
     except (ValueError, TypeError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -16,6 +16,10 @@ The Decode and KV Cache chapter, 2026, section 9.8, assesses a decode bottleneck
 traces is ``kvlab.lab.step_trace.trace_step``; the bytes and FLOPs it reports come from
 ``kvlab.theory.work.step_work``, and the verdict is ``kvlab.theory.verdict.decide``, a plain
 function of the measurements, so that a reader (and a test) can check the arithmetic.
+
+On a CPU the whole path runs on ``CPU_THREADS`` of torch's threads (``kvlab.lab.hardware.cpu_threads``,
+restored after), the count ``make`` sets, and the calibration it compares with is taken at that count:
+the verdict is then the same whether ``make``, a notebook kernel or ``python -m kvlab diagnose`` ran it.
 """
 
 from __future__ import annotations
@@ -28,14 +32,15 @@ import torch
 
 from kvlab._checks import integer
 from kvlab.lab.bench import Row
-from kvlab.lab.hardware import calibrate, calibrated_device
+from kvlab.lab.hardware import calibrate, calibrated_device, cpu_threads
 from kvlab.devices import on_gpu
 from kvlab.lab.models import tiny_model
-from kvlab.lab.repeatable_step import (check_ids, element_bytes, model_shape_of, prefill_time, prepared_ids,
-                                       step_time, tile_prompt)
+from kvlab.lab.repeatable_step import (CPU_THREADS, check_ids, element_bytes, measurement_threads, model_shape_of,
+                                       prefill_time, prepared_ids, step_time, tile_prompt)
 from kvlab.lab.step_trace import StepTrace, trace_step
 from kvlab.theory import roofline
 from kvlab.theory.specs import Accelerator
+from kvlab.theory.units import si
 from kvlab.theory.verdict import (BUSY_THRESHOLD, KV_SHARE_THRESHOLD, BatchPoint, Target, capacity_batch, decide,
                                   lever, useful_batch)
 from kvlab.theory.work import check_method
@@ -53,7 +58,8 @@ class Step:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """What :func:`diagnose` found (section 9.8). ``steps`` holds the five :class:`Step`\\ s in order."""
+    """What :func:`diagnose` found (section 9.8). ``steps`` holds the five :class:`Step`\\ s in order;
+    ``threads`` the CPU threads every measurement ran on (None: a GPU, threads left as they were)."""
 
     method: str
     batch: int
@@ -71,10 +77,13 @@ class Diagnosis:
     sweep: tuple
     useful_batch: int | None
     target: Target
+    threads: int | None = None
 
     def __str__(self) -> str:
         lines = [f"decode diagnosis: {self.method} loop, batch {self.batch}, prompt {self.prompt_tokens}, "
                  f"{self.new_tokens} new tokens (traced at {self.context} cached tokens)"]
+        if self.threads is not None:
+            lines.append(f"measured on {threads_text(self.threads)}")
         wrap = functools.partial(textwrap.fill, width=100, subsequent_indent=" " * 13)
         for i, s in enumerate(self.steps, 1):
             lines.append(f"{i}. {s.name}")
@@ -91,6 +100,18 @@ def _fmt(d: dict) -> str:
             return f"{v:.4g}"
         return str(v)
     return ", ".join(f"{k} {one(v)}" for k, v in d.items()) or "-"
+
+
+def threads_text(threads: int) -> str:
+    """``"1 CPU thread (torch.set_num_threads, restored after)"``: how a diagnosis names its thread count."""
+    return f"{threads} CPU thread{'s' * (threads != 1)} (torch.set_num_threads, restored after)"
+
+
+def calibration(threads: int | None = CPU_THREADS):
+    """``kvlab.calibrate()`` as the path sees it: on a CPU, measured on ``threads`` threads, the count the
+    path's own steps run on (a GPU's calibration does not depend on them)."""
+    with cpu_threads(None if on_gpu() else threads):
+        return calibrate()
 
 
 def this_machine(memory: float | None = None) -> Accelerator:
@@ -122,14 +143,23 @@ class _Request:
 
 
 def diagnose(model, input_ids, max_new_tokens: int, method: str = "cached", target: Target | None = None,
-             batches=None, progress: bool = False, compile: bool | None = None) -> Diagnosis:
+             batches=None, progress: bool = False, compile: bool | None = None,
+             threads: int | None = CPU_THREADS) -> Diagnosis:
     """Walk the five steps of section 9.8 on ``model`` and the prompts ``input_ids`` ``[batch, P]``.
 
     The trace (steps 2 and 3) is taken at the request's middle step: ``P + max_new_tokens // 2``
     cached tokens. Step 4 times TTFT (the prompt's prefill) and TPOT (one step at that context) at
     each of ``batches`` (default 1, b, 2b, 4b) and checks each against ``target`` and against
     ``roofline.admitted`` for P + max_new_tokens tokens per sequence. ``progress`` shows a tqdm bar.
+    On a CPU every measurement, and the calibration the verdict divides by, runs on ``threads`` of
+    torch's threads (default ``CPU_THREADS``, restored after; None keeps the caller's count).
     """
+    threads = measurement_threads(model, threads)
+    with cpu_threads(threads):
+        return _diagnose(model, input_ids, max_new_tokens, method, target, batches, progress, compile, threads)
+
+
+def _diagnose(model, input_ids, max_new_tokens, method, target, batches, progress, compile, threads) -> Diagnosis:
     from tqdm.auto import tqdm
 
     shape, _ = prepared_ids(model, input_ids, None, method)
@@ -151,7 +181,7 @@ def diagnose(model, input_ids, max_new_tokens: int, method: str = "cached", targ
         steps = [_naive_against_cached(r)]
         bar.update()
         bar.set_postfix_str("2 trace")
-        trace, fit, step2 = _per_token_trace(r, shape, batch)
+        trace, fit, step2 = _per_token_trace(r, shape, batch, threads)
         steps.append(step2)
         bar.update()
         bar.set_postfix_str("3 stable loop")
@@ -172,7 +202,8 @@ def diagnose(model, input_ids, max_new_tokens: int, method: str = "cached", targ
     verdict, because = decide(busy_fraction=trace.busy_fraction, bandwidth_fraction=bw_frac,
                               flops_fraction=fl_frac, kv_share=trace.work.kv_share, admitted=fit)
     return Diagnosis(method, batch, prompt, max_new_tokens, context, tuple(steps), verdict, because,
-                     lever(verdict, method), trace.achieved_bandwidth, bw_frac, fl_frac, trace, sweep, useful, target)
+                     lever(verdict, method), trace.achieved_bandwidth, bw_frac, fl_frac, trace, sweep, useful, target,
+                     threads)
 
 
 def _naive_against_cached(r: _Request) -> Step:
@@ -188,9 +219,9 @@ def _naive_against_cached(r: _Request) -> Step:
                 _step1_finding(speedup, work_ratio))
 
 
-def _per_token_trace(r: _Request, shape, batch: int):
+def _per_token_trace(r: _Request, shape, batch: int, threads: int | None):
     """Step 2: the traced step against both ceilings, and whether the whole request fits."""
-    trace = trace_step(r.model, r.input_ids, r.context, r.method, compile=r.compile)
+    trace = trace_step(r.model, r.input_ids, r.context, r.method, compile=r.compile, threads=threads)
     bw_frac = trace.achieved_bandwidth / r.cal.copy_bytes_per_s
     fl_frac = trace.achieved_flops / r.cal.matmul_flops
     floor = max(trace.work.total_bytes / r.cal.copy_bytes_per_s, trace.work.flops / r.cal.matmul_flops)
@@ -225,10 +256,14 @@ def _useful_batch_step(r: _Request, shape, sweep, useful, target: Target) -> Ste
     return Step("useful batch size",
                 {f"b={p.batch}": f"TTFT {p.ttft * 1e3:.3g} ms, TPOT {p.tpot * 1e3:.3g} ms, "
                                  f"{p.tokens_per_s:.4g} tok/s" for p in sweep},
-                {"TPOT target s": target.tpot, "TTFT target s": target.ttft,
+                {"TPOT target": _limit(target.tpot), "TTFT target": _limit(target.ttft),
                  "memory bytes": r.machine.hbm_bytes,
                  "largest admitted batch": capacity_batch(shape, r.machine, r.final, r.w)},
                 _step4_finding(sweep, useful, target))
+
+
+def _limit(seconds: float | None) -> str:
+    return "none" if seconds is None else si(seconds, "s")
 
 
 def _cache_pressure(fit, trace: StepTrace) -> Step:
@@ -252,13 +287,14 @@ def _sweep(model, input_ids, context, final, method, batches, machine, compile) 
 
 
 def batch_sweep(model, input_ids, max_new_tokens: int, batches, method: str = "cached", memory: float | None = None,
-                compile: bool | None = None) -> tuple:
+                compile: bool | None = None, threads: int | None = CPU_THREADS) -> tuple:
     """Step 4 of section 9.8 on its own: a :class:`BatchPoint` per batch size in ``batches``.
 
     Each point times TTFT (the prefill of ``input_ids``' prompts, repeated to fill the batch) and TPOT
     (one ``method`` step at the request's middle, P + max_new_tokens // 2 cached tokens), and asks
     ``roofline.admitted`` whether weights plus P + max_new_tokens tokens per sequence fit in ``memory``
-    bytes (default: this device's memory).
+    bytes (default: this device's memory). On a CPU the sweep runs on ``threads`` of torch's threads
+    (default ``CPU_THREADS``, restored after), as :func:`diagnose` does.
     """
     check_method(method)
     integer("max_new_tokens", max_new_tokens, 1)
@@ -267,8 +303,9 @@ def batch_sweep(model, input_ids, max_new_tokens: int, batches, method: str = "c
         raise ValueError("batches must name at least one batch size")
     prompt = check_ids(input_ids).shape[1]
     prepared_ids(model, input_ids, prompt + max_new_tokens, method)
-    return _sweep(model, input_ids, prompt + max_new_tokens // 2, prompt + max_new_tokens, method, batches,
-                  this_machine(memory), compile)
+    with cpu_threads(measurement_threads(model, threads)):
+        return _sweep(model, input_ids, prompt + max_new_tokens // 2, prompt + max_new_tokens, method, batches,
+                      this_machine(memory), compile)
 
 
 # --------------------------------------------------------------------------- findings (both branches)

@@ -3,11 +3,14 @@
 The roofline of section 9.3 divides bytes by a bandwidth and FLOPs by a rate; ``calibrate``
 measures both on this machine, and ``calibrated_device`` turns them into an ``Accelerator`` that
 ``kvlab.theory`` accepts in place of a datasheet's (``kvlab.theory.specs``). Each figure in the book
-names, with ``stamp``, the device and versions it was measured on.
+names, with ``stamp``, the device and versions it was measured on. On a CPU every time depends on
+how many threads torch's operators use: ``cpu_threads`` sets them for a measurement and puts them
+back, and ``calibrate`` measures once per thread count.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import os
@@ -15,7 +18,7 @@ import platform
 import subprocess
 from dataclasses import dataclass
 
-from kvlab._checks import positive
+from kvlab._checks import integer, positive
 from kvlab.devices import device_and_dtype
 from kvlab.lab.timing import measure
 from kvlab.theory.specs import Accelerator
@@ -100,13 +103,43 @@ class Calibration:
         return self.matmul_flops / self.copy_bytes_per_s
 
 
-@functools.lru_cache(maxsize=1)
+@contextlib.contextmanager
+def cpu_threads(threads: int | None):
+    """Run the block with torch's intra-op threads set to ``threads`` (``torch.set_num_threads``), and
+    put the caller's count back afterwards, also on an exception. ``None`` changes nothing.
+
+    A CPU measurement whose verdict compares times (which batch is best, which loop is faster)
+    depends on the count: two threads on a loaded 2-core machine can make a larger batch slower than
+    one thread does. Measuring under a fixed count gives the same answer whoever launched the process
+    (``make`` sets ``OMP_NUM_THREADS=1``; a notebook kernel may not).
+    """
+    import torch
+
+    if threads is None:
+        yield
+        return
+    integer("threads", threads, 1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def calibrate() -> Calibration:
-    """Measure copy bandwidth and matmul rate once per process.
+    """Measure copy bandwidth and matmul rate once per process and CPU thread count (``cpu_threads``).
 
     GPU: a 1 GiB device-to-device copy and an 8192-cube GEMM in bf16 (fp16 without bf16 units). CPU: a 256 MiB memory copy and
     a 2048-cube fp32 GEMM. Both sizes are far beyond the last-level cache, so the copy measures DRAM.
     """
+    import torch
+
+    return _calibrate(torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=None)
+def _calibrate(threads: int) -> Calibration:
     import torch
 
     dev, half = device_and_dtype()

@@ -6,7 +6,9 @@
   bytes they do move (a paged read without a paged kernel gathers a copy first);
 - ``measure_read`` and ``measure_append``: one layer's decode read and one token's append, timed
   through the mechanism's checked-once paths (``decode_reader``, ``token_writer``), each beside
-  the time its moved bytes take at the calibrated copy bandwidth;
+  the time its moved bytes take at the calibrated copy bandwidth (the bytes model, ``predicted_s``);
+- ``last_level_cache_bytes``: the largest hardware cache of the device, which a small cache's read
+  may come from instead of DRAM (``kvlab.theory.kv_traffic.cache_resident``);
 - ``bench_rows``: all four layouts side by side, and multi-head against grouped-query attention
   (Ainslie et al. 2023), for ``python -m kvlab bench``.
 """
@@ -25,7 +27,6 @@ from kvlab.lab.bench import Row
 from kvlab.lab.hardware import calibrate
 from kvlab.devices import on_gpu
 from kvlab.lab.timing import measure
-
 
 def contiguous_runs(geometry: KVGeometry, tokens: int, heads=None, seq: int = 0, block_table=None) -> torch.Tensor:
     """Lengths (in elements) of the unbroken address ranges a read of one sequence's K touches.
@@ -178,6 +179,30 @@ def measure_append(cache: KVCache, method: str | None = None, warmup: int = 2, r
     new, moved = append_traffic(cache, method)
     return AppendMeasurement(cache.layout, method, cache.batch, cache.length, g.kv_heads, g.head_dim,
                              _dtype_name(cache.k), timing, new, moved, calibrate().copy_bytes_per_s)
+
+
+def last_level_cache_bytes() -> int | None:
+    """The largest hardware cache of this machine's device, in bytes: a GPU's L2, or the CPU's
+    highest cache level as Linux reports it (``/sys/devices/system/cpu/cpu0/cache``); None where
+    unknown. A read no larger than it may be served from that cache between repeats."""
+    if on_gpu():
+        return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", None)
+    import glob
+
+    best = None
+    for folder in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(f"{folder}/level") as f:
+                level = int(f.read())
+            with open(f"{folder}/size") as f:
+                text = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        size = int(text.rstrip("KMG")) * scale
+        if best is None or level > best[0]:
+            best = (level, size)
+    return None if best is None else best[1]
 
 
 def bench_rows(rounds: int = 5, context: int | None = None, batch: int | None = None) -> list:

@@ -6,7 +6,8 @@ step of a loop on it, then puts the cache back: ``naive`` (the whole sequence ag
 ``cached`` (the model's own DynamicCache, grown by one position and cropped back), ``static``
 (``kvlab.decode``'s static step on a StaticCache of context + 1 slots) and ``paged`` (notebook 05's
 paged cache, decoding forks of the prefilled sequences). ``step_time`` and ``prefill_time`` are the
-times step 4 of the path needs (TPOT and TTFT).
+times step 4 of the path needs (TPOT and TTFT). ``CPU_THREADS`` is the thread count every
+measurement of the path runs on, on a CPU (``measurement_threads``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,23 @@ from kvlab.decode import StaticStep, new_static_cache
 from kvlab.theory.shapes import ModelShape
 from kvlab.theory.work import check_method
 from kvlab.versions import cache_kwargs, drop_newest, returned_cache
+
+
+# On a CPU, every measurement of the path runs on this many of torch's threads (set, then restored:
+# kvlab.lab.hardware.cpu_threads), the count `make` gives every process (OMP_NUM_THREADS=1). A
+# verdict that compares times (the useful batch, the faster loop) then does not depend on who
+# started the process: on the loaded 2-core machine, two threads made batch 1 look best and one
+# thread batch 4 (issue 26).
+CPU_THREADS = 1
+
+
+def measurement_threads(model, threads: int | None = CPU_THREADS) -> int | None:
+    """The thread count to measure ``model`` with: ``threads`` on a CPU, None (the caller's, unchanged)
+    for a model on a GPU, whose kernels do not run on torch's CPU threads."""
+    if threads is not None:
+        integer("threads", threads, 1)
+    device = getattr(model, "device", None)
+    return None if getattr(device, "type", "cpu") == "cuda" else threads
 
 
 def check_ids(input_ids):

@@ -5,6 +5,9 @@
   (Gu and Dao 2023);
 - ``scan_inputs``: random selective-scan arguments of Mamba's shapes, for timing the scan orders
   of ``kvlab.cache.scan`` at prefill;
+- ``mamba_path`` and ``quiet_mamba_fallback``: which implementation transformers' Mamba runs here,
+  and a block in which its "falling back to the PyTorch implementation" warnings are held back,
+  since kvlab times that path knowingly and names it once, in the bench rows' note;
 - ``bench_rows``: both, for ``python -m kvlab bench``.
 
 The mechanisms measured are ``kvlab.cache.mamba`` and ``kvlab.cache.scan``; their costs in closed
@@ -13,6 +16,9 @@ form are ``kvlab.theory.ssm``.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import logging
 import statistics
 
 import torch
@@ -26,6 +32,37 @@ from kvlab.lab.models import tiny_model
 from kvlab.lab.timing import Timing, measure
 from kvlab.theory.ssm import DEFAULT_CHUNK_SIZE
 from kvlab.versions import cache_kwargs, returned_cache
+
+
+# Where transformers announces that Mamba's kernels are missing: 5.24 once per kernel function, from
+# its hub-kernels integration; 5.5 once, from the Mamba model.
+_FALLBACK_LOGGERS = ("transformers.integrations.hub_kernels", "transformers.models.mamba.modeling_mamba")
+
+
+def mamba_path(device) -> str:
+    """The implementation transformers' ``MambaForCausalLM`` runs on ``device``: the fused CUDA kernels
+    of the ``mamba_ssm`` and ``causal_conv1d`` packages on a GPU that has both, else its reference
+    PyTorch path (a sequential scan in PyTorch operations)."""
+    kernels = all(importlib.util.find_spec(p) is not None for p in ("mamba_ssm", "causal_conv1d"))
+    if torch.device(device).type == "cuda" and kernels:
+        return "transformers' fused CUDA kernels (mamba_ssm, causal_conv1d)"
+    return "transformers' reference PyTorch path (mamba_ssm and causal_conv1d kernels not in use)"
+
+
+@contextlib.contextmanager
+def quiet_mamba_fallback():
+    """Hold back transformers' warnings that Mamba falls back to its PyTorch path, for the block only
+    (the loggers' levels are restored after). kvlab measures that path on purpose on a CPU, and says
+    so once (``mamba_path``) instead of four warnings."""
+    loggers = [logging.getLogger(name) for name in _FALLBACK_LOGGERS]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
 
 
 def _filled_cache(model, context: int):
@@ -54,7 +91,8 @@ def decode_step_times(models: dict, contexts, warmup: int = 2, reps: int = 7) ->
     a ``MambaForCausalLM`` its fixed state. All (model, context) pairs are timed interleaved, one
     step each per round, so that a shared machine's drift hits them alike. Returns
     ``{name: [Timing per context]}``. kvlab.decode's loops pass the whole attention mask at every
-    step, which ``MambaForCausalLM`` mis-broadcasts, hence this loop.
+    step, which ``MambaForCausalLM`` mis-broadcasts, hence this loop. transformers' warnings that Mamba
+    runs its PyTorch path are held back (``quiet_mamba_fallback``); ``mamba_path`` names the path.
     """
     if not isinstance(models, dict) or not models:
         raise TypeError(f"models must be a non-empty dict {{name: model}}, got {type(models).__name__}")
@@ -62,17 +100,18 @@ def decode_step_times(models: dict, contexts, warmup: int = 2, reps: int = 7) ->
         integer("context", context, 1)
     integer("warmup", warmup, 0)
     integer("reps", reps, 1)
-    steps = {}
-    for name, model in models.items():
-        for context in contexts:
-            steps[name, context] = _decode_step(model, context)
-    for step in steps.values():
-        for _ in range(warmup):
-            step()
-    times = {key: [] for key in steps}
-    for _ in range(reps):
-        for key, step in steps.items():
-            times[key].append(measure(step, warmup=0, reps=1, device=models[key[0]].device).median)
+    with quiet_mamba_fallback():
+        steps = {}
+        for name, model in models.items():
+            for context in contexts:
+                steps[name, context] = _decode_step(model, context)
+        for step in steps.values():
+            for _ in range(warmup):
+                step()
+        times = {key: [] for key in steps}
+        for _ in range(reps):
+            for key, step in steps.items():
+                times[key].append(measure(step, warmup=0, reps=1, device=models[key[0]].device).median)
     return {name: [_timing(times[name, c]) for c in contexts] for name in models}
 
 
@@ -129,14 +168,16 @@ def bench_rows() -> list:
     rows += [Row("sequential / parallel", t["sequential"] / t["parallel"], "x", "prefill scan, same run"),
              Row("sequential / chunked", t["sequential"] / t["chunked"], "x", "prefill scan, same run")]
     size = dict(size="real") if gpu else {}
-    mamba = tiny_model("mamba", shape="mamba-1.4b" if gpu else None, **size)
+    with quiet_mamba_fallback():  # transformers 5.5 warns as it builds the model; the note names the path
+        mamba = tiny_model("mamba", shape="mamba-1.4b" if gpu else None, **size)
     llama = tiny_model("llama", max_positions=65536, **size)
     contexts = (4096, 32768) if gpu else (256, 4096)
     timed = decode_step_times({"mamba": mamba, "llama": llama}, contexts, warmup=2, reps=7)
     for i, context in enumerate(contexts):
         steps = {name: timed[name][i].median for name in timed}
         note = f"{mamba.shape.name} vs {llama.shape.name}, batch 1, context {context}"
-        rows += [Row(f"mamba step @ {context}", steps["mamba"] * 1e3, "ms", note),
+        path = f"{note}; Mamba runs {mamba_path(mamba.device)}"
+        rows += [Row(f"mamba step @ {context}", steps["mamba"] * 1e3, "ms", path if i == 0 else note),
                  Row(f"llama step @ {context}", steps["llama"] * 1e3, "ms", note),
                  Row(f"llama / mamba step @ {context}", steps["llama"] / steps["mamba"], "x", "same run")]
     return rows

@@ -21,8 +21,8 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from kvlab._checks import integer
-from kvlab.lab.hardware import device_name
-from kvlab.lab.repeatable_step import RepeatableStep, element_bytes, prepared_ids, sync
+from kvlab.lab.hardware import cpu_threads, device_name
+from kvlab.lab.repeatable_step import CPU_THREADS, RepeatableStep, element_bytes, measurement_threads, prepared_ids, sync
 from kvlab.theory.work import StepWork, step_work
 
 
@@ -36,7 +36,8 @@ class StepTrace:
     or by top-level operators (CPU: the matmuls and elementwise work, not the Python between them);
     ``idle_s`` the rest. ``ops``: (name, seconds, calls), by total time, largest first.
     ``timeline``: (name, start_s, end_s) of each kernel or top-level operator, from the span's start.
-    ``work``: the bytes and FLOPs of :func:`step_work`.
+    ``work``: the bytes and FLOPs of :func:`step_work`. ``threads``: the CPU threads torch ran the step
+    on (``kvlab.lab.repeatable_step.CPU_THREADS`` unless asked otherwise; None on a GPU).
     """
 
     method: str
@@ -50,6 +51,7 @@ class StepTrace:
     timeline: tuple
     work: StepWork
     step_times: tuple = field(repr=False, default=())
+    threads: int | None = None
 
     @property
     def idle_s(self) -> float:
@@ -73,13 +75,14 @@ class StepTrace:
         return {"method": self.method, "batch": self.batch, "context": self.context, "device": self.device,
                 "step_s": self.step_s, "traced_s": self.traced_s, "busy_s": self.busy_s,
                 "ops": [list(o) for o in self.ops], "timeline": [list(t) for t in self.timeline],
-                "work": {"weights_read": self.work.weights_read, "kv_read": self.work.kv_read,
+                "threads": self.threads, "work": {"weights_read": self.work.weights_read, "kv_read": self.work.kv_read,
                          "kv_written": self.work.kv_written, "flops": self.work.flops}}
 
     @classmethod
     def from_json(cls, d: dict) -> "StepTrace":
         return cls(d["method"], d["batch"], d["context"], d["device"], d["step_s"], d["traced_s"], d["busy_s"],
-                   tuple(tuple(o) for o in d["ops"]), tuple(tuple(t) for t in d["timeline"]), StepWork(**d["work"]))
+                   tuple(tuple(o) for o in d["ops"]), tuple(tuple(t) for t in d["timeline"]), StepWork(**d["work"]),
+                   threads=d.get("threads"))
 
 
 def _union_length(intervals) -> float:
@@ -148,7 +151,8 @@ def _profile(stepper):
 
 
 def trace_step(model, input_ids, context: int | None = None, method: str = "cached", warmup: int = 2,
-               reps: int = 3, compile: bool | None = None, traces: int = 3) -> StepTrace:
+               reps: int = 3, compile: bool | None = None, traces: int = 3,
+               threads: int | None = CPU_THREADS) -> StepTrace:
     """Time and trace one decode step of ``method`` with ``context`` tokens cached per sequence (9.8, step 2).
 
     ``input_ids`` ``[batch, P]`` fills the cache (repeated up to ``context``, which defaults to P); the
@@ -156,21 +160,24 @@ def trace_step(model, input_ids, context: int | None = None, method: str = "cach
     timed (each from the same cache state), then ``traces`` times under ``torch.profiler`` with CPU
     and, on a GPU, CUDA activities; the trace kept is the shortest (the least disturbed by other
     processes). ``compile`` applies to ``static`` (default: on a GPU only). ``paged`` runs
-    kvlab's Triton kernels on a GPU and their PyTorch references on a CPU.
+    kvlab's Triton kernels on a GPU and their PyTorch references on a CPU. On a CPU the step runs on
+    ``threads`` of torch's threads (default ``CPU_THREADS``; None: the caller's count), restored after.
     """
     shape, ids = prepared_ids(model, input_ids, context, method)
     integer("warmup", warmup, 0)
     integer("reps", reps, 1)
     integer("traces", traces, 1)
-    stepper = RepeatableStep(model, ids, method, compile)
-    try:
-        times = stepper.time(warmup, reps)
-        # The shortest of ``traces`` profiled steps: on a shared machine a step that was descheduled
-        # shows the pause as a gap or as one long operator, neither of which is the step's own.
-        span, busy, ops, timeline = min((_profile(stepper) for _ in range(traces)), key=lambda t: t[0])
-    finally:
-        stepper.close()
+    threads = measurement_threads(model, threads)
+    with cpu_threads(threads):
+        stepper = RepeatableStep(model, ids, method, compile)
+        try:
+            times = stepper.time(warmup, reps)
+            # The shortest of ``traces`` profiled steps: on a shared machine a step that was descheduled
+            # shows the pause as a gap or as one long operator, neither of which is the step's own.
+            span, busy, ops, timeline = min((_profile(stepper) for _ in range(traces)), key=lambda t: t[0])
+        finally:
+            stepper.close()
     w = element_bytes(model)
     work = step_work(shape, stepper.batch, stepper.context, method, w, w)
     return StepTrace(method, stepper.batch, stepper.context, device_name(), statistics.median(times), span, busy,
-                     ops, timeline, work, tuple(times))
+                     ops, timeline, work, tuple(times), threads=threads)

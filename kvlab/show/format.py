@@ -1,6 +1,7 @@
 """Every notebook: how the book writes a number, in prose, tables and figure labels.
 
-One module, imported by the readings (which must not pull in matplotlib) and by ``plots``:
+One module, imported by the readings (which must not pull in matplotlib) and by ``plots``; ``si``
+and ``sig`` are defined in ``kvlab.theory.units``, so that the formulas' own messages use them too:
 
 - ``si(3.35e12, "B/s") == "3.35 TB/s"``: a quantity with a decimal SI prefix, as the datasheets
   print them (seconds scale down to ms, µs, ns, never up);
@@ -10,37 +11,9 @@ One module, imported by the readings (which must not pull in matplotlib) and by 
 
 from __future__ import annotations
 
-import math
+from kvlab.theory.units import si, sig
 
-_PREFIXES = [(1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
-_SECONDS = [(1.0, ""), (1e-3, "m"), (1e-6, "µ"), (1e-9, "n")]
-
-
-def sig(x: float, digits: int = 3) -> str:
-    """``x`` to ``digits`` significant figures (``format(x, ".3g")``)."""
-    return f"{x:.{digits}g}"
-
-
-def si(value: float, unit: str, digits: int = 3) -> str:
-    """Format a quantity with an SI prefix and ``digits`` significant figures, for prose and labels.
-
-    ``si(3.35e12, "B/s") == "3.35 TB/s"``, ``si(0.0051, "s") == "5.1 ms"``, ``si(2.5e-6, "s") ==
-    "2.5 µs"``. Seconds scale down (ms, µs, ns) but never up; other units scale up (k to E) but
-    never down. Prefixes are decimal, as in the datasheets.
-    """
-    value = float(value)
-    if not math.isfinite(value) or value == 0:
-        return f"{value:g} {unit}".rstrip()
-    sign = "-" if value < 0 else ""
-    # Round first, so that 999.96e9 becomes "1 TB/s", not "1e+03 GB/s".
-    mag = float(sig(abs(value), digits))
-    table = _SECONDS if unit == "s" else _PREFIXES + [(1.0, "")]
-    for scale, prefix in table:
-        if mag >= scale:
-            break
-    if unit == "s" and mag >= 1e3:
-        return f"{sign}{mag:,.0f} s"
-    return f"{sign}{sig(mag / scale, digits)} {prefix}{unit}".rstrip()
+__all__ = ["sci", "si", "sig"]
 
 
 def sci(x: float, digits: int = 3) -> str:

@@ -5,6 +5,8 @@ Eq. (4): quantization sets the stored width, eviction the retained fraction, pag
 fraction, prefix caching the sharing factor and tiering the share kept in HBM (section 2.2). Its
 decision procedure (section 6.2, Algorithm 1) then reads the regime of a deployment off the
 crossovers of ``kvlab.theory.roofline`` and names, rule by rule, what to switch on.
+``kv_bound_band``, ``kv_bound_regime_exists`` and ``ridge_admitted`` are the yes-or-no questions the readings of notebooks
+03 and 10 ask of those crossovers.
 
 Pure Python, decimal SI units, the notation of ``kvlab.theory.roofline``.
 """
@@ -16,11 +18,35 @@ from dataclasses import dataclass
 
 from kvlab._checks import between, integer, positive
 from kvlab.theory.roofline import (admitted, capacity_context, compression_speedup, crossover_context,
-                                   effective_bandwidth, kv_bytes_per_token, max_batch, retained_tokens)
+                                   effective_bandwidth, free_beside_weights, kv_bytes_per_token, max_batch,
+                                   retained_tokens, ridge_batch)
 from kvlab.theory.shapes import ModelShape, model_shape
 from kvlab.theory.specs import Accelerator, accelerator
 
 QUALITY_BUDGETS = ("none", "small", "moderate")
+
+
+# --------------------------------------------------------------------------- the regimes' two questions
+
+
+def kv_bound_band(shape: ModelShape, hw, w_p: float = 2) -> float:
+    """s_cap / s* = (M - P w_p) / (P w_p) (KV Cache Memory Wall, 2026, sections 3.5 and 5.1), the same at
+    every batch and cache width: a one-device KV-bound regime exists only where it exceeds 1, i.e. where
+    the device holds more than twice the weights. 0 when the weights alone do not fit."""
+    shape = model_shape(shape)
+    return max(0.0, free_beside_weights(shape, hw, w_p) / (shape.params * positive("w_p", w_p)))
+
+
+def kv_bound_regime_exists(shape: ModelShape, hw, w_p: float = 2) -> bool:
+    """Whether a one-device KV-bound regime exists: ``kv_bound_band`` above 1, s_cap beyond s*."""
+    return kv_bound_band(shape, hw, w_p) > 1
+
+
+def ridge_admitted(shape: ModelShape, hw, context: int, w_p: float = 2, w_kv: float = 2) -> bool:
+    """Whether the device admits the ridge batch (``roofline.ridge_batch``, rounded) of ``context``-token
+    sequences beside the weights (``roofline.max_batch``): only then can batching take the weight
+    products to the compute roof before capacity stops it (Decode and KV Cache chapter, 2026, 9.3)."""
+    return max_batch(shape, hw, context, w_p, w_kv) >= round(ridge_batch(hw, w_p))
 
 
 # --------------------------------------------------------------------------- footprint

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from kvlab._checks import between, integer, positive, real
 from kvlab.theory.shapes import ModelShape, model_shape
 from kvlab.theory.specs import accelerator
+from kvlab.theory.units import si
 
 PLACEMENTS = ("striped", "pinned")
 
@@ -49,10 +50,6 @@ def _placement(placement) -> str:
     if placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
     return placement
-
-
-def _gb(nbytes: float) -> str:
-    return f"{nbytes / 1e9:,.1f} GB"
 
 
 # --------------------------------------------------------------------------- per-token constants
@@ -160,10 +157,11 @@ class Admission:
         return self.needed <= self.available
 
     def __str__(self) -> str:
-        head = f"needs {_gb(self.needed)}, {_gb(self.available)} available"
+        """``needs 7.66 MB, 16.6 MB available (8.94 MB to spare)``: decimal units chosen per figure."""
+        head = f"needs {si(self.needed, 'B')}, {si(self.available, 'B')} available"
         if self:
-            return f"{head} ({_gb(self.available - self.needed)} to spare)"
-        return f"{head}: does not fit by {_gb(self.shortfall)} ({self.shortfall:,.0f} bytes)"
+            return f"{head} ({si(self.available - self.needed, 'B')} to spare)"
+        return f"{head}: does not fit by {si(self.shortfall, 'B')} ({self.shortfall:,.0f} bytes)"
 
 
 def admitted(shape: ModelShape, hw, batch: int, context: int, w_p: float = 2, w_kv: float = 2,

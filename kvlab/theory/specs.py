@@ -45,7 +45,8 @@ class Accelerator:
 class Link:
     """An interconnect, by its rate in ONE direction (bytes/s, SI units).
 
-    Vendors quote PCIe per direction and NVLink as the total of both directions; a one-way copy (a
+    NVIDIA's datasheets quote both NVLink and PCIe as the total of the two directions (H100: "NVLink:
+    900 GB/s", "PCIe Gen5: 128 GB/s"); PCI-SIG 2019 gives PCIe's per-direction rate. A one-way copy (a
     swap-out, a KV fetch) gets only ``bytes_per_s_each_way``.
     """
 

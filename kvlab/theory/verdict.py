@@ -6,7 +6,12 @@ cache it reads, by compute, or the request does not fit at all. ``decide`` turns
 measurements (the busy share of a traced step, its share of the copy bandwidth and of the matmul
 rate, the KV share of its bytes, the admission check) into that verdict, in the chapter's order,
 with the thresholds named below; ``lever`` names the change the path recommends next.
-``useful_batch`` is step 4, the largest batch within a service target.
+``useful_batch`` is step 4, the largest batch within a service target; ``bandwidth_batch`` and
+``shared_weight_tpot`` are the byte model of batching a step that reads its weights (exercise 1 and
+the batch sweep of notebook 09). The readings of notebook 09 decide with the models here:
+``compare_loops`` (two loops that run the same forward pass), ``compare_idle`` (a stable loop's
+gaps), ``compare_batch_tpot`` (the batch sweep against the shared-weight model), ``past_ridge`` and
+``exceeds_ceilings``.
 
 Plain functions of numbers, so that a reader (and a test) can check the arithmetic; the
 measurements themselves are taken by ``kvlab.lab.diagnose``. Pure Python.
@@ -17,9 +22,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvlab._checks import positive, real
+from kvlab._checks import integer, positive, real
 from kvlab.theory import roofline
-from kvlab.theory.work import check_method
+from kvlab.theory.agreement import Comparison, compare
+from kvlab.theory.work import check_method, step_work
 
 VERDICTS = ("overhead", "weights", "kv", "compute", "capacity")
 # Below this share of the traced step spent inside operators (CPU) or kernels (GPU), the gaps between
@@ -85,7 +91,7 @@ def decide(*, busy_fraction: float, bandwidth_fraction: float, flops_fraction: f
                            "ceiling than the bandwidth one (intensity past the ridge point)")
     part = "kv" if kv_share > KV_SHARE_THRESHOLD else "weights"
     what = "the KV cache" if part == "kv" else "the weights"
-    return part, (f"busy for {busy_fraction:.0%} of the step at {ceilings}; {what} make up "
+    return part, (f"busy for {busy_fraction:.0%} of the step at {ceilings}; {what} make{'s' * (part == 'kv')} up "
                   f"{kv_share if part == 'kv' else 1 - kv_share:.0%} of the bytes it moves")
 
 
@@ -153,3 +159,103 @@ def useful_batch(sweep, target: Target) -> int | None:
     if target.tpot is None and target.ttft is None:
         return max(ok, key=lambda p: p.tokens_per_s).batch
     return max(p.batch for p in ok)
+
+
+# --------------------------------------------------------------------------- batching a weight-bound step
+
+
+def bandwidth_batch(shape, context: int, step_s: float, bandwidth: float, w_p: float = 2, w_kv: float = 2) -> float:
+    """The batch at which a step that keeps taking ``step_s`` would move bytes at ``bandwidth``.
+
+    The step moves B(b) = P w_p + b (s + 1) K bytes (``kvlab.theory.work.step_work``: the weights once,
+    each sequence's cache read and its new token written), so B(b) / step_s = bandwidth gives
+    b = (bandwidth * step_s - P w_p) / ((s + 1) K). Only the cache term grows with the batch: the
+    weights are read once for all sequences. At most 1 when batch 1 already reaches ``bandwidth``.
+    """
+    positive("step_s", step_s)
+    positive("bandwidth", bandwidth)
+    one = step_work(shape, 1, context, "cached", w_p, w_kv)
+    per_sequence = one.kv_read + one.kv_written
+    return max(1.0, (bandwidth * step_s - one.weights_read) / per_sequence)
+
+
+def flat_step_fraction(batch: int, step_s: float, weight_bytes: float, sequence_bytes: float,
+                       bandwidth: float) -> float:
+    """The share of ``bandwidth`` a step of ``batch`` sequences would reach if it kept taking ``step_s``
+    (the batch-1 time): (P w + b (s + 1) K) / (step_s * bandwidth), the prediction behind
+    ``bandwidth_batch``."""
+    integer("batch", batch, 1)
+    positive("weight_bytes", weight_bytes)
+    positive("sequence_bytes", sequence_bytes)
+    return (weight_bytes + batch * sequence_bytes) / (positive("step_s", step_s) * positive("bandwidth", bandwidth))
+
+
+def shared_weight_tpot(tpot_1: float, batch: int, sequence_bytes: float, bandwidth: float) -> float:
+    """TPOT at ``batch`` if everything batch 1 paid is shared by the batch (the weight reads, the fixed
+    costs of each operator) and each further sequence adds only its own ``sequence_bytes`` (its cache
+    read and its new token) at ``bandwidth``: t(b) = t(1) + (b - 1) * sequence_bytes / bandwidth."""
+    positive("tpot_1", tpot_1)
+    integer("batch", batch, 1)
+    positive("sequence_bytes", sequence_bytes)
+    positive("bandwidth", bandwidth)
+    return tpot_1 + (batch - 1) * sequence_bytes / bandwidth
+
+
+# --------------------------------------------------------------------------- the readings' models
+
+# Two loops that run the same cached forward pass (kvlab's and Hugging Face generate) are at parity
+# within this factor of tokens per second.
+LOOP_TOLERANCE = 1.25
+# A measured idle time or TPOT within this factor of its model's prediction agrees with it.
+IDLE_TOLERANCE = 1.25
+BATCH_TOLERANCE = 1.25
+
+
+def compare_loops(tokens_per_s: float, reference_tokens_per_s: float) -> Comparison:
+    """A loop's tokens per second against a reference loop running the same forward pass, whose
+    expected ratio is 1 (parity), agreeing within ``LOOP_TOLERANCE``."""
+    positive("reference_tokens_per_s", reference_tokens_per_s)
+    return compare(tokens_per_s, reference_tokens_per_s, LOOP_TOLERANCE)
+
+
+def expected_static_idle(cached_idle_s: float, cached_ops: int, static_ops: int) -> float:
+    """The stable-loop model of step 3 for a static step run eagerly (no CUDA graph, as on a CPU): the
+    gaps are the dispatch of each operator, so its idle time is the cached step's scaled by the
+    ratio of their operator counts, ``cached_idle_s * static_ops / cached_ops``."""
+    positive("cached_idle_s", cached_idle_s)
+    integer("cached_ops", cached_ops, 1)
+    integer("static_ops", static_ops, 1)
+    return cached_idle_s * static_ops / cached_ops
+
+
+def compare_idle(static_idle_s: float, cached_idle_s: float, cached_ops: int, static_ops: int,
+                 graphed: bool) -> Comparison:
+    """The static step's idle time against step 3's model, agreeing within ``IDLE_TOLERANCE``.
+
+    Replayed as one CUDA graph (``graphed``) the static step should have almost no gaps: the model is
+    then "less idle than the cached step", and the comparison is against the cached step's idle time
+    (expected outcome ``"below"``). Eager, it is against ``expected_static_idle`` (expected ``"within"``).
+    """
+    real("static_idle_s", static_idle_s)
+    if graphed:
+        return compare(static_idle_s, positive("cached_idle_s", cached_idle_s), IDLE_TOLERANCE)
+    return compare(static_idle_s, expected_static_idle(cached_idle_s, cached_ops, static_ops), IDLE_TOLERANCE)
+
+
+def compare_batch_tpot(tpot_1: float, batch: int, tpot_b: float, sequence_bytes: float,
+                       bandwidth: float) -> Comparison:
+    """The TPOT measured at ``batch`` against ``shared_weight_tpot``, agreeing within ``BATCH_TOLERANCE``."""
+    predicted = shared_weight_tpot(tpot_1, batch, sequence_bytes, bandwidth)
+    return compare(tpot_b, predicted, BATCH_TOLERANCE)
+
+
+def past_ridge(intensity: float, ridge: float) -> bool:
+    """The roofline's side of the ridge (Williams et al. 2009): a step whose arithmetic intensity (FLOP
+    per byte) exceeds the machine's ridge point is compute-bound, below it memory-bound."""
+    return real("intensity", intensity) > positive("ridge", ridge)
+
+
+def exceeds_ceilings(bandwidth_fraction: float, flops_fraction: float) -> bool:
+    """Whether a step measured above either calibrated ceiling (a fraction over 1), which the roofline
+    does not allow: the calibration, not the step, is then what is off."""
+    return max(real("bandwidth_fraction", bandwidth_fraction), real("flops_fraction", flops_fraction)) > 1

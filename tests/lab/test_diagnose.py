@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.lab.diagnose import batch_sweep, diagnose, this_machine
+from kvlab.lab.diagnose import batch_sweep, calibration, diagnose, this_machine
 from kvlab.lab.step_trace import StepTrace, trace_step
 from kvlab.theory import roofline
 from kvlab.theory.shapes import SHAPES
@@ -52,7 +52,7 @@ def test_kv_dominated_model():
                       flops_fraction=d.flops_fraction, kv_share=d.trace.work.kv_share)[0]
     assert d.verdict == expected and expected in ("kv", "overhead", "compute")
     assert d.achieved_bandwidth == d.trace.achieved_bandwidth
-    assert d.bandwidth_fraction == pytest.approx(d.achieved_bandwidth / kvlab.calibrate().copy_bytes_per_s)
+    assert d.bandwidth_fraction == pytest.approx(d.achieved_bandwidth / calibration().copy_bytes_per_s)
 
 
 def test_capacity_verdict_when_the_cache_does_not_fit(small):
@@ -103,6 +103,10 @@ def test_cli_diagnose_prints_five_steps_and_a_verdict(tmp_path):
     for i in range(1, 6):
         assert f"\n{i}. " in out.stdout
     assert "verdict:" in out.stdout and "lever:" in out.stdout
+    # Targets in units, absent ones named as such (issue 26: "TPOT target s None"), and the threads stamped.
+    assert "TPOT target 500 ms, TTFT target none" in out.stdout and "None" not in out.stdout
+    assert "measured on 1 CPU thread (torch.set_num_threads, restored after)" in out.stdout
+    assert " · 1 thread · " in out.stdout.splitlines()[0]
     saved = json.loads((tmp_path / "t.json").read_text())
     assert set(saved["traces"]) == {"cached", "static"} and "device" in saved["stamp"]
     assert StepTrace.from_json(saved["traces"]["static"]).method == "static"
@@ -151,3 +155,45 @@ def test_diagnose_walks_every_loop(small, method):
                       flops_fraction=d.flops_fraction, kv_share=d.trace.work.kv_share)
     assert (d.verdict, d.because) == expected
     assert "verdict:" in str(d) and small.config._attn_implementation != "kvlab_paged"
+
+
+def _threads_seen(model):
+    """Record torch's thread count at every forward call of ``model``."""
+    seen = []
+    handle = model.register_forward_pre_hook(lambda module, args: seen.append(torch.get_num_threads()))
+    return seen, handle
+
+
+def test_measurements_run_on_the_pinned_thread_count_and_restore_it(small):
+    # Whoever started the process (make with OMP_NUM_THREADS=1, or a kernel with two threads), the path
+    # measures on CPU_THREADS and gives the caller's count back (issue 26, item 7).
+    from kvlab.lab.repeatable_step import CPU_THREADS
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen, handle = _threads_seen(small)
+    try:
+        d = diagnose(small, _ids(small, 1, 8), 4, batches=[1, 2])
+        assert torch.get_num_threads() == 2
+        assert set(seen) == {CPU_THREADS} and d.threads == CPU_THREADS and d.trace.threads == CPU_THREADS
+        assert f"measured on {CPU_THREADS} CPU thread" in str(d)
+        seen.clear()
+        sweep = batch_sweep(small, _ids(small, 1, 6), 4, [1, 2])
+        trace = trace_step(small, _ids(small, 1, 6), threads=None)  # None: the caller's count
+        assert len(sweep) == 2 and trace.threads is None and 2 in seen and CPU_THREADS in seen
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ValueError, match="threads must be an int >= 1"):
+            diagnose(small, _ids(small, 1, 8), 4, threads=0)
+        assert torch.get_num_threads() == 2
+    finally:
+        handle.remove()
+        torch.set_num_threads(before)
+
+
+def test_trace_threads_survive_json():
+    t = StepTrace("cached", 1, 8, "CPU: x", 1e-3, 1e-3, 5e-4, (), (), step_work(SHAPES["llama-3.2-1b"], 1, 8),
+                  threads=1)
+    assert StepTrace.from_json(t.to_json()).threads == 1
+    old = t.to_json()
+    del old["threads"]  # traces recorded before threads were stamped
+    assert StepTrace.from_json(old).threads is None

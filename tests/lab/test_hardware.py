@@ -57,3 +57,24 @@ def test_bad_call_raises_a_clear_error(name):
     call, error, message = BAD_CALLS[name]
     with pytest.raises(error, match=message):
         call()
+
+
+def test_cpu_threads_sets_and_restores_and_calibrates_per_count():
+    import torch
+
+    from kvlab.lab.hardware import cpu_threads
+
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="inside"):
+        with cpu_threads(1):
+            assert torch.get_num_threads() == 1
+            one = calibrate()
+            assert calibrate() is one  # once per thread count
+            raise RuntimeError("inside")
+    assert torch.get_num_threads() == before  # restored on the exception
+    with cpu_threads(None):
+        assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads must be an int >= 1"):
+        with cpu_threads(0):
+            pass
+    assert torch.get_num_threads() == before

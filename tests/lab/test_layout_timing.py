@@ -41,3 +41,10 @@ def test_measurements_and_bench_rows_run():
     rows = bench_rows(rounds=1, context=40, batch=2)
     assert rows and all(isinstance(r, Row) for r in rows)
     assert {"read BHTD", "read NHD", "append BTHD cat / index"} <= {r.name for r in rows}
+
+
+def test_last_level_cache_is_a_size_or_unknown():
+    from kvlab.lab.layout_timing import last_level_cache_bytes
+
+    size = last_level_cache_bytes()
+    assert size is None or (isinstance(size, int) and size >= 1 << 16)

@@ -4,7 +4,7 @@
 import pytest
 
 import kvlab
-from kvlab.lab.ssm_timing import decode_step_times, scan_inputs
+from kvlab.lab.ssm_timing import decode_step_times, mamba_path, quiet_mamba_fallback, scan_inputs
 
 
 def test_decode_step_times_runs_attention_and_mamba_models():
@@ -29,3 +29,31 @@ def test_bad_call_raises_a_clear_error(name):
     call, error, message = BAD_CALLS[name]
     with pytest.raises(error, match=message):
         call()
+
+
+def test_fallback_warnings_are_held_back_only_inside_the_block(caplog):
+    import logging
+
+    log = logging.getLogger("transformers.integrations.hub_kernels")
+    before = log.level
+    with caplog.at_level(logging.WARNING):
+        with quiet_mamba_fallback():
+            log.warning("`causal_conv1d_fn` is falling back to its reference PyTorch implementation")
+        assert log.level == before
+        log.warning("outside the block")
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == ["outside the block"]
+    assert "reference PyTorch path" in mamba_path("cpu")
+
+
+def test_mamba_measurements_print_no_fallback_lines():
+    # A fresh process, so that transformers' warn-once caches are empty (issue 26, item 6).
+    import subprocess
+    import sys
+
+    code = ("import kvlab; from kvlab.lab.ssm_timing import decode_step_times, quiet_mamba_fallback\n"
+            "with quiet_mamba_fallback():\n    m = kvlab.tiny_model('mamba', layers=1, hidden=16, vocab=64)\n"
+            "decode_step_times({'mamba': m}, [4], warmup=0, reps=1)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "falling back" not in out.stderr.lower() and "fast path is not available" not in out.stderr.lower()

@@ -75,25 +75,81 @@ def test_gemv_solutions_and_capacity_readings():
     assert "That reaches the ridge batch of 295" in short
 
 
+def _layout_reads():
+    """Read and append measurements built from real caches' traffic (kvlab.lab.layout_timing), each
+    at a time chosen against the bytes model: ``read(batch, factor, block)`` times a read at
+    ``factor`` times its ``predicted_s``."""
+    from kvlab.cache.layout import new_cache
+    from kvlab.lab.layout_timing import AppendMeasurement, ReadMeasurement, append_traffic, read_traffic
+    from kvlab.lab.timing import Timing
+
+    beta = 8e9
+
+    def cache(layout, batch, block):
+        return new_cache(layout, batch=batch, length=256, kv_heads=4, head_dim=16, block_size=block)
+
+    def read(batch=2, factor=1.0, layout="BHTD", block=16):
+        kv, moved = read_traffic(cache(layout, batch, block))
+        t = factor * moved / beta
+        return ReadMeasurement(layout, batch, 256, 8, 4, 16, "float32", Timing(t, t, t, (t,)), kv, moved, beta)
+
+    def append(method, seconds, batch=2):
+        new, moved = append_traffic(cache("BHTD", batch, 16), method)
+        return AppendMeasurement("BHTD", method, batch, 256, 4, 16, "float32", Timing(seconds, seconds, seconds, (seconds,)),
+                                 new, moved, beta)
+
+    return read, append
+
+
 def test_kv_layout_solutions():
-    ok = folded(ex.kv_layout_batch(2, 8, (5e-3, 20e-3), (10e-3, 42e-3), (5e-6, 6e-6)), 1)
+    from kvlab.theory.agreement import edges
+    from kvlab.theory.kv_traffic import BYTES_TOLERANCE
+
+    read, append = _layout_reads()
+    low, high = edges(1.0, BYTES_TOLERANCE)
+    lo, hi = read(2), read(8)
+    a_lo, a_hi = append("index", 5e-6), append("index", 6e-6, batch=8)
+    ok = folded(ex.kv_layout_batch(lo, hi, a_lo, a_hi, None), 1)
     assert "**4**" in ok and "as predicted" in ok
-    off = folded(ex.kv_layout_batch(2, 8, (5e-3, 20e-3), (2e-3, 42e-3), (5e-6, 6e-6)), 1)
-    assert "last-level cache" in off
+    # The batch-2 read faster than its bytes (10% past the band): the ratio grows past the model's.
+    fast_lo = read(2, factor=0.9 * low)
+    off = folded(ex.kv_layout_batch(fast_lo, hi, a_lo, a_hi, (lo.kv_bytes + hi.kv_bytes) // 2), 1)
+    assert "grew more than its bytes" in off
+    slow_lo = read(2, factor=1.1 * high)
+    resident = folded(ex.kv_layout_batch(slow_lo, hi, a_lo, a_hi, (lo.kv_bytes + hi.kv_bytes) // 2), 1)
+    assert "last-level cache" in resident and "grew less than its bytes" in resident
+    assert "same side" in ex.kv_layout_batch(slow_lo, hi, a_lo, a_hi, None)
     runs1, runs16 = {"HND": 256, "NHD": 256}, {"HND": 4096, "NHD": 256}
-    assert "Slower, as predicted" in folded(ex.kv_layout_block1(64, 4, runs1, runs16, 16, 13e-3, 11e-3), 2)
-    assert "Not slower here" in folded(ex.kv_layout_block1(64, 4, runs1, runs16, 16, 11e-3, 11e-3), 2)
-    assert "Close to the byte ratio" in folded(ex.kv_layout_cat(4096, 28e-3, 14e-3), 3)
-    assert "arithmetic" in ex.kv_layout_cat(4096, 15e-3, 14e-3)
-    assert "allocates" in ex.kv_layout_cat(4096, 60e-3, 14e-3)
+    g16 = read(2, layout="NHD", block=16)
+    g1_model = read(2, layout="NHD", block=1)  # the bytes model: a longer block table, the same copy
+    slower = read(2, factor=1.1 * high, layout="NHD", block=1)
+    assert "Slower than its bytes" in folded(ex.kv_layout_block1(64, 4, runs1, runs16, 16, slower, g16), 2)
+    assert "Not slower here" in folded(ex.kv_layout_block1(64, 4, runs1, runs16, 16, g1_model, g16), 2)
+    r = read(2)
+    cat_pred = append("cat", 1.0).predicted_s
+    assert "Close to the byte ratio" in folded(ex.kv_layout_cat(r, append("cat", cat_pred)), 3)
+    assert "arithmetic" in ex.kv_layout_cat(r, append("cat", 0.9 * low * cat_pred))
+    assert "allocates" in ex.kv_layout_cat(r, append("cat", 1.1 * high * cat_pred))
+    assert "**2.008**" in ex.kv_layout_cat(r, append("cat", cat_pred))  # 2 (s + 1) / s at s = 256
 
 
 def test_ssm_solutions():
     t = folded(ex.ssm_breakeven("Mamba-1.4B", 4096, 4, 16, 163_840, 2048, 8192, 20.0), 1)
     assert "**20 tokens**" in t
-    times = {"sequential": 0.023, "parallel": 0.013, "chunked": 0.027}
-    assert "The parallel scan won" in folded(ex.ssm_narrow_scan(64, 8, "chunked", "parallel", times), 2)
-    assert "still won" in ex.ssm_narrow_scan(64, 8, "sequential", "sequential", times)
+    from kvlab.theory import ssm
+
+    # The cost model fitted at d = 64, with a round cost 10% past its break-even at d = 8, predicts the
+    # parallel scan; the measurement then agrees with it or not.
+    gamma, n, s = 1e-9, 16, 1024
+    tau = 1.1 * ssm.parallel_break_even(s) * gamma * 8 * n
+    predicted = ssm.fastest_order(s, tau, gamma, 8 * n, 16)
+    assert predicted != "sequential"
+    agree = {m: ssm.scan_time(s, m, 16 if m == "chunked" else None, tau, gamma, 8 * n) for m in ssm.METHODS}
+    t = folded(ex.ssm_narrow_scan(64, 8, n, s, 16, tau, gamma, "sequential", agree), 2)
+    assert f"predicts the **{predicted}** scan" in t and "as the cost model predicted" in t
+    disagree = {**agree, "sequential": min(agree.values()) / 2}
+    assert "not the" in ex.ssm_narrow_scan(64, 8, n, s, 16, tau, gamma, "sequential", disagree)
+    assert "could not tell" in ex.ssm_narrow_scan(64, 8, n, s, 16, -1.0, gamma, "sequential", agree)
     t = folded(ex.ssm_hybrid_fraction(8, 1, {256: 0.193, 131_072: 0.125}), 3)
     assert "**19.3%** at 256 tokens" in t
     exact = folded(ex.ssm_full_rank(8, 8, 1e-16, 8, 64, 1, 0.984375), 4)
@@ -119,21 +175,42 @@ def test_long_context_solutions_and_kivi_reading():
 
 
 def test_memory_wall_solutions_and_readings():
+    import kvlab
     from kvlab import SHAPES
     from kvlab.theory import roofline as rf
     from kvlab.show.readings import capacity
 
+    L70 = SHAPES["llama-3-70b"]
     t = folded(ex.wall_fixed_point(4, 4, {1: [1.0, 2.0], 4: [4.0, 4.0], 32: [26.0, 5.6]}, [1000, 64000]), 1)
     assert "**4**" in t and "| 32 | 26.00 | 5.60 |" in t
-    t = folded(ex.wall_288(1.057, 53_406, 320_435, 56_458, 451_660, 4.0), 2)
+    import dataclasses
+
+    from kvlab.theory import memory_wall as mw
+
+    # The band opens where the device holds twice the weights: devices 10% on each side of that memory.
+    edge = 2 * L70.params * 2
+    for factor, opens in ((1.1, True), (0.9, False)):
+        hw = dataclasses.replace(kvlab.SPECS["b200"], hbm_bytes=factor * edge)
+        assert mw.kv_bound_regime_exists(L70, hw) is opens
+        text = ex.wall_288(mw.kv_bound_band(L70, hw), mw.kv_bound_regime_exists(L70, hw), 53_406, 320_435,
+                           56_458, 451_660, 4.0)
+        assert ("now exists" in text) is opens and ("still no one-device" in text) is not opens
+    t = folded(ex.wall_288(1.057, True, 53_406, 320_435, 56_458, 451_660, 4.0), 2)
     assert "now exists" in t and "**320,435 tokens**" in t
-    assert "still no one-device" in ex.wall_288(0.9, 53_406, 320_435, 56_458, 451_660, 4.0)
     t = folded(ex.wall_joint({"half": 1.13, "joint": 1.21}, {"half": 1.83, "joint": 3.12}), 3)
     assert "**$S(4)$ = 3.12**" in t and "at both batches" in t
-    nv = capacity.nvlink_reading(41.94e9, 4, 0.01165, 25.0, 0.655)
-    assert "**23.3 ms**" in nv and "450 GB/s" in nv and "900 GB/s" in nv
+    cache = 41_943_040_000
+    nv = capacity.nvlink_reading(cache, 4, 25.0)
+    assert "**23.3 ms**" in nv and "450 and 64 GB/s" in nv and "900 GB/s" in nv and "128 GB/s" in nv and "11.7 ms" in nv
+    assert "**38x to 1,073x**" in nv and "2,146x at the top" in nv  # every figure at the one-way rate
+    links = capacity.w4_links(cache)
+    assert [round(t, 4) for t in links.values()] == [0.6554, 0.1638, 0.0233]
+    assert all("one way" in k or "codec" in k for k in links)
+    fixes = capacity.seed_corrections_reading({"Llama-3-8B": (4, 4), "Llama-3-70B": (8, 8), "Llama-3.1-405B": (16, 16)},
+                                              2.61, 8.0, 11.3, 8, 2.909, 46.5, 46.56, 56.9, 25.0, cache, 39.06)
+    assert "**38× to 1,073×**" in fixes and "38× to 2,146×" in fixes and "$g = 4$, $g = 8$, $g = 16$" in fixes
+    assert fixes.count("\n") == 4 and fixes.startswith("1. ") and "5. **39.0 GiB.**" in fixes
     assert "interleave" in capacity.placement_reading(2.0, 8.0)
-    L70 = SHAPES["llama-3-70b"]
     r3 = capacity.rule3_reading(L70.name, "NVIDIA B200", 128_000, 1.21, rf.admitted_rate(L70, "b200", 128_000),
                                 rf.admitted_rate(L70, "b200", 128_000, w_kv=0.5))
     assert "**1 sequence in bf16**" in r3 and "**4 with a 4-bit cache**" in r3 and "**4.0 times**" in r3
@@ -173,17 +250,35 @@ def test_long_context_trained_solution():
 
 
 def test_diagnosis_solutions():
-    flat = folded(ex.diagnosis_batch(0.004, 250, 32, 2e-3, 2.4e-3, 0.08, "overhead", "overhead"), 1)
-    assert "**250**" in flat and "batch 32" in flat and "nearly flat" in flat
-    grew = ex.diagnosis_batch(0.004, 250, 32, 2e-3, 9e-3, 0.03, "overhead", "weights")
+    from kvlab.theory import verdict
+    from kvlab.theory.agreement import edges
+    from kvlab.theory.shapes import SHAPES
+    from kvlab.theory.work import step_work
+
+    shape, context, beta, step_1 = SHAPES["llama-3.2-1b"], 72, 1e10, 4e-3
+    one = step_work(shape, 1, context, "cached", 4, 4)
+    weights, seq = one.weights_read, one.kv_read + one.kv_written
+    b_pred = verdict.bandwidth_batch(shape, context, step_1, beta, 4, 4)
+    flat_16 = verdict.flat_step_fraction(16, step_1, weights, seq, beta)
+    low, high = edges(flat_16, verdict.BATCH_TOLERANCE)
+    args = (weights, seq, context, beta, step_1, one.total_bytes / step_1 / beta, b_pred, 16)
+    flat = folded(ex.diagnosis_batch(*args, step_1, flat_16, "weights", "weights"), 1)
+    assert f"**{b_pred:,.1f}**" in flat and "batch 16" in flat and "nearly flat" in flat
+    assert "not at $1/\\text{fraction}$" in flat and "bandwidth_batch" in flat
+    grew = ex.diagnosis_batch(*args, 4.5 * step_1, 0.9 * low, "weights", "compute")
     assert "did not stay flat" in grew and "4.50 times" in grew
-    assert "scales from there" not in folded(ex.diagnosis_batch(0.5, 2, 2, 2e-3, 2.1e-3, 0.9, "weights", "weights"), 1)
+    odd = ex.diagnosis_batch(*args, step_1, 1.1 * high, "weights", "weights")
+    assert "beat the flat-step prediction" in odd
+    small = folded(ex.diagnosis_batch(weights, seq, context, beta, step_1, 0.9, 1.0, 1, step_1,
+                                      verdict.flat_step_fraction(1, step_1, weights, seq, beta), "weights", "weights"), 1)
+    assert "as far as this page's time allows" not in small
     t = folded(ex.diagnosis_gqa(16, 2, 520, 0.83, 0.39, 0.40, "kv", "overhead"), 2)
     assert "**39.0%**" in t and "lever worked" in t
     assert "verdict stays" in ex.diagnosis_gqa(16, 2, 520, 0.83, 0.55, 0.56, "kv", "kv")
     assert "did not rest on the cache" in ex.diagnosis_gqa(16, 2, 520, 0.83, 0.39, 0.4, "overhead", "overhead")
-    agree = folded(ex.diagnosis_naive_ridge(20.0, 4, 40, 39, 72, 36.5, "compute"), 3)
+    ridge = 20.0  # intensities 10% past the ridge on each side, through verdict.past_ridge
+    agree = folded(ex.diagnosis_naive_ridge(ridge, 4, 40, 39, 72, 1.1 * ridge, "compute"), 3)
     assert "**39**" in agree and "past the ridge point" in agree and "agrees" in agree
-    assert "agrees" in ex.diagnosis_naive_ridge(20.0, 4, 40, 39, 20, 10.0, "weights")
-    assert "not compute" in ex.diagnosis_naive_ridge(20.0, 4, 40, 39, 72, 36.5, "overhead")
-    assert "tip either way" in ex.diagnosis_naive_ridge(20.0, 4, 40, 39, 20, 10.0, "compute")
+    assert "agrees" in ex.diagnosis_naive_ridge(ridge, 4, 40, 39, 20, 0.9 * ridge, "weights")
+    assert "not compute" in ex.diagnosis_naive_ridge(ridge, 4, 40, 39, 72, 1.1 * ridge, "overhead")
+    assert "tip either way" in ex.diagnosis_naive_ridge(ridge, 4, 40, 39, 20, 0.9 * ridge, "compute")

@@ -1,9 +1,14 @@
-"""kvlab.show.readings.ssm_state: the sentences that depend on a measurement, each fed both outcomes (CONTRIBUTING.md, readings).
+"""kvlab.show.readings.ssm_state: every decision fed inputs on both sides of the boundary that the
+model of kvlab.theory.ssm itself puts there (CONTRIBUTING.md, readings).
 """
 
 import re
 
+import pytest
+
 from kvlab.show.readings import ssm_state
+from kvlab.theory import ssm
+from kvlab.theory.agreement import edges
 
 
 def no_roles(text):
@@ -11,35 +16,81 @@ def no_roles(text):
     return text
 
 
-def test_ssm_scan_both_regimes_and_outcomes():
-    # E = 64 * 16 = 1024 elements; gamma * E = 1.2 µs per round
-    cheap_round = dict(length=1024, dim=64, state_size=16, chunk_size=16, tau=0.2e-6, gamma=1.2e-6 / 1024)
-    costly_round = {**cheap_round, "tau": 14e-6}
-    seq_wins = no_roles(ssm_state.scan_reading(t_seq=0.067, t_par=0.087, t_chunk=0.075, **cheap_round))
-    par_wins_anyway = no_roles(ssm_state.scan_reading(t_seq=0.087, t_par=0.065, t_chunk=0.075, **cheap_round))
-    par_wins = no_roles(ssm_state.scan_reading(t_seq=0.087, t_par=0.065, t_chunk=0.075, **costly_round))
-    seq_wins_anyway = no_roles(ssm_state.scan_reading(t_seq=0.067, t_par=0.087, t_chunk=0.075, **costly_round))
-    assert "A round is cheap" in seq_wins and "sequential scan won" in seq_wins and "1.30 times slower" in seq_wins
-    assert "A round is cheap" in par_wins_anyway and "does not explain" in par_wins_anyway
-    assert "dispatch) dominates" in par_wins and "the parallel scan won" in par_wins and "1.34 times faster" in par_wins
-    assert "A round is cheap" not in par_wins and "does not explain" in seq_wins_anyway
-    bad_fit = ssm_state.scan_reading(t_seq=0.067, t_par=0.087, t_chunk=0.075, **{**cheap_round, "tau": -1e-6})
-    assert "could not be told apart" in bad_fit
+S, DIM, N, C = 1024, 64, 16, 16
+E = DIM * N
+GAMMA = 3.74e-6 / E  # the issue's fit: gamma E = 3.74 µs
 
 
-def test_ssm_step_both_outcomes():
-    args = dict(llama="L", mamba="M", s0=256, s1=8192, llama_t=(0.034, 0.166), mamba_t=(0.043, 0.050))
-    near = no_roles(ssm_state.step_reading(slope_llama=16e-6, slope_mamba=0.9e-6, slope_pred=10e-6, **args))
-    steep = no_roles(ssm_state.step_reading(slope_llama=79e-6, slope_mamba=0.9e-6, slope_pred=10e-6, **args))
-    flat = no_roles(ssm_state.step_reading(slope_llama=3e-6, slope_mamba=0.9e-6, slope_pred=10e-6, **args))
-    noisy = no_roles(ssm_state.step_reading(slope_llama=16e-6, slope_mamba=8e-6, slope_pred=10e-6, **args))
-    assert "within a factor of two" in near and "noise of a shared machine:" in near
-    assert "exceeds the prediction" in steep and "7.9 times" in steep
-    assert "below the prediction" in flat and "Rerun the cell" in noisy
+def times(tau, ratio_factor=1.0, winner_swap=False):
+    """Measured times that the cost model predicts at ``tau`` (sequential over parallel scaled by
+    ``ratio_factor``), or with the winner swapped."""
+    t = {m: ssm.scan_time(S, m, C if m == "chunked" else None, tau, GAMMA, E) for m in ssm.METHODS}
+    t["sequential"] *= ratio_factor
+    if winner_swap:
+        t["sequential"], t["parallel"] = t["parallel"], t["sequential"]
+    return t
 
 
-def test_ssm_recall_both_outcomes():
-    exact = no_roles(ssm_state.recall_reading(8, 64, 0.875, 0.871, 2000, 0.71, 0.035, 1e-12))
-    deficient = no_roles(ssm_state.recall_reading(16, 16, 0.2, 0.4, 2000, 0.9, 0.01, 0.02))
-    assert "exactly $1 - n/s$" in exact and "lands on the exact value" in exact and "recovers every position" in exact
-    assert "rank-deficient" in deficient and "off the exact value" in deficient and "not sharp enough" in deficient
+def test_scan_reading_on_both_sides_of_the_break_even():
+    edge = ssm.parallel_break_even(S) * GAMMA * E  # the round cost at which the model changes its winner
+    cheap, costly = 0.9 * edge, 1.1 * edge
+    seq = no_roles(ssm_state.scan_reading(S, DIM, N, C, times(cheap), cheap, GAMMA))
+    par = no_roles(ssm_state.scan_reading(S, DIM, N, C, times(costly), costly, GAMMA))
+    assert "predicts the sequential scan to win" in seq and "explains the points" in seq
+    assert "predicts the parallel scan to win" in par and "explains the points" in par
+    assert f"{ssm.parallel_break_even(S):.3g}" in seq and "ssm.parallel_break_even" in seq
+    wrong = no_roles(ssm_state.scan_reading(S, DIM, N, C, times(cheap, winner_swap=True), cheap, GAMMA))
+    assert "predicted the sequential scan to win and the parallel scan won" in wrong
+    # The winner right but the margin past the tolerance on each side.
+    low, high = edges(1.0, ssm.SCAN_TOLERANCE)
+    for factor in (1.1 * high, 0.9 * low):
+        t = times(0.2 * edge, ratio_factor=factor)
+        text = ssm_state.scan_reading(S, DIM, N, C, t, 0.2 * edge, GAMMA)
+        assert "but not the margin" in text, factor
+    bad = ssm_state.scan_reading(S, DIM, N, C, times(cheap), -1e-6, GAMMA)
+    assert "could not be told apart" in bad
+
+
+def test_scan_reading_on_the_issues_numbers():
+    # tau = 25.3 µs, gamma E = 3.74 µs at s = 1024: sequential 29.7 ms, parallel 38.6 ms, ratio 1.30
+    tau = 25.3e-6
+    t = {"sequential": 29.7e-3, "parallel": 38.6e-3 * 1.32 / 1.30, "chunked": 30e-3}
+    text = ssm_state.scan_reading(S, DIM, N, C, t, tau, GAMMA)
+    assert "predicts the sequential scan to win" in text and "explains the points" in text
+    assert "29.7 ms sequential and 38.6 ms parallel" in text
+
+
+def test_ssm_step_reading_both_sides():
+    k, beta = 4096.0, 8e9
+    predicted = ssm.attention_step_slope(k, beta)
+    low, high = edges(predicted, ssm.SLOPE_TOLERANCE)
+    flat_edge = ssm.FLAT_SHARE * predicted
+    args = dict(llama="L", mamba="M", s0=256, s1=8192, llama_t=(0.034, 0.166), mamba_t=(0.043, 0.050),
+                kv_bytes_per_token=k, bandwidth=beta)
+    near = no_roles(ssm_state.step_reading(slope_llama=predicted, slope_mamba=0.9 * flat_edge, **args))
+    steep = no_roles(ssm_state.step_reading(slope_llama=1.1 * high, slope_mamba=0.9 * flat_edge, **args))
+    shallow = no_roles(ssm_state.step_reading(slope_llama=0.9 * low, slope_mamba=-0.9 * flat_edge, **args))
+    noisy = no_roles(ssm_state.step_reading(slope_llama=predicted, slope_mamba=1.1 * flat_edge, **args))
+    assert "within a factor of 2" in near and "noise of a shared machine:" in near
+    assert "exceeds the prediction" in steep and "below the prediction" in shallow
+    assert "Rerun the cell" in noisy and "3k/\\beta" in near
+
+
+def test_ssm_recall_both_sides():
+    n, s, samples = 8, 64, 2000
+    bound = ssm.recall_bound(n, s)
+    tol = ssm.sampling_tolerance(samples, n)
+    exact = no_roles(ssm_state.recall_reading(n, s, bound, bound + 0.9 * tol, samples, 0.71, 0.035,
+                                              0.9 * ssm.LOOKUP_TOLERANCE))
+    assert "exactly the bound" in exact and "lands on the exact value" in exact and "recovers every position" in exact
+    off = no_roles(ssm_state.recall_reading(n, s, bound + 10 * ssm.RANK_TOLERANCE, bound + 1.1 * tol, samples,
+                                            0.9, 0.01, 1.1 * ssm.LOOKUP_TOLERANCE))
+    assert "rank-deficient" in off and "more than the" in off and "not sharp enough" in off
+
+
+@pytest.mark.parametrize("s", [64, 1024, 4096])
+def test_break_even_matches_the_issue_formula(s):
+    import math
+
+    log = math.log2(s)
+    assert ssm.parallel_break_even(s) == pytest.approx((s * log - s) / (s - log), rel=0.1)

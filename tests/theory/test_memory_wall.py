@@ -133,3 +133,27 @@ def test_integer_arguments_refuse_what_is_not_an_int_in_range(name, value):
     with pytest.raises(TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError,
                        match=argument):
         call(value)
+
+
+def test_kv_bound_band_and_ridge_admitted_on_both_sides():
+    import dataclasses
+
+    from kvlab.theory import roofline as rf
+    from kvlab.theory.memory_wall import kv_bound_band, kv_bound_regime_exists, ridge_admitted
+    from kvlab.theory.shapes import SHAPES
+    from kvlab.theory.specs import SPECS
+
+    l70, l8 = SHAPES["llama-3-70b"], SHAPES["llama-3-8b"]
+    assert kv_bound_band(l70, "b200") == pytest.approx(rf.capacity_context(l70, "b200") / rf.crossover_context(l70))
+    assert kv_bound_band(l70, "h100-sxm") == 0.0 and not kv_bound_regime_exists(l70, "h100-sxm")
+    edge = 2 * l70.params * 2  # twice the bf16 weights
+    for factor, exists in ((0.9, False), (1.1, True)):
+        hw = dataclasses.replace(SPECS["b200"], hbm_bytes=factor * edge)
+        assert kv_bound_regime_exists(l70, hw) is exists
+    # The longest context at which the ridge batch still fits, found with the model; 10% on each side.
+    lo, hi = 1, 1 << 20
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ridge_admitted(l8, "h100-sxm", mid) else (lo, mid)
+    assert ridge_admitted(l8, "h100-sxm", int(0.9 * lo)) and not ridge_admitted(l8, "h100-sxm", int(1.1 * hi))
+    assert rf.max_batch(l8, "h100-sxm", lo) >= round(rf.ridge_batch("h100-sxm")) > rf.max_batch(l8, "h100-sxm", hi)

@@ -356,10 +356,14 @@ def test_bad_input_names_the_argument(call, kind, words):
 def test_admission_messages():
     fits = rf.admitted(L70, "b200", 1, K128)
     assert bool(fits) and fits.shortfall == 0
-    assert str(fits) == "needs 181.9 GB, 192.0 GB available (10.1 GB to spare)"
+    assert str(fits) == "needs 182 GB, 192 GB available (10.1 GB to spare)"
     short = rf.admitted(L70, "h100-sxm", 1, 1000)
     assert not short and short.shortfall == 140e9 + 1000 * 327_680 - 80e9
-    assert str(short).startswith("needs 140.3 GB, 80.0 GB available: does not fit by 60.3 GB (60,327,680,000 bytes)")
+    assert str(short).startswith("needs 140 GB, 80 GB available: does not fit by 60.3 GB (60,327,680,000 bytes)")
+    # A small model's memory (notebook 09's batch job) gets units of its own size, not "0.0 GB".
+    tiny = rf.Admission(weights=3.3e6, kv=21e6, available=16.6e6)
+    assert str(tiny) == "needs 24.3 MB, 16.6 MB available: does not fit by 7.7 MB (7,700,000 bytes)"
+    assert str(rf.Admission(1e3, 2e3, 1e6)) == "needs 3 kB, 1 MB available (997 kB to spare)"
 
 
 def test_step_time_floor_uses_the_larger_of_bytes_and_flops():

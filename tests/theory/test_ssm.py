@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import kvlab
+from kvlab.theory import ssm
 from kvlab.theory.ssm import attention_kv_bytes, breakeven_context, hybrid_cache_bytes, scan_depth, scan_work
 
 
@@ -115,3 +116,50 @@ def test_integer_arguments_refuse_what_is_not_an_int_in_range(name, value):
     with pytest.raises(TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError,
                        match=argument):
         call(value)
+
+
+# --- the cost model the scan reading decides with (issue 21, item 4) ------------------------------------
+
+def test_scan_time_is_rounds_plus_compositions():
+    tau, gamma, elements = 25.3e-6, 3.74e-6 / 1024, 1024  # the issue's fit: gamma * E = 3.74 µs
+    seq = ssm.scan_time(1024, "sequential", None, tau, gamma, elements)
+    par = ssm.scan_time(1024, "parallel", None, tau, gamma, elements)
+    assert seq == pytest.approx(1024 * tau + 1024 * gamma * elements)
+    assert par == pytest.approx(10 * tau + 10_241 * gamma * elements)  # ceil(log2 s) rounds, s log2 s work
+    assert seq == pytest.approx(29.7e-3, rel=0.01) and par == pytest.approx(38.6e-3, rel=0.01)
+    assert par / seq == pytest.approx(1.30, abs=0.01)
+    assert ssm.fastest_order(1024, tau, gamma, elements, methods=("sequential", "parallel")) == "sequential"
+    with pytest.raises(ValueError, match="round_s must be a finite number > 0"):
+        ssm.scan_time(1024, "parallel", None, 0.0, gamma, elements)
+
+
+@given(st.integers(2, 1 << 14))
+@settings(max_examples=60, deadline=None)
+def test_parallel_break_even_is_where_the_model_changes_its_winner(s):
+    # The boundary from the model's own counts, and scan_time on both sides of it.
+    ratio = ssm.parallel_break_even(s)
+    gamma, elements = 1e-9, 64
+    for factor, winner in ((0.9, "sequential"), (1.1, "parallel")):
+        tau = factor * ratio * gamma * elements
+        assert ssm.fastest_order(s, tau, gamma, elements, methods=("sequential", "parallel")) == winner
+    log = math.log2(s)
+    if s >= 64:  # about (s log2 s - s) / (s - log2 s) once ceil(log2 s) is close to log2 s
+        assert ratio == pytest.approx((s * log - s) / (s - log), rel=0.15)
+
+
+def test_parallel_break_even_of_short_sequences():
+    assert ssm.parallel_break_even(1) == 0.0 and ssm.parallel_break_even(2) == 1.0  # (3 - 2) / (2 - 1)
+    assert ssm.parallel_break_even(1024) == pytest.approx((10_241 - 1024) / (1024 - 10))
+
+
+def test_step_slope_flatness_and_recall_models():
+    slope = ssm.attention_step_slope(2048, 10e9)
+    assert slope == pytest.approx(3 * 2048 / 10e9)
+    edge = ssm.FLAT_SHARE * slope
+    assert ssm.is_flat(0.9 * edge, slope) and ssm.is_flat(-0.9 * edge, slope) and not ssm.is_flat(1.1 * edge, slope)
+    assert ssm.recall_bound(8, 64) == 1 - 8 / 64 and ssm.recall_bound(16, 8) == 0.0
+    assert ssm.at_recall_bound(0.875, 8, 64) and not ssm.at_recall_bound(0.875 + 2 * ssm.RANK_TOLERANCE, 8, 64)
+    tol = ssm.sampling_tolerance(2000, 8)
+    assert tol == pytest.approx(3 * math.sqrt(2 / 2000) + 8 / 2000)
+    assert ssm.sampled_agrees(0.875 + 0.9 * tol, 0.875, 2000, 8) and not ssm.sampled_agrees(0.875 + 1.1 * tol, 0.875, 2000, 8)
+    assert ssm.lookup_exact(0.9 * ssm.LOOKUP_TOLERANCE) and not ssm.lookup_exact(1.1 * ssm.LOOKUP_TOLERANCE)

@@ -6,6 +6,7 @@ import pytest
 import kvlab
 from kvlab.theory import roofline
 from kvlab.theory.shapes import SHAPES
+from kvlab.theory import verdict as verdict_models
 from kvlab.theory.verdict import BatchPoint, LEVERS, Target, VERDICTS, capacity_batch, decide, lever, useful_batch
 from kvlab.theory.work import STEP_METHODS
 
@@ -20,7 +21,7 @@ def test_decide_each_branch():
     assert decide(**base, admitted=False)[0] == "capacity"
     short = roofline.Admission(weights=4e9, kv=7e9, available=10e9)
     verdict, because = decide(**base, admitted=short)
-    assert verdict == "capacity" and "does not fit by 1.0 GB" in because
+    assert verdict == "capacity" and "does not fit by 1 GB" in because
     verdict, because = decide(**{**base, "kv_share": 0.8})
     assert "60%" in because and "80%" in because  # names the measurements it rests on
 
@@ -72,3 +73,58 @@ def test_capacity_batch_is_the_admission_edge(key, context):
 
 def test_capacity_batch_zero_when_nothing_fits():
     assert capacity_batch(SHAPES["llama-3.1-405b"], kvlab.SPECS["l4"], 1000) == 0
+
+
+# --- the models notebook 09's readings decide with (issue 21, items 1 and 10) ----------------------------
+
+def test_bandwidth_batch_grows_only_the_cache_term():
+    from kvlab.theory import verdict
+    from kvlab.theory.work import step_work
+
+    shape = SHAPES["llama-3.2-1b"]
+    one = step_work(shape, 1, 512, "cached", 2, 2)
+    step, beta = 4 * one.total_bytes / 3.35e12, 3.35e12  # batch 1 at a quarter of the bandwidth
+    b = verdict.bandwidth_batch(shape, 512, step, beta)
+    assert b == pytest.approx((beta * step - one.weights_read) / (one.kv_read + one.kv_written))
+    # At that batch a step of the same duration moves exactly the bandwidth: the model's own boundary.
+    at_b = verdict.flat_step_fraction(round(b), step, one.weights_read, one.kv_read + one.kv_written, beta)
+    assert at_b == pytest.approx(1.0, rel=0.5 / b)
+    assert verdict.bandwidth_batch(shape, 512, one.total_bytes / beta / 2, beta) == 1.0  # already past it
+    assert b > 4  # not 1 / fraction: the weights do not grow with the batch
+
+
+def test_idle_batch_and_parity_models_on_both_sides():
+    from kvlab.theory import verdict
+    from kvlab.theory.agreement import edges
+
+    expected = verdict.expected_static_idle(1e-3, 100, 120)
+    assert expected == pytest.approx(1.2e-3)
+    low, high = edges(expected, verdict.IDLE_TOLERANCE)
+    assert verdict.compare_idle(1.1 * high, 1e-3, 100, 120, graphed=False).outcome == "above"
+    assert verdict.compare_idle(1.1 * low, 1e-3, 100, 120, graphed=False).outcome == "within"
+    assert verdict.compare_idle(0.9 * low, 1e-3, 100, 120, graphed=False).outcome == "below"
+    # Replayed as a graph the reference is the cached step's idle time, and less is expected.
+    assert verdict.compare_idle(0.1e-3, 1e-3, 100, 120, graphed=True).outcome == "below"
+    tpot = verdict.shared_weight_tpot(0.01, 16, 1e5, 1e10)
+    assert tpot == pytest.approx(0.01 + 15 * 1e-5)
+    assert verdict.compare_batch_tpot(0.01, 16, 1.1 * verdict.BATCH_TOLERANCE * tpot, 1e5, 1e10).outcome == "above"
+    assert verdict.compare_loops(50.0, 50.0 * 1.1 * verdict.LOOP_TOLERANCE).outcome == "below"
+    assert verdict.past_ridge(1.1 * 3.5, 3.5) and not verdict.past_ridge(0.9 * 3.5, 3.5)
+    assert verdict.exceeds_ceilings(0.2, 1.1) and not verdict.exceeds_ceilings(0.9, 0.5)
+
+
+@pytest.mark.parametrize("call, kind, words", [
+    (lambda: verdict_models.bandwidth_batch(SHAPES["llama-3.2-1b"], 8, 0.0, 1e9),
+     ValueError, "step_s must be a finite number > 0"),
+    (lambda: verdict_models.shared_weight_tpot(0.01, 0, 1e5, 1e9),
+     ValueError, "batch must be an int >= 1"),
+    (lambda: verdict_models.expected_static_idle(1e-3, 0, 10),
+     ValueError, "cached_ops must be an int >= 1"),
+    (lambda: verdict_models.past_ridge(1.0, -2.0),
+     ValueError, "ridge must be a finite number > 0"),
+    (lambda: verdict_models.compare_loops(1.0, 0.0),
+     ValueError, "reference_tokens_per_s must be a finite number > 0"),
+])
+def test_reading_models_refuse_bad_numbers(call, kind, words):
+    with pytest.raises(kind, match=words):
+        call()

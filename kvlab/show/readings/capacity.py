@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvlab.theory.specs import exposed_memory, spec
+from kvlab.show.format import si
+from kvlab.theory.memory_wall import ridge_admitted
+from kvlab.theory.roofline import free_beside_weights, max_batch, ridge_batch, transfer_time
 from kvlab.theory.shapes import SHAPES
-from kvlab.theory.roofline import free_beside_weights, max_batch, ridge_batch
+from kvlab.theory.specs import LINKS, exposed_memory, spec
 
 GIB = 2**30
 
@@ -31,7 +33,7 @@ def largest_batch_reading(context: int = 2048) -> str:
             f"the 8B model's unrounded {SHAPES['llama-3-8b'].counted_params() / 1e9:.2f}e9 parameters, the "
             f"largest batch of {context:,}-token sequences is **{real_batch}** instead of {seed_batch}.")
     b_ridge = round(ridge_batch(h100))
-    if real_batch < b_ridge:
+    if not ridge_admitted(_real(SHAPES["llama-3-8b"]), real_h100, context):
         text += (f" More room, the same conclusion: the ridge batch of {b_ridge} still does not fit.")
     else:
         text += (f" That reaches the ridge batch of {b_ridge}: with the real capacity, the weight products could "
@@ -78,23 +80,79 @@ def kivi_residual_reading(tokens: int, residual: int, group_size: int, bits: int
             f"at {long_tokens:,} tokens it would be {long_ratio:.1f} times.")
 
 
-def nvlink_reading(cache_bytes: float, codec: float, seed_seconds: float, recompute_seconds: float,
-                   pcie_seconds: float) -> str:
-    """Notebook 10: a one-way KV fetch over NVLink gets half the quoted (bidirectional) figure."""
-    from kvlab.theory.specs import LINKS
-    from kvlab.show.format import si
-    from kvlab.theory.roofline import transfer_time
+def w4_links(cache_bytes: float, codec: float = 4) -> dict:
+    """Notebook 10, W4: seconds to move one session's cache over the host and peer links, by link, each
+    at its one-way rate from ``kvlab.theory.specs.LINKS`` (a fetch moves the cache one way)."""
+    pcie, nvlink = LINKS["pcie5-x16"], LINKS["nvlink4"]
+    return {
+        f"PCIe Gen5 x16, {pcie.bytes_per_s_each_way / 1e9:.0f} GB/s one way": transfer_time(cache_bytes, pcie.bytes_per_s_each_way),
+        f"PCIe Gen5 x16 + {codec:g}x codec": transfer_time(cache_bytes, pcie.bytes_per_s_each_way, codec=codec),
+        f"NVLink 4, {nvlink.bytes_per_s_each_way / 1e9:.0f} GB/s one way, + {codec:g}x codec":
+            transfer_time(cache_bytes, nvlink.bytes_per_s_each_way, codec=codec),
+    }
 
+
+def seed_nvlink_seconds(cache_bytes: float, codec: float = 4) -> float:
+    """The seed's W4 NVLink fetch: the cache over NVLink's quoted total of both directions (900 GB/s)."""
+    return transfer_time(cache_bytes, LINKS["nvlink4"].bytes_per_s_both_ways, codec=codec)
+
+
+def nvlink_reading(cache_bytes: float, codec: float, recompute_seconds: float) -> str:
+    """Notebook 10: a one-way KV fetch over NVLink gets half the quoted (bidirectional) figure, and the
+    range of W4's speedups over recompute that follows."""
     nvlink, pcie = LINKS["nvlink4"], LINKS["pcie5-x16"]
-    one_way = transfer_time(cache_bytes, nvlink.bytes_per_s_each_way, codec=codec)
-    return (f"One correction to the seed's arithmetic. NVIDIA quotes NVLink as the total of both directions, "
-            f"{nvlink.bytes_per_s_both_ways / 1e9:,.0f} GB/s on an H100; a fetch moves the cache one way, at "
-            f"{nvlink.bytes_per_s_each_way / 1e9:,.0f} GB/s. PCIe's {pcie.bytes_per_s_each_way / 1e9:.0f} GB/s is "
-            f"already per direction. So the codec-compressed fetch over NVLink takes **{si(one_way, 's')}**, "
-            f"{one_way / seed_seconds:.0f} times the seed's {si(seed_seconds, 's')}, and the fetch path is "
-            f"{recompute_seconds / pcie_seconds:.0f}x to {recompute_seconds / one_way:,.0f}x faster than recompute "
-            f"rather than {recompute_seconds / seed_seconds:,.0f}x at the top. The conclusion stands: tier for "
-            "reuse, never for reads within a step.")
+    fetch = list(w4_links(cache_bytes, codec).values())
+    seed = seed_nvlink_seconds(cache_bytes, codec)
+    slow, fast = recompute_seconds / max(fetch), recompute_seconds / min(fetch)
+    return (f"One correction to the seed's arithmetic, applied in the table above. NVIDIA's H100 datasheet "
+            f"quotes both links as the total of the two directions, NVLink at "
+            f"{nvlink.bytes_per_s_both_ways / 1e9:,.0f} GB/s and PCIe Gen5 at {pcie.bytes_per_s_both_ways / 1e9:,.0f} "
+            f"GB/s; a fetch moves the cache one way, at {nvlink.bytes_per_s_each_way / 1e9:,.0f} and "
+            f"{pcie.bytes_per_s_each_way / 1e9:.0f} GB/s. The seed takes PCIe's one-way rate but NVLink's total. So the "
+            f"codec-compressed fetch over NVLink takes **{si(min(fetch), 's')}**, {min(fetch) / seed:.0f} times the "
+            f"seed's {si(seed, 's')}, and fetching is **{slow:.0f}x to {fast:,.0f}x** faster than the "
+            f"{si(recompute_seconds, 's')} recompute, rather than the seed's {recompute_seconds / seed:,.0f}x at the "
+            "top. Tiering changes neither the bytes a step reads nor what fits; it turns a recompute of tens of "
+            "seconds into a fetch of well under one. The conclusion stands: tier for reuse, never for reads "
+            "within a step.")
+
+
+def seed_corrections_reading(fixed_points: dict, ai_small: float, ai_floor: float, ai_ceiling: float,
+                             b_dagger_70b: float, sigma: float, capacity_factor: float, capacity_rounded: float,
+                             h100_recompute: float, b200_recompute: float, cache_bytes: float, gib: float) -> str:
+    """Notebook 10: the five derived statements of the memory-wall paper that its own constants do not
+    support, each with the figure the constants give (computed in the cell before this reading).
+
+    ``fixed_points`` maps a model name to (g, b-dagger); ``ai_small`` is AI(128k, 1); ``capacity_factor``
+    8 x 2 x sigma with sigma exact, ``capacity_rounded`` with sigma rounded to 2.91; the recompute times
+    are Llama-3-70B's prefill of 128k tokens on an H100 and a B200; ``gib`` the 128k cache in GiB.
+    """
+    links = w4_links(cache_bytes)
+    slowest, fastest = max(links.values()), min(links.values())
+    seed = seed_nvlink_seconds(cache_bytes)
+    groups = ", ".join(f"$g = {g:g}$" for g, _ in fixed_points.values())
+    parts = [f"{name}'s {b:g}" for name, (g, b) in fixed_points.items()]
+    points = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+    return "\n".join([
+        f"1. **$b^\\dagger = 8$ \"for the GQA models\".** $b^\\dagger = g\\,w_p / w_{{kv}}$ depends on the group "
+        f"factor, and the three Llama-3 models of Table 1 have three: {groups}. The figure 8 is right for "
+        f"Llama-3-70B only; the fixed points are {points}.",
+        f"2. **\"The intensity of any decode configuration\" between {ai_floor:.1f} and {ai_ceiling:.1f} at 128k.** True "
+        f"for $b \\ge b^\\dagger = {b_dagger_70b:g}$. Below the fixed point the intensity is lower: {ai_small:.2f} FLOP "
+        "per byte at batch one. The conclusion that no batch makes decode compute bound stands, a fortiori.",
+        f"3. **\"Approaches 46×\" in capacity.** $8 \\times 2 \\times \\sigma$ with $\\sigma = 8 \\times 128\\text{{k}} / "
+        f"(96\\text{{k}} + 8 \\times 32\\text{{k}}) = {sigma:.3f}$ is {capacity_factor:.1f} ({capacity_rounded:.1f} with "
+        f"$\\sigma$ rounded to 2.91). Rounded to two figures that is {capacity_factor:.0f}; the seed truncates to 46.",
+        f"4. **87× to 4,900×.** Appendix B.5 divides \"the 56.9 s recompute\" by the W4 fetch times and calls the result "
+        f"the range of section 4.5. But {h100_recompute:.1f} s is the H100 recompute. W4 runs on a B200, whose recompute "
+        f"is {b200_recompute:.1f} s (section 4.5 itself), and section 4.5's range, "
+        f"{b200_recompute / slowest:.0f}× to {b200_recompute / seed:,.0f}×, is the one to quote, up to the NVLink "
+        f"correction above: at NVLink's one-way rate it is **{b200_recompute / slowest:.0f}× to "
+        f"{b200_recompute / fastest:,.0f}×**.",
+        f"5. **39.0 GiB.** ${f'{cache_bytes:,.0f}'.replace(',', '{,}')} / 2^{{30}} = {gib:.2f}$, which is {gib:.1f} GiB "
+        "to three significant "
+        "figures, the precision the seed says it rounds to (appendix C.2).",
+    ])
 
 
 def placement_reading(gain_b200: float, gain_mi300x: float) -> str:
@@ -113,8 +171,6 @@ def placement_reading(gain_b200: float, gain_mi300x: float) -> str:
 
 def rule3_reading(shape_name: str, device_name: str, context: int, speedup_c4: float, bf16, int4) -> str:
     """Notebook 10: the scope of design rule 3, in numbers."""
-    from kvlab.show.format import si
-
     text = (f"Rule 3 is about step time at a fixed batch: below $s^*$ a 4-bit cache would shorten a step of "
             f"one sequence only {speedup_c4:.2f}x. It does not make compression useless in the weight-bound "
             f"regime. Where capacity limits the batch, compression changes the batch: at {context:,} tokens, "

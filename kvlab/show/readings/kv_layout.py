@@ -1,9 +1,20 @@
-"""Notebook 04, KV-cache layout (section 9.4): its readings."""
+"""Notebook 04, KV-cache layout (section 9.4): its readings.
+
+Every time on the page is predicted by the bytes model of ``kvlab.lab.layout_timing``: the bytes a
+read or an append moves (reads plus writes) over the calibrated copy bandwidth, its ``predicted_s``.
+A reading that decides whether a time follows its bytes calls
+``kvlab.theory.kv_traffic.compare_with_bytes`` (agreement within ``BYTES_TOLERANCE``), and names the
+likely cause of a read that beats its bytes with ``cache_resident``.
+"""
 
 from __future__ import annotations
 
 from kvlab.show.format import si
-from kvlab.show.readings import ratio_text, within
+from kvlab.theory.agreement import ABOVE, BELOW
+from kvlab.theory.kv_traffic import BYTES_TOLERANCE, cache_resident, compare_with_bytes
+
+MODEL = ("the bytes model (`kvlab.lab.layout_timing`: bytes moved, reads plus writes, over the calibrated "
+         "copy bandwidth)")
 
 
 def layout_table(reads: dict, beta: float, batch: int, context: int) -> str:
@@ -27,59 +38,87 @@ def layout_table(reads: dict, beta: float, batch: int, context: int) -> str:
     return "\n".join(lines)
 
 
-def append_reading(t_read: float, t_index: float, t_slot: float, t_cat: float, bytes_ratio: float) -> str:
-    """The read path against the append paths, in time and in bytes."""
-    time_ratio = t_read / t_index
-    text = [f"In-place appends cost {si(t_index, 's')} (`BHTD` index) and {si(t_slot, 's')} (`NHD` slot, "
-            f"including `store_kv`'s argument checks) per step. The read cost **{si(t_read, 's')}**, "
-            f"{time_ratio:,.0f} times as long. Counted in bytes, the read moves {bytes_ratio:,.0f} times "
-            "the append's bytes, and that ratio grows with every token, which is why the read path is "
-            "the one to optimize at long context."]
-    if time_ratio < bytes_ratio:
-        text.append("The measured time ratio is smaller than the byte ratio because an append's time is "
-                    "almost all fixed per-operation cost.")
-    else:
-        text.append("The measured time ratio is at least the byte ratio, which an append's fixed "
-                    "per-operation cost should prevent; the read was probably slowed by another process "
-                    "on this shared machine (rerun the cell).")
-    if t_cat > t_read:
-        text.append(f"Growth by `torch.cat` took **{si(t_cat, 's')}** per step, {ratio_text(t_cat, t_read)} "
-                    "the read it serves: it copies the whole cache to add one token. A preallocated or "
-                    "paged cache removes that term entirely.")
-    else:
-        text.append(f"Growth by `torch.cat` took {si(t_cat, 's')} per step, {ratio_text(t_cat, t_read)} the "
-                    "read it serves. Its bytes are twice the read's, so it was expected to take longer; "
-                    "a copy streams faster than attention reads on this machine, since attention also "
-                    "computes. A preallocated or paged cache still removes the term entirely.")
-    return " ".join(text)
+def _residency(read, llc: int | None) -> str:
+    """Why a read can beat its bytes: its cache fits the device's largest hardware cache, or not."""
+    where = f"this device's {si(llc, 'B')} last-level cache" if llc else "the device's last-level cache (size unknown)"
+    if cache_resident(read.kv_bytes, llc):
+        return (f"its {si(read.kv_bytes, 'B')} of keys and values fit in {where} with room to spare, so "
+                "repeats read them from there rather than from DRAM")
+    return (f"its {si(read.kv_bytes, 'B')} of keys and values do not fit in {where} with room to spare, so "
+            "the likelier cause is a calibration taken while the machine was busier than during this read")
 
 
-def explore_reading(layout: str, context: int, read, appends: dict) -> str:
-    """Under the layout explorer: the selected context's read against its prediction and the appends."""
-    text = [f"`{layout}` at {context:,} tokens: the read took **{si(read.timing.median, 's')}** against a "
-            f"prediction of {si(read.predicted_s, 's')} ({ratio_text(read.timing.median, read.predicted_s)})."]
-    if within(read.timing.median, read.predicted_s, 1.5):
-        text.append("It streams at about the copy bandwidth.")
-    elif read.timing.median > read.predicted_s:
+def append_reading(read, index, slot, cat) -> str:
+    """The read path against the append paths: ``read`` (a ``BHTD`` read measurement), the ``index`` and
+    ``cat`` appends of the same cache and the ``NHD`` ``slot`` append, each with its ``predicted_s``."""
+    time_ratio = read.timing.median / index.timing.median
+    bytes_ratio = read.predicted_s / index.predicted_s
+    text = [f"In-place appends cost {si(index.timing.median, 's')} (`BHTD` index) and "
+            f"{si(slot.timing.median, 's')} (`NHD` slot, including `store_kv`'s argument checks) per step. "
+            f"The read cost **{si(read.timing.median, 's')}**, {time_ratio:,.0f} times the index append. Counted "
+            f"by {MODEL}, the read moves {bytes_ratio:,.0f} times the append's bytes, a ratio that grows with "
+            "every token: the read path is the one to optimize at long context."]
+    c = compare_with_bytes(time_ratio, bytes_ratio)
+    if c.outcome == BELOW:
+        text.append("The time ratio is below the byte ratio, as expected: an append moves a few kilobytes, so "
+                    "its time is almost all the fixed cost of one operation, which the bytes model leaves out.")
+    else:
+        text.append(f"Against the byte ratio, the time ratio came out at {c.describe()}; the append's fixed "
+                    "per-operation cost should have kept it below. The likely reason on a shared machine: "
+                    "another process slowed the read (rerun the cell).")
+    c = compare_with_bytes(cat.timing.median / read.timing.median, cat.predicted_s / read.predicted_s)
+    text.append(f"Growth by `torch.cat` took **{si(cat.timing.median, 's')}** per step: it reads and writes the "
+                f"whole cache to add one token, so the bytes model puts it at {c.predicted:.2f} times the read; "
+                f"measured, {c.ratio:.2f} times.")
+    if c.outcome == BELOW:
+        text.append("Less than its bytes say: the read is slower per byte than a copy, because attention also "
+                    "computes (scores, softmax, the weighted sum), which a byte count leaves out.")
+    elif c.outcome == ABOVE:
+        text.append("More than its bytes say: `torch.cat` allocates a new tensor every step, and fresh pages "
+                    "cost the allocator and the operating system time on top of the copy.")
+    else:
+        text.append("As its bytes say.")
+    return " ".join(text) + " A preallocated or paged cache removes this term entirely."
+
+
+def explore_reading(layout: str, context: int, read, appends: dict, llc: int | None) -> str:
+    """Under the layout explorer: the selected context's read against the bytes model, and the appends.
+    ``llc``: the device's last-level cache in bytes (``kvlab.lab.layout_timing.last_level_cache_bytes``)."""
+    c = compare_with_bytes(read.timing.median, read.predicted_s)
+    text = [f"`{layout}` at {context:,} tokens: the read took **{si(read.timing.median, 's')}**; {MODEL} "
+            f"predicts {si(read.predicted_s, 's')}, so it took {c.describe()}."]
+    if c.outcome == BELOW:
+        text.append(f"It beat its bytes: {_residency(read, llc)}.")
+    elif c.outcome == ABOVE:
         text.append("It is slower than its bytes: shorter contiguous runs, attention's own arithmetic, or "
                     "another process on the machine.")
     else:
-        text.append("It is faster than its bytes: part of the cache stayed in the CPU's last-level cache "
-                    "between repeats.")
+        text.append("It streams at about the copy bandwidth.")
     parts = ", ".join(f"{m} {si(a.timing.median, 's')}" for m, a in appends.items())
     text.append(f"Appends: {parts}.")
     return " ".join(text)
 
 
-def gqa_reading(h_mha: int, h_small: int, bytes_ratio: float, time_ratio: float) -> str:
-    """Fewer KV heads: the read time against the bytes."""
-    text = (f"Going from {h_mha} KV heads to {h_small}, with the query heads unchanged, cut the cache by "
-            f"{bytes_ratio:.0f} times and the read time by **{time_ratio:.1f} times**.")
-    if within(time_ratio, bytes_ratio, 1.5):
-        return text + " Time follows bytes while the read is bandwidth-bound."
-    if time_ratio < bytes_ratio:
-        return text + (" Time fell less than the bytes: at few KV heads each byte serves more query heads, "
-                       "so attention's arithmetic and fixed per-call costs, not bytes, set the smaller "
-                       "read's time.")
-    return text + (" Time fell more than the bytes: the smaller cache stayed in the CPU's last-level cache "
-                   "between repeats and was read faster than DRAM.")
+def gqa_reading(mha, small, llc: int | None) -> str:
+    """Fewer KV heads: ``mha`` and ``small`` are read measurements with the same query heads; the
+    time ratio is held against the bytes model's."""
+    bytes_ratio = mha.predicted_s / small.predicted_s
+    c = compare_with_bytes(mha.timing.median / small.timing.median, bytes_ratio)
+    text = (f"Going from {mha.kv_heads} KV heads to {small.kv_heads}, with the query heads unchanged, cut the "
+            f"cache by {bytes_ratio:.3g} times ({si(mha.kv_bytes, 'B')} to {si(small.kv_bytes, 'B')}) and the read "
+            f"time by **{c.measured:.3g} times**. {MODEL.capitalize()} predicts the time to fall with the bytes: "
+            f"the measured fall is {c.describe()}.")
+    if c.outcome == ABOVE:
+        both = cache_resident(mha.kv_bytes, llc)
+        if cache_resident(small.kv_bytes, llc) and not both:
+            why = (f"the smaller cache fits in this device's {si(llc, 'B')} last-level cache with room to spare "
+                   "and the larger one does not, so repeats read the smaller one from that cache, faster than DRAM")
+        else:
+            why = ("the two caches sit on the same side of the device's last-level cache "
+                   f"({si(llc, 'B') if llc else 'size unknown'}), so the likelier cause is another process "
+                   "slowing the larger read")
+        return text + f" Time fell more than the bytes: {why}."
+    if c.outcome == BELOW:
+        return text + (" Time fell less than the bytes: at few KV heads each byte serves more query heads, so "
+                       "attention's arithmetic and fixed per-call costs, not bytes, set the smaller read's time.")
+    return text + f" Time follows bytes, within a factor {BYTES_TOLERANCE:g}: the read is bandwidth-bound."

@@ -4,31 +4,47 @@ from __future__ import annotations
 
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
+from kvlab.theory import verdict as model
+from kvlab.theory.agreement import BELOW, compare
 
 
-def diagnosis_batch(fraction_1: float, predicted_batch: int, batch: int, step_1: float, step_b: float,
-                    fraction_b: float, verdict_1: str, verdict_b: str) -> str:
-    """Exercise 1 of 9.8: the batch at which the chatbot's step would reach the copy bandwidth."""
-    text = (f"A batch of $b$ sequences reads the weights once, so if the step time stayed the same, the "
-            f"useful bytes per second, and with them the bandwidth fraction, would grow about $b$ times (the "
-            f"cache each sequence adds is small for a chatbot). At batch 1 the chatbot's step reached "
-            f"{fraction_1:.1%} of the copy bandwidth, so the prediction is $b \\approx 1 / {fraction_1:.3g}$, "
-            f"about **{predicted_batch:,}** sequences.")
+def diagnosis_batch(weight_bytes: float, sequence_bytes: float, context: int, bandwidth: float, step_1: float,
+                    fraction_1: float, predicted_batch: float, batch: int, step_b: float, fraction_b: float,
+                    verdict_1: str, verdict_b: str) -> str:
+    """Exercise 1 of 9.8: the batch at which the chatbot's step would reach the copy bandwidth.
+
+    ``weight_bytes`` (P w) and ``sequence_bytes`` ((s + 1) K, one sequence's cache read and new token)
+    are the step's bytes at ``context`` cached tokens (``kvlab.theory.work.step_work``); ``predicted_batch``
+    is ``kvlab.theory.verdict.bandwidth_batch``; ``batch`` the batch diagnosed, at ``step_b`` seconds and
+    ``fraction_b`` of the copy ``bandwidth``.
+    """
+    flat = model.flat_step_fraction(batch, step_1, weight_bytes, sequence_bytes, bandwidth)
+    c = compare(fraction_b, flat, model.BATCH_TOLERANCE)
+    text = (f"A step moves $P w + b\\,(s + 1)\\,K$ bytes: the weights, read once for all the sequences of the batch "
+            f"({si(weight_bytes, 'B')}) and each sequence's cache read and new token ({si(sequence_bytes, 'B')} at "
+            f"{context:,} cached tokens). Only the second term grows with $b$. At batch 1 the step took "
+            f"{si(step_1, 's')} and moved its {si(weight_bytes + sequence_bytes, 'B')} at {fraction_1:.1%} of the "
+            f"copy bandwidth $\\beta$ = {si(bandwidth, 'B/s')}. If the step time stayed $t_1$, the bytes per "
+            f"second would reach $\\beta$ at $b = (\\beta t_1 - P w)/((s + 1) K)$ = **{predicted_batch:,.1f}** "
+            "(`kvlab.theory.verdict.bandwidth_batch`), not at $1/\\text{fraction}$: batching a step that reads "
+            "its weights raises tokens and FLOPs per second, and bytes per second only by the cache it adds.")
     if batch < predicted_batch:
-        text += f" The cell diagnoses batch {batch}, as far as this page's time allows, and scales from there."
-    grew = step_b / step_1
+        text += f" The cell diagnoses batch {batch}, as far as this page's time allows."
     text += (f" Measured: one step took {si(step_1, 's')} at batch 1 ({verdict_1}) and {si(step_b, 's')} at "
-             f"batch {batch} ({verdict_b}), {grew:.2f} times as long, at {fraction_b:.1%} of the copy bandwidth.")
-    if grew <= 1.5:
+             f"batch {batch} ({verdict_b}), {step_b / step_1:.2f} times as long, at {fraction_b:.1%} of the copy "
+             f"bandwidth against the {flat:.1%} a flat step would reach (`verdict.flat_step_fraction`): "
+             f"{c.describe()}.")
+    if c.agrees:
         text += (" The step stayed nearly flat, as the prediction assumes: what the batch-1 step paid for "
-                 "(dispatch, reading the weights) is shared by every sequence, so batching is almost free here "
-                 "until the per-sequence work catches up.")
+                 "(dispatch, reading the weights) is shared by every sequence.")
+    elif c.outcome == BELOW:
+        text += (" The step did not stay flat, so the fraction fell short of the prediction: something else "
+                 "grew with the batch, each sequence's attention and activations, and on a CPU the matrix "
+                 "products themselves, whose time grows with the rows they multiply well before the copy "
+                 "bandwidth binds. The prediction is an upper bound on the bytes per second batching buys.")
     else:
-        text += (f" The step did not stay flat: it grew {grew:.2f} times for {batch} times the sequences, so the "
-                 "bandwidth fraction grew less than the batch. Something else grew with the batch: each "
-                 "sequence's attention, activations and cache copies, and on a CPU the matrix products "
-                 "themselves, whose time grows with the rows they multiply well before the copy bandwidth "
-                 "binds. The prediction is an upper bound on what batching buys.")
+        text += (" The fraction beat the flat-step prediction, which a batch cannot do by its bytes: the batch-1 "
+                 "step was slowed by other work on this shared machine (rerun the cell).")
     return solution(1, text)
 
 
@@ -65,7 +81,7 @@ def diagnosis_naive_ridge(ridge: float, element_size: int, closed_form: float, c
             f"{element_size} bytes). Counting the attention FLOPs too with `kvlab.theory.work.step_work`, the first such context "
             f"is **{crossing:,}** tokens. The page's naive step ran at {context:,} cached tokens, an intensity "
             f"of {intensity:.3g} FLOP/byte, ")
-    past = intensity > ridge
+    past = model.past_ridge(intensity, ridge)
     text += ("past the ridge point: " if past else "below the ridge point: ")
     if (verdict == "compute") == past:
         text += f"and its verdict, **{verdict}**, agrees with the arithmetic."

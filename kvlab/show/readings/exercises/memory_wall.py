@@ -17,10 +17,10 @@ def wall_fixed_point(b_dagger: float, kv_floor: float, rows: dict, contexts: lis
         f"Below $b^\\dagger$ intensity rises with context, above it it falls, and at $b^\\dagger$ it does not move."))
 
 
-def wall_288(ratio: float, s_star8: float, s_needed: float, s_cap_bf16: float, s_cap_2bit: float,
+def wall_288(ratio: float, exists: bool, s_star8: float, s_needed: float, s_cap_bf16: float, s_cap_2bit: float,
              speedup: float) -> str:
-    """Exercise 2 of the memory wall: a 288 GB device."""
-    exists = ratio > 1
+    """Exercise 2 of the memory wall: a 288 GB device. ``ratio`` is
+    ``kvlab.theory.memory_wall.kv_bound_band`` (s_cap / s*), ``exists`` its ``kv_bound_regime_exists``."""
     text = (f"$s_\\text{{cap}}/s^* = (M - P w_p)/(P w_p)$ = **{ratio:.3f}**: "
             + ("above 1, so a one-device KV-bound regime now exists, if only a sliver of one (between $s^*$ "
                "and about {:.0f}% beyond it). ".format((ratio - 1) * 100) if exists else

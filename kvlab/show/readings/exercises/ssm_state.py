@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
+from kvlab.theory import ssm
 
 
 def ssm_breakeven(name: str, d_inner: int, conv: int, state: int, state_bytes: float, hidden: int,
@@ -18,21 +19,35 @@ def ssm_breakeven(name: str, d_inner: int, conv: int, state: int, state_bytes: f
         "attention moves the crossover out in proportion to the group size, not beyond a few hundred tokens."))
 
 
-def ssm_narrow_scan(dim_before: int, dim_after: int, winner_before: str, winner_after: str, times: dict) -> str:
-    """Exercise 2 of 9.6: a narrower scan makes the per-round cost matter more."""
+def ssm_narrow_scan(dim_before: int, dim_after: int, state_size: int, length: int, chunk_size: int, tau: float,
+                    gamma: float, winner_before: str, times: dict) -> str:
+    """Exercise 2 of 9.6: a narrower scan makes the per-round cost matter more.
+
+    ``tau`` and ``gamma`` are the cost model's values fitted at ``dim_before``; ``times`` the measured
+    seconds of each order at ``length`` tokens and ``dim_after`` channels.
+    """
     rows = "\n".join(f"| {m} | {si(t, 's')} |" for m, t in times.items())
-    text = (f"The cost model is $\\tau\\cdot\\text{{rounds}} + \\gamma\\cdot\\text{{compositions}}\\cdot E$ with "
-            f"$E$ = batch × d × n. Going from d = {dim_before} to d = {dim_after} divides $E$, and with it the "
-            "work term, by "
-            f"{dim_before // dim_after}, while the rounds cost the same: the **round term** gains weight, and "
-            "the orders with few rounds (parallel, then chunked) should gain on the sequential scan. At the "
-            f"longest prompt, with d = {dim_after}:\n\n| order | time |\n|---|---:|\n{rows}\n\n")
-    if winner_after != "sequential":
-        text += (f"The {winner_after} scan won (at d = {dim_before} the {winner_before} scan did): fewer rounds "
-                 "now matter more than the extra compositions.")
+    text = (f"The cost model is $\\tau\\cdot\\text{{rounds}} + \\gamma\\cdot\\text{{compositions}}\\cdot E$ "
+            f"(`kvlab.theory.ssm.scan_time`) with $E$ = batch × d × n. Going from d = {dim_before} to d = {dim_after} "
+            f"divides $E$, and with it the work term, by {dim_before / dim_after:g}, while the rounds cost the same: "
+            "the **round term** gains weight, and the orders with few rounds (parallel, then chunked) gain on the "
+            "sequential scan.")
+    if not ssm.usable_fit(tau, gamma):
+        text += (" The fit at the wider setting could not tell the two terms apart, so it predicts nothing here; "
+                 f"at the longest prompt, with d = {dim_after}:\n\n| order | time |\n|---|---:|\n{rows}\n\n")
+        return solution(2, text + f"The {min(times, key=times.get)} scan won.")
+    expected = ssm.fastest_order(length, tau, gamma, dim_after * state_size, chunk_size)
+    won = min(times, key=times.get)
+    text += (f" With the values fitted at d = {dim_before} ($\\tau$ = {si(tau, 's')}, $\\gamma$ = {si(gamma, 's')}), "
+             f"`ssm.fastest_order` predicts the **{expected}** scan to win at {length:,} tokens (at d = {dim_before} "
+             f"the {winner_before} scan won). Measured at d = {dim_after}:\n\n| order | time |\n|---|---:|\n{rows}\n\n")
+    if won == expected:
+        text += f"The {won} scan won, as the cost model predicted."
     else:
-        text += ("The sequential scan still won: on this CPU a round of PyTorch ops costs little more than the "
-                 "Python loop's step, so even at this width the parallel orders' extra work is not repaid.")
+        text += (f"The {won} scan won, not the {expected} one the model predicted. The fit was taken at d = "
+                 f"{dim_before}; a round's fixed cost is not quite the same at every width (the tensors of a round "
+                 "shrink with d, and so does the time each operation spends on them), so the extrapolation "
+                 "misjudges how much of a round is fixed.")
     return solution(2, text)
 
 
@@ -51,9 +66,10 @@ def ssm_full_rank(n: int, s: int, error_full: float, rank_full: int, s_eq: int, 
                   error_equal: float) -> str:
     """Exercise 4 of 9.6: a state as large as the sequence, and a state with equal decays."""
     text = (f"With $n = s$ the input map is square and, for distinct decays, invertible in exact arithmetic: "
-            f"every token can be read back, so the prediction is $1 - n/s$ = **0**. Computed at $n = s = {n}$: "
-            f"**{error_full:.2g}**, with a numerical rank of {rank_full}.")
-    if error_full < 1e-6:
+            f"every token can be read back, so the prediction is $1 - n/s$ = **{ssm.recall_bound(n, s):g}** "
+            f"(`kvlab.theory.ssm.recall_bound`). Computed at $n = s = {n}$: **{error_full:.2g}**, with a numerical "
+            f"rank of {rank_full}.")
+    if ssm.at_recall_bound(error_full, n, s):
         text += " Zero up to rounding, as predicted."
     else:
         text += (f" Not zero: {n} decays packed between 0.5 and 0.99 make the map's rows (powers of each "
