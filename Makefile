@@ -24,7 +24,7 @@ GUARD_READY := $(GUARD_WHEELS)/.ready
 # CPU measurements run on one thread: stable on a shared machine, and every stamp records it.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: book test test-floor test-gpu-dry lab bench env diagram clean
+.PHONY: book test test-floor test-gpu-dry lab bench env diagram readme first-hour clean
 
 $(READY): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -93,6 +93,16 @@ env: $(READY)
 # The stack diagram and notebook table of book/architecture.md, redrawn from kvlab's imports.
 diagram: $(READY)
 	$(BIN)/python scripts/stack_diagram.py
+
+# The README's figures, rewritten from the newest records in book/data/runs/ and book/data/measurements/
+# (standard library only: no venv needed). `first-hour` measures a fresh clone of HEAD first (about half
+# an hour on the 2-core CPU that builds the book) and commits nothing: add the record it writes.
+readme:
+	$(PYTHON) scripts/first_hour.py readme
+
+first-hour:
+	$(PYTHON) scripts/first_hour.py measure
+	$(PYTHON) scripts/first_hour.py readme
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis .jupyter_cache
