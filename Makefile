@@ -24,7 +24,7 @@ GUARD_READY := $(GUARD_WHEELS)/.ready
 # CPU measurements run on one thread: stable on a shared machine, and every stamp records it.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: book test test-floor test-gpu-dry lab bench env diagram readme first-hour clean
+.PHONY: book test test-floor test-gpu-dry lab bench env diagram readme first-hour links clean
 
 $(READY): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -103,6 +103,11 @@ readme:
 first-hour:
 	$(PYTHON) scripts/first_hour.py measure
 	$(PYTHON) scripts/first_hour.py readme
+
+# The notebooks' and readings' links, absolute once html.baseurl in _config.yml is set (see
+# book/_ext/book_links.py); lists any link that would break. Standard library and PyYAML only.
+links: $(READY)
+	$(BIN)/python scripts/book_links.py
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis .jupyter_cache
