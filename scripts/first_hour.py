@@ -134,8 +134,10 @@ def _notebook_count(root: Path) -> int:
 
 def setup_block(run: dict | None, root: Path = ROOT) -> str:
     if run is None:
-        return ("No fresh-clone run has been recorded yet: `make first-hour` measures one and writes its figures "
-                "here.\n")
+        count = len(list((root / "notebooks").glob("*.ipynb")))
+        return (f"`notebooks/` holds {count} notebooks. No fresh-clone run has been recorded yet: `make first-hour` "
+                "measures one (the set-up, `make test` with its test counts, the book, the bench) and writes its "
+                "figures here.\n")
     s, m = run["steps"], run["machine"]
     load = m["load_average"][0]
     test = s["make test"]

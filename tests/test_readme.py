@@ -63,6 +63,7 @@ def test_the_setup_block_quotes_the_record_and_says_when_notebooks_changed(tmp_p
         assert figure in block, figure
     assert "now holds" not in block
     assert "No fresh-clone run" in first_hour.setup_block(None, tmp_path)
+    assert first_hour.setup_block(None, tmp_path).startswith("`notebooks/` holds 3 notebooks.")
     assert "That run executed 2 notebooks; `notebooks/` now holds 3" in " ".join(
         first_hour.setup_block(_run(2), tmp_path).split())
 
