@@ -110,8 +110,8 @@ def test_the_build_turns_absolute_links_relative_and_warns_on_a_missing_page(tmp
                                  f"extensions = ['myst_parser', 'book_links']\nhtml_baseurl = {BASE + '/'!r}\n"
                                  "myst_heading_anchors = 2\n")
     (src / "index.md").write_text("# Home\n\n```{toctree}\nnotebooks/a\nbook/glossary\n```\n")
-    (src / "notebooks" / "a.md").write_text(f"# A\n\n[SDPA]({BASE}/book/glossary.html#sdpa) and "
-                                            f"[gone]({BASE}/notebooks/gone.html)\n")
+    (src / "notebooks" / "a.md").write_text(f"# A\n\n[SDPA]({BASE}/book/glossary.html#sdpa), "
+                                            f"[gone]({BASE}/notebooks/gone.html) and <{BASE}/>\n")
     (src / "book" / "glossary.md").write_text("# Glossary\n\n## SDPA\n\nScaled dot-product attention.\n")
     out = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", str(src), str(tmp_path / "html")],
                          capture_output=True, text=True, timeout=300)
@@ -119,6 +119,7 @@ def test_the_build_turns_absolute_links_relative_and_warns_on_a_missing_page(tmp
     page = (tmp_path / "html" / "notebooks" / "a.html").read_text()
     body = page.split("<body")[1]
     assert 'href="../book/glossary.html#sdpa"' in body and f'href="{BASE}/book/' not in body
+    assert 'href="../index.html"' in body  # the book's address itself: its home page
     assert f'href="{BASE}/notebooks/gone.html"' in body  # left as written, and named below
     assert f"links {BASE}/notebooks/gone.html, which is no page of this book" in out.stderr
 

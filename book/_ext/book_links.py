@@ -68,7 +68,8 @@ def relative_hrefs(body: str, pagename: str, base: str, pages) -> tuple[str, lis
         if path.endswith(".html") and path.removesuffix(".html") not in pages:
             unknown.append(f"{base}/{path}")
             return m[0]
-        relative = posixpath.relpath(path, posixpath.dirname(pagename) or ".")
+        # The book's address itself is its home page (index.html, which Jupyter Book writes at the root).
+        relative = posixpath.relpath(path or "index.html", posixpath.dirname(pagename) or ".")
         return f'href="{relative}{m["anchor"] or ""}"'
 
     return (pattern.sub(local, body) if base else body), unknown
