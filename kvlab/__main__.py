@@ -16,6 +16,9 @@ def main(argv=None) -> int:
     record.add_argument("out", help="path of the JSON file to write")
     for p in (bench, record):
         p.add_argument("--only", action="append", metavar="NAME", help="run only this benchmark (repeatable)")
+    bench.add_argument("--quick", action="store_true",
+                       help="a smaller table in under a minute on a 2-core CPU: the decode loops at 32 new tokens, "
+                            "once, and the sections that take seconds (kvlab.lab.bench.QUICK)")
     diag = sub.add_parser("diagnose", help="walk the five steps of section 9.8 and print the verdict")
     diag.add_argument("--arch", default="llama", help="model architecture (kvlab.lab.models.ARCHITECTURES)")
     diag.add_argument("--size", default=None, choices=("cpu", "real"),
@@ -34,6 +37,8 @@ def main(argv=None) -> int:
                       help="also write the cached and static step traces, with their stamp, to this JSON file "
                            "(name it *diagnose-traces*.json in book/data/measurements/ for notebook 09)")
     args = parser.parse_args(argv)
+    if args.command != "env" and _below_floor():
+        return 1
     if args.command != "env":  # without CUDA the kernels run in Triton's interpreter: on before they load
         from kvlab.kernels import use_interpreter
 
@@ -47,7 +52,7 @@ def main(argv=None) -> int:
     if args.command == "env":
         print(kvlab.env())
         return 0
-    results = benchmarks.run(args.only)
+    results = benchmarks.run(args.only, quick=getattr(args, "quick", False))
     print(kvlab.lab.hardware.stamp_line())
     print(benchmarks.table(results))
     if args.command == "record":
@@ -55,6 +60,17 @@ def main(argv=None) -> int:
             json.dump(benchmarks.to_json(results), f, indent=1)
         print(f"wrote {args.out}")
     return 0
+
+
+def _below_floor() -> bool:
+    """Below a floor kvlab would fail somewhere inside transformers: say so once, with the command."""
+    from kvlab.versions import FLOORS, below_floor, upgrade_command
+
+    low = below_floor()
+    if low:
+        have = " and ".join(f"{name} {v} (kvlab needs >= {FLOORS[name]})" for name, v in low.items())
+        print(f"this Python has {have}: run `{upgrade_command(low)}`", file=sys.stderr)
+    return bool(low)
 
 
 def _diagnose(args) -> int:

@@ -20,6 +20,7 @@ torch's floor is transformers' own (2.6); kvlab uses nothing newer.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import warnings
 from importlib.metadata import PackageNotFoundError, version
@@ -55,29 +56,105 @@ def upgrade_command(low: dict[str, str]) -> str:
     return "pip install -U " + " ".join(f"'{name}>={FLOORS[name]}'" for name in low)
 
 
+def triton_fix() -> str:
+    """The one command that installs Triton here, or why there is none (its wheels are Linux x86_64)."""
+    import platform
+    import sys
+
+    if sys.platform == "linux" and platform.machine() == "x86_64":
+        return "pip install triton"
+    return (f"none for {sys.platform} on {platform.machine()}: Triton publishes wheels for Linux on x86_64 "
+            "only; run the kernels' notebooks there (Colab, a Linux box)")
+
+
+def triton_missing() -> str:
+    return f"kvlab's Triton kernels need the package triton, which is not installed; fix: {triton_fix()}"
+
+
+def missing() -> list[tuple[str, str]]:
+    """``(what, the one command that fixes it)`` for each library kvlab needs that is missing or below
+    its floor (``python -m kvlab env`` and ``kvlab.env()`` print them)."""
+    found = [(f"{name} {have} is below kvlab's floor {FLOORS[name]}", f"{upgrade_command({name: have})}, then restart")
+             for name, have in below_floor().items()]
+    if importlib.util.find_spec("triton") is None:  # found without importing it (see kvlab.kernels)
+        found.append(("triton, for kvlab's kernels (paged attention, the engine, the SSM scan)", triton_fix()))
+    return found
+
+
+_warned = False
+
+
 def warn_if_below_floor() -> None:
-    """One warning, with the command that fixes it, when transformers or torch is too old for kvlab."""
+    """One warning per process, with the command that fixes it, when transformers or torch is too old
+    for kvlab. kvlab's model builders call it (importing kvlab does not, so a notebook's first cell,
+    which calls :func:`meet_floors` instead, says one thing)."""
+    global _warned
     low = below_floor()
-    if low:
+    if low and not _warned:
+        _warned = True
         have = ", ".join(f"{name} {v} (kvlab needs >= {FLOORS[name]})" for name, v in low.items())
         warnings.warn(f"{have}; run `{upgrade_command(low)}` and restart the kernel", stacklevel=3)
 
 
+class NotebookStop(Exception):
+    """Stops a notebook's run-all with one message. Jupyter and Colab show the message alone, with no
+    traceback (IPython asks an exception for ``_render_traceback_``); elsewhere it is a plain error."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [str(self)]
+
+
+# Libraries whose loaded module a running kernel keeps after pip replaces them: distribution -> module.
+RELOAD_SENSITIVE = {"torch": "torch", "transformers": "transformers", "triton": "triton", "tokenizers": "tokenizers",
+                    "huggingface-hub": "huggingface_hub", "safetensors": "safetensors", "numpy": "numpy"}
+RESTART = "restart the kernel (on Colab: Runtime, Restart session) and run the notebook again from the top"
+
+
+def replaced_while_loaded(modules=None) -> dict[str, tuple[str, str]]:
+    """``{distribution: (loaded version, installed version)}`` for each library this process imported
+    whose installed version has changed since (pip upgraded it underneath the running kernel)."""
+    import sys
+
+    modules = sys.modules if modules is None else modules
+    stale = {}
+    for distribution, module_name in RELOAD_SENSITIVE.items():
+        loaded = getattr(modules.get(module_name), "__version__", None)
+        have = installed(distribution)
+        if loaded is not None and have is not None and str(loaded) != have:
+            stale[distribution] = (str(loaded), have)
+    return stale
+
+
 def meet_floors(run=None) -> None:
-    """What a notebook's first cell calls: below a floor, pip-upgrade that library (transformers, and
-    torch only if it too is below its floor), then stop with one sentence asking for a restart, since
-    the running kernel may hold the old one in memory. Does nothing at or above the floors."""
+    """What a notebook's first cell calls. Below a floor, pip-upgrades that library (transformers, and
+    torch only if it too is below its floor), quietly, then stops the run with one sentence asking for
+    a restart, since the running kernel may hold the old one. A kernel that already imported a library
+    which pip has replaced since (installing kvlab upgraded it) is asked to restart too. At or above
+    the floors, with nothing stale, it does nothing. ``run`` stands in for ``subprocess.run`` in tests."""
+    import importlib
     import subprocess
     import sys
 
     low = below_floor()
-    if not low:
-        return
-    run = run or subprocess.run
-    specs = [f"{name}>={FLOORS[name]}" for name in low]
-    run([sys.executable, "-m", "pip", "install", "--quiet", "--upgrade", *specs], check=True)
-    raise SystemExit(f"Upgraded {' and '.join(specs)} for kvlab: restart the kernel (on Colab: Runtime, "
-                     "Restart session) and run the notebook again from the top.")
+    if low:
+        specs = [f"{name}>={FLOORS[name]}" for name in low]
+        done = (run or subprocess.run)([sys.executable, "-m", "pip", "install", "--quiet", "--upgrade", *specs],
+                                       capture_output=True, text=True)
+        if done.returncode != 0:
+            raise NotebookStop(f"kvlab needs {' and '.join(specs)}, and `pip install --upgrade {' '.join(specs)}` "
+                               f"failed here:\n{(done.stderr or done.stdout or '').strip()[-1500:]}")
+        importlib.invalidate_caches()
+        still = below_floor()
+        if still:
+            raise NotebookStop(f"pip upgraded {' and '.join(specs)}, but this Python still finds "
+                               + ", ".join(f"{n} {v}" for n, v in still.items())
+                               + f" first on its path ({sys.executable}): remove that copy, then {RESTART}.")
+        raise NotebookStop("kvlab upgraded " + " and ".join(f"{n} {v} to {installed(n)}" for n, v in low.items())
+                           + f": {RESTART}.")
+    stale = replaced_while_loaded()
+    if stale:
+        raise NotebookStop("This kernel still runs " + " and ".join(f"{n} {old} ({new} is installed now)"
+                                                                  for n, (old, new) in stale.items()) + f": {RESTART}.")
 
 
 def require_transformers(minimum: str, feature: str) -> None:

@@ -1,4 +1,5 @@
-"""kvlab.versions: the declared floors agree everywhere, the import warns below them, and every cache
+"""kvlab.versions: the declared floors agree everywhere, the model builders warn once below them (the
+import does not: a notebook's first cell says one thing, see tests/test_install.py), and every cache
 argument goes under the name the model's own forward declares."""
 
 import re
@@ -47,9 +48,14 @@ def test_floors_are_declared_the_same_everywhere():
 
 def test_below_floor_warns_once_with_the_upgrade_command(monkeypatch):
     monkeypatch.setattr(versions, "installed", lambda name: {"transformers": "4.57.1", "torch": "2.13.0+cpu"}[name])
+    monkeypatch.setattr(versions, "_warned", False)
     assert versions.below_floor() == {"transformers": "4.57.1"}
     with pytest.warns(UserWarning, match=r"transformers 4\.57\.1 .*pip install -U 'transformers>=5\.5\.0'"):
         versions.warn_if_below_floor()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        versions.warn_if_below_floor()  # once per process
+    monkeypatch.setattr(versions, "_warned", False)
     monkeypatch.setattr(versions, "installed", lambda name: "99.0")
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -1,15 +1,17 @@
 """The book carries kvlab with it, so a notebook downloaded from a page can install it (see "Running
-on a GPU").
+on a GPU"), and names its repository from one setting, ``repository.url`` in ``_config.yml``.
 
 At the start of an HTML build the kvlab wheel is built from this repository into the folder of the
 notebook pages, and every notebook page links to it: a reader who downloads the notebook and the
-wheel into one folder has what the notebook's first cell installs. At the end of the build, when
-``repository.url`` is set in ``_config.yml``, the downloadable notebooks carry it in their first
-cell (``REPOSITORY = ...``), which installs from it when no wheel is beside the notebook.
+wheel into one folder has what the notebook's first cell installs. The repository address is read
+from the one setting by every consumer: the notebooks' first cells carry it (``REPOSITORY = ...``,
+written by ``scripts/setup_cell.py`` and checked by the tests), the Colab button appears on notebook
+pages only when it is set (it opens the notebook from the repository), and the page "Running on a
+GPU" shows the clone command, or while the setting is empty says where the address goes and what
+works without it.
 """
 
 import html
-import json
 import shutil
 import subprocess
 import sys
@@ -64,18 +66,36 @@ def _link_the_wheel(app, pagename, templatename, context, doctree):
     context["body"] = body[:at + 5] + "\n" + note + body[at + 5:] if at >= 0 else note + body
 
 
-def _write_repository(app, exception):
-    url = (app.config.html_theme_options or {}).get("repository_url", "")
-    if exception is not None or app.builder.format != "html" or not url:
-        return
-    for path in (Path(app.outdir) / "_sources" / NOTEBOOK_DIR).glob("*.ipynb"):
-        nb = json.loads(path.read_text())
-        for cell in nb["cells"]:
-            if cell["cell_type"] == "code":
-                source = "".join(cell["source"]).replace('REPOSITORY = ""', f"REPOSITORY = {json.dumps(url)}", 1)
-                cell["source"] = source.splitlines(keepends=True)
-                break
-        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+GPU_PAGE = "book/gpu"
+CLONE_MARK = "<!-- kvlab: clone -->"
+
+
+def clone_instructions(url: str) -> str:
+    """The "Any Linux CUDA machine" steps of the page "Running on a GPU", from ``repository.url``."""
+    if url:
+        return ("```text\n"
+                f"git clone {url} kvlab-book\n"
+                "cd kvlab-book\n"
+                "make lab     # creates .venv from requirements.txt, then starts JupyterLab with working widgets\n"
+                "```")
+    return ("This edition names no repository yet: its address goes in `repository.url` in `_config.yml`, "
+            "the one setting that this page, the Colab button and the notebooks' first cells read "
+            "(`python scripts/setup_cell.py` writes it into the notebooks). Until then there is no clone "
+            "command to give, and no Colab button; the wheel route above works without it, and so does a "
+            "copy of the sources you already have:\n\n"
+            "```text\n"
+            "cd kvlab-book   # the folder holding Makefile, _config.yml and notebooks/\n"
+            "make lab        # creates .venv from requirements.txt, then starts JupyterLab with working widgets\n"
+            "```")
+
+
+def _repository(config) -> str:
+    return ((config.html_theme_options or {}).get("repository_url") or "").strip()
+
+
+def _write_clone_instructions(app, docname, source):
+    if docname == GPU_PAGE:
+        source[0] = source[0].replace(CLONE_MARK, clone_instructions(_repository(app.config)))
 
 
 def _launch_buttons_when_published(app, config):
@@ -90,5 +110,5 @@ def setup(app):
     app.connect("config-inited", _launch_buttons_when_published)
     app.connect("builder-inited", _build_wheel)
     app.connect("html-page-context", _link_the_wheel)
-    app.connect("build-finished", _write_repository)
+    app.connect("source-read", _write_clone_instructions)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

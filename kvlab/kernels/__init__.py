@@ -5,14 +5,19 @@ use. That matters on a machine without CUDA, where the kernels run under Triton'
 ``triton.jit`` decides when a kernel is *decorated* (its module imported) whether it is compiled or
 interpreted, so :func:`use_interpreter` must run before the first kernel module is imported.
 kvlab's entry points call it (the notebooks' setup cells, ``python -m kvlab``, the test suite).
-The interpreter has no bf16 arithmetic: on a CPU use fp32 or fp16.
+The interpreter has no bf16 arithmetic: on a CPU use fp32 or fp16. Triton is a dependency of kvlab
+where it publishes wheels (Linux on x86_64); elsewhere the first use of a kernel raises one
+``ModuleNotFoundError`` that says so.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
+
+from kvlab.versions import triton_missing
 
 KERNEL_MODULES = ("paged_attention", "paged_prefill", "store", "ssm_scan")
 _HOMES = {
@@ -57,11 +62,18 @@ def use_interpreter() -> bool:
     return True
 
 
+def _load(module: str):
+    """A kernel module, imported on first use; without Triton, one error naming the fix."""
+    if module in KERNEL_MODULES and importlib.util.find_spec("triton") is None:
+        raise ModuleNotFoundError(triton_missing(), name="triton")
+    return importlib.import_module(f"{__name__}.{module}")
+
+
 def __getattr__(name: str):
     if name in _HOMES:
-        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+        return getattr(_load(_HOMES[name]), name)
     if name in (*KERNEL_MODULES, "shared_memory", "targets"):
-        return importlib.import_module(f"{__name__}.{name}")
+        return _load(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

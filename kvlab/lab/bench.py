@@ -35,8 +35,8 @@ def benchmark(name: str):
 
 
 @benchmark("9.2 decode loops")
-def decode_loops(reps: int = 3) -> list[Row]:
-    """Naive, cached and static decode at P=128, G=128, batch 1, interleaved ``reps`` times.
+def decode_loops(reps: int = 3, new_tokens: int = 128) -> list[Row]:
+    """Naive, cached and static decode at P=128, G=``new_tokens``, batch 1, interleaved ``reps`` times.
 
     CPU: the tiny Llama (fp32). GPU: the Llama-3.2-1B shape with random weights in bf16, where the
     static loop is compiled and replayed as a CUDA graph; its steady-state step is compared with the
@@ -57,9 +57,9 @@ def decode_loops(reps: int = 3) -> list[Row]:
     runs: dict[str, list] = {m: [] for m in ("naive", "cached", "static")}
     for _ in range(reps):
         for method in runs:
-            runs[method].append(profile_decode(model, prompt, 128, method=method, **options.get(method, {})))
+            runs[method].append(profile_decode(model, prompt, new_tokens, method=method, **options.get(method, {})))
     tps = {m: statistics.median(p.tokens_per_s for p in ps) for m, ps in runs.items()}
-    where = f"{model.shape.name}, {str(model.dtype).removeprefix('torch.')}, P=128, G=128, batch 1"
+    where = f"{model.shape.name}, {str(model.dtype).removeprefix('torch.')}, P=128, G={new_tokens}, batch 1"
     rows = [Row(f"{m} decode", tps[m], "tokens/s", where) for m in runs]
     rows += [
         Row("cached / naive", tps["cached"] / tps["naive"], "x", "ratio of medians, same run"),
@@ -70,7 +70,7 @@ def decode_loops(reps: int = 3) -> list[Row]:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     floor = weight_bytes / calibrate().copy_bytes_per_s
     rows += [
-        Row("static step (steady)", steady * 1e3, "ms", "median of steps 9..127"),
+        Row("static step (steady)", steady * 1e3, "ms", f"median of steps 9..{new_tokens - 1}"),
         Row("weight-read floor", floor * 1e3, "ms", f"{weight_bytes / 1e6:.0f} MB / measured copy bandwidth"),
         Row("floor / static step", floor / steady, "fraction", "1.0 = reads weights at copy speed"),
     ]
@@ -99,13 +99,30 @@ for _title, _module in SECTION_BENCHMARKS.items():
     BENCHMARKS[_title] = functools.partial(_module_rows, _module)
 
 
-def run(names=None) -> dict[str, list[Row]]:
-    """Run the named benchmarks (all by default) and return their rows."""
-    names = list(BENCHMARKS) if names is None else names
-    unknown = [n for n in names if n not in BENCHMARKS]
+# ``bench --quick``: under a minute on the 2-core CPU that builds the book (timed there one by one, one
+# thread, under load, 2026-12-01): the decode loops at 32 new tokens, once, and the sections that take
+# seconds. The full table takes minutes there, most of them in the decode loops and the engine.
+QUICK = {"9.2 decode loops": functools.partial(decode_loops, reps=1, new_tokens=32)}
+QUICK_SECTIONS = ("9.5 paged attention and admission", "prefix caching", "9.8 decode diagnosis")
+
+
+def run(names=None, quick: bool = False) -> dict[str, list[Row]]:
+    """Run the named benchmarks (all by default, or the ``QUICK`` ones) and return their rows. A
+    section that needs Triton where it is not installed gets one row saying so instead."""
+    chosen = {**QUICK, **{n: BENCHMARKS[n] for n in QUICK_SECTIONS}} if quick else BENCHMARKS
+    names = list(chosen) if names is None else names
+    unknown = [n for n in names if n not in chosen]
     if unknown:
-        raise ValueError(f"unknown benchmark(s) {unknown}; known: {list(BENCHMARKS)}")
-    return {name: BENCHMARKS[name]() for name in names}
+        raise ValueError(f"unknown benchmark(s) {unknown}; known{' with --quick' * quick}: {list(chosen)}")
+    results = {}
+    for name in names:
+        try:
+            results[name] = chosen[name]()
+        except ModuleNotFoundError as e:
+            if e.name != "triton":
+                raise
+            results[name] = [Row("skipped", float("nan"), "", str(e))]
+    return results
 
 
 def table(results: dict[str, list[Row]]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from kvlab._checks import integer
 from kvlab.theory.shapes import SHAPES, SSM_SHAPES, ModelShape, SSMShape
+from kvlab.versions import warn_if_below_floor
 
 # The hub checkpoints behind the small shapes, for readers with a network (load_model).
 HUB_NAMES = {
@@ -71,6 +72,7 @@ def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape |
 
     from kvlab.devices import device_and_dtype
 
+    warn_if_below_floor()
     if arch in SSM_ARCHITECTURES:  # a selective SSM (section 9.6); see _tiny_mamba for why not in ARCHITECTURES
         return _tiny_mamba(size, shape, dtype, device, seed, **overrides)
     if arch not in ARCHITECTURES:
@@ -181,6 +183,7 @@ def tiny_hybrid(layers: int = 4, attention_layers: int = 2, hidden: int = 64, he
 
     from kvlab.devices import device as default_device
 
+    warn_if_below_floor()
     integer("layers", layers, 1)
     integer("attention_layers", attention_layers, 1)
     if attention_layers > layers or layers % attention_layers:
@@ -210,6 +213,7 @@ def load_model(name: str, dtype=None, device=None):
 
     from kvlab.devices import device_and_dtype
 
+    warn_if_below_floor()
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a SHAPES key, a hub id or a local path (a non-empty str), got {name!r}")
     repo = HUB_NAMES.get(name, name)
