@@ -6,12 +6,21 @@
 - :func:`measure_ttft`: time to first token against the cached prefix, beside
   :func:`kvlab.theory.roofline.prefill_time` (KV Cache Memory Wall, 2026);
   :func:`measure_decode_after_prefix`: decode steps after a cold prefill and after a prefix hit.
+- :func:`compare_prefix_reuse`: real prompts that share a prefix (a chat's system prompt), time to
+  first token with kvlab's prefix cache against the way a reader reuses a prefix in transformers (a
+  prefilled ``DynamicCache`` copied for each request, as its documentation describes), each against
+  computing the whole prompt;
+- :func:`prefill_kernel_rows`: on a GPU, the paged prefill kernel's share of the copy bandwidth and
+  of the matmul rate (:func:`kvlab.kernels.paged_prefill_work`);
 - :func:`bench_rows`: the section's rows of ``python -m kvlab bench``.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import statistics
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -270,6 +279,236 @@ def measure_decode_after_prefix(model, prompt_tokens: int, block_size: int = 16,
                              kv_bytes)
 
 
+# --------------------------------------------------------------------------- what the readings decide by
+
+# A measured quantity within this factor of its prediction is said to follow it (both ways).
+TTFT_TOLERANCE = 1.5
+# Two decode steps that read the same K and V bytes are predicted to take the same time; on a shared
+# CPU, medians within this factor are that prediction holding.
+DECODE_TOLERANCE = 1.15
+# Hit rates of two cache policies closer than this (a share of prompt tokens) are a tie.
+POLICY_MARGIN = 0.02
+
+
+def against_prediction(measured: float, predicted: float, tolerance: float = TTFT_TOLERANCE) -> str:
+    """``"within"`` ``tolerance`` of ``predicted`` either way, else ``"above"`` or ``"below"`` it."""
+    if not (measured > 0 and predicted > 0):
+        raise ValueError(f"measured and predicted must be > 0, got {measured!r} and {predicted!r}")
+    if measured > predicted * tolerance:
+        return "above"
+    return "below" if measured < predicted / tolerance else "within"
+
+
+@dataclass(frozen=True)
+class TTFTSaving:
+    """Cold against cached time to first token (notebook 06): the measured ratio, the ratio that
+    :func:`kvlab.theory.roofline.prefill_time` predicts, the verdict of :func:`against_prediction`, and
+    ``fixed_s``, the cost per prefill that the FLOPs leave out (the intercept of ``measured = fixed_s + a *
+    predicted`` through the two points)."""
+
+    measured: float
+    predicted: float
+    verdict: str
+    fixed_s: float
+
+
+def ttft_saving(cold_s: float, cached_s: float, cold_pred_s: float, cached_pred_s: float,
+                tolerance: float = TTFT_TOLERANCE) -> TTFTSaving:
+    measured, predicted = cold_s / cached_s, cold_pred_s / cached_pred_s
+    slope = (cold_s - cached_s) / (cold_pred_s - cached_pred_s) if cold_pred_s != cached_pred_s else 0.0
+    return TTFTSaving(measured, predicted, against_prediction(measured, predicted, tolerance),
+                      cold_s - slope * cold_pred_s)
+
+
+def decode_steps_agree(computed_s: float, cached_s: float, tolerance: float = DECODE_TOLERANCE) -> bool:
+    """Whether two decode steps that read the same bytes took the same time, as predicted (ratio 1)."""
+    return against_prediction(cached_s / computed_s, 1.0, tolerance) == "within"
+
+
+def policy_winner(lru_hit: float, reserve_hit: float, margin: float = POLICY_MARGIN) -> str:
+    """``"lru"``, ``"reserve"`` or ``"tie"``: the policy whose replay served more prompt tokens."""
+    if abs(lru_hit - reserve_hit) <= margin:
+        return "tie"
+    return "lru" if lru_hit > reserve_hit else "reserve"
+
+
+# --------------------------------------------------------------------------- against transformers' prefix reuse
+
+KVLAB_COLD, KVLAB_CACHED = "kvlab, nothing cached", "kvlab, prefix cached"
+HF_COLD, HF_REUSED = "transformers generate, nothing cached", "transformers generate, prefix cache copied"
+REUSE_CONTENDERS = (KVLAB_COLD, KVLAB_CACHED, HF_COLD, HF_REUSED)
+
+
+def shared_prefix(prompts) -> int:
+    """Leading tokens every prompt has in common."""
+    first = prompts[0]
+    return next((i for i in range(len(first)) if any(len(p) <= i or p[i] != first[i] for p in prompts)), len(first))
+
+
+@dataclass(frozen=True)
+class PrefixReuse:
+    """Time to first token of prompts that share a ``shared``-token prefix (notebook 06): ``seconds[name]``
+    holds one sum over the prompts per round; ``cached[i]``, the tokens of prompt ``i`` kvlab's cache
+    served (whole blocks of the prefix); ``same_first_tokens``, every contender's first token agreed."""
+
+    prompt_tokens: list
+    shared: int
+    block_size: int
+    cached: list
+    seconds: dict
+    same_first_tokens: bool
+    first_tokens: list
+
+    @property
+    def hit_rate(self) -> float:
+        return sum(self.cached) / sum(self.prompt_tokens)
+
+    def mean_ttft(self, name: str) -> float:
+        return statistics.median(self.seconds[name]) / len(self.prompt_tokens)
+
+    def speedup(self, name: str, over: str) -> tuple[float, float, float]:
+        """Median times' ratio ``over / name`` and the lowest and highest ratio of one round."""
+        rounds = [b / a for a, b in zip(self.seconds[name], self.seconds[over])]
+        return statistics.median(self.seconds[over]) / statistics.median(self.seconds[name]), min(rounds), max(rounds)
+
+
+def compare_prefix_reuse(model, prompts, block_size: int = 16, reps: int = 2, attention: str | None = None,
+                         contenders=REUSE_CONTENDERS) -> PrefixReuse:
+    """Time to first token of each prompt, four ways, interleaved round by round (notebook 06).
+
+    kvlab: a paged cache with prefix caching, where an earlier request left the shared prefix's blocks
+    (each round under its own salt, so no prompt hits its own earlier round), against a cache that
+    computes everything. transformers: ``generate`` with a ``DynamicCache`` prefilled with the shared
+    prefix once per round and deep-copied for every request (the copy is timed: the reader pays it),
+    against ``generate`` on the whole prompt. The first tokens must agree before a time counts.
+    """
+    from transformers import DynamicCache
+
+    from kvlab.devices import on_gpu
+    from kvlab.versions import cache_kwargs, returned_cache
+
+    prompts = [list(p) for p in prompts]
+    if len(prompts) < 2:
+        raise ValueError(f"prompts must hold at least two prompts that share a prefix, got {len(prompts)}")
+    reps, block_size = integer("reps", reps), integer("block_size", block_size)
+    shared = shared_prefix(prompts)
+    if shared < block_size:
+        raise ValueError(f"the prompts share {shared} leading tokens, less than one block of {block_size}")
+    attention = attention or ("kernel" if on_gpu() else "gather")
+    blocks = sum(-(-len(p) // block_size) for p in prompts) + -(-shared // block_size) + 1
+    warm = cache_for(model, (reps + 1) * blocks, block_size, prefix_caching=True)
+    cold = cache_for(model, blocks, block_size)
+    model.set_attn_implementation("sdpa")
+    device = model.device
+
+    def kvlab_first(cache, prompt, salt, cached):
+        seq, hit = cache.admit(prompt, salt)
+        token = prefill(model, cache, seq, attention=attention)
+        cache.free(seq)
+        cached.append(hit)
+        return token
+
+    def hf_first(prompt, prefix_cache):
+        ids = torch.tensor([prompt], device=device)
+        extra = {} if prefix_cache is None else cache_kwargs(model, copy.deepcopy(prefix_cache))
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False,
+                                 pad_token_id=model.generation_config.pad_token_id or 0, **extra)
+        return int(out[0, -1])
+
+    seconds = {c: [] for c in contenders}
+    firsts, cached = [], []
+    for r in range(reps + 1):  # round 0 warms up and checks the first tokens; it is not timed
+        seq, _ = warm.admit(prompts[0][:shared], salt=r)  # an earlier request leaves the prefix's blocks
+        prefill(model, warm, seq, attention=attention)
+        warm.free(seq)
+        with torch.inference_mode():
+            prefix_ids = torch.tensor([prompts[0][:shared]], device=device)
+            prefix_cache = returned_cache(model(prefix_ids, use_cache=True,
+                                                **cache_kwargs(model, DynamicCache(config=model.config))))
+        runs = {KVLAB_COLD: lambda p: kvlab_first(cold, p, None, []),
+                KVLAB_CACHED: lambda p: kvlab_first(warm, p, r, cached if r == 0 else []),
+                HF_COLD: lambda p: hf_first(p, None), HF_REUSED: lambda p: hf_first(p, prefix_cache)}
+        order = list(contenders[r % len(contenders):]) + list(contenders[:r % len(contenders)])
+        tokens = {}
+        for name in order:
+            start = time.perf_counter()
+            tokens[name] = [runs[name](p) for p in prompts]
+            if r:
+                seconds[name].append(time.perf_counter() - start)
+        if r == 0:
+            firsts = tokens[order[0]]
+            same = all(t == firsts for t in tokens.values())
+    return PrefixReuse([len(p) for p in prompts], shared, block_size, cached, {n: tuple(s) for n, s in seconds.items()},
+                       same, firsts)
+
+
+@dataclass(frozen=True)
+class PrefillAttentionCost:
+    """One step's prefill attention on an accelerator, all layers (notebooks 06 and 11): its work as the
+    paged prefill kernel's query tiles request it and as one decode row per query token, each with the
+    roofline's floor (:func:`kvlab.theory.prefill_attention.attention_floor`)."""
+
+    layers: int
+    tokens_per_tile: int
+    kernel: object  # PrefillWork of one layer, the kernel's tiles
+    rows: object  # PrefillWork of one layer, one query token per row
+    kernel_floor: object  # AttentionFloor of one layer
+    rows_floor: object
+    compulsory_floor: object  # every byte read once
+
+
+def prefill_attention_cost(shape, hw, query_lens, context_lens, element_bytes: int = 2,
+                           block_size: int = 16) -> PrefillAttentionCost:
+    """Prefill attention of chunks of ``query_lens`` new tokens at the end of ``context_lens`` on ``hw``,
+    for a model of ``shape`` (a ``ModelShape``), with the kernel's query tile for its GQA group."""
+    from kvlab import kernels
+    from kvlab.theory.prefill_attention import attention_floor, prefill_attention_work
+
+    group = shape.q_heads // shape.kv_heads
+    per_tile = kernels.paged_prefill.query_tokens_per_tile(group)
+    args = (query_lens, context_lens, shape.q_heads, shape.kv_heads, shape.head_dim, element_bytes, block_size)
+    kernel, rows = prefill_attention_work(*args, per_tile), prefill_attention_work(*args, 1)
+    return PrefillAttentionCost(shape.layers, per_tile, kernel, rows, attention_floor(kernel, hw),
+                                attention_floor(rows, hw), attention_floor(kernel, hw, tiled=False))
+
+
+# --------------------------------------------------------------------------- the prefill kernel on a GPU
+
+
+def prefill_kernel_rows(reps: int = 10) -> list:
+    """On a GPU: the paged prefill kernel on a Llama-3-8B-like layer (32 query heads, 8 KV heads, head
+    dim 128, bf16, blocks of 16) for a batch of chunks behind cached prefixes, its bytes and FLOPs
+    (:func:`kvlab.kernels.paged_prefill_work`) over the measured time, as shares of the calibrated copy
+    bandwidth and matmul rate."""
+    from kvlab import kernels
+    from kvlab.lab.bench import Row
+    from kvlab.lab.hardware import calibrate
+
+    calibration, rows = calibrate(), []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for batch, cached, new in ((8, 3584, 512), (32, 1024, 128), (4, 0, 2048)):
+        context = cached + new
+        blocks = -(-context // 16)
+        k = torch.randn(batch * blocks, 16, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+        v = torch.randn_like(k)
+        table = torch.randperm(batch * blocks, device="cuda", generator=gen).to(torch.int32).reshape(batch, blocks)
+        q = torch.randn(batch * new, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+        cu = torch.arange(0, batch * new + 1, new, device="cuda", dtype=torch.int32)
+        lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
+        launch = kernels.paged_prefill_launcher(q, k, v, table, cu, lens)
+        t = measure(launch, warmup=3, reps=reps, device="cuda").median
+        work = kernels.paged_prefill_work(q, k, cu, lens)
+        where = f"batch {batch}, {cached} cached + {new} new tokens, bf16, block 16"
+        rows += [Row(f"prefill kernel b{batch} c{cached} n{new}", t * 1e6, "us", where),
+                 Row(f"prefill kernel / copy bandwidth b{batch} c{cached} n{new}",
+                     work.tile_bytes / t / calibration.copy_bytes_per_s, "fraction",
+                     "bytes the query tiles request / time / calibrated copy bandwidth"),
+                 Row(f"prefill kernel / matmul rate b{batch} c{cached} n{new}",
+                     work.flops / t / calibration.matmul_flops, "fraction", "attention FLOPs / time / calibrated matmul rate")]
+    return rows
+
+
 # --------------------------------------------------------------------------- benchmark rows
 
 
@@ -304,4 +543,29 @@ def bench_rows():
         rows.append(Row(f"{policy}: prompt tokens served from cache", 100 * result.hit_rate, "%", note))
         ttft = result.mean_ttft(lambda p, c: prefill_time(shape, hw, p, mfu=1.0, prefix_tokens=c))
         rows.append(Row(f"{policy}: mean predicted TTFT", ttft * 1e3, "ms", note + ", prefill_time"))
+    rows += reuse_rows(model, prompt, reps=5 if gpu else 3)
+    if gpu:
+        rows += prefill_kernel_rows()
+    return rows
+
+
+def reuse_rows(model, prompt: int, reps: int = 3, requests: int = 4) -> list:
+    """kvlab's prefix cache against transformers' copied prefix cache: ``requests`` prompts of ``prompt``
+    random tokens whose first three quarters are one shared prefix."""
+    from kvlab.lab.bench import Row
+
+    generator = torch.Generator().manual_seed(1)
+    vocab = model.config.vocab_size
+    head = torch.randint(0, vocab, (prompt * 3 // 4,), generator=generator).tolist()
+    prompts = [head + torch.randint(0, vocab, (prompt - len(head),), generator=generator).tolist()
+               for _ in range(requests)]
+    result = compare_prefix_reuse(model, prompts, block_size=16, reps=reps)
+    rows = [Row("prefix reuse: first tokens equal across kvlab and transformers", float(result.same_first_tokens),
+                "bool", f"{requests} prompts of {prompt} tokens, {result.shared} shared")]
+    if not result.same_first_tokens:
+        return rows + [Row("prefix reuse: times not reported", 0.0, "-", "the first tokens differ")]
+    for name, over in ((KVLAB_CACHED, HF_REUSED), (KVLAB_CACHED, KVLAB_COLD), (HF_REUSED, HF_COLD)):
+        median, low, high = result.speedup(name, over)
+        rows.append(Row(f"TTFT {over} / {name}", median, "x",
+                        f"ratio of medians of {reps} interleaved rounds; one round {low:.2f}x to {high:.2f}x"))
     return rows
