@@ -2,6 +2,8 @@
 inputs on both sides of each boundary computed by the model that decides it (the work ratios of padded
 ``generate`` against the engine, the flat-step model, the pool model)."""
 
+import dataclasses
+
 import pytest
 
 from kvlab.lab import engine as lab
@@ -25,7 +27,7 @@ def test_life_reading_both_outcomes():
                                 readmitted_cached=0, stalled=0, cached_tokens=0), 4, 12, 8)
     assert "five requests" in busy and "Three of them" in busy and "ran in chunks" in busy
     assert "ran out once, at step 9, when request 2" in busy and "16 of its 17 tokens" in busy
-    assert "only 1 were computed again" in busy and "vLLM v1 preempts by recompute only" in busy
+    assert "only one was computed again" in busy and "vLLM v1 preempts by recompute only" in busy
     assert "8 prompt tokens" in busy
     assert "no prefill was chunked" in calm and "never ran out" in calm and "prefix cache" not in calm
     assert "ran out twice, first at step 9" in evicted and "paid for its whole prefill" in evicted
@@ -59,6 +61,16 @@ def test_comparison_reading_decides_by_the_work_models():
     text = comparison_reading(_comparison(0.9 * ratio.low / tol, 0.9 / tol, 0.9 / tol), on_gpu=False)
     assert text.count("did worse than its work predicts") == 3 and "CUDA graphs" in text
     assert "80 padding tokens" in text and "50% of admitted tokens" in text and "returns a batch only" in text
+    assert "Times are from one round" in text
+
+
+def test_comparison_reading_says_why_nothing_was_served_from_the_cache():
+    probe = _comparison(1.0, 1.0, 1.0)
+    probe.engine_metrics[lab.ENGINE]["prefix_hit_rate"] = 0.0
+    text = comparison_reading(probe, on_gpu=True)
+    assert "served no admitted token from cached blocks" in text and "each compute their own copy" in text
+    three = dataclasses.replace(probe, seconds={k: v * 3 for k, v in probe.seconds.items()})
+    assert "medians of 3 interleaved rounds" in comparison_reading(three, on_gpu=True)
 
 
 def test_curve_reading_decides_by_the_flat_step_and_pool_models():

@@ -70,8 +70,8 @@ def _readmission(tokens: int, cached: int) -> str:
         return "No request preempted by recompute came back during the run."
     if cached:
         return (f"When it came back, {cached} of its {tokens} tokens were served from the prefix cache, most of "
-                f"them from its own freed blocks, which were still there; only {tokens - cached} were computed "
-                "again. With prefix caching, recompute preemption often recomputes almost nothing, which is "
+                f"them from its own freed blocks, which were still there; only {number(tokens - cached)} "
+                f"{'was' if tokens - cached == 1 else 'were'} computed again. With prefix caching, recompute preemption often recomputes almost nothing, which is "
                 "why vLLM v1 preempts by recompute only.")
     return (f"When it came back none of its {tokens} tokens were cached any more (its freed blocks had been "
             "taken by others, or prefix caching was off), so recompute paid for its whole prefill again.")
@@ -97,8 +97,9 @@ def comparison_reading(result, on_gpu: bool) -> str:
     :class:`kvlab.lab.engine.ServingComparison` whose tokens all agreed)."""
     padded, rounds = result.padded, len(result.seconds[ENGINE])
     head = (f"On {result.requests} requests every contender produced the same tokens for every request; "
-            f"{result.generated_tokens} were generated. Times are medians of {rounds} interleaved "
-            f"round{'s' if rounds > 1 else ''}.")
+            f"{result.generated_tokens} were generated. "
+            + (f"Times are medians of {rounds} interleaved rounds." if rounds > 1 else
+               "Times are from one round, the contenders run one after another."))
     parts = [head]
     if ENGINE_NO_CACHE in result.seconds:
         bare = result.speedup(ENGINE_NO_CACHE, GENERATE)
@@ -115,8 +116,13 @@ def comparison_reading(result, on_gpu: bool) -> str:
         cached = result.speedup(ENGINE, ENGINE_NO_CACHE)
         m, m0 = result.engine_metrics[ENGINE], result.engine_metrics[ENGINE_NO_CACHE]
         rows = (m0["prefill_tokens"] + m0["generated_tokens"]) / (m["prefill_tokens"] + m["generated_tokens"])
-        parts.append(f"**Prefix caching.** On, it served {m['prefix_hit_rate']:.0%} of admitted tokens from cached "
-                     f"blocks (the shared system prompt), and the engine ran {cached.median:.2f} times as fast as "
+        served = (f"On, it served {m['prefix_hit_rate']:.0%} of admitted tokens from cached blocks (the shared "
+                  "system prompt)" if m["prefix_hit_rate"] > 0 else
+                  "On, it served no admitted token from cached blocks: a block is shared only once its keys and "
+                  "values are written (kvlab's choice, as vLLM v1's), so requests admitted together, before the "
+                  "shared prompt's first step wrote it, each compute their own copy, and a shared prefix shorter "
+                  "than a block is never shared")
+        parts.append(f"**Prefix caching.** {served}; the engine ran {cached.median:.2f} times as fast as "
                      "with it off. " + _speedup_sentence(cached.median, min(rows, 1.0), max(rows, 1.0),
                                                          f"the rows it no longer computes ({rows:.2f}; the forward "
                                                          "passes stay the same, 1.00)"))
