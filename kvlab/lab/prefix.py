@@ -6,10 +6,7 @@
 - :func:`measure_ttft`: time to first token against the cached prefix, beside
   :func:`kvlab.theory.roofline.prefill_time` (KV Cache Memory Wall, 2026);
   :func:`measure_decode_after_prefix`: decode steps after a cold prefill and after a prefix hit.
-- :func:`compare_prefix_reuse`: real prompts that share a prefix (a chat's system prompt), time to
-  first token with kvlab's prefix cache against the way a reader reuses a prefix in transformers (a
-  prefilled ``DynamicCache`` copied for each request, as its documentation describes), each against
-  computing the whole prompt;
+- against transformers' way of reusing a prefix: :mod:`kvlab.lab.prefix_reuse`;
 - :func:`prefill_kernel_rows`: on a GPU, the paged prefill kernel's share of the copy bandwidth and
   of the matmul rate (:func:`kvlab.kernels.paged_prefill_work`);
 - :func:`bench_rows`: the section's rows of ``python -m kvlab bench``.
@@ -17,10 +14,7 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -332,117 +326,6 @@ def policy_winner(lru_hit: float, reserve_hit: float, margin: float = POLICY_MAR
     return "lru" if lru_hit > reserve_hit else "reserve"
 
 
-# --------------------------------------------------------------------------- against transformers' prefix reuse
-
-KVLAB_COLD, KVLAB_CACHED = "kvlab, nothing cached", "kvlab, prefix cached"
-HF_COLD, HF_REUSED = "transformers generate, nothing cached", "transformers generate, prefix cache copied"
-REUSE_CONTENDERS = (KVLAB_COLD, KVLAB_CACHED, HF_COLD, HF_REUSED)
-
-
-def shared_prefix(prompts) -> int:
-    """Leading tokens every prompt has in common."""
-    first = prompts[0]
-    return next((i for i in range(len(first)) if any(len(p) <= i or p[i] != first[i] for p in prompts)), len(first))
-
-
-@dataclass(frozen=True)
-class PrefixReuse:
-    """Time to first token of prompts that share a ``shared``-token prefix (notebook 06): ``seconds[name]``
-    holds one sum over the prompts per round; ``cached[i]``, the tokens of prompt ``i`` kvlab's cache
-    served (whole blocks of the prefix); ``same_first_tokens``, every contender's first token agreed."""
-
-    prompt_tokens: list
-    shared: int
-    block_size: int
-    cached: list
-    seconds: dict
-    same_first_tokens: bool
-    first_tokens: list
-
-    @property
-    def hit_rate(self) -> float:
-        return sum(self.cached) / sum(self.prompt_tokens)
-
-    def mean_ttft(self, name: str) -> float:
-        return statistics.median(self.seconds[name]) / len(self.prompt_tokens)
-
-    def speedup(self, name: str, over: str) -> tuple[float, float, float]:
-        """Median times' ratio ``over / name`` and the lowest and highest ratio of one round."""
-        rounds = [b / a for a, b in zip(self.seconds[name], self.seconds[over])]
-        return statistics.median(self.seconds[over]) / statistics.median(self.seconds[name]), min(rounds), max(rounds)
-
-
-def compare_prefix_reuse(model, prompts, block_size: int = 16, reps: int = 2, attention: str | None = None,
-                         contenders=REUSE_CONTENDERS) -> PrefixReuse:
-    """Time to first token of each prompt, four ways, interleaved round by round (notebook 06).
-
-    kvlab: a paged cache with prefix caching, where an earlier request left the shared prefix's blocks
-    (each round under its own salt, so no prompt hits its own earlier round), against a cache that
-    computes everything. transformers: ``generate`` with a ``DynamicCache`` prefilled with the shared
-    prefix once per round and deep-copied for every request (the copy is timed: the reader pays it),
-    against ``generate`` on the whole prompt. The first tokens must agree before a time counts.
-    """
-    from transformers import DynamicCache
-
-    from kvlab.devices import on_gpu
-    from kvlab.versions import cache_kwargs, returned_cache
-
-    prompts = [list(p) for p in prompts]
-    if len(prompts) < 2:
-        raise ValueError(f"prompts must hold at least two prompts that share a prefix, got {len(prompts)}")
-    reps, block_size = integer("reps", reps), integer("block_size", block_size)
-    shared = shared_prefix(prompts)
-    if shared < block_size:
-        raise ValueError(f"the prompts share {shared} leading tokens, less than one block of {block_size}")
-    attention = attention or ("kernel" if on_gpu() else "gather")
-    blocks = sum(-(-len(p) // block_size) for p in prompts) + -(-shared // block_size) + 1
-    warm = cache_for(model, (reps + 1) * blocks, block_size, prefix_caching=True)
-    cold = cache_for(model, blocks, block_size)
-    model.set_attn_implementation("sdpa")
-    device = model.device
-
-    def kvlab_first(cache, prompt, salt, cached):
-        seq, hit = cache.admit(prompt, salt)
-        token = prefill(model, cache, seq, attention=attention)
-        cache.free(seq)
-        cached.append(hit)
-        return token
-
-    def hf_first(prompt, prefix_cache):
-        ids = torch.tensor([prompt], device=device)
-        extra = {} if prefix_cache is None else cache_kwargs(model, copy.deepcopy(prefix_cache))
-        with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False,
-                                 pad_token_id=model.generation_config.pad_token_id or 0, **extra)
-        return int(out[0, -1])
-
-    seconds = {c: [] for c in contenders}
-    firsts, cached = [], []
-    for r in range(reps + 1):  # round 0 warms up and checks the first tokens; it is not timed
-        seq, _ = warm.admit(prompts[0][:shared], salt=r)  # an earlier request leaves the prefix's blocks
-        prefill(model, warm, seq, attention=attention)
-        warm.free(seq)
-        with torch.inference_mode():
-            prefix_ids = torch.tensor([prompts[0][:shared]], device=device)
-            prefix_cache = returned_cache(model(prefix_ids, use_cache=True,
-                                                **cache_kwargs(model, DynamicCache(config=model.config))))
-        runs = {KVLAB_COLD: lambda p: kvlab_first(cold, p, None, []),
-                KVLAB_CACHED: lambda p: kvlab_first(warm, p, r, cached if r == 0 else []),
-                HF_COLD: lambda p: hf_first(p, None), HF_REUSED: lambda p: hf_first(p, prefix_cache)}
-        order = list(contenders[r % len(contenders):]) + list(contenders[:r % len(contenders)])
-        tokens = {}
-        for name in order:
-            start = time.perf_counter()
-            tokens[name] = [runs[name](p) for p in prompts]
-            if r:
-                seconds[name].append(time.perf_counter() - start)
-        if r == 0:
-            firsts = tokens[order[0]]
-            same = all(t == firsts for t in tokens.values())
-    return PrefixReuse([len(p) for p in prompts], shared, block_size, cached, {n: tuple(s) for n, s in seconds.items()},
-                       same, firsts)
-
-
 @dataclass(frozen=True)
 class PrefillAttentionCost:
     """One step's prefill attention on an accelerator, all layers (notebooks 06 and 11): its work as the
@@ -514,9 +397,10 @@ def prefill_kernel_rows(reps: int = 10) -> list:
 
 def bench_rows():
     """Time to first token with and without a cached prefix, and hit rates on a chat trace (notebook 06)."""
+    from kvlab.devices import on_gpu
     from kvlab.lab.bench import Row
     from kvlab.lab.hardware import calibrated_device
-    from kvlab.devices import on_gpu
+    from kvlab.lab.prefix_reuse import reuse_rows
     from kvlab.lab.models import tiny_model
     from kvlab.theory.roofline import prefill_time
 
@@ -543,29 +427,7 @@ def bench_rows():
         rows.append(Row(f"{policy}: prompt tokens served from cache", 100 * result.hit_rate, "%", note))
         ttft = result.mean_ttft(lambda p, c: prefill_time(shape, hw, p, mfu=1.0, prefix_tokens=c))
         rows.append(Row(f"{policy}: mean predicted TTFT", ttft * 1e3, "ms", note + ", prefill_time"))
-    rows += reuse_rows(model, prompt, reps=5 if gpu else 3)
+    rows += reuse_rows(model, prompt, reps=5 if gpu else 3)  # kvlab.lab.prefix_reuse
     if gpu:
         rows += prefill_kernel_rows()
-    return rows
-
-
-def reuse_rows(model, prompt: int, reps: int = 3, requests: int = 4) -> list:
-    """kvlab's prefix cache against transformers' copied prefix cache: ``requests`` prompts of ``prompt``
-    random tokens whose first three quarters are one shared prefix."""
-    from kvlab.lab.bench import Row
-
-    generator = torch.Generator().manual_seed(1)
-    vocab = model.config.vocab_size
-    head = torch.randint(0, vocab, (prompt * 3 // 4,), generator=generator).tolist()
-    prompts = [head + torch.randint(0, vocab, (prompt - len(head),), generator=generator).tolist()
-               for _ in range(requests)]
-    result = compare_prefix_reuse(model, prompts, block_size=16, reps=reps)
-    rows = [Row("prefix reuse: first tokens equal across kvlab and transformers", float(result.same_first_tokens),
-                "bool", f"{requests} prompts of {prompt} tokens, {result.shared} shared")]
-    if not result.same_first_tokens:
-        return rows + [Row("prefix reuse: times not reported", 0.0, "-", "the first tokens differ")]
-    for name, over in ((KVLAB_CACHED, HF_REUSED), (KVLAB_CACHED, KVLAB_COLD), (HF_REUSED, HF_COLD)):
-        median, low, high = result.speedup(name, over)
-        rows.append(Row(f"TTFT {over} / {name}", median, "x",
-                        f"ratio of medians of {reps} interleaved rounds; one round {low:.2f}x to {high:.2f}x"))
     return rows

@@ -99,7 +99,7 @@ def test_compute_shape_leaves_out_embeddings(llama):
 
 
 def test_prefix_reuse_against_transformers_copied_cache(llama):
-    from kvlab.lab import prefix as lab
+    from kvlab.lab import prefix_reuse as lab
 
     gen = torch.Generator().manual_seed(2)
     head = torch.randint(0, 512, (37,), generator=gen).tolist()
