@@ -439,7 +439,8 @@ def bench_rows():
     n = BENCH_REQUESTS
     prompts, news = make_requests(n, mean_prompt=64 if gpu else 32, mean_output=64 if gpu else 8,
                                   max_len=512 if gpu else 128, vocab=model.config.vocab_size, seed=0)
-    result = compare_serving(model, prompts, news, max_batch=n, reps=3, contenders=(ENGINE, GENERATE, CB, CB_NO_SHARING))
+    result = compare_serving(model, prompts, news, max_batch=n, reps=3 if gpu else 2,  # about a minute on a CPU
+                             contenders=(ENGINE, GENERATE, CB, CB_NO_SHARING))
     where = f"{model.shape.name}, {n} requests, max_batch {n}, {str(model.dtype).removeprefix('torch.')}"
     rows = peer_rows(result, where)
     if gpu:  # weight bytes read per step over the step time, against the calibrated copy bandwidth

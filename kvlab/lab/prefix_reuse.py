@@ -57,6 +57,27 @@ class PrefixReuse:
         return statistics.median(self.seconds[over]) / statistics.median(self.seconds[name]), min(rounds), max(rounds)
 
 
+def _kvlab_first(model, cache, prompt, salt, attention: str, cached: list) -> int:
+    """The first token of ``prompt`` from a paged cache, which serves what it holds; ``cached`` gets the hit."""
+    seq, hit = cache.admit(prompt, salt)
+    token = prefill(model, cache, seq, attention=attention)
+    cache.free(seq)
+    cached.append(hit)
+    return token
+
+
+def _hf_first(model, prompt, prefix_cache) -> int:
+    """The first token of ``prompt`` from ``generate``, starting from a copy of ``prefix_cache`` if given."""
+    from kvlab.versions import cache_kwargs
+
+    ids = torch.tensor([prompt], device=model.device)
+    extra = {} if prefix_cache is None else cache_kwargs(model, copy.deepcopy(prefix_cache))
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False,
+                             pad_token_id=model.generation_config.pad_token_id or 0, **extra)
+    return int(out[0, -1])
+
+
 def compare_prefix_reuse(model, prompts, block_size: int = 16, reps: int = 2, attention: str | None = None,
                          contenders=REUSE_CONTENDERS) -> PrefixReuse:
     """Time to first token of each prompt, four ways, interleaved round by round (notebook 06).
@@ -84,22 +105,6 @@ def compare_prefix_reuse(model, prompts, block_size: int = 16, reps: int = 2, at
     warm = cache_for(model, (reps + 1) * blocks, block_size, prefix_caching=True)
     cold = cache_for(model, blocks, block_size)
     model.set_attn_implementation("sdpa")
-    device = model.device
-
-    def kvlab_first(cache, prompt, salt, cached):
-        seq, hit = cache.admit(prompt, salt)
-        token = prefill(model, cache, seq, attention=attention)
-        cache.free(seq)
-        cached.append(hit)
-        return token
-
-    def hf_first(prompt, prefix_cache):
-        ids = torch.tensor([prompt], device=device)
-        extra = {} if prefix_cache is None else cache_kwargs(model, copy.deepcopy(prefix_cache))
-        with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False,
-                                 pad_token_id=model.generation_config.pad_token_id or 0, **extra)
-        return int(out[0, -1])
 
     seconds = {c: [] for c in contenders}
     firsts, cached = [], []
@@ -108,12 +113,12 @@ def compare_prefix_reuse(model, prompts, block_size: int = 16, reps: int = 2, at
         prefill(model, warm, seq, attention=attention)
         warm.free(seq)
         with torch.inference_mode():
-            prefix_ids = torch.tensor([prompts[0][:shared]], device=device)
+            prefix_ids = torch.tensor([prompts[0][:shared]], device=model.device)
             prefix_cache = returned_cache(model(prefix_ids, use_cache=True,
                                                 **cache_kwargs(model, DynamicCache(config=model.config))))
-        runs = {KVLAB_COLD: lambda p: kvlab_first(cold, p, None, []),
-                KVLAB_CACHED: lambda p: kvlab_first(warm, p, r, cached if r == 0 else []),
-                HF_COLD: lambda p: hf_first(p, None), HF_REUSED: lambda p: hf_first(p, prefix_cache)}
+        runs = {KVLAB_COLD: lambda p: _kvlab_first(model, cold, p, None, attention, []),
+                KVLAB_CACHED: lambda p: _kvlab_first(model, warm, p, r, attention, cached if r == 0 else []),
+                HF_COLD: lambda p: _hf_first(model, p, None), HF_REUSED: lambda p: _hf_first(model, p, prefix_cache)}
         order = list(contenders[r % len(contenders):]) + list(contenders[:r % len(contenders)])
         tokens = {}
         for name in order:
