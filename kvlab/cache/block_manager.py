@@ -7,6 +7,12 @@ slots (copy-on-write of a shared last block), ``commit`` registers the hashes of
 and V are now written, ``fork``, ``preempt``, ``resume`` and ``free``. Prefix caching is a switch:
 off, nothing is ever registered.
 
+**A cached block costs no admission capacity.** A freed block keeps its K, V and hash but joins the
+free list, so ``num_free`` counts it; ``admit`` and ``reserve`` take it when they need a block, and
+that evicts its hash on demand (vLLM v1 keeps its free blocks in one queue the same way). What
+caching costs is the churn of evictions (``stats.evictions``: hashes given up and, if asked for
+again, recomputed) and the hash table (``num_cached`` entries).
+
 **A hash is registered only once its block's K and V are written** (``commit``), never when the block
 is reserved. So a hit always reads written data, nobody waits for a block another request is still
 filling, a request may be preempted in the middle of its prefill, and a failed model call cannot

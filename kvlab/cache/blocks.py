@@ -9,7 +9,12 @@ ids; the K and V tensors live in :class:`kvlab.cache.paged.PagedKVCache`.
   cached blocks, least recently freed first; a hit takes a free cached block back out of the list.
 - :class:`BlockTable`: one sequence's logical blocks -> physical blocks.
 - :func:`block_hashes`: the chained hash of each full block, as vLLM's block manager and nano-vllm
-  (Yu 2025) compute it; RadixAttention keeps the same prefixes in a tree (Zheng et al. 2024).
+  (Yu 2025) compute it; :func:`reusable_tokens`, the rule that follows: whole blocks only, and never
+  the prompt's last token. These are kvlab's choices, the same as vLLM's (Kwon et al. 2023), whose
+  block hash also carries extra keys (LoRA adapter ids, multimodal input hashes) beside a cache salt.
+  SGLang's RadixAttention keeps prefixes in a radix tree matched token by token (a page of one
+  token by default; Zheng et al. 2024), so a hit there ends at the first differing token, not at a
+  block boundary.
 """
 
 from __future__ import annotations
@@ -248,3 +253,16 @@ def block_hashes(token_ids, block_size: int, salt=None) -> list[bytes]:
         parent = chain_hash(parent, tokens[start:start + block_size])
         hashes.append(parent)
     return hashes
+
+
+def reusable_tokens(first_difference: int | None, num_tokens: int, block_size: int) -> int:
+    """Tokens of a ``num_tokens``-token prompt that a cache holding another prompt serves, when the two
+    first differ at token ``first_difference`` (None: not within this prompt). Notebook 06.
+
+    The whole blocks before the first difference (a partial block has no hash), and never the prompt's
+    last token, whose logits give the first output token: a prompt of exactly ``n`` blocks reuses at
+    most ``n - 1``.
+    """
+    num_tokens, block_size = integer("num_tokens", num_tokens), integer("block_size", block_size)
+    match = num_tokens if first_difference is None else integer("first_difference", first_difference, 0)
+    return min(match, num_tokens - 1) // block_size * block_size

@@ -6,6 +6,9 @@
 - :func:`measure_ttft`: time to first token against the cached prefix, beside
   :func:`kvlab.theory.roofline.prefill_time` (KV Cache Memory Wall, 2026);
   :func:`measure_decode_after_prefix`: decode steps after a cold prefill and after a prefix hit.
+- against transformers' way of reusing a prefix: :mod:`kvlab.lab.prefix_reuse`;
+- :func:`prefill_kernel_rows`: on a GPU, the paged prefill kernel's share of the copy bandwidth and
+  of the matmul rate (:func:`kvlab.kernels.paged_prefill_work`);
 - :func:`bench_rows`: the section's rows of ``python -m kvlab bench``.
 """
 
@@ -270,14 +273,134 @@ def measure_decode_after_prefix(model, prompt_tokens: int, block_size: int = 16,
                              kv_bytes)
 
 
+# --------------------------------------------------------------------------- what the readings decide by
+
+# A measured quantity within this factor of its prediction is said to follow it (both ways).
+TTFT_TOLERANCE = 1.5
+# Two decode steps that read the same K and V bytes are predicted to take the same time; on a shared
+# CPU, medians within this factor are that prediction holding.
+DECODE_TOLERANCE = 1.15
+# Hit rates of two cache policies closer than this (a share of prompt tokens) are a tie.
+POLICY_MARGIN = 0.02
+
+
+def against_prediction(measured: float, predicted: float, tolerance: float = TTFT_TOLERANCE) -> str:
+    """``"within"`` ``tolerance`` of ``predicted`` either way, else ``"above"`` or ``"below"`` it."""
+    if not (measured > 0 and predicted > 0):
+        raise ValueError(f"measured and predicted must be > 0, got {measured!r} and {predicted!r}")
+    if measured > predicted * tolerance:
+        return "above"
+    return "below" if measured < predicted / tolerance else "within"
+
+
+@dataclass(frozen=True)
+class TTFTSaving:
+    """Cold against cached time to first token (notebook 06): the measured ratio, the ratio that
+    :func:`kvlab.theory.roofline.prefill_time` predicts, the verdict of :func:`against_prediction`, and
+    ``fixed_s``, the cost per prefill that the FLOPs leave out (the intercept of ``measured = fixed_s + a *
+    predicted`` through the two points)."""
+
+    measured: float
+    predicted: float
+    verdict: str
+    fixed_s: float
+
+
+def ttft_saving(cold_s: float, cached_s: float, cold_pred_s: float, cached_pred_s: float,
+                tolerance: float = TTFT_TOLERANCE) -> TTFTSaving:
+    measured, predicted = cold_s / cached_s, cold_pred_s / cached_pred_s
+    slope = (cold_s - cached_s) / (cold_pred_s - cached_pred_s) if cold_pred_s != cached_pred_s else 0.0
+    return TTFTSaving(measured, predicted, against_prediction(measured, predicted, tolerance),
+                      cold_s - slope * cold_pred_s)
+
+
+def decode_steps_agree(computed_s: float, cached_s: float, tolerance: float = DECODE_TOLERANCE) -> bool:
+    """Whether two decode steps that read the same bytes took the same time, as predicted (ratio 1)."""
+    return against_prediction(cached_s / computed_s, 1.0, tolerance) == "within"
+
+
+def policy_winner(lru_hit: float, reserve_hit: float, margin: float = POLICY_MARGIN) -> str:
+    """``"lru"``, ``"reserve"`` or ``"tie"``: the policy whose replay served more prompt tokens."""
+    if abs(lru_hit - reserve_hit) <= margin:
+        return "tie"
+    return "lru" if lru_hit > reserve_hit else "reserve"
+
+
+@dataclass(frozen=True)
+class PrefillAttentionCost:
+    """One step's prefill attention on an accelerator, all layers (notebooks 06 and 11): its work as the
+    paged prefill kernel's query tiles request it and as one decode row per query token, each with the
+    roofline's floor (:func:`kvlab.theory.prefill_attention.attention_floor`)."""
+
+    layers: int
+    tokens_per_tile: int
+    kernel: object  # PrefillWork of one layer, the kernel's tiles
+    rows: object  # PrefillWork of one layer, one query token per row
+    kernel_floor: object  # AttentionFloor of one layer
+    rows_floor: object
+    compulsory_floor: object  # every byte read once
+
+
+def prefill_attention_cost(shape, hw, query_lens, context_lens, element_bytes: int = 2,
+                           block_size: int = 16) -> PrefillAttentionCost:
+    """Prefill attention of chunks of ``query_lens`` new tokens at the end of ``context_lens`` on ``hw``,
+    for a model of ``shape`` (a ``ModelShape``), with the kernel's query tile for its GQA group."""
+    from kvlab import kernels
+    from kvlab.theory.prefill_attention import attention_floor, prefill_attention_work
+
+    group = shape.q_heads // shape.kv_heads
+    per_tile = kernels.paged_prefill.query_tokens_per_tile(group)
+    args = (query_lens, context_lens, shape.q_heads, shape.kv_heads, shape.head_dim, element_bytes, block_size)
+    kernel, rows = prefill_attention_work(*args, per_tile), prefill_attention_work(*args, 1)
+    return PrefillAttentionCost(shape.layers, per_tile, kernel, rows, attention_floor(kernel, hw),
+                                attention_floor(rows, hw), attention_floor(kernel, hw, tiled=False))
+
+
+# --------------------------------------------------------------------------- the prefill kernel on a GPU
+
+
+def prefill_kernel_rows(reps: int = 10) -> list:
+    """On a GPU: the paged prefill kernel on a Llama-3-8B-like layer (32 query heads, 8 KV heads, head
+    dim 128, bf16, blocks of 16) for a batch of chunks behind cached prefixes, its bytes and FLOPs
+    (:func:`kvlab.kernels.paged_prefill_work`) over the measured time, as shares of the calibrated copy
+    bandwidth and matmul rate."""
+    from kvlab import kernels
+    from kvlab.lab.bench import Row
+    from kvlab.lab.hardware import calibrate
+
+    calibration, rows = calibrate(), []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for batch, cached, new in ((8, 3584, 512), (32, 1024, 128), (4, 0, 2048)):
+        context = cached + new
+        blocks = -(-context // 16)
+        k = torch.randn(batch * blocks, 16, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+        v = torch.randn_like(k)
+        table = torch.randperm(batch * blocks, device="cuda", generator=gen).to(torch.int32).reshape(batch, blocks)
+        q = torch.randn(batch * new, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+        cu = torch.arange(0, batch * new + 1, new, device="cuda", dtype=torch.int32)
+        lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
+        launch = kernels.paged_prefill_launcher(q, k, v, table, cu, lens)
+        t = measure(launch, warmup=3, reps=reps, device="cuda").median
+        work = kernels.paged_prefill_work(q, k, cu, lens)
+        where = f"batch {batch}, {cached} cached + {new} new tokens, bf16, block 16"
+        rows += [Row(f"prefill kernel b{batch} c{cached} n{new}", t * 1e6, "us", where),
+                 Row(f"prefill kernel / copy bandwidth b{batch} c{cached} n{new}",
+                     work.tile_bytes / t / calibration.copy_bytes_per_s, "fraction",
+                     "bytes the query tiles request / time / calibrated copy bandwidth"),
+                 Row(f"prefill kernel / matmul rate b{batch} c{cached} n{new}",
+                     work.flops / t / calibration.matmul_flops, "fraction", "attention FLOPs / time / calibrated matmul rate")]
+    return rows
+
+
 # --------------------------------------------------------------------------- benchmark rows
 
 
 def bench_rows():
     """Time to first token with and without a cached prefix, and hit rates on a chat trace (notebook 06)."""
+    from kvlab.devices import on_gpu
     from kvlab.lab.bench import Row
     from kvlab.lab.hardware import calibrated_device
-    from kvlab.devices import on_gpu
+    from kvlab.lab.prefix_reuse import reuse_rows
     from kvlab.lab.models import tiny_model
     from kvlab.theory.roofline import prefill_time
 
@@ -304,4 +427,7 @@ def bench_rows():
         rows.append(Row(f"{policy}: prompt tokens served from cache", 100 * result.hit_rate, "%", note))
         ttft = result.mean_ttft(lambda p, c: prefill_time(shape, hw, p, mfu=1.0, prefix_tokens=c))
         rows.append(Row(f"{policy}: mean predicted TTFT", ttft * 1e3, "ms", note + ", prefill_time"))
+    rows += reuse_rows(model, prompt, reps=5 if gpu else 3)  # kvlab.lab.prefix_reuse
+    if gpu:
+        rows += prefill_kernel_rows()
     return rows

@@ -7,23 +7,34 @@ has reserved. Before the forward pass, :func:`build_step` turns the chunks into 
 :class:`StepMetadata`, built and checked once per step: where each new token's K and V go (its
 slot), and what each query attends to. Then every layer calls :func:`paged_attention`, which
 
-1. stores the layer's new K and V at their slots (``store_kv``; a PyTorch copy off the kernel path);
-2. attends. One-token chunks (decode steps) go through the paged decode attention over their block
-   tables: ``"kernel"``, the Triton kernel; ``"gather"``, vectorised PyTorch; both without checks,
-   since the step was checked once. Multi-token chunks (a prefill, a chunk of one, the uncached
-   suffix of a prompt whose prefix came from the cache) go through SDPA over their gathered
-   context with a causal mask offset by what the context already holds. ``"reference"`` instead
-   treats every query token as a decode row of :func:`kvlab.kernels.paged_decode_attention_ref`
-   (fp64, from the definition).
+1. stores the layer's new K and V at their slots;
+2. attends, by one of three paths that give the same result:
 
-A paged prefill kernel can replace step 2's SDPA behind the same metadata (``prefill_context``
-and ``prefill_mask`` are all it reads). The one forward call that switches the model to this
-function and back is :func:`paged_forward`.
+   - ``"kernel"``, the Triton kernels: one-token chunks (decode steps) through the paged decode
+     kernel over their block tables, longer chunks (a prompt, a chunk of one, the uncached suffix
+     after a cached prefix) through the paged prefill ("extend") kernel, which reads each
+     sequence's cached blocks through its block table and its own chunk causally
+     (:mod:`kvlab.kernels.paged_prefill`); the step's cumulative query lengths, context lengths and
+     query tiles are planned once, here, not in every layer;
+   - ``"gather"``, vectorised PyTorch, for a CPU (where the kernels run in Triton's interpreter):
+     decode rows by gathering each table's blocks; each longer chunk through SDPA over its gathered
+     context, with a causal mask offset by what the context already holds (one SDPA per chunk, so no
+     query is scored against another sequence's keys only to be masked);
+   - ``"reference"``: every query token as one decode row of
+     :func:`kvlab.kernels.paged_decode_attention_ref` (fp64, from the definition). Each row reads
+     its whole context, so a chunk of ``n`` tokens reads its prefix ``n`` times: the oracle, not a
+     way to prefill.
+
+Both fast paths skip the kernels' own checks, since the step was checked once. Engines prefill the
+same way as the kernel path: vLLM through FlashAttention's varlen kernel with block tables (Dao
+2023), SGLang and others through FlashInfer's paged prefill (Ye et al. 2025). The one forward call
+that switches the model to this function and back is :func:`paged_forward`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +49,8 @@ ATTENTION_PATHS = ("kernel", "gather", "reference")
 class StepMetadata:
     """What every layer needs besides q, k and v, built once per step by :func:`build_step`.
 
-    Tokens are packed ``[1, T]``: first ``num_decode`` one-token chunks, then the longer ones.
+    Tokens are packed ``[1, T]``: first ``num_decode`` one-token chunks, then the longer ones. Each
+    path fills only the fields it reads.
     """
 
     k_pools: list
@@ -48,50 +60,74 @@ class StepMetadata:
     num_decode: int
     decode_tables: torch.Tensor  # int32 [num_decode, width]
     decode_lens: torch.Tensor  # int32 [num_decode]: context length, the new token included
-    prefill_context: torch.Tensor  # int64 [K]: the slots of the longer chunks' contexts
-    prefill_mask: torch.Tensor  # bool [1, 1, T - num_decode, K]: query may see key
-    row_tables: torch.Tensor | None = None  # "reference": int32 [T, width], every token's table
-    row_lens: torch.Tensor | None = None  # "reference": int32 [T], every token's context length
-    num_splits: int | None = None  # the kernel's split-K count (fixed for a CUDA graph); None: from the width
+    group: int = 1  # query heads per KV head (the model's GQA group), as the kernel's tiles were planned
+    # "kernel", the longer chunks:
+    prefill_tables: torch.Tensor | None = None  # int32 [num_prefill, width]
+    cu_query_lens: torch.Tensor | None = None  # int32 [num_prefill + 1]: chunk b is rows cu[b] .. cu[b + 1] - 1
+    context_lens: torch.Tensor | None = None  # int32 [num_prefill]: cached plus new tokens
+    tiles: torch.Tensor | None = None  # int32 [num_tiles, 2]: kernels.plan_query_tiles
+    # "gather", the longer chunks:
+    prefill_context: torch.Tensor | None = None  # int64 [K]: the slots of the longer chunks' contexts, chunk by chunk
+    prefill_spans: list | None = None  # per chunk (first query row, end row, first context slot, end slot)
+    prefill_masks: list | None = None  # per chunk bool [n, c]: query may see key (None: nothing cached, plain causal)
+    # "reference", every token:
+    row_tables: torch.Tensor | None = None  # int32 [T, width], every token's table
+    row_lens: torch.Tensor | None = None  # int32 [T], every token's context length
+    num_splits: int | None = None  # the decode kernel's split-K count (fixed for a CUDA graph); None: from the width
 
 
-def build_step(cache, chunks, path: str) -> StepMetadata:
+def build_step(cache, chunks, path: str, group: int = 1) -> StepMetadata:
     """The metadata of one step that feeds ``chunks`` (``(seq_id, count)`` pairs) of ``cache``, checked.
 
     Chunk ``(s, n)`` feeds tokens ``num_computed(s) .. num_computed(s) + n - 1``, whose slots must be
-    reserved; one-token chunks come first; a sequence appears once.
+    reserved; one-token chunks come first; a sequence appears once. ``group`` is the model's query
+    heads per KV head, for which the kernel path plans its query tiles.
     """
     if path not in ATTENTION_PATHS:
         raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {path!r}")
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ValueError(f"group (query heads per KV head) must be an int >= 1, got {group!r}")
     spans = _check_chunks(cache, chunks)
-    bs = cache.block_size
-    slots, decode_rows, decode_lens, context, q_owner, q_pos, k_owner, k_pos = ([] for _ in range(8))
-    row_tables, row_lens = [], []
-    for i, (table, start, end) in enumerate(spans):
-        slots += [table[t // bs] * bs + t % bs for t in range(start, end)]
-        if path == "reference":
-            row_tables += [table] * (end - start)
-            row_lens += range(start + 1, end + 1)
-        if end - start == 1:
-            decode_rows.append(table)
-            decode_lens.append(end)
-            continue
-        context += [table[t // bs] * bs + t % bs for t in range(end)]
-        q_owner += [i] * (end - start)
-        q_pos += range(start, end)
-        k_owner += [i] * end
-        k_pos += range(end)
-    dev = cache.device
-    mask = ((torch.tensor(q_owner)[:, None] == torch.tensor(k_owner)[None, :])
-            & (torch.tensor(k_pos)[None, :] <= torch.tensor(q_pos)[:, None]))
+    bs, dev = cache.block_size, cache.device
+    slots = [table[t // bs] * bs + t % bs for table, start, end in spans for t in range(start, end)]
+    decode = [(table, end) for table, start, end in spans if end - start == 1]
+    longer = [span for span in spans if span[2] - span[1] > 1]
     meta = StepMetadata(cache.k_pools, cache.v_pools, path, torch.tensor(slots, dtype=torch.long, device=dev),
-                        len(decode_rows), _table_tensor(decode_rows, dev),
-                        torch.tensor(decode_lens, dtype=torch.int32, device=dev),
-                        torch.tensor(context, dtype=torch.long, device=dev), mask[None, None].to(dev))
-    if path == "reference":
-        meta.row_tables = _table_tensor(row_tables, dev)
-        meta.row_lens = torch.tensor(row_lens, dtype=torch.int32, device=dev)
+                        len(decode), _table_tensor([t for t, _ in decode], dev),
+                        torch.tensor([n for _, n in decode], dtype=torch.int32, device=dev), group)
+    if path == "kernel":
+        _plan_kernel_prefill(meta, longer, group, dev)
+    elif path == "gather":
+        meta.prefill_context, meta.prefill_spans, meta.prefill_masks = _gather_prefill(longer, bs, dev)
+    else:
+        meta.row_tables = _table_tensor([table for table, start, end in spans for _ in range(start, end)], dev)
+        meta.row_lens = torch.tensor([t + 1 for _, start, end in spans for t in range(start, end)],
+                                     dtype=torch.int32, device=dev)
     return meta
+
+
+def _plan_kernel_prefill(meta: StepMetadata, longer, group: int, dev) -> None:
+    """The paged prefill kernel's inputs for the longer chunks, and its query tiles, once per step."""
+    query_lens = [end - start for _, start, end in longer]
+    context_lens = [end for _, _, end in longer]
+    meta.prefill_tables = _table_tensor([table for table, _, _ in longer], dev)
+    meta.cu_query_lens = torch.tensor([0, *accumulate(query_lens)], dtype=torch.int32, device=dev)
+    meta.context_lens = torch.tensor(context_lens, dtype=torch.int32, device=dev)
+    meta.tiles = kernels.plan_query_tiles(query_lens, context_lens, group, dev)
+
+
+def _gather_prefill(longer, bs: int, dev) -> tuple[torch.Tensor, list, list]:
+    """The longer chunks' contexts as one list of slots, where each chunk's queries and keys sit in the
+    packed rows, and each chunk's causal mask offset by what its context already holds."""
+    context, spans, masks, rows = [], [], [], 0
+    for table, start, end in longer:
+        spans.append((rows, rows + end - start, len(context), len(context) + end))
+        context += [table[t // bs] * bs + t % bs for t in range(end)]
+        rows += end - start
+        # query start + i sees keys 0 .. start + i
+        masks.append(None if start == 0 else
+                     torch.arange(end, device=dev)[None, :] <= torch.arange(start, end, device=dev)[:, None])
+    return torch.tensor(context, dtype=torch.long, device=dev), spans, masks
 
 
 def _check_chunks(cache, chunks) -> list[tuple[list[int], int, int]]:
@@ -139,6 +175,9 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
                          f"{kvlab_step!r}; run the model through kvlab.serving.attention.paged_forward")
     meta, layer = kvlab_step, module.layer_idx
     k_pool, v_pool = meta.k_pools[layer], meta.v_pools[layer]
+    if query.shape[1] != meta.group * k_pool.shape[2]:
+        raise ValueError(f"the step was built for {meta.group} query head(s) per KV head but the model has "
+                         f"{query.shape[1]} query and {k_pool.shape[2]} KV heads; pass group= to build_step")
     _store(meta.path, key[0].transpose(0, 1), value[0].transpose(0, 1), k_pool, v_pool, meta.slots)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q = query[0].transpose(0, 1)  # [T, num_q_heads, head_dim]
@@ -150,7 +189,7 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     if d:
         parts.append(_decode(meta, q[:d].contiguous(), k_pool, v_pool, scale))
     if q.shape[0] > d:
-        parts.append(_prefill(meta, query[:, :, d:], k_pool, v_pool, scale))
+        parts.append(_prefill(meta, q[d:], k_pool, v_pool, scale))
     return (torch.cat(parts) if len(parts) > 1 else parts[0])[None], None
 
 
@@ -170,14 +209,22 @@ def _decode(meta: StepMetadata, q, k_pool, v_pool, scale: float):
     return kernels.paged_decode_gather_unchecked(q, k_pool, v_pool, meta.decode_tables, meta.decode_lens, scale)
 
 
-def _prefill(meta: StepMetadata, query, k_pool, v_pool, scale: float):
-    """The longer chunks: SDPA over their gathered contexts, each query seeing its own sequence up to itself."""
+def _prefill(meta: StepMetadata, q, k_pool, v_pool, scale: float):
+    """The longer chunks, ``q`` ``[T - num_decode, num_q_heads, head_dim]``: each query sees its own
+    sequence up to itself. The kernel reads the blocks in place; the gather path copies the contexts out
+    and runs SDPA chunk by chunk."""
+    if meta.path == "kernel":
+        return kernels.paged_prefill_unchecked(q, k_pool, v_pool, meta.prefill_tables, meta.cu_query_lens,
+                                               meta.context_lens, scale, meta.tiles)
     heads, dim = k_pool.shape[2], k_pool.shape[3]
-    keys = k_pool.view(-1, heads, dim)[meta.prefill_context].transpose(0, 1)[None]  # [1, kv_heads, K, dim]
-    values = v_pool.view(-1, heads, dim)[meta.prefill_context].transpose(0, 1)[None]
-    out = F.scaled_dot_product_attention(query, keys, values, attn_mask=meta.prefill_mask, scale=scale,
-                                         enable_gqa=True)
-    return out[0].transpose(0, 1)  # [T - num_decode, num_q_heads, head_dim]
+    keys = k_pool.view(-1, heads, dim)[meta.prefill_context].transpose(0, 1)  # [kv_heads, K, dim]
+    values = v_pool.view(-1, heads, dim)[meta.prefill_context].transpose(0, 1)
+    queries, parts = q.transpose(0, 1), []  # [num_q_heads, T - num_decode, dim]
+    for (q0, q1, k0, k1), mask in zip(meta.prefill_spans, meta.prefill_masks):  # one SDPA per chunk: no cross pairs
+        parts.append(F.scaled_dot_product_attention(queries[None, :, q0:q1], keys[None, :, k0:k1],
+                                                    values[None, :, k0:k1], attn_mask=mask, is_causal=mask is None,
+                                                    scale=scale, enable_gqa=True)[0])
+    return torch.cat(parts, dim=1).transpose(0, 1)  # [T - num_decode, num_q_heads, head_dim]
 
 
 # --------------------------------------------------------------------------- the model call

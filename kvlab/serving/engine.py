@@ -64,13 +64,17 @@ class Engine:
     Triton kernels; the default on a GPU), ``"gather"`` (vectorised PyTorch, the default on a CPU,
     where the kernels run in Triton's interpreter) or ``"reference"``. ``cuda_graphs`` (default: on
     a GPU) replays decode steps as CUDA graphs. ``debug=True`` checks the invariants after every step.
-    Decoding is greedy and runs each request for exactly its ``max_new_tokens`` (no stop token).
+
+    Decoding is greedy. A request ends after its ``max_new_tokens``, or at the first generated token
+    that is an end-of-sequence id or one of its own ``stop`` ids (kept in its output, as ``generate``
+    keeps it), and its blocks go back in that step. ``eos_token_id="auto"`` takes the ids ``generate``
+    stops at, ``model.generation_config.eos_token_id``; pass ids of your own, or None for none.
     """
 
     def __init__(self, model, num_blocks: int | None = None, block_size: int = 16, max_batch: int = 32,
                  max_batched_tokens: int = 2048, prefix_caching: bool = True, preemption: str = "recompute", *,
                  kv_budget_bytes: int | None = None, attention: str | None = None, cuda_graphs: bool | None = None,
-                 watermark: float = WATERMARK, debug: bool = False):
+                 watermark: float = WATERMARK, eos_token_id="auto", debug: bool = False):
         if getattr(model.config, "model_type", None) not in SUPPORTED_MODELS:
             raise ValueError(f"model must be one of the architectures {SUPPORTED_MODELS} (rotary positions, grouped "
                              f"KV heads), got {getattr(model.config, 'model_type', type(model).__name__)!r}")
@@ -98,6 +102,9 @@ class Engine:
         self.model, self.block_size, self.num_blocks = model, block_size, num_blocks
         self.max_batch, self.max_batched_tokens, self.debug = max_batch, max_batched_tokens, debug
         self.vocab_size, self.window = model.config.vocab_size, _attention_window(model.config)
+        if isinstance(eos_token_id, str) and eos_token_id == "auto":
+            eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.eos_token_ids = self._check_stop(eos_token_id, "eos_token_id")
         self.requests: dict[int, Request] = {}
         self.events: list[Event] = []
         self.stats = EngineStats()
@@ -113,21 +120,24 @@ class Engine:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def add_request(self, prompt, max_new_tokens: int) -> Request:
-        """Queue one request (``prompt``: token ids); returns it. Bad input raises before anything changes.
+    def add_request(self, prompt, max_new_tokens: int, stop=None) -> Request:
+        """Queue one request (``prompt``: token ids; ``stop``: token ids that end it besides the engine's
+        end-of-sequence ids); returns it. Bad input raises before anything changes.
 
         A request that could never fit (its prompt and all but its last new token need more blocks
         than the pool has) is not queued: it comes back ``rejected``, ``error`` saying the bytes it
         needs and the bytes the pool has, and a warning says the same.
         """
         prompt = self._check_prompt(prompt, "prompt")
-        return self._add(prompt, _checks.integer("max_new_tokens", max_new_tokens))
+        max_new_tokens = _checks.integer("max_new_tokens", max_new_tokens)
+        return self._add(prompt, max_new_tokens, self._check_stop(stop, "stop"))
 
-    def generate(self, prompts, max_new_tokens) -> list[list[int] | None]:
+    def generate(self, prompts, max_new_tokens, stop=None) -> list[list[int] | None]:
         """Greedy continuation of each prompt (a list of token-id lists), ``max_new_tokens`` each (an int
-        or one per prompt); runs until every request has finished. A request that can never fit the pool
-        is rejected (``None`` in its place, and a warning with the bytes it needs); the others complete.
-        Every argument is checked before any request is queued.
+        or one per prompt), ending early at a stop token (``stop``: token ids for every request, added to
+        the engine's end-of-sequence ids); runs until every request has finished. A request that can
+        never fit the pool is rejected (``None`` in its place, and a warning with the bytes it needs);
+        the others complete. Every argument is checked before any request is queued.
         """
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise TypeError("prompts must be a non-empty list of token-id lists")
@@ -138,10 +148,21 @@ class Engine:
             counts = [_checks.integer(f"max_new_tokens[{i}]", n) for i, n in enumerate(max_new_tokens)]
         else:
             counts = [_checks.integer("max_new_tokens", max_new_tokens)] * len(prompts)
-        requests = [self._add(p, n) for p, n in zip(checked, counts)]
+        stop = self._check_stop(stop, "stop")
+        requests = [self._add(p, n, stop) for p, n in zip(checked, counts)]
         while self.has_work():
             self.step()
         return [r.output if r.state == "finished" else None for r in requests]
+
+    def _check_stop(self, ids, name: str) -> frozenset:
+        """Stop token ids: None (none), one id, or a list of ids, each in ``[0, vocab_size)``."""
+        if ids is None:
+            return frozenset()
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        if not isinstance(ids, (list, tuple, set, frozenset)):
+            return frozenset([_checks.integer(name, ids, low=0, high=self.vocab_size)])
+        return frozenset(_checks.integer(f"{name}[{i}]", t, low=0, high=self.vocab_size) for i, t in enumerate(ids))
 
     def _check_prompt(self, prompt, name: str) -> list[int]:
         if isinstance(prompt, torch.Tensor):
@@ -163,8 +184,9 @@ class Engine:
                              f"({self.window}); this engine attends to the whole context")
         return [int(t) for t in prompt]
 
-    def _add(self, prompt: list[int], max_new_tokens: int) -> Request:
-        request = Request(len(self.requests), prompt, max_new_tokens, time.perf_counter())
+    def _add(self, prompt: list[int], max_new_tokens: int, stop: frozenset = frozenset()) -> Request:
+        request = Request(len(self.requests), prompt, max_new_tokens, time.perf_counter(),
+                          stop=self.eos_token_ids | stop)
         self.requests[request.id] = request
         self._log(request, "arrive", len(prompt))
         longest = len(prompt) + max_new_tokens - 1  # the last token is never stored
@@ -234,6 +256,8 @@ class Engine:
             "steps": self.stats.steps,
             "preemptions": sum(r.preemptions for r in done),
             "prefix_hit_rate": sum(r.cached_tokens for r in done) / admitted if admitted else 0.0,
+            "stopped": sum(1 for r in done if r.finish_reason == "stop"),  # ended by a stop token
+            "prefill_tokens": self.stats.prefill_tokens,  # prompt (and recomputed) tokens the steps computed
         }
 
     def check_invariants(self) -> None:

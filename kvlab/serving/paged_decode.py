@@ -119,20 +119,24 @@ class Generation:
 
 
 def generate(model, cache: PagedKVCache, token_ids, max_new_tokens: int, salt=None,
-             attention: str = "kernel") -> Generation:
+             attention: str = "kernel", stop=None) -> Generation:
     """Greedy decoding of one prompt on ``cache``, reusing whatever prefix it holds (notebook 06).
 
-    The sequence is freed at the end; with prefix caching its full blocks (prompt and generated tokens)
-    stay cached for the next request. The last generated token is never fed back, so its K and V are
-    never computed. If the admission's prefill fails, the cache is as before.
+    Stops after ``max_new_tokens``, or at the first token in ``stop`` (token ids, kept in the output,
+    as ``model.generate`` keeps its end-of-sequence token). The sequence is freed at the end; with
+    prefix caching its full blocks (prompt and generated tokens) stay cached for the next request.
+    The last generated token is never fed back, so its K and V are never computed. If the
+    admission's prefill fails, the cache is as before.
     """
     max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
     tokens = _check_tokens("token_ids", token_ids, model.config.vocab_size)
+    stop = set() if stop is None else set(_check_tokens("stop", [stop] if isinstance(stop, int) else stop,
+                                                        model.config.vocab_size))
     with cache.all_or_nothing():
         seq_id, cached = cache.admit(tokens, salt)
         out = [prefill(model, cache, seq_id, attention=attention)]
     try:
-        while len(out) < max_new_tokens:
+        while len(out) < max_new_tokens and out[-1] not in stop:
             out += decode_step(model, cache, [seq_id], out[-1:], attention)
     finally:
         cache.free(seq_id)

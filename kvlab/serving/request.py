@@ -20,9 +20,11 @@ class Request:
     """One request's life: ``waiting`` -> ``running`` (prefill, maybe in chunks, then decode) -> ``finished``,
     possibly preempted back to ``waiting`` (recompute) or to ``swapped`` on the way; or ``rejected``.
 
-    ``prompt`` and ``output`` are token ids; decoding is greedy and stops after ``max_new_tokens``.
-    The K and V of ``tokens`` live in the cache under ``seq``: all of them but the newest output token,
-    which the next decode step feeds.
+    ``prompt`` and ``output`` are token ids; decoding is greedy and stops after ``max_new_tokens``, or
+    at the first generated token in ``stop`` (the engine's end-of-sequence ids and the request's own;
+    the stop token is kept in ``output``, as ``generate`` keeps it). ``finish_reason`` then says which:
+    ``"stop"`` or ``"length"``. The K and V of ``tokens`` live in the cache under ``seq``: all of them
+    but the newest output token, which the next decode step feeds.
     """
 
     id: int
@@ -38,12 +40,16 @@ class Request:
     admitted_tokens: int = 0  # tokens handed to the cache over all admissions
     cached_tokens: int = 0  # of which the prefix cache already held
     error: str | None = None
+    stop: frozenset = frozenset()  # token ids that end the request once generated
+    finish_reason: str | None = None  # "stop" or "length", once finished
 
     def __post_init__(self):
         integer("id", self.id, 0)
         if not isinstance(self.prompt, list) or not self.prompt:
             raise ValueError(f"prompt must be a non-empty list of token ids, got {self.prompt!r}")
         integer("max_new_tokens", self.max_new_tokens, 1)  # a request that generates nothing would never finish
+        if not isinstance(self.stop, frozenset):
+            raise TypeError(f"stop must be a frozenset of token ids, got {type(self.stop).__name__}")
 
     @property
     def tokens(self) -> list[int]:
@@ -54,8 +60,13 @@ class Request:
         return len(self.prompt) + len(self.output)
 
     @property
+    def stopped(self) -> bool:
+        """Its newest generated token is a stop token."""
+        return bool(self.output) and self.output[-1] in self.stop
+
+    @property
     def done(self) -> bool:
-        return len(self.output) >= self.max_new_tokens
+        return self.stopped or len(self.output) >= self.max_new_tokens
 
     @property
     def ttft(self) -> float | None:

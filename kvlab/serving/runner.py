@@ -23,6 +23,11 @@ from kvlab.cache.paged import PagedKVCache
 from kvlab.serving.attention import ATTENTION_PATHS, StepMetadata, build_step, paged_forward
 
 
+def query_group(model) -> int:
+    """Query heads per KV head of a Hugging Face decoder (its grouped-query attention group)."""
+    return model.config.num_attention_heads // model.config.num_key_value_heads
+
+
 def model_geometry(model) -> tuple[int, int, int]:
     """(layers, KV heads, head dim) of a Hugging Face decoder, as its KV cache must be shaped."""
     config = model.config
@@ -73,6 +78,10 @@ class ModelRunner:
     def __init__(self, model, cache, attention: str = "kernel", cuda_graphs: bool = False, max_batch: int = 1):
         check_cache_fits(model, cache, attention)
         self.model, self.cache, self.attention = model, cache, attention
+        self.group = query_group(model)
+        if attention == "kernel":  # the prefill kernel's program must fit this GPU's shared memory (a no-op on a CPU)
+            config = kernels.paged_prefill.paged_prefill_config(cache.dtype, self.group, cache.head_dim, cache.block_size)
+            kernels.shared_memory.require_fits(config, cache.device)
         self.graphs = None
         if cuda_graphs and cache.device.type == "cuda" and attention == "kernel":
             try:
@@ -87,7 +96,7 @@ class ModelRunner:
         chunks = [tuple(c) for c in chunks]
         if self.graphs is not None and self.graphs.covers(chunks):
             return self.graphs.run(chunks)
-        meta = build_step(self.cache, chunks, self.attention)
+        meta = build_step(self.cache, chunks, self.attention, self.group)
         ids, positions = [], []
         for seq_id, count in chunks:
             start = self.cache.num_computed(seq_id)
@@ -133,10 +142,8 @@ class CudaGraphs:
         cache = self.runner.cache
         splits = kernels.choose_num_splits(batch, cache.num_kv_heads, self.width * cache.block_size,
                                            kernels.multiprocessor_count(cache.device))
-        empty = torch.zeros(0, dtype=torch.long, device=cache.device)
         return StepMetadata(cache.k_pools, cache.v_pools, "kernel", self.slots[:batch], batch, self.tables[:batch],
-                            self.lens[:batch], empty, torch.zeros((1, 1, 0, 0), dtype=torch.bool, device=cache.device),
-                            num_splits=splits)
+                            self.lens[:batch], self.runner.group, num_splits=splits)
 
     @torch.inference_mode()
     def capture(self) -> None:

@@ -10,10 +10,15 @@ kvlab's choices, each one of several an engine could make:
 
 - **make room first**: while the decoding requests' next tokens need more blocks than are free,
   preempt the newest running request, by recompute (drop its blocks, prefill again later) or swap
-  (copy its blocks to host memory). The newest, as vLLM and nano-vllm do; it may be in the middle of
-  its prefill, since its blocks promise nothing (a hash is registered only once its K and V are
-  written). A request whose next token cannot fit in its memory at all (a full contiguous region)
-  is preempted itself, by recompute;
+  (copy its blocks to host memory). The newest, as vLLM and nano-vllm do. It may be in the middle of
+  its prefill: the block manager registers a hash only once its block's K and V are written, as
+  vLLM v1 caches only computed blocks, so dropping a half-prefilled request leaves no hash behind
+  (kvlab named blocks at admission before, and then had to protect prefilling requests). With prefix
+  caching on, a recomputed request's written full blocks stay cached when it is preempted, so its
+  readmission is served mostly from its own freed blocks and recomputes little; this is why vLLM v1
+  preempts by recompute only. Swap is kvlab's second mode, for comparison (notebook 05). A request
+  whose next token cannot fit in its memory at all (a full contiguous region) is preempted itself,
+  by recompute;
 - **swapped requests come back first**, oldest first, in a step that preempted nothing;
 - **decodes next**: one token for every decoding request;
 - **then prefill chunks**, first come first served, within ``max_batched_tokens`` tokens per step
@@ -23,7 +28,8 @@ kvlab's choices, each one of several an engine could make:
   free unless nothing else runs, so that a new request does not force a preemption at once.
 
 After the forward pass, :meth:`Scheduler.update` commits what was computed, appends the sampled
-tokens and frees the requests that are done.
+tokens and frees, in the same step, the requests that are done: those that reached their
+``max_new_tokens`` and those whose newest token is one of their stop tokens.
 """
 
 from __future__ import annotations
@@ -62,6 +68,8 @@ class SchedulerStats:
     preemptions: int = 0
     recomputed_tokens: int = 0  # computed tokens dropped by recompute preemptions (to prefill again)
     swapped_blocks: int = 0  # blocks copied to host memory (and later back) by swap preemptions
+    readmitted_tokens: int = 0  # tokens of requests readmitted after a recompute preemption
+    readmitted_cached: int = 0  # of which the prefix cache served (often the request's own freed blocks)
 
 
 class Scheduler:
@@ -120,9 +128,10 @@ class Scheduler:
             request.output.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
-            if request.done:
+            if request.done:  # its blocks go back in this step: a stop token frees them as early as possible
                 self.memory.free(request.seq)
                 request.seq, request.state, request.finish_time = None, "finished", now
+                request.finish_reason = "stop" if request.stopped else "length"
                 self.running.remove(request)
                 self.log(request, "finish", len(request.output))
                 finished.append(request)
@@ -207,6 +216,8 @@ class Scheduler:
                 self.log(request, "admit", cached)
             else:
                 cached = self.memory.resume(request.seq, unheld)
+                self.stats.readmitted_tokens += len(request.tokens)
+                self.stats.readmitted_cached += cached
                 self.log(request, "resume", "recompute")
             request.admitted_tokens += len(request.tokens)
             request.cached_tokens += cached

@@ -15,7 +15,10 @@ bound on memory traffic that caches can only lower. A decode step (``n = 1``) gi
 attention's figures, ``4 n_q d_h c`` FLOP over ``2 c n_kv d_h w`` cache bytes (KV Cache Memory Wall, 2026, Eqs. 1, 5).
 
 Pure Python: importable without torch. Dividing by a measured time gives FLOP/s and bytes/s, and
-those by the machine's matmul rate and copy bandwidth the fractions of its ceilings.
+those by the machine's matmul rate and copy bandwidth the fractions of its ceilings;
+:func:`attention_floor` gives the roofline's lower bound on an accelerator (Williams et al. 2009).
+With ``tokens_per_tile=1`` the same formulas give the cost of attending one query token at a time,
+each reading its whole context (a prefill run as decode rows).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvlab._checks import integer
+from kvlab.theory.specs import accelerator
 
 INDEX_BYTES = 4  # int32 block-table entries and lengths
 
@@ -96,3 +100,31 @@ def _chunks(query_lens, context_lens) -> list[tuple[int, int]]:
         n = integer(f"query_lens[{b}]", n, 0)
         chunks.append((n, integer(f"context_lens[{b}]", c, n)))
     return chunks
+
+
+@dataclass(frozen=True)
+class AttentionFloor:
+    """The roofline's floor of one launch: its FLOPs at the accelerator's bf16 rate and its bytes at its
+    HBM bandwidth; the launch takes at least the larger (Williams et al. 2009)."""
+
+    compute_s: float
+    memory_s: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.compute_s, self.memory_s)
+
+    @property
+    def bound(self) -> str:
+        """``"compute"`` or ``"memory"``: which ceiling sets the floor."""
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+def attention_floor(work: PrefillWork, hw, tiled: bool = True) -> AttentionFloor:
+    """The floor of ``work`` on ``hw`` (an ``Accelerator`` or its key in ``kvlab.theory.specs.SPECS``):
+    with ``tiled`` the bytes a query-tiled kernel requests (``tile_bytes``), else the compulsory ones."""
+    if not isinstance(work, PrefillWork):
+        raise TypeError(f"work must be a PrefillWork (from prefill_attention_work), got {type(work).__name__}")
+    hw = accelerator(hw)
+    nbytes = work.tile_bytes if tiled else work.bytes
+    return AttentionFloor(work.flops / hw.bf16_flops, nbytes / hw.hbm_bytes_per_s)

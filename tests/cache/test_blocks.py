@@ -568,3 +568,31 @@ TestManagerMachineBlockOne = ManagerMachineBlockOne.TestCase
 TestManagerMachineBlockOne.settings = _settings
 TestManagerMachineBlockThree = ManagerMachineBlockThree.TestCase
 TestManagerMachineBlockThree.settings = _settings
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 60), st.integers(0, 70), st.sampled_from([1, 2, 4, 16]), st.integers(0, 10_000))
+def test_reusable_tokens_is_what_the_block_manager_serves(length, first, block_size, seed):
+    """The block rule against the block manager: a cache holding a reference serves a variant that first
+    differs at ``first`` exactly ``reusable_tokens(first, ...)``, a partial block never, and never the
+    variant's last token."""
+    from kvlab.cache.blocks import reusable_tokens
+
+    rng = np.random.default_rng(seed)
+    reference = rng.integers(0, 1000, 80).tolist()
+    variant = reference[:length]
+    differs = first if first < length else None
+    if differs is not None:
+        variant[first] = (variant[first] + 1) % 1000
+    manager = BlockManager(num_blocks=128, block_size=block_size, prefix_caching=True)
+    seq, _ = manager.admit(reference)
+    manager.commit(seq, len(reference))
+    assert manager.lookup(variant) == reusable_tokens(differs, length, block_size)
+
+
+def test_reusable_tokens_refuses_bad_input():
+    from kvlab.cache.blocks import reusable_tokens
+
+    for args, match in [((-1, 10, 4), "first_difference"), ((None, 0, 4), "num_tokens"), ((None, 10, 0), "block_size")]:
+        with pytest.raises(ValueError, match=match):
+            reusable_tokens(*args)

@@ -1,11 +1,15 @@
-"""Notebook 11's measurements: the request trace, padded ``generate`` batches, and the engine against
-them on one trace (the tokens must agree; timings are never asserted)."""
+"""Notebook 11's measurements: the request trace and the chat requests, padded ``generate`` batches with
+stop tokens (what they carry), transformers' continuous batching, and the engine against all of them on
+one trace (the tokens must agree; timings are never asserted); the decisions the readings take from
+the work and pool models."""
 
 import pytest
 import torch
 
 import kvlab
-from kvlab.lab.engine import compare_with_generate, latency_throughput, make_requests, static_generate
+from kvlab.lab import engine as lab
+from kvlab.lab.engine import compare_serving, continuous_batching, latency_throughput, make_requests, static_generate
+from kvlab.serving.engine import Engine
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +28,57 @@ def test_make_requests_shares_system_prompts():
         make_requests(3, shared_fraction=2)
 
 
-def test_engine_and_padded_generate_agree(model):
+def test_padded_generate_counts_what_it_carries(model):
     prompts, news = make_requests(6, mean_prompt=8, mean_output=4, max_len=32, vocab=512, seed=2)
-    expected, done_at = static_generate(model, prompts, news, batch_size=3)
-    assert len(expected) == len(done_at) == 6 and [len(e) for e in expected] == news
-    result = compare_with_generate(model, prompts, news, max_batch=3, block_size=4)
-    assert result.same_tokens and result.generated_tokens == sum(news)
-    assert result.engine_metrics["requests"] == 6
+    free = static_generate(model, prompts, news, batch_size=3)
+    assert [len(o) for o in free.outputs] == news and len(free.done_at) == 6
+    batches = [news[:3], news[3:]]
+    assert free.decode_rows == sum(3 * (max(b) - 1) for b in batches)
+    assert free.carried_rows == sum(max(b) - n for b in batches for n in b)
+    assert free.forward_passes == sum(max(b) for b in batches)
+    widths = [max(len(p) for p in prompts[:3]), max(len(p) for p in prompts[3:])]
+    assert free.prefill_rows == 3 * sum(widths) and free.padding_tokens == free.prefill_rows - sum(map(len, prompts))
+    stop = {free.outputs[0][1]}  # request 0 now ends at its second token, the others wherever they meet it
+    stopped = static_generate(model, prompts, [max(news)] * 6, batch_size=3, stop=stop)
+    assert stopped.outputs[0] == free.outputs[0][:2]
+    assert all(o[-1] in stop or len(o) == max(news) for o in stopped.outputs)
+    engine = Engine(model, num_blocks=64, block_size=4, max_batch=3, eos_token_id=None)
+    assert engine.generate(prompts, [max(news)] * 6, stop=stop) == stopped.outputs
+
+
+@pytest.mark.parametrize("sharing", [True, False])
+def test_transformers_continuous_batching_gives_the_engines_tokens(model, sharing):
+    prompts, news = make_requests(5, mean_prompt=8, mean_output=4, max_len=32, shared_fraction=1.0, shared_len=8,
+                                  vocab=512, seed=4)
+    stop = {7, 11}
+    expected = Engine(model, num_blocks=64, block_size=4, eos_token_id=None).generate(prompts, news, stop=stop)
+    attn = model.config._attn_implementation
+    assert continuous_batching(model, prompts, news, stop, block_size=4, num_blocks=64, max_batch_tokens=64,
+                               block_sharing=sharing, max_requests=4) == expected
+    assert model.config._attn_implementation == attn
+
+
+def test_compare_serving_checks_tokens_and_times_every_contender(model):
+    prompts, news = make_requests(6, mean_prompt=8, mean_output=4, max_len=32, vocab=512, seed=2)
+    result = compare_serving(model, prompts, news, max_batch=3, block_size=4, reps=2)
+    assert all(result.same_tokens.values()) and set(result.seconds) == set(lab.CONTENDERS)
+    assert all(len(s) == 2 for s in result.seconds.values()) and result.generated_tokens == sum(news)
+    assert result.engine_metrics[lab.ENGINE]["requests"] == 6 and result.speedup(lab.ENGINE, lab.GENERATE).median > 0
+    rows = lab.peer_rows(result, "here")
+    assert rows[0].unit == "bool" and any("target >= 1.5" in r.note for r in rows)
+    with pytest.raises(ValueError, match="contenders"):
+        compare_serving(model, prompts, news, contenders=(lab.ENGINE,))
     points = latency_throughput(model, prompts, news, batches=(1, 3), block_size=4)
     assert [p.max_batch for p in points] == [1, 3] and all(p.tokens_per_s > 0 for p in points)
+
+
+def test_the_models_behind_the_readings():
+    assert lab.speedup_verdict(1.0, 1.0, 2.0) == "within"
+    low, high, tol = 1.2, 1.6, lab.SPEEDUP_TOLERANCE
+    assert [lab.speedup_verdict(f, low, high) for f in (0.9 * low / tol, 1.1 * low / tol, 0.9 * high * tol,
+                                                        1.1 * high * tol)] == ["below", "within", "within", "above"]
+    with pytest.raises(ValueError):
+        lab.speedup_verdict(1.0, 2.0, 1.0)
+    points = [lab.CurvePoint(1, 10.0, 0.1, 1.0, 0, 0.0), lab.CurvePoint(4, 30.0, 0.13, 3.5, 0, 0.0)]
+    assert lab.flat_step_prediction(points) == pytest.approx(35.0)
+    assert lab.batch_bound(3.0, 4) == ("pool", 3.0) and lab.batch_bound(4.0, 4) == ("max_batch", 4.0)

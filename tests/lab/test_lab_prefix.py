@@ -96,3 +96,40 @@ def test_compute_shape_leaves_out_embeddings(llama):
     matrices = sum(p.numel() for n, p in llama.named_parameters() if p.dim() == 2 and "embed" not in n
                    and "lm_head" not in n)
     assert shape.params == matrices
+
+
+def test_prefix_reuse_against_transformers_copied_cache(llama):
+    from kvlab.lab import prefix_reuse as lab
+
+    gen = torch.Generator().manual_seed(2)
+    head = torch.randint(0, 512, (37,), generator=gen).tolist()
+    prompts = [head + torch.randint(0, 512, (n,), generator=gen).tolist() for n in (5, 9, 1)]
+    assert lab.shared_prefix(prompts) == 37
+    result = lab.compare_prefix_reuse(llama, prompts, block_size=8, reps=2)
+    assert result.same_first_tokens and result.shared == 37 and result.cached == [32, 32, 32]
+    assert all(len(s) == 2 for s in result.seconds.values()) and set(result.seconds) == set(lab.REUSE_CONTENDERS)
+    assert result.hit_rate == pytest.approx(96 / sum(map(len, prompts)))
+    median, low, high = result.speedup(lab.KVLAB_CACHED, lab.HF_REUSED)
+    assert low <= median <= high
+    with pytest.raises(ValueError, match="less than one block"):
+        lab.compare_prefix_reuse(llama, [[1, 2, 3], [1, 2, 4]], block_size=8)
+    with pytest.raises(ValueError, match="at least two"):
+        lab.compare_prefix_reuse(llama, [head], block_size=8)
+
+
+def test_the_models_behind_the_readings():
+    from kvlab.lab import prefix as lab
+    from kvlab.theory.shapes import SHAPES
+
+    tol = lab.TTFT_TOLERANCE
+    assert [lab.against_prediction(f, 1.0) for f in (0.9 / tol, 1.1 / tol, 0.9 * tol, 1.1 * tol)] == [
+        "below", "within", "within", "above"]
+    saving = lab.ttft_saving(1.0, 0.2, 0.9, 0.1)  # measured = 0.1 s + 1.0 x predicted through both points
+    assert saving.measured == pytest.approx(5.0) and saving.predicted == pytest.approx(9.0)
+    assert saving.fixed_s == pytest.approx(0.1) and saving.verdict == "below"
+    assert lab.decode_steps_agree(1.0, 0.9 * lab.DECODE_TOLERANCE) and not lab.decode_steps_agree(1.0, 1.2)
+    m = lab.POLICY_MARGIN
+    assert [lab.policy_winner(0.5 + g, 0.5) for g in (1.1 * m, 0.9 * m, -1.1 * m)] == ["lru", "tie", "reserve"]
+    cost = lab.prefill_attention_cost(SHAPES["llama-3-8b"], "h100-sxm", [512, 1], [4096, 300])
+    assert cost.tokens_per_tile == 64 // 4 and cost.layers == 32
+    assert cost.rows.tile_bytes > cost.kernel.tile_bytes > cost.kernel.bytes and cost.rows.flops == cost.kernel.flops

@@ -1,6 +1,9 @@
 """The one attention function and its per-step metadata (notebooks 05, 06, 11), without a model: a
 step that mixes a decode token, a prefill chunk that continues a sequence and a fresh prefill, through
-each path, against fp64 attention written from the definition; and the step checks."""
+each path, against fp64 attention written from the definition; the kernel path (the paged decode and
+prefill kernels, interpreted on a CPU) against the reference path on mixed steps in fp32 and fp16,
+GQA groups 1, 4 and 8, chunks that start and end inside a block, and an empty cached prefix; and the
+step checks."""
 
 import types
 
@@ -53,7 +56,7 @@ def test_a_mixed_step_matches_fp64_attention_and_stores_every_token(path):
     total = sum(n for _, n in chunks)
     q = torch.randn(total, HEADS, DIM, generator=gen)
     k, v = torch.randn(total, KV_HEADS, DIM, generator=gen), torch.randn(total, KV_HEADS, DIM, generator=gen)
-    meta = build_step(cache, chunks, path)
+    meta = build_step(cache, chunks, path, group=HEADS // KV_HEADS)
     assert meta.num_decode == 1 and meta.slots.shape == (total,)
     out, none = paged_attention(types.SimpleNamespace(layer_idx=0), q.transpose(0, 1)[None],
                                 k.transpose(0, 1)[None], v.transpose(0, 1)[None], None, scaling=0.3, kvlab_step=meta)
@@ -91,3 +94,54 @@ def test_the_step_is_checked_once_and_names_the_problem():
 def test_the_attention_function_needs_its_metadata():
     with pytest.raises(ValueError, match="needs the kvlab_step= keyword"):
         paged_attention(types.SimpleNamespace(layer_idx=0), None, None, None, None)
+
+
+def _mixed_cache(dtype, group, seed):
+    """Five sequences in blocks of 4: two decoding (9 and 4 tokens written), one continuing its prefill
+    from token 6 to 11 (a chunk that starts and ends inside a block), one with nothing cached (an empty
+    prefix, 7 new tokens) and one with a long cached prefix and a 3-token chunk (13 -> 16)."""
+    gen = torch.Generator().manual_seed(seed)
+    cache = PagedKVCache(1, 40, BLOCK, KV_HEADS, DIM, dtype, "cpu", store=store_kv_ref)
+    chunks = []
+    for written, new in ((9, 1), (4, 1), (6, 5), (0, 7), (13, 3)):
+        seq = cache.new_sequence()
+        if written:
+            k = torch.randn(written, KV_HEADS, DIM, generator=gen).to(dtype)
+            cache.append(seq, 0, k, torch.randn(written, KV_HEADS, DIM, generator=gen).to(dtype))
+        cache.reserve(seq, [1] * new)
+        chunks.append((seq, new))
+    total = sum(n for _, n in chunks)
+    q = torch.randn(total, group * KV_HEADS, DIM, generator=gen).to(dtype)
+    k, v = (torch.randn(total, KV_HEADS, DIM, generator=gen).to(dtype) for _ in range(2))
+    return cache, chunks, q, k, v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_the_kernel_path_equals_the_reference_on_a_mixed_step(dtype, group):
+    """Decode rows through the decode kernel and every longer chunk through the paged prefill kernel, in
+    one step, against the fp64 reference path on the same cache."""
+    cache, chunks, q, k, v = _mixed_cache(dtype, group, seed=group)
+    outputs = {}
+    for path in ("reference", "kernel"):  # both store the same K and V at the same slots
+        meta = build_step(cache, chunks, path, group=group)
+        out, _ = paged_attention(types.SimpleNamespace(layer_idx=0), q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                 v.transpose(0, 1)[None], None, scaling=DIM ** -0.5, kvlab_step=meta)
+        outputs[path] = out[0]
+    kernel_meta = build_step(cache, chunks, "kernel", group=group)
+    assert kernel_meta.num_decode == 2 and kernel_meta.cu_query_lens.tolist() == [0, 5, 12, 15]
+    assert kernel_meta.context_lens.tolist() == [11, 7, 16] and kernel_meta.tiles.shape[1] == 2
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-3
+    assert outputs["kernel"].dtype == dtype
+    torch.testing.assert_close(outputs["kernel"].float(), outputs["reference"].float(), atol=tolerance, rtol=tolerance)
+
+
+def test_a_step_built_for_another_group_is_refused():
+    cache, chunks, q, k, v = _mixed_cache(torch.float32, 4, seed=0)
+    meta = build_step(cache, chunks, "kernel", group=2)
+    with pytest.raises(ValueError, match="built for 2 query head"):
+        paged_attention(types.SimpleNamespace(layer_idx=0), q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                        v.transpose(0, 1)[None], None, kvlab_step=meta)
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="group"):
+            build_step(cache, chunks, "gather", group=bad)

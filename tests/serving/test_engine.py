@@ -314,3 +314,67 @@ def test_cuda_graph_decode_matches_generate(monkeypatch):
                                                                                              device="cuda"),
                                max_new_tokens=n, do_sample=False)[0, len(p):].tolist() for p, n in zip(prompts, news)]
     assert out == expected and replays
+
+
+# --------------------------------------------------------------------------- stop tokens
+
+
+def _generate_until(model, prompt, new, stop):
+    """``generate``'s greedy tokens for one prompt, ending at the first of ``stop`` (kept)."""
+    model.set_attn_implementation("sdpa")
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                         eos_token_id=list(stop), pad_token_id=0)[0, len(prompt):].tolist()
+    return out[:next((i + 1 for i, t in enumerate(out) if t in stop), len(out))]
+
+
+def test_stop_tokens_end_requests_at_different_steps_and_free_their_blocks_in_that_step():
+    """Each request's stop ids are the first token it would emit at some later step, so the requests
+    end at different steps by a stop token, one by its length; a stopped request's blocks are back
+    in the step whose token stopped it."""
+    model = _model("llama")
+    prompts, _ = _trace(5, 4, n=4)
+    free_running = [_generate_one(model, p, 10) for p in prompts]
+    stops = [[out[k]] for out, k in zip(free_running, (2, 5, 8, 0))]
+    stops[3] = [VOCAB - 1] if VOCAB - 1 not in free_running[3] else [free_running[3][9]]  # never (or last) emitted
+    engine = Engine(model, num_blocks=40, block_size=4, max_batch=4, debug=True, eos_token_id=None)
+    requests = [engine.add_request(p, 10, stop=s) for p, s in zip(prompts, stops)]
+    while engine.has_work():
+        held = {r.id: r.seq for r in requests if r.seq is not None}
+        for request in engine.step():  # freed in the step it stopped: the cache no longer holds its sequence
+            assert request.seq is None and held.get(request.id) not in engine.cache.sequences()
+        assert sorted(engine.cache.sequences()) == sorted(r.seq for r in requests if r.seq is not None)
+    for request, prompt, stop in zip(requests, prompts, stops):
+        assert request.output == _generate_until(model, prompt, 10, stop)
+        assert request.finish_reason == ("stop" if request.output[-1] in stop else "length")
+    finishing = {e.step for e in engine.events if e.kind == "finish"}
+    assert len(finishing) >= 3 and engine.metrics()["stopped"] >= 3
+    assert engine.all_blocks_free_or_cached()
+
+
+def test_the_engine_stops_where_generate_does_by_default():
+    """``eos_token_id="auto"`` is the model's ``generation_config.eos_token_id``, the ids generate uses."""
+    model = _model("llama")
+    prompt = _trace(6, 4, n=2)[0][0]
+    first = _generate_one(model, prompt, 6)
+    model.generation_config.eos_token_id = first[3]
+    try:
+        assert Engine(model, num_blocks=16, block_size=4).generate([prompt], 6) == [first[:4]]
+        assert Engine(model, num_blocks=16, block_size=4, eos_token_id=None).generate([prompt], 6) == [first]
+    finally:
+        model.generation_config.eos_token_id = None
+
+
+def test_bad_stop_tokens_are_refused_before_anything_is_queued():
+    model = _model("llama")
+    for kwargs, match in [(dict(eos_token_id=VOCAB), "eos_token_id"), (dict(eos_token_id="end"), "eos_token_id"),
+                          (dict(eos_token_id=[1, -1]), r"eos_token_id\[1\]")]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            Engine(model, num_blocks=4, block_size=4, **kwargs)
+    engine = Engine(model, num_blocks=4, block_size=4)
+    for stop, match in [([1.5], r"stop\[0\]"), (VOCAB, "stop"), (["a"], r"stop\[0\]")]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            engine.add_request([1, 2], 2, stop=stop)
+        with pytest.raises((ValueError, TypeError), match=match):
+            engine.generate([[1, 2]], 2, stop=stop)
+    assert not engine.requests and not engine.events

@@ -230,16 +230,36 @@ def test_margins_table_seed_against_exposed():
 
 
 def test_prefix_caching_and_engine_solutions():
-    assert "As predicted" in folded(ex.prefix_whole_blocks(64, 16, 48), 1)
-    assert "not the predicted count" in ex.prefix_whole_blocks(64, 16, 32)
-    hit = {("lru", 1): 0.74, ("lru", 8): 0.39, ("reserve", 1): 0.66, ("reserve", 8): 0.24}
+    from kvlab.cache.blocks import reusable_tokens
+    from kvlab.lab import engine as lab_engine
+    from kvlab.lab import prefix as lab_prefix
+
+    served = reusable_tokens(None, 64, 16)  # the block rule's prediction
+    assert "As predicted" in folded(ex.prefix_whole_blocks(64, 16, served), 1)
+    assert "not the predicted count" in ex.prefix_whole_blocks(64, 16, served - 16)
+    m = lab_prefix.POLICY_MARGIN  # which policy kept more, either side of the replay's margin
+    hit = {("lru", 1): 0.74, ("lru", 8): 0.39, ("reserve", 1): 0.66, ("reserve", 8): 0.31 - 1.1 * m}
     assert "**reserve** lost more" in folded(ex.prefix_system_prompts(16, 32, hit), 2)
-    hit_lru = {("lru", 1): 0.74, ("lru", 8): 0.2, ("reserve", 1): 0.66, ("reserve", 8): 0.5}
-    assert "Here LRU lost more" in ex.prefix_system_prompts(16, 32, hit_lru)
-    assert "Close to the line" in folded(ex.prefix_ninety(256, 16, 224, 0.037, 0.044, 0.186), 3)
-    assert "fixed cost of a forward pass" in ex.prefix_ninety(256, 16, 224, 0.037, 0.09, 0.186)
-    assert "as predicted" in folded(ex.engine_half_pool(1.7, 8, 1.2, 1), 1)
-    assert "short requests take less" in ex.engine_half_pool(1.7, 8, 3.0, 0)
+    hit_lru = {("lru", 1): 0.74, ("lru", 8): 0.2, ("reserve", 1): 0.66, ("reserve", 8): 0.12 + 1.1 * m}
+    assert "Here **LRU** lost more" in ex.prefix_system_prompts(16, 32, hit_lru)
+    tie = {("lru", 1): 0.74, ("lru", 8): 0.39, ("reserve", 1): 0.66, ("reserve", 8): 0.31 - 0.9 * m}
+    assert "about the same" in ex.prefix_system_prompts(16, 32, tie)
+    tol = lab_prefix.TTFT_TOLERANCE
+    assert "Close to the line" in folded(ex.prefix_ninety(256, 16, 224, 0.04, 0.04 * 0.9 * tol, 0.186), 3)
+    assert "fixed cost of a forward pass" in ex.prefix_ninety(256, 16, 224, 0.04, 0.04 * 1.1 * tol, 0.186)
+    assert "Below the line" in ex.prefix_ninety(256, 16, 224, 0.04, 0.04 * 0.9 / tol, 0.186)
+    capacity, tol = 1.7, ex.engine.CAPACITY_TOLERANCE  # the pool binds (capacity < max_batch)
+    assert lab_engine.batch_bound(capacity, 8)[0] == "pool"
+    assert "as predicted" in folded(ex.engine_half_pool(capacity, 8, 0.9 * tol * capacity, 1), 1)
+    assert "short requests take less" in ex.engine_half_pool(capacity, 8, 1.1 * tol * capacity, 0)
+    assert "still more than `max_batch` 1" in ex.engine_half_pool(capacity, 1, 1.0, 0)
+    recompute = dict(preempted=[(9, 2, "recompute")], steps=20, readmitted_tokens=17, readmitted_cached=16)
+    swap = dict(preempted=[(9, 2, "swap")], steps=19, swapped_blocks=4, same_tokens=True)
+    t = folded(ex.engine_swap(recompute, swap), 3)
+    assert "16 of the 17 tokens" in t and "computed 1 again" in t and "preempted once" in t and "four blocks" in t
+    assert "the same either way" in t
+    assert "happened not to preempt" in ex.engine_swap(recompute, dict(swap, preempted=[]))
+
 
 
 def test_long_context_trained_solution():

@@ -7,7 +7,7 @@ from kvlab.show.readings.exercises.folded import GLOSSARY, count, solution
 from kvlab.show.readings.exercises.cache_reuse import cache_reuse_doubling, cache_reuse_warm
 from kvlab.show.readings.exercises.decode_loop import decode_loop_gqa, decode_loop_window, decode_loop_static
 from kvlab.show.readings.exercises.diagnosis import diagnosis_batch, diagnosis_gqa, diagnosis_naive_ridge
-from kvlab.show.readings.exercises.engine import engine_half_pool
+from kvlab.show.readings.exercises.engine import engine_half_pool, engine_swap
 from kvlab.show.readings.exercises.gemv import gemv_big_product, gemv_h200_batch, gemv_attention_ridge
 from kvlab.show.readings.exercises.kv_layout import kv_layout_batch, kv_layout_block1, kv_layout_cat
 from kvlab.show.readings.exercises.long_context import (
