@@ -137,8 +137,12 @@ def test_ssm_solutions():
 def test_long_context_solutions_and_kivi_reading():
     from kvlab.show.readings import capacity
 
-    assert "Both as predicted" in folded(ex.long_context_onset(4, 32, 37, 37), 1)
-    assert "Not where predicted" in ex.long_context_onset(4, 32, 38, 37)
+    from kvlab.theory.long_context import first_eviction
+
+    onset = first_eviction(4, 60)
+    assert "Both as predicted" in folded(ex.long_context_onset(4, 64, onset, onset, 512), 1)
+    assert f"**$t$ = {onset}**" in ex.long_context_onset(4, 64, onset, onset, 512)
+    assert "Not where predicted" in ex.long_context_onset(4, 64, onset + 1, onset, 512)
     flat = {"per-channel keys": {"rms": 0.394}, "per-token keys": {"rms": 0.409}}
     t = folded(ex.long_context_outliers(flat, {"per-channel keys": 0.82, "per-token keys": 0.66}), 2)
     assert "Per-token wins, as predicted" in t
@@ -198,11 +202,24 @@ def test_prefix_caching_and_engine_solutions():
     assert "short requests take less" in ex.engine_half_pool(1.7, 8, 3.0, 0)
 
 
-def test_long_context_trained_solution():
-    t = folded(ex.long_context_trained(0.8, 0.004, 3.10, 3.09, 64, 0.30, 0.10, (64, 128)), 5)
-    assert "has a sink head" in t and "closer with the larger window" in t
-    t = ex.long_context_trained(0.01, 0.004, 3.10, 3.09, 64, 0.10, 0.30, (64, 128))
-    assert "no head sinks" in t and "not closer" in t
+def test_long_context_sinks_solution():
+    import statistics
+
+    from kvlab.theory import long_context as lc
+
+    noise = [0.3, -0.1, 0.2, -0.4, 0.0, 0.1]
+    centred = [d - statistics.fmean(noise) for d in noise]
+    half = lc.paired_spread([0.0] * 6, centred).half_width
+
+    def spread(scale):  # mean = scale x the half width: resolved beyond +-1
+        return lc.paired_spread([0.0] * 6, [d + scale * half for d in centred])
+
+    t = folded(ex.long_context_sinks(40, 270, spread(0.9), 0, spread(0.9), 64), 5)
+    assert "40 sink heads of 270" in t and "within the noise, as predicted" in t and "no gain beyond the noise, as predicted" in t
+    t = ex.long_context_sinks(40, 270, spread(-1.1), 0, spread(1.1), 64)
+    assert "four are better" in t and "a real gain, although no head meets" in t
+    t = ex.long_context_sinks(0, 270, spread(1.1), 2, spread(0.9), 64)
+    assert "no sink head of its 270" in t and "four are worse" in t and "although it has sink heads" in t
 
 
 def test_diagnosis_solutions():
