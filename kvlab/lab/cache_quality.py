@@ -178,7 +178,7 @@ def fewer_entries(model, tokens: torch.Tensor, ranks, kv_heads=(1,)) -> list[dic
 
     Returns one dict per cache, the full cache first: ``name``, ``bytes_per_token`` (keys and values
     of every layer, in the model's dtype), ``ppl``, ``kl`` (mean KL of the next-token distribution
-    from the full cache's, nats) and ``nll [n - 1]`` (the loss at every position).
+    from the full cache's, nats, in fp64 and clipped at 0) and ``nll [n - 1]`` (the loss at every position).
     """
     ids = tokens.reshape(1, -1).to(model.device)
     if ids.shape[1] < 2:
@@ -188,13 +188,13 @@ def fewer_entries(model, tokens: torch.Tensor, ranks, kv_heads=(1,)) -> list[dic
     targets = ids[0, 1:, None]
 
     def scored(name, nbytes, logits):
-        lp = torch.log_softmax(logits[0, :-1].float(), -1)
+        lp = torch.log_softmax(logits[0, :-1].double(), -1)
         nll = -lp.gather(1, targets)[:, 0]
         return {"name": name, "bytes_per_token": nbytes, "ppl": float(nll.double().mean().exp()),
-                "kl": float(kl_divergence(ref, lp).mean()), "nll": nll.cpu()}
+                "kl": max(0.0, float(kl_divergence(ref, lp).mean())), "nll": nll.float().cpu()}  # KL >= 0: clip rounding
 
     full_logits = model(ids).logits
-    ref = torch.log_softmax(full_logits[0, :-1].float(), -1)
+    ref = torch.log_softmax(full_logits[0, :-1].double(), -1)
     rows = [scored("full cache", shape.kv_bytes_per_token(element), full_logits)]
     for heads in kv_heads:
         pooled = gqa_from_mha(model, heads)

@@ -106,10 +106,17 @@ def test_fewer_reading_table_and_both_outcomes():
             dict(name="latent, rank 384", bytes_per_token=23040, ppl=20.0, kl=2e-7)]
     names = ("GQA, 1 KV head (pooled)", "latent, rank 128")
     better = no_roles(r.fewer_reading(rows, RESOLVED_DOWN, *names))
-    assert "the latent, rank 128 cache is better" in better and "| latent, rank 384 | 23,040 | 20.0 | 2e-07 |" in better
+    assert "the latent cache is better" in better and "| latent, rank 384 | 23,040 | 20.0 | 2e-07 |" in better
     assert "rank 384: KL 2.0e-07" in better
-    assert "the GQA, 1 KV head (pooled) cache is better" in r.fewer_reading(rows, RESOLVED_UP, *names)
+    assert "the pooled GQA cache is better" in r.fewer_reading(rows, RESOLVED_UP, *names)
     assert "within the noise" in r.fewer_reading(rows, NOISY, *names)
+
+
+def test_spread_text_shows_a_narrow_interval_with_more_decimals():
+    narrow = lc.Spread(mean=-0.0004, half_width=0.012, n=13, smallest=-0.02, largest=0.02)
+    assert r.spread_text(narrow, "blocks") == "-0.000 nats per token (95% interval -0.012 to +0.012 over 13 blocks)".replace(
+        "-0.000", "±0.000")
+    assert r.spread_text(RESOLVED_UP, "windows").startswith(f"+{RESOLVED_UP.mean:.2f} nats")
 
 
 def test_rerotation_and_kivi_readings_quote_their_numbers():

@@ -9,14 +9,29 @@ that contradicts the literature says what was expected, what was measured and th
 
 from __future__ import annotations
 
+import math
+
 from kvlab.show.format import si
 from kvlab.theory import long_context as rules
 from kvlab.theory.cache_sizes import ROUNDING_TOLERANCE, rounding_explains
 
 
+def _decimals(half_width: float) -> int:
+    """Enough decimals to show a 95% half width to two significant figures (at least 2)."""
+    return 2 if half_width <= 0 or half_width >= 0.1 else 1 - math.floor(math.log10(half_width))
+
+
+def _signed(x: float, decimals: int) -> str:
+    text = f"{x:+.{decimals}f}"
+    return "±" + text[1:] if float(text) == 0 else text  # no "-0.00"
+
+
 def spread_text(sp: rules.Spread, pieces: str) -> str:
-    """``"+0.29 nats per token (95% interval +0.18 to +0.40 over 13 blocks of 32 positions)"``."""
-    return f"{sp.mean:+.2f} nats per token (95% interval {sp.low:+.2f} to {sp.high:+.2f} over {sp.n} {pieces})"
+    """``"+0.29 nats per token (95% interval +0.18 to +0.40 over 13 blocks of positions)"``, with more
+    decimals when the interval is narrow."""
+    d = _decimals(sp.half_width)
+    return (f"{_signed(sp.mean, d)} nats per token (95% interval {_signed(sp.low, d)} to {_signed(sp.high, d)} "
+            f"over {sp.n} {pieces})")
 
 
 def _ranges(numbers) -> str:
@@ -220,11 +235,12 @@ def fewer_reading(rows: list, same_bytes: rules.Spread, gqa: str, latent: str) -
     text = (f"The full cache stores {full['bytes_per_token']:,.0f} bytes per token and scores {full['ppl']:.1f}. "
             f"Pooling the KV heads ({gqa}, {g['bytes_per_token']:,.0f} bytes) raises the perplexity to "
             f"{g['ppl']:,.0f}; the latent of the same size ({latent}) gives {lat['ppl']:,.0f}. ")
+    gap = f"the latent's loss minus the pooled cache's is {spread_text(same_bytes, 'blocks of positions')}"
     if same_bytes.resolved:
-        better = latent if same_bytes.mean < 0 else gqa
-        text += f"At equal bytes the {better} cache is better, by {spread_text(same_bytes, 'blocks of positions')}. "
+        better = "latent" if same_bytes.mean < 0 else "pooled GQA"
+        text += f"At equal bytes the {better} cache is better: {gap}. "
     else:
-        text += f"At equal bytes the two differ by {spread_text(same_bytes, 'blocks of positions')}, within the noise. "
+        text += f"At equal bytes the two are within the noise of each other: {gap}. "
     text += (f"The latent's error falls with its rank and is rounding at full rank (rank {latents[-1]['name'].split()[-1]}: "
              f"KL {latents[-1]['kl']:.1e} nats). Neither was trained for this: GQA models are uptrained after pooling "
              "([Ainslie et al. 2023](../book/references.md)) and DeepSeek-V2 trains its latent from the start "
