@@ -11,8 +11,8 @@ baseline (Xiao et al. 2024), a window recomputed from scratch for every token, a
 
 ``streaming_sweep`` is StreamingLLM's experiment at one cache budget (the full cache, 0 to 8 sinks
 beside the window, both position conventions, the recomputed window); ``compare`` gives the loss
-difference of two caches with its spread over blocks of positions; ``streaming_rows`` are its
-bench rows on the pretrained model.
+difference of two caches with its spread over blocks of positions
+(``kvlab.lab.cache_quality.streaming_rows`` turns a sweep into bench rows).
 """
 
 from __future__ import annotations
@@ -274,32 +274,3 @@ def compare(a: torch.Tensor, b: torch.Tensor, block: int):
         raise ValueError(f"a and b must cover the same positions, got {tuple(a.shape)} and {tuple(b.shape)}")
     return paired_spread(block_means(a.tolist(), block), block_means(b.tolist(), block))
 
-
-def streaming_rows() -> list:
-    """Bench rows for section 9.7: perplexity of the held-out King James text through the full cache,
-    the window alone, 4 sinks plus the window and the recomputed window, on SmolLM2-135M-Instruct
-    (Q4_1-dequantized). CPU: 512 tokens, a 64-token cache. GPU: 2,048 tokens, a 256-token cache."""
-    from kvlab.devices import on_gpu
-    from kvlab.lab.bench import Row
-    from kvlab.lab.pretrained import pretrained_model
-    from kvlab.lab.trained import heldout_ids
-
-    n, budget = (2048, 256) if on_gpu() else (512, 64)
-    try:
-        model, tokenizer = pretrained_model(attn_implementation="eager")
-    except (ModuleNotFoundError, FileNotFoundError) as e:
-        return [Row("streaming perplexity", float("nan"), "", f"not run: {e}")]
-    tokens = heldout_ids(tokenizer)[0, :n]
-    sweep = streaming_sweep(model, tokens, budget, sinks=(0, 4), recompute_stride=16)
-    where = f"SmolLM2-135M-Instruct (Q4_1), {n:,} KJV tokens, cache {budget}, t >= {budget}"
-    at = sweep.recompute_positions
-    rows = [Row("perplexity, full cache", sweep.perplexity(sweep.full), "", where),
-            Row("perplexity, window alone", sweep.perplexity(sweep.bounded[0, "cache"]), "", where),
-            Row("perplexity, 4 sinks + window", sweep.perplexity(sweep.bounded[4, "cache"]), "", where),
-            Row("perplexity, 4 sinks + window, original positions", sweep.perplexity(sweep.bounded[4, "original"]),
-                "", where),
-            Row("perplexity, recomputed window", float(sweep.recompute.double().mean().exp()), "",
-                f"every 16th position t >= {budget}"),
-            Row("perplexity, 4 sinks + window, same positions", sweep.perplexity(sweep.bounded[4, "cache"], at), "",
-                f"every 16th position t >= {budget}")]
-    return rows
