@@ -4,6 +4,9 @@ Pure Python. Each reading of page 08 that decides between outcomes calls one of 
 puts numbers on both sides of the boundary computed with the same function.
 
 - ``first_eviction``: the first position whose prediction a bounded cache can change;
+- ``unseen_distances``: whether keys at their original positions meet a query at a distance the model
+  never trained on; ``same_up_to_rounding``: whether two runs that RoPE says are equal agree to fp32
+  rounding;
 - ``uniform_share``: the share of attention the first tokens would get if every query spread its
   attention evenly over the keys it sees, the baseline a sink is measured against;
 - ``sink_threshold`` and ``sink_heads``: the page's one definition of an attention sink (Xiao et al.
@@ -54,6 +57,25 @@ def first_eviction(num_sink: int, window: int) -> int:
     integer("num_sink", num_sink, 0)
     integer("window", window, 1)
     return num_sink + window
+
+
+ROUNDING_GAP = 1e-3  # largest log-probability difference of two fp32 runs that are equal in exact arithmetic
+
+
+def unseen_distances(tokens: int, context: int) -> bool:
+    """True when a stream of ``tokens`` holds a query-key distance the model never trained on: with keys
+    at their original positions the largest distance is tokens - 1, and training on windows of
+    ``context`` tokens covers distances up to context - 1."""
+    integer("tokens", tokens, 1)
+    integer("context", context, 1)
+    return tokens - 1 > context - 1
+
+
+def same_up_to_rounding(gap: float) -> bool:
+    """True when the largest log-probability difference ``gap`` of two runs is fp32 rounding
+    (at most ``ROUNDING_GAP``): what RoPE's relative positions predict for two conventions that keep
+    every distance."""
+    return abs(float(gap)) <= ROUNDING_GAP
 
 
 def sink_threshold(uniform: float) -> float:

@@ -149,8 +149,11 @@ def test_long_context_solutions_and_kivi_reading():
     assert "Per-channel still wins" in ex.long_context_outliers(flat, {"per-channel keys": 0.5, "per-token keys": 0.66})
     assert "Exactly the prediction" in folded(ex.long_context_kivi_bytes(4, 0, 100_000, 100_000, 260_000), 3)
     assert "check the group size" in ex.long_context_kivi_bytes(4, 0, 100_000, 120_000, 260_000)
-    assert "the same outputs" in folded(ex.long_context_conventions(9.5e-7, 0.074), 4)
-    assert "more than rounding" in ex.long_context_conventions(0.01, 0.074)
+    from kvlab.theory.long_context import ROUNDING_GAP
+
+    assert "the same outputs" in folded(ex.long_context_conventions(0.9 * ROUNDING_GAP, 0.074), 4)
+    assert "more than rounding" not in ex.long_context_conventions(0.9 * ROUNDING_GAP, 0.074)
+    assert "more than rounding" in ex.long_context_conventions(1.1 * ROUNDING_GAP, 0.074)
     k = capacity.kivi_residual_reading(127, 32, 32, 2, 1024, 4, 4, held=127 * 1024 * 4 / 1.8)
     assert "Why only 1.8 times?" in k and "**63 stay in full precision**" in k and "31 newer ones" in k
 

@@ -73,13 +73,15 @@ def test_stream_reading_both_outcomes():
 
 def test_sink_count_reading_both_outcomes():
     ppl = {0: 60.0, 1: 22.0, 4: 22.1}
-    four_better = no_roles(r.sink_count_reading(64, ppl, RESOLVED_DOWN, NOISY, 512, 8192, 4))
-    assert "Four sinks beat one" in four_better and "as expected while the 512-token stream" in four_better
-    four_worse = r.sink_count_reading(64, ppl, RESOLVED_UP, RESOLVED_UP, 512, 8192, 4)
+    context = 8192
+    inside, beyond = int(0.9 * context), int(1.1 * context)  # either side of lc.unseen_distances
+    four_better = no_roles(r.sink_count_reading(64, ppl, RESOLVED_DOWN, NOISY, inside, context, 4))
+    assert "Four sinks beat one" in four_better and f"as expected while the {inside}-token stream" in four_better
+    four_worse = r.sink_count_reading(64, ppl, RESOLVED_UP, RESOLVED_UP, inside, context, 4)
     assert "Four sinks are worse than one" in four_worse and "although no distance here exceeds" in four_worse
-    same = r.sink_count_reading(64, ppl, NOISY, RESOLVED_UP, 10_000, 8192, 4)
+    same = r.sink_count_reading(64, ppl, NOISY, RESOLVED_UP, beyond, context, 4)
     assert "cannot tell one from four" in same and "only the in-cache positions" in same
-    assert "sinks' large distances did not matter" in r.sink_count_reading(64, ppl, NOISY, NOISY, 10_000, 8192, 4)
+    assert "sinks' large distances did not matter" in r.sink_count_reading(64, ppl, NOISY, NOISY, beyond, context, 4)
 
 
 def test_channel_reading_takes_the_outlier_rule():

@@ -21,6 +21,19 @@ def test_first_eviction_is_the_cache_size():
         lc.first_eviction(4, 0)
 
 
+def test_unseen_distances_past_the_training_context():
+    context = 8192
+    assert not lc.unseen_distances(context, context) and lc.unseen_distances(context + 1, context)
+    assert not lc.unseen_distances(int(0.9 * context), context) and lc.unseen_distances(int(1.1 * context), context)
+    with pytest.raises(ValueError, match="context"):
+        lc.unseen_distances(10, 0)
+
+
+def test_same_up_to_rounding_at_its_gap():
+    assert lc.same_up_to_rounding(0.9 * lc.ROUNDING_GAP) and not lc.same_up_to_rounding(1.1 * lc.ROUNDING_GAP)
+    assert lc.same_up_to_rounding(0.0)
+
+
 @pytest.mark.parametrize("uniform", [0.01, 0.2])  # the share floor decides, then the factor
 def test_sink_heads_at_the_threshold(uniform):
     threshold = lc.sink_threshold(uniform)

@@ -168,7 +168,7 @@ def sink_count_reading(budget: int, ppl_by_sinks: dict, one_vs_four: rules.Sprea
         text.append(f"Four sinks against one: {spread_text(one_vs_four, blocks)}, within the noise. StreamingLLM "
                     "keeps four; on this model the first token alone carries the sink, so one already recovers "
                     "the window and this run cannot tell one from four.")
-    within = n <= context
+    within = not rules.unseen_distances(n, context)
     keys = (f"With {convention_sinks} sinks, keys at their positions inside the cache (StreamingLLM's convention, "
             f"`rope=\"cache\"`) against keys at their original positions: {spread_text(conventions, blocks)}.")
     if not conventions.resolved:

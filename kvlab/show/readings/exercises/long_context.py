@@ -6,7 +6,7 @@ from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.show.readings.long_context import spread_text
-from kvlab.theory.long_context import Spread, first_eviction
+from kvlab.theory.long_context import Spread, first_eviction, same_up_to_rounding
 
 ONSET_NATS = 1e-4  # a loss that differs by less is the same loss (fp32 rounding of one masked pass)
 
@@ -70,14 +70,15 @@ def long_context_conventions(gap_no_sinks: float, gap_sinks: float) -> str:
     """Exercise 4 of 9.7: the two position conventions with and without sinks."""
     text = ("RoPE makes a score depend only on the distance between query and key. A window without sinks is "
             "one contiguous run of tokens, so renumbering it from zero (positions in cache) keeps every distance: "
-            "the two conventions should give **the same outputs**, up to rounding. Measured, the largest log-prob "
+            "the two conventions should give **the same outputs**, up to fp32 rounding "
+            "(`kvlab.theory.long_context.same_up_to_rounding`). Measured, the largest log-prob "
             f"difference is {gap_no_sinks:.2g} without sinks, against {gap_sinks:.2g} with 4 sinks. With sinks "
             "the conventions differ only in how far away the sinks seem: at their original positions they drift "
             "ever further from the query, beyond any distance seen in training once the stream outgrows the "
             "training context; renumbered, they stay just before the window. So the convention matters "
             "**with sinks**, and for a model trained at short context positions-in-cache is the safe one "
             "(StreamingLLM's choice).")
-    if gap_no_sinks > 1e-3:
+    if not same_up_to_rounding(gap_no_sinks):
         text += (" Here the two conventions also differed without sinks, more than rounding: check that both "
                  "caches evict at the same step.")
     return solution(4, text)
