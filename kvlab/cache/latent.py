@@ -49,17 +49,30 @@ def gqa_from_mha(model, kv_heads: int):
     return pooled
 
 
-def kv_basis(attention, rank: int):
+def kv_basis(attention, rank: int | None = None):
     """Rank-``rank`` orthonormal basis U ``[2 n_kv d_h, rank]`` of one layer's stacked K and V
-    projections [W_k; W_v], from their SVD, and the stacked bias (zeros if none)."""
+    projections [W_k; W_v], from their SVD (columns by falling singular value; ``rank=None``: all
+    of them), and the stacked bias (zeros if none)."""
     w = torch.cat([attention.k_proj.weight, attention.v_proj.weight]).detach().double()
     u, _, _ = torch.linalg.svd(w, full_matrices=False)
-    integer("rank", rank, 1)
-    if rank > u.shape[1]:
-        raise ValueError(f"rank must be <= {u.shape[1]} (the rank of [W_k; W_v]), got {rank}")
+    if rank is not None:
+        _check_rank(rank, u.shape[1])
+        u = u[:, :rank]
     bias = [p.bias if p.bias is not None else torch.zeros(p.out_features, device=w.device)
             for p in (attention.k_proj, attention.v_proj)]
-    return u[:, :rank], torch.cat(bias).detach().double()
+    return u, torch.cat(bias).detach().double()
+
+
+def kv_bases(model) -> list:
+    """``kv_basis`` of every layer at full rank: one SVD per layer, to build ``LatentKVCache``s of
+    several ranks from (``LatentKVCache(model, rank, bases=...)`` keeps the first ``rank`` columns)."""
+    return [kv_basis(layer.self_attn) for layer in model.model.layers]
+
+
+def _check_rank(rank: int, full: int) -> None:
+    integer("rank", rank, 1)
+    if rank > full:
+        raise ValueError(f"rank must be <= {full} (the rank of [W_k; W_v]), got {rank}")
 
 
 class LatentLayer(KeepAllLayer):
@@ -124,17 +137,24 @@ class LatentLayer(KeepAllLayer):
 class LatentKVCache(Cache):
     """An MLA-style low-rank latent cache for a RoPE model (section 9.7, DeepSeek-V2's idea).
 
-    Per layer, the stacked K and V projections [W_k; W_v] are factored by SVD; the cache keeps a
+    Per layer, the stacked K and V projections [W_k; W_v] are factored by SVD (or taken from
+    ``bases=kv_bases(model)``, computed once for several ranks); the cache keeps a
     ``rank``-dimensional latent per token and up-projects it to keys and values on every read.
     Bytes per token: layers x rank x element size, against 2 x layers x n_kv x d_h for the full
     cache. Unlike DeepSeek-V2, which trains its latent and keeps d_r separate RoPE dimensions, this
     compresses a model that was not trained for it: the reconstruction error is the price.
     """
 
-    def __init__(self, model, rank: int):
+    def __init__(self, model, rank: int, bases: list | None = None):
         inv_freq, scaling = rotary_of(model)
-        layers = [LatentLayer(*kv_basis(layer.self_attn, rank), inv_freq, scaling)
-                  for layer in model.model.layers]
+        if bases is None:
+            bases = [kv_basis(layer.self_attn, rank) for layer in model.model.layers]
+        elif not isinstance(bases, list) or len(bases) != len(model.model.layers):
+            raise ValueError(f"bases must be kv_bases(model), one (U, bias) per layer of the model's "
+                             f"{len(model.model.layers)}, got {type(bases).__name__}")
+        for u, _ in bases:
+            _check_rank(rank, u.shape[1])
+        layers = [LatentLayer(u[:, :rank], bias, inv_freq, scaling) for u, bias in bases]
         self.rank = rank
         super().__init__(layers=layers)
 

@@ -5,10 +5,12 @@
   KVQuant report (``outlier_keys``; Liu et al. 2024, Hooper et al. 2024), and
   ``rerotation_scores``, what rotating an already-rotated cached key again does to the scores;
 - on a real model: ``sink_share`` (how much attention each head puts on the first token, against
-  ``uniform_share``; Xiao et al. 2024), ``cached_keys_values`` and ``channel_rms`` (the outlier
-  channels of a real cache), ``quantized_cache_quality`` (perplexity through a quantized cache);
-- ``bench_rows``: decode step time with the full, windowed and quantized caches, for
-  ``python -m kvlab bench``.
+  ``uniform_share``; Xiao et al. 2024), ``cached_keys_values``, ``channel_rms`` and ``over_median``
+  (the outlier channels of a real cache), ``quantized_cache_quality`` (perplexity through a
+  quantized cache, per chunk so that differences come with their spread), ``fewer_entries``
+  (pooled GQA and a low-rank latent on the model's own projections: bytes per token, perplexity, KL);
+- ``bench_rows``: decode step time with the full, windowed and quantized caches, and the streaming
+  perplexities of ``kvlab.lab.streams``, for ``python -m kvlab bench``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from transformers import DynamicCache
 
 from kvlab._checks import integer, positive
 from kvlab.cache.hf_cache import layer_nbytes
+from kvlab.cache.latent import LatentKVCache, gqa_from_mha, kv_bases
 from kvlab.cache.quantized import QuantizedKVCache
 from kvlab.cache.rope import rotate
 from kvlab.cache.window import SlidingWindowCache
@@ -28,7 +31,11 @@ from kvlab.lab.bench import Row
 from kvlab.lab.decode_timing import profile_decode
 from kvlab.devices import on_gpu
 from kvlab.lab.models import tiny_model
+from kvlab.lab.pretrained import pretrained_model
+from kvlab.lab.streams import kl_divergence, streaming_sweep
+from kvlab.lab.trained import heldout_ids
 from kvlab.theory.cache_sizes import BITS
+from kvlab.theory.long_context import uniform_share  # noqa: F401  (the baseline of sink_share, re-exported)
 from kvlab.theory.shapes import ModelShape
 from kvlab.versions import cache_kwargs
 
@@ -114,11 +121,6 @@ def sink_share(model, tokens: torch.Tensor, first: int = 1, skip: int = 16) -> t
     return weights[:, :, skip:, :first].sum(-1).mean(-1).cpu()
 
 
-def uniform_share(n: int, first: int = 1, skip: int = 16) -> float:
-    """What ``sink_share`` would be if every query at t spread its attention evenly over t + 1 keys."""
-    return float(sum(min(1.0, first / (t + 1)) for t in range(skip, n)) / (n - skip))
-
-
 def cached_keys_values(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The keys (rotated, as cached) and values of one forward pass over ``tokens [n]``:
     two ``[layers, kv_heads, n, head_dim]`` tensors. What a KV cache would hold, section 9.7."""
@@ -135,6 +137,12 @@ def channel_rms(x: torch.Tensor) -> torch.Tensor:
     return x.float().pow(2).mean(-2).sqrt()
 
 
+def over_median(rms: torch.Tensor) -> torch.Tensor:
+    """Each channel's RMS over its head's median channel (``rms [..., head_dim]``): outlier channels
+    stand out as ratios far above 1 (``kvlab.theory.long_context.outlier_count``)."""
+    return rms / rms.median(-1, keepdim=True).values
+
+
 @torch.inference_mode()
 def quantized_cache_quality(model, chunks: torch.Tensor, bits: int | None, group_size: int = 32,
                             key_groups: str = "channel") -> dict:
@@ -143,8 +151,9 @@ def quantized_cache_quality(model, chunks: torch.Tensor, bits: int | None, group
     Each chunk is one prefill through ``QuantizedKVCache(bits, group_size, residual=0, key_groups)``
     so attention reads the quantized keys and values of every complete group (the last partial group
     of ``group_size`` tokens stays exact, as KIVI's residual does); ``bits=None`` is the full-precision
-    cache. Returns ``{"ppl", "logits", "nbytes", "full_bytes"}``, where ``nbytes`` is what the cache
-    holds and ``full_bytes`` what the same tokens take unquantized.
+    cache. Returns ``{"ppl", "nll", "logits", "nbytes", "full_bytes"}``: ``nll [batch]`` is each
+    chunk's mean next-token loss (so that a difference can be given with its spread over chunks),
+    ``nbytes`` what the cache holds and ``full_bytes`` what the same tokens take unquantized.
     """
     if bits is not None and (isinstance(bits, bool) or bits not in BITS):
         raise ValueError(f"bits must be None (full precision) or one of {BITS}, got {bits!r}")
@@ -154,15 +163,57 @@ def quantized_cache_quality(model, chunks: torch.Tensor, bits: int | None, group
     cache = DynamicCache() if bits is None else QuantizedKVCache(bits, group_size, residual=0, key_groups=key_groups)
 
     logits = model(ids, use_cache=True, **cache_kwargs(model, cache)).logits[:, :-1].float()
-    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+    per_token = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
     shape = ModelShape.from_config(model.config)
     full = ids.numel() * shape.kv_bytes_per_token(next(model.parameters()).element_size())
     nbytes = sum(layer_nbytes(layer) for layer in cache.layers)
-    return {"ppl": float(nll.exp()), "logits": logits.cpu(), "nbytes": nbytes, "full_bytes": int(full)}
+    return {"ppl": float(per_token.mean().exp()), "nll": per_token.mean(1).cpu(), "logits": logits.cpu(),
+            "nbytes": nbytes, "full_bytes": int(full)}
+
+
+@torch.inference_mode()
+def fewer_entries(model, tokens: torch.Tensor, ranks, kv_heads=(1,)) -> list[dict]:
+    """Section 9.7's caches with fewer entries per token on ``model``'s own projections, each scored
+    on ``tokens [n]`` against the full cache: GQA by mean-pooling the KV heads down to each of
+    ``kv_heads`` (Ainslie et al. 2023, without uptraining) and an MLA-style latent of each rank in
+    ``ranks`` (``LatentKVCache``; DeepSeek-AI 2024, without training the latent).
+
+    Returns one dict per cache, the full cache first: ``name``, ``bytes_per_token`` (keys and values
+    of every layer, in the model's dtype), ``ppl``, ``kl`` (mean KL of the next-token distribution
+    from the full cache's, nats, in fp64 and clipped at 0) and ``nll [n - 1]`` (the loss at every position).
+    """
+    ids = tokens.reshape(1, -1).to(model.device)
+    if ids.shape[1] < 2:
+        raise ValueError(f"tokens must hold at least 2 tokens, got {ids.shape[1]}")
+    shape = ModelShape.from_config(model.config)
+    element = next(model.parameters()).element_size()
+    targets = ids[0, 1:, None]
+
+    def scored(name, nbytes, logits):
+        lp = torch.log_softmax(logits[0, :-1].double(), -1)
+        nll = -lp.gather(1, targets)[:, 0]
+        return {"name": name, "bytes_per_token": nbytes, "ppl": float(nll.double().mean().exp()),
+                "kl": max(0.0, float(kl_divergence(ref, lp).mean())), "nll": nll.float().cpu()}  # KL >= 0: clip rounding
+
+    full_logits = model(ids).logits
+    ref = torch.log_softmax(full_logits[0, :-1].double(), -1)
+    rows = [scored("full cache", shape.kv_bytes_per_token(element), full_logits)]
+    for heads in kv_heads:
+        pooled = gqa_from_mha(model, heads)
+        per_token = 2 * shape.layers * heads * shape.head_dim * element
+        rows.append(scored(f"GQA, {heads} KV head{'s' if heads > 1 else ''} (pooled)", per_token, pooled(ids).logits))
+        del pooled
+    bases = kv_bases(model)
+    for rank in ranks:
+        cache = LatentKVCache(model, rank, bases=bases)
+        logits = model(ids, use_cache=True, **cache_kwargs(model, cache)).logits
+        rows.append(scored(f"latent, rank {rank}", cache.nbytes / ids.shape[1], logits))
+    return rows
 
 
 def bench_rows(reps: int = 2) -> list:
-    """Decode step time at long context for full, windowed and quantized caches (section 9.7).
+    """Decode step time at long context for full, windowed and quantized caches (section 9.7), then
+    the streaming perplexities of the pretrained model (``streaming_rows``).
 
     One prompt of P tokens, then G decode steps per cache, the caches interleaved ``reps`` times;
     rows give the median step time and the ratios to the full cache, measured in the same run.
@@ -190,4 +241,29 @@ def bench_rows(reps: int = 2) -> list:
     rows = [Row(f"decode step, {name} cache", median[name] * 1e3, "ms", where) for name in makers]
     rows += [Row(f"{name} / full step time", median[name] / median["full"], "x", "ratio of medians, same run")
              for name in makers if name != "full"]
+    return rows + streaming_rows()
+
+
+def streaming_rows() -> list:
+    """Bench rows for section 9.7: perplexity of the held-out King James text through the full cache,
+    the window alone, 4 sinks plus the window and the recomputed window, on SmolLM2-135M-Instruct
+    (Q4_1-dequantized). CPU: 512 tokens, a 64-token cache. GPU: 2,048 tokens, a 256-token cache."""
+    n, budget = (2048, 256) if on_gpu() else (512, 64)
+    try:
+        model, tokenizer = pretrained_model(attn_implementation="eager")
+    except (ModuleNotFoundError, FileNotFoundError) as e:
+        return [Row("streaming perplexity", float("nan"), "", f"not run: {e}")]
+    tokens = heldout_ids(tokenizer)[0, :n]
+    sweep = streaming_sweep(model, tokens, budget, sinks=(0, 4), recompute_stride=16)
+    where = f"SmolLM2-135M-Instruct (Q4_1), {n:,} KJV tokens, cache {budget}, t >= {budget}"
+    at = sweep.recompute_positions
+    rows = [Row("perplexity, full cache", sweep.perplexity(sweep.full), "", where),
+            Row("perplexity, window alone", sweep.perplexity(sweep.bounded[0, "cache"]), "", where),
+            Row("perplexity, 4 sinks + window", sweep.perplexity(sweep.bounded[4, "cache"]), "", where),
+            Row("perplexity, 4 sinks + window, original positions", sweep.perplexity(sweep.bounded[4, "original"]),
+                "", where),
+            Row("perplexity, recomputed window", float(sweep.recompute.double().mean().exp()), "",
+                f"every 16th position t >= {budget}"),
+            Row("perplexity, 4 sinks + window, same positions", sweep.perplexity(sweep.bounded[4, "cache"], at), "",
+                f"every 16th position t >= {budget}")]
     return rows

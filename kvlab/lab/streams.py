@@ -8,6 +8,11 @@ in one forward pass, with the cache's visibility written as a mask (``eviction_m
 on a CPU; tests hold the two to each other. ``recompute_stream_eval`` is StreamingLLM's quality
 baseline (Xiao et al. 2024), a window recomputed from scratch for every token, and
 ``kl_divergence`` compares two runs position by position.
+
+``streaming_sweep`` is StreamingLLM's experiment at one cache budget (the full cache, 0 to 8 sinks
+beside the window, both position conventions, the recomputed window); ``compare`` gives the loss
+difference of two caches with its spread over blocks of positions
+(``kvlab.lab.cache_quality.streaming_rows`` turns a sweep into bench rows).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from transformers.models.llama.modeling_llama import repeat_kv
 from kvlab._checks import integer
 from kvlab.cache.rope import rotary_of, rotate
 from kvlab.cache.window import ROPE_MODES
+from kvlab.theory.long_context import block_means, paired_spread
 from kvlab.versions import cache_kwargs
 
 
@@ -133,14 +139,16 @@ def _in_cache_attention(num_sink: int, window: int, inv_freq: torch.Tensor):
 
 @torch.inference_mode()
 def masked_stream_eval(model, tokens: torch.Tensor, num_sink: int = 0, window: int | None = None,
-                       first: int = 4, recent: int = 64, rope: str = "original") -> StreamResult:
+                       first: int = 4, recent: int = 64, rope: str = "original",
+                       attention: bool = True) -> StreamResult:
     """``stream_eval`` in one forward pass: the same attention as streaming the tokens one at a time
     through ``SinkCache(num_sink, window, rope=rope)``, expressed as an explicit mask.
 
-    The model must use eager attention (for the attention mass). ``rope="cache"`` (StreamingLLM's
-    positions inside the cache) swaps in an attention function that scores the sinks at their
-    in-cache distance for the length of the call. Much faster than stepping on a CPU; tests check
-    both conventions against the cache itself.
+    The model must use eager attention when ``attention=True`` (the attention mass is read from its
+    weights); ``attention=False`` records only the losses (``mass_*`` are None). ``rope="cache"``
+    (StreamingLLM's positions inside the cache) swaps in an attention function that scores the sinks
+    at their in-cache distance for the length of the call. Much faster than stepping on a CPU;
+    tests check both conventions against the cache itself.
     """
     if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
         raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
@@ -163,19 +171,21 @@ def masked_stream_eval(model, tokens: torch.Tensor, num_sink: int = 0, window: i
         before = model.config._attn_implementation
         model.config._attn_implementation = "kvlab_in_cache"
         try:
-            out = model(ids, attention_mask=mask, use_cache=False, output_attentions=True)
+            out = model(ids, attention_mask=mask, use_cache=False, output_attentions=attention)
         finally:
             model.config._attn_implementation = before
     else:
-        out = model(ids, attention_mask=mask, use_cache=False, output_attentions=True)
+        out = model(ids, attention_mask=mask, use_cache=False, output_attentions=attention)
     logprobs = torch.log_softmax(out.logits[0, :-1].float(), -1)
     nll = -logprobs.gather(1, ids[0, 1:, None])[:, 0]
-    weights = torch.stack([a[0].float() for a in out.attentions]).mean((0, 1))[:-1]  # [n-1 queries, n keys]
+    stored = n - 1 if window is None else min(n - 1, num_sink + window)
+    if not attention:
+        return StreamResult(nll.cpu(), logprobs.cpu(), None, None, stored)
+    weights = sum(a[0].float().mean(0) for a in out.attentions)[:-1] / len(out.attentions)  # [n-1 queries, n keys]
     t = torch.arange(n - 1, device=weights.device)[:, None]
     j = torch.arange(n, device=weights.device)[None, :]
     mass_first = (weights * (j < first)).sum(-1)
     mass_recent = (weights * (j > t - recent)).sum(-1)
-    stored = n - 1 if window is None else min(n - 1, num_sink + window)
     return StreamResult(nll.cpu(), logprobs.cpu(), mass_first.cpu(), mass_recent.cpu(), stored)
 
 
@@ -201,3 +211,66 @@ def recompute_stream_eval(model, tokens: torch.Tensor, window: int, start: int |
         logits = model(x, use_cache=False, logits_to_keep=1).logits[:, -1].float()
         nll.append(torch.nn.functional.cross_entropy(logits, ids[chunk + 1], reduction="none"))
     return positions, torch.cat(nll).cpu()
+
+
+@dataclass(frozen=True)
+class StreamingSweep:
+    """StreamingLLM's experiment on one text (Xiao et al. 2024, section 9.7): the loss of every next
+    token through a full cache and through bounded caches of ``budget`` tokens, sinks plus window.
+
+    ``bounded[(sinks, rope)]`` is the ``[n - 1]`` loss with ``sinks`` first tokens kept beside a
+    window of ``budget - sinks`` (``sinks = 0``: the window alone), keys at their positions inside
+    the cache (``rope="cache"``, StreamingLLM's) or at their original ones. ``recompute`` is the
+    sliding window with recomputation over ``budget`` tokens, at ``recompute_positions``. Position
+    t predicts token t + 1; nothing is evicted before t = ``budget``, so every comparison is made
+    over positions t >= ``budget`` (``after_fill``).
+    """
+
+    budget: int
+    full: torch.Tensor
+    bounded: dict
+    recompute_positions: torch.Tensor
+    recompute: torch.Tensor
+
+    @property
+    def after_fill(self) -> slice:
+        return slice(self.budget, None)
+
+    def perplexity(self, nll: torch.Tensor, positions=None) -> float:
+        """exp of the mean loss over ``positions`` (default: every position t >= budget)."""
+        picked = nll[self.after_fill] if positions is None else nll[positions]
+        return float(picked.double().mean().exp())
+
+
+def streaming_sweep(model, tokens: torch.Tensor, budget: int, sinks=(0, 1, 2, 4, 8), both_conventions_at: int = 4,
+                    recompute_stride: int = 16) -> StreamingSweep:
+    """Run StreamingLLM's comparison on ``tokens [n]`` at a fixed cache of ``budget`` tokens
+    (section 9.7): the full cache; ``s`` sinks plus a window of ``budget - s`` for each ``s`` in
+    ``sinks``, keys at positions inside the cache; the same at ``both_conventions_at`` sinks with
+    keys at their original positions; and the sliding window of ``budget`` tokens recomputed from
+    scratch every ``recompute_stride`` positions. One masked forward pass per cache
+    (``masked_stream_eval``, equal to streaming through ``SinkCache`` token by token).
+    """
+    integer("budget", budget, 2)
+    sinks = tuple(sinks)
+    for s in sinks + (both_conventions_at,):
+        integer("sinks", s, 0, budget)
+    integer("recompute_stride", recompute_stride, 1)
+    n = tokens.numel()
+    if n < budget + 2:
+        raise ValueError(f"tokens must be longer than budget + 1 = {budget + 1} (something must be evicted), got {n}")
+    run = lambda s, w, rope: masked_stream_eval(model, tokens, s, w, rope=rope, attention=False).nll  # noqa: E731
+    full = run(0, None, "original")
+    bounded = {(s, "cache"): run(s, budget - s, "cache") for s in sinks}
+    bounded[both_conventions_at, "original"] = run(both_conventions_at, budget - both_conventions_at, "original")
+    positions, recompute = recompute_stream_eval(model, tokens, budget, start=budget, stride=recompute_stride)
+    return StreamingSweep(budget, full, bounded, positions, recompute)
+
+
+def compare(a: torch.Tensor, b: torch.Tensor, block: int):
+    """The loss of ``b`` minus that of ``a`` (nats per token) over the same positions, as a
+    ``kvlab.theory.long_context.Spread`` over blocks of ``block`` positions."""
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must cover the same positions, got {tuple(a.shape)} and {tuple(b.shape)}")
+    return paired_spread(block_means(a.tolist(), block), block_means(b.tolist(), block))
+

@@ -8,7 +8,8 @@
   Table 1, on its unified footprint model (``kvlab.theory.memory_wall.footprint``);
 - ``window_span``: how far back stacked sliding windows can carry information (Jiang et al. 2023);
 - ``quantized_nbytes`` and ``kivi_nbytes``: what a quantized tensor and a KIVI cache
-  (Liu et al. 2024) hold, codes, scales and zero points counted.
+  (Liu et al. 2024) hold, codes, scales and zero points counted; ``rounding_rms`` and
+  ``rounding_explains``: the uniform-rounding model of its error, step / sqrt(12).
 
 Pure Python; the caches these sizes describe are in ``kvlab.cache``.
 """
@@ -189,6 +190,23 @@ def quantized_nbytes(numel: int, bits: int, group_size: int, meta_bytes: int = 2
         raise ValueError(f"numel ({numel}) must be a multiple of group_size ({group_size}), as quantize requires")
     groups = numel // group_size
     return groups * math.ceil(group_size * bits / 8) + 2 * groups * meta_bytes
+
+
+ROUNDING_TOLERANCE = 0.25  # the uniform-rounding model "explains" an RMS error within 25% of it
+
+
+def rounding_rms(step: float) -> float:
+    """The RMS error of rounding to the nearest level of spacing ``step`` when the error is spread
+    evenly over [-step/2, step/2]: step / sqrt(12), the prediction ``quantize``'s errors are drawn
+    against (section 9.7)."""
+    return float(step) / math.sqrt(12)
+
+
+def rounding_explains(measured_rms: float, step_rms: float) -> bool:
+    """True when a measured RMS rounding error is within ``ROUNDING_TOLERANCE`` of
+    ``rounding_rms(step_rms)`` (``step_rms``: the RMS of the elements' quantization steps)."""
+    predicted = rounding_rms(step_rms)
+    return predicted > 0 and abs(measured_rms / predicted - 1) <= ROUNDING_TOLERANCE
 
 
 def kivi_nbytes(tokens: int, elements_per_token: int, bits: int, group_size: int, residual: int,

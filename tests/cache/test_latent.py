@@ -74,3 +74,18 @@ def test_a_latent_cache_from_another_model_is_refused(llama):
                              device="cpu", dtype=torch.float32)
     with pytest.raises(ValueError, match="built for \\[K; V\\] of 128 elements per token, but the model writes 64"):
         cached_decode(llama, torch.tensor([[1, 2]]), 1, cache=LatentKVCache(wider, 8))
+
+
+def test_latent_cache_from_shared_bases_equals_its_own_svd(llama):
+    from kvlab.cache.latent import kv_bases
+
+    bases = kv_bases(llama)
+    assert [u.shape for u, _ in bases] == [(64, 64)] * 2
+    ids = _ids(1, 9)
+    for rank in (8, 64):
+        expected = cached_decode(llama, ids, 5, cache=LatentKVCache(llama, rank))
+        assert torch.equal(cached_decode(llama, ids, 5, cache=LatentKVCache(llama, rank, bases=bases)), expected)
+    with pytest.raises(ValueError, match="rank must be <= 64"):
+        LatentKVCache(llama, 65, bases=bases)
+    with pytest.raises(ValueError, match="bases must be kv_bases"):
+        LatentKVCache(llama, 8, bases=bases[:1])

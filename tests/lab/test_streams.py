@@ -90,3 +90,37 @@ def test_bad_call_raises_a_clear_error(name):
     call, error, message = BAD_CALLS[name]
     with pytest.raises(error, match=message):
         call()
+
+
+def test_streaming_sweep_runs_every_cache_over_the_same_positions(model):
+    from kvlab.lab.streams import compare, streaming_sweep
+
+    tokens = _ids(40, seed=7)
+    sweep = streaming_sweep(model, tokens, 12, sinks=(0, 2), both_conventions_at=2, recompute_stride=5)
+    assert set(sweep.bounded) == {(0, "cache"), (2, "cache"), (2, "original")}
+    assert all(v.shape == sweep.full.shape == (39,) for v in sweep.bounded.values())
+    assert torch.equal(sweep.full, masked_stream_eval(model, tokens).nll)
+    assert torch.equal(sweep.bounded[2, "cache"], masked_stream_eval(model, tokens, 2, 10, rope="cache").nll)
+    # nothing is evicted before t = budget: every cache predicts as the full cache does there
+    for nll in sweep.bounded.values():
+        assert torch.allclose(nll[: sweep.budget], sweep.full[: sweep.budget], atol=1e-5)
+    positions, nll = recompute_stream_eval(model, tokens, 12, start=12, stride=5)
+    assert torch.equal(sweep.recompute_positions, positions) and torch.allclose(sweep.recompute, nll)
+    assert math.isfinite(sweep.perplexity(sweep.full))
+    assert sweep.perplexity(sweep.full) == pytest.approx(math.exp(float(sweep.full[12:].double().mean())))
+    sp = compare(sweep.full[12:], sweep.bounded[0, "cache"][12:], 9)
+    assert sp.n == 3 and math.isfinite(sp.mean)
+    with pytest.raises(ValueError, match="same positions"):
+        compare(sweep.full, sweep.full[1:], 4)
+    with pytest.raises(ValueError, match="longer than budget"):
+        streaming_sweep(model, tokens[:12], 12)
+    with pytest.raises(ValueError, match="sinks"):
+        streaming_sweep(model, tokens, 12, sinks=(13,))
+
+
+def test_masked_stream_without_attention_gives_the_same_losses(model):
+    tokens = _ids(20, seed=2)
+    with_mass = masked_stream_eval(model, tokens, 2, 6)
+    losses = masked_stream_eval(model, tokens, 2, 6, attention=False)
+    assert losses.mass_first is None and losses.mass_recent is None and losses.stored == with_mass.stored
+    assert torch.allclose(losses.nll, with_mass.nll, atol=1e-6)

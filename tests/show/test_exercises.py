@@ -160,16 +160,23 @@ def test_ssm_solutions():
 def test_long_context_solutions_and_kivi_reading():
     from kvlab.show.readings import capacity
 
-    assert "Both as predicted" in folded(ex.long_context_onset(4, 32, 37, 37), 1)
-    assert "Not where predicted" in ex.long_context_onset(4, 32, 38, 37)
+    from kvlab.theory.long_context import first_eviction
+
+    onset = first_eviction(4, 60)
+    assert "Both as predicted" in folded(ex.long_context_onset(4, 64, onset, onset, 512), 1)
+    assert f"**$t$ = {onset}**" in ex.long_context_onset(4, 64, onset, onset, 512)
+    assert "Not where predicted" in ex.long_context_onset(4, 64, onset + 1, onset, 512)
     flat = {"per-channel keys": {"rms": 0.394}, "per-token keys": {"rms": 0.409}}
     t = folded(ex.long_context_outliers(flat, {"per-channel keys": 0.82, "per-token keys": 0.66}), 2)
     assert "Per-token wins, as predicted" in t
     assert "Per-channel still wins" in ex.long_context_outliers(flat, {"per-channel keys": 0.5, "per-token keys": 0.66})
     assert "Exactly the prediction" in folded(ex.long_context_kivi_bytes(4, 0, 100_000, 100_000, 260_000), 3)
     assert "check the group size" in ex.long_context_kivi_bytes(4, 0, 100_000, 120_000, 260_000)
-    assert "the same outputs" in folded(ex.long_context_conventions(9.5e-7, 0.074), 4)
-    assert "more than rounding" in ex.long_context_conventions(0.01, 0.074)
+    from kvlab.theory.long_context import ROUNDING_GAP
+
+    assert "the same outputs" in folded(ex.long_context_conventions(0.9 * ROUNDING_GAP, 0.074), 4)
+    assert "more than rounding" not in ex.long_context_conventions(0.9 * ROUNDING_GAP, 0.074)
+    assert "more than rounding" in ex.long_context_conventions(1.1 * ROUNDING_GAP, 0.074)
     k = capacity.kivi_residual_reading(127, 32, 32, 2, 1024, 4, 4, held=127 * 1024 * 4 / 1.8)
     assert "Why only 1.8 times?" in k and "**63 stay in full precision**" in k and "31 newer ones" in k
 
@@ -262,11 +269,24 @@ def test_prefix_caching_and_engine_solutions():
 
 
 
-def test_long_context_trained_solution():
-    t = folded(ex.long_context_trained(0.8, 0.004, 3.10, 3.09, 64, 0.30, 0.10, (64, 128)), 5)
-    assert "has a sink head" in t and "closer with the larger window" in t
-    t = ex.long_context_trained(0.01, 0.004, 3.10, 3.09, 64, 0.10, 0.30, (64, 128))
-    assert "no head sinks" in t and "not closer" in t
+def test_long_context_sinks_solution():
+    import statistics
+
+    from kvlab.theory import long_context as lc
+
+    noise = [0.3, -0.1, 0.2, -0.4, 0.0, 0.1]
+    centred = [d - statistics.fmean(noise) for d in noise]
+    half = lc.paired_spread([0.0] * 6, centred).half_width
+
+    def spread(scale):  # mean = scale x the half width: resolved beyond +-1
+        return lc.paired_spread([0.0] * 6, [d + scale * half for d in centred])
+
+    t = folded(ex.long_context_sinks(40, 270, spread(0.9), 0, spread(0.9), 64), 5)
+    assert "40 sink heads of 270" in t and "within the noise, as predicted" in t and "no gain beyond the noise, as predicted" in t
+    t = ex.long_context_sinks(40, 270, spread(-1.1), 0, spread(1.1), 64)
+    assert "four are better" in t and "a real gain, although no head meets" in t
+    t = ex.long_context_sinks(0, 270, spread(1.1), 2, spread(0.9), 64)
+    assert "no sink head of its 270" in t and "four are worse" in t and "although it has sink heads" in t
 
 
 def test_diagnosis_solutions():

@@ -131,3 +131,14 @@ def test_integer_arguments_refuse_what_is_not_an_int_in_range(name, value):
     with pytest.raises(TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError,
                        match=argument):
         call(value)
+
+
+def test_rounding_model_explains_within_its_tolerance():
+    from kvlab.theory.cache_sizes import ROUNDING_TOLERANCE, rounding_explains, rounding_rms
+
+    assert rounding_rms(1.0) == pytest.approx(1 / 12 ** 0.5)
+    predicted = rounding_rms(0.5)
+    for scale, explained in ((1 + 0.9 * ROUNDING_TOLERANCE, True), (1 + 1.1 * ROUNDING_TOLERANCE, False),
+                             (1 - 0.9 * ROUNDING_TOLERANCE, True), (1 - 1.1 * ROUNDING_TOLERANCE, False)):
+        assert rounding_explains(scale * predicted, 0.5) is explained
+    assert not rounding_explains(0.0, 0.0)

@@ -12,7 +12,7 @@ from kvlab.show.readings.exercises.gemv import gemv_big_product, gemv_h200_batch
 from kvlab.show.readings.exercises.kv_layout import kv_layout_batch, kv_layout_block1, kv_layout_cat
 from kvlab.show.readings.exercises.long_context import (
     long_context_onset, long_context_outliers, long_context_kivi_bytes, long_context_conventions,
-    long_context_trained,
+    long_context_sinks,
 )
 from kvlab.show.readings.exercises.memory_wall import wall_fixed_point, wall_288, wall_joint
 from kvlab.show.readings.exercises.paged_attention import (
@@ -38,7 +38,7 @@ __all__ = ["GLOSSARY", "count", "solution",
            "diagnosis_gqa",
            "diagnosis_naive_ridge",
            "engine_half_pool",
-           "long_context_trained",
+           "long_context_sinks",
            "gemv_big_product",
            "gemv_h200_batch",
            "gemv_attention_ridge",

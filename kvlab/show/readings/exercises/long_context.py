@@ -5,24 +5,28 @@ from __future__ import annotations
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.exercises.folded import solution
+from kvlab.show.readings.long_context import spread_text
+from kvlab.theory.long_context import Spread, first_eviction, same_up_to_rounding
+
+ONSET_NATS = 1e-4  # a loss that differs by less is the same loss (fp32 rounding of one masked pass)
 
 
-def long_context_onset(S: int, W: int, onset_sinks: int, onset_window: int) -> str:
-    """Exercise 1 of 9.7: where eviction first changes the output."""
-    budget = S + W
-    predicted = budget + 1
-    text = (f"The cache holds $S + W$ = {budget} tokens. A position $t$ here counts the tokens seen, so up to "
-            f"$t$ = {budget} (the plot's dashed line) nothing has been evicted, and the first prediction that "
-            f"can differ is at **$t$ = {predicted}**, the first that needs an evicted token. A plain window of "
-            f"$W$ = {budget} holds the same budget and evicts at the same moment, so its onset is the same; what "
-            "differs after that is which tokens are gone (the very first ones, or those just past the sinks). "
-            f"Measured: the first non-zero KL is at $t$ = {onset_sinks} with $S$ = {S}, $W$ = {W}, and at "
-            f"$t$ = {onset_window} with $S$ = 0, $W$ = {budget}.")
+def long_context_onset(sinks: int, budget: int, onset_sinks: int, onset_window: int, tokens: int) -> str:
+    """Exercise 1 of 9.7: where eviction first changes the output of the pretrained model."""
+    predicted = first_eviction(sinks, budget - sinks)
+    text = (f"Position $t$ predicts token $t + 1$ from the $t + 1$ tokens up to it. A cache of $S + W$ = {budget} "
+            f"tokens holds them all up to $t$ = {predicted - 1}, so the first prediction that can differ from the "
+            f"full cache's is at **$t$ = {predicted}** (`kvlab.theory.long_context.first_eviction`), the first "
+            f"whose query misses a token. The window alone ($S$ = 0, $W$ = {budget}) holds the same budget and "
+            "evicts at the same step; what differs after that is which token is gone (the very first, or the one "
+            f"just past the sinks). Measured on the {tokens}-token text, the first loss that differs from the full "
+            f"cache's by more than {ONSET_NATS:g} nats is at $t$ = {onset_sinks} with $S$ = {sinks} and at "
+            f"$t$ = {onset_window} with $S$ = 0.")
     if onset_sinks == onset_window == predicted:
         text += " Both as predicted."
     else:
-        text += (" Not where predicted: a KL below the detection threshold (10^-6 nats) at the first evicting "
-                 "step would move the onset later, when the evicted token carried almost no attention.")
+        text += (" Not where predicted: an evicted token that carried almost no attention moves the loss by less "
+                 f"than {ONSET_NATS:g} nats at the first evicting step, which puts the measured onset later.")
     return solution(1, text)
 
 
@@ -66,36 +70,45 @@ def long_context_conventions(gap_no_sinks: float, gap_sinks: float) -> str:
     """Exercise 4 of 9.7: the two position conventions with and without sinks."""
     text = ("RoPE makes a score depend only on the distance between query and key. A window without sinks is "
             "one contiguous run of tokens, so renumbering it from zero (positions in cache) keeps every distance: "
-            "the two conventions should give **the same outputs**, up to rounding. Measured, the largest log-prob "
+            "the two conventions should give **the same outputs**, up to fp32 rounding "
+            "(`kvlab.theory.long_context.same_up_to_rounding`). Measured, the largest log-prob "
             f"difference is {gap_no_sinks:.2g} without sinks, against {gap_sinks:.2g} with 4 sinks. With sinks "
             "the conventions differ only in how far away the sinks seem: at their original positions they drift "
             "ever further from the query, beyond any distance seen in training once the stream outgrows the "
             "training context; renumbered, they stay just before the window. So the convention matters "
             "**with sinks**, and for a model trained at short context positions-in-cache is the safe one "
             "(StreamingLLM's choice).")
-    if gap_no_sinks > 1e-3:
+    if not same_up_to_rounding(gap_no_sinks):
         text += (" Here the two conventions also differed without sinks, more than rounding: check that both "
                  "caches evict at the same step.")
     return solution(4, text)
 
 
-def long_context_trained(max_share: float, uniform: float, loss_s1: float, loss_s4: float, window: int,
-                         gap_small: float, gap_large: float, windows: tuple) -> str:
-    """Exercise 5 of 9.7: sinks and window size on the trained model."""
-    sinks = max_share > 5 * uniform
-    text = (f"The sink measurement is the guide. The largest share of attention on the first token was "
-            f"{max_share:.2f}, against {uniform:.3f} for uniform attention: "
-            + ("the model has a sink head, and the sink is the first token itself. Keeping one sink keeps it, "
-               "so three more should change the loss little. " if sinks else
-               "no head sinks its attention, so keeping the first tokens should not matter, one or four. ")
-            + f"Measured after the window fills (W = {window}): {loss_s1:.3f} nats with one sink, {loss_s4:.3f} "
-            f"with four, a change of {loss_s4 - loss_s1:+.3f}.")
-    text += (f" For the second question: past the training context the full cache meets distances it never "
-             f"saw, the window does not. The gap between their mean losses after the fill was "
-             f"{gap_small:+.3f} nats at W = {windows[0]} and {gap_large:+.3f} at W = {windows[1]}: ")
-    if abs(gap_large) < abs(gap_small):
-        text += "closer with the larger window, which keeps more of the context the full cache also sees."
+def long_context_sinks(sink_heads: int, heads: int, one_vs_four: Spread, kjv_heads: int, kjv_rescue: Spread,
+                       budget: int) -> str:
+    """Exercise 5 of 9.7: one sink or four on the pretrained model; sinks or none on the KJV model. Both
+    use the page's one definition of a sink head (``kvlab.theory.long_context.sink_heads``)."""
+    if sink_heads:
+        text = (f"The heat map is the guide: by the page's definition SmolLM2 has {sink_heads} sink heads of {heads}, "
+                "each measured by its attention on the first token. One sink keeps that token, so the prediction is "
+                f"that three more change the loss little at a fixed budget of {budget} tokens, and may cost a little, "
+                "since each takes a slot from the window. ")
     else:
-        text += ("not closer: the larger window's extra tokens lie at distances the model handles well, and "
-                 "the full cache's loss past the training context is set by the distances beyond it.")
+        text = (f"The heat map is the guide: by the page's definition SmolLM2 has no sink head of its {heads}, so "
+                f"the prediction is that the number of sinks matters little at a fixed budget of {budget} tokens. ")
+    text += f"Measured, four sinks against one: {spread_text(one_vs_four, 'blocks of positions')}: "
+    if one_vs_four.resolved:
+        text += ("a real difference; " + ("four are better, so the sink is not the first token alone. "
+                                          if one_vs_four.mean < 0 else "four are worse, as predicted. "))
+    else:
+        text += "within the noise, as predicted. "
+    expect = "should not matter" if not kjv_heads else "should matter, as on SmolLM2"
+    text += (f"The KJV model has {kjv_heads} sink heads by the same definition, so keeping its first tokens "
+             f"{expect}. Measured, the window alone minus 4 sinks plus the window: "
+             f"{spread_text(kjv_rescue, 'blocks of positions')}: ")
+    if kjv_rescue.resolved and kjv_rescue.mean > 0:
+        text += ("a real gain" + (", although no head meets the sink threshold: its first tokens matter in a "
+                                  "weaker way." if not kjv_heads else ", as predicted."))
+    else:
+        text += "no gain beyond the noise" + (", as predicted." if not kjv_heads else ", although it has sink heads.")
     return solution(5, text)
