@@ -124,6 +124,32 @@ def compile_break_even(eager: DecodeProfile, compiled: DecodeProfile, warm: int 
     return CompileBreakEven(max(0.0, cost), t_eager, t_compiled)
 
 
+# --------------------------------------------------------------------------- step growth (notebook 01)
+
+# Notebook 01's model of a cached step: t(s) = t(s0) + copies * k * (s - s0) / beta. ``DynamicCache``
+# reads every cached byte and its ``torch.cat`` copies it (a read and a write): three passes.
+DYNAMIC_CACHE_PASSES = 3
+
+
+def predicted_step_growth(kv_bytes_per_token: int, tokens: int, bandwidth: float,
+                          passes: int = DYNAMIC_CACHE_PASSES) -> float:
+    """Seconds by which a cached decode step grows over ``tokens`` more tokens of history, at
+    ``kv_bytes_per_token`` bytes each moved ``passes`` times at ``bandwidth`` bytes/s (notebook 01)."""
+    return passes * kv_bytes_per_token * tokens / bandwidth
+
+
+def step_spread(step_times) -> float:
+    """How much single steps of one run move: their interquartile range over their median."""
+    q1, _, q3 = statistics.quantiles(step_times, n=4)
+    return (q3 - q1) / statistics.median(step_times)
+
+
+def stands_out(change: float, step: float, spread: float) -> bool:
+    """Whether a change of ``change`` seconds in a step of ``step`` seconds exceeds the ``spread``
+    (a fraction of a step, ``step_spread``) by which single steps of the run move anyway."""
+    return abs(change) > spread * step
+
+
 # --------------------------------------------------------------------------- bench rows
 
 PRETRAINED_QUESTION = "Explain in a few sentences why the sky is blue."
