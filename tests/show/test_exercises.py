@@ -61,8 +61,6 @@ def test_cache_reuse_solutions_and_corrections():
     assert "| 8 | 10.5 s |" in w and "second compilation" in w
     assert "one-time work remains" in ex.cache_reuse_warm({2: 10.0}, [5.0, 0.014, 0.001], 0.0014)
     assert "already steady" in ex.cache_reuse_warm({2: 10.0}, [5.0, 0.0015, 0.001], 0.0014)
-    gpu = cache_reuse.gpu_break_even_reading(12.0)
-    assert "**12,000 tokens**" in gpu and "start-up" in gpu
     # the positions ratio is no bound: the reading names the pairs ratio either way
     tt, tp = {"naive": 0.07, "cached": 0.07, "static": 0.08}, {"naive": 0.08, "cached": 0.02, "static": 0.02}
     above = cache_reuse.explore_reading(512, 512, 1, "cpu", tt, tp, 9.0, 7.0)
