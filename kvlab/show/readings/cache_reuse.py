@@ -65,8 +65,12 @@ _REASONS = {
 
 
 def latency_reading(P: int, G: int, ttft_cached: float, tpot_naive: float, tpot_cached: float,
-                    tpot_static: float) -> str:
-    """TTFT and TPOT of the three loops at one setting."""
+                    tpot_static: float, spread: float) -> str:
+    """TTFT and TPOT of the three loops at one setting; whether the static loop's TPOT differs from the
+    cached one's is decided against ``spread``, how much the cached run's single steps moved
+    (``kvlab.lab.decode_timing.stands_out``)."""
+    from kvlab.lab.decode_timing import stands_out
+
     text = [f"At $P = {P}$ and $G = {G}$, the cached loop's first token took **{si(ttft_cached, 's')}** and "
             f"each later one **{si(tpot_cached, 's')}**."]
     if tpot_naive > tpot_cached:
@@ -76,10 +80,15 @@ def latency_reading(P: int, G: int, ttft_cached: float, tpot_naive: float, tpot_
         text.append(f"The naive loop's later tokens averaged {si(tpot_naive, 's')}, no more than the "
                     "cached loop's, although each is a prefill of the sequence so far: at this short "
                     "length the fixed cost of a pass hides the extra positions.")
-    text.append(f"The uncompiled static loop averaged {si(tpot_static, 's')} per token.")
-    if tpot_static >= 0.9 * tpot_cached:
-        text.append("A preallocated cache does not make an eager step cheaper on its own: it attends "
-                    "over all of its slots, masked, from the first step.")
+    text.append(f"The uncompiled static loop averaged {si(tpot_static, 's')} per token; single steps of "
+                f"the cached run moved by {spread:.0%} of a step (interquartile range over median).")
+    if not stands_out(tpot_static - tpot_cached, tpot_cached, spread):
+        text.append("The two differ by less than that spread: a preallocated cache does not make an "
+                    "eager step cheaper on its own, since it attends over all of its slots, masked, from "
+                    "the first step.")
+    elif tpot_static > tpot_cached:
+        text.append("It was slower than the cached loop by more than that spread: attending over every "
+                    "preallocated slot, masked, from the first step cost more than the copy it saves.")
     else:
         text.append("Here it was faster than the cached loop: writing in place saves the copy that "
                     "`DynamicCache` makes on every step, which outweighed attending over the unused, "
