@@ -150,6 +150,21 @@ def stands_out(change: float, step: float, spread: float) -> bool:
     return abs(change) > spread * step
 
 
+# A step within this factor of its weight-read floor counts as bound by reading its weights.
+FLOOR_BAND = 1.5
+
+
+def weight_read_floor(weight_bytes: float, bandwidth: float) -> float:
+    """Seconds to read a step's weights once at ``bandwidth`` bytes/s: the floor of a batch-1 decode step
+    whose cache is small next to its weights (notebooks 01 and 03)."""
+    return weight_bytes / bandwidth
+
+
+def near_floor(step: float, floor: float, band: float = FLOOR_BAND) -> bool:
+    """Whether a step of ``step`` seconds is within ``band`` times its ``floor``."""
+    return step <= band * floor
+
+
 # --------------------------------------------------------------------------- bench rows
 
 PRETRAINED_QUESTION = "Explain in a few sentences why the sky is blue."
