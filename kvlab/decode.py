@@ -19,6 +19,10 @@ Face models and caches (Wolf et al. 2020); the work each does, in closed form, i
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+
 import torch
 
 from kvlab._checks import integer, one_of, require_memory
@@ -113,18 +117,48 @@ COMPILE_OPTIONS = dict(mode="reduce-overhead", fullgraph=True)
 class StaticStep:
     """One decode step on a preallocated cache, with every input at a fixed shape and address.
 
-    On a GPU the step is compiled with ``mode="reduce-overhead"``: torch.compile fuses what it can and
-    replays the whole step as one CUDA graph, so the CPU launches one graph instead of hundreds of
-    kernels. The first calls pay for compilation and graph capture.
+    With ``compile`` the step is compiled with ``mode="reduce-overhead"``: torch.compile fuses what it
+    can and, on a GPU, replays the whole step as one CUDA graph, so the CPU launches one graph instead
+    of hundreds of kernels. The first call pays for compilation (and, later, graph capture); every
+    later call skips the compiled code's guards, since nothing they check can change (below).
     """
 
     def __init__(self, model, inputs: dict, compile: bool):
         self.model, self.inputs = model, inputs
-        self.step = torch.compile(self._forward, **COMPILE_OPTIONS) if compile else self._forward
+        # torch.compile keeps what it compiled with the code of ``_forward``, not with this object: a
+        # later request with the same shapes on the same model reuses it and compiles nothing.
+        self.compiled = torch.compile(self._forward, **COMPILE_OPTIONS) if compile else None
+        self.calls = 0
 
     def _forward(self, token, position, mask):
         logits = self.model(token, attention_mask=mask, position_ids=position, use_cache=True, **self.inputs).logits
         return _greedy(logits)
+
+    def step(self, token, position, mask):
+        """The next greedy token ``[batch, 1]`` after ``token``, written into the cache in place."""
+        if self.compiled is None:
+            return self._forward(token, position, mask)
+        self.calls += 1
+        if self.calls == 1:
+            return self.compiled(token, position, mask)
+        # Before running compiled code, torch.compile checks its guards (shapes, dtypes, the modules'
+        # attributes) on every call: a validation per step. Every input here keeps its shape, dtype
+        # and address, and the first call compiled for exactly them, so that check can be skipped.
+        with _without_guards():
+            return self.compiled(token, position, mask)
+
+
+def _without_guards():
+    """torch.compile's stance that runs only the guards telling compiled variants apart (a plain
+    context on a torch without it)."""
+    if not _can_skip_guards():
+        return contextlib.nullcontext()
+    return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+
+
+@functools.cache
+def _can_skip_guards() -> bool:
+    return "skip_guard_eval_unsafe" in inspect.signature(torch.compiler.set_stance).parameters
 
 
 def new_static_cache(model, max_len: int):
@@ -145,12 +179,12 @@ def _require_cache_memory(model, batch: int, tokens: int) -> None:
                    2 * config.num_hidden_layers * batch * tokens * heads * head_dim * element, model.device)
 
 
+@torch.inference_mode()
 def _static_steps(model, input_ids, max_new_tokens, mask, compile=None):
     batch, prompt = input_ids.shape
     total = prompt + max_new_tokens
     if compile is None:
         compile = input_ids.device.type == "cuda"
-    _require_cache_memory(model, batch, total)
     cache = new_static_cache(model, total)
     # The mask covers the whole cache from the start; a slot becomes visible when its token is written.
     full_mask = torch.zeros((batch, total), dtype=mask.dtype, device=mask.device)
@@ -170,11 +204,13 @@ def _static_steps(model, input_ids, max_new_tokens, mask, compile=None):
     step = StaticStep(model, dict(cache_kwargs(model, cache), **({"cache_position": slot} if with_slots else {})),
                        compile)
     position = position[:, -1:].clone()
+    # The hot loop: three in-place updates of fixed tensors and one call of the step; everything was
+    # validated, allocated and (when compiling) traced before it.
     for i in range(max_new_tokens - 1):
         full_mask[:, prompt + i] = 1
         position += 1
         slot += 1
-        token = step.step(token, position, full_mask).clone()
+        token = step.step(token, position, full_mask).clone()  # a CUDA graph reuses its output buffer
         yield token
 
 
@@ -217,6 +253,11 @@ def decode_steps(method, model, input_ids, max_new_tokens, attention_mask=None, 
     one_of("method", method, METHODS)
     mask = _validate(input_ids, max_new_tokens, attention_mask)
     _check_model_inputs(model, input_ids, options.get("cache"), max_new_tokens)
+    compile = options.get("compile")
+    if compile is not None and not isinstance(compile, bool):
+        raise TypeError(f"compile must be True, False or None (compile on a GPU only), got {compile!r}")
+    if method == "static":
+        _require_cache_memory(model, input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
     if max_new_tokens == 0:
         return iter(())
     return _STEPS[method](model, input_ids, max_new_tokens, mask, **options)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -34,51 +33,10 @@ def benchmark(name: str):
     return register
 
 
-@benchmark("9.2 decode loops")
-def decode_loops(reps: int = 3, new_tokens: int = 128) -> list[Row]:
-    """Naive, cached and static decode at P=128, G=``new_tokens``, batch 1, interleaved ``reps`` times.
-
-    CPU: the tiny Llama (fp32). GPU: the Llama-3.2-1B shape with random weights in bf16, where the
-    static loop is compiled and replayed as a CUDA graph; its steady-state step is compared with the
-    weight-bandwidth floor (weight bytes / measured copy bandwidth).
-    """
-    import torch
-
-    from kvlab.lab.decode_timing import profile_decode
-    from kvlab.lab.hardware import calibrate
-    from kvlab.devices import on_gpu
-    from kvlab.lab.models import tiny_model
-
-    gpu = on_gpu()
-    model = tiny_model("llama", size="real") if gpu else tiny_model("llama")
-    prompt = torch.randint(0, model.config.vocab_size, (1, 128), device=model.device)
-    options = {"static": {"compile": gpu}}
-    profile_decode(model, prompt, 4, method="cached")  # warm the allocator and kernels
-    runs: dict[str, list] = {m: [] for m in ("naive", "cached", "static")}
-    for _ in range(reps):
-        for method in runs:
-            runs[method].append(profile_decode(model, prompt, new_tokens, method=method, **options.get(method, {})))
-    tps = {m: statistics.median(p.tokens_per_s for p in ps) for m, ps in runs.items()}
-    where = f"{model.shape.name}, {str(model.dtype).removeprefix('torch.')}, P=128, G={new_tokens}, batch 1"
-    rows = [Row(f"{m} decode", tps[m], "tokens/s", where) for m in runs]
-    rows += [
-        Row("cached / naive", tps["cached"] / tps["naive"], "x", "ratio of medians, same run"),
-        Row("static / cached", tps["static"] / tps["cached"], "x", "ratio of medians, same run"),
-    ]
-    # Steady state of the static loop: the later steps, after compilation and graph capture.
-    steady = statistics.median(t for p in runs["static"] for t in p.step_times[8:])
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    floor = weight_bytes / calibrate().copy_bytes_per_s
-    rows += [
-        Row("static step (steady)", steady * 1e3, "ms", f"median of steps 9..{new_tokens - 1}"),
-        Row("weight-read floor", floor * 1e3, "ms", f"{weight_bytes / 1e6:.0f} MB / measured copy bandwidth"),
-        Row("floor / static step", floor / steady, "fraction", "1.0 = reads weights at copy speed"),
-    ]
-    return rows
-
-
 # The sections whose module keeps its own ``bench_rows()``: book section -> kvlab module.
 SECTION_BENCHMARKS = {
+    "9.1 decode on a pretrained model": "kvlab.lab.decode_timing",
+    "9.2 decode loops": "kvlab.lab.decode_peers",
     "9.3 GEMV and the ridge": "kvlab.lab.gemv",
     "9.4 KV layouts": "kvlab.lab.layout_timing",
     "9.5 paged attention and admission": "kvlab.lab.paged_attention",
@@ -91,8 +49,8 @@ SECTION_BENCHMARKS = {
 }
 
 
-def _module_rows(module: str) -> list[Row]:
-    return importlib.import_module(module).bench_rows()
+def _module_rows(module: str, function: str = "bench_rows") -> list[Row]:
+    return getattr(importlib.import_module(module), function)()
 
 
 for _title, _module in SECTION_BENCHMARKS.items():
@@ -100,9 +58,9 @@ for _title, _module in SECTION_BENCHMARKS.items():
 
 
 # ``bench --quick``: under a minute on the 2-core CPU that builds the book (timed there one by one, one
-# thread, under load, 2026-12-01): the decode loops at 32 new tokens, once, and the sections that take
+# thread, under load, 2026-12-01): the decode loops at 32 new tokens, once, uncompiled, and the sections that take
 # seconds. The full table takes minutes there, most of them in the decode loops and the engine.
-QUICK = {"9.2 decode loops": functools.partial(decode_loops, reps=1, new_tokens=32)}
+QUICK = {"9.2 decode loops": functools.partial(_module_rows, "kvlab.lab.decode_peers", "quick_rows")}
 QUICK_SECTIONS = ("9.5 paged attention and admission", "prefix caching", "9.8 decode diagnosis")
 
 

@@ -122,3 +122,81 @@ def compile_break_even(eager: DecodeProfile, compiled: DecodeProfile, warm: int 
     tokens = len(eager.step_times) + 1
     cost = (compiled.total - eager.total) + tokens * (t_eager - t_compiled)
     return CompileBreakEven(max(0.0, cost), t_eager, t_compiled)
+
+
+# --------------------------------------------------------------------------- step growth (notebook 01)
+
+# Notebook 01's model of a cached step: t(s) = t(s0) + copies * k * (s - s0) / beta. ``DynamicCache``
+# reads every cached byte and its ``torch.cat`` copies it (a read and a write): three passes.
+DYNAMIC_CACHE_PASSES = 3
+
+
+def predicted_step_growth(kv_bytes_per_token: int, tokens: int, bandwidth: float,
+                          passes: int = DYNAMIC_CACHE_PASSES) -> float:
+    """Seconds by which a cached decode step grows over ``tokens`` more tokens of history, at
+    ``kv_bytes_per_token`` bytes each moved ``passes`` times at ``bandwidth`` bytes/s (notebook 01)."""
+    return passes * kv_bytes_per_token * tokens / bandwidth
+
+
+def step_spread(step_times) -> float:
+    """How much single steps of one run move: their interquartile range over their median."""
+    q1, _, q3 = statistics.quantiles(step_times, n=4)
+    return (q3 - q1) / statistics.median(step_times)
+
+
+def stands_out(change: float, step: float, spread: float) -> bool:
+    """Whether a change of ``change`` seconds in a step of ``step`` seconds exceeds the ``spread``
+    (a fraction of a step, ``step_spread``) by which single steps of the run move anyway."""
+    return abs(change) > spread * step
+
+
+# A step within this factor of its weight-read floor counts as bound by reading its weights.
+FLOOR_BAND = 1.5
+
+
+def weight_read_floor(weight_bytes: float, bandwidth: float) -> float:
+    """Seconds to read a step's weights once at ``bandwidth`` bytes/s: the floor of a batch-1 decode step
+    whose cache is small next to its weights (notebooks 01 and 03)."""
+    return weight_bytes / bandwidth
+
+
+def near_floor(step: float, floor: float, band: float = FLOOR_BAND) -> bool:
+    """Whether a step of ``step`` seconds is within ``band`` times its ``floor``."""
+    return step <= band * floor
+
+
+# --------------------------------------------------------------------------- bench rows
+
+PRETRAINED_QUESTION = "Explain in a few sentences why the sky is blue."
+
+
+def bench_rows(new_tokens: int = 32, reps: int = 3, calibration=None) -> list:
+    """Rows for ``python -m kvlab bench`` (section 9.1 on real weights): the cached loop decoding a chat
+    prompt on SmolLM2-135M-Instruct (``kvlab.pretrained_model``; Q4_1-rounded weights), its tokens
+    checked against ``generate``'s first, then its tokens/s and its steady step against the time to
+    read the step's weights once at the calibrated copy bandwidth (section 9.3's floor)."""
+    from kvlab.lab.bench import Row
+    from kvlab.lab.gemv import weight_read_bytes
+    from kvlab.lab.hardware import calibrate
+    from kvlab.lab.pretrained import chat_ids, pretrained_model
+
+    model, tokenizer = pretrained_model()
+    ids = chat_ids(tokenizer, PRETRAINED_QUESTION, model.device)
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
+                              eos_token_id=None, pad_token_id=tokenizer.pad_token_id)[:, ids.shape[1]:]
+    runs = [profile_decode(model, ids, new_tokens, method="cached") for _ in range(reps)]
+    if not all(torch.equal(p.tokens, expected) for p in runs):
+        raise RuntimeError("cached_decode decoded other tokens than generate on SmolLM2-135M-Instruct; "
+                           "no time is reported")
+    steady = statistics.median(t for p in runs for t in p.step_times[4:])
+    weight_bytes = weight_read_bytes(model)
+    floor = weight_bytes / (calibration or calibrate()).copy_bytes_per_s
+    where = (f"SmolLM2-135M-Instruct (Q4_1 rounded), {str(model.dtype).removeprefix('torch.')}, a "
+             f"{ids.shape[1]}-token chat prompt, G={new_tokens}, batch 1")
+    return [
+        Row("cached decode", statistics.median(p.tokens_per_s for p in runs), "tokens/s",
+            f"{where}; median of {reps}, tokens equal to generate's"),
+        Row("cached step (steady)", steady * 1e3, "ms", f"median of steps 5..{new_tokens - 1} of every run"),
+        Row("weight-read floor", floor * 1e3, "ms", f"{weight_bytes / 1e6:,.0f} MB / calibrated copy bandwidth"),
+        Row("floor / cached step", floor / steady, "fraction", "1.0 = reads its weights at copy speed"),
+    ]

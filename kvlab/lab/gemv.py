@@ -445,9 +445,18 @@ def bench_rows(result: GemvSweep | None = None, calibration: Calibration | None 
             f"{cal.matmul_flops / 1e12:.3g} TFLOP/s {cal.matmul_dtype} matmul / copy bandwidth"),
         Row("ridge batch, calibrated", batch_at_intensity(ridge, s.K, s.N, w), "n",
             f"the n whose intensity reaches the calibrated ridge, K = {s.K}, N = {s.N}"),
-        Row("ridge batch, measured", s.knee_batch, "n",
-            "the n whose intensity reaches the fitted knee"),
+        Row("ridge batch, measured", s.knee_batch, "n", _knee_note(s, "the n whose intensity reaches the fitted knee")),
         Row("ridge point, measured", s.knee_intensity, "FLOP/B",
-            "knee of both roofline segments fitted to the sweep (nan: the sweep did not bend)"),
+            _knee_note(s, "knee of both roofline segments fitted to the sweep")),
         Row("sweep peak", s.peak_flops_per_s / 1e12, "TFLOP/s", f"n = {s.ns[0]} .. {s.ns[-1]}"),
     ]
+
+
+def _knee_note(s: GemvSweep, what: str) -> str:
+    """What the roofline fit found: a knee between two segments of at least two points each, or none."""
+    fit = s.fit
+    if math.isfinite(fit.knee):
+        return (f"{what}: {fit.split} points on the bandwidth segment, {fit.points - fit.split} on the "
+                f"compute one")
+    return (f"no knee: the sweep did not reach both regimes ({fit.split} of {fit.points} points on the "
+            "bandwidth segment; each needs two)")

@@ -75,6 +75,12 @@ def break_even_tokens(compile_seconds: float, step_gain: float) -> float:
     return compile_seconds / step_gain if step_gain > 0 else float("inf")
 
 
+def compile_repaid(compile_seconds: float, step_gain: float, tokens: int) -> bool:
+    """Whether a request of ``tokens`` output tokens repays the compile cost: ``tokens`` at least
+    ``break_even_tokens(compile_seconds, step_gain)`` (section 9.2)."""
+    return tokens >= break_even_tokens(compile_seconds, step_gain)
+
+
 # --- section 9.8: the bytes and FLOPs of one step --------------------------------------------------
 
 @dataclass(frozen=True)

@@ -143,6 +143,15 @@ def test_bench_rows(small_sweep):
     assert dataclasses.is_dataclass(rows[0])
 
 
+def test_bench_rows_say_what_the_fit_found(small_sweep):
+    """The measured ridge's note names a knee only where the fit has one: a sweep cut to two points
+    cannot reach both regimes."""
+    for s in (small_sweep, dataclasses.replace(small_sweep, points=small_sweep.points[:2])):
+        note = {r.name: r for r in gemv.bench_rows(s, calibration=CAL)}["ridge point, measured"].note
+        assert ("no knee" in note) == math.isnan(s.knee_intensity), note
+        assert "nan" not in note
+
+
 @pytest.mark.parametrize("call, kind, words", [
     (lambda: gemv.sweep(ns=[0], K=8, N=8, device="cpu"), ValueError, "n must be an int >= 1"),
     (lambda: gemv.sweep(ns=[], K=8, N=8, device="cpu"), ValueError, "at least one n"),

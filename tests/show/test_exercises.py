@@ -30,10 +30,24 @@ def test_decode_loop_solutions():
     assert "**4**" in t and "2 µs" in t
     t = folded(ex.decode_loop_window(512, 512, 128, 50_003_968, 131_072, 313_000_000, 655_104), 2)
     assert "131,072" in t and r"\min(P+j,\,W)" in t
-    flat = folded(ex.decode_loop_static(256, 32, 30e-3, 31e-3, 20e-3, 25e-3), 3)
-    assert "flat, as predicted" in flat
-    moved = folded(ex.decode_loop_static(256, 32, 30e-3, 60e-3, 20e-3, 25e-3), 3)
-    assert "more than the prediction allows" in moved
+
+
+def test_decode_loop_static_follows_the_growth_model_on_both_sides():
+    """The cached steps' growth from the page's model (3k(G-1)/beta), against a spread solved from that
+    growth: at 0.9x of it the growth stands out, at 1.1x it does not; the static steps likewise."""
+    from kvlab.lab.decode_timing import predicted_step_growth
+
+    growth = predicted_step_growth(kv_bytes_per_token=65_536, tokens=31, bandwidth=10e9)
+    first = 20e-3
+    threshold = growth / first  # the spread at which the growth just stands out
+    shows = folded(ex.decode_loop_static(256, 32, 30e-3, 30e-3, first, first + growth, growth, 0.9 * threshold), 3)
+    assert "this run can show it" in shows and "flat, as predicted" in shows
+    hidden = folded(ex.decode_loop_static(256, 32, 30e-3, 30e-3, first, 0.8 * first, growth, 1.1 * threshold), 3)
+    assert "cannot show it" in hidden and "not the history" in hidden
+    moved = ex.decode_loop_static(256, 32, 30e-3, 30e-3 * (1 + 1.1 * threshold), first, first, growth, threshold)
+    assert "more than the spread" in moved
+    still = ex.decode_loop_static(256, 32, 30e-3, 30e-3 * (1 + 0.9 * threshold), first, first, growth, threshold)
+    assert "flat, as predicted" in still
 
 
 def test_cache_reuse_solutions_and_corrections():
@@ -47,8 +61,6 @@ def test_cache_reuse_solutions_and_corrections():
     assert "| 8 | 10.5 s |" in w and "second compilation" in w
     assert "one-time work remains" in ex.cache_reuse_warm({2: 10.0}, [5.0, 0.014, 0.001], 0.0014)
     assert "already steady" in ex.cache_reuse_warm({2: 10.0}, [5.0, 0.0015, 0.001], 0.0014)
-    gpu = cache_reuse.gpu_break_even_reading(12.0)
-    assert "**12,000 tokens**" in gpu and "start-up" in gpu
     # the positions ratio is no bound: the reading names the pairs ratio either way
     tt, tp = {"naive": 0.07, "cached": 0.07, "static": 0.08}, {"naive": 0.08, "cached": 0.02, "static": 0.02}
     above = cache_reuse.explore_reading(512, 512, 1, "cpu", tt, tp, 9.0, 7.0)

@@ -28,19 +28,65 @@ def test_cache_reuse_speedup_both_outcomes():
     assert "can hide it" in flat and "1.1 times the first" in flat
 
 
-def test_cache_reuse_latency_both_outcomes():
-    usual = no_roles(cache_reuse.latency_reading(96, 32, 0.07, 0.08, 0.017, 0.018))
-    odd = no_roles(cache_reuse.latency_reading(96, 32, 0.07, 0.015, 0.017, 0.010))
-    assert "because every one of them is a prefill" in usual and "does not make an eager step cheaper" in usual
-    assert "no more than the cached loop" in odd and "Here it was faster" in odd
-    assert "17 ms" in usual and "70 ms" in usual
+def test_cache_reuse_latency_follows_the_spread_on_both_sides():
+    """The static TPOT against the cached one, with the spread solved from their difference: at 1.1x of
+    it the difference is within the noise, at 0.9x it stands out (slower or faster)."""
+    cached = 0.017
+    for static, verdict in ((0.019, "slower than the cached loop"), (0.015, "Here it was faster")):
+        threshold = abs(static - cached) / cached
+        within = no_roles(cache_reuse.latency_reading(96, 32, 0.07, 0.08, cached, static, 1.1 * threshold))
+        out = no_roles(cache_reuse.latency_reading(96, 32, 0.07, 0.08, cached, static, 0.9 * threshold))
+        assert "differ by less than that spread" in within and verdict not in within
+        assert verdict in out and "differ by less" not in out
+    usual = no_roles(cache_reuse.latency_reading(96, 32, 0.07, 0.08, 0.017, 0.018, 0.2))
+    odd = no_roles(cache_reuse.latency_reading(96, 32, 0.07, 0.015, 0.017, 0.010, 0.2))
+    assert "because every one of them is a prefill" in usual and "17 ms" in usual and "70 ms" in usual
+    assert "no more than the cached loop" in odd
 
 
-def test_cache_reuse_compile_both_outcomes():
-    pays = no_roles(cache_reuse.compile_reading(60.0, 6e-3, 1e-3, 12_000))
-    never = no_roles(cache_reuse.compile_reading(60.0, 1e-3, 1.5e-3, float("inf")))
-    assert "12,000 tokens" in pays and "gain of 5 ms" in pays
+def test_cache_reuse_compile_follows_the_break_even_model():
+    """The break-even from the model itself; requests of 0.9x and 1.1x that many tokens fall on either side."""
+    from kvlab.theory.work import break_even_tokens
+
+    cost, eager, compiled = 60.0, 6e-3, 1e-3
+    n = break_even_tokens(cost, eager - compiled)
+    short = no_roles(cache_reuse.compile_reading(cost, eager, compiled, n, int(0.9 * n)))
+    long = no_roles(cache_reuse.compile_reading(cost, eager, compiled, n, int(1.1 * n) + 1))
+    assert "12,000 tokens" in short and "gain of 5 ms" in short and "did not repay it" in short
+    assert "which compiling already paid for" in long and "break-even model" in long
+    never = no_roles(cache_reuse.compile_reading(60.0, 1e-3, 1.5e-3, float("inf"), 48))
     assert "never" in never and "500 µs slower" in never and "tokens" not in never
+    assert "expected result on a CPU" not in short + long + never
+
+
+def test_cache_reuse_gpu_break_even_quotes_the_measured_gain():
+    text = no_roles(cache_reuse.gpu_break_even_reading(12.0, 10.9e-3))
+    assert "**12,000 tokens**" in text and "10.9 ms" in text and "1,101 at this run's gain" in text
+    assert "start-up" in text and "even a gain" not in text
+    assert "saved nothing" in cache_reuse.gpu_break_even_reading(12.0, -1e-3)
+
+
+def _peers(speedup_over_hf: float, speedup_over_cached: float):
+    from kvlab.lab.decode_peers import GENERATE, GENERATE_COMPILED, PeerComparison
+
+    base = 1.0
+    times = {GENERATE: (base,), GENERATE_COMPILED: (base,), "cached": (base,),
+             "static, compiled": (base / speedup_over_hf,)}
+    times["cached"] = (times["static, compiled"][0] * speedup_over_cached,)
+    return PeerComparison("tiny-llama", "float32", "cpu", 1, 128, 128, times, times, {})
+
+
+def test_cache_reuse_peers_follow_the_targets_on_both_sides():
+    """Ratios at 0.9x and 1.1x of each target (``decode_peers.TARGETS``): met above, missed below."""
+    from kvlab.lab.decode_peers import GENERATE_COMPILED, TARGETS
+
+    hf, cached = TARGETS["static, compiled", GENERATE_COMPILED], TARGETS["static, compiled", "cached"]
+    met = no_roles(cache_reuse.peers_reading(_peers(1.1 * hf, 1.1 * cached)))
+    assert met.count("at least as fast") == 2 and "short of" not in met
+    assert "1.10x (one round: 1.10x to 1.10x)" in met and "tiny-llama, float32, P=128" in met
+    missed = no_roles(cache_reuse.peers_reading(_peers(0.9 * hf, 0.9 * cached)))
+    assert missed.count("short of the target") == 2 and "same compiler" in missed
+    assert "preallocated slot" in missed
 
 
 def test_cache_reuse_explore_both_outcomes():

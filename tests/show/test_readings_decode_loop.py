@@ -33,8 +33,13 @@ def test_decode_loop_slope_both_outcomes():
     assert "barely grew" in level and "keeps growing" not in level
 
 
-def test_decode_loop_intercept_both_outcomes():
-    above = decode_loop.intercept_reading(0.010, 0.034)
-    near = decode_loop.intercept_reading(0.010, 0.012)
-    assert "longer" in above and "10 ms" in above and "34 ms" in above
-    assert "close to the floor" in near and "longer" not in near
+def test_decode_loop_intercept_follows_the_floor_model_on_both_sides():
+    """The floor from the model (weight bytes / bandwidth); steps at 0.9x and 1.1x of the band's edge."""
+    from kvlab.lab.decode_timing import FLOOR_BAND, weight_read_floor
+
+    floor = weight_read_floor(88e6, 8.8e9)
+    edge = FLOOR_BAND * floor
+    near = no_roles(decode_loop.intercept_reading(floor, 0.9 * edge))
+    above = no_roles(decode_loop.intercept_reading(floor, 1.1 * edge))
+    assert "within 1.5 times the floor" in near and "more than" not in near and "10 ms" in near
+    assert "more than 1.5 times the floor" in above and "dispatch" in above

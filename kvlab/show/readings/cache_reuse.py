@@ -65,8 +65,12 @@ _REASONS = {
 
 
 def latency_reading(P: int, G: int, ttft_cached: float, tpot_naive: float, tpot_cached: float,
-                    tpot_static: float) -> str:
-    """TTFT and TPOT of the three loops at one setting."""
+                    tpot_static: float, spread: float) -> str:
+    """TTFT and TPOT of the three loops at one setting; whether the static loop's TPOT differs from the
+    cached one's is decided against ``spread``, how much the cached run's single steps moved
+    (``kvlab.lab.decode_timing.stands_out``)."""
+    from kvlab.lab.decode_timing import stands_out
+
     text = [f"At $P = {P}$ and $G = {G}$, the cached loop's first token took **{si(ttft_cached, 's')}** and "
             f"each later one **{si(tpot_cached, 's')}**."]
     if tpot_naive > tpot_cached:
@@ -76,10 +80,15 @@ def latency_reading(P: int, G: int, ttft_cached: float, tpot_naive: float, tpot_
         text.append(f"The naive loop's later tokens averaged {si(tpot_naive, 's')}, no more than the "
                     "cached loop's, although each is a prefill of the sequence so far: at this short "
                     "length the fixed cost of a pass hides the extra positions.")
-    text.append(f"The uncompiled static loop averaged {si(tpot_static, 's')} per token.")
-    if tpot_static >= 0.9 * tpot_cached:
-        text.append("A preallocated cache does not make an eager step cheaper on its own: it attends "
-                    "over all of its slots, masked, from the first step.")
+    text.append(f"The uncompiled static loop averaged {si(tpot_static, 's')} per token; single steps of "
+                f"the cached run moved by {spread:.0%} of a step (interquartile range over median).")
+    if not stands_out(tpot_static - tpot_cached, tpot_cached, spread):
+        text.append("The two differ by less than that spread: a preallocated cache does not make an "
+                    "eager step cheaper on its own, since it attends over all of its slots, masked, from "
+                    "the first step.")
+    elif tpot_static > tpot_cached:
+        text.append("It was slower than the cached loop by more than that spread: attending over every "
+                    "preallocated slot, masked, from the first step cost more than the copy it saves.")
     else:
         text.append("Here it was faster than the cached loop: writing in place saves the copy that "
                     "`DynamicCache` makes on every step, which outweighed attending over the unused, "
@@ -89,17 +98,24 @@ def latency_reading(P: int, G: int, ttft_cached: float, tpot_naive: float, tpot_
     return " ".join(text)
 
 
-def compile_reading(compile_cost: float, t_eager: float, t_comp: float, break_even: float) -> str:
-    """The one-time cost of compilation against its per-step gain."""
+def compile_reading(compile_cost: float, t_eager: float, t_comp: float, break_even: float, tokens: int) -> str:
+    """The one-time cost of compilation against its per-step gain, in a request of ``tokens`` tokens;
+    the outcome from the break-even model (``kvlab.theory.work.compile_repaid``)."""
+    from kvlab.theory.work import compile_repaid
+
     gain = t_eager - t_comp
     text = (f"Compilation and capture cost **{si(compile_cost, 's')}**. A steady step took "
             f"{si(t_eager, 's')} eager and {si(t_comp, 's')} compiled")
-    if gain > 0 and math.isfinite(break_even):
-        return (text + f", a gain of {si(gain, 's')} per token. The compiled loop catches up after "
-                f"**{break_even:,.0f} tokens**, where the two extrapolated lines in the figure cross.")
-    return (text + f": the compiled step was not faster ({si(-gain, 's')} slower), so compiling never "
-            "pays off here. That is the expected result on a CPU, where there are no CUDA graphs and "
-            "the step is dominated by work the compiler does not change; on a GPU the gain is large.")
+    if not (gain > 0 and math.isfinite(break_even)):
+        return (text + f": the compiled step was not faster ({si(-gain, 's')} slower), so by the break-even "
+                "model, compile time over the gain per step, compiling never pays off on this machine.")
+    text += (f", a gain of {si(gain, 's')} per token ({t_eager / t_comp:.1f}x). By the break-even model, "
+             f"compile time over the gain per step, the compiled loop catches up after **{break_even:,.0f} "
+             "tokens**, where the two extrapolated lines in the figure cross")
+    if compile_repaid(compile_cost, gain, tokens):
+        return text + f": within this {tokens}-token request, which compiling already paid for."
+    return (text + f": this {tokens}-token request did not repay it. Compiling pays for requests longer "
+            "than that, or when one compilation serves many requests, as in a serving engine.")
 
 
 def explore_reading(P: int, G: int, batch: int, model: str, ttft: dict, tpot: dict, time_ratio: float,
@@ -126,15 +142,45 @@ def explore_reading(P: int, G: int, batch: int, model: str, ttft: dict, tpot: di
     return " ".join(text)
 
 
-def gpu_break_even_reading(compile_cost: float) -> str:
-    """What this compile time implies on a GPU, where the per-step gain is milliseconds at most."""
+def gpu_break_even_reading(compile_cost: float, measured_gain: float) -> str:
+    """What this compile time implies where the per-step gain is one millisecond (a small model's
+    kernel-launch gaps on a GPU), beside this run's measured gain; both from ``break_even_tokens``."""
     from kvlab.theory.work import break_even_tokens
 
     one_ms = break_even_tokens(compile_cost, 1e-3)
-    return (f"On a GPU compilation takes as long or longer: tracing and code generation run on the CPU, and "
-            f"capture adds a few recorded steps. Graph replay can save at most what an eager step spends "
-            f"launching kernels, milliseconds for a small model. At this run's {si(compile_cost, 's')} of "
-            f"compilation, even a gain of a full millisecond per step breaks even only after "
-            f"**{one_ms:,.0f} tokens**, and compile times of tens of seconds on a large model push that "
-            "higher. That is why serving engines compile once per batch size at start-up and reuse the "
-            "graphs across requests, rather than paying the cost in any one request.")
+    here = break_even_tokens(compile_cost, measured_gain)
+    text = (f"This run's compiled step saved {si(measured_gain, 's')} per token"
+            if measured_gain > 0 else "This run's compiled step saved nothing per token")
+    return (text + ". On a GPU the saving is what graph replay removes: the gaps between hundreds of short "
+            "kernel launches, about a millisecond per step for a small model. Tracing and code generation "
+            "run on the CPU there too, so the compile time stays: at this run's "
+            f"{si(compile_cost, 's')}, a 1 ms gain per step breaks even after **{one_ms:,.0f} tokens** "
+            + (f"(against {here:,.0f} at this run's gain)" if math.isfinite(here) else "") +
+            ". That is why serving engines compile once per batch size at start-up and reuse the graphs "
+            "across requests, rather than paying the cost in any one request.")
+
+
+def peers_reading(result) -> str:
+    """kvlab's compiled static loop against transformers' fastest batch-1 path and kvlab's cached loop
+    (a ``kvlab.lab.decode_peers.PeerComparison``); each outcome from ``decode_peers.target_met``."""
+    from kvlab.lab.decode_peers import GENERATE, GENERATE_COMPILED, TARGETS, target_met
+
+    rounds = len(next(iter(result.seconds.values())))
+    text = [f"On {result.where}, on the {result.device}, every loop decoded exactly `generate`'s tokens "
+            "before any was timed. The figures are ratios of median whole-request times over "
+            f"{rounds} interleaved rounds, first calls (and so compilation) left out. kvlab's cached loop "
+            f"ran at {result.speedup('cached', GENERATE)} the speed of `generate` with its dynamic cache."]
+    for over, what, miss in (
+            (GENERATE_COMPILED, "transformers' fastest batch-1 path (a static cache and the forward compiled "
+             "with `reduce-overhead`)", "both run the same model code through the same compiler, so the gap "
+             "is the Python around each step and what each compiled graph holds"),
+            ("cached", "kvlab's cached loop", "the compiled step did not save enough to pay for attending "
+             "over every preallocated slot from the first step")):
+        r, target = result.speedup("static, compiled", over), TARGETS["static, compiled", over]
+        if target_met(r.median, target):
+            text.append(f"The compiled static loop ran at {r} the speed of {what}: at least as fast, the "
+                        f"target of {target:g}x.")
+        else:
+            text.append(f"The compiled static loop ran at {r} the speed of {what}, short of the target of "
+                        f"{target:g}x; the likely reason on this machine: {miss}.")
+    return " ".join(text)

@@ -55,12 +55,17 @@ def slope_reading(slope_pred: float, slope_meas: float, s0: int, t0: float, s_lo
 
 
 def intercept_reading(floor_s: float, t0: float) -> str:
-    """The step at short context against a bandwidth-only floor for the weights."""
-    text = f"A bandwidth-only floor for the weights would be {si(floor_s, 's')}; the measured step at short context took {si(t0, 's')}."
-    if t0 > 1.5 * floor_s:
-        return (text + " The step is longer, because a CPU step is also Python dispatch, many small "
-                "kernels and cache misses. [The memory wall](10_memory_wall.ipynb) tells these apart. "
-                "On a GPU the same gap is kernel-launch overhead, which "
+    """The step at short context against the weight-read floor (``decode_timing.weight_read_floor``:
+    weight bytes / copy bandwidth); ``decode_timing.near_floor`` decides."""
+    from kvlab.lab.decode_timing import FLOOR_BAND, near_floor
+
+    text = (f"Reading the weights once at the calibrated copy bandwidth, weight bytes over $\\beta$, takes "
+            f"{si(floor_s, 's')}: the floor of a step whose cache is small next to its weights. The measured "
+            f"step at short context took {si(t0, 's')}, {ratio_text(t0, floor_s)} that floor.")
+    if not near_floor(t0, floor_s):
+        return (text + f" That is more than {FLOOR_BAND:g} times the floor, because a CPU step is also Python "
+                "dispatch, many small kernels and cache misses. [The memory wall](10_memory_wall.ipynb) "
+                "tells these apart. On a GPU the same gap is kernel-launch overhead, which "
                 "[Recompute, cache reuse, optimized decode](02_cache_reuse.ipynb) removes with CUDA graphs.")
-    return (text + " That is close to the floor: on this machine a short-context step is already "
-            "bound by reading the weights, and the overheads are small next to it.")
+    return (text + f" That is within {FLOOR_BAND:g} times the floor: on this machine a short-context step is "
+            "already bound by reading the weights, and the overheads are small next to it.")
