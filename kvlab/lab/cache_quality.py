@@ -19,7 +19,7 @@ import statistics
 import torch
 from transformers import DynamicCache
 
-from kvlab._checks import integer, positive
+from kvlab._checks import integer, positive, require_memory
 from kvlab.cache.hf_cache import layer_nbytes
 from kvlab.cache.quantized import QuantizedKVCache
 from kvlab.cache.rope import rotate
@@ -42,17 +42,35 @@ def attention_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_hat: to
     quantization error enters attention through both. Returns ``{"scores", "values", "both"}`` as
     ||o_hat - o|| / ||o||, plus ``"score_rmse"``, the RMS error of the scores themselves.
     """
+    _check_attention_inputs(q=q, k=k, v=v, k_hat=k_hat, v_hat=v_hat)
+
     def attend(kk, vv):
         s = q.double() @ kk.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
         return s, torch.softmax(s, dim=-1) @ vv.double()
 
     s, o = attend(k, v)
+    if not bool(o.norm() > 0):
+        raise ValueError("v must not give an all-zero attention output (all-zero values): the relative error "
+                         "||o_hat - o|| / ||o|| is undefined there")
     s_hat, o_k = attend(k_hat, v)
     _, o_v = attend(k, v_hat)
     _, o_kv = attend(k_hat, v_hat)
     rel = lambda a: float((a - o).norm() / o.norm())  # noqa: E731
     return {"scores": rel(o_k), "values": rel(o_v), "both": rel(o_kv),
             "score_rmse": float((s_hat - s).pow(2).mean().sqrt())}
+
+
+def _check_attention_inputs(**tensors) -> None:
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point or t.dim() < 2:
+            raise TypeError(f"{name} must be a floating-point torch.Tensor [..., tokens, dim], got "
+                            f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    q, k, v, k_hat, v_hat = tensors.values()
+    if k_hat.shape != k.shape or v_hat.shape != v.shape or k.shape[:-1] != v.shape[:-1] \
+            or q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q [..., m, d], k and k_hat [..., n, d], v and v_hat [..., n, d_v] must agree, got q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, k_hat {tuple(k_hat.shape)}, "
+                         f"v_hat {tuple(v_hat.shape)}")
 
 
 def outlier_keys(tokens: int, head_dim: int, outlier_channels: int = 4, outlier_scale: float = 20.0,
@@ -66,6 +84,7 @@ def outlier_keys(tokens: int, head_dim: int, outlier_channels: int = 4, outlier_
     integer("seed", seed, 0)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    require_memory(f"outlier keys of {tokens:,} x {head_dim:,}", 16 * tokens * head_dim, "cpu")  # fp64 and a copy
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(tokens, head_dim, generator=g, dtype=torch.float64)
     channels = torch.randperm(head_dim, generator=g)[:outlier_channels]
@@ -116,6 +135,8 @@ def sink_share(model, tokens: torch.Tensor, first: int = 1, skip: int = 16) -> t
 
 def uniform_share(n: int, first: int = 1, skip: int = 16) -> float:
     """What ``sink_share`` would be if every query at t spread its attention evenly over t + 1 keys."""
+    first, skip = integer("first", first, 1), integer("skip", skip, 0)
+    n = integer("n", n, skip + 1)  # at least one query after the skipped ones
     return float(sum(min(1.0, first / (t + 1)) for t in range(skip, n)) / (n - skip))
 
 

@@ -26,19 +26,17 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab._checks import integer
+from kvlab._checks import flag, integer, integers
 from kvlab.lab.bench import Row
 from kvlab.lab.hardware import calibrate, calibrated_device
 from kvlab.devices import on_gpu
 from kvlab.lab.models import tiny_model
-from kvlab.lab.repeatable_step import (check_ids, element_bytes, model_shape_of, prefill_time, prepared_ids,
-                                       step_time, tile_prompt)
+from kvlab.lab.repeatable_step import element_bytes, model_shape_of, prefill_time, prepared_ids, step_time, tile_prompt
 from kvlab.lab.step_trace import StepTrace, trace_step
 from kvlab.theory import roofline
 from kvlab.theory.specs import Accelerator
 from kvlab.theory.verdict import (BUSY_THRESHOLD, KV_SHARE_THRESHOLD, BatchPoint, Target, capacity_batch, decide,
                                   lever, useful_batch)
-from kvlab.theory.work import check_method
 
 
 @dataclass(frozen=True)
@@ -132,17 +130,14 @@ def diagnose(model, input_ids, max_new_tokens: int, method: str = "cached", targ
     """
     from tqdm.auto import tqdm
 
-    shape, _ = prepared_ids(model, input_ids, None, method)
-    integer("max_new_tokens", max_new_tokens, 1)
+    shape = _check_request(model, input_ids, max_new_tokens, method, compile)
     target = Target() if target is None else target
     if not isinstance(target, Target):
         raise TypeError(f"target must be a kvlab.theory.verdict.Target or None, got {type(target).__name__}")
+    flag("progress", progress)
     batch, prompt = input_ids.shape
-    batches = _default_batches(batch) if batches is None else [integer("batches[i]", b) for b in batches]
-    if not batches:
-        raise ValueError("batches must name at least one batch size")
+    batches = _default_batches(batch) if batches is None else integers("batches", batches)
     context = prompt + max_new_tokens // 2
-    prepared_ids(model, input_ids, prompt + max_new_tokens, method)  # the whole request must fit the model
     r = _Request(model, input_ids, tile_prompt(input_ids.to(model.device), context), method, context,
                  prompt + max_new_tokens, this_machine(target.memory), calibrate(), element_bytes(model), compile)
     bar = tqdm(total=5, desc="diagnose", disable=not progress, leave=False)
@@ -173,6 +168,18 @@ def diagnose(model, input_ids, max_new_tokens: int, method: str = "cached", targ
                               flops_fraction=fl_frac, kv_share=trace.work.kv_share, admitted=fit)
     return Diagnosis(method, batch, prompt, max_new_tokens, context, tuple(steps), verdict, because,
                      lever(verdict, method), trace.achieved_bandwidth, bw_frac, fl_frac, trace, sweep, useful, target)
+
+
+def _check_request(model, input_ids, max_new_tokens, method: str, compile):
+    """The model's shape, after checking the request: token ids the model has, and a prompt plus
+    ``max_new_tokens`` within its positions."""
+    shape, _ = prepared_ids(model, input_ids, None, method)
+    if compile is not None:
+        flag("compile", compile)
+    prompt = input_ids.shape[1]
+    limit = getattr(model.config, "max_position_embeddings", None)
+    integer("max_new_tokens", max_new_tokens, 1, None if limit is None else max(2, limit - prompt))
+    return shape
 
 
 def _naive_against_cached(r: _Request) -> Step:
@@ -260,13 +267,9 @@ def batch_sweep(model, input_ids, max_new_tokens: int, batches, method: str = "c
     ``roofline.admitted`` whether weights plus P + max_new_tokens tokens per sequence fit in ``memory``
     bytes (default: this device's memory).
     """
-    check_method(method)
-    integer("max_new_tokens", max_new_tokens, 1)
-    batches = [integer("batches[i]", b) for b in batches]
-    if not batches:
-        raise ValueError("batches must name at least one batch size")
-    prompt = check_ids(input_ids).shape[1]
-    prepared_ids(model, input_ids, prompt + max_new_tokens, method)
+    _check_request(model, input_ids, max_new_tokens, method, compile)
+    batches = integers("batches", batches)
+    prompt = input_ids.shape[1]
     return _sweep(model, input_ids, prompt + max_new_tokens // 2, prompt + max_new_tokens, method, batches,
                   this_machine(memory), compile)
 

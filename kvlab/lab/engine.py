@@ -32,14 +32,15 @@ def make_requests(n: int, distribution: str = "lognormal", mean_prompt: float = 
 
     from kvlab.lab.paging import make_trace
 
-    if not 0 <= shared_fraction <= 1:
-        raise ValueError(f"shared_fraction must be in [0, 1], got {shared_fraction!r}")
+    shared_fraction = _checks.real("shared_fraction", shared_fraction, 0, 1)
     shared_prompts = _checks.integer("shared_prompts", shared_prompts, low=0)
     shared_len = _checks.integer("shared_len", shared_len, low=0)
+    vocab, seed = _checks.integer("vocab", vocab), _checks.integer("seed", seed, 0)
+    trace = make_trace(n, distribution, mean_prompt, mean_output, max_len=max_len, seed=seed)  # checks the rest
     rng = np.random.default_rng(seed)
     systems = [rng.integers(0, vocab, shared_len).tolist() for _ in range(shared_prompts)]
     prompts, news = [], []
-    for r in make_trace(n, distribution, mean_prompt, mean_output, max_len=max_len, seed=seed):
+    for r in trace:
         own = rng.integers(0, vocab, len(r.prompt)).tolist()
         shared = systems and rng.random() < shared_fraction
         prompts.append(systems[rng.integers(len(systems))] + own if shared else own)
@@ -52,10 +53,30 @@ def static_generate(model, prompts, max_new_tokens, batch_size: int) -> tuple[li
     in arrival order, left-padded to the longest prompt, each batch run to its longest ``max_new_tokens``.
 
     Returns each request's own tokens (cut to its ``max_new_tokens``) and the time, from the start,
-    at which its batch returned.
+    at which its batch returned. The model runs with SDPA attention for the call and is given back
+    with its own.
     """
+    prompts, max_new_tokens = _requests(model, prompts, max_new_tokens)
+    batch_size = _checks.integer("batch_size", batch_size)
     pad = model.generation_config.pad_token_id or 0
-    model.set_attn_implementation("sdpa")
+    with _checks.restoring(model, attn_implementation="sdpa"):
+        return _static_batches(model, prompts, max_new_tokens, batch_size, pad)
+
+
+def _requests(model, prompts, max_new_tokens) -> tuple[list[list[int]], list[int]]:
+    """The prompts (token ids the model has) and one ``max_new_tokens`` per prompt, checked."""
+    _checks.causal_lm("model", model)
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise TypeError(f"prompts must be a non-empty list of token-id lists, got {prompts!r:.60}")
+    prompts = [_checks.token_ids(f"prompts[{i}]", p, model.config.vocab_size) for i, p in enumerate(prompts)]
+    counts = _checks.integers("max_new_tokens", max_new_tokens)
+    if len(counts) != len(prompts):
+        raise ValueError(f"max_new_tokens must hold one count per prompt of prompts ({len(prompts)} prompts), "
+                         f"got {len(counts)} counts")
+    return prompts, counts
+
+
+def _static_batches(model, prompts, max_new_tokens, batch_size: int, pad: int):
     outputs, done_at, start = [], [], time.perf_counter()
     for first in range(0, len(prompts), batch_size):
         batch, news = prompts[first: first + batch_size], max_new_tokens[first: first + batch_size]
@@ -102,11 +123,12 @@ def compare_with_generate(model, prompts, max_new_tokens, max_batch: int = 8, bl
                           **engine_options) -> Comparison:
     """Time a fresh engine and padded static ``generate`` batches of ``max_batch`` on the same trace,
     interleaved ``reps`` times (the faster run of each kept), after one small warm-up of each."""
+    prompts, max_new_tokens = _requests(model, prompts, max_new_tokens)
     reps = _checks.integer("reps", reps)
     options = dict(num_blocks=num_blocks, block_size=block_size, max_batch=max_batch,
                    prefix_caching=prefix_caching, **engine_options)
     Engine(model, **options).generate(prompts[:2], 2)
-    static_generate(model, prompts[:2], [2, 2], max_batch)
+    static_generate(model, prompts[:2], [2] * len(prompts[:2]), max_batch)
     best = None
     for _ in range(reps):
         expected, done_at = static_generate(model, prompts, list(max_new_tokens), max_batch)
@@ -141,6 +163,8 @@ class CurvePoint:
 def latency_throughput(model, prompts, max_new_tokens, batches=(1, 2, 4, 8, 16), **engine_options) -> list[CurvePoint]:
     """The engine on one trace at each ``max_batch`` of ``batches``: tokens per second against time per
     output token (notebook 11). A fresh engine per point, so no point inherits another's cached prefixes."""
+    prompts, max_new_tokens = _requests(model, prompts, max_new_tokens)
+    batches = _checks.integers("batches", list(batches) if isinstance(batches, tuple) else batches)
     points = []
     for max_batch in batches:
         engine = Engine(model, max_batch=max_batch, **engine_options)

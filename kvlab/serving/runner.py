@@ -19,6 +19,7 @@ from itertools import accumulate
 import torch
 
 from kvlab import kernels
+from kvlab._checks import causal_lm, flag, integer, one_of
 from kvlab.cache.paged import PagedKVCache
 from kvlab.serving.attention import ATTENTION_PATHS, StepMetadata, build_step, paged_forward
 
@@ -32,8 +33,8 @@ def model_geometry(model) -> tuple[int, int, int]:
 
 def check_cache_fits(model, cache, attention: str) -> None:
     """Everything a step needs from ``model`` and ``cache`` together, checked before any layer writes."""
-    if attention not in ATTENTION_PATHS:
-        raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
+    one_of("attention", attention, ATTENTION_PATHS)
+    causal_lm("model", model)
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache must be a kvlab.cache.paged.PagedKVCache, got {type(cache).__name__}")
     layers, kv_heads, head_dim = model_geometry(model)
@@ -51,8 +52,8 @@ def check_cache_fits(model, cache, attention: str) -> None:
 
 def check_kernel_limits(block_size: int, head_dim: int, attention: str) -> None:
     """The Triton kernel's limits, for the paths that use it (the reference checks as the kernel does)."""
-    if attention not in ATTENTION_PATHS:
-        raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
+    one_of("attention", attention, ATTENTION_PATHS)
+    block_size, head_dim = integer("block_size", block_size), integer("head_dim", head_dim)
     if attention == "gather":
         return
     if block_size & (block_size - 1):
@@ -72,6 +73,8 @@ class ModelRunner:
 
     def __init__(self, model, cache, attention: str = "kernel", cuda_graphs: bool = False, max_batch: int = 1):
         check_cache_fits(model, cache, attention)
+        flag("cuda_graphs", cuda_graphs)
+        max_batch = integer("max_batch", max_batch)
         self.model, self.cache, self.attention = model, cache, attention
         self.graphs = None
         if cuda_graphs and cache.device.type == "cuda" and attention == "kernel":
@@ -93,6 +96,9 @@ class ModelRunner:
             start = self.cache.num_computed(seq_id)
             ids += self.cache.tokens(seq_id)[start:start + count]
             positions += range(start, start + count)
+        if max(ids) >= self.model.config.vocab_size:  # the embedding would fail on it, on a GPU with a device assert
+            raise ValueError(f"the step's token ids must be < the model's vocab_size ({self.model.config.vocab_size}), "
+                             f"got {max(ids)}; a cache's sequences hold ids of the model they were admitted for")
         dev = self.cache.device
         last = torch.tensor(list(accumulate(count for _, count in chunks)), device=dev) - 1
         logits = paged_forward(self.model, torch.tensor([ids], device=dev), torch.tensor([positions], device=dev),

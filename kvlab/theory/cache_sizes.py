@@ -19,7 +19,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from kvlab._checks import integer, positive
+from kvlab._checks import integer, one_of, positive
 from kvlab.theory import memory_wall
 from kvlab.theory.shapes import SHAPES, ModelShape
 
@@ -181,8 +181,7 @@ def window_span(window: int, layers: int) -> int:
 def quantized_nbytes(numel: int, bits: int, group_size: int, meta_bytes: int = 2) -> int:
     """Bytes of a quantized tensor: packed codes plus one scale and one zero point per group."""
     integer("numel", numel, 0)
-    if isinstance(bits, bool) or bits not in BITS:
-        raise ValueError(f"bits must be one of {BITS} (what quantize stores), got {bits!r}")
+    one_of("bits", bits, BITS)  # what quantize stores
     integer("group_size", group_size, 1)
     integer("meta_bytes", meta_bytes, 0)
     if numel % group_size:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab._checks import integer
+from kvlab._checks import flag, integer, one_of
 from kvlab.theory import roofline
 
 # The loops notebook 09 can trace: kvlab.decode's three, and the paged loop of notebook 05.
@@ -27,8 +27,7 @@ STEP_METHODS = ("naive", "cached", "static", "paged")
 def _check_pg(P, G, cached=False):
     integer("P", P, 1)
     integer("G", G, 0)
-    if not isinstance(cached, bool):
-        raise TypeError(f"cached must be True or False, got {cached!r}")
+    flag("cached", cached)
 
 
 def positions_processed(P: int, G: int, cached: bool = False) -> int:
@@ -103,9 +102,7 @@ class StepWork:
 
 def check_method(method) -> str:
     """``method`` if it is one of ``STEP_METHODS``, else a ValueError listing them."""
-    if method not in STEP_METHODS:
-        raise ValueError(f"method must be one of {STEP_METHODS}, got {method!r}")
-    return method
+    return one_of("method", method, STEP_METHODS)
 
 
 def _window_sum(n: int, window: int | None) -> int:

@@ -21,6 +21,8 @@ def test_stamp_names_device_and_versions():
                                               ((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16)])
 def test_gpu_dtype_is_bf16_only_with_bf16_units(monkeypatch, capability, want):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU that exists, as device() requires
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert kvlab.devices.device_and_dtype("cuda") == (torch.device("cuda"), want)  # V100, T4, A100, H100
     assert kvlab.devices.device_and_dtype("cuda", torch.float32)[1] == torch.float32  # asked for: kept
     assert kvlab.devices.device_and_dtype("cpu")[1] == torch.float32

@@ -95,7 +95,7 @@ def test_out_of_blocks_changes_nothing(llama):
     s, _ = cache.admit(_tokens(10, seed=8))  # 3 blocks
     token = prefill(llama, cache, s, attention="gather")
     before = _state(cache)
-    with pytest.raises(OutOfBlocksError, match="need 2 KV-cache block.* bytes needed") as info:
+    with pytest.raises(OutOfBlocksError, match="needs 2 KV-cache block.* bytes needed") as info:
         generate(llama, cache, _tokens(7, seed=9), 2)
     assert (info.value.needed, info.value.free, info.value.total) == (2, 1, 4) and _state(cache) == before
     decode_step(llama, cache, [s], [token], attention="gather")

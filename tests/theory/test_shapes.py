@@ -25,11 +25,11 @@ def test_shapes_have_the_issue_keys_and_seed_parameter_counts():
 
 
 def test_model_shape_rejects_nonsense():
-    with pytest.raises(ValueError, match="layers must be a positive int"):
+    with pytest.raises(ValueError, match="layers must be an int >= 1"):
         ModelShape("x", 0, 8, 8, 64, 512, 1e6, 100)
     with pytest.raises(ValueError, match="multiple of kv_heads"):
         ModelShape("x", 2, 8, 3, 64, 512, 1e6, 100)
-    with pytest.raises(ValueError, match="bytes_per_element must be > 0"):
+    with pytest.raises(ValueError, match="bytes_per_element must be a finite number > 0"):
         SHAPES["llama-3-8b"].kv_bytes_per_token(0)
 
 

@@ -29,11 +29,18 @@ def test_decide_refuses_bad_numbers():
     good = dict(busy_fraction=0.9, bandwidth_fraction=0.6, flops_fraction=0.1, kv_share=0.1)
     with pytest.raises(ValueError, match="kv_share must be in"):
         decide(**{**good, "kv_share": 1.5})
-    with pytest.raises(ValueError, match="busy_fraction must be a finite number >= 0"):
+    with pytest.raises(ValueError, match=r"busy_fraction must be in \[0, 1\]"):
         decide(**{**good, "busy_fraction": -0.1})
+    with pytest.raises(ValueError, match=r"busy_fraction must be in \[0, 1\], got 1.5"):  # not "busy for 150%"
+        decide(**{**good, "busy_fraction": 1.5})
+    with pytest.raises(ValueError, match="bandwidth_fraction must be a finite number >= 0"):
+        decide(**{**good, "bandwidth_fraction": float("inf")})
+    for admitted in (None, "no", 0):  # not the verdict "capacity"
+        with pytest.raises(TypeError, match="admitted must be True, False or a kvlab.theory.roofline.Admission"):
+            decide(**good, admitted=admitted)
     with pytest.raises(ValueError, match="flops_fraction"):
         decide(**{**good, "flops_fraction": float("nan")})
-    with pytest.raises(TypeError, match="bandwidth_fraction must be a real number"):
+    with pytest.raises(TypeError, match="bandwidth_fraction must be a finite number"):
         decide(**{**good, "bandwidth_fraction": "fast"})
 
 
