@@ -1,6 +1,8 @@
 """Notebook 11's measurements: the request trace, padded ``generate`` batches, and the engine against
 them on one trace (the tokens must agree; timings are never asserted)."""
 
+import math
+
 import pytest
 import torch
 
@@ -33,3 +35,29 @@ def test_engine_and_padded_generate_agree(model):
     assert result.engine_metrics["requests"] == 6
     points = latency_throughput(model, prompts, news, batches=(1, 3), block_size=4)
     assert [p.max_batch for p in points] == [1, 3] and all(p.tokens_per_s > 0 for p in points)
+
+
+# issue 22's bad calls of this module: (call on the fixture's model, error, a pattern naming the argument)
+BAD_CALLS = {
+    "mean_output inf": (lambda m: make_requests(4, mean_output=math.inf), ValueError, "mean_output must be a finite"),
+    "vocab 1.5": (lambda m: make_requests(4, vocab=1.5), TypeError, "vocab must be an int"),
+    "n True": (lambda m: make_requests(True), TypeError, "n must be an int"),
+    "batch_size -1": (lambda m: static_generate(m, [[1, 2, 3]], [2], -1), ValueError, "batch_size must be an int >= 1"),
+    "one count for two prompts": (lambda m: static_generate(m, [[1, 2], [3, 4]], [2], 1), ValueError,
+                                  "max_new_tokens must hold one count per prompt"),
+    "token past the vocabulary": (lambda m: static_generate(m, [[1, 512]], [2], 1), ValueError, r"512"),
+    "compare float tokens": (lambda m: compare_with_generate(m, [[1.0, 2]], [2]), TypeError, r"prompts\[0\]\[0\]"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_CALLS)
+def test_bad_call_is_refused_and_leaves_the_model_as_it_was(model, name):
+    call, error, match = BAD_CALLS[name]
+    own = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with pytest.raises(error, match=match):
+            call(model)
+        assert model.config._attn_implementation == "eager"  # not switched to sdpa on the way
+    finally:
+        model.set_attn_implementation(own)
