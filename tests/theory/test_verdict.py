@@ -79,3 +79,19 @@ def test_capacity_batch_is_the_admission_edge(key, context):
 
 def test_capacity_batch_zero_when_nothing_fits():
     assert capacity_batch(SHAPES["llama-3.1-405b"], kvlab.SPECS["l4"], 1000) == 0
+
+
+# issue 22's bad calls of decide: out-of-range shares and a missing admission are refused, not printed
+GOOD = dict(busy_fraction=0.5, bandwidth_fraction=0.5, flops_fraction=0.1, kv_share=0.5, admitted=True)
+
+
+@pytest.mark.parametrize("field, value, error, match", [
+    ("busy_fraction", 1.5, ValueError, r"busy_fraction must be in \[0, 1\], got 1.5"),
+    ("kv_share", float("nan"), ValueError, "kv_share must be in"),
+    ("bandwidth_fraction", float("inf"), ValueError, "bandwidth_fraction must be a finite number"),
+    ("flops_fraction", True, TypeError, "flops_fraction must be"),
+    ("admitted", None, TypeError, "admitted must be True, False or a kvlab.theory.roofline.Admission"),
+])
+def test_decide_refuses_each_bad_argument(field, value, error, match):
+    with pytest.raises(error, match=match):
+        decide(**dict(GOOD, **{field: value}))
