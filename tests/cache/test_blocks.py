@@ -568,3 +568,33 @@ TestManagerMachineBlockOne = ManagerMachineBlockOne.TestCase
 TestManagerMachineBlockOne.settings = _settings
 TestManagerMachineBlockThree = ManagerMachineBlockThree.TestCase
 TestManagerMachineBlockThree.settings = _settings
+
+
+def _manager_with_one():
+    m = BlockManager(8, 4, prefix_caching=True)
+    seq, _ = m.admit([1, 2, 3])
+    return m, seq
+
+
+# issue 22's bad calls of the block manager: each refused with the argument named, the manager unchanged
+@pytest.mark.parametrize("call, error, match", [
+    (lambda m, s: m.admit([1.5, -2]), TypeError, r"token_ids\[0\] must be a token id"),
+    (lambda m, s: m.admit([-2]), ValueError, r"token_ids\[0\] must be a token id in \[0, "),
+    (lambda m, s: m.admit("abcd"), TypeError, "tokenize the text first"),
+    (lambda m, s: m.admit(7), TypeError, "token_ids must be a list of token ids"),
+    (lambda m, s: m.admit([True, 2]), TypeError, r"token_ids\[0\]"),
+    (lambda m, s: m.admit([]), ValueError, "at least one token id"),
+    (lambda m, s: m.free(True), TypeError, "seq_id must be an int"),  # never sequence 1
+    (lambda m, s: m.free(99), ValueError, "seq_id 99 is not a live sequence"),  # not a bare KeyError
+    (lambda m, s: m.reserve(s, [1.0]), TypeError, r"token_ids\[0\]"),
+    (lambda m, s: m.preempt(s, "drop"), ValueError, "mode must be one of"),
+    (lambda m, s: BlockManager(8, 4, prefix_caching="no"), TypeError, "prefix_caching must be True or False"),
+    (lambda m, s: BlockManager(8, 4, bytes_per_block=1.5), TypeError, "bytes_per_block must be an int"),
+])
+def test_block_manager_refuses_bad_input_and_changes_nothing(call, error, match):
+    m, seq = _manager_with_one()
+    before = state(m)
+    with pytest.raises(error, match=match):
+        call(m, seq)
+    assert state(m) == before
+    m.check()
