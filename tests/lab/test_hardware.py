@@ -59,3 +59,21 @@ def test_bad_call_raises_a_clear_error(name):
     call, error, message = BAD_CALLS[name]
     with pytest.raises(error, match=message):
         call()
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: stamp_line({}), ValueError, "s must be a stamp"),  # not this machine's stamp in its place
+    (lambda: kvlab.devices.device_and_dtype("cpu", "fp16"), TypeError, "dtype must be a torch.dtype"),
+    (lambda: kvlab.devices.device_and_dtype("cpu", torch.int8), TypeError, "floating-point"),
+    (lambda: kvlab.devices.device_and_dtype("meta"), ValueError, "device must hold data"),
+    (lambda: kvlab.devices.device_and_dtype(3), TypeError, "device must be a torch.device"),
+])
+def test_bad_devices_and_stamps_are_refused(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_a_gpu_that_is_not_there_is_refused_by_name():
+    """Not torch's "Torch not compiled with CUDA enabled": the argument and what this machine has."""
+    with pytest.raises(ValueError, match=r"device 'cuda:7' is not available on this machine \(\d+ CUDA device"):
+        kvlab.devices.device_and_dtype("cuda:7")

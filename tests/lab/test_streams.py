@@ -90,3 +90,10 @@ def test_bad_call_raises_a_clear_error(name):
     call, error, message = BAD_CALLS[name]
     with pytest.raises(error, match=message):
         call()
+
+
+def test_kl_divergence_refuses_probabilities():
+    """issue 22: probabilities where log-probabilities belong would give a meaningless number."""
+    p = torch.softmax(torch.randn(3, 5), -1)
+    with pytest.raises(ValueError, match="reference must hold log-probabilities"):
+        kl_divergence(p, p.log())
