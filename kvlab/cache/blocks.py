@@ -212,6 +212,9 @@ def root_hash(salt) -> bytes:
 
 def chain_hash(parent: bytes, block_tokens) -> bytes:
     """The hash of one full block: its parent's hash and its own token ids, 128-bit BLAKE2b."""
+    if not isinstance(parent, bytes):
+        raise TypeError(f"parent must be the bytes of a hash (root_hash, chain_hash), got {type(parent).__name__}")
+    block_tokens = _checks.token_ids("block_tokens", block_tokens)
     digest = hashlib.blake2b(parent, digest_size=16)
     digest.update(array("q", block_tokens).tobytes())  # token ids are int64, < 2**63
     return digest.digest()

@@ -19,7 +19,7 @@ import statistics
 import torch
 from transformers import DynamicCache
 
-from kvlab._checks import integer, positive, require_memory
+from kvlab._checks import causal_lm, integer, positive, require_memory, token_ids
 from kvlab.cache.hf_cache import layer_nbytes
 from kvlab.cache.quantized import QuantizedKVCache
 from kvlab.cache.rope import rotate
@@ -101,6 +101,7 @@ def rerotation_scores(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, 
     current position t to keys that already carry R_p (keys at p + t), and when it rotates them by p
     again (keys at 2p), all scaled by 1/sqrt(d), fp64.
     """
+    integer("query_position", query_position, 0)
     q64, k64 = q.double(), k.double()
     pos = torch.as_tensor(key_positions, dtype=torch.float64)
     qr = rotate(q64[None], [query_position], inv_freq)[0]
@@ -122,6 +123,9 @@ def sink_share(model, tokens: torch.Tensor, first: int = 1, skip: int = 16) -> t
     """
     integer("first", first, 1)
     integer("skip", skip, 0)
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    token_ids("tokens", tokens.reshape(-1), causal_lm("model", model).config.vocab_size)
     ids = tokens.reshape(1, -1).to(model.device)
     if not ids.shape[1] > max(first, skip):
         raise ValueError(f"tokens must be longer than first ({first}) and skip ({skip}), got {ids.shape[1]}")
@@ -143,6 +147,9 @@ def uniform_share(n: int, first: int = 1, skip: int = 16) -> float:
 def cached_keys_values(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The keys (rotated, as cached) and values of one forward pass over ``tokens [n]``:
     two ``[layers, kv_heads, n, head_dim]`` tensors. What a KV cache would hold, section 9.7."""
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    token_ids("tokens", tokens.reshape(-1), causal_lm("model", model).config.vocab_size)
     cache = DynamicCache()
     with torch.inference_mode():
         model(tokens.reshape(1, -1).to(model.device), use_cache=True, **cache_kwargs(model, cache))
@@ -153,6 +160,8 @@ def cached_keys_values(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch
 
 def channel_rms(x: torch.Tensor) -> torch.Tensor:
     """``[..., head_dim]``: RMS of each channel over the tokens of ``x [..., tokens, head_dim]``."""
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        raise TypeError(f"x must be a torch.Tensor [..., tokens, head_dim], got {type(x).__name__}")
     return x.float().pow(2).mean(-2).sqrt()
 
 

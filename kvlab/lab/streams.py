@@ -18,7 +18,7 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.models.llama.modeling_llama import repeat_kv
 
-from kvlab._checks import integer, one_of, require_memory, restoring
+from kvlab._checks import causal_lm, flag, integer, one_of, require_memory, restoring, token_ids
 from kvlab.cache.rope import rotary_of, rotate
 from kvlab.cache.window import ROPE_MODES
 from kvlab.versions import cache_kwargs
@@ -47,8 +47,10 @@ def stream_eval(model, tokens: torch.Tensor, cache=None, first: int = 4, recent:
     """
     if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
         raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    token_ids("tokens", tokens.reshape(-1), causal_lm("model", model).config.vocab_size)
     integer("first", first, 0)
     integer("recent", recent, 0)
+    flag("attention", attention)
     cache = DynamicCache() if cache is None else cache
     ids = tokens.reshape(1, -1).to(model.device)
     n = ids.shape[1]
@@ -150,6 +152,7 @@ def masked_stream_eval(model, tokens: torch.Tensor, num_sink: int = 0, window: i
     """
     if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
         raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    token_ids("tokens", tokens.reshape(-1), causal_lm("model", model).config.vocab_size)
     integer("num_sink", num_sink, 0)
     if window is not None:
         integer("window", window, 1)  # window 0 would leave a query nothing to attend to
@@ -192,6 +195,10 @@ def recompute_stream_eval(model, tokens: torch.Tensor, window: int, start: int |
     """
     integer("window", window, 1)
     integer("stride", stride, 1)
+    integer("batch", batch, 1)
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    token_ids("tokens", tokens.reshape(-1), causal_lm("model", model).config.vocab_size)
     ids = tokens.reshape(-1).to(model.device)
     start = window - 1 if start is None else start
     integer("start", start, window - 1, len(ids) - 1)

@@ -26,7 +26,7 @@ from kvlab.serving.attention import ATTENTION_PATHS, StepMetadata, build_step, p
 
 def model_geometry(model) -> tuple[int, int, int]:
     """(layers, KV heads, head dim) of a Hugging Face decoder, as its KV cache must be shaped."""
-    config = model.config
+    config = causal_lm("model", model).config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return config.num_hidden_layers, config.num_key_value_heads, head_dim
 

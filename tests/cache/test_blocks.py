@@ -598,3 +598,14 @@ def test_block_manager_refuses_bad_input_and_changes_nothing(call, error, match)
         call(m, seq)
     assert state(m) == before
     m.check()
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: kvlab.cache.blocks.chain_hash(b"x", [1.5]), TypeError, r"block_tokens\[0\] must be a token id"),
+    (lambda: kvlab.cache.blocks.chain_hash(b"x", [-1]), ValueError, r"block_tokens\[0\] must be a token id"),
+    (lambda: kvlab.cache.blocks.chain_hash("x", [1]), TypeError, "parent must be the bytes of a hash"),
+    (lambda: kvlab.cache.blocks.root_hash([1]), TypeError, "salt must be"),
+])
+def test_hashes_refuse_what_is_not_a_block(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

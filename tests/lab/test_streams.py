@@ -97,3 +97,17 @@ def test_kl_divergence_refuses_probabilities():
     p = torch.softmax(torch.randn(3, 5), -1)
     with pytest.raises(ValueError, match="reference must hold log-probabilities"):
         kl_divergence(p, p.log())
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda m, t: stream_eval(m, t, attention="no"), TypeError, "attention must be True or False"),
+    (lambda m, t: stream_eval(m, t + m.config.vocab_size), ValueError, r"tokens\[0\] must be a token id in \[0, "),
+    (lambda m, t: stream_eval(None, t), TypeError, "model must be a Hugging Face causal LM"),
+    (lambda m, t: masked_stream_eval(m, -t - 1), ValueError, r"tokens\[0\] must be a token id"),
+    (lambda m, t: recompute_stream_eval(m, t, 4, batch=0), ValueError, "batch must be an int >= 1"),
+    (lambda m, t: recompute_stream_eval(m, t.tolist(), 4), TypeError, "tokens must be an integer torch.Tensor"),
+])
+def test_stream_evals_refuse_bad_input(model, call, error, match):
+    """issue 22: not an IndexError from the embedding, nor torch's split error, nor a str taken as True."""
+    with pytest.raises(error, match=match):
+        call(model, torch.arange(1, 9))

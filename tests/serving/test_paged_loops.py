@@ -293,3 +293,10 @@ class DecodeWithFailures(RuleBasedStateMachine):
 TestDecodeWithFailures = DecodeWithFailures.TestCase
 TestDecodeWithFailures.settings = settings(max_examples=10, stateful_step_count=12, deadline=None,
                                            suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_model_geometry_names_a_missing_model():
+    from kvlab.serving.runner import model_geometry
+
+    with pytest.raises(TypeError, match="model must be a Hugging Face causal LM"):
+        model_geometry(None)
