@@ -1,37 +1,195 @@
-"""Every notebook: argument checks shared by kvlab's modules; an error names the argument, the value it
-got and what is allowed (CONTRIBUTING.md, "Errors"). Plain Python; torch is imported only by the
-tensor checks that need it."""
+"""Every notebook: the argument checks kvlab's modules share, and the one way a call changes a caller's
+object for a while (CONTRIBUTING.md, "Errors").
+
+A check takes the argument's name as the caller wrote it, and the value, and returns the value as
+kvlab uses it (``integer("block_size", 16) == 16``). A wrong kind of thing raises a TypeError, a
+wrong value a ValueError; the message names the argument, the value and what is allowed:
+
+- ``integer`` and ``integers``: an int in a range (never a bool, never a float, not even 4.0), or a
+  list of them;
+- ``real`` and ``positive``: a finite real number in a range (never a bool, an infinity or NaN);
+- ``flag``: True or False (never ``"no"``, ``1`` or None);
+- ``one_of``: one of a tuple of choices;
+- ``token_ids``: token ids, ints in ``[0, vocab)``;
+- ``function``: something to call;
+- ``device`` and ``dtype``: a torch device this machine has, a floating torch dtype;
+- ``causal_lm``: a Hugging Face causal language model;
+- ``require_memory``: a size this machine can hold, refused by arithmetic before allocating;
+- ``named_shapes``: tensors whose dimensions agree with their layouts.
+
+Checks run once, where a public call enters kvlab; what they return is passed on unchecked (a step
+that runs thousands of times calls an unchecked twin with values checked once). ``restoring`` is the
+context manager around every temporary change to a caller's object (a model's attention
+implementation; a cache's state), which puts the object back if anything fails.
+
+Plain Python: torch is imported only by the checks that need it.
+"""
 
 from __future__ import annotations
 
 import math
 import numbers
+from contextlib import contextmanager
+
+
+def _got(value) -> str:
+    return f"{type(value).__name__} {value!r}"
 
 
 def integer(name: str, value, low: int = 1, high: int | None = None) -> int:
     """``value`` as an int in [low, high) (no upper bound when ``high`` is None).
 
-    Bools and floats are refused with a TypeError, values out of range with a ValueError; both say
-    which argument and which range.
+    A bool, a float (4.0 included: an integer count is never a float in kvlab) or anything else
+    that is not an integer is refused with a TypeError, a value out of range with a ValueError.
     """
     allowed = f">= {low}" if high is None else f"in [{low}, {high})"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int {allowed}, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be an int {allowed}, got {_got(value)}")
     if value < low or (high is not None and value >= high):
         raise ValueError(f"{name} must be an int {allowed}, got {value!r}")
     return int(value)
 
 
+def integers(name: str, value, low: int = 1, high: int | None = None, *, empty: bool = False) -> list[int]:
+    """``value`` (a list or tuple) as a list of ints, each checked as ``integer(f"{name}[i]", ...)``;
+    an empty list only if ``empty``."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, range)):
+        raise TypeError(f"{name} must be a list of ints, got {_got(value)}")
+    if not value and not empty:
+        raise ValueError(f"{name} must hold at least one int, got an empty {type(value).__name__}")
+    return [integer(f"{name}[{i}]", v, low, high) for i, v in enumerate(value)]
+
+
+def real(name: str, value, low: float = -math.inf, high: float = math.inf, *, low_open: bool = False,
+         high_open: bool = False) -> float:
+    """``value`` as a finite float in the interval [low, high], either end open on request.
+
+    A bool or a non-number is a TypeError; an infinity, NaN or a value outside the interval a ValueError.
+    """
+    if high == math.inf:
+        allowed = "a finite number" + ("" if low == -math.inf else f" {'>' if low_open else '>='} {low:g}")
+    elif low == -math.inf:
+        allowed = f"a finite number {'<' if high_open else '<='} {high:g}"
+    else:
+        allowed = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {'a number ' if allowed.startswith('in') else ''}{allowed}, got {_got(value)}")
+    x = float(value)
+    above = x > low if low_open else x >= low
+    below = x < high if high_open else x <= high
+    if not (math.isfinite(x) and above and below):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return x
+
+
+def positive(name: str, value) -> float:
+    """``value`` as a finite float > 0 (bytes, rates, widths, factors)."""
+    return real(name, value, 0, low_open=True)
+
+
+def flag(name: str, value) -> bool:
+    """``value`` if it is True or False; ``"no"``, ``1`` and None are refused (a string is always true)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {_got(value)}")
+    return value
+
+
 def one_of(name: str, value, allowed):
-    """``value`` if it equals one of ``allowed`` (True is not 1 here), else a ValueError listing them."""
+    """``value`` if it equals one of ``allowed`` (True is not 1 here, nor 4.0 the 4), else a ValueError
+    listing them."""
     def same(a) -> bool:
+        if isinstance(value, bool) != isinstance(a, bool) or (isinstance(value, float) and not isinstance(a, float)):
+            return False
         try:
-            return isinstance(value, bool) == isinstance(a, bool) and bool(value == a)
+            return bool(value == a)
         except (TypeError, RuntimeError, ValueError):  # e.g. a tensor compared with a number
             return False
 
     if not any(same(a) for a in allowed):
         raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
+    return value
+
+
+def token_ids(name: str, value, vocab: int | None = None, *, empty: bool = False) -> list[int]:
+    """``value`` (a list or tuple of ints, or a 1-D integer tensor or array) as a list of token ids,
+    each in ``[0, vocab)`` (a model's ``vocab_size``; without one, ``[0, 2**63)``, what a hash holds).
+
+    Text, a bare int, floats (1.0 included), bools and nested lists are refused; so is an empty
+    sequence unless ``empty``.
+    """
+    high, shown = (2**63, "2**63") if vocab is None else (vocab, vocab)
+    allowed = f"a list of token ids (ints in [0, {shown}))"
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be {allowed}, got a {type(value).__name__}; tokenize the text first")
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):  # a torch tensor or a numpy array
+        kind = str(value.dtype)  # "torch.int64", "int32", "torch.float32", "torch.bool" ...
+        if value.ndim != 1 or "int" not in kind:
+            raise TypeError(f"{name} must be {allowed} or a 1-D integer tensor, got a {kind} of shape "
+                            f"{tuple(value.shape)}")
+        value = value.tolist()
+    try:
+        ids = list(value)
+    except TypeError:
+        raise TypeError(f"{name} must be {allowed}, got {_got(value)}") from None
+    if not ids and not empty:
+        raise ValueError(f"{name} must hold at least one token id, got an empty {type(value).__name__}")
+    if all(type(t) is int and 0 <= t < high for t in ids):  # the common case, quickly
+        return ids
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"{name}[{i}] must be a token id (an int in [0, {shown})), got {_got(t)}")
+        if not 0 <= t < high:
+            where = f" (the model's vocab_size is {vocab})" if vocab is not None else ""
+            raise ValueError(f"{name}[{i}] must be a token id in [0, {shown}){where}, got {t!r}")
+    return [int(t) for t in ids]
+
+
+def function(name: str, value):
+    """``value`` if it can be called."""
+    if not callable(value):
+        raise TypeError(f"{name} must be a function (something to call), got {_got(value)}")
+    return value
+
+
+def device(name: str, value):
+    """``value`` as a ``torch.device`` this machine has: ``"cpu"``, or ``"cuda"``/``"cuda:i"`` for a GPU
+    that is present (not the meta device, which holds no data)."""
+    import torch
+
+    allowed = "a torch.device or a name like 'cpu', 'cuda' or 'cuda:0'"
+    if not isinstance(value, (str, torch.device)):
+        raise TypeError(f"{name} must be {allowed}, got {_got(value)}")
+    try:
+        dev = torch.device(value)
+    except RuntimeError:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (dev.index or 0) >= count:
+            raise ValueError(f"{name} {value!r} is not available on this machine ({count} CUDA device(s))")
+    elif dev.type != "cpu":
+        raise ValueError(f"{name} must hold data on this machine ('cpu' or a CUDA device), got {value!r}")
+    return dev
+
+
+def dtype(name: str, value):
+    """``value`` if it is a floating-point ``torch.dtype`` (``torch.float16``, not ``"fp16"``)."""
+    import torch
+
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype such as torch.float32 or torch.float16, got {_got(value)}")
+    if not value.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point torch.dtype, got {value}")
+    return value
+
+
+def causal_lm(name: str, value):
+    """``value`` if it is a Hugging Face causal LM: a ``torch.nn.Module`` with a ``config``."""
+    import torch
+
+    if not isinstance(value, torch.nn.Module) or not hasattr(value, "config"):
+        raise TypeError(f"{name} must be a Hugging Face causal LM (a transformers model such as "
+                        f"kvlab.tiny_model() returns), got {type(value).__name__}")
     return value
 
 
@@ -67,42 +225,15 @@ def require_memory(what: str, needed: int, device) -> None:
         raise MemoryError(f"{what} needs {needed:,} bytes but only {free:,} bytes are free on {device}")
 
 
-def positive(name: str, value) -> float:
-    """``value`` as a finite real number > 0 (bytes per element, widths, factors)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a finite number > 0, got {type(value).__name__} {value!r}")
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def real(name: str, value) -> float:
-    """``value`` as a float; a TypeError for anything but a real number (bools included)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    return float(value)
-
-
-def between(name: str, value, low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> float:
-    """``value`` as a real number in the interval [low, high], with either end open on request."""
-    x = real(name, value)
-    above = x > low if low_open else x >= low
-    below = x < high if high_open else x <= high
-    if not (above and below):
-        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        raise ValueError(f"{name} must be in {interval}, got {value!r}")
-    return x
-
-
-def named_shapes(layouts: dict, **tensors) -> dict:
+def named_shapes(layouts: dict, *, optional=(), **tensors) -> dict:
     """Each tensor must be a floating ``torch.Tensor`` whose dimensions are the axes its layout names
     (``layouts[name] == "[batch, dim, length]"``); axes of one name must have one size, and all
-    tensors one device. ``None`` is skipped (an optional argument). Returns ``{axis: size}``."""
+    tensors one device. ``None`` is skipped for the names in ``optional``. Returns ``{axis: size}``."""
     import torch
 
     sizes = {}
     for name, t in tensors.items():
-        if t is None:
+        if t is None and name in optional:
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor {layouts[name]}, got {type(t).__name__}")
@@ -120,3 +251,41 @@ def named_shapes(layouts: dict, **tensors) -> dict:
     if len(devices) > 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
     return {axis: size for axis, (size, _) in sizes.items()}
+
+
+# --------------------------------------------------------------------------- the one context manager
+
+
+@contextmanager
+def restoring(obj, *, attn_implementation: str | None = None):
+    """Everything about ``obj`` as it was if the block raises; a switch made here undone when it ends.
+
+    - A model (anything with ``set_attn_implementation``): ``attn_implementation`` switches its
+      attention function for the block; on exit, however the block ends, the model has its own
+      attention implementation and training flag again.
+    - A stateful object with ``snapshot()`` and ``restore()`` (the block manager, the paged cache,
+      the engine): if the block raises, ``restore(snapshot())`` puts back what it changed (under
+      that object's own rollback rule, e.g. an evicted prefix hash stays evicted).
+
+    This is the one way kvlab changes a caller's object for a while.
+    """
+    if hasattr(obj, "set_attn_implementation"):
+        before, training = obj.config._attn_implementation, obj.training
+        try:
+            if attn_implementation is not None and attn_implementation != before:
+                obj.set_attn_implementation(attn_implementation)
+            yield obj
+        finally:
+            if obj.config._attn_implementation != before:
+                obj.set_attn_implementation(before)
+            if obj.training != training:
+                obj.train(training)
+        return
+    if attn_implementation is not None:
+        raise TypeError(f"attn_implementation switches a model's attention; {type(obj).__name__} is not a model")
+    snapshot = obj.snapshot()
+    try:
+        yield obj
+    except BaseException:
+        obj.restore(snapshot)
+        raise

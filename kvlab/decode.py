@@ -25,7 +25,7 @@ import inspect
 
 import torch
 
-from kvlab._checks import integer, one_of, require_memory
+from kvlab._checks import causal_lm, flag, integer, one_of, require_memory
 from kvlab.versions import cache_kwargs, last_logits_only, returned_cache, takes
 
 METHODS = ("naive", "cached", "static")
@@ -124,6 +124,7 @@ class StaticStep:
     """
 
     def __init__(self, model, inputs: dict, compile: bool):
+        flag("compile", compile)
         self.model, self.inputs = model, inputs
         # torch.compile keeps what it compiled with the code of ``_forward``, not with this object: a
         # later request with the same shapes on the same model reuses it and compiles nothing.
@@ -251,6 +252,9 @@ def decode_steps(method, model, input_ids, max_new_tokens, attention_mask=None, 
     ``static``) pass through. ``kvlab.lab.decode_timing.profile_decode`` times each step of it.
     """
     one_of("method", method, METHODS)
+    causal_lm("model", model)
+    if options.get("compile") is not None:
+        flag("compile", options["compile"])
     mask = _validate(input_ids, max_new_tokens, attention_mask)
     _check_model_inputs(model, input_ids, options.get("cache"), max_new_tokens)
     compile = options.get("compile")

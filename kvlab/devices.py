@@ -7,6 +7,8 @@ measurement agree on the default.
 
 from __future__ import annotations
 
+from kvlab import _checks
+
 
 def device():
     """The torch device the book measures on: the first CUDA GPU when there is one, else the CPU."""
@@ -20,12 +22,13 @@ def device_and_dtype(device=None, dtype=None):
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    if dtype is None:
-        if dev.type != "cuda":
-            dtype = torch.float32
-        else:
-            dtype = torch.bfloat16 if has_bf16(dev) else torch.float16
+    dev = _checks.device("device", device)
+    if dtype is not None:
+        _checks.dtype("dtype", dtype)
+    elif dev.type != "cuda":
+        dtype = torch.float32
+    else:
+        dtype = torch.bfloat16 if has_bf16(dev) else torch.float16
     return dev, dtype
 
 

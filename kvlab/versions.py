@@ -25,6 +25,8 @@ import inspect
 import warnings
 from importlib.metadata import PackageNotFoundError, version
 
+from kvlab._checks import integer
+
 FLOORS = {"transformers": "5.5.0", "torch": "2.6.0"}
 CACHE_ARGUMENTS = ("cache", "past_key_values", "cache_params")  # newest name first
 
@@ -36,6 +38,8 @@ def _parse(text: str):
 
 
 def installed(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (a pip name such as ``"torch"``), or None."""
+    _text("distribution", distribution)
     try:
         return version(distribution)
     except PackageNotFoundError:
@@ -53,6 +57,10 @@ def below_floor() -> dict[str, str]:
 
 
 def upgrade_command(low: dict[str, str]) -> str:
+    """The pip command that lifts each library of ``low`` (``{name: installed version}``) to its floor."""
+    if not isinstance(low, dict) or not low or not set(low) <= set(FLOORS):
+        raise ValueError(f"low must be a non-empty dict whose keys are among {tuple(FLOORS)} (what below_floor "
+                         f"returns), got {low!r}")
     return "pip install -U " + " ".join(f"'{name}>={FLOORS[name]}'" for name in low)
 
 
@@ -159,6 +167,8 @@ def meet_floors(run=None) -> None:
 
 def require_transformers(minimum: str, feature: str) -> None:
     """Raise a clear error when ``feature`` needs a newer transformers than the one installed."""
+    _text("minimum", minimum)
+    _text("feature", feature)
     have = installed("transformers") or "0"
     if _parse(have) < _parse(minimum):
         raise RuntimeError(f"{feature} needs transformers >= {minimum}; this runtime has {have} "
@@ -166,7 +176,15 @@ def require_transformers(minimum: str, feature: str) -> None:
 
 
 def _forward_parameters(model):
+    if not callable(getattr(model, "forward", None)):
+        raise TypeError(f"model must be a model with a forward method (a transformers model), got {type(model).__name__}")
     return inspect.signature(model.forward).parameters
+
+
+def _text(name: str, value) -> str:
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"{name} must be a non-empty str, got {type(value).__name__} {value!r}")
+    return value
 
 
 def cache_argument(model) -> str:
@@ -185,16 +203,21 @@ def cache_kwargs(model, cache) -> dict:
 
 def returned_cache(output):
     """The cache a forward pass returned (``output.cache``, ``.past_key_values`` or ``.cache_params``)."""
+    if not any(hasattr(output, name) for name in ("logits", *CACHE_ARGUMENTS)):
+        raise TypeError(f"output must be what a model's forward returned (a ModelOutput), got {type(output).__name__}")
     for name in CACHE_ARGUMENTS:
         cache = getattr(output, name, None)
         if cache is not None:
             return cache
-    raise ValueError("the model returned no cache: call it with use_cache=True")
+    raise ValueError("output holds no cache: call the model with use_cache=True")
 
 
 def drop_newest(cache, tokens: int = 1) -> None:
     """Forget a static cache's newest ``tokens`` so that the next step overwrites them (a repeatable
     step). Static layers learned ``crop`` after 5.5; before, their write position is a tensor."""
+    if not hasattr(cache, "layers") or not hasattr(cache, "get_seq_length"):
+        raise TypeError(f"cache must be a transformers Cache (e.g. a StaticCache), got {type(cache).__name__}")
+    integer("tokens", tokens, 1, cache.get_seq_length() + 1)  # no more than it holds
     if all(hasattr(layer, "crop") for layer in cache.layers):
         cache.crop(-tokens)
         return
@@ -204,7 +227,7 @@ def drop_newest(cache, tokens: int = 1) -> None:
 
 def takes(model, argument: str) -> bool:
     """Whether ``model.forward`` declares ``argument`` (``logits_to_keep``, ``cache_position``, ...)."""
-    return argument in _forward_parameters(model)
+    return _text("argument", argument) in _forward_parameters(model)
 
 
 def last_logits_only(model) -> dict:

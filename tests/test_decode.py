@@ -192,14 +192,16 @@ def test_cached_decode_refuses_a_used_cache(small_llama):
 
 # name: (call, error, a regex the message must match: the argument's name and what is allowed)
 BAD_CALLS = {
-    "decode fractional mask": (lambda: cached_decode(None, torch.ones(1, 3, dtype=torch.long), 2,
-                                                            attention_mask=torch.tensor([[0.5, 1.0, 1.0]])),
+    "decode fractional mask": (lambda m: cached_decode(m, torch.ones(1, 3, dtype=torch.long), 2,
+                                                         attention_mask=torch.tensor([[0.5, 1.0, 1.0]])),
                                ValueError, r"only 0 \(padding\) and 1 \(token\), got values such as \[0.5\]"),
+    "decode without a model": (lambda m: cached_decode(None, torch.ones(1, 3, dtype=torch.long), 2),
+                               TypeError, r"model must be a Hugging Face causal LM"),
 }
 
 
 @pytest.mark.parametrize("name", BAD_CALLS)
-def test_bad_call_raises_a_clear_error(name):
+def test_bad_call_raises_a_clear_error(small_llama, name):
     call, error, message = BAD_CALLS[name]
     with pytest.raises(error, match=message):
-        call()
+        call(small_llama)

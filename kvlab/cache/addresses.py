@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab._checks import integer
+from kvlab._checks import integer, one_of
 
 LAYOUTS = ("BHTD", "BTHD", "NHD", "HND")
 PAGED = ("NHD", "HND")
@@ -42,11 +42,6 @@ _AXES = {
 
 
 # --------------------------------------------------------------------------- argument checks
-
-
-def check_choice(name: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
 
 
 def _check_index(name: str, value, high: int):
@@ -98,7 +93,7 @@ class KVGeometry:
     block_size: int = 0
 
     def __post_init__(self):
-        check_choice("layout", self.layout, LAYOUTS)
+        one_of("layout", self.layout, LAYOUTS)
         for name in ("layers", "kv_heads", "head_dim"):
             integer(name, getattr(self, name), 1)
         used, unused = (("num_blocks", "block_size"), ("batch", "max_tokens")) if self.is_paged \

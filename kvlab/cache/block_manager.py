@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from kvlab._checks import integer, one_of
-from kvlab.cache.blocks import PREEMPTION_MODES, BlockAllocator, BlockTable, OutOfBlocksError, chain_hash, root_hash, token_list
+from kvlab._checks import flag, integer, one_of, token_ids as checked_tokens
+from kvlab.cache.blocks import PREEMPTION_MODES, BlockAllocator, BlockTable, OutOfBlocksError, chain_hash, root_hash
 
 
 @dataclass
@@ -80,8 +80,9 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False,
                  max_cached_blocks: int | None = None, bytes_per_block: int | None = None):
-        if not isinstance(prefix_caching, bool):
-            raise TypeError(f"prefix_caching must be a bool, got {prefix_caching!r}")
+        flag("prefix_caching", prefix_caching)
+        if bytes_per_block is not None:
+            integer("bytes_per_block", bytes_per_block)
         self.allocator = BlockAllocator(num_blocks)
         self.num_blocks, self.block_size = self.allocator.num_blocks, integer("block_size", block_size)
         self.prefix_caching = prefix_caching
@@ -167,7 +168,7 @@ class BlockManager:
 
     def blocks_to_resume(self, seq_id: int, token_ids=()) -> int:
         """Free blocks ``resume(seq_id, token_ids)`` would take now."""
-        seq, extra = self._preempted(seq_id), token_list(token_ids)
+        seq, extra = self._preempted(seq_id), checked_tokens("token_ids", token_ids, empty=True)
         return self._blocks_needed(len(seq.tokens) + len(extra), self._resume_hits(seq, extra)[0])
 
     # -- admit, append, commit -----------------------------------------------------------------
@@ -199,7 +200,7 @@ class BlockManager:
         (copy-on-write); otherwise None.
         """
         seq = self._resident(seq_id)
-        tokens = token_list(token_ids, "token_ids")
+        tokens = checked_tokens("token_ids", token_ids, empty=True)
         self._require_free(self.blocks_to_append(seq_id, len(tokens)))
         pair = None
         if tokens and self._last_block_shared(seq):
@@ -263,7 +264,7 @@ class BlockManager:
         computed and the caller prefills the rest; after ``"swap"`` the caller copies logical blocks
         ``cached // block_size`` up to the end of its ``num_computed`` tokens back from host memory,
         then calls ``commit(seq_id, num_computed)``."""
-        seq, extra = self._preempted(seq_id), token_list(token_ids)
+        seq, extra = self._preempted(seq_id), checked_tokens("token_ids", token_ids, empty=True)
         hits, hashes = self._resume_hits(seq, extra)
         self._require_free(self._blocks_needed(len(seq.tokens) + len(extra), hits))
         seq.tokens += extra
@@ -332,10 +333,10 @@ class BlockManager:
         return seq_id
 
     def _get(self, seq_id) -> _Sequence:
-        try:
-            return self._seqs[seq_id]
-        except (KeyError, TypeError):
-            raise ValueError(f"seq_id {seq_id!r} is not a live sequence; live: {sorted(self._seqs)}") from None
+        seq = self._seqs.get(integer("seq_id", seq_id, 0))  # never True for sequence 1
+        if seq is None:
+            raise ValueError(f"seq_id {seq_id!r} is not a live sequence; live: {sorted(self._seqs)}")
+        return seq
 
     def _resident(self, seq_id) -> _Sequence:
         seq = self._get(seq_id)
@@ -350,10 +351,7 @@ class BlockManager:
         return seq
 
     def _prompt(self, token_ids) -> list[int]:
-        tokens = token_list(token_ids)
-        if not tokens:
-            raise ValueError("token_ids must hold at least one token (an empty prompt has nothing to compute)")
-        return tokens
+        return checked_tokens("token_ids", token_ids)  # at least one: an empty prompt has nothing to compute
 
     def _require_free(self, needed: int) -> None:
         if needed > self.num_free:

@@ -24,10 +24,10 @@ import numbers
 from array import array
 from collections import OrderedDict
 
-from kvlab._checks import integer, require_memory
+from kvlab import _checks
+from kvlab._checks import flag, integer, require_memory
 
 MAX_BLOCK_ID = 2**31 - 1  # block tables are int32
-MAX_TOKEN_ID = 2**63  # token ids are hashed as int64
 BOOKKEEPING_BYTES_PER_BLOCK = 64  # a free-list entry, a reference count and a hash slot, rounded up
 PREEMPTION_MODES = ("recompute", "swap")
 _ROOT = b"kvlab-prefix-root"
@@ -35,10 +35,10 @@ _ROOT = b"kvlab-prefix-root"
 
 class OutOfBlocksError(MemoryError):
     """Not enough free blocks: ``needed``, ``free`` and ``total`` blocks, and bytes when the caller
-    knows the size of a block."""
+    knows the size of a block; ``what`` says what needed them."""
 
-    def __init__(self, needed: int, free: int, total: int, bytes_per_block: int | None = None):
-        message = f"need {needed} KV-cache block(s) but only {free} of {total} are free"
+    def __init__(self, needed: int, free: int, total: int, bytes_per_block: int | None = None, what: str | None = None):
+        message = f"{what + ' ' if what else ''}need{'s' if what else ''} {needed} KV-cache block(s) but only {free} of {total} are free"
         if bytes_per_block:
             message += (f" ({needed * bytes_per_block:,} bytes needed, {free * bytes_per_block:,} bytes free, "
                         f"{bytes_per_block:,} bytes per block)")
@@ -112,6 +112,7 @@ class BlockAllocator:
 
     def free(self, block: int, cached: bool = False) -> None:
         """Drop one holder; the last one's free puts the block on the free list (see the class doc)."""
+        flag("cached", cached)
         self._require_allocated(block, "free")
         self._refs[block] -= 1
         if self._refs[block] == 0:
@@ -136,8 +137,7 @@ class BlockAllocator:
         self._refs, self._free = list(refs), OrderedDict(free)
 
     def _require_known(self, block) -> None:
-        if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block < self.num_blocks:
-            raise ValueError(f"block must be an int in [0, {self.num_blocks}), got {block!r}")
+        integer("block", block, 0, self.num_blocks)
 
     def _require_allocated(self, block, action: str) -> None:
         self._require_known(block)
@@ -162,6 +162,8 @@ class BlockTable:
 
     def __init__(self, block_size: int, blocks=(), num_tokens: int = 0):
         self.block_size = integer("block_size", block_size, 1)
+        if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__iter__"):
+            raise TypeError(f"blocks must be a list of block ids (ints), got {type(blocks).__name__} {blocks!r}")
         self.blocks = [integer(f"blocks[{i}]", b, 0, MAX_BLOCK_ID + 1) for i, b in enumerate(blocks)]
         integer("num_tokens", num_tokens, 0)
         if not 0 <= num_tokens <= len(self.blocks) * block_size:
@@ -184,8 +186,7 @@ class BlockTable:
 
     def physical_location(self, token: int) -> tuple[int, int]:
         """(physical block, offset) of logical token ``token``."""
-        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < self.capacity:
-            raise ValueError(f"token must be an int in [0, {self.capacity}) (the blocks held), got {token!r}")
+        integer("token", token, 0, self.capacity)  # the tokens the blocks held can store
         return self.blocks[token // self.block_size], token % self.block_size
 
     def slots(self, start: int, end: int) -> list[int]:
@@ -216,28 +217,12 @@ def root_hash(salt) -> bytes:
 
 def chain_hash(parent: bytes, block_tokens) -> bytes:
     """The hash of one full block: its parent's hash and its own token ids, 128-bit BLAKE2b."""
+    if not isinstance(parent, bytes):
+        raise TypeError(f"parent must be the bytes of a hash (root_hash, chain_hash), got {type(parent).__name__}")
+    block_tokens = _checks.token_ids("block_tokens", block_tokens)
     digest = hashlib.blake2b(parent, digest_size=16)
-    digest.update(array("q", block_tokens).tobytes())
+    digest.update(array("q", block_tokens).tobytes())  # token ids are int64, < 2**63
     return digest.digest()
-
-
-def token_list(token_ids, name: str = "token_ids") -> list[int]:
-    """``token_ids`` (a list, tuple, 1-D tensor or array of ints in [0, 2**63)) as a list of ints."""
-    if isinstance(token_ids, (str, bytes)):
-        raise TypeError(f"{name} must be a sequence of token ids (ints >= 0), got a {type(token_ids).__name__}; "
-                        "tokenize the text first")
-    if hasattr(token_ids, "tolist"):  # a torch tensor or a numpy array
-        token_ids = token_ids.tolist()
-    try:
-        tokens = list(token_ids)
-    except TypeError:
-        raise TypeError(f"{name} must be a sequence of token ids (ints >= 0), got {type(token_ids).__name__}") from None
-    if all(type(t) is int and 0 <= t < MAX_TOKEN_ID for t in tokens):  # the common case, quickly
-        return tokens
-    for i, t in enumerate(tokens):
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < MAX_TOKEN_ID:
-            raise ValueError(f"{name}[{i}] must be a token id (an int in [0, 2**63)), got {t!r}")
-    return [int(t) for t in tokens]
 
 
 def block_hashes(token_ids, block_size: int, salt=None) -> list[bytes]:
@@ -247,7 +232,7 @@ def block_hashes(token_ids, block_size: int, salt=None) -> list[bytes]:
     ``k`` only when their first ``k + 1`` blocks hold the same token ids under the same salt.
     A partial last block has no hash.
     """
-    tokens, block_size = token_list(token_ids), integer("block_size", block_size)
+    tokens, block_size = _checks.token_ids("token_ids", token_ids, empty=True), integer("block_size", block_size)
     parent, hashes = root_hash(salt), []
     for start in range(0, len(tokens) - block_size + 1, block_size):
         parent = chain_hash(parent, tokens[start:start + block_size])

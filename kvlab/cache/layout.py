@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab._checks import integer, require_memory
-from kvlab.cache.addresses import LAYOUTS, PAGED, KVGeometry, as_block_table, check_choice
+from kvlab._checks import integer, one_of, require_memory
+from kvlab.cache.addresses import LAYOUTS, PAGED, KVGeometry, as_block_table
 from kvlab.devices import device_and_dtype
 
 APPEND_METHODS = {"BHTD": ("index", "cat"), "BTHD": ("index", "cat"), "NHD": ("slot",), "HND": ("slot",)}
@@ -77,18 +77,19 @@ class KVCache:
 def _allocate(layout: str, layers: int, batch: int, capacity: int, kv_heads: int, head_dim: int,
               block_size: int, spare_blocks: int, dtype, device, generator: torch.Generator):
     """Zeroed K and V in ``layout``, and a block table of distinct random physical blocks."""
+    per_seq = -(-capacity // block_size)
     if layout in PAGED:
-        per_seq = -(-capacity // block_size)
         geometry = KVGeometry.paged(layout, layers=layers, num_blocks=batch * per_seq + spare_blocks,
                                     block_size=block_size, kv_heads=kv_heads, head_dim=head_dim)
-        picks = torch.randperm(geometry.num_blocks, generator=generator)[: batch * per_seq]
-        table = picks.view(batch, per_seq).to(device=device, dtype=torch.int32)
     else:
         geometry = KVGeometry.contiguous(layout, layers=layers, batch=batch, max_tokens=capacity,
                                          kv_heads=kv_heads, head_dim=head_dim)
-        table = None
     nbytes = 2 * geometry.numel * torch.empty((), dtype=dtype).element_size()
     require_memory(f"a {layout} cache of shape {geometry.shape} (K and V)", nbytes, device or "cpu")
+    table = None
+    if layout in PAGED:
+        picks = torch.randperm(geometry.num_blocks, generator=generator)[: batch * per_seq]
+        table = picks.view(batch, per_seq).to(device=device, dtype=torch.int32)
     k = torch.zeros(geometry.shape, dtype=dtype, device=device)
     return geometry, k, torch.zeros_like(k), table
 
@@ -102,14 +103,14 @@ def new_cache(layout: str, *, batch: int, length: int, kv_heads: int, head_dim: 
     ``ceil(capacity / block_size)`` blocks per sequence, drawn at random from a pool with
     ``spare_blocks`` extra blocks. dtype: bf16 on a GPU (fp16 without bf16 units), fp32 on a CPU by default.
     """
-    check_choice("layout", layout, LAYOUTS)
+    one_of("layout", layout, LAYOUTS)
     batch = integer("batch", batch, 1)
     length = integer("length", length, 0)
     capacity = length + 1 if capacity is None else integer("capacity", capacity, max(length, 1))
     block_size = integer("block_size", block_size, 1)
     spare_blocks = integer("spare_blocks", spare_blocks, 0)
     device, dtype = device_and_dtype(device, dtype)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(integer("seed", seed, 0))
     geometry, k, v, table = _allocate(layout, integer("layers", layers, 1), batch, capacity,
                                       integer("kv_heads", kv_heads, 1), integer("head_dim", head_dim, 1),
                                       block_size, spare_blocks, dtype, device, gen)
@@ -128,10 +129,12 @@ def cache_from_dense(layout: str, k, v, *, capacity: int | None = None, block_si
     ``block_table`` (``[batch, ceil(capacity / block_size)]`` distinct ids; the pool then has
     ``max(id) + 1 + spare_blocks`` blocks).
     """
-    check_choice("layout", layout, LAYOUTS)
+    one_of("layout", layout, LAYOUTS)
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point tensor (keys and values), got {t.dtype}")
         if t.dim() != 5:
             raise ValueError(f"{name} must be [layers, batch, tokens, kv_heads, head_dim], got shape {tuple(t.shape)}")
         _require_finite(name, t)
@@ -143,7 +146,7 @@ def cache_from_dense(layout: str, k, v, *, capacity: int | None = None, block_si
         raise ValueError(f"k must have at least one layer, sequence, KV head and dim, got shape {tuple(k.shape)}")
     capacity = max(length, 1) if capacity is None else integer("capacity", capacity, max(length, 1))
     block_size = integer("block_size", block_size, 1)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(integer("seed", seed, 0))
     spare_blocks = integer("spare_blocks", spare_blocks, 0)
     if block_table is not None:
         if layout not in PAGED:
@@ -319,7 +322,7 @@ def _writer(cache: KVCache, method: str):
 
 def _check_method(cache: KVCache, method: str | None) -> str:
     method = APPEND_METHODS[cache.layout][0] if method is None else method
-    check_choice(f"method (for layout {cache.layout})", method, APPEND_METHODS[cache.layout])
+    one_of(f"method (for layout {cache.layout})", method, APPEND_METHODS[cache.layout])
     if method != "cat" and cache.length >= cache.capacity:
         raise ValueError(f"the cache is full (length {cache.length} = capacity {cache.capacity}); "
                          + ("grow it with method='cat' or allocate a larger capacity" if not cache.geometry.is_paged

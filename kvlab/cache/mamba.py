@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvlab._checks import named_shapes
+from kvlab._checks import flag, named_shapes
 from kvlab.cache.scan import affine_scan
 from kvlab.theory.ssm import scan_chunk_size
 
@@ -71,8 +71,10 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     with ``return_last_state`` (the state after the last token, fp32/fp64, ``[batch, dim, state]``).
     """
     scan_chunk_size(method, chunk_size)
+    flag("delta_softplus", delta_softplus)
+    flag("return_last_state", return_last_state)
     size = named_shapes(LAYOUT, u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias,
-                          initial_state=initial_state)
+                        initial_state=initial_state, optional=("D", "z", "delta_bias", "initial_state"))
     dtype = _compute_dtype(u)
     dt = _step_size(delta, delta_bias, delta_softplus, dtype, (-1, 1))  # [b, d, L]
     decay = torch.exp(dt[..., None] * A.to(dtype)[:, None, :])  # [b, d, L, n]
@@ -99,8 +101,9 @@ def ssm_step(state, u_t, delta_t, A, B_t, C_t, D=None, z_t=None, delta_bias=None
     dtype (fp32, or fp64 for fp64 ``u_t``). ``state`` is not modified: the caller keeps the new one in
     its place (the in-place Triton version is ``kvlab.kernels.selective_state_update``).
     """
+    flag("delta_softplus", delta_softplus)
     named_shapes(LAYOUT, state=state, u_t=u_t, delta_t=delta_t, A=A, B_t=B_t, C_t=C_t, D=D, z_t=z_t,
-                   delta_bias=delta_bias)
+                 delta_bias=delta_bias, optional=("D", "z_t", "delta_bias"))
     dtype = _compute_dtype(u_t)
     dt = _step_size(delta_t, delta_bias, delta_softplus, dtype, (-1,))  # [b, d]
     new_state = torch.exp(dt[..., None] * A.to(dtype)) * state.to(dtype) \

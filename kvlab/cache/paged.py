@@ -25,14 +25,13 @@ rollback rule (an evicted hash stays evicted).
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import contextmanager
 
 import torch
 
-from kvlab import kernels
-from kvlab._checks import integer, one_of, require_memory
+from kvlab import _checks, kernels
+from kvlab._checks import integer, integers, one_of, require_memory, restoring
 from kvlab.cache.block_manager import BlockManager
-from kvlab.cache.blocks import PREEMPTION_MODES, BlockTable, OutOfBlocksError, token_list
+from kvlab.cache.blocks import PREEMPTION_MODES, BlockTable, OutOfBlocksError
 from kvlab.devices import device as default_device
 
 
@@ -43,6 +42,11 @@ def copy_blocks_to_host(k_pools, v_pools, blocks: list[int]) -> tuple:
     On a GPU the host copies are pinned, so the transfer runs at the link's speed; the call returns
     once they are complete.
     """
+    if not isinstance(k_pools, (list, tuple)) or not k_pools or len(k_pools) != len(v_pools) or not all(
+            isinstance(p, torch.Tensor) and p.dim() == 4 for p in (*k_pools, *v_pools)):
+        raise TypeError("k_pools and v_pools must be equally long lists of [num_blocks, block_size, kv_heads, "
+                        "head_dim] tensors, one per layer (PagedKVCache.k_pools and .v_pools)")
+    blocks = integers("blocks", blocks, 0, k_pools[0].shape[0], empty=True)  # a negative id would wrap around
     device = k_pools[0].device
     index = torch.tensor(blocks, dtype=torch.long, device=device)
     pin = device.type == "cuda"
@@ -70,16 +74,10 @@ class PagedKVCache:
         for name, value in (("num_layers", num_layers), ("block_size", block_size),
                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
             integer(name, value, 1)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-        if store is not None and not callable(store):
-            raise TypeError(f"store must be None or a function like kvlab.kernels.store_kv, got {store!r}")
-        try:
-            self.device = torch.device(device) if device is not None else default_device()
-        except (RuntimeError, TypeError):
-            raise ValueError(f"device must be a torch.device or a name like 'cpu' or 'cuda', got {device!r}") from None
-        if self.device.type == "meta":
-            raise ValueError("device must hold data (e.g. 'cpu' or 'cuda'), got 'meta'")
+        _checks.dtype("dtype", dtype)
+        if store is not None:
+            _checks.function("store", store)
+        self.device = _checks.device("device", device) if device is not None else default_device()
         self.num_layers, self.block_size = num_layers, block_size
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
         self.manager = BlockManager(num_blocks, block_size, prefix_caching, bytes_per_block=self.bytes_per_block)
@@ -164,7 +162,7 @@ class PagedKVCache:
         """Slots for ``token_ids`` after ``seq_id``'s tokens; a shared, partly filled last block is
         copied first, in every layer (copy-on-write)."""
         self.require_in_step(seq_id)
-        tokens = token_list(token_ids)
+        tokens = _checks.token_ids("token_ids", token_ids, empty=True)
         new = -(-(self.num_tokens(seq_id) + len(tokens)) // self.block_size) - len(self.block_table(seq_id))
         if self.blocks_to_append(seq_id, len(tokens)) == new:  # no copy: the manager's reserve is all or nothing
             self.manager.reserve(seq_id, tokens)
@@ -251,7 +249,7 @@ class PagedKVCache:
 
     def block_tables(self, seq_ids) -> torch.Tensor:
         """``int32 [batch, max_blocks]``; entries past a sequence's blocks are 0 (never read)."""
-        seq_ids = list(seq_ids)
+        seq_ids = integers("seq_ids", seq_ids, 0, empty=True)
         for seq_id in seq_ids:
             self._require_resident(seq_id)
         tables = [self.manager.block_table(s) for s in seq_ids]
@@ -262,6 +260,7 @@ class PagedKVCache:
     def seq_lens(self, seq_ids, layer: int | None = None) -> torch.Tensor:
         """``int32 [batch]``: tokens stored for each sequence (in ``layer``; default layer 0)."""
         layer = integer("layer", 0 if layer is None else layer, 0, self.num_layers)
+        seq_ids = integers("seq_ids", seq_ids, 0, empty=True)
         return torch.tensor([self._layer_count(s, layer) for s in seq_ids], dtype=torch.int32, device=self.device)
 
     def gather(self, seq_id: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -287,15 +286,10 @@ class PagedKVCache:
         self.manager.restore(manager)
         self._layer_tokens, self._host = {i: list(t) for i, t in layers.items()}, dict(host)
 
-    @contextmanager
     def all_or_nothing(self):
-        """Everything as it was if the block raises (a model step, a write, a copy)."""
-        snapshot = self.snapshot()
-        try:
-            yield
-        except BaseException:
-            self.restore(snapshot)
-            raise
+        """Everything as it was if the block raises (a model step, a write, a copy):
+        ``kvlab._checks.restoring`` over :meth:`snapshot` and :meth:`restore`."""
+        return restoring(self)
 
     def check(self) -> None:
         """The block manager's invariants, and each sequence's layers between its computed and held tokens."""
@@ -345,7 +339,7 @@ class PagedKVCache:
                 raise ValueError("token_ids is required with prefix caching on: the block hashes are made of them")
             ids = [0] * fresh
         else:
-            token_ids = token_list(token_ids)
+            token_ids = _checks.token_ids("token_ids", token_ids, empty=True)
             if len(token_ids) != count:
                 raise ValueError(f"token_ids must hold one id per row of k ({count}), got {len(token_ids)}")
             if layer == 0 and token_ids[:count - fresh] != self.tokens(seq_id)[start:start + count - fresh]:

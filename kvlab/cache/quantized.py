@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab._checks import integer
+from kvlab._checks import integer, one_of
 from kvlab.cache.hf_cache import KeepAllLayer, LayeredCache
 from kvlab.theory.cache_sizes import BITS
 
@@ -97,8 +97,7 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, axis: int = -1) -> Qua
     """
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
         raise TypeError(f"x must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}")
-    if isinstance(bits, bool) or bits not in BITS:
-        raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
+    one_of("bits", bits, BITS)  # 4.0 too is refused: bits shift and pack codes
     integer("group_size", group_size, 1)
     if isinstance(axis, bool) or not isinstance(axis, int) or not -x.dim() <= axis < x.dim():
         raise ValueError(f"axis must be an int in [{-x.dim()}, {x.dim() - 1}] for a {x.dim()}-d tensor, got {axis!r}")
@@ -205,11 +204,9 @@ class QuantizedKVCache(LayeredCache):
     """
 
     def __init__(self, bits: int = 2, group_size: int = 32, residual: int = 128, key_groups: str = "channel"):
-        if isinstance(bits, bool) or bits not in BITS:
-            raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
+        one_of("bits", bits, BITS)
         integer("group_size", group_size, 1)
         integer("residual", residual, 0)
-        if key_groups not in KEY_GROUPS:
-            raise ValueError(f"key_groups must be one of {KEY_GROUPS}, got {key_groups!r}")
+        one_of("key_groups", key_groups, KEY_GROUPS)
         self.bits, self.group_size, self.residual, self.key_groups = bits, group_size, residual, key_groups
         super().__init__(lambda: QuantizedLayer(bits, group_size, residual, key_groups))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
-from kvlab._checks import integer
+from kvlab._checks import causal_lm, integer, one_of
 from kvlab.cache.hf_cache import LayeredCache, written_positions
 from kvlab.cache.rope import rotary_of, rotate
 
@@ -118,8 +118,9 @@ class BoundedLayer(CacheLayerMixin):
 
 
 def _rope_args(rope: str, model):
-    if rope not in ROPE_MODES:
-        raise ValueError(f"rope must be one of {ROPE_MODES}, got {rope!r}")
+    one_of("rope", rope, ROPE_MODES)
+    if model is not None:
+        causal_lm("model", model)
     if rope == "original":
         return None, 1.0
     if model is None:

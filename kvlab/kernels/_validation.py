@@ -13,8 +13,6 @@ import os
 
 import torch
 
-from kvlab._checks import integer
-
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -68,10 +66,6 @@ def require_kernel_device(device: torch.device, kernel=None, call: str = "the Tr
 
 def is_power_of_two(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
-
-
-def require_positive_int(name: str, value) -> int:
-    return integer(name, value, 1)
 
 
 def interpreted() -> bool:

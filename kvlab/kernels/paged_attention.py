@@ -43,7 +43,8 @@ import triton.language as tl
 
 import torch.nn.functional as F
 
-from kvlab.kernels._validation import FLOAT_DTYPES, is_power_of_two, require_dtype, require_kernel_device, require_computable_dtype, require_positive_int, require_rank, require_same_device, require_tensor
+from kvlab._checks import integer
+from kvlab.kernels._validation import FLOAT_DTYPES, is_power_of_two, require_dtype, require_kernel_device, require_computable_dtype, require_rank, require_same_device, require_tensor
 from kvlab.kernels.shared_memory import DTYPES, KernelConfig, require_fits, signature
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -194,7 +195,7 @@ def _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits,
     require_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
     _check_lengths_and_blocks(block_table, seq_lens, block_size=k_cache.shape[1], num_blocks=k_cache.shape[0])
     if num_splits is not None:
-        require_positive_int("num_splits", num_splits)
+        integer("num_splits", num_splits)
         if num_splits > MAX_GRID_Z:
             raise ValueError(f"num_splits must be in [1, {MAX_GRID_Z}] (a CUDA grid dimension), got {num_splits}")
         _check_num_splits(num_splits, seq_lens)
@@ -296,7 +297,7 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, multiproc
     """
     for name, value in (("batch", batch), ("num_kv_heads", num_kv_heads), ("max_seq_len", max_seq_len),
                         ("multiprocessors", multiprocessors)):
-        require_positive_int(name, value)
+        integer(name, value)
     wanted = math.ceil(PROGRAMS_PER_SM * multiprocessors / max(1, batch * num_kv_heads))
     useful = math.ceil(max_seq_len / (TILE_TOKENS * MIN_TILES_PER_SPLIT))
     return max(1, min(wanted, useful, MAX_SPLITS))

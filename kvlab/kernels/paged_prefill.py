@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from kvlab._checks import integer
-from kvlab.kernels._validation import FLOAT_DTYPES, is_power_of_two, require_computable_dtype, require_dtype, require_kernel_device, require_positive_int, require_rank, require_same_device, require_tensor
+from kvlab.kernels._validation import FLOAT_DTYPES, is_power_of_two, require_computable_dtype, require_dtype, require_kernel_device, require_rank, require_same_device, require_tensor
 from kvlab.kernels.shared_memory import DTYPES, KernelConfig, require_fits, signature
 from kvlab.theory.prefill_attention import PrefillWork, prefill_attention_work
 
@@ -171,7 +171,7 @@ def plan_query_tiles(query_lens, context_lens, group: int, device="cpu") -> torc
     has when it builds a step). A sequence with no new tokens gets no tile. Tiles are ordered by the
     keys they read, most first, so the longest programs start first and the GPU's tail is short.
     """
-    group = require_positive_int("group", group)
+    group = integer("group", group)
     if len(query_lens) != len(context_lens):
         raise ValueError(f"query_lens and context_lens must have one entry per sequence, got {len(query_lens)} "
                          f"and {len(context_lens)}")

@@ -16,16 +16,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kvlab._checks import named_shapes
+from kvlab._checks import flag, named_shapes
 from kvlab.kernels._validation import require_disjoint, require_kernel_device, require_no_overlap
 from kvlab.kernels.shared_memory import DTYPES, KernelConfig, signature
 
 STATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_DIM = 16
-# The shapes of one decode step's arguments, named as kvlab.cache.mamba.ssm_step names them.
+# The shapes of one decode step's arguments (kvlab.cache.mamba.ssm_step's, named as here).
 LAYOUT = {
-    "state": "[batch, dim, state]", "u_t": "[batch, dim]", "delta_t": "[batch, dim]", "z_t": "[batch, dim]",
-    "A": "[dim, state]", "B_t": "[batch, state]", "C_t": "[batch, state]", "D": "[dim]", "delta_bias": "[dim]",
+    "state": "[batch, dim, state]", "u": "[batch, dim]", "delta": "[batch, dim]", "z": "[batch, dim]",
+    "A": "[dim, state]", "B": "[batch, state]", "C": "[batch, state]", "D": "[dim]", "delta_bias": "[dim]",
 }
 
 
@@ -82,9 +82,11 @@ def ssm_update_config(dtype: torch.dtype, state: int) -> KernelConfig:
     return KernelConfig("ssm_update", dtype, kernel, signature(kernel, pointers), constants, sizes=dict(state=state))
 
 
-def _check_inputs(state, u, delta, A, B, C, D, z, delta_bias) -> None:
+def _check_inputs(state, u, delta, A, B, C, D, z, delta_bias, delta_softplus) -> None:
     """Shapes, dtypes and devices of a decode-step update (section 9.6)."""
-    named_shapes(LAYOUT, state=state, u_t=u, delta_t=delta, A=A, B_t=B, C_t=C, D=D, z_t=z, delta_bias=delta_bias)
+    named_shapes(LAYOUT, state=state, u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias,
+                 optional=("D", "z", "delta_bias"))
+    flag("delta_softplus", delta_softplus)
     if state.dtype not in STATE_DTYPES:
         raise TypeError(f"state must have dtype float16, bfloat16 or float32, got {state.dtype}")
     require_no_overlap("state", state)  # written in place: two batch rows sharing memory would race
@@ -102,7 +104,7 @@ def selective_state_update(state, u, delta, A, B, C, D=None, z=None, delta_bias=
     in place); ``u``, ``delta``, ``z`` ``[batch, dim]``; ``A`` ``[dim, state]``; ``B``, ``C``
     ``[batch, state]``; ``D``, ``delta_bias`` ``[dim]``. Returns ``y`` ``[batch, dim]`` in ``u``'s dtype.
     """
-    _check_inputs(state, u, delta, A, B, C, D, z, delta_bias)
+    _check_inputs(state, u, delta, A, B, C, D, z, delta_bias, delta_softplus)
     require_kernel_device(state.device)
     batch, dim, nstate = state.shape
     out = torch.empty_like(u)
@@ -132,7 +134,7 @@ def selective_state_update_ref(state, u, delta, A, B, C, D=None, z=None, delta_b
     In fp32 (fp64 for fp64 ``u``): h = exp(dt A) h + dt u B, y = <C, h> + D u, times silu(z), with
     dt = softplus(delta + delta_bias) when ``delta_softplus``.
     """
-    _check_inputs(state, u, delta, A, B, C, D, z, delta_bias)
+    _check_inputs(state, u, delta, A, B, C, D, z, delta_bias, delta_softplus)
     work = torch.float64 if u.dtype == torch.float64 else torch.float32
     dt = delta.to(work) if delta_bias is None else delta.to(work) + delta_bias.to(work)
     if delta_softplus:

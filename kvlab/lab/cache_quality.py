@@ -21,7 +21,7 @@ import statistics
 import torch
 from transformers import DynamicCache
 
-from kvlab._checks import integer, positive
+from kvlab._checks import causal_lm, integer, positive, require_memory, token_ids
 from kvlab.cache.hf_cache import layer_nbytes
 from kvlab.cache.latent import LatentKVCache, gqa_from_mha, kv_bases
 from kvlab.cache.quantized import QuantizedKVCache
@@ -49,17 +49,35 @@ def attention_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_hat: to
     quantization error enters attention through both. Returns ``{"scores", "values", "both"}`` as
     ||o_hat - o|| / ||o||, plus ``"score_rmse"``, the RMS error of the scores themselves.
     """
+    _check_attention_inputs(q=q, k=k, v=v, k_hat=k_hat, v_hat=v_hat)
+
     def attend(kk, vv):
         s = q.double() @ kk.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
         return s, torch.softmax(s, dim=-1) @ vv.double()
 
     s, o = attend(k, v)
+    if not bool(o.norm() > 0):
+        raise ValueError("v must not give an all-zero attention output (all-zero values): the relative error "
+                         "||o_hat - o|| / ||o|| is undefined there")
     s_hat, o_k = attend(k_hat, v)
     _, o_v = attend(k, v_hat)
     _, o_kv = attend(k_hat, v_hat)
     rel = lambda a: float((a - o).norm() / o.norm())  # noqa: E731
     return {"scores": rel(o_k), "values": rel(o_v), "both": rel(o_kv),
             "score_rmse": float((s_hat - s).pow(2).mean().sqrt())}
+
+
+def _check_attention_inputs(**tensors) -> None:
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point or t.dim() < 2:
+            raise TypeError(f"{name} must be a floating-point torch.Tensor [..., tokens, dim], got "
+                            f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    q, k, v, k_hat, v_hat = tensors.values()
+    if k_hat.shape != k.shape or v_hat.shape != v.shape or k.shape[:-1] != v.shape[:-1] \
+            or q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q [..., m, d], k and k_hat [..., n, d], v and v_hat [..., n, d_v] must agree, got q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, k_hat {tuple(k_hat.shape)}, "
+                         f"v_hat {tuple(v_hat.shape)}")
 
 
 def outlier_keys(tokens: int, head_dim: int, outlier_channels: int = 4, outlier_scale: float = 20.0,
@@ -73,6 +91,7 @@ def outlier_keys(tokens: int, head_dim: int, outlier_channels: int = 4, outlier_
     integer("seed", seed, 0)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    require_memory(f"outlier keys of {tokens:,} x {head_dim:,}", 16 * tokens * head_dim, "cpu")  # fp64 and a copy
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(tokens, head_dim, generator=g, dtype=torch.float64)
     channels = torch.randperm(head_dim, generator=g)[:outlier_channels]
@@ -89,6 +108,7 @@ def rerotation_scores(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, 
     current position t to keys that already carry R_p (keys at p + t), and when it rotates them by p
     again (keys at 2p), all scaled by 1/sqrt(d), fp64.
     """
+    integer("query_position", query_position, 0)
     q64, k64 = q.double(), k.double()
     pos = torch.as_tensor(key_positions, dtype=torch.float64)
     qr = rotate(q64[None], [query_position], inv_freq)[0]
@@ -110,6 +130,9 @@ def sink_share(model, tokens: torch.Tensor, first: int = 1, skip: int = 16) -> t
     """
     integer("first", first, 1)
     integer("skip", skip, 0)
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    token_ids("tokens", tokens.reshape(-1), causal_lm("model", model).config.vocab_size)
     ids = tokens.reshape(1, -1).to(model.device)
     if not ids.shape[1] > max(first, skip):
         raise ValueError(f"tokens must be longer than first ({first}) and skip ({skip}), got {ids.shape[1]}")
@@ -124,6 +147,9 @@ def sink_share(model, tokens: torch.Tensor, first: int = 1, skip: int = 16) -> t
 def cached_keys_values(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The keys (rotated, as cached) and values of one forward pass over ``tokens [n]``:
     two ``[layers, kv_heads, n, head_dim]`` tensors. What a KV cache would hold, section 9.7."""
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    token_ids("tokens", tokens.reshape(-1), causal_lm("model", model).config.vocab_size)
     cache = DynamicCache()
     with torch.inference_mode():
         model(tokens.reshape(1, -1).to(model.device), use_cache=True, **cache_kwargs(model, cache))
@@ -134,6 +160,8 @@ def cached_keys_values(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch
 
 def channel_rms(x: torch.Tensor) -> torch.Tensor:
     """``[..., head_dim]``: RMS of each channel over the tokens of ``x [..., tokens, head_dim]``."""
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        raise TypeError(f"x must be a torch.Tensor [..., tokens, head_dim], got {type(x).__name__}")
     return x.float().pow(2).mean(-2).sqrt()
 
 

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab._checks import integer
+from kvlab._checks import flag, integer, integers
 from kvlab.lab.bench import Row
 from kvlab.lab.hardware import calibrate, calibrated_device, cpu_threads
 from kvlab.devices import on_gpu
 from kvlab.lab.models import tiny_model
-from kvlab.lab.repeatable_step import (CPU_THREADS, check_ids, element_bytes, measurement_threads, model_shape_of,
+from kvlab.lab.repeatable_step import (CPU_THREADS, element_bytes, measurement_threads, model_shape_of,
                                        prefill_time, prepared_ids, step_time, tile_prompt)
 from kvlab.lab.step_trace import StepTrace, trace_step
 from kvlab.theory import roofline
@@ -43,7 +43,6 @@ from kvlab.theory.specs import Accelerator
 from kvlab.theory.units import si
 from kvlab.theory.verdict import (BUSY_THRESHOLD, KV_SHARE_THRESHOLD, BatchPoint, Target, capacity_batch, decide,
                                   lever, useful_batch)
-from kvlab.theory.work import check_method
 
 
 @dataclass(frozen=True)
@@ -162,17 +161,14 @@ def diagnose(model, input_ids, max_new_tokens: int, method: str = "cached", targ
 def _diagnose(model, input_ids, max_new_tokens, method, target, batches, progress, compile, threads) -> Diagnosis:
     from tqdm.auto import tqdm
 
-    shape, _ = prepared_ids(model, input_ids, None, method)
-    integer("max_new_tokens", max_new_tokens, 1)
+    shape = _check_request(model, input_ids, max_new_tokens, method, compile)
     target = Target() if target is None else target
     if not isinstance(target, Target):
         raise TypeError(f"target must be a kvlab.theory.verdict.Target or None, got {type(target).__name__}")
+    flag("progress", progress)
     batch, prompt = input_ids.shape
-    batches = _default_batches(batch) if batches is None else [integer("batches[i]", b) for b in batches]
-    if not batches:
-        raise ValueError("batches must name at least one batch size")
+    batches = _default_batches(batch) if batches is None else integers("batches", batches)
     context = prompt + max_new_tokens // 2
-    prepared_ids(model, input_ids, prompt + max_new_tokens, method)  # the whole request must fit the model
     r = _Request(model, input_ids, tile_prompt(input_ids.to(model.device), context), method, context,
                  prompt + max_new_tokens, this_machine(target.memory), calibrate(), element_bytes(model), compile)
     bar = tqdm(total=5, desc="diagnose", disable=not progress, leave=False)
@@ -204,6 +200,18 @@ def _diagnose(model, input_ids, max_new_tokens, method, target, batches, progres
     return Diagnosis(method, batch, prompt, max_new_tokens, context, tuple(steps), verdict, because,
                      lever(verdict, method), trace.achieved_bandwidth, bw_frac, fl_frac, trace, sweep, useful, target,
                      threads)
+
+
+def _check_request(model, input_ids, max_new_tokens, method: str, compile):
+    """The model's shape, after checking the request: token ids the model has, and a prompt plus
+    ``max_new_tokens`` within its positions."""
+    shape, _ = prepared_ids(model, input_ids, None, method)
+    if compile is not None:
+        flag("compile", compile)
+    prompt = input_ids.shape[1]
+    limit = getattr(model.config, "max_position_embeddings", None)
+    integer("max_new_tokens", max_new_tokens, 1, None if limit is None else max(2, limit - prompt))
+    return shape
 
 
 def _naive_against_cached(r: _Request) -> Step:
@@ -296,13 +304,9 @@ def batch_sweep(model, input_ids, max_new_tokens: int, batches, method: str = "c
     bytes (default: this device's memory). On a CPU the sweep runs on ``threads`` of torch's threads
     (default ``CPU_THREADS``, restored after), as :func:`diagnose` does.
     """
-    check_method(method)
-    integer("max_new_tokens", max_new_tokens, 1)
-    batches = [integer("batches[i]", b) for b in batches]
-    if not batches:
-        raise ValueError("batches must name at least one batch size")
-    prompt = check_ids(input_ids).shape[1]
-    prepared_ids(model, input_ids, prompt + max_new_tokens, method)
+    _check_request(model, input_ids, max_new_tokens, method, compile)
+    batches = integers("batches", batches)
+    prompt = input_ids.shape[1]
     with cpu_threads(measurement_threads(model, threads)):
         return _sweep(model, input_ids, prompt + max_new_tokens // 2, prompt + max_new_tokens, method, batches,
                       this_machine(memory), compile)

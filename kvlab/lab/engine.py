@@ -51,14 +51,15 @@ def make_requests(n: int, distribution: str = "lognormal", mean_prompt: float = 
 
     from kvlab.lab.paging import make_trace
 
-    if not 0 <= shared_fraction <= 1:
-        raise ValueError(f"shared_fraction must be in [0, 1], got {shared_fraction!r}")
+    shared_fraction = _checks.real("shared_fraction", shared_fraction, 0, 1)
     shared_prompts = _checks.integer("shared_prompts", shared_prompts, low=0)
     shared_len = _checks.integer("shared_len", shared_len, low=0)
+    vocab, seed = _checks.integer("vocab", vocab), _checks.integer("seed", seed, 0)
+    trace = make_trace(n, distribution, mean_prompt, mean_output, max_len=max_len, seed=seed)  # checks the rest
     rng = np.random.default_rng(seed)
     systems = [rng.integers(0, vocab, shared_len).tolist() for _ in range(shared_prompts)]
     prompts, news = [], []
-    for r in make_trace(n, distribution, mean_prompt, mean_output, max_len=max_len, seed=seed):
+    for r in trace:
         own = rng.integers(0, vocab, len(r.prompt)).tolist()
         shared = systems and rng.random() < shared_fraction
         prompts.append(systems[rng.integers(len(systems))] + own if shared else own)
@@ -107,10 +108,28 @@ def static_generate(model, prompts, max_new_tokens, batch_size: int, stop=()) ->
     token of ``stop`` or its batch's longest ``max_new_tokens`` is reached. A finished member is carried
     along (fed padding) until then: ``carried_rows`` counts those rows.
     """
+    prompts, max_new_tokens = _requests(model, prompts, max_new_tokens)
     batch_size = _checks.integer("batch_size", batch_size)
     stop = set(stop)
     pad = model.generation_config.pad_token_id or 0
-    model.set_attn_implementation("sdpa")
+    with _checks.restoring(model, attn_implementation="sdpa"):
+        return _static_batches(model, prompts, max_new_tokens, batch_size, pad, stop)
+
+
+def _requests(model, prompts, max_new_tokens) -> tuple[list[list[int]], list[int]]:
+    """The prompts (token ids the model has) and one ``max_new_tokens`` per prompt, checked."""
+    _checks.causal_lm("model", model)
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise TypeError(f"prompts must be a non-empty list of token-id lists, got {prompts!r:.60}")
+    prompts = [_checks.token_ids(f"prompts[{i}]", p, model.config.vocab_size) for i, p in enumerate(prompts)]
+    counts = _checks.integers("max_new_tokens", max_new_tokens)
+    if len(counts) != len(prompts):
+        raise ValueError(f"max_new_tokens must hold one count per prompt of prompts ({len(prompts)} prompts), "
+                         f"got {len(counts)} counts")
+    return prompts, counts
+
+
+def _static_batches(model, prompts, max_new_tokens, batch_size: int, pad: int, stop: set):
     outputs, done_at, start = [], [], time.perf_counter()
     prefill_rows = rows = carried = padding = passes = 0
     for first in range(0, len(prompts), batch_size):
@@ -302,6 +321,7 @@ def compare_serving(model, prompts, max_new_tokens, stop=(), max_batch: int = 8,
     round to round, so that drift falls on all alike); the first round's tokens are compared with padded
     ``generate``'s before any time is kept. ``stop``: token ids that end a request (kept in its output).
     """
+    prompts, max_new_tokens = _requests(model, prompts, max_new_tokens)
     reps = _checks.integer("reps", reps)
     unknown = [c for c in contenders if c not in CONTENDERS]
     if unknown or GENERATE not in contenders:
@@ -357,6 +377,8 @@ class CurvePoint:
 def latency_throughput(model, prompts, max_new_tokens, batches=(1, 2, 4, 8, 16), **engine_options) -> list[CurvePoint]:
     """The engine on one trace at each ``max_batch`` of ``batches``: tokens per second against time per
     output token (notebook 11). A fresh engine per point, so no point inherits another's cached prefixes."""
+    prompts, max_new_tokens = _requests(model, prompts, max_new_tokens)
+    batches = _checks.integers("batches", list(batches) if isinstance(batches, tuple) else batches)
     points = []
     for max_batch in batches:
         engine = Engine(model, max_batch=max_batch, **engine_options)

@@ -27,7 +27,7 @@ from transformers import DynamicCache
 from kvlab._checks import integer, require_memory
 from kvlab.lab.bench import Row
 from kvlab.lab.hardware import Calibration, calibrate, device_name
-from kvlab.devices import device_and_dtype, on_gpu
+from kvlab.devices import has_bf16, on_gpu
 from kvlab.devices import device as default_device
 from kvlab.lab.timing import measure
 from kvlab.theory.matmul import RooflineFit, batch_at_intensity, fit_roofline, matmul_bytes, matmul_flops
@@ -126,7 +126,7 @@ def default_sizes(gpu: bool | None = None) -> dict:
     if gpu is None:
         gpu = on_gpu()
     if gpu:
-        return dict(K=8192, N=8192, ns=GPU_NS, dtype=str(device_and_dtype("cuda")[1]).removeprefix("torch."))
+        return dict(K=8192, N=8192, ns=GPU_NS, dtype="bfloat16" if has_bf16("cuda") else "float16")
     return dict(K=4096, N=6144, ns=CPU_NS, dtype="float32")
 
 

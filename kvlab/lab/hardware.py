@@ -83,8 +83,14 @@ def stamp() -> dict:
 
 
 def stamp_line(s: dict | None = None) -> str:
-    """One line for a figure's corner: device · torch · transformers · date (and CPU threads)."""
-    s = s or stamp()
+    """One line for a figure's corner: device · torch · transformers · date (and CPU threads);
+    ``s`` is a ``stamp()`` (default: this machine's, now)."""
+    if s is None:
+        s = stamp()
+    missing = [k for k in ("device", "torch", "transformers", "date") if not isinstance(s, dict) or k not in s]
+    if missing:
+        raise ValueError(f"s must be a stamp() dict with device, torch, transformers and date, got {s!r:.80} "
+                         f"(missing {missing})")
     threads = f" · {s['threads']} thread{'s' * (s['threads'] != 1)}" if "CPU" in s["device"] and "threads" in s else ""
     return f"{s['device']}{threads} · torch {s['torch']} · transformers {s['transformers']} · {s['date']}"
 
@@ -164,7 +170,7 @@ def memory_bytes(device=None) -> int:
     """Memory of kvlab's device: a GPU's total memory, or the machine's physical RAM."""
     import torch
 
-    dev = torch.device(device) if device is not None else device_and_dtype()[0]
+    dev = device_and_dtype(device)[0]
     if dev.type == "cuda":
         return torch.cuda.get_device_properties(dev).total_memory
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -175,6 +181,8 @@ def calibrated_device(calibration: Calibration | None = None, memory: float | No
     its bytes/s, the calibrated matmul rate as its FLOP/s (in the calibration's dtype, which on a
     CPU is fp32), and ``memory`` bytes (default: ``memory_bytes()``).
     """
+    if calibration is not None and not isinstance(calibration, Calibration):
+        raise TypeError(f"calibration must be a Calibration (kvlab.calibrate()) or None, got {type(calibration).__name__}")
     c = calibration or calibrate()
     memory = memory_bytes() if memory is None else positive("memory", memory)
     return Accelerator(

@@ -9,7 +9,7 @@ make the generated text meaningless, which no measurement in the book depends on
 
 from __future__ import annotations
 
-from kvlab._checks import integer
+from kvlab._checks import integer, one_of, positive, require_memory
 from kvlab.theory.shapes import SHAPES, SSM_SHAPES, ModelShape, SSMShape
 from kvlab.versions import warn_if_below_floor
 
@@ -73,12 +73,15 @@ def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape |
     from kvlab.devices import device_and_dtype
 
     warn_if_below_floor()
+    one_of("arch", arch, ARCHITECTURES + SSM_ARCHITECTURES)
+    one_of("size", size, ("cpu", "real"))
+    seed, max_positions = integer("seed", seed, 0), integer("max_positions", max_positions, 2)
     if arch in SSM_ARCHITECTURES:  # a selective SSM (section 9.6); see _tiny_mamba for why not in ARCHITECTURES
         return _tiny_mamba(size, shape, dtype, device, seed, **overrides)
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
-    if size not in ("cpu", "real"):
-        raise ValueError(f"size must be 'cpu' or 'real', got {size!r}")
+    _check_overrides(ModelShape, overrides, optional=("latent_dim", "rope_dim", "window", "intermediate",
+                                                       "active_params"))
+    if shape is not None and not isinstance(shape, (str, ModelShape)):
+        raise TypeError(f"shape must be a ModelShape or one of {tuple(SHAPES)}, got {type(shape).__name__}")
     if size == "real" or shape is not None:
         name = shape or _REAL_DEFAULT[arch]
         if not isinstance(shape, ModelShape) and name not in SHAPES:
@@ -91,15 +94,16 @@ def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape |
     if arch == "gpt2" and "q_heads" in overrides and "kv_heads" not in overrides:
         overrides["kv_heads"] = overrides["q_heads"]
     if "hidden" in overrides and "head_dim" not in overrides:
-        overrides["head_dim"] = overrides["hidden"] // overrides.get("q_heads", base.q_heads)
+        q_heads = overrides.get("q_heads", base.q_heads)
+        if overrides["hidden"] < q_heads:
+            raise ValueError(f"hidden ({overrides['hidden']}) must be >= q_heads ({q_heads}): head_dim is hidden // q_heads")
+        overrides["head_dim"] = overrides["hidden"] // q_heads
     base = dataclasses.replace(base, **overrides)
     if arch == "gpt2" and base.kv_heads != base.q_heads:
         raise ValueError(f"gpt2 has multi-head attention: kv_heads ({base.kv_heads}) must equal q_heads")
     if arch == "gpt2" and base.head_dim * base.q_heads != base.hidden:
         raise ValueError("gpt2 needs head_dim * q_heads == hidden")
     dev, dtype = device_and_dtype(device, dtype)
-    from kvlab._checks import require_memory
-
     require_memory(f"a {base.name} model with random weights (about {_built_params(base):.3g} parameters)",
                    int(_built_params(base) * torch.empty((), dtype=dtype).element_size()), dev)
     config = _config(arch, base, max_positions)
@@ -137,8 +141,7 @@ def _tiny_mamba(size, shape, dtype, device, seed, **overrides):
 
     from kvlab.devices import device_and_dtype
 
-    if size not in ("cpu", "real"):
-        raise ValueError(f"size must be 'cpu' or 'real', got {size!r}")
+    _check_overrides(SSMShape, overrides, optional=("dt_rank",))
     if isinstance(shape, SSMShape):
         base = shape
     elif size == "real" or shape is not None:
@@ -147,9 +150,6 @@ def _tiny_mamba(size, shape, dtype, device, seed, **overrides):
         base = SSM_SHAPES[shape or _SSM_REAL_DEFAULT]
     else:
         base = _SSM_CPU
-    unknown = set(overrides) - {f.name for f in dataclasses.fields(SSMShape)}
-    if unknown:
-        raise ValueError(f"unknown SSMShape field(s) {sorted(unknown)} for arch 'mamba'")
     base = dataclasses.replace(base, **overrides)
     dev, dtype = device_and_dtype(device, dtype)
     config = transformers.MambaConfig(
@@ -168,6 +168,23 @@ def _tiny_mamba(size, shape, dtype, device, seed, **overrides):
     return model
 
 
+def _check_overrides(shape_class, overrides: dict, optional: tuple) -> None:
+    """Each override names a field of ``shape_class`` and holds a positive int (None where optional),
+    checked before anything is derived from it."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(shape_class)} - {"name"}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"unknown {shape_class.__name__} field(s) {unknown}; the overrides are {sorted(fields)}")
+    for name, value in overrides.items():
+        if name in ("params", "active_params"):
+            if value is not None or name not in optional:
+                positive(name, value)
+        elif value is not None or name not in optional:
+            integer(name, value)
+
+
 def tiny_hybrid(layers: int = 4, attention_layers: int = 2, hidden: int = 64, heads: int = 4,
                 kv_heads: int | None = None, state_size: int = 16, expand: int = 2, vocab: int = 512, seed: int = 0, dtype=None, device=None):
     """A random-weight Jamba (Mamba layers with every (L/k)-th layer attention), built from a config.
@@ -181,26 +198,34 @@ def tiny_hybrid(layers: int = 4, attention_layers: int = 2, hidden: int = 64, he
     import torch
     import transformers
 
-    from kvlab.devices import device as default_device
+    from kvlab.devices import device_and_dtype
 
     warn_if_below_floor()
-    integer("layers", layers, 1)
-    integer("attention_layers", attention_layers, 1)
+    for name, value in (("layers", layers), ("attention_layers", attention_layers), ("hidden", hidden),
+                        ("heads", heads), ("state_size", state_size), ("expand", expand), ("vocab", vocab)):
+        integer(name, value)
+    kv_heads, seed = heads if kv_heads is None else integer("kv_heads", kv_heads), integer("seed", seed, 0)
     if attention_layers > layers or layers % attention_layers:
         raise ValueError(f"attention_layers must be a divisor of layers={layers}, got {attention_layers}")
+    if hidden % heads or heads % kv_heads:
+        raise ValueError(f"heads must divide hidden ({hidden}) and kv_heads must divide heads; got heads={heads}, "
+                         f"kv_heads={kv_heads}")
+    dev = device_and_dtype(device, dtype)[0]  # checks both
+    dtype = torch.float32 if dtype is None else dtype
+    # The embedding and head, and per layer the Mamba mixer's projections (about 4 expand hidden^2)
+    # and the dense MLP's; fp32 until converted.
+    params = 2 * vocab * hidden + layers * ((4 * expand + 6) * hidden * hidden + 3 * expand * hidden * state_size)
+    require_memory(f"a Jamba model with random weights (about {params:.3g} parameters)", 4 * params, dev)
     period = layers // attention_layers
     config = transformers.JambaConfig(
         hidden_size=hidden, num_hidden_layers=layers, vocab_size=vocab, num_attention_heads=heads,
-        num_key_value_heads=kv_heads or heads, intermediate_size=2 * hidden, num_experts=1, num_experts_per_tok=1,
+        num_key_value_heads=kv_heads, intermediate_size=2 * hidden, num_experts=1, num_experts_per_tok=1,
         attn_layer_period=period, attn_layer_offset=period - 1, mamba_d_state=state_size, mamba_expand=expand,
         mamba_dt_rank=max(1, -(-hidden // 16)), mamba_d_conv=4, bos_token_id=None, eos_token_id=None, pad_token_id=0)
-    dev = torch.device(device) if device is not None else default_device()
     torch.manual_seed(seed)
     with torch.device(dev):
         model = transformers.JambaForCausalLM(config)
-    if dtype is not None:
-        model = model.to(dtype)
-    return model.eval()
+    return model.to(dtype).eval()
 
 
 def load_model(name: str, dtype=None, device=None):

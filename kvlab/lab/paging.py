@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvlab._checks import integer, one_of
+from kvlab._checks import integer, one_of, real, require_memory
 from kvlab.cache.block_manager import BlockManager
-from kvlab.cache.blocks import PREEMPTION_MODES
+from kvlab.cache.blocks import MAX_BLOCK_ID, PREEMPTION_MODES
 from kvlab.serving.request import Request
 from kvlab.serving.scheduler import Scheduler
 
@@ -54,11 +54,10 @@ def make_trace(n: int, distribution: str = "lognormal", mean_prompt: float = 64,
     token ids are all 0: only lengths matter here.
     """
     one_of("distribution", distribution, DISTRIBUTIONS)
-    integer("n", n, 0)
-    integer("max_len", max_len, 2)
-    for name, value in (("mean_prompt", mean_prompt), ("mean_output", mean_output)):
-        if not value >= 1:
-            raise ValueError(f"{name} must be >= 1, got {value!r}")
+    n, max_len, seed = integer("n", n, 0), integer("max_len", max_len, 2), integer("seed", seed, 0)
+    mean_prompt, mean_output = real("mean_prompt", mean_prompt, 1), real("mean_output", mean_output, 1)
+    # A request is a Python object of some hundred bytes, and a list of its prompt's token ids.
+    require_memory(f"a trace of {n:,} requests", int(n * (200 + 8 * min(mean_prompt, max_len))), "cpu")
     rng = np.random.default_rng(seed)
     prompts = np.clip(_draw(rng, distribution, mean_prompt, n), 1, max_len - 1).astype(int)
     outputs = np.clip(_draw(rng, distribution, mean_output, n), 1, max_len - prompts).astype(int)
@@ -133,6 +132,8 @@ class ContiguousMemory:
     block_size = 1
 
     def __init__(self, budget: int, max_len: int, estimate: int | None = None):
+        budget, max_len = integer("budget", budget), integer("max_len", max_len)
+        estimate = None if estimate is None else integer("estimate", estimate)
         self.num_blocks, self.max_len, self.estimate = budget, max_len, estimate
         self._seqs: dict[int, _Region] = {}
         self._next_id = 0
@@ -143,13 +144,13 @@ class ContiguousMemory:
         return self.num_blocks - sum(r.size for r in self._seqs.values() if r.state == "resident")
 
     def region_size(self, seq_id: int) -> int:
-        return self._seqs[seq_id].size
+        return self._region(seq_id).size
 
     def num_tokens(self, seq_id: int) -> int:
-        return len(self._seqs[seq_id].tokens)
+        return len(self._region(seq_id).tokens)
 
     def num_computed(self, seq_id: int) -> int:
-        return self._seqs[seq_id].num_computed
+        return self._region(seq_id).num_computed
 
     def blocks_to_admit(self, token_ids, salt=None) -> int:
         return self._slots_if_placed(self._size(len(token_ids), False))
@@ -162,34 +163,42 @@ class ContiguousMemory:
 
     def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
         """0 while the region has room; more than the whole memory once it is full: it cannot grow."""
-        region = self._seqs[seq_id]
+        region = self._region(seq_id)
         return 0 if len(region.tokens) + num_tokens <= region.size else self.num_blocks + 1
 
     def reserve(self, seq_id: int, token_ids) -> None:
-        self._seqs[seq_id].tokens += list(token_ids)
+        self._region(seq_id).tokens += list(token_ids)
 
     def commit(self, seq_id: int, num_computed: int) -> None:
-        self._seqs[seq_id].num_computed = num_computed
+        self._region(seq_id).num_computed = num_computed
 
     def preempt(self, seq_id: int, mode: str) -> int:
         one_of("mode", mode, ("recompute",))  # a region's contents are not swapped in this simulation
-        region = self._seqs[seq_id]
+        region = self._region(seq_id)
         held, region.num_computed, region.state = region.num_computed, 0, "recompute"
         region.outgrown = region.outgrown or len(region.tokens) == region.size
         return held
 
     def blocks_to_resume(self, seq_id: int, token_ids=()) -> int:
-        return self._slots_if_placed(self._size(0, self._seqs[seq_id].outgrown, self._seqs[seq_id].prompt))
+        region = self._region(seq_id)
+        return self._slots_if_placed(self._size(0, region.outgrown, region.prompt))
 
     def resume(self, seq_id: int, token_ids=()) -> int:
-        region = self._seqs[seq_id]
+        region = self._region(seq_id)
         region.size = self._size(0, region.outgrown, region.prompt)
         region.start, region.state = self._first_fit(region.size), "resident"
         region.tokens += list(token_ids)
         return 0
 
     def free(self, seq_id: int) -> None:
+        self._region(seq_id)
         del self._seqs[seq_id]
+
+    def _region(self, seq_id) -> _Region:
+        region = self._seqs.get(integer("seq_id", seq_id, 0))
+        if region is None:
+            raise ValueError(f"seq_id {seq_id!r} is not a live sequence; live: {sorted(self._seqs)}")
+        return region
 
     def _size(self, prompt: int, outgrown: bool, known_prompt: int | None = None) -> int:
         if self.estimate is None or outgrown:
@@ -289,6 +298,9 @@ def _check_sim_args(trace, policy, budget_tokens, block_size, max_batch, max_len
     longest = max((len(r.prompt) + r.max_new_tokens for r in trace), default=0)
     if longest > max_len:
         raise ValueError(f"max_len ({max_len}) must be >= the longest request in the trace ({longest} tokens)")
+    if policy == "paged" and budget_tokens // block_size > MAX_BLOCK_ID:
+        raise ValueError(f"budget_tokens ({budget_tokens:,}) makes {budget_tokens // block_size:,} blocks of {block_size}, "
+                         f"more than the {MAX_BLOCK_ID:,} block ids an int32 block table holds")
     need = max_len if policy != "paged" else -(-longest // block_size) * block_size
     if trace and need > budget_tokens:
         raise ValueError(f"budget_tokens ({budget_tokens}) cannot hold one request: {policy} needs {need} tokens")

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvlab._checks import integer
+from kvlab import _checks
+from kvlab._checks import integer, integers, one_of, real, require_memory
 from kvlab.cache.block_manager import BlockManager
 from kvlab.lab.timing import measure, merge_timings
 from kvlab.serving.paged_decode import cache_for, decode_step, prefill
@@ -55,10 +56,13 @@ def make_chat_trace(num_system_prompts: int = 3, num_users: int = 24, turns: int
     for name, value, low in (("num_system_prompts", num_system_prompts, 1), ("num_users", num_users, 1),
                              ("turns", turns, 1), ("system_tokens", system_tokens, 0),
                              ("user_tokens", user_tokens, 1), ("reply_tokens", reply_tokens, 1),
-                             ("vocab", vocab, 2)):
+                             ("vocab", vocab, 2), ("seed", seed, 0)):
         integer(name, value, low)
-    if not think_time >= 0:
-        raise ValueError(f"think_time must be >= 0, got {think_time!r}")
+    think_time = real("think_time", think_time, 0)
+    # Every prompt resends its history: a user's turns hold about turns^2 / 2 messages in all.
+    tokens = num_system_prompts * system_tokens + num_users * turns * (
+        system_tokens + (turns + 1) * (user_tokens + reply_tokens))
+    require_memory(f"a chat trace of {num_users * turns:,} requests ({tokens:,} token ids)", 40 * tokens, "cpu")
     rng = np.random.default_rng(seed)
     draw = lambda n: tuple(int(t) for t in rng.integers(0, vocab, n))  # noqa: E731
     systems = [draw(system_tokens) for _ in range(num_system_prompts)]
@@ -111,10 +115,14 @@ def replay(trace, num_blocks: int, block_size: int, policy: str = "lru") -> Repl
     for the longest request stays out of the cache. ``none`` computes every prompt in full.
     ``num_blocks`` must hold the longest request.
     """
-    if policy not in REPLAY_POLICIES:
-        raise ValueError(f"policy must be one of {REPLAY_POLICIES}, got {policy!r}")
+    one_of("policy", policy, REPLAY_POLICIES)
     num_blocks, block_size = integer("num_blocks", num_blocks), integer("block_size", block_size)
+    if isinstance(trace, (str, bytes)) or not hasattr(trace, "__iter__"):
+        raise TypeError(f"trace must be a list of ChatRequest (make_chat_trace), got {type(trace).__name__}")
     trace = list(trace)
+    for i, request in enumerate(trace):
+        if not isinstance(request, ChatRequest):
+            raise TypeError(f"trace[{i}] must be a ChatRequest (make_chat_trace), got {type(request).__name__}")
     longest = max((-(-(len(r.prompt) + len(r.reply) - 1) // block_size) for r in trace), default=0)
     if longest > num_blocks:
         raise ValueError(f"num_blocks must be >= {longest} (the longest request's blocks at block size "
@@ -147,7 +155,9 @@ def compute_shape(model):
     """``model.shape`` with ``params`` counting only the matrices a prefill multiplies for every prompt
     token: not the embedding table (a lookup) nor the output head (run on the last token only,
     ``logits_to_keep=1``). This is the shape :func:`kvlab.theory.roofline.prefill_time` should see."""
-    shape = model.shape
+    from kvlab.lab.repeatable_step import model_shape_of
+
+    shape = model_shape_of(model)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     embeddings = shape.vocab * shape.hidden * (1 if tied else 2)
     return dataclasses.replace(shape, params=float(shape.params - embeddings))
@@ -162,6 +172,12 @@ class TTFTPoint:
     cached_tokens: int
     measured: object
     predicted: float
+
+
+def _attention(attention, gpu: bool) -> str:
+    from kvlab.serving.attention import ATTENTION_PATHS
+
+    return ("kernel" if gpu else "gather") if attention is None else one_of("attention", attention, ATTENTION_PATHS)
 
 
 def _fresh(generator, count: int, vocab: int, avoid: int) -> list[int]:
@@ -186,10 +202,13 @@ def measure_ttft(model, prompt_tokens: int, prefix_tokens, block_size: int = 16,
     from kvlab.devices import on_gpu
     from kvlab.theory.roofline import prefill_time
 
-    prompt_tokens = integer("prompt_tokens", prompt_tokens, 2)
-    block_size = integer("block_size", block_size)
-    prefix_tokens = [integer(f"prefix_tokens[{i}]", c, 0, prompt_tokens) for i, c in enumerate(prefix_tokens)]
-    attention = attention or ("kernel" if on_gpu() else "gather")
+    _checks.causal_lm("model", model)
+    limit = getattr(model.config, "max_position_embeddings", None) or 2**31
+    prompt_tokens = integer("prompt_tokens", prompt_tokens, 2, limit + 1)  # positions the model has
+    prefix_tokens = integers("prefix_tokens", prefix_tokens, 0, prompt_tokens)
+    block_size, warmup, reps = integer("block_size", block_size), integer("warmup", warmup, 0), integer("reps", reps)
+    seed = integer("seed", seed, 0)
+    attention = _attention(attention, on_gpu())
     per_prompt = -(-prompt_tokens // block_size)
     cache = cache_for(model, 4 * per_prompt + 4, block_size, prefix_caching=True)
     generator = torch.Generator().manual_seed(seed)
@@ -246,9 +265,12 @@ def measure_decode_after_prefix(model, prompt_tokens: int, block_size: int = 16,
     """
     from kvlab.devices import on_gpu
 
-    prompt_tokens = integer("prompt_tokens", prompt_tokens, 2)
-    steps = integer("steps", steps)
-    attention = attention or ("kernel" if on_gpu() else "gather")
+    _checks.causal_lm("model", model)
+    limit = getattr(model.config, "max_position_embeddings", None) or 2**31
+    steps = integer("steps", steps, 1, max(2, limit - 2))  # a prompt of 2, the steps and one token after fit
+    block_size, seed = integer("block_size", block_size), integer("seed", seed, 0)
+    prompt_tokens = integer("prompt_tokens", prompt_tokens, 2, limit - steps)
+    attention = _attention(attention, on_gpu())
     per_seq = -(-(prompt_tokens + steps + 1) // block_size)
     cache = cache_for(model, 3 * per_seq + 2, block_size, prefix_caching=True)
     generator = torch.Generator().manual_seed(seed)

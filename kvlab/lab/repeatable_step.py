@@ -12,13 +12,14 @@ measurement of the path runs on, on a CPU (``measurement_threads``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
 
 import torch
 
-from kvlab._checks import integer
+from kvlab._checks import causal_lm, integer, restoring
 from kvlab.decode import StaticStep, new_static_cache
 from kvlab.theory.shapes import ModelShape
 from kvlab.theory.work import check_method
@@ -55,8 +56,7 @@ def check_ids(input_ids):
 
 def model_shape_of(model):
     """``model.shape`` (kvlab's models carry one), else the ``ModelShape`` of its config."""
-    if not hasattr(model, "config") or not callable(model):
-        raise TypeError(f"model must be a Hugging Face causal LM (see kvlab.tiny_model), got {type(model).__name__}")
+    causal_lm("model", model)
     shape = getattr(model, "shape", None)
     return shape if isinstance(shape, ModelShape) else ModelShape.from_config(model.config)
 
@@ -73,6 +73,10 @@ def prepared_ids(model, input_ids, context, method):
     shape = model_shape_of(model)
     check_method(method)
     input_ids = check_ids(input_ids)
+    vocab = model.config.vocab_size
+    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+        bad = input_ids[(input_ids < 0) | (input_ids >= vocab)].flatten()[:3].tolist()
+        raise ValueError(f"input_ids must be token ids in [0, {vocab}) (the model's vocab_size), got {bad}")
     context = input_ids.shape[1] if context is None else integer("context", context, 1)
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is not None and context + 1 > limit:
@@ -105,7 +109,7 @@ class RepeatableStep:
         self.batch, self.context = ids.shape
         self.device = ids.device
         self.token = ids[:, -1:].clone()
-        self._restore = None
+        self._borrowed = contextlib.ExitStack()  # the paged method switches the model's attention until close()
         try:
             with torch.inference_mode():
                 getattr(self, f"_setup_{method}")(compile)
@@ -159,10 +163,10 @@ class RepeatableStep:
     # -- paged: kvlab's paged cache; each step decodes forks of the prefilled sequences
     def _setup_paged(self, compile):
         from kvlab.kernels import store_kv_ref
-        from kvlab.serving.paged_decode import cache_for, prefill, use_paged_attention
+        from kvlab.serving.attention import register
+        from kvlab.serving.paged_decode import cache_for, prefill
 
-        self._restore = self.model.config._attn_implementation
-        use_paged_attention(self.model)
+        self._borrowed.enter_context(restoring(self.model, attn_implementation=register()))
         gpu = self.device.type == "cuda"
         # A block size that divides the context: a fork's first append then opens a fresh block
         # instead of copying a shared one, so the step is an ordinary decode step.
@@ -214,9 +218,7 @@ class RepeatableStep:
         return times
 
     def close(self):
-        if self._restore is not None:
-            self.model.set_attn_implementation(self._restore)
-            self._restore = None
+        self._borrowed.close()
 
 
 def step_time(model, ids, method, warmup=1, reps=3, compile=None) -> float:

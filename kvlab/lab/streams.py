@@ -23,7 +23,7 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.models.llama.modeling_llama import repeat_kv
 
-from kvlab._checks import integer
+from kvlab._checks import causal_lm, flag, integer, one_of, require_memory, restoring, token_ids
 from kvlab.cache.rope import rotary_of, rotate
 from kvlab.cache.window import ROPE_MODES
 from kvlab.theory.long_context import block_means, paired_spread
@@ -53,8 +53,10 @@ def stream_eval(model, tokens: torch.Tensor, cache=None, first: int = 4, recent:
     """
     if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
         raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    token_ids("tokens", tokens.reshape(-1), causal_lm("model", model).config.vocab_size)
     integer("first", first, 0)
     integer("recent", recent, 0)
+    flag("attention", attention)
     cache = DynamicCache() if cache is None else cache
     ids = tokens.reshape(1, -1).to(model.device)
     n = ids.shape[1]
@@ -90,9 +92,14 @@ def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     for name, t in (("reference", reference), ("other", other)):
         if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
             raise TypeError(f"{name} must be a floating torch.Tensor of log-probabilities, got {type(t).__name__}")
-    if reference.shape != other.shape:
+    if reference.shape != other.shape or reference.dim() < 1:
         raise ValueError(f"reference and other must share one shape [steps, vocab], got {tuple(reference.shape)} "
                          f"and {tuple(other.shape)}")
+    for name, t in (("reference", reference), ("other", other)):
+        total = torch.logsumexp(t.double(), -1)  # 0 for log-probabilities; probabilities give log(sum e^p) > 0
+        if not bool((total.abs() < 1e-3).all()):
+            raise ValueError(f"{name} must hold log-probabilities (log_softmax of logits; each row's logsumexp is 0), "
+                             f"got rows whose logsumexp is up to {float(total.abs().max()):.3g}")
     return (reference.exp() * (reference - other)).sum(-1)
 
 
@@ -104,6 +111,7 @@ def eviction_mask(n: int, num_sink: int = 0, window: int | None = None) -> torch
     integer("num_sink", num_sink, 0)
     if window is not None:
         integer("window", window, 1)
+    require_memory(f"an eviction mask of {n:,} x {n:,} tokens", 3 * n * n, "cpu")  # the mask and two temporaries
     i = torch.arange(n)[:, None]
     j = torch.arange(n)[None, :]
     allowed = j <= i
@@ -152,13 +160,13 @@ def masked_stream_eval(model, tokens: torch.Tensor, num_sink: int = 0, window: i
     """
     if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
         raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    token_ids("tokens", tokens.reshape(-1), causal_lm("model", model).config.vocab_size)
     integer("num_sink", num_sink, 0)
     if window is not None:
         integer("window", window, 1)  # window 0 would leave a query nothing to attend to
     integer("first", first, 0)
     integer("recent", recent, 0)
-    if rope not in ROPE_MODES:
-        raise ValueError(f"rope must be one of {ROPE_MODES}, got {rope!r}")
+    one_of("rope", rope, ROPE_MODES)
     ids = tokens.reshape(1, -1).to(model.device)
     n = ids.shape[1]
     if n < 2:
@@ -168,12 +176,8 @@ def masked_stream_eval(model, tokens: torch.Tensor, num_sink: int = 0, window: i
     mask = mask.masked_fill(~allowed, torch.finfo(model.dtype).min)[None, None]
     if rope == "cache" and window is not None:
         AttentionInterface.register("kvlab_in_cache", _in_cache_attention(num_sink, window, rotary_of(model)[0]))
-        before = model.config._attn_implementation
-        model.config._attn_implementation = "kvlab_in_cache"
-        try:
+        with restoring(model, attn_implementation="kvlab_in_cache"):
             out = model(ids, attention_mask=mask, use_cache=False, output_attentions=attention)
-        finally:
-            model.config._attn_implementation = before
     else:
         out = model(ids, attention_mask=mask, use_cache=False, output_attentions=attention)
     logprobs = torch.log_softmax(out.logits[0, :-1].float(), -1)
@@ -201,6 +205,10 @@ def recompute_stream_eval(model, tokens: torch.Tensor, window: int, start: int |
     """
     integer("window", window, 1)
     integer("stride", stride, 1)
+    integer("batch", batch, 1)
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    token_ids("tokens", tokens.reshape(-1), causal_lm("model", model).config.vocab_size)
     ids = tokens.reshape(-1).to(model.device)
     start = window - 1 if start is None else start
     integer("start", start, window - 1, len(ids) - 1)

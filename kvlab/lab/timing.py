@@ -10,7 +10,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from kvlab._checks import integer
+from kvlab import _checks
+from kvlab._checks import function, integer
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,12 @@ def measure(fn, warmup: int = 2, reps: int = 5, device=None) -> Timing:
     """
     import torch
 
+    function("fn", fn)
     integer("warmup", warmup, 0)
     integer("reps", reps, 1)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    dev = _checks.device("device", device)
     cuda = dev.type == "cuda"
     for _ in range(warmup):
         fn()
@@ -65,6 +67,11 @@ def measure(fn, warmup: int = 2, reps: int = 5, device=None) -> Timing:
 def merge_timings(parts) -> Timing:
     """One Timing over all the repeats of several, for measurements taken one repeat at a time
     (interleaved with a rival's, so that drift on a shared machine hits both alike)."""
+    if isinstance(parts, (str, bytes)) or not hasattr(parts, "__iter__"):
+        raise TypeError(f"parts must be a list of Timing, got {type(parts).__name__}")
+    parts = list(parts)
+    if not parts or not all(isinstance(p, Timing) for p in parts):
+        raise TypeError(f"parts must be a non-empty list of Timing (kvlab.measure), got {parts!r:.80}")
     times = tuple(t for part in parts for t in part.times)
     ordered = sorted(times)
     return Timing(ordered[len(ordered) // 2], ordered[0], ordered[-1], times)

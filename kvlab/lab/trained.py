@@ -14,6 +14,8 @@ import json
 import math
 from pathlib import Path
 
+from kvlab._checks import causal_lm, integer, one_of
+
 DATA_DIR = Path(__file__).parents[1] / "data" / "tiny_kjv"
 
 
@@ -53,6 +55,7 @@ def trained_model(dtype=None, device=None, attn_implementation: str = "eager"):
     from kvlab.theory.shapes import ModelShape
 
     _require(DATA_DIR / "model.safetensors")
+    one_of("attn_implementation", attn_implementation, ("eager", "sdpa"))
     dev, _ = device_and_dtype(device, dtype)
     dtype = torch.float32 if dtype is None else dtype
     model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -79,6 +82,8 @@ def heldout_ids(tokenizer=None, text: str | None = None):
     import torch
 
     tokenizer = tokenizer or trained_tokenizer()
+    if text is not None and not isinstance(text, str):
+        raise TypeError(f"text must be a str (or None for the held-out books), got {type(text).__name__}")
     text = heldout_text() if text is None else text
     return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
 
@@ -93,13 +98,17 @@ def heldout_perplexity(model, tokenizer=None, context: int | None = None, max_to
     """
     import torch
 
+    causal_lm("model", model)
+    positions = model.config.max_position_embeddings
+    context = positions if context is None else integer("context", context, 2, positions + 1)
+    if max_tokens is not None:
+        integer("max_tokens", max_tokens, 1)
     tokenizer = tokenizer or trained_tokenizer()
-    context = context or model.config.max_position_embeddings
-    if not isinstance(context, int) or context < 2:
-        raise ValueError(f"context must be an int of at least 2, got {context!r}")
     ids = heldout_ids(tokenizer, text)[0]
     if max_tokens is not None:
         ids = ids[:max_tokens]
+    if len(ids) == 0:
+        raise ValueError("text must hold at least one token to score")
     bos = tokenizer.bos_token_id
     nll, count = 0.0, 0
     dev = next(model.parameters()).device

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlab import kernels
+from kvlab._checks import causal_lm, integer, one_of, restoring
 
 ATTN_NAME = "kvlab_paged"
 ATTENTION_PATHS = ("kernel", "gather", "reference")
@@ -83,10 +84,8 @@ def build_step(cache, chunks, path: str, group: int = 1) -> StepMetadata:
     reserved; one-token chunks come first; a sequence appears once. ``group`` is the model's query
     heads per KV head, for which the kernel path plans its query tiles.
     """
-    if path not in ATTENTION_PATHS:
-        raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {path!r}")
-    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
-        raise ValueError(f"group (query heads per KV head) must be an int >= 1, got {group!r}")
+    one_of("path", path, ATTENTION_PATHS)
+    integer("group", group, 1)  # query heads per KV head
     spans = _check_chunks(cache, chunks)
     bs, dev = cache.block_size, cache.device
     slots = [table[t // bs] * bs + t % bs for table, start, end in spans for t in range(start, end)]
@@ -137,7 +136,10 @@ def _check_chunks(cache, chunks) -> list[tuple[list[int], int, int]]:
     chunks, spans, seen, longer = list(chunks), [], set(), False
     if not chunks:
         raise ValueError("chunks must name at least one (seq_id, count) pair")
-    for seq_id, count in chunks:
+    for i, chunk in enumerate(chunks):
+        if not isinstance(chunk, (tuple, list)) or len(chunk) != 2:
+            raise TypeError(f"chunks[{i}] must be a (seq_id, count) pair, got {chunk!r}")
+        seq_id, count = chunk
         cache.require_in_step(seq_id)  # a live, resident sequence whose layers agree
         start, held = cache.num_computed(seq_id), cache.num_tokens(seq_id)
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= held - start:
@@ -240,22 +242,17 @@ def register() -> str:
 
 def use_paged_attention(model):
     """Switch ``model`` to the paged attention function for good; returns the model (notebook 05)."""
-    model.set_attn_implementation(register())
+    causal_lm("model", model).set_attn_implementation(register())
     return model
 
 
 def paged_forward(model, input_ids, position_ids, meta: StepMetadata, logits_to_keep):
     """One forward pass of ``model`` through :func:`paged_attention`: the logits at ``logits_to_keep``.
 
-    The model is switched to the paged attention for this call only, unless it already uses it.
+    The model is switched to the paged attention for this call only (``kvlab._checks.restoring``),
+    unless it already uses it.
     """
-    previous = model.config._attn_implementation
-    if previous != ATTN_NAME:
-        model.set_attn_implementation(register())
-    try:
+    with restoring(model, attn_implementation=register()):
         out = model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
                     logits_to_keep=logits_to_keep, kvlab_step=meta)
-    finally:
-        if previous != ATTN_NAME:
-            model.set_attn_implementation(previous)
     return out.logits

@@ -7,9 +7,12 @@ A step is three calls: the scheduler plans the step's chunks (reserving their sl
 the model once over all of them, and the scheduler commits what was computed and retires the
 requests that are done. ``add_request`` / ``step`` / ``generate``; an event log; metrics.
 
-A step whose forward pass fails leaves every request where the scheduler put it: the slots it
-reserved stay reserved, nothing that was not written is registered in the prefix cache, and the
-next step feeds the unwritten tokens again.
+A step is all or nothing. Before it schedules anything it checks that the model still fits the
+cache (layers, heads, dtype, device) and that every request's sequence is where the scheduler left
+it; if the forward pass then fails, the engine is put back as it was before the step (its cache,
+queues, requests and counters), under two rollback rules: a prefix hash the step evicted stays
+evicted, and a preemption the step made to fit its decodes stands (the failed pass may have
+written into the preempted blocks). A request that could never fit is refused when it is added.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -26,7 +30,7 @@ from kvlab.cache.blocks import PREEMPTION_MODES
 from kvlab.cache.paged import PagedKVCache
 from kvlab.serving.attention import ATTENTION_PATHS
 from kvlab.serving.request import Event, Request
-from kvlab.serving.runner import ModelRunner, check_kernel_limits, model_geometry
+from kvlab.serving.runner import ModelRunner, check_cache_fits, check_kernel_limits, model_geometry
 from kvlab.serving.scheduler import Scheduler
 
 SUPPORTED_MODELS = ("llama", "qwen2", "mistral")
@@ -75,6 +79,7 @@ class Engine:
                  max_batched_tokens: int = 2048, prefix_caching: bool = True, preemption: str = "recompute", *,
                  kv_budget_bytes: int | None = None, attention: str | None = None, cuda_graphs: bool | None = None,
                  watermark: float = WATERMARK, eos_token_id="auto", debug: bool = False):
+        _checks.causal_lm("model", model)
         if getattr(model.config, "model_type", None) not in SUPPORTED_MODELS:
             raise ValueError(f"model must be one of the architectures {SUPPORTED_MODELS} (rotary positions, grouped "
                              f"KV heads), got {getattr(model.config, 'model_type', type(model).__name__)!r}")
@@ -82,13 +87,17 @@ class Engine:
         max_batch = _checks.integer("max_batch", max_batch)
         max_batched_tokens = _checks.integer("max_batched_tokens", max_batched_tokens, low=max_batch)
         _checks.one_of("preemption", preemption, PREEMPTION_MODES)
-        if not isinstance(prefix_caching, bool):
-            raise TypeError(f"prefix_caching must be a bool, got {prefix_caching!r}")
+        _checks.flag("prefix_caching", prefix_caching)
+        _checks.flag("debug", debug)
+        if cuda_graphs is not None:
+            _checks.flag("cuda_graphs", cuda_graphs)
         on_cuda = model.device.type == "cuda"
-        attention = attention or ("kernel" if on_cuda else "gather")
+        attention = ("kernel" if on_cuda else "gather") if attention is None else attention
         _checks.one_of("attention", attention, ATTENTION_PATHS)
-        if not 0 <= watermark < 1:
-            raise ValueError(f"watermark must be in [0, 1), got {watermark!r}")
+        watermark = _checks.real("watermark", watermark, 0, 1, high_open=True)
+        if num_blocks is not None and kv_budget_bytes is not None:
+            raise ValueError(f"pass num_blocks ({num_blocks!r}) or kv_budget_bytes ({kv_budget_bytes!r}), not both: "
+                             "either one sizes the pool")
         layers, kv_heads, head_dim = model_geometry(model)
         check_kernel_limits(block_size, head_dim, attention)
         if num_blocks is None:
@@ -108,6 +117,7 @@ class Engine:
         self.requests: dict[int, Request] = {}
         self.events: list[Event] = []
         self.stats = EngineStats()
+        self._clock = 0  # the step an event belongs to: the step running, or the last one after it
         self._idle_steps = 0
 
     @property
@@ -207,7 +217,7 @@ class Engine:
         return request
 
     def _log(self, request: Request, kind: str, detail=None) -> None:
-        self.events.append(Event(self.stats.steps, request.id, kind, detail))
+        self.events.append(Event(self._clock, request.id, kind, detail))
 
     # -- stepping ----------------------------------------------------------------------------
 
@@ -215,17 +225,27 @@ class Engine:
         return self.scheduler.has_work()
 
     def step(self) -> list[Request]:
-        """Schedule, run one forward pass, update; returns the requests that finished in this step."""
+        """Schedule, run one forward pass, update; returns the requests that finished in this step.
+
+        All or nothing (see the module): checked before anything is scheduled, rolled back if the
+        forward pass fails."""
+        self._check_ready()
         start = time.perf_counter()
-        self.stats.steps += 1
-        plan = self.scheduler.schedule()
-        finished = []
-        if plan:
-            self.stats.peak_blocks = max(self.stats.peak_blocks, self.num_blocks - self.cache.num_free)
-            next_tokens = self.runner.run([e.chunk for e in plan])
-            self.stats.generated_tokens += sum(1 for e in plan if e.completes)  # before update appends them
-            self.stats.prefill_tokens += sum(e.count for e in plan if e.kind == "prefill")
-            finished = self.scheduler.update(plan, next_tokens, time.perf_counter())
+        self._clock = self.stats.steps + 1  # the events of this step carry its number
+        try:
+            preempted = self.scheduler.make_room()  # stands even if the step fails (the module's rule)
+            with _checks.restoring(self):
+                plan = self.scheduler.schedule(preempted)
+                finished = []
+                if plan:
+                    self.stats.peak_blocks = max(self.stats.peak_blocks, self.num_blocks - self.cache.num_free)
+                    next_tokens = self.runner.run([e.chunk for e in plan])
+                    self.stats.generated_tokens += sum(1 for e in plan if e.completes)  # before update appends them
+                    self.stats.prefill_tokens += sum(e.count for e in plan if e.kind == "prefill")
+                    finished = self.scheduler.update(plan, next_tokens, time.perf_counter())
+                self.stats.steps = self._clock
+        finally:
+            self._clock = self.stats.steps
         self._idle_steps = 0 if plan else self._idle_steps + 1
         if self._idle_steps > 2 and self.has_work():  # a scheduler bug, never a normal state: fail loudly
             raise RuntimeError(f"the scheduler made no progress for {self._idle_steps} steps: "
@@ -237,12 +257,61 @@ class Engine:
             self.check_invariants()
         return finished
 
+    def _check_ready(self) -> None:
+        """What a step relies on, checked before it changes anything: the model still fits the cache
+        (its dtype or device may have changed since the engine was built), and every request's
+        sequence is where the scheduler left it (nothing freed or preempted behind its back)."""
+        check_cache_fits(self.model, self.cache, self.runner.attention)
+        live = set(self.cache.sequences())
+        for state, requests in (("resident", self.scheduler.running), ("swap", self.scheduler.swapped),
+                                ("recompute", [r for r in self.scheduler.waiting if r.seq is not None])):
+            for r in requests:
+                if r.seq not in live or self.cache.state(r.seq) != state:
+                    raise RuntimeError(f"request {r.id} is {r.state} but its cache sequence {r.seq} is "
+                                       f"{self.cache.state(r.seq) if r.seq in live else 'gone'}: a request's "
+                                       "sequence must change only through the engine (free, preempt and resume "
+                                       "it by stepping)")
+
+    # -- rollback ----------------------------------------------------------------------------
+
+    def snapshot(self):
+        """What a step changes, copied, for :meth:`restore` after a failed step."""
+        s = self.scheduler
+        queued = [*s.waiting, *s.running, *s.swapped]
+        requests = [(r, r.state, r.seq, len(r.output), r.first_token_time, r.finish_time, r.preemptions,
+                     r.admitted_tokens, r.cached_tokens) for r in queued]
+        return (self.cache.snapshot(), deque(s.waiting), list(s.running), deque(s.swapped), replace(s.stats), requests,
+                replace(self.stats, batch_sizes=list(self.stats.batch_sizes)), len(self.events))
+
+    def restore(self, snapshot) -> None:
+        cache, waiting, running, swapped, scheduler_stats, requests, stats, events = snapshot
+        self.cache.restore(cache)
+        s = self.scheduler
+        s.waiting, s.running, s.swapped, s.stats = deque(waiting), list(running), deque(swapped), replace(scheduler_stats)
+        for r, state, seq, outputs, first_token_time, finish_time, preemptions, admitted, cached in requests:
+            r.state, r.seq, r.first_token_time, r.finish_time = state, seq, first_token_time, finish_time
+            r.preemptions, r.admitted_tokens, r.cached_tokens = preemptions, admitted, cached
+            del r.output[outputs:]  # a request's output only grows
+        self.stats = replace(stats, batch_sizes=list(stats.batch_sizes))
+        del self.events[events:]
+
     # -- metrics and checks ------------------------------------------------------------------
 
     def metrics(self, requests=None) -> dict:
         """Per-request and total figures: time to first token, time per output token, tokens per second,
-        batch size per step, preemptions and prefix hit rate (notebook 11)."""
-        done = [r for r in (requests if requests is not None else self.requests.values()) if r.state == "finished"]
+        batch size per step, preemptions and prefix hit rate (notebook 11). ``requests``: some of this
+        engine's requests, each once (default: all)."""
+        if requests is None:
+            requests = list(self.requests.values())
+        elif isinstance(requests, (str, bytes)) or not hasattr(requests, "__iter__"):
+            raise TypeError(f"requests must be a list of this engine's Requests, got {type(requests).__name__}")
+        requests = list(requests)
+        for i, r in enumerate(requests):
+            if not isinstance(r, Request) or self.requests.get(r.id) is not r:
+                raise ValueError(f"requests[{i}] must be a Request this engine made (add_request), got {r!r}")
+        if len({id(r) for r in requests}) != len(requests):
+            raise ValueError(f"requests must name each request once, got ids {[r.id for r in requests]}")
+        done = [r for r in requests if r.state == "finished"]
         ttfts = [r.ttft for r in done]
         tpots = [r.tpot for r in done if r.tpot is not None]
         admitted = sum(r.admitted_tokens for r in done)
@@ -304,7 +373,9 @@ def _pool_size(model, block_size: int, kv_budget_bytes: int | None) -> int:
             kv_budget_bytes = int(GPU_MEMORY_FRACTION * free)
         else:
             kv_budget_bytes = CPU_KV_BUDGET_BYTES
-    kv_budget_bytes = _checks.integer("kv_budget_bytes", kv_budget_bytes)
+    else:
+        _checks.integer("kv_budget_bytes", kv_budget_bytes)
+        _checks.require_memory(f"kv_budget_bytes={kv_budget_bytes:,}", kv_budget_bytes, model.device)
     if kv_budget_bytes < per_block:
         raise ValueError(f"kv_budget_bytes ({kv_budget_bytes:,}) must hold at least one block ({per_block:,} bytes)")
     return kv_budget_bytes // per_block

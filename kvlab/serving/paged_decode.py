@@ -23,12 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
+from kvlab import _checks
 from kvlab._checks import integer
 from kvlab.cache.blocks import OutOfBlocksError
 from kvlab.cache.paged import PagedKVCache
 from kvlab.serving.attention import use_paged_attention
 from kvlab.serving.engine import Engine
-from kvlab.serving.runner import ModelRunner, model_geometry
+from kvlab.serving.runner import ModelRunner, check_cache_fits, model_geometry
 
 __all__ = ["Generation", "PagedRun", "cache_for", "decode_step", "generate", "paged_generate", "prefill",
            "use_paged_attention"]
@@ -38,21 +39,10 @@ def cache_for(model, num_blocks: int, block_size: int = 16, prefix_caching: bool
               store=None) -> PagedKVCache:
     """An empty :class:`PagedKVCache` shaped for ``model`` (its layers, KV heads, head dim and dtype);
     ``store`` replaces the ``store_kv`` kernel of by-hand appends (e.g. ``store_kv_ref`` on a CPU)."""
-    layers, kv_heads, head_dim = model_geometry(model)
+    layers, kv_heads, head_dim = model_geometry(_checks.causal_lm("model", model))
     return PagedKVCache(layers, num_blocks, block_size, kv_heads, head_dim, dtype=model.dtype,
                         device=device if device is not None else model.device, store=store,
                         prefix_caching=prefix_caching)
-
-
-def _check_tokens(name: str, tokens, vocab: int) -> list[int]:
-    if isinstance(tokens, torch.Tensor):
-        if tokens.dim() != 1 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-            raise TypeError(f"{name} must be a list of int token ids or a 1-D integer tensor, "
-                            f"got a {tokens.dtype} tensor of shape {tuple(tokens.shape)}")
-        tokens = tokens.tolist()
-    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__iter__"):
-        raise TypeError(f"{name} must be a list of int token ids, got {type(tokens).__name__}")
-    return [integer(f"{name}[{i}]", t, 0, vocab) for i, t in enumerate(tokens)]
 
 
 @torch.inference_mode()
@@ -62,12 +52,14 @@ def prefill(model, cache: PagedKVCache, seq_id: int, token_ids=None, attention: 
     them, if given); returns the greedy next token, or None if ``max_tokens`` stopped the chunk short
     of the sequence's last token."""
     runner = ModelRunner(model, cache, attention)  # checks the model against the cache first
-    tokens = [] if token_ids is None else _check_tokens("token_ids", token_ids, model.config.vocab_size)
+    vocab = model.config.vocab_size
+    tokens = [] if token_ids is None else _checks.token_ids("token_ids", token_ids, vocab, empty=True)
     cache.require_in_step(seq_id)
     start = cache.num_computed(seq_id)
     end = cache.num_tokens(seq_id) + len(tokens)
     if end == start:
         raise ValueError(f"sequence {seq_id} has no token left to compute; pass token_ids (at least one token)")
+    _checks.token_ids(f"the tokens of sequence {seq_id}", cache.tokens(seq_id)[start:], vocab, empty=True)
     count = end - start if max_tokens is None else min(end - start, integer("max_tokens", max_tokens, 1))
     needed = cache.blocks_to_append(seq_id, len(tokens))
     if needed > cache.num_free:
@@ -84,13 +76,10 @@ def prefill(model, cache: PagedKVCache, seq_id: int, token_ids=None, attention: 
 def decode_step(model, cache: PagedKVCache, seq_ids, tokens, attention: str = "kernel") -> list[int]:
     """One decode step for a batch: token ``tokens[i]`` is fed to ``seq_ids[i]``; returns the next tokens."""
     runner = ModelRunner(model, cache, attention)
-    if isinstance(seq_ids, (str, bytes, torch.Tensor)) or not hasattr(seq_ids, "__iter__"):
-        raise TypeError(f"seq_ids must be a list of sequence ids, got {type(seq_ids).__name__}")
-    seq_ids = list(seq_ids)
-    tokens = _check_tokens("tokens", tokens, model.config.vocab_size)
-    if not seq_ids or len(tokens) != len(seq_ids):
-        raise ValueError(f"seq_ids and tokens must be non-empty and of equal length, got {len(seq_ids)} "
-                         f"and {len(tokens)}")
+    seq_ids = _checks.integers("seq_ids", seq_ids, 0)
+    tokens = _checks.token_ids("tokens", tokens, model.config.vocab_size)
+    if len(tokens) != len(seq_ids):
+        raise ValueError(f"tokens must hold one token per sequence of seq_ids ({len(seq_ids)}), got {len(tokens)}")
     if len(set(seq_ids)) != len(seq_ids):
         raise ValueError(f"seq_ids must be distinct, got {seq_ids}")
     for seq_id in seq_ids:
@@ -125,20 +114,26 @@ def generate(model, cache: PagedKVCache, token_ids, max_new_tokens: int, salt=No
     Stops after ``max_new_tokens``, or at the first token in ``stop`` (token ids, kept in the output,
     as ``model.generate`` keeps its end-of-sequence token). The sequence is freed at the end; with
     prefix caching its full blocks (prompt and generated tokens) stay cached for the next request.
-    The last generated token is never fed back, so its K and V are never computed. If the
-    admission's prefill fails, the cache is as before.
+    The last generated token is never fed back, so its K and V are never computed. All or nothing: a
+    generation the free blocks cannot hold to ``max_new_tokens`` is refused before it starts
+    (:class:`OutOfBlocksError`, with the bytes it needs and the bytes free), and if anything fails on
+    the way the cache is as before.
     """
+    check_cache_fits(model, cache, attention)
     max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
-    tokens = _check_tokens("token_ids", token_ids, model.config.vocab_size)
-    stop = set() if stop is None else set(_check_tokens("stop", [stop] if isinstance(stop, int) else stop,
-                                                        model.config.vocab_size))
+    tokens = _checks.token_ids("token_ids", token_ids, model.config.vocab_size)
+    stop = set() if stop is None else set(_checks.token_ids("stop", [stop] if isinstance(stop, int) else stop,
+                                                            model.config.vocab_size))
+    stored = len(tokens) + max_new_tokens - 1  # the last new token is never fed back
+    needed = cache.blocks_to_admit(tokens, salt) + -(-stored // cache.block_size) - -(-len(tokens) // cache.block_size)
+    if needed > cache.num_free:
+        raise OutOfBlocksError(needed, cache.num_free, cache.num_blocks, cache.bytes_per_block,
+                               what=f"a {len(tokens)}-token prompt and {max_new_tokens} new tokens")
     with cache.all_or_nothing():
         seq_id, cached = cache.admit(tokens, salt)
         out = [prefill(model, cache, seq_id, attention=attention)]
-    try:
         while len(out) < max_new_tokens and out[-1] not in stop:
             out += decode_step(model, cache, [seq_id], out[-1:], attention)
-    finally:
         cache.free(seq_id)
     return Generation(out, cached, len(tokens))
 
@@ -168,7 +163,8 @@ def paged_generate(model, prompts, max_new_tokens: int, block_size: int = 16, nu
     """
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise TypeError("prompts must be a non-empty list of token-id lists (or 1-D tensors)")
-    prompts = [_check_tokens(f"prompts[{i}]", p, model.config.vocab_size) for i, p in enumerate(prompts)]
+    _checks.causal_lm("model", model)
+    prompts = [_checks.token_ids(f"prompts[{i}]", p, model.config.vocab_size) for i, p in enumerate(prompts)]
     max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
     block_size, max_batch = integer("block_size", block_size, 1), integer("max_batch", max_batch, 1)
     per_request = -(-(max(len(p) for p in prompts) + max_new_tokens - 1) // block_size)

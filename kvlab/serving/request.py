@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvlab._checks import integer
+from kvlab._checks import integer, real, token_ids
 
 STATES = ("waiting", "running", "swapped", "finished", "rejected")
 
@@ -45,11 +45,11 @@ class Request:
 
     def __post_init__(self):
         integer("id", self.id, 0)
-        if not isinstance(self.prompt, list) or not self.prompt:
-            raise ValueError(f"prompt must be a non-empty list of token ids, got {self.prompt!r}")
+        self.prompt = token_ids("prompt", self.prompt)
         integer("max_new_tokens", self.max_new_tokens, 1)  # a request that generates nothing would never finish
         if not isinstance(self.stop, frozenset):
             raise TypeError(f"stop must be a frozenset of token ids, got {type(self.stop).__name__}")
+        real("arrival", self.arrival)
 
     @property
     def tokens(self) -> list[int]:
@@ -99,6 +99,13 @@ def timeline(events, num_steps: int) -> dict[int, list[str | None]]:
     ``stalled`` (admitted but given no tokens: the step's token budget ran out); ``None`` before it
     arrived and after it finished.
     """
+    num_steps = integer("num_steps", num_steps, 0)
+    if isinstance(events, (str, bytes)) or not hasattr(events, "__iter__"):
+        raise TypeError(f"events must be a list of Event (an engine's .events), got {type(events).__name__}")
+    events = list(events)
+    for i, event in enumerate(events):
+        if not isinstance(event, Event):
+            raise TypeError(f"events[{i}] must be an Event, got {type(event).__name__}")
     states: dict[int, list[str | None]] = {}
     carried: dict[int, str | None] = {}
     by_step: dict[int, list[Event]] = {}

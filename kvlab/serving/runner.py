@@ -19,6 +19,7 @@ from itertools import accumulate
 import torch
 
 from kvlab import kernels
+from kvlab._checks import causal_lm, flag, integer, one_of
 from kvlab.cache.paged import PagedKVCache
 from kvlab.serving.attention import ATTENTION_PATHS, StepMetadata, build_step, paged_forward
 
@@ -30,15 +31,15 @@ def query_group(model) -> int:
 
 def model_geometry(model) -> tuple[int, int, int]:
     """(layers, KV heads, head dim) of a Hugging Face decoder, as its KV cache must be shaped."""
-    config = model.config
+    config = causal_lm("model", model).config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return config.num_hidden_layers, config.num_key_value_heads, head_dim
 
 
 def check_cache_fits(model, cache, attention: str) -> None:
     """Everything a step needs from ``model`` and ``cache`` together, checked before any layer writes."""
-    if attention not in ATTENTION_PATHS:
-        raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
+    one_of("attention", attention, ATTENTION_PATHS)
+    causal_lm("model", model)
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache must be a kvlab.cache.paged.PagedKVCache, got {type(cache).__name__}")
     layers, kv_heads, head_dim = model_geometry(model)
@@ -56,8 +57,8 @@ def check_cache_fits(model, cache, attention: str) -> None:
 
 def check_kernel_limits(block_size: int, head_dim: int, attention: str) -> None:
     """The Triton kernel's limits, for the paths that use it (the reference checks as the kernel does)."""
-    if attention not in ATTENTION_PATHS:
-        raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
+    one_of("attention", attention, ATTENTION_PATHS)
+    block_size, head_dim = integer("block_size", block_size), integer("head_dim", head_dim)
     if attention == "gather":
         return
     if block_size & (block_size - 1):
@@ -77,6 +78,8 @@ class ModelRunner:
 
     def __init__(self, model, cache, attention: str = "kernel", cuda_graphs: bool = False, max_batch: int = 1):
         check_cache_fits(model, cache, attention)
+        flag("cuda_graphs", cuda_graphs)
+        max_batch = integer("max_batch", max_batch)
         self.model, self.cache, self.attention = model, cache, attention
         self.group = query_group(model)
         if attention == "kernel":  # the prefill kernel's program must fit this GPU's shared memory (a no-op on a CPU)
@@ -102,6 +105,9 @@ class ModelRunner:
             start = self.cache.num_computed(seq_id)
             ids += self.cache.tokens(seq_id)[start:start + count]
             positions += range(start, start + count)
+        if max(ids) >= self.model.config.vocab_size:  # the embedding would fail on it, on a GPU with a device assert
+            raise ValueError(f"the step's token ids must be < the model's vocab_size ({self.model.config.vocab_size}), "
+                             f"got {max(ids)}; a cache's sequences hold ids of the model they were admitted for")
         dev = self.cache.device
         last = torch.tensor(list(accumulate(count for _, count in chunks)), device=dev) - 1
         logits = paged_forward(self.model, torch.tensor([ids], device=dev), torch.tensor([positions], device=dev),

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from kvlab._checks import function, integer, one_of
 from kvlab.cache.blocks import PREEMPTION_MODES
 from kvlab.serving.request import Request
 
@@ -81,8 +82,12 @@ class Scheduler:
 
     def __init__(self, memory, max_batch: int, max_batched_tokens: int, preemption: str = "recompute",
                  watermark_blocks: int = 0, log=None):
-        if preemption not in PREEMPTION_MODES:
-            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
+        one_of("preemption", preemption, PREEMPTION_MODES)
+        max_batch = integer("max_batch", max_batch)
+        max_batched_tokens = integer("max_batched_tokens", max_batched_tokens)
+        watermark_blocks = integer("watermark_blocks", watermark_blocks, 0)
+        if log is not None:
+            function("log", log)
         self.memory, self.max_batch, self.max_batched_tokens = memory, max_batch, max_batched_tokens
         self.preemption, self.watermark_blocks = preemption, watermark_blocks
         self.log = log or (lambda request, kind, detail=None: None)
@@ -99,9 +104,13 @@ class Scheduler:
 
     # -- one step ------------------------------------------------------------------------------
 
-    def schedule(self) -> list[Scheduled]:
-        """This step's chunks, one-token chunks first (the attention packs decode rows first)."""
-        preempted = self._make_room()
+    def schedule(self, preempted: bool | None = None) -> list[Scheduled]:
+        """This step's chunks, one-token chunks first (the attention packs decode rows first).
+
+        ``preempted``: the step's :meth:`make_room` already ran and returned this; None runs it here.
+        """
+        if preempted is None:
+            preempted = self.make_room()
         if not preempted:
             self._swap_in()
         plan = [self._decode(r) for r in self.running if self._decoding(r)]
@@ -147,8 +156,9 @@ class Scheduler:
     def _uncomputed(self, request: Request) -> int:
         return self.memory.num_tokens(request.seq) - self.memory.num_computed(request.seq)
 
-    def _make_room(self) -> bool:
-        """Preempt until every decoding request's next token has a slot; True if anyone was."""
+    def make_room(self) -> bool:
+        """A step's first part: preempt until every decoding request's next token has a slot; True if
+        anyone was."""
         preempted = False
         for request in [r for r in self.running if self._decoding(r)]:
             if self.memory.blocks_to_append(request.seq) > self.memory.num_blocks:  # cannot grow in place

@@ -11,13 +11,15 @@ and ``sig`` are defined in ``kvlab.theory.units``, so that the formulas' own mes
 
 from __future__ import annotations
 
-from kvlab.theory.units import si, sig
+from kvlab._checks import integer, real
+from kvlab.theory.units import MAX_DIGITS, si, sig
 
 __all__ = ["sci", "si", "sig"]
 
 
 def sci(x: float, digits: int = 3) -> str:
     """A large or small count as Markdown math, ``$3.13 \\times 10^{8}$``; plain below 10^6."""
+    x, digits = real("x", x), integer("digits", digits, 1, MAX_DIGITS + 1)
     if x == 0 or 1e-3 <= abs(x) < 1e6:
         rounded = float(f"{x:.{digits}g}")
         return f"{rounded:,.0f}" if abs(rounded) >= 10 ** (digits - 1) else f"{rounded:g}"

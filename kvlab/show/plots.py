@@ -13,6 +13,7 @@ import functools
 import matplotlib.pyplot as plt
 import numpy as np
 
+from kvlab._checks import integer, positive
 from kvlab.lab import hardware
 from kvlab.show.format import si, sig
 
@@ -20,6 +21,7 @@ _STAMP_GID = "kvlab-stamp"
 _STAMP_SIZE = 6.5  # points
 _LABEL_SIZE = 10
 _TICK_SIZE = 9
+MAX_COLUMNS = 8  # panels side by side on a page
 _LEGEND_SIZE = 9
 
 
@@ -56,10 +58,9 @@ def new_figure(ncols: int = 1, width: float | None = None, height: float = 3.4):
     Returns ``(fig, axes)``: a single Axes when ``ncols == 1``, else an array of ``ncols`` Axes.
     ``width`` defaults to 5.2 inches for one panel and 4.4 per panel beyond. Serves every section.
     """
-    if ncols < 1:
-        raise ValueError(f"ncols must be at least 1, got {ncols}")
-    if width is None:
-        width = 5.2 if ncols == 1 else 4.4 * ncols
+    ncols = integer("ncols", ncols, 1, MAX_COLUMNS + 1)
+    width = (5.2 if ncols == 1 else 4.4 * ncols) if width is None else positive("width", width)
+    height = positive("height", height)
     fig, axes = plt.subplots(1, ncols, figsize=(width, height), layout="constrained", squeeze=False)
     for ax in axes.flat:
         ax.tick_params(labelsize=_TICK_SIZE)

@@ -30,6 +30,8 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 
+from kvlab._checks import flag, function
+
 STATIC_DPI = 90
 LIVE_DPI = 100
 SLOW_RUN_S = 1.0  # a first run slower than this turns off rerun-on-change and shows a Run button
@@ -67,13 +69,17 @@ class Explorer:
     def __init__(self, measure: Callable, sliders: Mapping[str, Sequence], plot: Callable, *,
                  defaults: Mapping | None = None, title: str | None = None,
                  reading: Callable | None = None, static: bool | None = None):
+        function("measure", measure)
+        function("plot", plot)
+        if reading is not None:
+            function("reading", reading)
+        if title is not None and not isinstance(title, str):
+            raise TypeError(f"title must be a str or None, got {type(title).__name__} {title!r}")
         self._values = _check_sliders(sliders)
         self._names = list(self._values)
         self.params = _check_defaults(self._values, defaults)
-        if reading is not None and not callable(reading):
-            raise TypeError(f"reading must be a function (result, **params) -> str, got {type(reading).__name__}")
         self._measure, self._plot, self._reading, self.title = measure, plot, reading, title
-        self.static = os.environ.get("KVLAB_STATIC") == "1" if static is None else bool(static)
+        self.static = os.environ.get("KVLAB_STATIC") == "1" if static is None else flag("static", static)
         self.results: dict[tuple, object] = {}
         self.errors: dict[tuple, str] = {}
         self._pngs: dict[tuple, bytes] = {}

@@ -20,7 +20,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from kvlab._checks import integer, positive
+from kvlab._checks import integer, integers, one_of, positive
 from kvlab.theory import memory_wall
 from kvlab.theory.shapes import SHAPES, ModelShape
 
@@ -54,10 +54,9 @@ def gqa_cache_bytes(shape, context: int, bytes_per_element: float = 2, groups=No
         raise ValueError(f"{shape.name} caches a latent (MLA), not per-head K and V: GQA grouping does not apply")
     context = integer("context", context, 1)
     divisors = [g for g in range(1, shape.q_heads + 1) if shape.q_heads % g == 0]
-    groups = divisors if groups is None else list(groups)
+    groups = divisors if groups is None else integers("groups", groups)
     rows = []
     for group in groups:
-        group = integer("group", group, 1)
         if shape.q_heads % group:
             raise ValueError(f"group must divide {shape.name}'s {shape.q_heads} query heads; allowed: {divisors}")
         grouped = dataclasses.replace(shape, kv_heads=shape.q_heads // group)
@@ -182,8 +181,7 @@ def window_span(window: int, layers: int) -> int:
 def quantized_nbytes(numel: int, bits: int, group_size: int, meta_bytes: int = 2) -> int:
     """Bytes of a quantized tensor: packed codes plus one scale and one zero point per group."""
     integer("numel", numel, 0)
-    if isinstance(bits, bool) or bits not in BITS:
-        raise ValueError(f"bits must be one of {BITS} (what quantize stores), got {bits!r}")
+    one_of("bits", bits, BITS)  # what quantize stores
     integer("group_size", group_size, 1)
     integer("meta_bytes", meta_bytes, 0)
     if numel % group_size:
@@ -223,6 +221,7 @@ def kivi_nbytes(tokens: int, elements_per_token: int, bits: int, group_size: int
     residual = integer("residual", residual, 0)
     group_size = integer("group_size", group_size)
     elements_per_token = integer("elements_per_token", elements_per_token)
+    element_bytes = positive("element_bytes", element_bytes)
     quantized = max(0, (tokens - residual) // group_size * group_size)
     return (quantized * quantized_nbytes(elements_per_token, bits, group_size, meta_bytes)
             + (tokens - quantized) * elements_per_token * element_bytes)

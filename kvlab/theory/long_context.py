@@ -46,7 +46,7 @@ def uniform_share(n: int, first: int = 1, skip: int = 16) -> float:
     ``skip`` to n - 1) spread its attention evenly over its t + 1 keys: the mean of min(1, first / (t + 1))."""
     integer("n", n, 1)
     integer("first", first, 1)
-    integer("skip", skip, 0, n)
+    integer("skip", skip, 0, n)  # at least one query after the skipped ones
     return sum(min(1.0, first / (t + 1)) for t in range(skip, n)) / (n - skip)
 
 

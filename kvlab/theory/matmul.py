@@ -13,19 +13,10 @@ limit (Williams et al. 2009; the Decode and KV Cache chapter, 2026, section 9.3)
 from __future__ import annotations
 
 import math
-import numbers
 import statistics
 from dataclasses import dataclass
 
-from kvlab._checks import integer
-
-
-def _width(element_size) -> float:
-    if isinstance(element_size, bool) or not isinstance(element_size, numbers.Real):
-        raise TypeError(f"element_size must be a number of bytes > 0, got {element_size!r}")
-    if not (element_size > 0 and math.isfinite(element_size)):
-        raise ValueError(f"element_size must be a number of bytes > 0, got {element_size!r}")
-    return float(element_size)
+from kvlab._checks import integer, positive
 
 
 def matmul_flops(n: int, K: int, N: int) -> int:
@@ -36,7 +27,7 @@ def matmul_flops(n: int, K: int, N: int) -> int:
 def matmul_bytes(n: int, K: int, N: int, element_size: float) -> float:
     """(K N + n K + n N) w: the weight, the activation and the output, each moved once."""
     n, K, N = integer("n", n), integer("K", K), integer("N", N)
-    return (K * N + n * K + n * N) * _width(element_size)
+    return (K * N + n * K + n * N) * positive("element_size", element_size)
 
 
 def matmul_intensity(n: int, K: int, N: int, element_size: float) -> float:
@@ -52,9 +43,8 @@ def batch_at_intensity(intensity: float, K: int, N: int, element_size: float) ->
     """The (real) n at which ``matmul_intensity(n, K, N, w)`` equals ``intensity``:
     n = I w K N / (2 K N - I w (K + N)). ``math.inf`` when this K x N never gets there.
     """
-    if isinstance(intensity, bool) or not isinstance(intensity, numbers.Real) or not 0 < intensity < math.inf:
-        raise ValueError(f"intensity must be a finite number of FLOP/byte > 0, got {intensity!r}")
-    K, N, w = integer("K", K), integer("N", N), _width(element_size)
+    intensity = positive("intensity", intensity)
+    K, N, w = integer("K", K), integer("N", N), positive("element_size", element_size)
     denominator = 2 * K * N - intensity * w * (K + N)
     return math.inf if denominator <= 0 else intensity * w * K * N / denominator
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvlab._checks import between, integer, positive
+from kvlab._checks import flag, integer, one_of, positive, real
 from kvlab.theory.roofline import (admitted, capacity_context, compression_speedup, crossover_context,
                                    effective_bandwidth, free_beside_weights, kv_bytes_per_token, max_batch,
                                    retained_tokens, ridge_batch)
@@ -79,10 +79,10 @@ def footprint(shape: ModelShape, context: int, batch: int, w_q: float = 2, reten
     w_q = positive("w_q", w_q)
     batch = integer("batch", batch)
     tokens = retained_tokens(shape, context)
-    r = between("retention", retention, 0, 1, low_open=True)
-    phi = between("fragmentation", fragmentation, 0, 1, high_open=True)
-    sigma = between("sharing", sharing, 1, math.inf, high_open=True)
-    lam = between("hbm_fraction", hbm_fraction, 0, 1)
+    r = real("retention", retention, 0, 1, low_open=True)
+    phi = real("fragmentation", fragmentation, 0, 1, high_open=True)
+    sigma = real("sharing", sharing, 1, math.inf, high_open=True)
+    lam = real("hbm_fraction", hbm_fraction, 0, 1)
     total = batch * tokens * kv_bytes_per_token(shape, w_q) * r / ((1 - phi) * sigma)
     return Footprint(total=total, hbm=lam * total)
 
@@ -121,8 +121,8 @@ def recommend(shape: ModelShape, hw, context: int, batch: int, quality_budget: s
     Returns one ``Recommendation`` per rule that applies to this (shape, device, s, b).
     """
     shape, hw = model_shape(shape), accelerator(hw)
-    if quality_budget not in QUALITY_BUDGETS:
-        raise ValueError(f"quality_budget must be one of {QUALITY_BUDGETS}, got {quality_budget!r}")
+    one_of("quality_budget", quality_budget, QUALITY_BUDGETS)
+    flag("retrieval_critical", retrieval_critical)  # "no" would count as critical
     context, batch = integer("context", context), integer("batch", batch)
     s_star = crossover_context(shape, batch)
     s_cap = capacity_context(shape, hw, batch=batch)

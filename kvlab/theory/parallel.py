@@ -31,11 +31,9 @@ Units are SI, as in ``kvlab.theory.roofline``; w_a is the bytes of one activatio
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
-from kvlab._checks import integer, one_of, positive
+from kvlab._checks import integer, one_of, positive, real
 from kvlab.theory import roofline
 from kvlab.theory.shapes import ModelShape
 from kvlab.theory.specs import LINKS, Accelerator, Link, spec
@@ -59,12 +57,6 @@ def _link(value) -> Link:
     if isinstance(value, str):
         return link_by_key(value)
     raise TypeError(f"link must be a Link or one of {', '.join(LINKS)}, got {type(value).__name__}")
-
-
-def _latency(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 <= value < math.inf):
-        raise ValueError(f"latency must be a finite number of seconds >= 0, got {value!r}")
-    return float(value)
 
 
 def tensor_parallel_heads(shape: ModelShape, world: int, argument: str = "world") -> tuple[int, int]:
@@ -118,7 +110,7 @@ def collective_time(kind: str, nbytes: float, world: int, link, latency: float =
     sent = collective_bytes(kind, nbytes, world)
     if world == 1:
         return 0.0
-    return _latency(latency) + sent / _link(link).bytes_per_s_each_way
+    return real("latency", latency, 0) + sent / _link(link).bytes_per_s_each_way
 
 
 # --------------------------------------------------------------------------- one split step
@@ -326,7 +318,7 @@ def handoff(shape: ModelShape, hw, tokens: int, link, latency: float = 0.0, w_kv
     at model FLOP utilization ``mfu`` (KV Cache Memory Wall, 2026, section 5.3 and appendix B.5)."""
     chosen = _link(link)
     nbytes = kv_transfer_bytes(shape, tokens, w_kv, block_size)
-    transfer = _latency(latency) + roofline.transfer_time(nbytes, chosen.bytes_per_s_each_way, codec)
+    transfer = real("latency", latency, 0) + roofline.transfer_time(nbytes, chosen.bytes_per_s_each_way, codec)
     prefill = roofline.prefill_time(shape, hw, tokens, mfu)
     return Handoff(tokens, nbytes, chosen.name, transfer, prefill)
 

@@ -38,18 +38,12 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from kvlab._checks import between, integer, positive, real
+from kvlab._checks import integer, one_of, positive, real
 from kvlab.theory.shapes import ModelShape, model_shape
 from kvlab.theory.specs import accelerator
 from kvlab.theory.units import si
 
 PLACEMENTS = ("striped", "pinned")
-
-
-def _placement(placement) -> str:
-    if placement not in PLACEMENTS:
-        raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
-    return placement
 
 
 # --------------------------------------------------------------------------- per-token constants
@@ -349,7 +343,7 @@ def compression_speedup(c: float, context: int, s_star: float) -> float:
     """
     c = positive("c", c)
     context = integer("context", context)
-    if real("s_star", s_star) == math.inf:
+    if isinstance(s_star, float) and s_star == math.inf:  # a crossover that never comes (a window)
         return 1.0
     s_star = positive("s_star", s_star)
     return c * (context + s_star) / (context + c * s_star)
@@ -372,7 +366,7 @@ def effective_bandwidth(hw, placement: str = "striped") -> float:
     with CPX compute partitions) make memory local to a part of the package, and each part
     is then a separate device with its share of the bandwidth.
     """
-    hw, placement = accelerator(hw), _placement(placement)
+    hw, placement = accelerator(hw), one_of("placement", placement, PLACEMENTS)
     if hw.dies == 1:
         return hw.hbm_bytes_per_s
     if placement == "pinned":
@@ -416,7 +410,7 @@ def prefill_flops(shape: ModelShape, tokens: int, hit_rate: float = 0.0) -> floa
     """
     shape = model_shape(shape)
     s = integer("tokens", tokens)
-    h = between("hit_rate", hit_rate, 0, 1)
+    h = real("hit_rate", hit_rate, 0, 1)
     weights = 2 * shape.params * s * (1 - h)
     attention = attention_flops_per_token(shape) / 2 * s**2 * (1 - h**2)
     return weights + attention
@@ -430,7 +424,7 @@ def prefill_time(shape: ModelShape, hw, tokens: int, mfu: float = 0.7, hit_rate:
     """
     hw = accelerator(hw)
     tokens = integer("tokens", tokens)
-    mu = between("mfu", mfu, 0, 1, low_open=True)
+    mu = real("mfu", mfu, 0, 1, low_open=True)
     prefix = integer("prefix_tokens", prefix_tokens, 0)
     if prefix > tokens:
         raise ValueError(f"prefix_tokens must be in [0, tokens={tokens}], got {prefix}")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvlab._checks import integer, positive
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -35,12 +37,16 @@ class ModelShape:
     active_params: float | None = None
 
     def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a str, got {type(self.name).__name__} {self.name!r}")
         for field in ("layers", "q_heads", "kv_heads", "head_dim", "hidden", "vocab"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"ModelShape.{field} must be a positive int, got {value!r}")
-        if not self.params > 0:
-            raise ValueError(f"ModelShape.params must be > 0, got {self.params!r}")
+            integer(field, getattr(self, field))
+        for field in ("latent_dim", "rope_dim", "window", "intermediate"):
+            if getattr(self, field) is not None:
+                integer(field, getattr(self, field))
+        positive("params", self.params)
+        if self.active_params is not None:
+            positive("active_params", self.active_params)
         if self.q_heads % self.kv_heads:
             raise ValueError(
                 f"ModelShape.q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})"
@@ -61,14 +67,13 @@ class ModelShape:
         Standard attention stores a key and a value per KV head: 2 * L * n_kv * d_h * w.
         MLA stores one latent of (d_c + d_r) elements per layer instead: L * (d_c + d_r) * w.
         """
-        if not bytes_per_element > 0:
-            raise ValueError(f"bytes_per_element must be > 0, got {bytes_per_element!r}")
+        bytes_per_element = positive("bytes_per_element", bytes_per_element)
         if self.latent_dim is not None:
             return self.layers * (self.latent_dim + self.rope_dim) * bytes_per_element
         return 2 * self.layers * self.kv_heads * self.head_dim * bytes_per_element
 
     def weight_bytes(self, bytes_per_element: float = 2) -> float:
-        return self.params * bytes_per_element
+        return self.params * positive("bytes_per_element", bytes_per_element)
 
     @property
     def params_per_token(self) -> float:
@@ -176,13 +181,12 @@ class SSMShape:
     dt_rank: int | None = None
 
     def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a str, got {type(self.name).__name__} {self.name!r}")
         for field in ("layers", "hidden", "state_size", "vocab", "expand", "conv_kernel"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"SSMShape.{field} must be a positive int, got {value!r}")
-        if self.dt_rank is not None and (isinstance(self.dt_rank, bool) or not isinstance(self.dt_rank, int)
-                                         or self.dt_rank < 1):
-            raise ValueError(f"SSMShape.dt_rank must be a positive int or None, got {self.dt_rank!r}")
+            integer(field, getattr(self, field))
+        if self.dt_rank is not None:
+            integer("dt_rank", self.dt_rank)
 
     @property
     def d_inner(self) -> int:
@@ -205,11 +209,9 @@ class SSMShape:
         ``state_bytes_per_element`` is the SSM state's element size when it differs from the
         convolution window's (transformers' PyTorch path keeps the SSM state in fp32).
         """
-        if not bytes_per_element > 0:
-            raise ValueError(f"bytes_per_element must be > 0, got {bytes_per_element!r}")
-        state_bytes = bytes_per_element if state_bytes_per_element is None else state_bytes_per_element
-        if not state_bytes > 0:
-            raise ValueError(f"state_bytes_per_element must be > 0, got {state_bytes_per_element!r}")
+        bytes_per_element = positive("bytes_per_element", bytes_per_element)
+        state_bytes = bytes_per_element if state_bytes_per_element is None else positive(
+            "state_bytes_per_element", state_bytes_per_element)
         return self.d_inner * (self.conv_kernel * bytes_per_element + self.state_size * state_bytes)
 
     def state_bytes_per_sequence(self, bytes_per_element: float = 2, state_bytes_per_element: float | None = None):

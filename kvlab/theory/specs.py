@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvlab._checks import integer, positive
+
 
 @dataclass(frozen=True)
 class Accelerator:
@@ -35,6 +37,19 @@ class Accelerator:
     hbm_bytes_exposed: float | None = None
     host_link: str | None = None
 
+    def __post_init__(self):
+        for name in ("name", "source"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"{name} must be a str, got {getattr(self, name)!r}")
+        for name in ("hbm_bytes", "hbm_bytes_per_s", "bf16_flops", "die_bytes_per_s"):
+            positive(name, getattr(self, name))
+        for name in ("fabric_bytes_per_s", "hbm_bytes_exposed"):
+            if getattr(self, name) is not None:
+                positive(name, getattr(self, name))
+        integer("dies", self.dies)
+        if self.host_link is not None and (not isinstance(self.host_link, str) or self.host_link not in LINKS):
+            raise ValueError(f"host_link must be None or one of {', '.join(LINKS)}, got {self.host_link!r}")
+
     @property
     def ridge_point(self) -> float:
         """FLOP per byte at which dense bf16 math and HBM reads take equal time."""
@@ -53,6 +68,9 @@ class Link:
     name: str
     bytes_per_s_each_way: float
     source: str
+
+    def __post_init__(self):
+        positive("bytes_per_s_each_way", self.bytes_per_s_each_way)
 
     @property
     def bytes_per_s_both_ways(self) -> float:
@@ -115,24 +133,26 @@ def spec(key: str) -> Accelerator:
     """The ``SPECS`` entry for ``key``, with an error that lists the known keys."""
     try:
         return SPECS[key]
-    except KeyError:
-        raise ValueError(f"unknown device {key!r}; known devices: {', '.join(SPECS)}") from None
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown device {key!r} (key must be one of {', '.join(SPECS)})") from None
 
 
 def link(key: str) -> Link:
     """The ``LINKS`` entry for ``key``, with an error that lists the known keys."""
     try:
         return LINKS[key]
-    except KeyError:
-        raise ValueError(f"unknown link {key!r}; known links: {', '.join(LINKS)}") from None
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown link {key!r} (key must be one of {', '.join(LINKS)})") from None
 
 
 def accelerator(hw) -> Accelerator:
     """``hw`` itself if it is an ``Accelerator``, else the ``SPECS`` entry of its key (``"b200"``)."""
     if isinstance(hw, Accelerator):
         return hw
+    if isinstance(hw, str) and hw in SPECS:
+        return SPECS[hw]
     if isinstance(hw, str):
-        return spec(hw)
+        raise ValueError(f"unknown device {hw!r} (hw must be an Accelerator or one of {', '.join(SPECS)})")
     raise TypeError(f"hw must be an Accelerator or one of {', '.join(SPECS)}, got {type(hw).__name__}")
 
 
@@ -140,8 +160,10 @@ def as_link(value) -> Link:
     """``value`` itself if it is a ``Link``, else the ``LINKS`` entry of its key (``"pcie5-x16"``)."""
     if isinstance(value, Link):
         return value
+    if isinstance(value, str) and value in LINKS:
+        return LINKS[value]
     if isinstance(value, str):
-        return link(value)
+        raise ValueError(f"unknown link {value!r} (link must be a Link or one of {', '.join(LINKS)})")
     raise TypeError(f"link must be a Link or one of {', '.join(LINKS)}, got {type(value).__name__}")
 
 

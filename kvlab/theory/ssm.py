@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from kvlab._checks import integer, positive, real
+from kvlab._checks import integer, one_of, positive, real
 
 METHODS = ("sequential", "parallel", "chunked")
 # Two more orders, for the scan-order comparison of section 9.6: Blelloch's work-efficient scan and
@@ -39,8 +39,7 @@ def scan_chunk_size(method, chunk_size, allowed=SCAN_ORDERS):
     """The chunk size a scan of ``method`` uses: ``chunk_size``, or ``DEFAULT_CHUNK_SIZE`` for a chunked
     order given None; None for the unchunked orders. Refuses an unknown method, and a chunk size
     given to an order that does not chunk."""
-    if method not in allowed:
-        raise ValueError(f"method must be one of {allowed}, got {method!r}")
+    one_of("method", method, allowed)
     if chunk_size is not None:
         if method not in CHUNKED_ORDERS:
             raise ValueError(f"chunk_size applies to method in {CHUNKED_ORDERS} only, got chunk_size={chunk_size!r} "

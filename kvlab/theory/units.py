@@ -8,14 +8,26 @@ their units the way the book's prose does; ``kvlab.show.format`` re-exports both
 from __future__ import annotations
 
 import math
+import numbers
+
+from kvlab._checks import integer
+
+MAX_DIGITS = 17  # what a double holds
 
 _PREFIXES = [(1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
 _SECONDS = [(1.0, ""), (1e-3, "m"), (1e-6, "µ"), (1e-9, "n")]
 
 
+def _number(name: str, value) -> float:
+    """A real number, infinities and NaN included (they print as ``inf`` and ``nan``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
 def sig(x: float, digits: int = 3) -> str:
     """``x`` to ``digits`` significant figures (``format(x, ".3g")``)."""
-    return f"{x:.{digits}g}"
+    return f"{_number('x', x):.{integer('digits', digits, 1, MAX_DIGITS + 1)}g}"
 
 
 def si(value: float, unit: str, digits: int = 3) -> str:
@@ -25,7 +37,9 @@ def si(value: float, unit: str, digits: int = 3) -> str:
     "2.5 µs"``. Seconds scale down (ms, µs, ns) but never up; other units scale up (k to E) but
     never down. Prefixes are decimal, as in the datasheets.
     """
-    value = float(value)
+    value, digits = _number("value", value), integer("digits", digits, 1, MAX_DIGITS + 1)
+    if not isinstance(unit, str):
+        raise TypeError(f"unit must be a str such as 'B/s' or 's', got {type(unit).__name__} {unit!r}")
     if not math.isfinite(value) or value == 0:
         return f"{value:g} {unit}".rstrip()
     sign = "-" if value < 0 else ""

@@ -19,10 +19,9 @@ measurements themselves are taken by ``kvlab.lab.diagnose``. Pure Python.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from kvlab._checks import integer, positive, real
+from kvlab._checks import integer, one_of, positive, real
 from kvlab.theory import roofline
 from kvlab.theory.agreement import Comparison, compare
 from kvlab.theory.work import check_method, step_work
@@ -69,13 +68,13 @@ def decide(*, busy_fraction: float, bandwidth_fraction: float, flops_fraction: f
     intensity is past the machine's ridge point) is ``compute``; otherwise it is memory-bound, on
     ``kv`` when the cache is most of its bytes and on ``weights`` when they are.
     """
-    for name, value in (("busy_fraction", busy_fraction), ("bandwidth_fraction", bandwidth_fraction),
-                        ("flops_fraction", flops_fraction), ("kv_share", kv_share)):
-        x = real(name, value)
-        if not (x >= 0 and math.isfinite(x)):
-            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    if kv_share > 1:
-        raise ValueError(f"kv_share must be in [0, 1], got {kv_share!r}")
+    busy_fraction, kv_share = real("busy_fraction", busy_fraction, 0, 1), real("kv_share", kv_share, 0, 1)
+    # Shares of a calibrated ceiling may pass 1 (a CPU's caches beat its copy bandwidth); never below 0.
+    bandwidth_fraction = real("bandwidth_fraction", bandwidth_fraction, 0)
+    flops_fraction = real("flops_fraction", flops_fraction, 0)
+    if not isinstance(admitted, (bool, roofline.Admission)):
+        raise TypeError(f"admitted must be True, False or a kvlab.theory.roofline.Admission, got "
+                        f"{type(admitted).__name__} {admitted!r}")
     ceilings = (f"{bandwidth_fraction:.0%} of the copy bandwidth and {flops_fraction:.0%} of the matmul rate")
     if not admitted:
         detail = f": {admitted}" if isinstance(admitted, roofline.Admission) else ""
@@ -97,8 +96,7 @@ def decide(*, busy_fraction: float, bandwidth_fraction: float, flops_fraction: f
 
 def lever(verdict: str, method: str) -> str:
     """The next change the path recommends for ``verdict`` on loop ``method``."""
-    if verdict not in VERDICTS:
-        raise ValueError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
+    one_of("verdict", verdict, VERDICTS)
     check_method(method)
     if verdict == "overhead" and method == "static":
         return LEVERS["overhead-static"]
@@ -120,7 +118,7 @@ class Target:
         for name in ("tpot", "ttft", "memory"):
             value = getattr(self, name)
             if value is not None:
-                positive(f"target.{name}", value)
+                positive(name, value)
 
 
 @dataclass(frozen=True)
@@ -144,6 +142,7 @@ class BatchPoint:
 def capacity_batch(shape, hw, context: int, w: float = 2) -> int:
     """The largest batch whose weights plus cache of ``context`` tokens each fit (``roofline.admitted``);
     0 when not even one sequence fits."""
+    w = positive("w", w)
     fit = roofline.admitted(shape, hw, 1, context, w, w)
     if not fit:
         return 0
@@ -153,6 +152,14 @@ def capacity_batch(shape, hw, context: int, w: float = 2) -> int:
 def useful_batch(sweep, target: Target) -> int | None:
     """Step 4: the largest measured batch that meets ``target`` and fits; without TPOT and TTFT limits,
     the admitted batch with the most tokens per second. None when no measured batch qualifies."""
+    if not isinstance(target, Target):
+        raise TypeError(f"target must be a kvlab.theory.verdict.Target, got {type(target).__name__}")
+    if isinstance(sweep, (str, bytes)) or not hasattr(sweep, "__iter__"):
+        raise TypeError(f"sweep must be a list of BatchPoint (kvlab.lab.diagnose.batch_sweep), got {type(sweep).__name__}")
+    sweep = list(sweep)
+    for i, p in enumerate(sweep):
+        if not isinstance(p, BatchPoint):
+            raise TypeError(f"sweep[{i}] must be a BatchPoint, got {type(p).__name__}")
     ok = [p for p in sweep if p.meets(target)]
     if not ok:
         return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab._checks import integer
+from kvlab._checks import flag, integer, one_of, real
 from kvlab.theory import roofline
 
 # The loops notebook 09 can trace: kvlab.decode's three, and the paged loop of notebook 05.
@@ -27,8 +27,7 @@ STEP_METHODS = ("naive", "cached", "static", "paged")
 def _check_pg(P, G, cached=False):
     integer("P", P, 1)
     integer("G", G, 0)
-    if not isinstance(cached, bool):
-        raise TypeError(f"cached must be True or False, got {cached!r}")
+    flag("cached", cached)
 
 
 def positions_processed(P: int, G: int, cached: bool = False) -> int:
@@ -67,11 +66,7 @@ def break_even_tokens(compile_seconds: float, step_gain: float) -> float:
     the compiled step is not faster. Seconds of compilation against milliseconds per step give
     thousands of tokens, which is why engines compile once at start-up, not per request.
     """
-    for name, value in (("compile_seconds", compile_seconds), ("step_gain", step_gain)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            raise TypeError(f"{name} must be a real number of seconds, got {value!r}")
-    if compile_seconds < 0:
-        raise ValueError(f"compile_seconds must be >= 0, got {compile_seconds!r}")
+    compile_seconds, step_gain = real("compile_seconds", compile_seconds, 0), real("step_gain", step_gain)
     return compile_seconds / step_gain if step_gain > 0 else float("inf")
 
 
@@ -109,9 +104,7 @@ class StepWork:
 
 def check_method(method) -> str:
     """``method`` if it is one of ``STEP_METHODS``, else a ValueError listing them."""
-    if method not in STEP_METHODS:
-        raise ValueError(f"method must be one of {STEP_METHODS}, got {method!r}")
-    return method
+    return one_of("method", method, STEP_METHODS)
 
 
 def _window_sum(n: int, window: int | None) -> int:

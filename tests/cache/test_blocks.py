@@ -94,7 +94,7 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     @rule(bad=st.sampled_from([-1, 8, 1.0, "0", None, True]), action=st.sampled_from(["free", "incref", "ref_count"]))
     def bad_block(self, bad, action):
-        self._fails(lambda: getattr(self.pool, action)(bad), ValueError, r"block must be an int in \[0, 8\)")
+        self._fails(lambda: getattr(self.pool, action)(bad), (TypeError, ValueError), r"block must be an int in \[0, 8\)")
 
     @rule(bad=st.sampled_from([-1, 2.0, "1", None]))
     def bad_count(self, bad):
@@ -391,14 +391,14 @@ def test_restore_keeps_an_eviction_the_failed_call_made():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="block_size"):
         BlockManager(4, 0)
-    with pytest.raises(TypeError, match="prefix_caching must be a bool"):
+    with pytest.raises(TypeError, match="prefix_caching must be True or False"):
         BlockManager(4, 2, prefix_caching=1)
     m = BlockManager(4, 2, prefix_caching=True)
     a, _ = m.admit([1, 2, 3])
     before = state(m)
     for call, error, match in [
         (lambda: m.admit([]), ValueError, "at least one token"), (lambda: m.admit("hello"), TypeError, "tokenize"),
-        (lambda: m.admit([1, -1]), ValueError, r"token_ids\[1\].*-1"), (lambda: m.admit([1.5]), ValueError, r"\[0\]"),
+        (lambda: m.admit([1, -1]), ValueError, r"token_ids\[1\].*-1"), (lambda: m.admit([1.5]), TypeError, r"\[0\]"),
         (lambda: m.admit([1, 2**63]), ValueError, r"2\*\*63"), (lambda: m.admit([1], salt=[1]), TypeError, "salt"),
         (lambda: m.reserve(99, [1]), ValueError, "seq_id 99 is not a live sequence"),
         (lambda: m.free(99), ValueError, "seq_id 99"), (lambda: m.block_table(99), ValueError, "seq_id 99"),
@@ -596,3 +596,42 @@ def test_reusable_tokens_refuses_bad_input():
     for args, match in [((-1, 10, 4), "first_difference"), ((None, 0, 4), "num_tokens"), ((None, 10, 0), "block_size")]:
         with pytest.raises(ValueError, match=match):
             reusable_tokens(*args)
+def _manager_with_one():
+    m = BlockManager(8, 4, prefix_caching=True)
+    seq, _ = m.admit([1, 2, 3])
+    return m, seq
+
+
+# issue 22's bad calls of the block manager: each refused with the argument named, the manager unchanged
+@pytest.mark.parametrize("call, error, match", [
+    (lambda m, s: m.admit([1.5, -2]), TypeError, r"token_ids\[0\] must be a token id"),
+    (lambda m, s: m.admit([-2]), ValueError, r"token_ids\[0\] must be a token id in \[0, "),
+    (lambda m, s: m.admit("abcd"), TypeError, "tokenize the text first"),
+    (lambda m, s: m.admit(7), TypeError, "token_ids must be a list of token ids"),
+    (lambda m, s: m.admit([True, 2]), TypeError, r"token_ids\[0\]"),
+    (lambda m, s: m.admit([]), ValueError, "at least one token id"),
+    (lambda m, s: m.free(True), TypeError, "seq_id must be an int"),  # never sequence 1
+    (lambda m, s: m.free(99), ValueError, "seq_id 99 is not a live sequence"),  # not a bare KeyError
+    (lambda m, s: m.reserve(s, [1.0]), TypeError, r"token_ids\[0\]"),
+    (lambda m, s: m.preempt(s, "drop"), ValueError, "mode must be one of"),
+    (lambda m, s: BlockManager(8, 4, prefix_caching="no"), TypeError, "prefix_caching must be True or False"),
+    (lambda m, s: BlockManager(8, 4, bytes_per_block=1.5), TypeError, "bytes_per_block must be an int"),
+])
+def test_block_manager_refuses_bad_input_and_changes_nothing(call, error, match):
+    m, seq = _manager_with_one()
+    before = state(m)
+    with pytest.raises(error, match=match):
+        call(m, seq)
+    assert state(m) == before
+    m.check()
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: kvlab.cache.blocks.chain_hash(b"x", [1.5]), TypeError, r"block_tokens\[0\] must be a token id"),
+    (lambda: kvlab.cache.blocks.chain_hash(b"x", [-1]), ValueError, r"block_tokens\[0\] must be a token id"),
+    (lambda: kvlab.cache.blocks.chain_hash("x", [1]), TypeError, "parent must be the bytes of a hash"),
+    (lambda: kvlab.cache.blocks.root_hash([1]), TypeError, "salt must be"),
+])
+def test_hashes_refuse_what_is_not_a_block(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

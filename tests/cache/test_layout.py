@@ -13,9 +13,10 @@ from kvlab.lab.layout_timing import measure_read, read_traffic
 
 
 def codes(layers, batch, tokens, heads, dim):
-    """Canonical [layer, seq, token, head, dim] tensor whose value is the element's row-major index."""
-    return torch.arange(layers * batch * tokens * heads * dim, dtype=torch.int64).view(layers, batch, tokens, heads,
-                                                                                       dim)
+    """Canonical [layer, seq, token, head, dim] tensor whose value is the element's row-major index (fp64,
+    exact for these sizes: keys and values are floating point)."""
+    return torch.arange(layers * batch * tokens * heads * dim, dtype=torch.float64).view(layers, batch, tokens,
+                                                                                         heads, dim)
 
 
 def contiguous_oracle(layout, canonical):
@@ -27,7 +28,7 @@ def paged_oracle(layout, canonical, table, num_blocks, block_size):
     layers, batch, tokens, heads, dim = canonical.shape
     shape = (layers, num_blocks, block_size, heads, dim) if layout == "NHD" else (layers, num_blocks, heads,
                                                                                    block_size, dim)
-    pool = torch.full(shape, -1, dtype=torch.int64)
+    pool = torch.full(shape, -1, dtype=torch.float64)
     for b in range(batch):
         for t in range(tokens):
             block, slot = int(table[b][t // block_size]), t % block_size
@@ -59,7 +60,7 @@ def test_cache_from_dense_matches_the_independent_construction(layout):
             held = expected >= 0
             assert torch.equal(pool[held], expected[held]) and not pool[~held].any()
         else:
-            padded = torch.zeros(2, 3, 27, 2, 4, dtype=torch.int64)
+            padded = torch.zeros(2, 3, 27, 2, 4, dtype=torch.float64)
             padded[:, :, :21] = dense
             assert torch.equal(pool, contiguous_oracle(layout, padded))
 

@@ -7,6 +7,7 @@ computation of its tokens gives, through admit with prefix hits, chunked writes,
 preemption by recompute and by swap, resume, free and failing calls of every kind."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -58,10 +59,14 @@ def snapshot(cache: PagedKVCache) -> tuple:
         counts = [int(cache.seq_lens([s], layer)[0]) for layer in range(cache.num_layers)] if resident else None
         data = [cache.gather(s, layer) for layer in range(cache.num_layers)] if resident else None
         seqs[s] = (m.block_table(s), m.tokens(s), m.num_computed(s), m.state(s), counts, data)
-    return m.free_order(), [m.ref_count(b) for b in range(m.num_blocks)], m.cached_blocks(), repr(m.stats), seqs
+    return m.free_order(), [m.ref_count(b) for b in range(m.num_blocks)], m.cached_blocks(), replace(m.stats), seqs
 
 
-def same(a, b) -> bool:
+def same(a, b, evicts: bool = False) -> bool:
+    """``b`` equals ``a``; with ``evicts``, except for the manager's rollback rule: a call that took a
+    free block may leave its registered hash evicted (counted in the stats), nothing else."""
+    if evicts and set(b[2].items()) <= set(a[2].items()):
+        a = (*a[:2], b[2], replace(a[3], evictions=a[3].evictions + len(a[2]) - len(b[2])), a[4])
     if a[:4] != b[:4] or a[4].keys() != b[4].keys():
         return False
     for s, old in a[4].items():
@@ -73,11 +78,11 @@ def same(a, b) -> bool:
     return True
 
 
-def fails_cleanly(cache, call, error, match=None):
+def fails_cleanly(cache, call, error, match=None, evicts=False):
     before = snapshot(cache)
     with pytest.raises(error, match=match):
         call()
-    assert same(before, snapshot(cache))
+    assert same(before, snapshot(cache), evicts)
     cache.check()
 
 
@@ -162,7 +167,7 @@ class PagedMachine(RuleBasedStateMachine):
             return
         if fail == 0:  # the store fails after layer 0 reserved (maybe copying a shared block first)
             self.store.armed = True
-            fails_cleanly(c, lambda: c.append(seq, 0, k, -k, token_ids=[token]), RuntimeError, "injected")
+            fails_cleanly(c, lambda: c.append(seq, 0, k, -k, token_ids=[token]), RuntimeError, "injected", evicts=True)
         c.append(seq, 0, k, -k, token_ids=[token])
         k1 = rows(self.salt[seq], c.tokens(seq), c.num_tokens(seq) - 1, c.num_tokens(seq), 1)
         if fail == 1:
@@ -207,7 +212,7 @@ class PagedMachine(RuleBasedStateMachine):
 
             c._copy_from_host = broken
             try:
-                fails_cleanly(c, lambda: c.resume(seq), RuntimeError, "injected")
+                fails_cleanly(c, lambda: c.resume(seq), RuntimeError, "injected", evicts=True)
             finally:
                 del c._copy_from_host
         c.resume(seq)

@@ -173,3 +173,12 @@ def test_kivi_nbytes_matches_the_cache_and_explains_the_short_saving():
     assert kivi_nbytes(40, elements, 2, 32, 32, 4, 4) == 40 * elements * 4  # nothing quantized yet
     with pytest.raises(ValueError, match="residual"):
         kivi_nbytes(10, elements, 2, 32, -1)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [(dict(bits=4.0), ValueError, r"bits must be one of \(2, 4, 8\)"),
+                                                  (dict(bits=True), ValueError, "bits must be one of"),
+                                                  (dict(bits=3), ValueError, "bits must be one of")])
+def test_quantized_cache_refuses_bad_bits(kwargs, error, match):
+    """issue 22: 4.0 is not the integer 4 (nor True the 1) to a choice of bit widths."""
+    with pytest.raises(error, match=match):
+        QuantizedKVCache(**kwargs)

@@ -37,7 +37,7 @@ def test_triton_step_takes_strided_inputs_and_rejects_bad_ones():
                 z=uz[:, 8:])
     ref_state = state.clone()
     torch.testing.assert_close(selective_state_update(state, **args), selective_state_update_ref(ref_state, **args))
-    with pytest.raises(ValueError, match="C_t has state=3"):
+    with pytest.raises(ValueError, match="C has state=3"):
         selective_state_update(state, **{**args, "C": torch.zeros(2, 3)})
     with pytest.raises(TypeError, match="state must have dtype"):
         selective_state_update(state.double(), **{k: v.double() for k, v in args.items()})

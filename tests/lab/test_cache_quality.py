@@ -173,3 +173,14 @@ def test_streaming_rows_are_finite_and_say_when_the_model_is_missing(monkeypatch
     monkeypatch.setattr(cache_quality, "pretrained_model", missing)
     [row] = cache_quality.streaming_rows()
     assert math.isnan(row.value) and "not run" in row.note
+@pytest.mark.parametrize("call, error, match", [
+    (lambda m: cached_keys_values(m, [[1, 2]]), TypeError, "tokens must be an integer torch.Tensor"),
+    (lambda m: cached_keys_values(m, torch.tensor([1, m.config.vocab_size])), ValueError, r"tokens\[1\] must be a token id"),
+    (lambda m: sink_share(m, torch.full((20,), m.config.vocab_size)), ValueError, r"tokens\[0\] must be a token id"),
+    (lambda m: channel_rms([1.0, 2.0]), TypeError, "x must be a torch.Tensor"),
+    (lambda m: rerotation_scores(torch.randn(8), torch.randn(3, 8), torch.ones(4), -1, [0, 1, 2]), ValueError,
+     "query_position must be an int >= 0"),
+])
+def test_quality_measures_refuse_bad_input(model, call, error, match):
+    with pytest.raises(error, match=match):
+        call(model)

@@ -80,15 +80,15 @@ def test_bad_arguments_are_refused(small):
         trace_step("llama", ids)
     with pytest.raises(ValueError, match="reps must be an int >= 1"):
         trace_step(small, ids, reps=0)
-    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"max_new_tokens must be an int in \[1, "):
         diagnose(small, ids, 0)
     with pytest.raises(TypeError, match="target must be a kvlab.theory.verdict.Target"):
         diagnose(small, ids, 2, target={"tpot": 0.1})
-    with pytest.raises(ValueError, match="target.tpot must be a finite number > 0"):
+    with pytest.raises(ValueError, match="tpot must be a finite number > 0"):
         Target(tpot=-1)
-    with pytest.raises(ValueError, match="batches must name at least one"):
+    with pytest.raises(ValueError, match="batches must hold at least one"):
         diagnose(small, ids, 2, batches=[])
-    with pytest.raises(ValueError, match=r"batches\[i\] must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"batches\[0\] must be an int >= 1, got 0"):
         diagnose(small, ids, 2, batches=[0])
     with pytest.raises(ValueError, match="method must be one of"):
         step_work(SHAPES["llama-3-8b"], 1, 1, "fast")
@@ -125,7 +125,7 @@ def test_batch_sweep_points_and_admission(small):
     assert [p.batch for p in sweep] == [1, 2, 3]
     assert [bool(p.admission) for p in sweep] == [True, True, False]
     assert all(p.ttft > 0 and p.tpot > 0 and p.tokens_per_s == p.batch / p.tpot for p in sweep)
-    with pytest.raises(ValueError, match="batches must name at least one"):
+    with pytest.raises(ValueError, match="batches must hold at least one"):
         batch_sweep(small, ids, 8, [])
 
 

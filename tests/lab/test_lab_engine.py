@@ -3,6 +3,8 @@ stop tokens (what they carry), transformers' continuous batching, and the engine
 one trace (the tokens must agree; timings are never asserted); the decisions the readings take from
 the work and pool models."""
 
+import math
+
 import pytest
 import torch
 
@@ -82,3 +84,27 @@ def test_the_models_behind_the_readings():
     points = [lab.CurvePoint(1, 10.0, 0.1, 1.0, 0, 0.0), lab.CurvePoint(4, 30.0, 0.13, 3.5, 0, 0.0)]
     assert lab.flat_step_prediction(points) == pytest.approx(35.0)
     assert lab.batch_bound(3.0, 4) == ("pool", 3.0) and lab.batch_bound(4.0, 4) == ("max_batch", 4.0)
+# issue 22's bad calls of this module: (call on the fixture's model, error, a pattern naming the argument)
+BAD_CALLS = {
+    "mean_output inf": (lambda m: make_requests(4, mean_output=math.inf), ValueError, "mean_output must be a finite"),
+    "vocab 1.5": (lambda m: make_requests(4, vocab=1.5), TypeError, "vocab must be an int"),
+    "n True": (lambda m: make_requests(True), TypeError, "n must be an int"),
+    "batch_size -1": (lambda m: static_generate(m, [[1, 2, 3]], [2], -1), ValueError, "batch_size must be an int >= 1"),
+    "one count for two prompts": (lambda m: static_generate(m, [[1, 2], [3, 4]], [2], 1), ValueError,
+                                  "max_new_tokens must hold one count per prompt"),
+    "token past the vocabulary": (lambda m: static_generate(m, [[1, 512]], [2], 1), ValueError, r"512"),
+    "compare float tokens": (lambda m: compare_serving(m, [[1.0, 2]], [2]), TypeError, r"prompts\[0\]\[0\]"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_CALLS)
+def test_bad_call_is_refused_and_leaves_the_model_as_it_was(model, name):
+    call, error, match = BAD_CALLS[name]
+    own = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with pytest.raises(error, match=match):
+            call(model)
+        assert model.config._attn_implementation == "eager"  # not switched to sdpa on the way
+    finally:
+        model.set_attn_implementation(own)

@@ -1,6 +1,8 @@
 """Notebook 06's measurements: the chat trace, its replay through the block manager against an oracle
 that never forgets, and the time-to-first-token helpers (never a timing asserted)."""
 
+import math
+
 import pytest
 import torch
 
@@ -133,3 +135,26 @@ def test_the_models_behind_the_readings():
     cost = lab.prefill_attention_cost(SHAPES["llama-3-8b"], "h100-sxm", [512, 1], [4096, 300])
     assert cost.tokens_per_tile == 64 // 4 and cost.layers == 32
     assert cost.rows.tile_bytes > cost.kernel.tile_bytes > cost.kernel.bytes and cost.rows.flops == cost.kernel.flops
+# issue 22's bad calls of this module: (call on the fixture's model, error, a pattern naming the argument)
+BAD_CALLS = {
+    "think_time inf": (lambda m: make_chat_trace(think_time=math.inf), ValueError, "think_time must be a finite"),
+    "turns True": (lambda m: make_chat_trace(turns=True), TypeError, "turns must be an int"),
+    "replay policy": (lambda m: replay(make_chat_trace(), 8, 4, policy="fifo"), ValueError, "policy must be one of"),
+    "ttft warmup -1": (lambda m: measure_ttft(m, 32, [0], warmup=-1), ValueError, "warmup must be an int"),
+    "ttft reps 0": (lambda m: measure_ttft(m, 32, [0], reps=0), ValueError, "reps must be an int"),
+    "ttft attention": (lambda m: measure_ttft(m, 32, [0], attention="flash"), ValueError, "attention must be one of"),
+    "ttft seed str": (lambda m: measure_ttft(m, 32, [0], seed="1"), TypeError, "seed must be an int"),
+    "ttft block_size 3.0": (lambda m: measure_ttft(m, 32, [0], block_size=3.0), TypeError, "block_size must be an int"),
+    "decode steps True": (lambda m: measure_decode_after_prefix(m, 32, steps=True), TypeError, "steps must be an int"),
+    "decode attention": (lambda m: measure_decode_after_prefix(m, 32, attention=1), ValueError, "attention must be one of"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_CALLS)
+def test_bad_call_is_refused_and_leaves_the_model_as_it_was(llama, name):
+    call, error, match = BAD_CALLS[name]
+    before = llama.config._attn_implementation
+    with pytest.raises(error, match=match):
+        call(llama)
+    assert llama.config._attn_implementation == before  # not left on kvlab's attention
+    llama(torch.tensor([[1, 2, 3]]))  # a plain forward pass still works

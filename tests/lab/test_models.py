@@ -48,7 +48,7 @@ def test_tiny_model_cpu_size_is_weight_heavy():
 def test_tiny_model_bad_arguments():
     with pytest.raises(ValueError, match="arch must be one of"):
         tiny_model("bert")
-    with pytest.raises(ValueError, match="size must be 'cpu' or 'real'"):
+    with pytest.raises(ValueError, match=r"size must be one of \('cpu', 'real'\)"):
         tiny_model("llama", size="huge")
     with pytest.raises(ValueError, match="kv_heads .* must equal q_heads"):
         tiny_model("gpt2", layers=1, hidden=64, q_heads=4, kv_heads=2)
@@ -94,6 +94,12 @@ BAD_CALLS = {
     "tiny_model beyond memory": (lambda: kvlab.tiny_model("llama", shape="llama-3.1-405b", device="cpu",
                                                           dtype=torch.float32), MemoryError, "bytes but only"),
     "load_model None": (lambda: kvlab.load_model(None), TypeError, "name must be"),
+    "max_positions 0": (lambda: tiny_model("llama", max_positions=0), ValueError, "max_positions must be an int"),
+    "layers True": (lambda: tiny_model("llama", layers=True), TypeError, "layers must be an int"),
+    "hybrid heads 3": (lambda: tiny_hybrid(heads=3), ValueError, "heads must divide hidden"),
+    "tiny_model dtype str": (lambda: tiny_model("llama", dtype="fp16"), TypeError, "dtype must be a torch.dtype"),
+    "tiny_model cuda": (lambda: tiny_model("llama", device="cuda") if not torch.cuda.is_available() else
+                        tiny_model("llama", device="cuda:99"), ValueError, "is not available on this machine"),
 }
 
 

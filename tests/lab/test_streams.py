@@ -124,3 +124,22 @@ def test_masked_stream_without_attention_gives_the_same_losses(model):
     losses = masked_stream_eval(model, tokens, 2, 6, attention=False)
     assert losses.mass_first is None and losses.mass_recent is None and losses.stored == with_mass.stored
     assert torch.allclose(losses.nll, with_mass.nll, atol=1e-6)
+def test_kl_divergence_refuses_probabilities():
+    """issue 22: probabilities where log-probabilities belong would give a meaningless number."""
+    p = torch.softmax(torch.randn(3, 5), -1)
+    with pytest.raises(ValueError, match="reference must hold log-probabilities"):
+        kl_divergence(p, p.log())
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda m, t: stream_eval(m, t, attention="no"), TypeError, "attention must be True or False"),
+    (lambda m, t: stream_eval(m, t + m.config.vocab_size), ValueError, r"tokens\[0\] must be a token id in \[0, "),
+    (lambda m, t: stream_eval(None, t), TypeError, "model must be a Hugging Face causal LM"),
+    (lambda m, t: masked_stream_eval(m, -t - 1), ValueError, r"tokens\[0\] must be a token id"),
+    (lambda m, t: recompute_stream_eval(m, t, 4, batch=0), ValueError, "batch must be an int >= 1"),
+    (lambda m, t: recompute_stream_eval(m, t.tolist(), 4), TypeError, "tokens must be an integer torch.Tensor"),
+])
+def test_stream_evals_refuse_bad_input(model, call, error, match):
+    """issue 22: not an IndexError from the embedding, nor torch's split error, nor a str taken as True."""
+    with pytest.raises(error, match=match):
+        call(model, torch.arange(1, 9))

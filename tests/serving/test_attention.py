@@ -82,7 +82,7 @@ def test_the_step_is_checked_once_and_names_the_problem():
     ]:
         with pytest.raises(error, match=match):
             build_step(cache, chunks, "gather")
-    with pytest.raises(ValueError, match="attention must be one of"):
+    with pytest.raises(ValueError, match="path must be one of"):
         build_step(cache, [(a, 1)], "flash")
     two = PagedKVCache(2, 4, BLOCK, KV_HEADS, DIM, torch.float32, "cpu", store=store_kv_ref)
     f = two.new_sequence()

@@ -378,3 +378,46 @@ def test_bad_stop_tokens_are_refused_before_anything_is_queued():
         with pytest.raises((ValueError, TypeError), match=match):
             engine.generate([[1, 2]], 2, stop=stop)
     assert not engine.requests and not engine.events
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(cuda_graphs="yes"), TypeError, "cuda_graphs must be True or False"),
+    (dict(debug="no"), TypeError, "debug must be True or False"),
+    (dict(prefix_caching=1), TypeError, "prefix_caching must be True or False"),
+    (dict(num_blocks=True), TypeError, "num_blocks must be an int"),
+    (dict(block_size=16.0), TypeError, "block_size must be an int"),
+    (dict(num_blocks=8, kv_budget_bytes=10), ValueError, "num_blocks .* or kv_budget_bytes .*, not both"),
+])
+def test_engine_refuses_bad_settings(kwargs, error, match):
+    """issue 22: strings as flags, bools and floats as sizes, and two arguments that both size the pool."""
+    with pytest.raises(error, match=match):
+        Engine(_model("llama"), **kwargs)
+
+
+def test_metrics_refuse_duplicates_and_other_engines_requests():
+    engine, other = (Engine(_model("llama"), num_blocks=16, block_size=4) for _ in range(2))
+    engine.generate([[1, 2, 3]], 2)
+    other.generate([[1, 2, 3]], 2)
+    (r,) = engine.requests.values()
+    with pytest.raises(ValueError, match="requests must name each request once"):
+        engine.metrics([r, r])
+    with pytest.raises(ValueError, match=r"requests\[0\] must be a Request this engine made"):
+        engine.metrics(list(other.requests.values()))
+    assert engine.metrics([r])["generated_tokens"] == 2
+
+
+def test_a_step_on_a_model_changed_behind_the_engine_fails_before_admitting():
+    """issue 22: the model's dtype changed after the engine was built; the step refuses it before it
+    admits a request, takes a block or counts a step, and works again once the model is put back."""
+    model = kvlab.tiny_model("llama", layers=2, hidden=128, q_heads=4, kv_heads=2, vocab=VOCAB, intermediate=256,
+                             device="cpu", dtype=torch.float32, seed=3)
+    engine = Engine(model, num_blocks=16, block_size=4)
+    engine.add_request([1, 2, 3, 4, 5], 2)
+    before = (engine.stats.steps, engine.cache.num_free, [r.state for r in engine.requests.values()], len(engine.events))
+    model.to(torch.float16)
+    with pytest.raises((TypeError, ValueError), match="dtype"):
+        engine.step()
+    assert (engine.stats.steps, engine.cache.num_free, [r.state for r in engine.requests.values()],
+            len(engine.events)) == before
+    model.to(torch.float32)
+    while engine.has_work():
+        engine.step()
+    assert engine.requests[0].output == _generate_one(model, [1, 2, 3, 4, 5], 2)

@@ -182,7 +182,7 @@ def test_decode_step_fails_cleanly(model, case):
     if case == "attention name":
         attention, match = "flash", r"attention must be one of \('kernel', 'gather', 'reference'\), got 'flash'"
     elif case == "token out of vocab":
-        tokens, match = [512], r"tokens\[0\] must be an int in \[0, 512\)"
+        tokens, match = [512], r"tokens\[0\] must be a token id in \[0, 512\)"
     elif case == "unfinished prefill":
         cache.reserve(seq, [7])
         match = "prefill it first"
@@ -229,7 +229,7 @@ def test_prefill_refuses_what_it_cannot_run(model):
     seq = cache.new_sequence()
     fails_cleanly(cache, lambda: prefill(model, cache, seq, [], attention="gather"), ValueError, "no token left")
     fails_cleanly(cache, lambda: prefill(model, cache, seq, [1, -2], attention="gather"), ValueError,
-                  r"token_ids\[1\] must be an int in \[0, 512\)")
+                  r"token_ids\[1\] must be a token id in \[0, 512\)")
     fails_cleanly(cache, lambda: prefill(model, cache, seq, [1], attention="gather", max_tokens=0), ValueError,
                   "max_tokens must be an int >= 1")
 
@@ -293,3 +293,10 @@ class DecodeWithFailures(RuleBasedStateMachine):
 TestDecodeWithFailures = DecodeWithFailures.TestCase
 TestDecodeWithFailures.settings = settings(max_examples=10, stateful_step_count=12, deadline=None,
                                            suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_model_geometry_names_a_missing_model():
+    from kvlab.serving.runner import model_geometry
+
+    with pytest.raises(TypeError, match="model must be a Hugging Face causal LM"):
+        model_geometry(None)

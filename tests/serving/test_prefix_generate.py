@@ -95,7 +95,7 @@ def test_out_of_blocks_changes_nothing(llama):
     s, _ = cache.admit(_tokens(10, seed=8))  # 3 blocks
     token = prefill(llama, cache, s, attention="gather")
     before = _state(cache)
-    with pytest.raises(OutOfBlocksError, match="need 2 KV-cache block.* bytes needed") as info:
+    with pytest.raises(OutOfBlocksError, match="needs 2 KV-cache block.* bytes needed") as info:
         generate(llama, cache, _tokens(7, seed=9), 2)
     assert (info.value.needed, info.value.free, info.value.total) == (2, 1, 4) and _state(cache) == before
     decode_step(llama, cache, [s], [token], attention="gather")
@@ -155,3 +155,36 @@ def test_trained_model_continues_a_cached_opening_like_generate():
     asked = opening + tok(" And God called", add_special_tokens=False)["input_ids"]
     run = generate(model, cache, asked, 4, attention="kernel")
     assert run.cached_tokens == 32 and run.tokens == _expected(model, asked, 4)
+
+
+def test_issue_22_hash_before_write_classes_are_gone(llama):
+    """The prefix-cache bugs of issue 22, in the one serving stack (a hash registered only once its
+    block's K and V are written): (1) a failed prefill whose admission evicted a freed prompt's cached
+    blocks, and whose layer 0 then overwrote them, leaves no hash behind, so a later request of that
+    prompt decodes generate's tokens; (2) a prompt admitted but never prefilled offers no hit to a
+    longer prompt that starts with it."""
+    cache = cache_for(llama, 5, 4, prefix_caching=True)
+    prompt, other = _tokens(12, seed=21), _tokens(13, seed=22)
+    assert generate(llama, cache, prompt, 2, attention="gather").tokens == _expected(llama, prompt, 2)
+    assert cache.manager.num_cached == 3  # the prompt's 3 full blocks, freed and cached
+    mlp = llama.model.layers[-1].mlp
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    mlp.forward = fail
+    try:  # other's 4 blocks take the 2 free ones and evict 2 of the prompt's; layer 0 writes into them
+        with pytest.raises(RuntimeError, match="injected"):
+            generate(llama, cache, other, 1, attention="gather")
+    finally:
+        del mlp.forward
+    assert cache.manager.num_cached < 3  # what the failure evicted stays evicted
+    run = generate(llama, cache, prompt, 2, attention="gather")
+    assert run.tokens == _expected(llama, prompt, 2)
+
+    cache = cache_for(llama, 16, 4, prefix_caching=True)
+    seq, _ = cache.admit(prompt)  # admitted, never prefilled
+    longer = prompt + [20]
+    run = generate(llama, cache, longer, 2, attention="gather")
+    assert run.cached_tokens == 0 and run.tokens == _expected(llama, longer, 2)
+    cache.free(seq)

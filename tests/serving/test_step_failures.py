@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import kvlab
 from kvlab.cache.blocks import OutOfBlocksError
+from kvlab.serving.engine import Engine
 from kvlab.serving.paged_decode import cache_for, decode_step, generate, prefill
 from kvlab.versions import returned_cache
 
@@ -94,9 +95,13 @@ class StepsWithFailures(RuleBasedStateMachine):
         if self.cache.blocks_to_admit(tokens) > self.cache.num_free:
             return
         before = state(self.cache)
-        with raising_layer(self.model), pytest.raises(RuntimeError, match="injected"):
+        with raising_layer(self.model), pytest.raises((RuntimeError, OutOfBlocksError)) as failure:
             generate(self.model, self.cache, tokens, 2, attention="gather")
         after = state(self.cache)
+        if failure.type is OutOfBlocksError:  # the whole generation does not fit: refused before it starts
+            assert "bytes needed" in str(failure.value) and after == before
+            return
+        assert "injected" in str(failure.value)
         assert after[1] == before[1] and after[3] == before[3] and sorted(after[0]) == sorted(before[0])
         assert set(after[2].items()) <= set(before[2].items())
 
@@ -183,3 +188,71 @@ class StepsWithFailures(RuleBasedStateMachine):
 TestStepsWithFailures = StepsWithFailures.TestCase
 TestStepsWithFailures.settings = settings(max_examples=12, stateful_step_count=20, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
+
+
+# --------------------------------------------------------------------------- the engine, with failing steps
+
+
+def engine_state(engine):
+    """What a failed step must leave as it was: the cache, the queues, every request and the counters."""
+    s = engine.scheduler
+    requests = {r.id: (r.state, r.seq, list(r.output), r.preemptions) for r in engine.requests.values()}
+    queues = ([r.id for r in s.waiting], [r.id for r in s.running], [r.id for r in s.swapped])
+    return state(engine.cache), queues, requests, engine.stats.steps, len(engine.events)
+
+
+@functools.lru_cache(maxsize=None)
+def greedy(prompt: tuple, new: int) -> list:
+    model = _model()
+    ids = torch.tensor([list(prompt)])
+    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)[0, len(prompt):].tolist()
+
+
+class EngineWithFailures(RuleBasedStateMachine):
+    """Requests arrive between steps; some steps fail in the model's last layer (after layer 0 stored
+    its K and V) and must change nothing, some arrivals are bad and must change nothing. The pool is
+    large enough that no step preempts (a preemption made to run a step stands when it fails), so
+    after each failure the engine equals its snapshot exactly; at the end every request's tokens are
+    ``generate``'s."""
+
+    def __init__(self):
+        super().__init__()
+        self.engine = Engine(_model(), num_blocks=64, block_size=BLOCK, max_batch=3, max_batched_tokens=6,
+                                   prefix_caching=True, attention="reference", debug=True)
+
+    @rule(prefix=st.sampled_from(PREFIXES), cut=st.integers(1, 8), own=st.lists(st.integers(0, 127), max_size=4),
+          new=st.integers(1, 4))
+    def add(self, prefix, cut, own, new):
+        self.engine.add_request(prefix[:cut] + own, new)
+
+    @rule(bad=st.sampled_from([([1, 128], 2), ([1.0, 2], 2), ([True], 2), ("ab", 2), ([1], 0), ([1], True)]))
+    def add_bad(self, bad):
+        before = engine_state(self.engine)
+        with pytest.raises((TypeError, ValueError)):
+            self.engine.add_request(*bad)
+        assert engine_state(self.engine) == before
+
+    @precondition(lambda self: self.engine.has_work())
+    @rule(fail=st.booleans())
+    def step(self, fail):
+        if fail:
+            before = engine_state(self.engine)
+            with raising_layer(self.engine.model), pytest.raises(RuntimeError, match="injected"):
+                self.engine.step()
+            assert engine_state(self.engine) == before
+        self.engine.step()
+
+    @invariant()
+    def consistent(self):
+        self.engine.check_invariants()
+
+    def teardown(self):
+        while self.engine.has_work():
+            self.engine.step()
+        for r in self.engine.requests.values():
+            assert r.output == greedy(tuple(r.prompt), r.max_new_tokens)
+
+
+TestEngineWithFailures = EngineWithFailures.TestCase
+TestEngineWithFailures.settings = settings(max_examples=8, stateful_step_count=15, deadline=None,
+                                           suppress_health_check=[HealthCheck.too_slow])

@@ -23,3 +23,11 @@ def test_readings_import_neither_matplotlib_nor_torch():
     code = ("import sys, kvlab.show.format, kvlab.show.readings.exercises, kvlab.show.readings.diagnosis; "
             "assert 'matplotlib' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_si_refuses_bad_digits():
+    import pytest
+
+    for digits, error in [(0, ValueError), (True, TypeError), (2.0, TypeError)]:
+        with pytest.raises(error, match="digits must be an int"):
+            si(1.0, "B", digits)

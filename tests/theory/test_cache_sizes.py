@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 import kvlab
 from kvlab import SHAPES
-from kvlab.theory.cache_sizes import cache_bytes, design_table, gqa_cache_bytes, quantized_nbytes, window_span
+from kvlab.theory.cache_sizes import cache_bytes, design_table, gqa_cache_bytes, kivi_nbytes, quantized_nbytes, window_span
 
 
 GIB = 2**30
@@ -142,3 +142,13 @@ def test_rounding_model_explains_within_its_tolerance():
                              (1 - 0.9 * ROUNDING_TOLERANCE, True), (1 - 1.1 * ROUNDING_TOLERANCE, False)):
         assert rounding_explains(scale * predicted, 0.5) is explained
     assert not rounding_explains(0.0, 0.0)
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: gqa_cache_bytes(SHAPES["llama-3-8b"], 128, groups=4), TypeError, "groups must be a list of ints"),
+    (lambda: gqa_cache_bytes(SHAPES["llama-3-8b"], 128, groups=[True]), TypeError, r"groups\[0\] must be an int"),
+    (lambda: kivi_nbytes(128, 64, 2, 32, 32, element_bytes=math.inf), ValueError, "element_bytes must be a finite"),
+    (lambda: kivi_nbytes(128, 64, 2, 32, 32, element_bytes=True), TypeError, "element_bytes must be"),
+])
+def test_cache_sizes_refuse_bad_groups_and_element_sizes(call, error, match):
+    """issue 22: not "'int' object is not iterable", nor an infinite number of bytes."""
+    with pytest.raises(error, match=match):
+        call()

@@ -1,6 +1,8 @@
 """kvlab.theory.shapes: the published shapes, their per-token bytes and parameter counts.
 """
 
+import dataclasses
+
 import pytest
 
 from kvlab.theory.shapes import ModelShape, SHAPES
@@ -25,11 +27,11 @@ def test_shapes_have_the_issue_keys_and_seed_parameter_counts():
 
 
 def test_model_shape_rejects_nonsense():
-    with pytest.raises(ValueError, match="layers must be a positive int"):
+    with pytest.raises(ValueError, match="layers must be an int >= 1"):
         ModelShape("x", 0, 8, 8, 64, 512, 1e6, 100)
     with pytest.raises(ValueError, match="multiple of kv_heads"):
         ModelShape("x", 2, 8, 3, 64, 512, 1e6, 100)
-    with pytest.raises(ValueError, match="bytes_per_element must be > 0"):
+    with pytest.raises(ValueError, match="bytes_per_element must be a finite number > 0"):
         SHAPES["llama-3-8b"].kv_bytes_per_token(0)
 
 
@@ -46,3 +48,20 @@ def test_counted_params_against_published_counts():
     for key in ("mixtral-8x7b", "deepseek-v2"):
         with pytest.raises(ValueError, match="counted_params"):
             SHAPES[key].counted_params()
+
+
+# issue 22's bad calls of ModelShape: (fields replaced on a valid shape, error, a pattern naming the field)
+BAD_FIELDS = {
+    "params inf": (dict(params=float("inf")), ValueError, "params must be a finite number > 0"),
+    "params True": (dict(params=True), TypeError, "params must be"),
+    "window 0": (dict(window=0), ValueError, "window must be an int >= 1"),
+    "layers 2.0": (dict(layers=2.0), TypeError, "layers must be an int"),
+    "vocab str": (dict(vocab="100"), TypeError, "vocab must be an int"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_FIELDS)
+def test_model_shape_refuses_each_bad_field(name):
+    fields, error, match = BAD_FIELDS[name]
+    with pytest.raises(error, match=match):
+        dataclasses.replace(SHAPES["llama-3-8b"], **fields)

@@ -50,3 +50,13 @@ def test_nvlink_one_way_fetch_takes_twice_the_bidirectional_figure():
     assert round(one_way * 1e3, 1) == 23.3
     with pytest.raises(ValueError, match="unknown link"):
         link("nvlink")
+
+
+@pytest.mark.parametrize("field, value, error", [("hbm_bytes", -1, ValueError), ("hbm_bytes_per_s", float("inf"), ValueError),
+                                                 ("dies", 1.5, TypeError), ("bf16_flops", True, TypeError)])
+def test_accelerator_refuses_bad_figures(field, value, error):
+    """issue 22: a negative memory or an infinite bandwidth is refused, naming the field."""
+    import dataclasses
+
+    with pytest.raises(error, match=field):
+        dataclasses.replace(spec("h100-sxm"), **{field: value})

@@ -30,11 +30,18 @@ def test_decide_refuses_bad_numbers():
     good = dict(busy_fraction=0.9, bandwidth_fraction=0.6, flops_fraction=0.1, kv_share=0.1)
     with pytest.raises(ValueError, match="kv_share must be in"):
         decide(**{**good, "kv_share": 1.5})
-    with pytest.raises(ValueError, match="busy_fraction must be a finite number >= 0"):
+    with pytest.raises(ValueError, match=r"busy_fraction must be in \[0, 1\]"):
         decide(**{**good, "busy_fraction": -0.1})
+    with pytest.raises(ValueError, match=r"busy_fraction must be in \[0, 1\], got 1.5"):  # not "busy for 150%"
+        decide(**{**good, "busy_fraction": 1.5})
+    with pytest.raises(ValueError, match="bandwidth_fraction must be a finite number >= 0"):
+        decide(**{**good, "bandwidth_fraction": float("inf")})
+    for admitted in (None, "no", 0):  # not the verdict "capacity"
+        with pytest.raises(TypeError, match="admitted must be True, False or a kvlab.theory.roofline.Admission"):
+            decide(**good, admitted=admitted)
     with pytest.raises(ValueError, match="flops_fraction"):
         decide(**{**good, "flops_fraction": float("nan")})
-    with pytest.raises(TypeError, match="bandwidth_fraction must be a real number"):
+    with pytest.raises(TypeError, match="bandwidth_fraction must be a finite number"):
         decide(**{**good, "bandwidth_fraction": "fast"})
 
 
@@ -128,3 +135,17 @@ def test_idle_batch_and_parity_models_on_both_sides():
 def test_reading_models_refuse_bad_numbers(call, kind, words):
     with pytest.raises(kind, match=words):
         call()
+# issue 22's bad calls of decide: out-of-range shares and a missing admission are refused, not printed
+GOOD = dict(busy_fraction=0.5, bandwidth_fraction=0.5, flops_fraction=0.1, kv_share=0.5, admitted=True)
+
+
+@pytest.mark.parametrize("field, value, error, match", [
+    ("busy_fraction", 1.5, ValueError, r"busy_fraction must be in \[0, 1\], got 1.5"),
+    ("kv_share", float("nan"), ValueError, "kv_share must be in"),
+    ("bandwidth_fraction", float("inf"), ValueError, "bandwidth_fraction must be a finite number"),
+    ("flops_fraction", True, TypeError, "flops_fraction must be"),
+    ("admitted", None, TypeError, "admitted must be True, False or a kvlab.theory.roofline.Admission"),
+])
+def test_decide_refuses_each_bad_argument(field, value, error, match):
+    with pytest.raises(error, match=match):
+        decide(**dict(GOOD, **{field: value}))

@@ -123,3 +123,12 @@ def test_integer_arguments_refuse_what_is_not_an_int_in_range(name, value):
     with pytest.raises(TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError,
                        match=argument):
         call(value)
+
+
+def test_break_even_tokens_refuses_infinite_and_boolean_times():
+    with pytest.raises(ValueError, match="compile_seconds must be a finite number"):
+        break_even_tokens(math.inf, 1e-3)
+    with pytest.raises(ValueError, match="step_gain must be a finite number"):
+        break_even_tokens(1.0, math.inf)
+    with pytest.raises(TypeError, match="compile_seconds must be"):
+        break_even_tokens(True, 1e-3)
