@@ -183,21 +183,21 @@ def continuous_batching(model, prompts, max_new_tokens, stop=(), block_size: int
     eos = sorted(stop) or -1  # -1: no end-of-sequence token
     generation = GenerationConfig(do_sample=False, max_new_tokens=max(max_new_tokens), eos_token_id=eos,
                                   pad_token_id=model.generation_config.pad_token_id or 0)
-    previous = model.config._attn_implementation
-    manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
-    manager.start()
-    results = {}
-    try:
-        ids = [manager.add_request(list(p), max_new_tokens=n, eos_token_id=eos) for p, n in zip(prompts, max_new_tokens)]
-        while len(results) < len(ids):
-            result = manager.get_result(timeout=1)
-            if result is not None and result.is_finished():
-                results[result.request_id] = list(result.generated_tokens)
-            elif result is None and not manager.is_running():
-                raise RuntimeError("transformers' continuous batching stopped before every request finished")
-    finally:
-        manager.stop(block=True)
-        model.set_attn_implementation(previous)
+    with _checks.restoring(model):  # the manager switches the model's attention; it is given back
+        manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
+        manager.start()
+        results = {}
+        try:
+            ids = [manager.add_request(list(p), max_new_tokens=n, eos_token_id=eos)
+                   for p, n in zip(prompts, max_new_tokens)]
+            while len(results) < len(ids):
+                result = manager.get_result(timeout=1)
+                if result is not None and result.is_finished():
+                    results[result.request_id] = list(result.generated_tokens)
+                elif result is None and not manager.is_running():
+                    raise RuntimeError("transformers' continuous batching stopped before every request finished")
+        finally:
+            manager.stop(block=True)
     return [_until_stop(results[i], n, set(stop)) for i, n in zip(ids, max_new_tokens)]
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab._checks import integer
+from kvlab._checks import integer, restoring
 from kvlab.serving.paged_decode import cache_for, prefill
 
 KVLAB_COLD, KVLAB_CACHED = "kvlab, nothing cached", "kvlab, prefix cached"
@@ -104,31 +104,30 @@ def compare_prefix_reuse(model, prompts, block_size: int = 16, reps: int = 2, at
     blocks = sum(-(-len(p) // block_size) for p in prompts) + -(-shared // block_size) + 1
     warm = cache_for(model, (reps + 1) * blocks, block_size, prefix_caching=True)
     cold = cache_for(model, blocks, block_size)
-    model.set_attn_implementation("sdpa")
-
-    seconds = {c: [] for c in contenders}
-    firsts, cached = [], []
-    for r in range(reps + 1):  # round 0 warms up and checks the first tokens; it is not timed
-        seq, _ = warm.admit(prompts[0][:shared], salt=r)  # an earlier request leaves the prefix's blocks
-        prefill(model, warm, seq, attention=attention)
-        warm.free(seq)
-        with torch.inference_mode():
-            prefix_ids = torch.tensor([prompts[0][:shared]], device=model.device)
-            prefix_cache = returned_cache(model(prefix_ids, use_cache=True,
-                                                **cache_kwargs(model, DynamicCache(config=model.config))))
-        runs = {KVLAB_COLD: lambda p: _kvlab_first(model, cold, p, None, attention, []),
-                KVLAB_CACHED: lambda p: _kvlab_first(model, warm, p, r, attention, cached if r == 0 else []),
-                HF_COLD: lambda p: _hf_first(model, p, None), HF_REUSED: lambda p: _hf_first(model, p, prefix_cache)}
-        order = list(contenders[r % len(contenders):]) + list(contenders[:r % len(contenders)])
-        tokens = {}
-        for name in order:
-            start = time.perf_counter()
-            tokens[name] = [runs[name](p) for p in prompts]
-            if r:
-                seconds[name].append(time.perf_counter() - start)
-        if r == 0:
-            firsts = tokens[order[0]]
-            same = all(t == firsts for t in tokens.values())
+    with restoring(model, attn_implementation="sdpa"):  # given back with its own attention
+        seconds = {c: [] for c in contenders}
+        firsts, cached = [], []
+        for r in range(reps + 1):  # round 0 warms up and checks the first tokens; it is not timed
+            seq, _ = warm.admit(prompts[0][:shared], salt=r)  # an earlier request leaves the prefix's blocks
+            prefill(model, warm, seq, attention=attention)
+            warm.free(seq)
+            with torch.inference_mode():
+                prefix_ids = torch.tensor([prompts[0][:shared]], device=model.device)
+                prefix_cache = returned_cache(model(prefix_ids, use_cache=True,
+                                                    **cache_kwargs(model, DynamicCache(config=model.config))))
+            runs = {KVLAB_COLD: lambda p: _kvlab_first(model, cold, p, None, attention, []),
+                    KVLAB_CACHED: lambda p: _kvlab_first(model, warm, p, r, attention, cached if r == 0 else []),
+                    HF_COLD: lambda p: _hf_first(model, p, None), HF_REUSED: lambda p: _hf_first(model, p, prefix_cache)}
+            order = list(contenders[r % len(contenders):]) + list(contenders[:r % len(contenders)])
+            tokens = {}
+            for name in order:
+                start = time.perf_counter()
+                tokens[name] = [runs[name](p) for p in prompts]
+                if r:
+                    seconds[name].append(time.perf_counter() - start)
+            if r == 0:
+                firsts = tokens[order[0]]
+                same = all(t == firsts for t in tokens.values())
     return PrefixReuse([len(p) for p in prompts], shared, block_size, cached, {n: tuple(s) for n, s in seconds.items()},
                        same, firsts)
 

@@ -61,8 +61,6 @@ def compare(measured: float, predicted: float, tolerance: float) -> Comparison:
     prediction.
     """
     measured = real("measured", measured)
-    if not math.isfinite(measured):
-        raise ValueError(f"measured must be finite, got {measured!r}")
     positive("predicted", predicted)
     if not (real("tolerance", tolerance) > 1 and math.isfinite(tolerance)):
         raise ValueError(f"tolerance must be a finite factor > 1, got {tolerance!r}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab._checks import between, positive
+from kvlab._checks import positive, real
 from kvlab.theory.roofline import kv_bytes_per_token
 from kvlab.theory.shapes import ModelShape, model_shape
 from kvlab.theory.specs import LINKS, accelerator, as_link
@@ -95,7 +95,7 @@ def recompute_or_swap(shape: ModelShape, hw, link=None, w_kv: float = 2, mfu: fl
     a recomputed request finds most of its own blocks still cached (notebook 05).
     """
     shape, hw = model_shape(shape), accelerator(hw)
-    mu = between("mfu", mfu, 0, 1, low_open=True)
+    mu = real("mfu", mfu, 0, 1, low_open=True)
     if link is None:
         if hw.host_link is None:
             raise ValueError(f"{hw.name} has no host_link recorded; pass link= one of {', '.join(LINKS)}")

@@ -27,8 +27,8 @@ def test_compare_on_both_sides_of_each_edge():
 @pytest.mark.parametrize("call, kind, words", [
     (lambda: compare(1.0, 0.0, 1.25), ValueError, "predicted must be a finite number > 0"),
     (lambda: compare(1.0, 1.0, 1.0), ValueError, "tolerance must be a finite factor > 1"),
-    (lambda: compare(float("nan"), 1.0, 2.0), ValueError, "measured must be finite"),
-    (lambda: compare("1", 1.0, 2.0), TypeError, "measured must be a real number"),
+    (lambda: compare(float("nan"), 1.0, 2.0), ValueError, "measured must be a finite number, got nan"),
+    (lambda: compare("1", 1.0, 2.0), TypeError, "measured must be a finite number, got str"),
     (lambda: cache_resident(0, 1 << 20), ValueError, "nbytes must be a finite number > 0"),
 ])
 def test_bad_input_names_the_argument(call, kind, words):
