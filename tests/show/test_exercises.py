@@ -53,10 +53,17 @@ def test_decode_loop_static_follows_the_growth_model_on_both_sides():
 def test_cache_reuse_solutions_and_corrections():
     from kvlab.show.readings import cache_reuse
 
-    ok = folded(ex.cache_reuse_doubling(128, 32, 0.01, 1e-4, 5_088, 10_208, 0.8, 1.6), 1)
-    assert "The prediction holds" in ok
-    off = folded(ex.cache_reuse_doubling(128, 32, 0.01, 1e-4, 5_088, 10_208, 0.8, 3.2), 1)
-    assert "the predicted factor" in off
+    from kvlab.theory.agreement import edges
+    from kvlab.theory.work import DOUBLING_TOLERANCE, request_time
+
+    a, b = 0.01, 1e-4
+    low, high = edges(request_time(128, 64, a, b) / request_time(128, 32, a, b), DOUBLING_TOLERANCE)
+    for factor in (1.1 * low, 0.9 * high):
+        ok = folded(ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * factor), 1)
+        assert "The prediction holds" in ok and "4,592" in ok and "request_time" in ok
+    for factor in (0.9 * low, 1.1 * high):
+        off = folded(ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * factor), 1)
+        assert "does not hold in this run" in off and "holds." not in off
     w = folded(ex.cache_reuse_warm({2: 10.0, 8: 10.5}, [5.0, 2.0, 0.01], 0.001), 2)
     assert "| 8 | 10.5 s |" in w and "second compilation" in w
     assert "one-time work remains" in ex.cache_reuse_warm({2: 10.0}, [5.0, 0.014, 0.001], 0.0014)
