@@ -77,11 +77,18 @@ def test_cache_reuse_solutions_and_corrections():
 def test_gemv_solutions_and_capacity_readings():
     from kvlab.show.readings import capacity
 
-    near = folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 0.15), 1)
-    assert "157 ms" in near and "time is bytes" in near
-    far = folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 0.6), 1)
-    assert "rate changed" in far
-    assert "Measure it" in ex.gemv_big_product(8192, 28672, 2, 6e9, None)
+    from kvlab.theory import matmul
+    from kvlab.theory.agreement import edges
+
+    predicted = matmul.roofline_time(1, 8192, 28672, 4, 6e9, 1e11)
+    low, high = edges(predicted, matmul.ROOFLINE_TOLERANCE)
+    for measured in (1.1 * low, 0.9 * high):
+        near = folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 1e11, measured), 1)
+        assert "157 ms" in near and "time is bytes" in near and "roofline_time" in near
+    for measured in (0.9 * low, 1.1 * high):
+        far = folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 1e11, measured), 1)
+        assert "rate changed" in far and "time is bytes" not in far
+    assert "Measure it" in ex.gemv_big_product(8192, 28672, 2, 6e9, 1e11, None)
     t = folded(ex.gemv_h200_batch(116, 0.0293, 3961, 0.0105, 3050), 2)
     assert "**116 sequences**" in t
     t = folded(ex.gemv_attention_ridge(295.4, {2: 295.4, 0.5: 73.9}, 64), 3)
