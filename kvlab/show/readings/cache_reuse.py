@@ -52,13 +52,14 @@ def _positions_sentence(P: int, G: int, speedup: float) -> str:
     work = compare(speedup, positions_processed(P, G) / positions_processed(P, G, cached=True),
                    POSITIONS_TOLERANCE)
     head = (f"The naive loop processed {work.predicted:.0f} times as many positions "
-            f"(`work.positions_processed`); the time ratio is {work.describe().replace('prediction', 'positions ratio')}")
+            f"(`work.positions_processed`); the time ratio is "
+            f"{work.describe().replace('prediction', 'positions ratio')}.")
     if work.outcome == BELOW:
-        return head + (": each pass has a fixed cost $a$ that does not depend on its length, and the "
-                       "cached loop pays it on every step too.")
+        return head + (" It is lower because each pass has a fixed cost $a$ that does not depend on its "
+                       "length, and the cached loop pays it on every step too.")
     if work.agrees:
-        return head + ": here the fixed cost per pass is small next to the per-token work."
-    return head + (": the naive loop's attention work grows with the pairs ratio "
+        return head + " Here the fixed cost per pass is small next to the per-token work."
+    return head + (" It is higher because the naive loop's attention work grows with the pairs ratio "
                    f"(`work.attention_work`), {attention_work(P, G) / attention_work(P, G, cached=True):.1f} "
                    "here, faster than its positions, and on a CPU the activations of a long pass leave the caches.")
 
@@ -164,14 +165,14 @@ def explore_reading(P: int, G: int, batch: int, model: str, ttft: dict, tpot: di
                 "ratio if every position cost the same and a pass had no fixed cost; the measured ratio is "
                 f"{c.describe().replace('prediction', 'positions ratio')}.")
     if c.outcome == BELOW:
-        text.append("Below it: the fixed per-pass cost is paid by both loops. The positions ratio is not a bound "
+        text.append("The time ratio is lower because the fixed per-pass cost is paid by both loops. The positions ratio is not a bound "
                     "in general, though: it counts per-position layer work, and where attention dominates a pass "
                     f"the naive loop's extra work follows the pairs ratio instead, {pairs_ratio:.1f} at this setting.")
     elif c.agrees:
         text.append("The per-position layer work sets both loops' time here: the fixed cost of a pass is small "
                     "next to it, and attention is not yet a large share of a pass.")
     else:
-        text.append(f"Above it: that ratio counts only per-position layer work; the naive loop's attention work "
+        text.append(f"The time ratio is higher: the positions ratio counts only per-position layer work; the naive loop's attention work "
                     f"grows with the pairs ratio, {pairs_ratio:.1f} here, so where attention is a large share of a "
                     "pass the time ratio can pass the positions ratio. On a CPU, the activations of a long naive "
                     "pass leaving the caches add to it.")

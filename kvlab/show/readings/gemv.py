@@ -22,7 +22,7 @@ from kvlab.theory.roofline import STEP_FLOOR_TOLERANCE
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
 ROOFLINE = ("the roofline, $\\max(\\text{bytes}/\\beta,\\ \\text{FLOPs}/\\text{peak})$ "
             "(`kvlab.theory.matmul.roofline_time`)")
-STEP_FLOOR = ("the roofline floor $\\max(B/\\beta,\\ F/\\text{peak})$ of the step's bytes $B$ and FLOPs $F$ "
+STEP_FLOOR = ("the roofline's $\\max(B/\\beta,\\ F/\\text{peak})$ of the step's bytes $B$ and FLOPs $F$ "
               "(`kvlab.theory.roofline.step_time_floor`)")
 
 
@@ -167,8 +167,8 @@ def explore_reading(batch: int, context: int, measured_s: float, floor_s: float,
     """Under the step explorer: this step against its floor with the cache counted three times
     (``roofline.step_time_floor``), agreement within ``roofline.STEP_FLOOR_TOLERANCE``."""
     c = compare(measured_s, floor_copy_s, STEP_FLOOR_TOLERANCE)
-    text = (f"Batch {batch}, {context:,} tokens each: the step took **{si(measured_s, 's')}**. Its floor by "
-            f"{STEP_FLOOR} is {si(floor_s, 's')}, and {si(floor_copy_s, 's')} with the cache counted three times (read, "
+    text = (f"Batch {batch}, {context:,} tokens each: the step took **{si(measured_s, 's')}**. Its floor, "
+            f"{STEP_FLOOR}, is {si(floor_s, 's')}, and {si(floor_copy_s, 's')} with the cache counted three times (read, "
             f"copied, written); the step is {c.describe().replace('prediction', 'second floor')}.")
     if c.agrees:
         return text + " Close to the floor: this step is as memory bound as the model says."
