@@ -98,7 +98,7 @@ def test_gemv_step_profile_follows_the_weight_read_floor_on_both_sides():
     assert "faster than reading its weights" in below
     assert "most of the step" in in_low and "most of the step" in in_high
     assert "smaller part" in above and "weight_read_floor" in above and "6.5 ms" in above
-    assert "does run at copy speed (100% of it)" in above
+    assert "runs at about copy speed (100% of it, within the factor 1.5" in above
 
 
 def test_gemv_step_profile_gemv_on_both_sides():
@@ -111,7 +111,7 @@ def test_gemv_step_profile_gemv_on_both_sides():
             "m", floor, 65e6, floor, 0.7, matmul.compare_with_roofline(t, 1, K, N, W, COPY, PEAK)))
         for t in _sides(predicted, matmul.ROOFLINE_TOLERANCE))
     assert "faster than the copy" in fast
-    assert "does run at copy speed" in in_low and "does run at copy speed" in in_high
+    assert "about copy speed" in in_low and "about copy speed" in in_high
     assert "reached only 61% of copy speed" in slow  # 1 / (1.1 * 1.5)
 
 

@@ -152,8 +152,9 @@ def step_profile_reading(model: str, step_s: float, weight_bytes: float, weight_
                     "than the calibrated bandwidth.")
     copy_share = 1 / gemv.ratio  # the product's rate over the copy bandwidth
     if gemv.agrees:
-        text.append(f"The sweep above shows that one large GEMV does run at copy speed ({copy_share:.0%} of it), "
-                    "so the larger the matrices, the closer a step comes to its floor.")
+        text.append(f"The sweep above shows that one large GEMV runs at about copy speed ({copy_share:.0%} of it, "
+                    f"within the factor {gemv.tolerance:g} of its roofline time), so the larger the matrices, the "
+                    "closer a step comes to its floor.")
     elif gemv.outcome == ABOVE:
         text.append(f"Even the sweep's large GEMV reached only {copy_share:.0%} of copy speed on "
                     "this machine, so the floor here is optimistic for every product.")
