@@ -138,6 +138,28 @@ def predicted_step_growth(kv_bytes_per_token: int, tokens: int, bandwidth: float
     return passes * kv_bytes_per_token * tokens / bandwidth
 
 
+def step_slope(kv_bytes_per_token: int, bandwidth: float, passes: int = DYNAMIC_CACHE_PASSES) -> float:
+    """Seconds each extra token of history adds to a cached step, ``passes`` k / beta: the slope of
+    notebook 01's model."""
+    return predicted_step_growth(kv_bytes_per_token, 1, bandwidth, passes)
+
+
+def predicted_step(t0: float, s0: float, context, kv_bytes_per_token: int, bandwidth: float,
+                   passes: int = DYNAMIC_CACHE_PASSES):
+    """Notebook 01's model of a cached step at ``context`` tokens of history,
+    t(s) = t(s0) + passes k (s - s0) / beta, from the step ``t0`` measured at ``s0`` tokens (``context``
+    may be a NumPy array)."""
+    return t0 + predicted_step_growth(kv_bytes_per_token, context - s0, bandwidth, passes)
+
+
+# How far a measurement may sit from notebook 01's model and still follow it: a median step within a
+# quarter of its predicted time; a slope fitted through a few medians on a shared machine within a
+# factor of two; a long-context step within a tenth of the short-context one has not grown.
+STEP_TOLERANCE = 1.25
+SLOPE_TOLERANCE = 2.0
+GROWTH_TOLERANCE = 1.1
+
+
 def step_spread(step_times) -> float:
     """How much single steps of one run move: their interquartile range over their median."""
     q1, _, q3 = statistics.quantiles(step_times, n=4)

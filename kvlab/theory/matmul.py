@@ -6,7 +6,9 @@ weight for two FLOPs; as n grows the same read serves n rows, its arithmetic int
 as 2n / w, and past the machine's ridge point the product is a GEMM that the arithmetic units
 limit (Williams et al. 2009; the Decode and KV Cache chapter, 2026, section 9.3).
 
-``fit_roofline`` fits both segments of a roofline to measured points, so the knee of a sweep
+``roofline_time`` is the time the roofline allows a product, ``ridge_intensity`` where its segments
+meet; the tolerances say how far notebook 03's measurements may sit from them and still follow them
+(``kvlab.theory.agreement.compare``). ``fit_roofline`` fits both segments of a roofline to measured points, so the knee of a sweep
 (``kvlab.lab.gemv``) is a property of all its points. Pure Python; units are SI.
 """
 
@@ -17,6 +19,7 @@ import statistics
 from dataclasses import dataclass
 
 from kvlab._checks import integer, positive
+from kvlab.theory.agreement import Comparison, compare
 
 
 def matmul_flops(n: int, K: int, N: int) -> int:
@@ -47,6 +50,35 @@ def batch_at_intensity(intensity: float, K: int, N: int, element_size: float) ->
     K, N, w = integer("K", K), integer("N", N), positive("element_size", element_size)
     denominator = 2 * K * N - intensity * w * (K + N)
     return math.inf if denominator <= 0 else intensity * w * K * N / denominator
+
+
+def roofline_time(n: int, K: int, N: int, element_size: float, bandwidth: float, peak: float) -> float:
+    """The roofline's time for ``[n x K] @ [K x N]``: max(bytes / bandwidth, FLOPs / peak) in seconds,
+    with ``matmul_bytes`` and ``matmul_flops`` (Williams et al. 2009). Below the ridge the bytes term
+    is the time: a GEMV streams its weight at the bandwidth."""
+    return max(matmul_bytes(n, K, N, element_size) / positive("bandwidth", bandwidth),
+               matmul_flops(n, K, N) / positive("peak", peak))
+
+
+def ridge_intensity(peak: float, bandwidth: float) -> float:
+    """I* = peak / bandwidth, FLOP per byte: where the roofline's two segments meet."""
+    return positive("peak", peak) / positive("bandwidth", bandwidth)
+
+
+# How far a measurement may sit from the roofline and still follow it (the readings of notebook 03):
+# a product's time from its roofline time; a fitted knee from the calibrated ridge (a fit through a
+# few medians on a shared machine moves by a factor of two); the time growth per doubling of n from
+# the roofline's; and the points from the fitted corner (exp of its RMS log error against 1).
+ROOFLINE_TOLERANCE = 1.5
+RIDGE_TOLERANCE = 2.0
+DOUBLING_TOLERANCE = 1.4
+CORNER_TOLERANCE = 1.25
+
+
+def compare_with_roofline(seconds: float, n: int, K: int, N: int, element_size: float, bandwidth: float,
+                          peak: float) -> Comparison:
+    """A product's measured ``seconds`` against its ``roofline_time``, agreeing within ``ROOFLINE_TOLERANCE``."""
+    return compare(seconds, roofline_time(n, K, N, element_size, bandwidth, peak), ROOFLINE_TOLERANCE)
 
 
 @dataclass(frozen=True)

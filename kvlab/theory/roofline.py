@@ -130,6 +130,11 @@ def step_time_floor(shape: ModelShape, hw, batch: int, context: int, w_p: float 
     return max(read, compute)
 
 
+# A measured step within this factor of its floor counts as bound by the bytes it moves (notebook 03's
+# readings, through ``kvlab.theory.agreement.compare``); the floor leaves out dispatch and small kernels.
+STEP_FLOOR_TOLERANCE = 2.0
+
+
 @dataclass(frozen=True)
 class Admission:
     """Whether weights plus cache fit in HBM. Truthy when they fit; ``str`` says by how much."""

@@ -2,6 +2,8 @@
 
 - ``positions_processed`` and ``attention_work``: the token positions and query-key pairs the
   naive and the cached loop of section 9.1 process to generate G tokens after a P-token prompt;
+- ``pass_time`` and ``request_time``: the two-pass model of a request's time, t(n) = a + b n per pass
+  (section 9.2), with the tolerances its readings use;
 - ``break_even_tokens``: after how many tokens a one-time compilation is repaid by a cheaper step
   (section 9.2);
 - ``step_work``: the bytes and FLOPs of one decode step of each loop that notebook 09 diagnoses
@@ -56,6 +58,31 @@ def attention_work(P: int, G: int, cached: bool = False) -> int:
     if cached:
         return P * P + (G - 1) * P + G * (G - 1) // 2
     return G * P * P + P * G * (G - 1) + G * (G - 1) * (2 * G - 1) // 6
+
+
+# --- section 9.2: a request's time from the cost of one pass ---------------------------------------
+
+# How far a measured request time (or a ratio of two) may sit from the two-pass model and still follow
+# it; a ratio of time against the positions ratio; and the naive loop's factor when G doubles, which
+# the model confines to a narrow range (between 2 and the positions' factor), so its band is narrow.
+REQUEST_TOLERANCE = 1.5
+POSITIONS_TOLERANCE = 1.25
+DOUBLING_TOLERANCE = 1.15
+
+
+def pass_time(tokens, a: float, b: float) -> float:
+    """The two-pass line of section 9.2, t(n) = a + b n: one forward pass over n tokens without a
+    cache, from a fixed cost a and a cost b per position (fitted through a one-token and a long pass)."""
+    return a + b * tokens
+
+
+def request_time(P: int, G: int, a: float, b: float, cached: bool = False) -> float:
+    """The two-pass model of a whole request: G a + b positions_processed(P, G, cached).
+
+    Naive, G passes over P, P+1, ..., P+G-1 tokens; cached, t(P) + (G-1) t(1), which is the same sum
+    with the cached loop's positions. Attention terms and the cache reads of 9.1 are left out.
+    """
+    return G * a + b * positions_processed(P, G, cached)
 
 
 # --- section 9.2: compilation against its per-step gain --------------------------------------------

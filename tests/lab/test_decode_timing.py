@@ -77,3 +77,15 @@ def test_step_growth_model():
     assert step_spread([0.9, 1.0, 1.0, 1.1, 1.2]) > 0
     assert stands_out(0.02, 1.0, 0.01) and not stands_out(0.005, 1.0, 0.01)
     assert stands_out(-0.02, 1.0, 0.01)
+
+
+def test_step_model_line():
+    """t(s) = t(s0) + 3k(s - s0)/beta: its slope is step_slope, and it takes arrays."""
+    import numpy as np
+
+    from kvlab.lab.decode_timing import predicted_step, step_slope
+
+    assert step_slope(1000, 1e9) == pytest.approx(3e-6)
+    assert predicted_step(0.01, 100, 100, 1000, 1e9) == 0.01
+    assert predicted_step(0.01, 100, 1100, 1000, 1e9) == pytest.approx(0.01 + 1000 * step_slope(1000, 1e9))
+    np.testing.assert_allclose(predicted_step(0.01, 100, np.array([100, 1100]), 1000, 1e9), [0.01, 0.013])

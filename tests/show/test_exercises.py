@@ -53,10 +53,17 @@ def test_decode_loop_static_follows_the_growth_model_on_both_sides():
 def test_cache_reuse_solutions_and_corrections():
     from kvlab.show.readings import cache_reuse
 
-    ok = folded(ex.cache_reuse_doubling(128, 32, 0.01, 1e-4, 5_088, 10_208, 0.8, 1.6), 1)
-    assert "The prediction holds" in ok
-    off = folded(ex.cache_reuse_doubling(128, 32, 0.01, 1e-4, 5_088, 10_208, 0.8, 3.2), 1)
-    assert "the predicted factor" in off
+    from kvlab.theory.agreement import edges
+    from kvlab.theory.work import DOUBLING_TOLERANCE, request_time
+
+    a, b = 0.01, 1e-4
+    low, high = edges(request_time(128, 64, a, b) / request_time(128, 32, a, b), DOUBLING_TOLERANCE)
+    for factor in (1.1 * low, 0.9 * high):
+        ok = folded(ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * factor), 1)
+        assert "The prediction holds" in ok and "4,592" in ok and "request_time" in ok
+    for factor in (0.9 * low, 1.1 * high):
+        off = folded(ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * factor), 1)
+        assert "does not hold in this run" in off and "holds." not in off
     w = folded(ex.cache_reuse_warm({2: 10.0, 8: 10.5}, [5.0, 2.0, 0.01], 0.001), 2)
     assert "| 8 | 10.5 s |" in w and "second compilation" in w
     assert "one-time work remains" in ex.cache_reuse_warm({2: 10.0}, [5.0, 0.014, 0.001], 0.0014)
@@ -70,11 +77,18 @@ def test_cache_reuse_solutions_and_corrections():
 def test_gemv_solutions_and_capacity_readings():
     from kvlab.show.readings import capacity
 
-    near = folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 0.15), 1)
-    assert "157 ms" in near and "time is bytes" in near
-    far = folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 0.6), 1)
-    assert "rate changed" in far
-    assert "Measure it" in ex.gemv_big_product(8192, 28672, 2, 6e9, None)
+    from kvlab.theory import matmul
+    from kvlab.theory.agreement import edges
+
+    predicted = matmul.roofline_time(1, 8192, 28672, 4, 6e9, 1e11)
+    low, high = edges(predicted, matmul.ROOFLINE_TOLERANCE)
+    for measured in (1.1 * low, 0.9 * high):
+        near = folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 1e11, measured), 1)
+        assert "157 ms" in near and "time is bytes" in near and "roofline_time" in near
+    for measured in (0.9 * low, 1.1 * high):
+        far = folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 1e11, measured), 1)
+        assert "rate changed" in far and "time is bytes" not in far
+    assert "Measure it" in ex.gemv_big_product(8192, 28672, 2, 6e9, 1e11, None)
     t = folded(ex.gemv_h200_batch(116, 0.0293, 3961, 0.0105, 3050), 2)
     assert "**116 sequences**" in t
     t = folded(ex.gemv_attention_ridge(295.4, {2: 295.4, 0.5: 73.9}, 64), 3)

@@ -4,6 +4,9 @@
 import re
 
 from kvlab.show.readings import cache_reuse
+from kvlab.theory.agreement import edges
+from kvlab.theory.work import (POSITIONS_TOLERANCE, REQUEST_TOLERANCE, pass_time, positions_processed,
+                               request_time)
 
 
 def no_roles(text):
@@ -11,21 +14,56 @@ def no_roles(text):
     return text
 
 
-def test_cache_reuse_speedup_both_outcomes():
-    common = dict(P=64, G=64, worst_error=0.2, work_ratio=48, naive_growth=3.0, cached_growth=1.1)
-    agree = no_roles(cache_reuse.speedup_reading(naive_s=10, naive_pred=11, cached_s=2, cached_pred=2, **common))
-    slow_cached = no_roles(cache_reuse.speedup_reading(naive_s=10, naive_pred=11, cached_s=2, cached_pred=0.6, **common))
-    fast_naive = no_roles(cache_reuse.speedup_reading(naive_s=3, naive_pred=11, cached_s=2, cached_pred=2, **common))
-    assert "within a factor of 1.5" in agree and "5.0 times" in agree and "5.5 times" in agree
-    assert "cached loop, which took 3.3 times its prediction" in slow_cached and "DynamicCache" in slow_cached
-    assert "naive loop, which took 0.27 times" in fast_naive and "not a straight line" in fast_naive
-    assert "but its time ratio is smaller" in agree
-    big = no_roles(cache_reuse.speedup_reading(naive_s=100, naive_pred=100, cached_s=2, cached_pred=2,
-                                               **{**common, "work_ratio": 20}))
-    assert "and its time ratio is as large" in big
-    flat = no_roles(cache_reuse.speedup_reading(naive_s=10, naive_pred=11, cached_s=2, cached_pred=2,
-                                                **{**common, "naive_growth": 1.1}))
-    assert "can hide it" in flat and "1.1 times the first" in flat
+P, G, A, B = 64, 64, 0.01, 1e-4  # the fitted pass cost t(n) = a + b n the model is fed
+GROWTHS = dict(naive_growth=pass_time(P + G - 1, A, B) / pass_time(P + 1, A, B), cached_growth=1.0)
+
+
+def _speedup(naive_s, cached_s, **growths):
+    return no_roles(cache_reuse.speedup_reading(P, G, A, B, naive_s, cached_s, 0.2, **{**GROWTHS, **growths}))
+
+
+def test_cache_reuse_speedup_follows_the_two_pass_model_on_both_sides():
+    """Predicted request times from ``request_time``; measured speedups at 0.9x and 1.1x of both edges of
+    ``REQUEST_TOLERANCE``, the gap put on the cached loop (the naive loop's on the other side)."""
+    naive, cached = request_time(P, G, A, B), request_time(P, G, A, B, cached=True)
+    low, high = edges(naive / cached, REQUEST_TOLERANCE)
+    assert "explains most of both loops' time" in _speedup(naive, naive / (1.1 * low))
+    assert "explains most of both loops' time" in _speedup(naive, naive / (0.9 * high))
+    assert "request_time" in _speedup(naive, cached) and f"{naive / cached:.1f} times" in _speedup(naive, cached)
+    slow_cached = _speedup(naive, naive / (0.9 * low))
+    assert "cached loop, which took" in slow_cached and "DynamicCache" in slow_cached
+    assert "explains" not in slow_cached
+    fast_cached = _speedup(naive, naive / (1.1 * high))
+    assert "cached loop, which took" in fast_cached and "cold" in fast_cached
+    fast_naive = _speedup(0.9 * low * cached, cached)
+    assert "naive loop, which took" in fast_naive and "not a straight line" in fast_naive
+    slow_naive = _speedup(1.1 * high * cached, cached)
+    assert "naive loop, which took" in slow_naive and "no longer fit" in slow_naive
+
+
+def test_cache_reuse_speedup_against_the_positions_ratio_on_both_sides():
+    work = positions_processed(P, G) / positions_processed(P, G, cached=True)
+    low, high = edges(work, POSITIONS_TOLERANCE)
+    assert "fixed cost $a$" in _speedup(0.9 * low, 1.0) and f"{work:.0f} times as many positions" in _speedup(1, 1)
+    assert "small next to the per-token work" in _speedup(1.1 * low, 1.0) and "It is" not in _speedup(1.1 * low, 1.0)
+    assert "small next to the per-token work" in _speedup(0.9 * high, 1.0)
+    assert "pairs ratio" in _speedup(1.1 * high, 1.0)
+
+
+def test_cache_reuse_step_growth_on_both_sides():
+    """Each loop's last step over its first at 0.9x and 1.1x of the edges around the model's growth."""
+    naive_low, naive_high = edges(GROWTHS["naive_growth"], REQUEST_TOLERANCE)
+    cached_low, cached_high = edges(1.0, REQUEST_TOLERANCE)
+    speedup = request_time(P, G, A, B) / request_time(P, G, A, B, cached=True)
+    for growths in (dict(naive_growth=1.1 * naive_low), dict(naive_growth=0.9 * naive_high),
+                    dict(cached_growth=1.1 * cached_low), dict(cached_growth=0.9 * cached_high)):
+        assert "cached tokens cost about the same" in _speedup(speedup, 1.0, **growths)
+    for growths in (dict(naive_growth=0.9 * naive_low), dict(naive_growth=1.1 * naive_high),
+                    dict(cached_growth=0.9 * cached_low), dict(cached_growth=1.1 * cached_high)):
+        text = _speedup(speedup, 1.0, **growths)
+        assert "One of them is within" in text and "about the same" not in text
+    both = _speedup(speedup, 1.0, naive_growth=1.1 * naive_high, cached_growth=1.1 * cached_high)
+    assert "Neither of them" in both and f"{GROWTHS['naive_growth']:.2f}" in both
 
 
 def test_cache_reuse_latency_follows_the_spread_on_both_sides():
@@ -89,8 +127,15 @@ def test_cache_reuse_peers_follow_the_targets_on_both_sides():
     assert "preallocated slot" in missed
 
 
-def test_cache_reuse_explore_both_outcomes():
+def test_cache_reuse_explore_follows_the_positions_ratio_on_both_sides():
+    """The positions ratio from ``positions_processed``; time ratios at 0.9x and 1.1x of both edges."""
     tt, tp = {"naive": 0.07, "cached": 0.07, "static": 0.08}, {"naive": 0.08, "cached": 0.02, "static": 0.02}
-    below = no_roles(cache_reuse.explore_reading(32, 8, 1, "cpu", tt, tp, 3.0, 7.0))
-    above = no_roles(cache_reuse.explore_reading(32, 8, 1, "cpu", tt, tp, 9.0, 7.0))
-    assert "below the positions ratio of 7.0" in below and "above the positions ratio" in above
+    work = positions_processed(32, 8) / positions_processed(32, 8, cached=True)
+    low, high = edges(work, POSITIONS_TOLERANCE)
+
+    def text(ratio):
+        return no_roles(cache_reuse.explore_reading(32, 8, 1, "cpu", tt, tp, ratio, work))
+
+    assert "fixed per-pass cost is paid by both" in text(0.9 * low) and f"positions ratio (`kvlab.theory.work.positions_processed`" in text(1)
+    assert "sets both loops' time" in text(1.1 * low) and "sets both loops' time" in text(0.9 * high)
+    assert "The time ratio is higher" in text(1.1 * high) and "pairs ratio" in text(1.1 * high)

@@ -5,7 +5,10 @@ import re
 
 import pytest
 
+from kvlab.lab import decode_timing as dt
+from kvlab.show.format import si
 from kvlab.show.readings import decode_loop
+from kvlab.theory.agreement import edges
 
 
 def no_roles(text):
@@ -13,24 +16,53 @@ def no_roles(text):
     return text
 
 
-@pytest.mark.parametrize("measured, verdict", [(1.1e-3, "sits on the line"), (3e-3, "slower than the bytes"),
-                                               (0.5e-3, "faster than the line")])
-def test_decode_loop_step(measured, verdict):
-    text = no_roles(decode_loop.step_reading(1024, 32, measured, 1e-3))
+K, BETA = 65_536, 10e9  # cache bytes per token and bandwidth the model is fed
+
+
+@pytest.mark.parametrize("side, verdict", [(0.9 / dt.STEP_TOLERANCE, "faster than the line"),
+                                           (1.1 / dt.STEP_TOLERANCE, "sits on the line"),
+                                           (0.9 * dt.STEP_TOLERANCE, "sits on the line"),
+                                           (1.1 * dt.STEP_TOLERANCE, "slower than the bytes")])
+def test_decode_loop_step_follows_the_three_pass_model_on_both_sides(side, verdict):
+    """The prediction from ``predicted_step``; medians at 0.9x and 1.1x of both edges of its tolerance."""
+    predicted = dt.predicted_step(10e-3, 256, 1024 + 16, K, BETA)
+    low, high = edges(predicted, dt.STEP_TOLERANCE)
+    measured = side * predicted
+    assert (low < measured < high) == (verdict == "sits on the line")
+    text = no_roles(decode_loop.step_reading(1024, 32, measured, predicted))
     assert verdict in text and "1,024-token" in text and "31 decode steps" in text
+    assert "three-pass model" in text and "predicted_step" in text and si(predicted, "s") in text
 
 
-def test_decode_loop_slope_both_outcomes():
-    args = dict(s0=256, t0=0.030, s_long=4096, t_long=0.080, cache_long_bytes=2e8, weight_bytes=9e7)
-    agree = no_roles(decode_loop.slope_reading(5e-6, 6e-6, **args))
-    steep = no_roles(decode_loop.slope_reading(5e-6, 40e-6, **args))
-    flat = no_roles(decode_loop.slope_reading(5e-6, 1e-6, **args))
-    assert "within a factor of two" in agree and "1.2 times" in agree
-    assert "more than twice" in steep and "8 times" in steep and "within" not in steep
-    assert "less than half" in flat and "0.2 times" in flat
-    assert "keeps growing" in agree
-    level = no_roles(decode_loop.slope_reading(5e-6, 6e-6, **{**args, "t_long": 0.031}))
-    assert "barely grew" in level and "keeps growing" not in level
+@pytest.mark.parametrize("side, verdict", [(0.9, "less than the three passes"), (1.1, "explains how the step grows")])
+def test_decode_loop_slope_below_the_tolerance(side, verdict):
+    slope_low, _ = edges(dt.step_slope(K, BETA), dt.SLOPE_TOLERANCE)
+    text = no_roles(decode_loop.slope_reading(K, BETA, side * slope_low, **ARGS))
+    assert verdict in text
+
+
+@pytest.mark.parametrize("side, verdict", [(0.9, "explains how the step grows"), (1.1, "more than the three passes")])
+def test_decode_loop_slope_above_the_tolerance(side, verdict):
+    _, slope_high = edges(dt.step_slope(K, BETA), dt.SLOPE_TOLERANCE)
+    text = no_roles(decode_loop.slope_reading(K, BETA, side * slope_high, **ARGS))
+    assert verdict in text and "step_slope" in text and si(dt.step_slope(K, BETA), "s") in text
+
+
+ARGS = dict(s0=256, t0=0.030, s_long=4096, t_long=0.080, weight_bytes=9e7)
+
+
+@pytest.mark.parametrize("side, verdict", [(0.9 / dt.GROWTH_TOLERANCE, "faster than the short-context one"),
+                                           (1.1 / dt.GROWTH_TOLERANCE, "grew by less than"),
+                                           (0.9 * dt.GROWTH_TOLERANCE, "grew by less than"),
+                                           (1.1 * dt.GROWTH_TOLERANCE, "keeps growing")])
+def test_decode_loop_growth_on_both_sides(side, verdict):
+    """The long-context step at 0.9x and 1.1x of both edges around the short-context step."""
+    t0 = ARGS["t0"]
+    text = no_roles(decode_loop.slope_reading(K, BETA, dt.step_slope(K, BETA),
+                                              **{**ARGS, "t_long": side * t0}))
+    assert verdict in text
+    assert si(dt.predicted_step(t0, 256, 4096, K, BETA), "s") in text
+    assert si(3 * K * 4096, "B") in text
 
 
 def test_decode_loop_intercept_follows_the_floor_model_on_both_sides():

@@ -7,7 +7,8 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvlab.theory.matmul import batch_at_intensity, fit_roofline, matmul_bytes, matmul_flops, matmul_intensity
+from kvlab.theory.matmul import (batch_at_intensity, compare_with_roofline, fit_roofline, matmul_bytes, matmul_flops,
+                                 matmul_intensity, ridge_intensity, roofline_time)
 
 
 def test_counts_equal_the_formulas():
@@ -111,3 +112,28 @@ def test_integer_arguments_refuse_what_is_not_an_int_in_range(name, value):
     with pytest.raises(TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError,
                        match=argument):
         call(value)
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 4096), bandwidth=st.floats(1e9, 1e13), peak=st.floats(1e10, 1e16))
+def test_roofline_time_switches_at_the_ridge(n, bandwidth, peak):
+    """Bytes over bandwidth below the ridge, FLOPs over peak above it; the two meet where the product's
+    intensity equals ridge_intensity."""
+    K, N, w = 1024, 2048, 2
+    t = roofline_time(n, K, N, w, bandwidth, peak)
+    by_bytes, by_flops = matmul_bytes(n, K, N, w) / bandwidth, matmul_flops(n, K, N) / peak
+    assert t == max(by_bytes, by_flops)
+    assert (by_bytes >= by_flops) == (matmul_intensity(n, K, N, w) <= ridge_intensity(peak, bandwidth) * (1 + 1e-12)) \
+        or math.isclose(by_bytes, by_flops, rel_tol=1e-9)
+
+
+def test_compare_with_roofline_and_bad_ceilings():
+    t = roofline_time(1, 4096, 4096, 4, 1e10, 1e11)
+    assert compare_with_roofline(t, 1, 4096, 4096, 4, 1e10, 1e11).agrees
+    assert compare_with_roofline(3 * t, 1, 4096, 4096, 4, 1e10, 1e11).outcome == "above"
+    assert ridge_intensity(1e11, 1e10) == 10
+    for bad in (0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="bandwidth must be a finite number > 0"):
+            roofline_time(1, 8, 8, 2, bad, 1e9)
+    with pytest.raises(TypeError, match="peak"):
+        ridge_intensity("1e9", 1e9)

@@ -9,7 +9,8 @@ from hypothesis import given, settings, strategies as st
 from kvlab import SHAPES
 from kvlab.theory import roofline
 from kvlab.theory.shapes import ModelShape
-from kvlab.theory.work import attention_work, break_even_tokens, positions_processed, step_work
+from kvlab.theory.work import (attention_work, break_even_tokens, pass_time, positions_processed, request_time,
+                               step_work)
 
 
 def _brute_force(P, G, cached):
@@ -29,6 +30,17 @@ def _brute_force(P, G, cached):
 @given(P=st.integers(1, 3000), G=st.integers(0, 600), cached=st.booleans())
 def test_closed_forms_equal_counting(P, G, cached):
     assert (positions_processed(P, G, cached), attention_work(P, G, cached)) == _brute_force(P, G, cached)
+
+
+@settings(max_examples=100, deadline=None)
+@given(P=st.integers(1, 500), G=st.integers(1, 200), a=st.floats(0, 1), b=st.floats(0, 1e-3))
+def test_request_time_sums_its_passes(P, G, a, b):
+    """The two-pass model of a request is the sum of its passes: naive, P + j tokens each; cached, one
+    pass over P then G - 1 one-token passes."""
+    naive = sum(pass_time(P + j, a, b) for j in range(G))
+    cached = pass_time(P, a, b) + (G - 1) * pass_time(1, a, b)
+    assert request_time(P, G, a, b) == pytest.approx(naive, rel=1e-9, abs=1e-12)
+    assert request_time(P, G, a, b, cached=True) == pytest.approx(cached, rel=1e-9, abs=1e-12)
 
 
 def test_closed_forms_reject_bad_sizes():

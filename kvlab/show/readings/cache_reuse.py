@@ -5,48 +5,80 @@ from __future__ import annotations
 import math
 
 from kvlab.show.format import si
-from kvlab.show.readings import ratio_text, within
+from kvlab.theory.agreement import BELOW, compare
+from kvlab.theory.work import (POSITIONS_TOLERANCE, REQUEST_TOLERANCE, attention_work, pass_time,
+                               positions_processed, request_time)
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
 
 
-def speedup_reading(P: int, G: int, naive_s: float, naive_pred: float, cached_s: float, cached_pred: float,
-                    worst_error: float, work_ratio: float, naive_growth: float, cached_growth: float) -> str:
-    """The whole-request speedup of caching against the two-pass prediction.
+TWO_PASS = ("the two-pass model, $T = G\\,a + b\\cdot\\mathrm{positions\\_processed}(P, G)$ with "
+            "$t(n) = a + b\\,n$ per pass (`kvlab.theory.work.request_time`)")
 
-    Times are whole requests, measured and predicted, per loop; ``naive_growth`` and
-    ``cached_growth`` are the last step's time over the first step's, per loop.
+
+def speedup_reading(P: int, G: int, a: float, b: float, naive_s: float, cached_s: float, worst_error: float,
+                    naive_growth: float, cached_growth: float) -> str:
+    """The whole-request speedup of caching against the two-pass model (``work.request_time`` with the
+    fitted pass cost ``a + b n``), agreement within ``work.REQUEST_TOLERANCE``; the speedup against the
+    positions ratio (``work.positions_processed``, within ``POSITIONS_TOLERANCE``); each loop's last step
+    over its first against the model's (``work.pass_time``).
+
+    Times are whole requests, measured, per loop; ``naive_growth`` and ``cached_growth`` are the last
+    step's time over the first step's, per loop.
     """
-    speedup, speedup_pred = naive_s / cached_s, naive_pred / cached_pred
-    text = [f"At $P = {P}$ and $G = {G}$, the cached loop finished the request **{speedup:.1f} times** "
-            f"faster than the naive one. The two timed passes predicted {speedup_pred:.1f} times, and "
-            f"the largest gap between a prediction and its measurement was {worst_error:.0%}."]
-    if within(speedup, speedup_pred, 1.5):
-        text.append("That is within a factor of 1.5 of the prediction: the cost of a pass, $a + b\\,n$, "
-                    "explains most of both loops' time.")
+    naive_pred, cached_pred = request_time(P, G, a, b), request_time(P, G, a, b, cached=True)
+    c = compare(naive_s / cached_s, naive_pred / cached_pred, REQUEST_TOLERANCE)
+    text = [f"At $P = {P}$ and $G = {G}$, the cached loop finished the request **{c.measured:.1f} times** "
+            f"faster than the naive one. {TWO_PASS[0].upper()}{TWO_PASS[1:]}, fitted to two timed passes "
+            f"($a$ = {si(a, 's')}, $b$ = {si(b, 's')} per position), predicted {c.predicted:.1f} times: the "
+            f"measured speedup is {c.describe()}. The largest gap between a predicted request time and its "
+            f"measurement was {worst_error:.0%}."]
+    if c.agrees:
+        text.append("The cost of a pass, $a + b\\,n$, explains most of both loops' time.")
     else:
-        off = ("cached", cached_s / cached_pred) if abs(math.log(cached_s / cached_pred)) >= abs(
-            math.log(naive_s / naive_pred)) else ("naive", naive_s / naive_pred)
-        text.append(f"The measured speedup is {ratio_text(speedup, speedup_pred)} the predicted one, and "
-                    f"most of the gap is the {off[0]} loop, which took {off[1]:.2g} times its prediction.")
-        text.append(_REASONS[off[0], off[1] > 1])
-    if speedup < work_ratio:
-        text.append(f"The naive loop processed {work_ratio:.0f} times as many positions, but its time "
-                    "ratio is smaller. Each pass has a fixed cost $a$ that does not depend on its "
-                    "length, and the cached loop pays it on every step too.")
-    else:
-        text.append(f"The naive loop processed {work_ratio:.0f} times as many positions, and its time "
-                    "ratio is as large: here the fixed cost per pass is small next to the per-token work.")
-    naive_grows, cached_flat = naive_growth > 1.5, cached_growth < 1.5
-    if naive_grows and cached_flat:
-        text.append("On the right, each naive token costs more than the one before, while cached "
-                    "tokens cost about the same.")
-    else:
-        text.append(f"On the right, the last naive token cost {naive_growth:.1f} times the first and the "
-                    f"last cached token {cached_growth:.1f} times the first. The expectation is a "
-                    "growing naive cost and a flat cached one; at these short lengths the fixed "
-                    "per-step cost and the noise of a shared machine can hide it.")
+        loops = {"naive": compare(naive_s, naive_pred, REQUEST_TOLERANCE),
+                 "cached": compare(cached_s, cached_pred, REQUEST_TOLERANCE)}
+        off = max(loops, key=lambda name: abs(math.log(loops[name].ratio)))
+        text.append(f"Most of the gap is the {off} loop, which took {loops[off].ratio:.2g} times its "
+                    "predicted time.")
+        text.append(_REASONS[off, loops[off].ratio > 1])
+    text.append(_positions_sentence(P, G, c.measured))
+    text.append(_growth_sentence(P, G, a, b, naive_growth, cached_growth))
     return " ".join(text)
+
+
+def _positions_sentence(P: int, G: int, speedup: float) -> str:
+    """The measured speedup against the positions ratio, the two-pass model without its fixed cost a."""
+    work = compare(speedup, positions_processed(P, G) / positions_processed(P, G, cached=True),
+                   POSITIONS_TOLERANCE)
+    head = (f"The naive loop processed {work.predicted:.0f} times as many positions "
+            f"(`work.positions_processed`); the time ratio is "
+            f"{work.describe().replace('prediction', 'positions ratio')}.")
+    if work.outcome == BELOW:
+        return head + (" It is lower because each pass has a fixed cost $a$ that does not depend on its "
+                       "length, and the cached loop pays it on every step too.")
+    if work.agrees:
+        return head + " Here the fixed cost per pass is small next to the per-token work."
+    return head + (" It is higher because the naive loop's attention work grows with the pairs ratio "
+                   f"(`work.attention_work`), {attention_work(P, G) / attention_work(P, G, cached=True):.1f} "
+                   "here, faster than its positions, and on a CPU the activations of a long pass leave the caches.")
+
+
+def _growth_sentence(P: int, G: int, a: float, b: float, naive_growth: float, cached_growth: float) -> str:
+    """Each loop's last step over its first against the two-pass model: a naive pass over P + G - 1 tokens
+    against one over P + 1; a cached step is a one-token pass throughout."""
+    naive = compare(naive_growth, pass_time(P + G - 1, a, b) / pass_time(P + 1, a, b), REQUEST_TOLERANCE)
+    cached = compare(cached_growth, 1.0, REQUEST_TOLERANCE)
+    text = (f"On the right, the last naive token cost {naive_growth:.1f} times the first, where the model "
+            f"predicts {naive.predicted:.2f} ($t(P + G - 1) / t(P + 1)$), and the last cached token "
+            f"{cached_growth:.1f} times the first, where it predicts 1 (every cached step is a one-token pass).")
+    if naive.agrees and cached.agrees:
+        return text + (f" Both are within a factor of {REQUEST_TOLERANCE:g} of the model: each naive token "
+                       "costs more than the one before, while cached tokens cost about the same.")
+    return text + (f" {'Neither' if not (naive.agrees or cached.agrees) else 'One'} of them is within a factor of "
+                   f"{REQUEST_TOLERANCE:g} of the model. Single steps are single measurements: at these short "
+                   "lengths the fixed per-step cost and the noise of a shared machine can move one step by that "
+                   "much, and the cached loop's steps also read a growing cache that the model leaves out.")
 
 
 _REASONS = {
@@ -120,25 +152,30 @@ def compile_reading(compile_cost: float, t_eager: float, t_comp: float, break_ev
 
 def explore_reading(P: int, G: int, batch: int, model: str, ttft: dict, tpot: dict, time_ratio: float,
                     work_ratio: float) -> str:
-    """Under the explorer: this setting's latencies and the measured ratio against the 9.1 bound."""
+    """Under the explorer: this setting's latencies, and the measured time ratio (naive over cached)
+    against ``work_ratio``, the positions ratio of ``work.positions_processed``, agreement within
+    ``work.POSITIONS_TOLERANCE``."""
     text = [f"{model}, $P = {P}$, $G = {G}$, batch {batch}: TPOT was {si(tpot['naive'], 's')} naive, "
             f"{si(tpot['cached'], 's')} cached and {si(tpot['static'], 's')} static; TTFT "
             f"{si(min(ttft.values()), 's')} to {si(max(ttft.values()), 's')}."]
-    from kvlab.theory.work import attention_work
-
     pairs_ratio = attention_work(P, G) / attention_work(P, G, cached=True)
-    if time_ratio <= work_ratio:
-        text.append(f"The naive loop took {time_ratio:.1f} times as long as the cached one, below the "
-                    f"positions ratio of {work_ratio:.1f}: the fixed per-pass cost is paid by both loops. "
-                    "The positions ratio is not a bound in general, though: it counts per-position layer "
-                    "work, and where attention dominates a pass the naive loop's extra work follows the "
-                    f"pairs ratio instead, {pairs_ratio:.1f} at this setting.")
+    c = compare(time_ratio, work_ratio, POSITIONS_TOLERANCE)
+    text.append(f"The naive loop took {time_ratio:.1f} times as long as the cached one. The positions ratio "
+                f"(`kvlab.theory.work.positions_processed`, naive over cached) is {work_ratio:.1f}, the time "
+                "ratio if every position cost the same and a pass had no fixed cost; the measured ratio is "
+                f"{c.describe().replace('prediction', 'positions ratio')}.")
+    if c.outcome == BELOW:
+        text.append("The time ratio is lower because the fixed per-pass cost is paid by both loops. The positions ratio is not a bound "
+                    "in general, though: it counts per-position layer work, and where attention dominates a pass "
+                    f"the naive loop's extra work follows the pairs ratio instead, {pairs_ratio:.1f} at this setting.")
+    elif c.agrees:
+        text.append("The per-position layer work sets both loops' time here: the fixed cost of a pass is small "
+                    "next to it, and attention is not yet a large share of a pass.")
     else:
-        text.append(f"The naive loop took {time_ratio:.1f} times as long as the cached one, above the "
-                    f"positions ratio of {work_ratio:.1f}. That ratio counts only per-position layer work; "
-                    f"the naive loop's attention work grows with the pairs ratio, {pairs_ratio:.1f} here, so "
-                    "where attention is a large share of a pass the time ratio can pass the positions "
-                    "ratio. On a CPU, the activations of a long naive pass leaving the caches add to it.")
+        text.append(f"The time ratio is higher: the positions ratio counts only per-position layer work; the naive loop's attention work "
+                    f"grows with the pairs ratio, {pairs_ratio:.1f} here, so where attention is a large share of a "
+                    "pass the time ratio can pass the positions ratio. On a CPU, the activations of a long naive "
+                    "pass leaving the caches add to it.")
     return " ".join(text)
 
 

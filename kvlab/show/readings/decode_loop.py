@@ -1,20 +1,36 @@
-"""Notebook 01, the decode loop (section 9.1): its readings."""
+"""Notebook 01, the decode loop (section 9.1): its readings.
+
+Each decision calls the model in ``kvlab.lab.decode_timing``: a cached step grows by three passes over
+its cache bytes (``predicted_step``, ``step_slope``; ``STEP_TOLERANCE``, ``SLOPE_TOLERANCE``,
+``GROWTH_TOLERANCE``) and a short-context step is bounded by reading its weights once
+(``weight_read_floor``, ``near_floor``). The comparison itself is ``kvlab.theory.agreement.compare``.
+"""
 
 from __future__ import annotations
 
 from kvlab.show.format import si
-from kvlab.show.readings import ratio_text, within
+from kvlab.show.readings import ratio_text
+from kvlab.theory.agreement import ABOVE, compare
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
 
 
+MODEL = ("the three-pass model $t(s) = t(s_0) + 3k(s - s_0)/\\beta$ "
+         "(`kvlab.lab.decode_timing.predicted_step`)")
+
+
 def step_reading(P: int, G: int, median_s: float, predicted_s: float) -> str:
-    """Under the step-time figure: the median step at this prompt length against the line."""
+    """Under the step-time figure: the median step at this prompt length against ``predicted_s``, what
+    the three-pass model (``decode_timing.predicted_step``) gives there; agreement within
+    ``decode_timing.STEP_TOLERANCE``."""
+    from kvlab.lab.decode_timing import STEP_TOLERANCE
+
+    c = compare(median_s, predicted_s, STEP_TOLERANCE)
     head = (f"With a {P:,}-token prompt, the median of {G - 1} decode steps took **{si(median_s, 's')}**; "
-            f"the prediction line gives {si(predicted_s, 's')} there ({ratio_text(median_s, predicted_s)}).")
-    if within(median_s, predicted_s, 1.25):
+            f"{MODEL} gives {si(predicted_s, 's')} there: the step is {c.describe()}.")
+    if c.agrees:
         return head + " The measurement sits on the line: the extra history costs what its bytes predict."
-    if median_s > predicted_s:
+    if c.outcome == ABOVE:
         return (head + " The step is slower than the bytes predict. On a CPU the likely reasons are "
                 "memory allocation for the growing cache and a cache that no longer fits the CPU's "
                 f"caches; on a shared machine, another process. {MEMORY_WALL} separates these.")
@@ -22,35 +38,49 @@ def step_reading(P: int, G: int, median_s: float, predicted_s: float) -> str:
             "caches, so it was read faster than the calibrated streaming bandwidth.")
 
 
-def slope_reading(slope_pred: float, slope_meas: float, s0: int, t0: float, s_long: int, t_long: float,
-                  cache_long_bytes: float, weight_bytes: float) -> str:
-    """"Reading the result" of 9.1: the fitted slope against ``3k/beta``, and the growth of a step."""
-    text = [f"The prediction says each extra token of history should add **{si(slope_pred, 's')}** to a "
-            f"step. A straight line through the measured medians gives **{si(slope_meas, 's')}**, "
-            f"{ratio_text(slope_meas, slope_pred)} the prediction."]
-    if within(slope_meas, slope_pred, 2):
-        text.append("That is within a factor of two: counting three passes over the cache bytes "
-                    "(read, copy, write) explains how the step grows.")
-    elif slope_meas > slope_pred:
-        text.append("That is more than twice the prediction: the step moves more than the three "
-                    "passes over the cache we counted. On a CPU the usual reasons are the attention "
-                    "kernel's own scratch memory, allocating a new tensor for every `torch.cat`, and "
-                    f"a cache that has outgrown the CPU's caches. {MEMORY_WALL} measures them one by one.")
+def slope_reading(kv_bytes_per_token: int, bandwidth: float, slope_meas: float, s0: int, t0: float, s_long: int,
+                  t_long: float, weight_bytes: float) -> str:
+    """"Reading the result" of 9.1: the fitted slope against ``decode_timing.step_slope`` (3k/beta, agreement
+    within ``SLOPE_TOLERANCE``), and the step at ``s_long`` against the one at ``s0`` (grown beyond
+    ``GROWTH_TOLERANCE`` or not)."""
+    from kvlab.lab.decode_timing import (DYNAMIC_CACHE_PASSES, GROWTH_TOLERANCE, SLOPE_TOLERANCE, predicted_step,
+                                         step_slope)
+
+    slope_pred = step_slope(kv_bytes_per_token, bandwidth)
+    c = compare(slope_meas, slope_pred, SLOPE_TOLERANCE)
+    text = [f"The three-pass model (`kvlab.lab.decode_timing.step_slope`: $3k/\\beta$, with $k$ = "
+            f"{si(kv_bytes_per_token, 'B')} per token and $\\beta$ = {si(bandwidth, 'B/s')}) says each extra "
+            f"token of history should add **{si(slope_pred, 's')}** to a step. A straight line through the "
+            f"measured medians gives **{si(slope_meas, 's')}**: {c.describe()}."]
+    if c.agrees:
+        text.append("Counting three passes over the cache bytes (read, copy, write) explains how the step grows.")
+    elif c.outcome == ABOVE:
+        text.append("The step moves more than the three passes over the cache we counted. On a CPU the "
+                    "usual reasons are the attention kernel's own scratch memory, allocating a new tensor "
+                    "for every `torch.cat`, and a cache that has outgrown the CPU's caches. "
+                    f"{MEMORY_WALL} measures them one by one.")
     else:
-        text.append("That is less than half the prediction: part of the cache was still in the CPU's "
-                    "caches, which are faster than the streaming bandwidth we calibrated, or the timer "
-                    "noise of a shared machine flattened the line.")
+        text.append("The step grew by less than the three passes predict: part of the cache was still in "
+                    "the CPU's caches, which are faster than the streaming bandwidth we calibrated, or the "
+                    "timer noise of a shared machine flattened the line.")
+    cache_long = DYNAMIC_CACHE_PASSES * kv_bytes_per_token * s_long
+    growth = compare(t_long, t0, GROWTH_TOLERANCE)
     text.append(f"A step at {s0:,} tokens of context took {si(t0, 's')}; at {s_long:,} tokens it took "
-                f"{si(t_long, 's')}. By then each step reads, copies and writes about "
-                f"{si(cache_long_bytes, 'B')} of cache, against {si(weight_bytes, 'B')} of weights.")
-    if t_long > 1.1 * t0:
-        text.append("Removing recomputation did not make the step constant-cost: the history a step "
-                    "reads keeps growing.")
+                f"{si(t_long, 's')}, {ratio_text(t_long, t0)} the short-context step, where the model predicts "
+                f"{si(predicted_step(t0, s0, s_long, kv_bytes_per_token, bandwidth), 's')}. By then each step "
+                f"reads, copies and writes about {si(cache_long, 'B')} of cache, against {si(weight_bytes, 'B')} "
+                "of weights.")
+    if growth.outcome == ABOVE:
+        text.append(f"That is more than {GROWTH_TOLERANCE:g} times: removing recomputation did not make the "
+                    "step constant-cost, since the history a step reads keeps growing.")
+    elif growth.agrees:
+        text.append(f"Over this range the step grew by less than a factor of {GROWTH_TOLERANCE:g}: the weights "
+                    "still dominate what a step reads. The growth shows once the cache bytes pass the weight "
+                    "bytes; move the slider to the longest context or run on a GPU with a real model.")
     else:
-        text.append(f"Over this range the step barely grew ({ratio_text(t_long, t0)} the short-context "
-                    "step): the weights still dominate what a step reads. The growth shows once the "
-                    "cache bytes pass the weight bytes; move the slider to the longest context or run "
-                    "on a GPU with a real model.")
+        text.append("The long-context step was faster than the short-context one, which no cost model "
+                    "predicts: the short-context steps were slowed by something else (a shared machine's "
+                    "other processes, caches still warming). Rerun the cell.")
     return " ".join(text)
 
 

@@ -5,27 +5,30 @@ from __future__ import annotations
 import math
 
 from kvlab.show.format import si
-from kvlab.show.readings import ratio_text, within
 from kvlab.show.readings.exercises.folded import solution
+from kvlab.theory.agreement import compare
+from kvlab.theory.work import DOUBLING_TOLERANCE, positions_processed, request_time
 
 
-def cache_reuse_doubling(P: int, G: int, a: float, b: float, pos32: int, pos64: int, measured32: float,
-                         measured64: float) -> str:
-    """Exercise 1 of 9.2: the naive loop's total time when G doubles (from G to 2G)."""
-    t32, t64 = G * a + b * pos32, 2 * G * a + b * pos64
-    predicted, measured = t64 / t32, measured64 / measured32
-    text = (f"The naive loop makes $G$ passes: $T(G) \\approx G\\,a + b\\cdot\\mathrm{{positions\\_processed}}(P, G)$. "
-            f"At $P = {P}$ the positions are {pos32:,} for $G = {G}$ and {pos64:,} for $G = {2 * G}$, and the fitted "
-            f"$a$ = {si(a, 's')} and $b$ = {si(b, 's')} per position give {si(t32, 's')} and {si(t64, 's')}: a "
-            f"factor of **{predicted:.2f}**. It lies between 2 (the fixed cost $a$ alone doubles) and "
-            f"{pos64 / pos32:.2f} (the positions alone). Measured: {si(measured32, 's')} and "
-            f"{si(measured64, 's')}, a factor of **{measured:.2f}**.")
-    if within(measured, predicted, 1.15):
+def cache_reuse_doubling(P: int, G: int, a: float, b: float, measured_g: float, measured_2g: float) -> str:
+    """Exercise 1 of 9.2: the naive loop's total time when G doubles (from G to 2G), predicted by the
+    two-pass model (``kvlab.theory.work.request_time``), agreement within ``work.DOUBLING_TOLERANCE``."""
+    pos_g, pos_2g = positions_processed(P, G), positions_processed(P, 2 * G)
+    t_g, t_2g = request_time(P, G, a, b), request_time(P, 2 * G, a, b)
+    c = compare(measured_2g / measured_g, t_2g / t_g, DOUBLING_TOLERANCE)
+    text = (f"The naive loop makes $G$ passes: $T(G) \\approx G\\,a + b\\cdot\\mathrm{{positions\\_processed}}(P, G)$ "
+            f"(`work.request_time`). At $P = {P}$ the positions are {pos_g:,} for $G = {G}$ and {pos_2g:,} for "
+            f"$G = {2 * G}$, and the fitted $a$ = {si(a, 's')} and $b$ = {si(b, 's')} per position give "
+            f"{si(t_g, 's')} and {si(t_2g, 's')}: a factor of **{c.predicted:.2f}**. It lies between 2 (the fixed "
+            f"cost $a$ alone doubles) and {pos_2g / pos_g:.2f} (the positions alone). Measured: "
+            f"{si(measured_g, 's')} and {si(measured_2g, 's')}, a factor of **{c.measured:.2f}**: "
+            f"{c.describe()}.")
+    if c.agrees:
         text += " The prediction holds."
     else:
-        text += (f" That is {ratio_text(measured, predicted)} the predicted factor: the two-pass line is "
-                 "fitted on one model and length range, and on a shared CPU a single run of each can move "
-                 "by this much; rerun both, interleaved.")
+        text += (" The prediction does not hold in this run: the two-pass line is fitted on one model and "
+                 "length range, and on a shared CPU a single run of each can move by this much; rerun both, "
+                 "interleaved.")
     return solution(1, text)
 
 

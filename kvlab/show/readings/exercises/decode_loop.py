@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvlab.show.format import si
-from kvlab.show.readings import ratio_text, within
+from kvlab.show.readings import ratio_text
 from kvlab.show.readings.exercises.folded import count, solution
 
 

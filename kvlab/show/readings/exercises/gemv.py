@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 from kvlab.show.format import si
-from kvlab.show.readings import ratio_text, within
 from kvlab.show.readings.exercises.folded import solution
+from kvlab.theory import matmul
+from kvlab.theory.agreement import compare
 
 
-def gemv_big_product(K: int, N: int, element_size: int, gemv_bytes_per_s: float, measured_s: float | None) -> str:
-    """Exercise 1 of 9.3: the time of one 70B MLP matrix-vector product."""
-    nbytes = K * N * element_size
-    predicted = nbytes / gemv_bytes_per_s
-    text = (f"At $n = 1$ the product is a weight read: {K:,} × {N:,} elements of {element_size} bytes are "
-            f"{si(nbytes, 'B')}, and this machine's batch-1 product streamed at {si(gemv_bytes_per_s, 'B/s')}, "
-            f"so it should take about **{si(predicted, 's')}**. The activation and output vectors add a "
-            "negligible share.")
+def gemv_big_product(K: int, N: int, element_size: int, gemv_bytes_per_s: float, matmul_flops: float,
+                     measured_s: float | None) -> str:
+    """Exercise 1 of 9.3: the time of one 70B MLP matrix-vector product, predicted by the roofline
+    (``kvlab.theory.matmul.roofline_time``) at the sweep's batch-1 streaming rate; agreement within
+    ``matmul.ROOFLINE_TOLERANCE``."""
+    nbytes = matmul.matmul_bytes(1, K, N, element_size)
+    predicted = matmul.roofline_time(1, K, N, element_size, gemv_bytes_per_s, matmul_flops)
+    text = (f"At $n = 1$ the product is a weight read: {K:,} × {N:,} elements of {element_size} bytes, "
+            f"{si(nbytes, 'B')} with the activation and output vectors, and this machine's batch-1 product streamed "
+            f"at {si(gemv_bytes_per_s, 'B/s')}, so the roofline, $\\max(\\text{{bytes}}/\\beta,\\ "
+            f"\\text{{FLOPs}}/\\text{{peak}})$ (`matmul.roofline_time`) with that rate as $\\beta$, says it "
+            f"should take about **{si(predicted, 's')}**. The two vectors add a negligible share.")
     if measured_s is None:
         return solution(1, text + " Measure it with the cell the exercise names.")
-    text += f" Measured: **{si(measured_s, 's')}**, {ratio_text(measured_s, predicted)} the prediction."
-    if within(measured_s, predicted, 1.5):
+    c = compare(measured_s, predicted, matmul.ROOFLINE_TOLERANCE)
+    text += f" Measured: **{si(measured_s, 's')}**, {c.describe()}."
+    if c.agrees:
         text += " A matrix this large streams at the same rate as the sweep's: time is bytes."
     else:
         text += (" The gap means the rate changed between the two measurements: on a shared machine the "
