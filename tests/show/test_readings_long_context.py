@@ -130,11 +130,28 @@ def test_rerotation_and_kivi_readings_quote_their_numbers():
 
 def test_quant_reading_takes_the_rounding_model_on_both_sides():
     cases = [(b, layout) for b in (2, 4) for layout in ("per-channel keys", "per-token keys")]
-    steps = {c: 0.4 for c in cases}
-    inside = {c: (1 + 0.9 * ROUNDING_TOLERANCE) * rounding_rms(0.4) for c in cases}
-    outside = inside | {(2, "per-token keys"): (1 + 1.1 * ROUNDING_TOLERANCE) * rounding_rms(0.4)}
+    steps = {c: 0.4 for c in cases} | {(2, "per-token keys"): 0.5}  # per-token groups span the outliers
+    inside = {c: (1 + 0.9 * ROUNDING_TOLERANCE) * rounding_rms(steps[c]) for c in cases}
+    outside = inside | {(2, "per-token keys"): (1 + 1.1 * ROUNDING_TOLERANCE) * rounding_rms(0.5)}
     good = no_roles(r.quant_reading(2, 32, 0.1, 0.3, 0.1, 0.3, 0.2, inside, steps, 6.4))
     assert "only the outlier channels pay" in good and "matches every measured RMS error within 25%" in good
     assert "6.4 times fewer bytes than FP16 keys, not 8 times" in good
     odd = no_roles(r.quant_reading(2, 16, 0.3, 0.1, 0.3, 0.1, 0.2, outside, steps, 4.0))
-    assert "expected to win" in odd and "misses 1 of the 4 measured errors" in odd and "2-bit, per-token keys" in odd
+    assert "misses 1 of the 4 measured errors" in odd and "2-bit, per-token keys" in odd
+
+
+def test_quant_reading_orders_the_layouts_by_the_rounding_model():
+    """The order the rounding model predicts from the two steps, on both sides of equal steps, against the
+    measured order: agreeing either way, and contradicted."""
+    cases = [(b, layout) for b in (2, 4) for layout in ("per-channel keys", "per-token keys")]
+    base = {c: 0.4 for c in cases}
+    finer_pc = base | {(2, "per-channel keys"): 0.9 * 0.4, (2, "per-token keys"): 1.1 * 0.4}
+    finer_pt = base | {(2, "per-channel keys"): 1.1 * 0.4, (2, "per-token keys"): 0.9 * 0.4}
+    measured = {c: rounding_rms(v) for c, v in finer_pc.items()}
+    pc, pt = rounding_rms(finer_pc[2, "per-channel keys"]), rounding_rms(finer_pc[2, "per-token keys"])
+    agree = no_roles(r.quant_reading(2, 32, pc, pt, 0.1, 0.3, 0.2, measured, finer_pc, 6.4))
+    assert "Per-channel keys are finer, as the uniform-rounding model" in agree and "only the outlier channels pay" in agree
+    small = no_roles(r.quant_reading(2, 4, pt, pc, 0.3, 0.1, 0.2, measured, finer_pt, 6.4))
+    assert "Per-token keys are finer here, as" in small and "rarely spans an outlier" in small
+    against = no_roles(r.quant_reading(2, 32, pc, pt, 0.1, 0.3, 0.2, measured, finer_pt, 6.4))
+    assert "opposite of the order" in against and f"{rounding_rms(1.1 * 0.4):.3f} per-channel" in against

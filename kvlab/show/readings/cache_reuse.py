@@ -98,20 +98,25 @@ _REASONS = {
 
 def latency_reading(P: int, G: int, ttft_cached: float, tpot_naive: float, tpot_cached: float,
                     tpot_static: float, spread: float) -> str:
-    """TTFT and TPOT of the three loops at one setting; whether the static loop's TPOT differs from the
-    cached one's is decided against ``spread``, how much the cached run's single steps moved
-    (``kvlab.lab.decode_timing.stands_out``)."""
+    """TTFT and TPOT of the three loops at one setting; whether the naive and the static loop's TPOT
+    differ from the cached one's is decided against ``spread``, how much the cached run's single steps
+    moved (``kvlab.lab.decode_timing.stands_out``)."""
     from kvlab.lab.decode_timing import stands_out
 
     text = [f"At $P = {P}$ and $G = {G}$, the cached loop's first token took **{si(ttft_cached, 's')}** and "
             f"each later one **{si(tpot_cached, 's')}**."]
-    if tpot_naive > tpot_cached:
-        text.append(f"The naive loop's later tokens averaged {si(tpot_naive, 's')}, because every one of "
-                    "them is a prefill of the sequence so far.")
-    else:
-        text.append(f"The naive loop's later tokens averaged {si(tpot_naive, 's')}, no more than the "
-                    "cached loop's, although each is a prefill of the sequence so far: at this short "
+    if not stands_out(tpot_naive - tpot_cached, tpot_cached, spread):
+        text.append(f"The naive loop's later tokens averaged {si(tpot_naive, 's')}, within the spread below "
+                    "of the cached loop's, although each is a prefill of the sequence so far: at this short "
                     "length the fixed cost of a pass hides the extra positions.")
+    elif tpot_naive > tpot_cached:
+        text.append(f"The naive loop's later tokens averaged {si(tpot_naive, 's')}, more than the spread "
+                    "below can explain, because every one of them is a prefill of the sequence so far.")
+    else:
+        text.append(f"The naive loop's later tokens averaged {si(tpot_naive, 's')}, less than the cached "
+                    "loop's by more than the spread below, although each is a prefill of the sequence so "
+                    "far: on this machine something else (another process, a frequency change) slowed "
+                    "the cached run.")
     text.append(f"The uncompiled static loop averaged {si(tpot_static, 's')} per token; single steps of "
                 f"the cached run moved by {spread:.0%} of a step (interquartile range over median).")
     if not stands_out(tpot_static - tpot_cached, tpot_cached, spread):

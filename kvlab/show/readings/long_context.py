@@ -13,7 +13,7 @@ import math
 
 from kvlab.show.format import si
 from kvlab.theory import long_context as rules
-from kvlab.theory.cache_sizes import ROUNDING_TOLERANCE, rounding_explains
+from kvlab.theory.cache_sizes import ROUNDING_TOLERANCE, rounding_explains, rounding_rms
 
 
 def _decimals(half_width: float) -> int:
@@ -265,14 +265,21 @@ def quant_reading(bits: int, group: int, pc_rms: float, pt_rms: float, pc_scores
     ``steps`` map each (bits, layout) to the RMS error and the RMS quantization step."""
     text = [f"At {bits} bits with groups of {group}, per-channel keys have an RMS error of **{pc_rms:.3f}** and "
             f"per-token keys **{pt_rms:.3f}**."]
-    if pc_rms < pt_rms:
-        text.append("A per-token group contains an outlier channel, so its step is set by the outlier and "
-                    "every ordinary channel in it is rounded coarsely. A per-channel group contains one "
-                    "channel only, and only the outlier channels pay for their range.")
+    # The order the rounding model predicts from each layout's quantization step, step / sqrt(12).
+    pred_pc, pred_pt = (rounding_rms(steps[bits, layout]) for layout in ("per-channel keys", "per-token keys"))
+    predicted = (f"the uniform-rounding model, step/$\\sqrt{{12}}$ of each layout's RMS step, predicts "
+                 f"{pred_pc:.3f} per-channel against {pred_pt:.3f} per-token")
+    if (pred_pc < pred_pt) != (pc_rms < pt_rms):
+        text.append(f"That is the opposite of the order {predicted}: the rounding errors are far from uniform "
+                    "at these settings (see below), so the steps alone do not rank the two layouts.")
+    elif pc_rms < pt_rms:
+        text.append(f"Per-channel keys are finer, as {predicted}. A per-token group contains an outlier channel, "
+                    "so its step is set by the outlier and every ordinary channel in it is rounded coarsely. A "
+                    "per-channel group contains one channel only, and only the outlier channels pay for their range.")
     else:
-        text.append("Per-channel keys were expected to win, because a per-token group's step is set by its "
-                    "outlier channel; here they did not, which happens when the groups are so small that "
-                    "a per-token group rarely spans an outlier.")
+        text.append(f"Per-token keys are finer here, as {predicted}: per-channel keys were expected to win, because "
+                    "a per-token group's step is set by its outlier channel, but with groups this small a "
+                    "per-token group rarely spans an outlier.")
     text.append(f"Through the scores this becomes a relative output error of {pc_scores:.3f} (per-channel) "
                 f"against {pt_scores:.3f} (per-token). The values, quantized per token, add {v_err:.3f} "
                 "through the weighted sum. The two paths are separate, and a cache format has to control both.")
