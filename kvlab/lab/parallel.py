@@ -97,12 +97,25 @@ def _ping_pong_on_rank(rank: int, world_size: int, sizes, reps: int):
     return times if rank == 0 else None
 
 
+CALIBRATION_TRIES = 3
+
+
 def calibrate_link(workers: launch.Workers, sizes=SIZES, reps: int = 9) -> MeasuredLink:
-    """Ping-pong between ranks 0 and 1 of ``workers`` at each of ``sizes`` bytes; the fitted link."""
+    """Ping-pong between ranks 0 and 1 of ``workers`` at each of ``sizes`` bytes; the fitted link.
+
+    On a busy machine a rank can be descheduled through every repetition of a small message, so that
+    its best time exceeds a large one's and no line fits; the sweep is then measured again with twice
+    the repetitions, up to ``CALIBRATION_TRIES`` times, before the fit's error is raised."""
     sizes, reps = _check_sizes(sizes), integer("reps", reps)
-    one_way = workers.run(_ping_pong_on_rank, sizes, reps)[0]
-    alpha, beta = fit_line(sizes, one_way)
-    return MeasuredLink(workers.backend, sizes, tuple(one_way), alpha, beta)
+    for attempt in range(CALIBRATION_TRIES):
+        one_way = workers.run(_ping_pong_on_rank, sizes, reps * 2**attempt)[0]
+        try:
+            alpha, beta = fit_line(sizes, one_way)
+        except ValueError:
+            if attempt == CALIBRATION_TRIES - 1:
+                raise
+            continue
+        return MeasuredLink(workers.backend, sizes, tuple(one_way), alpha, beta)
 
 
 # --------------------------------------------------------------------------- collectives

@@ -119,3 +119,23 @@ def test_measurements_run_and_predict_from_the_calibrated_link(workers):
 def test_measurements_refuse_bad_input_before_the_ranks_run(workers, call, pattern):
     with pytest.raises(ValueError, match=pattern):
         call(workers)
+
+
+def test_calibration_measures_again_when_noise_inverts_the_sizes():
+    """A sweep whose small message came out slower than its large one is measured again, with twice the
+    repetitions; only when every try is inverted does the fit's error reach the caller."""
+    import types
+
+    sweeps = iter([[2e-3, 1e-3], [1e-5, 1e-3]])  # one-way seconds at 4 KiB and 4 MiB: inverted, then sane
+    calls = []
+
+    def run(fn, sizes, reps):
+        calls.append(reps)
+        return [next(sweeps)]
+
+    link = lab.calibrate_link(types.SimpleNamespace(backend="gloo", run=run), sizes=(4096, 4 * 2**20), reps=3)
+    assert calls == [3, 6] and link.one_way_s == (1e-5, 1e-3)
+    assert link.predicted(4096) == pytest.approx(1e-5, rel=1e-6)
+    inverted = types.SimpleNamespace(backend="gloo", run=lambda fn, sizes, reps: [[2e-3, 1e-3]])
+    with pytest.raises(ValueError, match="do not grow with the message size"):
+        lab.calibrate_link(inverted, sizes=(4096, 4 * 2**20), reps=3)
