@@ -68,10 +68,11 @@ test: $(READY) $(FLOOR_READY) $(DEVICE_READY) $(GUARD_READY)
 # At the floor: the unit tests, and every notebook executed in live mode (no KVLAB_STATIC), which is
 # how a reader on a GPU runtime with an older transformers meets it. The static execution, the book
 # build and its browser tests, the ahead-of-time kernel compiles and the fresh-venv install run once,
-# above: none depends on transformers' version. Each notebook thus runs twice, not four times.
+# above: none depends on transformers' version. Each notebook thus runs twice, not four times. Nor do
+# the kernels (the floor venv has .venv's torch and Triton) or the torch-free formulas of kvlab.theory.
 test-floor: $(FLOOR_READY)
 	$(FLOOR)/bin/python -m pytest -n 2 --dist loadfile -q -p no:cacheprovider \
-		--ignore tests/test_notebooks.py --ignore tests/kernels/test_targets.py \
+		--ignore tests/test_notebooks.py --ignore tests/kernels --ignore tests/theory \
 		--ignore tests/test_install.py --ignore tests/test_live_browser.py
 
 # scripts/gpu_check.sh --dry-run: every step of the device check but the GPU-only record, on this
