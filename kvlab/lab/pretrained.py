@@ -211,6 +211,7 @@ def pretrained_model(dtype=None, device=None, source: str = "package", attn_impl
     from kvlab._checks import one_of, require_memory
     from kvlab.lab.hardware import device_and_dtype
     from kvlab.lab.models import load_model
+    from kvlab.parallel.tensor import quiet_progress
     from kvlab.theory.shapes import ModelShape
 
     one_of("source", source, ("package", "hub"))
@@ -228,8 +229,9 @@ def pretrained_model(dtype=None, device=None, source: str = "package", attn_impl
     element = torch.empty((), dtype=dtype).element_size()
     require_memory(f"SmolLM2-135M-Instruct (about {params:,} parameters)", params * element, dev)
     extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, local_files_only=True,
-                                                              **extra)
+    with quiet_progress():  # no "Loading weights" bar in the notebooks that load it
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, local_files_only=True,
+                                                                  **extra)
     model = model.to(dev).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     model.shape = ModelShape.from_config(model.config, name=NAME)
