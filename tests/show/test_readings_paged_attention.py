@@ -85,6 +85,14 @@ def test_waste_reading_branches_where_the_formula_stops_predicting_a_saving():
     odd = no_roles(paged_attention.waste_reading({**runs, "paged": _sim(0.7, 6.0, 320)}, pred, trace, "uniform",
                                                  saving, 4096, max_len))
     assert "contradicts the formula" in odd and "no preemption" in odd
+    # The saving's boundary from the comparison itself: 10% past the lower edge on each side.
+    from kvlab.theory.agreement import edges
+
+    low, _ = edges(pred["reserve-max"] - pred["paged"], paged_attention.SAVING_TOLERANCE)
+    for factor, contradicted in ((0.9, True), (1.1, False)):
+        sim = {**runs, "paged": _sim(0.6 - factor * low, 20.5, 100)}
+        text = no_roles(paged_attention.waste_reading(sim, pred, trace, "uniform", saving, 4096, max_len))
+        assert ("contradicts the formula" in text) is contradicted
     loses = no_roles(paged_attention.waste_reading({**runs, "paged": _sim(0.7, 6.0, 320)}, pred, trace, "uniform",
                                                    none, 4096, max_len))
     assert "predicts no saving" in loses and "sooner" not in loses
