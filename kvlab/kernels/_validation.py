@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+import math
+
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -107,3 +109,27 @@ def require_disjoint(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor)
     if a.device == b.device and a0 < b1 and b0 < a1:
         raise ValueError(f"{name_a} and {name_b} share memory and the kernel writes at least one of them; "
                          "pass separate tensors")
+
+
+def require_block_table(block_table: torch.Tensor, lens: torch.Tensor, block_size: int, num_blocks: int) -> None:
+    """Every block-table entry a sequence of ``lens`` tokens uses names a block in [0, num_blocks)."""
+    max_blocks = block_table.shape[1]
+    table = block_table.to("cpu", torch.int64)
+    blocks_used = (lens + block_size - 1) // block_size
+    in_use = torch.arange(max_blocks)[None, :] < blocks_used[:, None]
+    bad = in_use & ((table < 0) | (table >= num_blocks))
+    if bad.any():
+        row, col = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"block_table[{row}, {col}] = {int(table[row, col])} is outside [0, {num_blocks}) "
+                         f"(num_blocks); sequence {row} uses its first {int(blocks_used[row])} entries")
+
+
+def resolve_scale(scale, head_dim: int) -> float:
+    """The softmax scale: 1/sqrt(head_dim) for None, else a finite float > 0."""
+    if scale is None:
+        return head_dim ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float > 0 or None, got {type(scale).__name__}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite float > 0, got {scale}")
+    return float(scale)

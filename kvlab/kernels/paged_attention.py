@@ -44,7 +44,7 @@ import triton.language as tl
 import torch.nn.functional as F
 
 from kvlab._checks import integer
-from kvlab.kernels._validation import FLOAT_DTYPES, is_power_of_two, require_dtype, require_kernel_device, require_computable_dtype, require_rank, require_same_device, require_tensor
+from kvlab.kernels._validation import FLOAT_DTYPES, is_power_of_two, require_block_table, resolve_scale, require_dtype, require_kernel_device, require_computable_dtype, require_rank, require_same_device, require_tensor
 from kvlab.kernels.shared_memory import DTYPES, KernelConfig, require_fits, signature
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -199,7 +199,7 @@ def _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits,
         if num_splits > MAX_GRID_Z:
             raise ValueError(f"num_splits must be in [1, {MAX_GRID_Z}] (a CUDA grid dimension), got {num_splits}")
         _check_num_splits(num_splits, seq_lens)
-    return _resolve_scale(scale, q.shape[-1])
+    return resolve_scale(scale, q.shape[-1])
 
 
 def _check_num_splits(num_splits: int, seq_lens) -> None:
@@ -264,24 +264,7 @@ def _check_lengths_and_blocks(block_table, seq_lens, block_size: int, num_blocks
         bad = int(((lens < 1) | (lens > capacity)).nonzero()[0, 0])
         raise ValueError(f"seq_lens[{bad}] = {int(lens[bad])} is outside [1, {capacity}] "
                          f"(max_blocks {max_blocks} * block_size {block_size})")
-    table = block_table.to("cpu", torch.int64)
-    blocks_used = (lens + block_size - 1) // block_size
-    in_use = torch.arange(max_blocks)[None, :] < blocks_used[:, None]
-    bad = in_use & ((table < 0) | (table >= num_blocks))
-    if bad.any():
-        row, col = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"block_table[{row}, {col}] = {int(table[row, col])} is outside [0, {num_blocks}) "
-                         f"(num_blocks); sequence {row} uses its first {int(blocks_used[row])} entries")
-
-
-def _resolve_scale(scale, head_dim: int) -> float:
-    if scale is None:
-        return head_dim ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float > 0 or None, got {type(scale).__name__}")
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a finite float > 0, got {scale}")
-    return float(scale)
+    require_block_table(block_table, lens, block_size, num_blocks)
 
 
 # --------------------------------------------------------------------------- host side

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from kvlab._checks import integer
-from kvlab.kernels._validation import FLOAT_DTYPES, is_power_of_two, require_computable_dtype, require_dtype, require_kernel_device, require_rank, require_same_device, require_tensor
+from kvlab.kernels._validation import FLOAT_DTYPES, is_power_of_two, require_block_table, resolve_scale, require_computable_dtype, require_dtype, require_kernel_device, require_rank, require_same_device, require_tensor
 from kvlab.kernels.shared_memory import DTYPES, KernelConfig, require_fits, signature
 from kvlab.theory.prefill_attention import PrefillWork, prefill_attention_work
 
@@ -309,7 +309,7 @@ def _check_inputs(q, k_cache, v_cache, block_table, cu_query_lens, context_lens,
                         cu_query_lens=cu_query_lens, context_lens=context_lens)
     query_lens = _check_query_lens(cu_query_lens, q.shape[0])
     _check_context(block_table, context_lens, query_lens, block_size=k_cache.shape[1], num_blocks=k_cache.shape[0])
-    return _resolve_scale(scale, q.shape[-1])
+    return resolve_scale(scale, q.shape[-1])
 
 
 def _check_shapes(q, k_cache, v_cache, block_table, cu_query_lens, context_lens) -> None:
@@ -359,21 +359,4 @@ def _check_context(block_table, context_lens, query_lens, block_size: int, num_b
         b = int(bad.nonzero()[0, 0])
         raise ValueError(f"context_lens[{b}] = {int(lens[b])} is outside [{int(query_lens[b])}, {capacity}] "
                          f"(its new tokens in cu_query_lens, max_blocks {max_blocks} * block_size {block_size})")
-    table = block_table.to("cpu", torch.int64)
-    blocks_used = (lens + block_size - 1) // block_size
-    in_use = torch.arange(max_blocks)[None, :] < blocks_used[:, None]
-    bad = in_use & ((table < 0) | (table >= num_blocks))
-    if bad.any():
-        row, col = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"block_table[{row}, {col}] = {int(table[row, col])} is outside [0, {num_blocks}) "
-                         f"(num_blocks); sequence {row} uses its first {int(blocks_used[row])} entries")
-
-
-def _resolve_scale(scale, head_dim: int) -> float:
-    if scale is None:
-        return head_dim ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float > 0 or None, got {type(scale).__name__}")
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a finite float > 0, got {scale}")
-    return float(scale)
+    require_block_table(block_table, lens, block_size, num_blocks)
