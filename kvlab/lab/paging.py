@@ -11,8 +11,8 @@ token. The memories answer the block manager's calls (Kwon et al. 2023):
   request placed first fit, of ``max_len`` slots or of ``prompt + estimate``. A region cannot grow:
   a request that outgrows its estimate is preempted (recompute) and readmitted reserving ``max_len``.
 
-:func:`make_trace` draws the requests' lengths. :func:`predicted_waste` is the per-request formula the
-simulation is read against, and :func:`waste_bound` the most paged allocation can waste.
+:func:`make_trace` draws the requests' lengths. The per-request formula the simulation is read
+against, and the most paged allocation can waste, are in :mod:`kvlab.theory.paging`.
 """
 
 from __future__ import annotations
@@ -62,48 +62,6 @@ def make_trace(n: int, distribution: str = "lognormal", mean_prompt: float = 64,
     prompts = np.clip(_draw(rng, distribution, mean_prompt, n), 1, max_len - 1).astype(int)
     outputs = np.clip(_draw(rng, distribution, mean_output, n), 1, max_len - prompts).astype(int)
     return [Request(i, [0] * int(p), int(o)) for i, (p, o) in enumerate(zip(prompts, outputs))]
-
-
-# --------------------------------------------------------------------------- the models
-
-
-def predicted_waste(trace, policy: str, block_size: int, max_len: int) -> float:
-    """The per-request formula (notebook 05): waste = 1 - sum_r sum_g (P_r + g - 1) / sum_r sum_g slots_r(g).
-
-    A request with prompt P and output G holds P + g - 1 tokens at its g-th step, in ``max_len`` slots
-    (``reserve-max``) or ``block_size * ceil((P + g - 1) / block_size)`` (``paged``). It follows every
-    request through every step of its life and ignores queueing and preemption.
-    """
-    one_of("policy", policy, ("reserve-max", "paged"))
-    integer("block_size", block_size, 1)
-    integer("max_len", max_len, 1)
-    used = slots = 0
-    for r in trace:
-        for step in range(1, r.max_new_tokens + 1):
-            n = len(r.prompt) + step - 1
-            used += n
-            slots += max_len if policy == "reserve-max" else -(-n // block_size) * block_size
-    return 1 - used / slots if slots else 0.0
-
-
-def paging_saves(trace, block_size: int, max_len: int) -> bool:
-    """Whether the per-request formula predicts that paged allocation wastes less than reserving ``max_len``
-    per request: true while a request's blocks hold fewer slots than ``max_len`` at some step."""
-    return predicted_waste(trace, "paged", block_size, max_len) < predicted_waste(trace, "reserve-max", block_size, max_len)
-
-
-def waste_bound(block_size: int, mean_tokens: float) -> float:
-    """(B - 1) / (L + B - 1): the most paged allocation wastes, time-weighted, when running requests hold
-    ``mean_tokens`` = L tokens on average, since each wastes at most B - 1 slots of its last block."""
-    integer("block_size", block_size, 1)
-    if not mean_tokens >= 0:
-        raise ValueError(f"mean_tokens must be >= 0, got {mean_tokens!r}")
-    return (block_size - 1) / (mean_tokens + block_size - 1) if mean_tokens + block_size > 1 else 0.0
-
-
-def within_waste_bound(waste: float, block_size: int, mean_tokens: float) -> bool:
-    """Whether a measured paged waste respects :func:`waste_bound` (a simulation that breaks it miscounts)."""
-    return waste <= waste_bound(block_size, mean_tokens)
 
 
 # --------------------------------------------------------------------------- contiguous regions

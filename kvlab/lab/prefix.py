@@ -295,59 +295,6 @@ def measure_decode_after_prefix(model, prompt_tokens: int, block_size: int = 16,
                              kv_bytes)
 
 
-# --------------------------------------------------------------------------- what the readings decide by
-
-# A measured quantity within this factor of its prediction is said to follow it (both ways).
-TTFT_TOLERANCE = 1.5
-# Two decode steps that read the same K and V bytes are predicted to take the same time; on a shared
-# CPU, medians within this factor are that prediction holding.
-DECODE_TOLERANCE = 1.15
-# Hit rates of two cache policies closer than this (a share of prompt tokens) are a tie.
-POLICY_MARGIN = 0.02
-
-
-def against_prediction(measured: float, predicted: float, tolerance: float = TTFT_TOLERANCE) -> str:
-    """``"within"`` ``tolerance`` of ``predicted`` either way, else ``"above"`` or ``"below"`` it."""
-    if not (measured > 0 and predicted > 0):
-        raise ValueError(f"measured and predicted must be > 0, got {measured!r} and {predicted!r}")
-    if measured > predicted * tolerance:
-        return "above"
-    return "below" if measured < predicted / tolerance else "within"
-
-
-@dataclass(frozen=True)
-class TTFTSaving:
-    """Cold against cached time to first token (notebook 06): the measured ratio, the ratio that
-    :func:`kvlab.theory.roofline.prefill_time` predicts, the verdict of :func:`against_prediction`, and
-    ``fixed_s``, the cost per prefill that the FLOPs leave out (the intercept of ``measured = fixed_s + a *
-    predicted`` through the two points)."""
-
-    measured: float
-    predicted: float
-    verdict: str
-    fixed_s: float
-
-
-def ttft_saving(cold_s: float, cached_s: float, cold_pred_s: float, cached_pred_s: float,
-                tolerance: float = TTFT_TOLERANCE) -> TTFTSaving:
-    measured, predicted = cold_s / cached_s, cold_pred_s / cached_pred_s
-    slope = (cold_s - cached_s) / (cold_pred_s - cached_pred_s) if cold_pred_s != cached_pred_s else 0.0
-    return TTFTSaving(measured, predicted, against_prediction(measured, predicted, tolerance),
-                      cold_s - slope * cold_pred_s)
-
-
-def decode_steps_agree(computed_s: float, cached_s: float, tolerance: float = DECODE_TOLERANCE) -> bool:
-    """Whether two decode steps that read the same bytes took the same time, as predicted (ratio 1)."""
-    return against_prediction(cached_s / computed_s, 1.0, tolerance) == "within"
-
-
-def policy_winner(lru_hit: float, reserve_hit: float, margin: float = POLICY_MARGIN) -> str:
-    """``"lru"``, ``"reserve"`` or ``"tie"``: the policy whose replay served more prompt tokens."""
-    if abs(lru_hit - reserve_hit) <= margin:
-        return "tie"
-    return "lru" if lru_hit > reserve_hit else "reserve"
-
-
 @dataclass(frozen=True)
 class PrefillAttentionCost:
     """One step's prefill attention on an accelerator, all layers (notebooks 06 and 11): its work as the

@@ -1,7 +1,7 @@
 """Notebook 11's measurements: the request trace and the chat requests, padded ``generate`` batches with
 stop tokens (what they carry), transformers' continuous batching, and the engine against all of them on
-one trace (the tokens must agree; timings are never asserted); the decisions the readings take from
-the work and pool models."""
+one trace (the tokens must agree; timings are never asserted). The models the readings decide by are
+tested in tests/theory/test_serving_models.py."""
 
 import math
 
@@ -74,16 +74,6 @@ def test_compare_serving_checks_tokens_and_times_every_contender(model):
     assert [p.max_batch for p in points] == [1, 3] and all(p.tokens_per_s > 0 for p in points)
 
 
-def test_the_models_behind_the_readings():
-    assert lab.speedup_verdict(1.0, 1.0, 2.0) == "within"
-    low, high, tol = 1.2, 1.6, lab.SPEEDUP_TOLERANCE
-    assert [lab.speedup_verdict(f, low, high) for f in (0.9 * low / tol, 1.1 * low / tol, 0.9 * high * tol,
-                                                        1.1 * high * tol)] == ["below", "within", "within", "above"]
-    with pytest.raises(ValueError):
-        lab.speedup_verdict(1.0, 2.0, 1.0)
-    points = [lab.CurvePoint(1, 10.0, 0.1, 1.0, 0, 0.0), lab.CurvePoint(4, 30.0, 0.13, 3.5, 0, 0.0)]
-    assert lab.flat_step_prediction(points) == pytest.approx(35.0)
-    assert lab.batch_bound(3.0, 4) == ("pool", 3.0) and lab.batch_bound(4.0, 4) == ("max_batch", 4.0)
 # issue 22's bad calls of this module: (call on the fixture's model, error, a pattern naming the argument)
 BAD_CALLS = {
     "mean_output inf": (lambda m: make_requests(4, mean_output=math.inf), ValueError, "mean_output must be a finite"),

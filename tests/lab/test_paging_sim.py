@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.lab.paging import make_trace, paging_saves, predicted_waste, simulate, waste_bound, within_waste_bound
+from kvlab.lab.paging import make_trace, simulate
 from kvlab.serving.request import Request
+from kvlab.theory.paging import predicted_waste, within_waste_bound
 
 
 def req(i, prompt, output):
@@ -142,19 +143,3 @@ def test_predicted_waste_is_the_simulation_without_queueing():
         assert sim.waste_fraction == pytest.approx(predicted_waste(trace, policy, block, 96))
         if policy == "paged":
             assert within_waste_bound(sim.waste_fraction, block, sim.mean_tokens_held)
-    with pytest.raises(ValueError, match="policy must be one of"):
-        predicted_waste(trace, "reserve-estimate", 16, 96)
-
-
-def test_paging_saves_until_blocks_reach_max_len():
-    trace = make_trace(20, "uniform", mean_prompt=8, mean_output=8, max_len=32, seed=2)
-    assert paging_saves(trace, 16, 32) and paging_saves(trace, int(0.9 * 32), 32)
-    assert not paging_saves(trace, 32, 32) and not paging_saves(trace, int(1.1 * 32) + 1, 32)
-
-
-def test_waste_bound_flips_at_its_value():
-    bound = waste_bound(128, 168.0)
-    assert bound == pytest.approx(127 / 295) and waste_bound(1, 50.0) == 0.0
-    assert within_waste_bound(0.9 * bound, 128, 168.0) and not within_waste_bound(1.1 * bound, 128, 168.0)
-    with pytest.raises(ValueError, match="mean_tokens must be >= 0"):
-        waste_bound(16, -1.0)

@@ -275,25 +275,25 @@ def test_margins_table_seed_against_exposed():
 
 def test_prefix_caching_and_engine_solutions():
     from kvlab.cache.blocks import reusable_tokens
-    from kvlab.lab import engine as lab_engine
-    from kvlab.lab import prefix as lab_prefix
+    from kvlab.theory import prefix as prefix_model
+    from kvlab.theory import serving as serving_model
 
     served = reusable_tokens(None, 64, 16)  # the block rule's prediction
     assert "As predicted" in folded(ex.prefix_whole_blocks(64, 16, served), 1)
     assert "not the predicted count" in ex.prefix_whole_blocks(64, 16, served - 16)
-    m = lab_prefix.POLICY_MARGIN  # which policy kept more, either side of the replay's margin
+    m = prefix_model.POLICY_MARGIN  # which policy kept more, either side of the replay's margin
     hit = {("lru", 1): 0.74, ("lru", 8): 0.39, ("reserve", 1): 0.66, ("reserve", 8): 0.31 - 1.1 * m}
     assert "**reserve** lost more" in folded(ex.prefix_system_prompts(16, 32, hit), 2)
     hit_lru = {("lru", 1): 0.74, ("lru", 8): 0.2, ("reserve", 1): 0.66, ("reserve", 8): 0.12 + 1.1 * m}
     assert "Here **LRU** lost more" in ex.prefix_system_prompts(16, 32, hit_lru)
     tie = {("lru", 1): 0.74, ("lru", 8): 0.39, ("reserve", 1): 0.66, ("reserve", 8): 0.31 - 0.9 * m}
     assert "about the same" in ex.prefix_system_prompts(16, 32, tie)
-    tol = lab_prefix.TTFT_TOLERANCE
+    tol = prefix_model.TTFT_TOLERANCE
     assert "Close to the line" in folded(ex.prefix_ninety(256, 16, 224, 0.04, 0.04 * 0.9 * tol, 0.186), 3)
     assert "fixed cost of a forward pass" in ex.prefix_ninety(256, 16, 224, 0.04, 0.04 * 1.1 * tol, 0.186)
     assert "Below the line" in ex.prefix_ninety(256, 16, 224, 0.04, 0.04 * 0.9 / tol, 0.186)
-    capacity, tol = 1.7, ex.engine.CAPACITY_TOLERANCE  # the pool binds (capacity < max_batch)
-    assert lab_engine.batch_bound(capacity, 8)[0] == "pool"
+    capacity, tol = 1.7, serving_model.CAPACITY_TOLERANCE  # the pool binds (capacity < max_batch)
+    assert serving_model.batch_bound(capacity, 8)[0] == "pool"
     assert "as predicted" in folded(ex.engine_half_pool(capacity, 8, 0.9 * tol * capacity, 1), 1)
     assert "short requests take less" in ex.engine_half_pool(capacity, 8, 1.1 * tol * capacity, 0)
     assert "still more than `max_batch` 1" in ex.engine_half_pool(capacity, 1, 1.0, 0)

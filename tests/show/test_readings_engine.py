@@ -9,6 +9,7 @@ import pytest
 from kvlab.lab import engine as lab
 from kvlab.lab.engine import CurvePoint, PaddedRun, ServingComparison
 from kvlab.show.readings.engine import comparison_reading, curve_reading, life_reading, number, times
+from kvlab.theory import serving as model
 
 
 def test_counts_read_as_words():
@@ -50,10 +51,10 @@ def _comparison(padding_speedup, caching_speedup, cb_speedup):
 
 def test_comparison_reading_decides_by_the_work_models():
     probe = _comparison(1.0, 1.0, 1.0)
-    ratio = lab.work_ratio(probe.padded, probe.engine_metrics[lab.ENGINE_NO_CACHE])
+    ratio = model.work_ratio(probe.padded, probe.engine_metrics[lab.ENGINE_NO_CACHE])
     rows = (320 + 200) / (200 + 200)  # prefix caching's row ratio, the steps staying the same
     assert ratio.steps == pytest.approx(60 / 40) and ratio.rows == pytest.approx((400 + 300) / (320 + 200 - 8))
-    tol = lab.SPEEDUP_TOLERANCE
+    tol = model.SPEEDUP_TOLERANCE
     text = comparison_reading(_comparison(1.1 * ratio.high * tol, 1.1 * rows * tol, 1.1 * tol), on_gpu=False)
     assert text.count("did better than its work predicts") == 3 and "120 of its 300 decode rows (40%)" in text
     text = comparison_reading(_comparison(0.9 * ratio.high * tol, 0.9 * rows * tol, 0.9 * tol), on_gpu=True)
@@ -79,17 +80,17 @@ def test_curve_reading_decides_by_the_flat_step_and_pool_models():
     predicted = 4.4 * 20.0  # the best point's mean batch times the one-request rate
     def at(factor):
         points = [base[0], base[1], CurvePoint(8, factor * predicted, 0.06, 4.4, 2, 0.2)]
-        assert lab.flat_step_prediction(points) == pytest.approx(predicted)
+        assert model.flat_step_prediction(points) == pytest.approx(predicted)
         return points
-    tol = lab.FLAT_STEP_TOLERANCE
+    tol = model.FLAT_STEP_TOLERANCE
     text = curve_reading(at(0.9 * tol), capacity=4.5, chosen=4)
     assert "as the model says" in text and "the pool, not `max_batch`, bounds" in text and "preempted twice" in text
     assert "20% of the tokens admitted came from cached" in text
     assert "less than the model predicts" in curve_reading(at(0.9 / tol), capacity=4.5, chosen=4)
     assert "more than the model predicts" in curve_reading(at(1.1 * tol), capacity=4.5, chosen=4)
-    bound, _ = lab.batch_bound(8.0, 8)
+    bound, _ = model.batch_bound(8.0, 8)
     assert bound == "max_batch" and "does not bind" in curve_reading(at(1.0), capacity=8.0, chosen=1)
-    assert lab.batch_bound(8.0 * 0.99, 8)[0] == "pool"
+    assert model.batch_bound(8.0 * 0.99, 8)[0] == "pool"
     flat = [CurvePoint(1, 20.0, 0.05, 1.0, 0, 0.0), CurvePoint(4, 21.0, 0.19, 3.9, 0, 0.0)]
     assert "no admission hit" in curve_reading(flat, capacity=20.0, chosen=1)
     assert "was off" in curve_reading(flat, capacity=20.0, chosen=1, prefix_caching=False)

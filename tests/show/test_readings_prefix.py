@@ -9,6 +9,7 @@ import pytest
 from kvlab.cache.blocks import reusable_tokens
 from kvlab.lab import prefix as lab
 from kvlab.show.readings import prefix_caching as r
+from kvlab.theory import prefix as model
 from kvlab.theory import roofline
 from kvlab.theory.shapes import SHAPES
 
@@ -37,10 +38,10 @@ def _predicted(tokens=2048, cached=1536, shared=None):
     return cold, warm, hf
 
 
-@pytest.mark.parametrize("factor, verdict", [(1.1 * lab.TTFT_TOLERANCE, "larger than predicted"),
-                                             (0.9 * lab.TTFT_TOLERANCE, "follows the FLOPs"),
-                                             (1.1 / lab.TTFT_TOLERANCE, "follows the FLOPs"),
-                                             (0.9 / lab.TTFT_TOLERANCE, "smaller than predicted")])
+@pytest.mark.parametrize("factor, verdict", [(1.1 * model.TTFT_TOLERANCE, "larger than predicted"),
+                                             (0.9 * model.TTFT_TOLERANCE, "follows the FLOPs"),
+                                             (1.1 / model.TTFT_TOLERANCE, "follows the FLOPs"),
+                                             (0.9 / model.TTFT_TOLERANCE, "smaller than predicted")])
 def test_ttft_decides_by_prefill_flops(factor, verdict):
     cold_pred, warm_pred, _ = _predicted()
     cold = 1.0
@@ -51,9 +52,9 @@ def test_ttft_decides_by_prefill_flops(factor, verdict):
 
 
 @pytest.mark.parametrize("saving, reuse, verdicts", [
-    (1.1 * lab.TTFT_TOLERANCE, 1.1 * lab.TTFT_TOLERANCE, ("larger than the FLOPs predict", "copying the whole")),
-    (0.9 * lab.TTFT_TOLERANCE, 0.9 * lab.TTFT_TOLERANCE, ("follows the FLOPs", "follow their FLOPs")),
-    (0.9 / lab.TTFT_TOLERANCE, 0.9 / lab.TTFT_TOLERANCE, ("smaller than the FLOPs predict", "kvlab took longer")),
+    (1.1 * model.TTFT_TOLERANCE, 1.1 * model.TTFT_TOLERANCE, ("larger than the FLOPs predict", "copying the whole")),
+    (0.9 * model.TTFT_TOLERANCE, 0.9 * model.TTFT_TOLERANCE, ("follows the FLOPs", "follow their FLOPs")),
+    (0.9 / model.TTFT_TOLERANCE, 0.9 / model.TTFT_TOLERANCE, ("smaller than the FLOPs predict", "kvlab took longer")),
 ])
 def test_chat_decides_by_prefill_flops(saving, reuse, verdicts):
     cold_pred, warm_pred, hf_pred = _predicted()
@@ -63,17 +64,17 @@ def test_chat_decides_by_prefill_flops(saving, reuse, verdicts):
     assert all(v in text for v in verdicts) and "**70%**" in text and "120 tokens" in text
 
 
-@pytest.mark.parametrize("gap, verdict", [(1.1 * lab.POLICY_MARGIN, "LRU served more"),
-                                          (-1.1 * lab.POLICY_MARGIN, "Reserve served more"),
-                                          (0.9 * lab.POLICY_MARGIN, "within two percentage points")])
+@pytest.mark.parametrize("gap, verdict", [(1.1 * model.POLICY_MARGIN, "LRU served more"),
+                                          (-1.1 * model.POLICY_MARGIN, "Reserve served more"),
+                                          (0.9 * model.POLICY_MARGIN, "within two percentage points")])
 def test_trace_decides_by_the_replay(gap, verdict):
     lru, reserve = 0.5 + gap, 0.5
     text = clean(r.trace_reading(64, 16, 65536, lru, reserve, 0.01, 0.02, 0.05, 3))
     assert verdict in text and f"{100 * lru:.0f}%" in text and "3 system prompts" in text
 
 
-@pytest.mark.parametrize("factor, verdict", [(0.9 * lab.DECODE_TOLERANCE, "They did, within noise"),
-                                             (1.1 * lab.DECODE_TOLERANCE, "differ by more")])
+@pytest.mark.parametrize("factor, verdict", [(0.9 * model.DECODE_TOLERANCE, "They did, within noise"),
+                                             (1.1 * model.DECODE_TOLERANCE, "differ by more")])
 def test_decode_decides_by_equal_bytes(factor, verdict):
     text = clean(r.decode_reading(0.01, 0.01 * factor, 256, 240, 1e6))
     assert verdict in text and "240 of its tokens" in text

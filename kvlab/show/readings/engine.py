@@ -1,18 +1,17 @@
 """Readings of notebook 11, the continuous-batching engine (notebook ``11_engine``).
 
 Each sentence that decides between outcomes takes the decision from the model that predicts it:
-two cost models of a step (:func:`kvlab.lab.engine.work_ratio`, judged by
-:func:`kvlab.lab.engine.speedup_verdict`), the flat-step model of the latency-throughput curve
-(:func:`kvlab.lab.engine.flat_step_prediction`) and the pool model of what bounds the batch
-(:func:`kvlab.lab.engine.batch_bound`).
+two cost models of a step (:func:`kvlab.theory.serving.work_ratio`, judged by
+:func:`kvlab.theory.serving.speedup_verdict`), the flat-step model of the latency-throughput curve
+(:func:`kvlab.theory.serving.flat_step_prediction`) and the pool model of what bounds the batch
+(:func:`kvlab.theory.serving.batch_bound`).
 """
 
 from __future__ import annotations
 
-from kvlab.lab.engine import (CB, CB_NO_SHARING, ENGINE, ENGINE_NO_CACHE, FLAT_STEP_TOLERANCE, GENERATE,
-                              batch_bound, flat_step_prediction, speedup_verdict, work_ratio)
-from kvlab.lab.prefix import against_prediction
 from kvlab.show.format import si
+from kvlab.theory.agreement import compare
+from kvlab.theory.serving import FLAT_STEP_TOLERANCE, batch_bound, flat_step_prediction, speedup_verdict, work_ratio
 
 _WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
@@ -95,6 +94,9 @@ def comparison_reading(result, on_gpu: bool) -> str:
     """The engine against padded ``generate``, against itself without prefix caching, and against
     transformers' continuous batching, on one request set (``result``: a
     :class:`kvlab.lab.engine.ServingComparison` whose tokens all agreed)."""
+    # Imported here so that the module needs no torch: the contenders' names come from the lab, as ``result`` does.
+    from kvlab.lab.engine import CB, CB_NO_SHARING, ENGINE, ENGINE_NO_CACHE, GENERATE
+
     padded, rounds = result.padded, len(result.seconds[ENGINE])
     head = (f"On {result.requests} requests every contender produced the same tokens for every request; "
             f"{result.generated_tokens} were generated. "
@@ -157,7 +159,7 @@ def curve_reading(points, capacity: float, chosen: int, prefix_caching: bool = T
             f"{si(here.mean_tpot_s, 's')} per output token, running {here.mean_batch:.1f} requests per step "
             "on average."]
     predicted = flat_step_prediction(points)
-    verdict = against_prediction(best.tokens_per_s, predicted, FLAT_STEP_TOLERANCE)
+    verdict = compare(best.tokens_per_s, predicted, FLAT_STEP_TOLERANCE).outcome
     text.append(f"The flat-step model (a step costs the same whatever the batch, so throughput is the mean "
                 f"batch times the rate of one request, {first.tokens_per_s / first.mean_batch:.0f} tokens/s) "
                 f"predicts {predicted:.0f} tokens/s at `max_batch` {best.max_batch}, where the engine ran "

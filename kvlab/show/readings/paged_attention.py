@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from kvlab.lab.paged_attention import compare_timings, gather_overhead_s
-from kvlab.lab.paging import paging_saves
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.theory.agreement import compare
+from kvlab.theory.paging import paging_saves
 
 GEMV = "[GEMV-like behaviour in decode](03_gemv.ipynb)"
 
@@ -31,7 +31,7 @@ SAVING_TOLERANCE = 2.0
 def waste_reading(runs: dict, predicted: dict, trace, distribution: str, block_size: int, budget: int,
                   max_len: int) -> str:
     """Under the allocation explorer: waste, batch and preemptions of the three allocators, read against the
-    per-request formula (``kvlab.lab.paging.predicted_waste``; the verdict is ``paging_saves``, and the
+    per-request formula (``kvlab.theory.paging.predicted_waste``; the verdict is ``paging_saves``, and the
     simulated saving is held against the formula's within ``SAVING_TOLERANCE``)."""
     mx, est, pg = runs["reserve-max"], runs["reserve-estimate"], runs["paged"]
     text = [f"On {len(trace)} {distribution} requests with a budget of {budget:,} tokens and {block_size}-token "

@@ -2,18 +2,19 @@
 
 Each sentence that decides between outcomes takes the decision from the model that predicts it:
 the block rule (:func:`kvlab.cache.blocks.reusable_tokens`), prefill FLOPs
-(:func:`kvlab.theory.roofline.prefill_time`, judged by :func:`kvlab.lab.prefix.against_prediction`
-and :func:`kvlab.lab.prefix.ttft_saving`), the replay of a trace (:func:`kvlab.lab.prefix.policy_winner`),
-equal bytes per decode step (:func:`kvlab.lab.prefix.decode_steps_agree`) and the roofline of a
+(:func:`kvlab.theory.roofline.prefill_time`, judged by :func:`kvlab.theory.agreement.compare`
+and :func:`kvlab.theory.prefix.ttft_saving`), the replay of a trace (:func:`kvlab.theory.prefix.policy_winner`),
+equal bytes per decode step (:func:`kvlab.theory.prefix.decode_steps_agree`) and the roofline of a
 prefill attention launch (:func:`kvlab.theory.prefill_attention.attention_floor`).
 """
 
 from __future__ import annotations
 
 from kvlab.cache.blocks import reusable_tokens
-from kvlab.lab.prefix import against_prediction, decode_steps_agree, policy_winner, ttft_saving
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
+from kvlab.theory.agreement import compare
+from kvlab.theory.prefix import TTFT_TOLERANCE, decode_steps_agree, policy_winner, ttft_saving
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
 PAGED = "[PagedAttention](05_paged_attention.ipynb)"
@@ -75,7 +76,7 @@ def chat_reading(system_tokens: int, block_size: int, questions: int, hit_rate: 
                 f"{si(hf_cold_s, 's')} with nothing cached): {ratio_text(hf_reused_s, cached_s)} kvlab's time. "
                 f"It computes slightly fewer tokens, since it caches the prefix token by token and kvlab "
                 f"only in whole blocks of {block_size}, so the FLOPs predict {predicted:.2f} times.")
-    verdict = against_prediction(measured, predicted)
+    verdict = compare(measured, predicted, TTFT_TOLERANCE).outcome
     if verdict == "within":
         text.append("The two follow their FLOPs: a prefix cache saves the same work either way.")
     elif verdict == "above":

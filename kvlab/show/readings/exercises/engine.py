@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from kvlab.lab.engine import batch_bound
-from kvlab.lab.prefix import against_prediction
 from kvlab.show.readings.engine import plural, times
 from kvlab.show.readings.exercises.folded import solution
-
-# A mean running batch within this factor of the pool's mean capacity is the pool binding.
-CAPACITY_TOLERANCE = 1.2
+from kvlab.theory.agreement import compare
+from kvlab.theory.serving import CAPACITY_TOLERANCE, batch_bound
 
 
 def engine_half_pool(capacity: float, max_batch: int, mean_batch: float, preemptions: int) -> str:
-    """Exercise 1 of the engine: half the pool. The pool model (:func:`kvlab.lab.engine.batch_bound`)
+    """Exercise 1 of the engine: half the pool. The pool model (:func:`kvlab.theory.serving.batch_bound`)
     predicts what bounds the batch."""
     bound, limit = batch_bound(capacity, max_batch)
     text = (f"The pool holds about {capacity:.1f} requests of this trace's mean size once halved (the capacity "
@@ -24,7 +21,7 @@ def engine_half_pool(capacity: float, max_batch: int, mean_batch: float, preempt
         text += f"That is still more than `max_batch` {max_batch}, which stays the bound."
     text += (f" Measured at `max_batch` {max_batch} with half the pool: a mean running batch of {mean_batch:.1f} and "
              f"{plural(preemptions, 'preemption')}.")
-    if against_prediction(mean_batch, limit, CAPACITY_TOLERANCE) != "above":
+    if compare(mean_batch, limit, CAPACITY_TOLERANCE).outcome != "above":
         text += " The batch stays within the bound, as predicted."
     else:
         text += (" The batch ran above the mean capacity: short requests take less than the mean share, so "

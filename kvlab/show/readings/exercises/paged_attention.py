@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from kvlab.lab.paging import waste_bound, within_waste_bound
 from kvlab.show.readings.exercises.folded import solution
+from kvlab.theory.paging import waste_bound, within_waste_bound
 
 
 def paged_block_size(block: int, mean_tokens: float, formula: float, simulated, simulated_16: float) -> str:
     """Exercise 1 of 9.5: the paged allocator's waste at a larger block size. ``simulated`` is the
-    simulator's ``SimResult``; the verdict is ``kvlab.lab.paging.within_waste_bound`` with the tokens
+    simulator's ``SimResult``; the verdict is ``kvlab.theory.paging.within_waste_bound`` with the tokens
     its running requests held on average."""
     bound = waste_bound(block, mean_tokens)
     held = simulated.mean_tokens_held

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from kvlab.cache.blocks import reusable_tokens
-from kvlab.lab.prefix import against_prediction, policy_winner
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.exercises.folded import solution
+from kvlab.theory.agreement import compare
+from kvlab.theory.prefix import TTFT_TOLERANCE, policy_winner
 
 
 def prefix_whole_blocks(prompt: int, block: int, served: int) -> str:
@@ -53,7 +54,7 @@ def prefix_ninety(prompt: int, block: int, cached: int, predicted: float, measur
             f"tokens. The line (prefill FLOPs of the {prompt - cached} new tokens over the calibrated matmul "
             f"rate) predicts **{si(predicted, 's')}**. `measure_ttft` measured **{si(measured, 's')}** "
             f"(against {si(cold, 's')} with nothing cached).")
-    verdict = against_prediction(measured, predicted)
+    verdict = compare(measured, predicted, TTFT_TOLERANCE).outcome
     if verdict == "within":
         text += " Close to the line."
     elif verdict == "above":
