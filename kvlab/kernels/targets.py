@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from kvlab.kernels.shared_memory import DTYPES, KernelConfig, compiled_shared_memory, signature
+from kvlab.kernels.shared_memory import DTYPES, KernelConfig, compiled_shared_memory
 
 
 def config(name: str, dtype: torch.dtype, **sizes) -> KernelConfig:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from kvlab.cache.blocks import OutOfBlocksError, block_hashes
 from kvlab.cache.paged import PagedKVCache, tokens_in_budget

@@ -141,6 +141,6 @@ def test_cache_reuse_explore_follows_the_positions_ratio_on_both_sides():
     def text(ratio):
         return no_roles(cache_reuse.explore_reading(32, 8, 1, "cpu", tt, tp, ratio, work))
 
-    assert "fixed per-pass cost is paid by both" in text(0.9 * low) and f"positions ratio (`kvlab.theory.work.positions_processed`" in text(1)
+    assert "fixed per-pass cost is paid by both" in text(0.9 * low) and "positions ratio (`kvlab.theory.work.positions_processed`" in text(1)
     assert "sets both loops' time" in text(1.1 * low) and "sets both loops' time" in text(0.9 * high)
     assert "The time ratio is higher" in text(1.1 * high) and "pairs ratio" in text(1.1 * high)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 
-from kvlab.show.format import si
 from kvlab.theory import long_context as rules
 from kvlab.theory.cache_sizes import ROUNDING_TOLERANCE, rounding_explains, rounding_rms
 
