@@ -61,7 +61,7 @@ book: $(READY)
 # built from those executed notebooks with warnings as errors. Then again at the floor versions,
 # then the GPU check's dry run in a venv that looks like the lent GPU machine.
 test: $(READY) $(FLOOR_READY) $(DEVICE_READY) $(GUARD_READY)
-	$(BIN)/python -m pytest -n 2 --dist loadfile -q -k "not test_notebook_live_mode_writes_clean_readings"
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -k "not test_notebook_live_mode_writes_clean_readings"
 	$(MAKE) test-floor
 	$(MAKE) test-gpu-dry
 
@@ -69,11 +69,14 @@ test: $(READY) $(FLOOR_READY) $(DEVICE_READY) $(GUARD_READY)
 # how a reader on a GPU runtime with an older transformers meets it. The static execution, the book
 # build and its browser tests, the ahead-of-time kernel compiles and the fresh-venv install run once,
 # above: none depends on transformers' version. Each notebook thus runs twice, not four times. Nor do
-# the kernels (the floor venv has .venv's torch and Triton) or the torch-free formulas of kvlab.theory.
+# the kernels (the floor venv has .venv's torch and Triton), the torch-free formulas of kvlab.theory,
+# the readings (tests/show), or the tests of the repository's own scripts and records.
 test-floor: $(FLOOR_READY)
-	$(FLOOR)/bin/python -m pytest -n 2 --dist loadfile -q -p no:cacheprovider \
+	$(FLOOR)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -p no:cacheprovider \
 		--ignore tests/test_notebooks.py --ignore tests/kernels --ignore tests/theory \
-		--ignore tests/test_install.py --ignore tests/test_live_browser.py
+		--ignore tests/test_install.py --ignore tests/test_live_browser.py --ignore tests/show \
+		--ignore tests/test_readme.py --ignore tests/test_book_links.py --ignore tests/test_records.py \
+		--ignore tests/test_nbrun.py --ignore tests/test_gpu_check.py
 
 # scripts/gpu_check.sh --dry-run: every step of the device check but the GPU-only record, on this
 # CPU, with the device image's package set and the carried wheels (4 min 54 s on the loaded 2-core

@@ -7,6 +7,23 @@ kvlab.kernels.use_interpreter()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# The longest files first. Under `-n 2 --dist loadfile --no-loadscope-reorder` (make test) each file
+# goes whole to one worker in this order, so the notebooks' executions (most of the run) start at once
+# on one worker while the other takes everything else; xdist's default order, largest file first,
+# started them last and left one worker idle for minutes at the end. The live notebooks (only the
+# floor run executes them) come third so that the main run's first worker queues a short file after
+# the static notebooks, not the install test.
+LONGEST_FIRST = ("test_notebooks.py", "test_install.py", "test_notebooks_live.py", "test_live_browser.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each file keeps its own order
+
+
 def pytest_terminal_summary(terminalreporter):
     """Report how long each notebook took to execute (a figure for the README, never an assertion),
     and the socket wake-ups the notebook runner had to recover (tests/nbrun.py)."""
