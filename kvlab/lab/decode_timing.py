@@ -124,69 +124,6 @@ def compile_break_even(eager: DecodeProfile, compiled: DecodeProfile, warm: int 
     return CompileBreakEven(max(0.0, cost), t_eager, t_compiled)
 
 
-# --------------------------------------------------------------------------- step growth (notebook 01)
-
-# Notebook 01's model of a cached step: t(s) = t(s0) + copies * k * (s - s0) / beta. ``DynamicCache``
-# reads every cached byte and its ``torch.cat`` copies it (a read and a write): three passes.
-DYNAMIC_CACHE_PASSES = 3
-
-
-def predicted_step_growth(kv_bytes_per_token: int, tokens: int, bandwidth: float,
-                          passes: int = DYNAMIC_CACHE_PASSES) -> float:
-    """Seconds by which a cached decode step grows over ``tokens`` more tokens of history, at
-    ``kv_bytes_per_token`` bytes each moved ``passes`` times at ``bandwidth`` bytes/s (notebook 01)."""
-    return passes * kv_bytes_per_token * tokens / bandwidth
-
-
-def step_slope(kv_bytes_per_token: int, bandwidth: float, passes: int = DYNAMIC_CACHE_PASSES) -> float:
-    """Seconds each extra token of history adds to a cached step, ``passes`` k / beta: the slope of
-    notebook 01's model."""
-    return predicted_step_growth(kv_bytes_per_token, 1, bandwidth, passes)
-
-
-def predicted_step(t0: float, s0: float, context, kv_bytes_per_token: int, bandwidth: float,
-                   passes: int = DYNAMIC_CACHE_PASSES):
-    """Notebook 01's model of a cached step at ``context`` tokens of history,
-    t(s) = t(s0) + passes k (s - s0) / beta, from the step ``t0`` measured at ``s0`` tokens (``context``
-    may be a NumPy array)."""
-    return t0 + predicted_step_growth(kv_bytes_per_token, context - s0, bandwidth, passes)
-
-
-# How far a measurement may sit from notebook 01's model and still follow it: a median step within a
-# quarter of its predicted time; a slope fitted through a few medians on a shared machine within a
-# factor of two; a long-context step within a tenth of the short-context one has not grown.
-STEP_TOLERANCE = 1.25
-SLOPE_TOLERANCE = 2.0
-GROWTH_TOLERANCE = 1.1
-
-
-def step_spread(step_times) -> float:
-    """How much single steps of one run move: their interquartile range over their median."""
-    q1, _, q3 = statistics.quantiles(step_times, n=4)
-    return (q3 - q1) / statistics.median(step_times)
-
-
-def stands_out(change: float, step: float, spread: float) -> bool:
-    """Whether a change of ``change`` seconds in a step of ``step`` seconds exceeds the ``spread``
-    (a fraction of a step, ``step_spread``) by which single steps of the run move anyway."""
-    return abs(change) > spread * step
-
-
-# A step within this factor of its weight-read floor counts as bound by reading its weights.
-FLOOR_BAND = 1.5
-
-
-def weight_read_floor(weight_bytes: float, bandwidth: float) -> float:
-    """Seconds to read a step's weights once at ``bandwidth`` bytes/s: the floor of a batch-1 decode step
-    whose cache is small next to its weights (notebooks 01 and 03)."""
-    return weight_bytes / bandwidth
-
-
-def near_floor(step: float, floor: float, band: float = FLOOR_BAND) -> bool:
-    """Whether a step of ``step`` seconds is within ``band`` times its ``floor``."""
-    return step <= band * floor
-
-
 # --------------------------------------------------------------------------- bench rows
 
 PRETRAINED_QUESTION = "Explain in a few sentences why the sky is blue."

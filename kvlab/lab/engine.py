@@ -25,6 +25,7 @@ import torch
 
 from kvlab import _checks
 from kvlab.serving.engine import Engine
+from kvlab.theory.serving import CB, CB_NO_SHARING, ENGINE, ENGINE_NO_CACHE, GENERATE
 
 # Real chat requests for SmolLM2-135M-Instruct: short factual questions behind one system prompt,
 # whose greedy answers end at the end-of-turn token after 6 to about 40 tokens (measured in fp32).
@@ -203,9 +204,6 @@ def continuous_batching(model, prompts, max_new_tokens, stop=(), block_size: int
 
 # --------------------------------------------------------------------------- the comparison
 
-ENGINE, ENGINE_NO_CACHE = "engine", "engine, no prefix caching"
-GENERATE = "padded generate"
-CB, CB_NO_SHARING = "transformers continuous batching", "transformers continuous batching, no block sharing"
 CONTENDERS = (ENGINE, ENGINE_NO_CACHE, GENERATE, CB, CB_NO_SHARING)
 
 

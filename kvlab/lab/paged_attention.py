@@ -2,10 +2,9 @@
 
 - :func:`compare_attention` times paged decode attention (the Triton kernel on a GPU, the gather
   path on a CPU) against torch's SDPA on the same keys and values laid out contiguously, beside
-  :func:`gather_overhead_s`, what the gather path's extra copy should cost;
+  ``kvlab.theory.paging.gather_overhead_s``, what the gather path's extra copy should cost;
   :func:`compare_splits` times the kernel with ``num_splits`` splits, with one, and SDPA, in one
   loop that alternates them.
-- :func:`compare_timings` says whether two timings differ by more than their repeats' spread.
 - :func:`bench_rows` gives the section's rows of ``python -m kvlab bench``: these, preemption's
   (:mod:`kvlab.lab.preemption`) and the admission simulator's (:mod:`kvlab.lab.paging`).
 """
@@ -19,39 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from kvlab import kernels
-from kvlab._checks import integer, one_of, positive
+from kvlab._checks import integer, one_of
 from kvlab.lab.timing import Timing, measure, merge_timings
 from kvlab.serving.attention import ATTENTION_PATHS
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """Two timings side by side (notebooks 05, 05b). ``ratio`` = b's median / a's median, how many times
-    as fast ``a`` was. ``outcome``: ``"faster"`` when a's slowest repeat beat b's fastest, ``"slower"``
-    when a's fastest lost to b's slowest, else ``"even"``: the repeats overlap, and a shared machine's
-    noise could explain the difference of the medians."""
-
-    ratio: float
-    a: Timing
-    b: Timing
-
-    @property
-    def outcome(self) -> str:
-        if self.a.max < self.b.min:
-            return "faster"
-        if self.a.min > self.b.max:
-            return "slower"
-        return "even"
-
-
-def compare_timings(a: Timing, b: Timing) -> Comparison:
-    """Whether ``a`` was faster than ``b`` beyond the spread of their repeats (see :class:`Comparison`)."""
-    for name, t in (("a", a), ("b", b)):
-        if not all(hasattr(t, f) for f in ("median", "min", "max")):
-            raise TypeError(f"{name} must be a kvlab.lab.timing.Timing, got {type(t).__name__}")
-        if not t.median > 0:
-            raise ValueError(f"{name}.median must be > 0 seconds, got {t.median!r}")
-    return Comparison(b.median / a.median, a, b)
 
 
 @dataclass(frozen=True)
@@ -111,13 +80,6 @@ def _alternate(contenders: dict, warmup: int, reps: int) -> dict:
         for name, fn in contenders.items():
             runs[name].append(measure(fn, warmup=0, reps=1))
     return {name: merge_timings(parts) for name, parts in runs.items()}
-
-
-def gather_overhead_s(kv_bytes: float, copy_bytes_per_s: float) -> float:
-    """Seconds the gather path adds to a decode step at the copy bandwidth (notebook 05): it copies the keys
-    and values out of their blocks and then zeroes, in place, the slots past each sequence's end, two
-    passes that each read and write ``kv_bytes``; the copy bandwidth counts bytes read plus written."""
-    return 2 * 2 * positive("kv_bytes", kv_bytes) / positive("copy_bytes_per_s", copy_bytes_per_s)
 
 
 def compare_attention(batch: int, context: int, block_size: int = 16, num_q_heads: int = 8, num_kv_heads: int = 2,

@@ -1,21 +1,18 @@
-"""Notebook 05b, the paged decode kernel (section 9.5): the models its readings decide by, and its records.
+"""Notebook 05b, the paged decode kernel (section 9.5): its grid model, and its records.
 
 - :func:`split_grid`: stage 1's grid for a decode step against the multiprocessors that run it, the
   split count ``choose_num_splits`` picks, and what the grid model predicts splitting can gain.
-- :func:`rounding_tolerance` and :func:`explained_by_rounding`: the largest difference from fp64
-  attention that the kernel's rounding explains, per dtype.
 - :func:`recorded_runs`: what ``book/data/measurements/`` holds for the kernel (section 9.5's rows of
   each ``python -m kvlab record`` file), so that the page says what is recorded, from the records.
 
-The timings themselves are :func:`kvlab.lab.paged_attention.compare_splits`.
+The timings themselves are :func:`kvlab.lab.paged_attention.compare_splits`; the rounding that explains
+its difference from fp64 attention is ``kvlab.theory.kernel_rounding``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
 
 from kvlab import kernels
 from kvlab._checks import integer
@@ -95,27 +92,6 @@ def split_grid(batch: int, kv_heads: int, context: int, multiprocessors: int, nu
     wanted = math.ceil(pa.PROGRAMS_PER_SM * multiprocessors / (batch * kv_heads))
     useful = math.ceil(context / (pa.TILE_TOKENS * pa.MIN_TILES_PER_SPLIT))
     return SplitGrid(batch, kv_heads, context, multiprocessors, splits, wanted, useful)
-
-
-# --------------------------------------------------------------------------- rounding
-
-# The kernel against fp64 attention. In fp16 and bf16 it rounds the softmax weights to the cache's
-# dtype before the second product and rounds the output once: about two units of that dtype's
-# roundoff (2^-10 and 2^-7) on outputs of order one. In fp32 its sums run in another order than
-# the oracle's over up to thousands of terms: 1e-5, about 80 units of fp32 roundoff.
-ROUNDING_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
-
-
-def rounding_tolerance(dtype) -> float:
-    """The largest difference from fp64 attention that the paged kernel's rounding in ``dtype`` explains."""
-    if dtype not in ROUNDING_TOLERANCE:
-        raise ValueError(f"dtype must be one of {list(ROUNDING_TOLERANCE)}, got {dtype!r}")
-    return ROUNDING_TOLERANCE[dtype]
-
-
-def explained_by_rounding(difference: float, dtype) -> bool:
-    """Whether a largest difference from fp64 attention is within what ``dtype`` rounding explains."""
-    return difference <= rounding_tolerance(dtype)
 
 
 # --------------------------------------------------------------------------- the records

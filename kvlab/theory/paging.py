@@ -4,7 +4,8 @@
   against, and ``paging_saves``, whether it predicts that paging wastes less than reserving
   ``max_len`` per request (Kwon et al. 2023);
 - ``waste_bound`` and ``within_waste_bound``: the most paged allocation can waste, and whether a
-  measured waste respects it.
+  measured waste respects it;
+- ``gather_overhead_s``: what the gather path's extra copy of a paged cache adds to a decode step.
 
 Pure Python: a trace is any sequence of requests with a ``prompt`` and a ``max_new_tokens``
 (``kvlab.lab.paging.make_trace`` draws them).
@@ -12,7 +13,7 @@ Pure Python: a trace is any sequence of requests with a ``prompt`` and a ``max_n
 
 from __future__ import annotations
 
-from kvlab._checks import integer, one_of, real
+from kvlab._checks import integer, one_of, positive, real
 
 
 def predicted_waste(trace, policy: str, block_size: int, max_len: int) -> float:
@@ -51,3 +52,10 @@ def waste_bound(block_size: int, mean_tokens: float) -> float:
 def within_waste_bound(waste: float, block_size: int, mean_tokens: float) -> bool:
     """Whether a measured paged waste respects :func:`waste_bound` (a simulation that breaks it miscounts)."""
     return waste <= waste_bound(block_size, mean_tokens)
+
+
+def gather_overhead_s(kv_bytes: float, copy_bytes_per_s: float) -> float:
+    """Seconds the gather path adds to a decode step at the copy bandwidth (notebook 05): it copies the keys
+    and values out of their blocks and then zeroes, in place, the slots past each sequence's end, two
+    passes that each read and write ``kv_bytes``; the copy bandwidth counts bytes read plus written."""
+    return 2 * 2 * positive("kv_bytes", kv_bytes) / positive("copy_bytes_per_s", copy_bytes_per_s)

@@ -7,7 +7,9 @@
 - ``flat_step_prediction``: the throughput a step that costs the same whatever the batch predicts,
   agreeing within ``FLAT_STEP_TOLERANCE``;
 - ``batch_bound``: whether the KV pool or ``max_batch`` bounds the running batch, a mean batch within
-  ``CAPACITY_TOLERANCE`` of the pool's capacity being the pool binding.
+  ``CAPACITY_TOLERANCE`` of the pool's capacity being the pool binding;
+- ``ENGINE``, ``ENGINE_NO_CACHE``, ``GENERATE``, ``CB`` and ``CB_NO_SHARING``: the names of the
+  contenders these models compare.
 
 Pure Python; the measurements are in ``kvlab.lab.engine``.
 """
@@ -24,6 +26,10 @@ SPEEDUP_TOLERANCE = 1.25
 FLAT_STEP_TOLERANCE = 1.5
 # A mean running batch within this factor of the pool's mean capacity is the pool binding.
 CAPACITY_TOLERANCE = 1.2
+
+ENGINE, ENGINE_NO_CACHE = "engine", "engine, no prefix caching"
+GENERATE = "padded generate"
+CB, CB_NO_SHARING = "transformers continuous batching", "transformers continuous batching, no block sharing"
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import torch
 
 import kvlab
 from kvlab.lab import decode_peers as peers
+from kvlab.theory.peers import GENERATE, GENERATE_COMPILED, TARGETS
 from kvlab.theory.work import break_even_tokens
 
 
@@ -19,8 +20,8 @@ def _ids(model, n=10):
 
 
 def test_compare_times_every_contender_after_its_tokens_match(model):
-    result = peers.compare(model, _ids(model), 5, reps=2, include=(peers.GENERATE, "naive", "cached", "static"))
-    assert result.names == [peers.GENERATE, "naive", "cached", "static"]
+    result = peers.compare(model, _ids(model), 5, reps=2, include=(GENERATE, "naive", "cached", "static"))
+    assert result.names == [GENERATE, "naive", "cached", "static"]
     assert all(len(result.seconds[n]) == 2 and min(result.seconds[n]) > 0 for n in result.names)
     r = result.speedup("cached", "naive")
     assert r.low <= r.high  # the range of one round's ratios
@@ -30,7 +31,7 @@ def test_compare_times_every_contender_after_its_tokens_match(model):
 def test_compare_refuses_to_time_a_contender_with_other_tokens(model, monkeypatch):
     monkeypatch.setattr(peers, "cached_decode", lambda *a, **k: kvlab.cached_decode(*a, **k) * 0 + 1)
     with pytest.raises(RuntimeError, match="cached decoded other tokens .* no time is reported"):
-        peers.compare(model, _ids(model), 4, reps=1, include=(peers.GENERATE, "cached"))
+        peers.compare(model, _ids(model), 4, reps=1, include=(GENERATE, "cached"))
 
 
 def test_compare_rejects_unknown_contenders(model):
@@ -58,11 +59,11 @@ def test_break_even_follows_the_model_on_both_sides():
 
 @pytest.mark.parametrize("factor, met", [(0.9, False), (1.1, True)])
 def test_ratio_rows_report_the_target_on_both_sides(factor, met):
-    target = peers.TARGETS["static, compiled", peers.GENERATE_COMPILED]
+    target = TARGETS["static, compiled", GENERATE_COMPILED]
     base = 0.1
-    result = _result({}, {"static, compiled": (base / (target * factor),), peers.GENERATE_COMPILED: (base,)})
+    result = _result({}, {"static, compiled": (base / (target * factor),), GENERATE_COMPILED: (base,)})
     rows = {r.name: r for r in peers.ratio_rows(result)}
-    row = rows[f"static, compiled / {peers.GENERATE_COMPILED}"]
+    row = rows[f"static, compiled / {GENERATE_COMPILED}"]
     assert row.value == pytest.approx(target * factor)
     assert ("target >= 1: met" in row.note) == met and ("missed" in row.note) == (not met)
 
@@ -71,8 +72,8 @@ def test_bench_rows_gpu_branch_on_a_cpu_model(model):
     """The GPU branch's rows (the floor fraction with its target) on a small CPU model and sizes."""
     rows = peers.bench_rows(gpu=True, reps=1, model=model, prompt_tokens=8, new_tokens=12, naive_new_tokens=4)
     names = [r.name for r in rows]
-    for name in (peers.GENERATE, peers.GENERATE_COMPILED, "cached", "static", "static, compiled", "naive",
-                 "floor / static step", f"static, compiled / {peers.GENERATE_COMPILED}"):
+    for name in (GENERATE, GENERATE_COMPILED, "cached", "static", "static, compiled", "naive",
+                 "floor / static step", f"static, compiled / {GENERATE_COMPILED}"):
         assert name in names, name
     floor = next(r for r in rows if r.name == "floor / static step")
     assert floor.value > 0 and f"target >= {peers.GPU_FLOOR_TARGET:g}" in floor.note
@@ -83,5 +84,5 @@ def test_quick_rows_are_uncompiled_and_checked(monkeypatch):
     monkeypatch.setattr(peers, "compiled_peer", lambda model: compiled.append(model))
     rows = peers.quick_rows(new_tokens=4)
     names = [r.name for r in rows]
-    assert peers.GENERATE in names and "cached" in names and "static" in names
+    assert GENERATE in names and "cached" in names and "static" in names
     assert not compiled and all(r.value > 0 for r in rows)

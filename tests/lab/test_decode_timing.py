@@ -66,26 +66,3 @@ def test_compile_break_even_from_profiles():
         compile_break_even(eager, [0.1], warm=1)
     with pytest.raises(ValueError, match="same number"):
         compile_break_even(eager, _profile([0.001] * 12), warm=4)
-
-
-def test_step_growth_model():
-    from kvlab.lab.decode_timing import predicted_step_growth, stands_out, step_spread
-
-    assert predicted_step_growth(1000, 10, 1e9) == pytest.approx(3e-5)
-    assert predicted_step_growth(1000, 10, 1e9, passes=1) == pytest.approx(1e-5)
-    assert step_spread([1.0, 1.0, 1.0, 1.0]) == 0.0
-    assert step_spread([0.9, 1.0, 1.0, 1.1, 1.2]) > 0
-    assert stands_out(0.02, 1.0, 0.01) and not stands_out(0.005, 1.0, 0.01)
-    assert stands_out(-0.02, 1.0, 0.01)
-
-
-def test_step_model_line():
-    """t(s) = t(s0) + 3k(s - s0)/beta: its slope is step_slope, and it takes arrays."""
-    import numpy as np
-
-    from kvlab.lab.decode_timing import predicted_step, step_slope
-
-    assert step_slope(1000, 1e9) == pytest.approx(3e-6)
-    assert predicted_step(0.01, 100, 100, 1000, 1e9) == 0.01
-    assert predicted_step(0.01, 100, 1100, 1000, 1e9) == pytest.approx(0.01 + 1000 * step_slope(1000, 1e9))
-    np.testing.assert_allclose(predicted_step(0.01, 100, np.array([100, 1100]), 1000, 1e9), [0.01, 0.013])

@@ -3,7 +3,7 @@ timing asserted)."""
 
 import pytest
 
-from kvlab.lab.paged_attention import compare_attention, compare_splits, gather_overhead_s
+from kvlab.lab.paged_attention import compare_attention, compare_splits
 
 
 def test_compare_attention_runs_every_path():
@@ -23,17 +23,12 @@ def test_compare_splits_times_three_contenders_in_one_loop():
     assert alone.one is alone.split
 
 
-def test_gather_overhead_is_two_read_write_passes():
-    assert gather_overhead_s(1e6, 2e9) == pytest.approx(2 * 2 * 1e6 / 2e9)
-
-
 @pytest.mark.parametrize("call, error, match", [
     (lambda: compare_attention(1, 8, block_size=0, reps=1, warmup=0), ValueError, r"block_size must be an int >= 1"),
     (lambda: compare_attention(1, 8, num_q_heads=3, num_kv_heads=2), ValueError, "multiple of"),
     (lambda: compare_attention(1, 8, path="flash"), ValueError, "path must be one of"),
     (lambda: compare_splits(1, 8, 0), ValueError, r"num_splits must be an int >= 1"),
     (lambda: compare_splits(1, 8, 2, reps=0), ValueError, r"reps must be an int >= 1"),
-    (lambda: gather_overhead_s(0, 1e9), ValueError, "kv_bytes"),
 ])
 def test_bad_input_is_named(call, error, match):
     with pytest.raises(error, match=match):

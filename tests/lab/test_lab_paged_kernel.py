@@ -1,14 +1,13 @@
 """kvlab.lab.paged_kernel (notebook 05b): the grid model of split-K against choose_num_splits, its gain
-boundary solved with the model itself, the rounding tolerances, and the reading of the book's records."""
+boundary solved with the model itself, and the reading of the book's records."""
 
 from pathlib import Path
 
 import pytest
-import torch
 
 from kvlab.kernels import paged_attention as pa
 from kvlab.lab.bench import load_records
-from kvlab.lab.paged_kernel import explained_by_rounding, recorded_runs, rounding_tolerance, split_grid
+from kvlab.lab.paged_kernel import recorded_runs, split_grid
 
 H100 = 132
 
@@ -34,14 +33,6 @@ def test_split_grid_predicts_a_gain_only_below_the_multiprocessor_count():
     assert sms == split_grid(1, 2, 4096, sms, num_splits=8).programs_unsplit
     assert split_grid(1, 2, 4096, sms + 1, num_splits=8).predicts_gain
     assert split_grid(1, 2, 4096, 1, num_splits=8).busy_gain == 1  # the interpreter: one program at a time
-
-
-def test_explained_by_rounding_is_the_tolerance_of_each_dtype():
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        tol = rounding_tolerance(dtype)
-        assert explained_by_rounding(0.9 * tol, dtype) and not explained_by_rounding(1.1 * tol, dtype)
-    with pytest.raises(ValueError, match="dtype must be one of"):
-        explained_by_rounding(0.0, torch.float64)
 
 
 def test_recorded_runs_read_the_books_own_records():

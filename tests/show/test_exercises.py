@@ -35,7 +35,7 @@ def test_decode_loop_solutions():
 def test_decode_loop_static_follows_the_growth_model_on_both_sides():
     """The cached steps' growth from the page's model (3k(G-1)/beta), against a spread solved from that
     growth: at 0.9x of it the growth stands out, at 1.1x it does not; the static steps likewise."""
-    from kvlab.lab.decode_timing import predicted_step_growth
+    from kvlab.theory.decode_step import predicted_step_growth
 
     growth = predicted_step_growth(kv_bytes_per_token=65_536, tokens=31, bandwidth=10e9)
     first = 20e-3
@@ -65,7 +65,7 @@ def test_cache_reuse_solutions_and_corrections():
         off = folded(ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * factor), 1)
         assert "does not hold in this run" in off and "holds." not in off
     # Both boundaries from their models: the recompilation model's edge, and the later steps' spread.
-    from kvlab.lab.decode_timing import step_spread
+    from kvlab.theory.decode_step import step_spread
     from kvlab.theory.agreement import edges
 
     steady, first, later = 0.001, 5.0, [0.00095, 0.001, 0.001, 0.00105, 0.001]

@@ -1,5 +1,6 @@
 """kvlab.show.format, and the readings' helpers: how the book writes a number, without matplotlib."""
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -20,32 +21,43 @@ def test_si_prefixes():
     assert sig(3.14159) == "3.14"
 
 
-# The readings that import torch: each takes a model from kvlab.lab.paged_attention or kvlab.lab.paged_kernel
-# (compare_timings, the kernel's rounding tolerance). Every other reading, and the number formats, import none.
-TORCH_READINGS = ("kvlab.show.readings.paged_attention", "kvlab.show.readings.paged_kernel",
-                  "kvlab.show.readings.preemption")
-
-
 def reading_modules() -> list[str]:
     root = Path(__file__).resolve().parents[2]
     files = sorted((root / "kvlab" / "show" / "readings").rglob("*.py"))
     return [".".join(f.relative_to(root).with_suffix("").parts).removesuffix(".__init__") for f in files]
 
 
-def test_readings_import_no_plotting_and_format_no_torch():
-    """Readings never pull in matplotlib. The number formats and every reading but TORCH_READINGS import no
-    torch either: their models live in kvlab.theory. Each of TORCH_READINGS does import it (else it belongs
-    with the others)."""
-    free = [m for m in reading_modules() if m not in TORCH_READINGS]
-    assert len(free) > len(TORCH_READINGS) and set(TORCH_READINGS) <= set(reading_modules())
-    code = (f"import importlib, sys, kvlab.show.format; [importlib.import_module(m) for m in {free!r}]; "
+def imported_inside(module: str) -> set[str]:
+    """The kvlab modules ``module`` imports anywhere, in its functions too, but under ``if TYPE_CHECKING:``:
+    what calling its functions may import."""
+    path = Path(__file__).resolve().parents[2].joinpath(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    tree = ast.parse(path.read_text())
+    checking = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+                for n in ast.walk(node)}
+    names = set()
+    for node in ast.walk(tree):
+        if id(node) in checking:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kvlab"):
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.startswith("kvlab"))
+    return names
+
+
+def test_readings_import_no_torch_and_no_plotting():
+    """No reading pulls in torch or matplotlib, on import or when its functions run: every module a reading
+    imports, inside its functions too, is imported in one fresh process, and neither library is loaded.
+    Their models live in kvlab.theory (and ``compare_timings`` beside ``Timing`` in kvlab.lab.timing)."""
+    modules = reading_modules()
+    every = sorted(set(modules).union(*(imported_inside(m) for m in modules)))
+    assert len(modules) > 10 and "kvlab.theory.decode_step" in every
+    code = (f"import importlib, sys, kvlab.show.format; [importlib.import_module(m) for m in {every!r}]; "
             "assert 'torch' not in sys.modules, [m for m in sys.modules if m.startswith('kvlab')]; "
-            f"[importlib.import_module(m) for m in {TORCH_READINGS!r}]; "
             "assert 'matplotlib' not in sys.modules")
-    runs = [subprocess.Popen([sys.executable, "-c", code])]
-    runs += [subprocess.Popen([sys.executable, "-c", f"import sys, {m}; assert 'torch' in sys.modules, '{m}'"])
-             for m in TORCH_READINGS]
-    assert [run.wait() for run in runs] == [0] * len(runs)
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_si_refuses_bad_digits():

@@ -110,7 +110,8 @@ def test_cache_reuse_gpu_break_even_quotes_the_measured_gain():
 
 
 def _peers(speedup_over_hf: float, speedup_over_cached: float):
-    from kvlab.lab.decode_peers import GENERATE, GENERATE_COMPILED, PeerComparison
+    from kvlab.lab.decode_peers import PeerComparison
+    from kvlab.theory.peers import GENERATE, GENERATE_COMPILED
 
     base = 1.0
     times = {GENERATE: (base,), GENERATE_COMPILED: (base,), "cached": (base,),
@@ -120,8 +121,8 @@ def _peers(speedup_over_hf: float, speedup_over_cached: float):
 
 
 def test_cache_reuse_peers_follow_the_targets_on_both_sides():
-    """Ratios at 0.9x and 1.1x of each target (``decode_peers.TARGETS``): met above, missed below."""
-    from kvlab.lab.decode_peers import GENERATE_COMPILED, TARGETS
+    """Ratios at 0.9x and 1.1x of each target (``kvlab.theory.peers.TARGETS``): met above, missed below."""
+    from kvlab.theory.peers import GENERATE_COMPILED, TARGETS
 
     hf, cached = TARGETS["static, compiled", GENERATE_COMPILED], TARGETS["static, compiled", "cached"]
     met = no_roles(cache_reuse.peers_reading(_peers(1.1 * hf, 1.1 * cached)))

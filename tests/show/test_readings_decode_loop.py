@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from kvlab.lab import decode_timing as dt
+from kvlab.theory import decode_step as dt
 from kvlab.show.format import si
 from kvlab.show.readings import decode_loop
 from kvlab.theory.agreement import edges
@@ -67,7 +67,7 @@ def test_decode_loop_growth_on_both_sides(side, verdict):
 
 def test_decode_loop_intercept_follows_the_floor_model_on_both_sides():
     """The floor from the model (weight bytes / bandwidth); steps at 0.9x and 1.1x of the band's edge."""
-    from kvlab.lab.decode_timing import FLOOR_BAND, weight_read_floor
+    from kvlab.theory.decode_step import FLOOR_BAND, weight_read_floor
 
     floor = weight_read_floor(88e6, 8.8e9)
     edge = FLOOR_BAND * floor

@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 
-from kvlab.lab import engine as lab
 from kvlab.lab.engine import CurvePoint, PaddedRun, ServingComparison
 from kvlab.show.readings.engine import comparison_reading, curve_reading, life_reading, number, times
 from kvlab.theory import serving as model
@@ -41,17 +40,17 @@ def _comparison(padding_speedup, caching_speedup, cb_speedup):
                        padding_tokens=80, forward_passes=60)
     cached = dict(prefill_tokens=200, generated_tokens=200, requests=8, steps=40, prefix_hit_rate=0.5)
     bare = dict(prefill_tokens=320, generated_tokens=200, requests=8, steps=40, prefix_hit_rate=0.0)
-    seconds = {lab.GENERATE: (2.0,), lab.ENGINE_NO_CACHE: (2.0 / padding_speedup,),
-               lab.ENGINE: (2.0 / padding_speedup / caching_speedup,)}
-    seconds[lab.CB] = (seconds[lab.ENGINE][0] * cb_speedup,)
+    seconds = {model.GENERATE: (2.0,), model.ENGINE_NO_CACHE: (2.0 / padding_speedup,),
+               model.ENGINE: (2.0 / padding_speedup / caching_speedup,)}
+    seconds[model.CB] = (seconds[model.ENGINE][0] * cb_speedup,)
     return ServingComparison(8, 200, 8, seconds, {k: True for k in seconds},
-                             {lab.ENGINE: cached, lab.ENGINE_NO_CACHE: bare}, {lab.ENGINE: 0.5, lab.GENERATE: 1.0},
+                             {model.ENGINE: cached, model.ENGINE_NO_CACHE: bare}, {model.ENGINE: 0.5, model.GENERATE: 1.0},
                              padded)
 
 
 def test_comparison_reading_decides_by_the_work_models():
     probe = _comparison(1.0, 1.0, 1.0)
-    ratio = model.work_ratio(probe.padded, probe.engine_metrics[lab.ENGINE_NO_CACHE])
+    ratio = model.work_ratio(probe.padded, probe.engine_metrics[model.ENGINE_NO_CACHE])
     rows = (320 + 200) / (200 + 200)  # prefix caching's row ratio, the steps staying the same
     assert ratio.steps == pytest.approx(60 / 40) and ratio.rows == pytest.approx((400 + 300) / (320 + 200 - 8))
     tol = model.SPEEDUP_TOLERANCE
@@ -67,7 +66,7 @@ def test_comparison_reading_decides_by_the_work_models():
 
 def test_comparison_reading_says_why_nothing_was_served_from_the_cache():
     probe = _comparison(1.0, 1.0, 1.0)
-    probe.engine_metrics[lab.ENGINE]["prefix_hit_rate"] = 0.0
+    probe.engine_metrics[model.ENGINE]["prefix_hit_rate"] = 0.0
     text = comparison_reading(probe, on_gpu=True)
     assert "served no admitted token from cached blocks" in text and "each compute their own copy" in text
     three = dataclasses.replace(probe, seconds={k: v * 3 for k, v in probe.seconds.items()})

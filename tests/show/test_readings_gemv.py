@@ -89,7 +89,7 @@ def test_gemv_doubling_follows_the_roofline_on_both_sides():
 
 
 def test_gemv_step_profile_follows_the_weight_read_floor_on_both_sides():
-    from kvlab.lab.decode_timing import FLOOR_BAND, weight_read_floor
+    from kvlab.theory.decode_step import FLOOR_BAND, weight_read_floor
 
     floor = weight_read_floor(65e6, COPY)
     gemv = matmul.compare_with_roofline(matmul.roofline_time(1, K, N, W, COPY, PEAK), 1, K, N, W, COPY, PEAK)
@@ -102,7 +102,7 @@ def test_gemv_step_profile_follows_the_weight_read_floor_on_both_sides():
 
 
 def test_gemv_step_profile_gemv_on_both_sides():
-    from kvlab.lab.decode_timing import weight_read_floor
+    from kvlab.theory.decode_step import weight_read_floor
 
     floor = weight_read_floor(65e6, COPY)
     predicted = matmul.roofline_time(1, K, N, W, COPY, PEAK)

@@ -1,6 +1,6 @@
 """The readings and worked solutions of section 9.5, PagedAttention (notebook 05): each outcome-dependent
 sentence in each of its branches, with the inputs on either side of a branch computed by the model that
-decides it (kvlab.theory.paging, kvlab.lab.paged_attention.compare_timings, the fixed-cost model of a copy,
+decides it (kvlab.theory.paging, kvlab.lab.timing.compare_timings, the fixed-cost model of a copy,
 kvlab.theory.preemption.preemption_per_token), never picked by hand."""
 
 import re
@@ -8,14 +8,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvlab.lab.paged_attention import AttentionTiming, compare_timings, gather_overhead_s
+from kvlab.lab.paged_attention import AttentionTiming
 from kvlab.lab.paging import make_trace
 from kvlab.lab.preemption import CachedRecompute, HostCopy, PreemptionCost
-from kvlab.lab.timing import Timing
+from kvlab.lab.timing import Timing, compare_timings
 from kvlab.show.readings import exercises as ex
 from kvlab.show.format import si
 from kvlab.show.readings import paged_attention, preemption
-from kvlab.theory.paging import paging_saves, waste_bound
+from kvlab.theory.paging import gather_overhead_s, paging_saves, waste_bound
 from kvlab.theory.preemption import preemption_per_token, recompute_or_swap
 from kvlab.theory.shapes import SHAPES
 from kvlab.theory.specs import SPECS

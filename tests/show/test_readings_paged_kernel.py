@@ -1,7 +1,7 @@
 """The readings and worked solutions of the paged-kernel page (notebook 05b, section 9.5): each
 outcome-dependent sentence in each of its branches, with the inputs on either side of a branch computed
-by the model that decides it (kvlab.lab.paged_kernel.split_grid and rounding_tolerance,
-kvlab.lab.paged_attention.compare_timings), never picked by hand."""
+by the model that decides it (kvlab.lab.paged_kernel.split_grid,
+kvlab.theory.kernel_rounding.rounding_tolerance, kvlab.lab.timing.compare_timings), never picked by hand."""
 
 import re
 
@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from kvlab.kernels import paged_attention as pa
-from kvlab.lab.paged_attention import SplitTiming, compare_timings
-from kvlab.lab.paged_kernel import recorded_runs, rounding_tolerance, split_grid
-from kvlab.lab.timing import Timing
+from kvlab.lab.paged_attention import SplitTiming
+from kvlab.lab.paged_kernel import recorded_runs, split_grid
+from kvlab.lab.timing import Timing, compare_timings
 from kvlab.show.readings import exercises as ex
 from kvlab.show.readings import paged_kernel as r
+from kvlab.theory.kernel_rounding import rounding_tolerance
 
 H100 = 132
 LIMITS = dict(programs_per_sm=pa.PROGRAMS_PER_SM, tile_tokens=pa.TILE_TOKENS, min_tiles=pa.MIN_TILES_PER_SPLIT)

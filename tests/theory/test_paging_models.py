@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvlab.theory.paging import paging_saves, predicted_waste, waste_bound, within_waste_bound
+from kvlab.theory.paging import gather_overhead_s, paging_saves, predicted_waste, waste_bound, within_waste_bound
 
 
 def req(prompt, output):
@@ -36,3 +36,10 @@ def test_waste_bound_flips_at_its_value():
         waste_bound(16, -1.0)
     with pytest.raises(ValueError, match="block_size must be an int >= 1"):
         waste_bound(0, 1.0)
+
+
+def test_gather_overhead_is_two_read_write_passes():
+    assert gather_overhead_s(1e6, 2e9) == pytest.approx(2 * 2 * 1e6 / 2e9)
+    for args, name in [((0, 1e9), "kv_bytes"), ((1e6, -1.0), "copy_bytes_per_s")]:
+        with pytest.raises(ValueError, match=name):
+            gather_overhead_s(*args)

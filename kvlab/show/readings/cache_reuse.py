@@ -100,8 +100,8 @@ def latency_reading(P: int, G: int, ttft_cached: float, tpot_naive: float, tpot_
                     tpot_static: float, spread: float) -> str:
     """TTFT and TPOT of the three loops at one setting; whether the naive and the static loop's TPOT
     differ from the cached one's is decided against ``spread``, how much the cached run's single steps
-    moved (``kvlab.lab.decode_timing.stands_out``)."""
-    from kvlab.lab.decode_timing import stands_out
+    moved (``kvlab.theory.decode_step.stands_out``)."""
+    from kvlab.theory.decode_step import stands_out
 
     text = [f"At $P = {P}$ and $G = {G}$, the cached loop's first token took **{si(ttft_cached, 's')}** and "
             f"each later one **{si(tpot_cached, 's')}**."]
@@ -204,8 +204,8 @@ def gpu_break_even_reading(compile_cost: float, measured_gain: float) -> str:
 
 def peers_reading(result) -> str:
     """kvlab's compiled static loop against transformers' fastest batch-1 path and kvlab's cached loop
-    (a ``kvlab.lab.decode_peers.PeerComparison``); each outcome from ``decode_peers.target_met``."""
-    from kvlab.lab.decode_peers import GENERATE, GENERATE_COMPILED, TARGETS, target_met
+    (a ``kvlab.lab.decode_peers.PeerComparison``); each outcome from ``kvlab.theory.peers.target_met``."""
+    from kvlab.theory.peers import GENERATE, GENERATE_COMPILED, TARGETS, target_met
 
     rounds = len(next(iter(result.seconds.values())))
     text = [f"On {result.where}, on the {result.device}, every loop decoded exactly `generate`'s tokens "

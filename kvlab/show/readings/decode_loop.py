@@ -1,6 +1,6 @@
 """Notebook 01, the decode loop (section 9.1): its readings.
 
-Each decision calls the model in ``kvlab.lab.decode_timing``: a cached step grows by three passes over
+Each decision calls the model in ``kvlab.theory.decode_step``: a cached step grows by three passes over
 its cache bytes (``predicted_step``, ``step_slope``; ``STEP_TOLERANCE``, ``SLOPE_TOLERANCE``,
 ``GROWTH_TOLERANCE``) and a short-context step is bounded by reading its weights once
 (``weight_read_floor``, ``near_floor``). The comparison itself is ``kvlab.theory.agreement.compare``.
@@ -16,14 +16,14 @@ MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
 
 
 MODEL = ("the three-pass model $t(s) = t(s_0) + 3k(s - s_0)/\\beta$ "
-         "(`kvlab.lab.decode_timing.predicted_step`)")
+         "(`kvlab.theory.decode_step.predicted_step`)")
 
 
 def step_reading(P: int, G: int, median_s: float, predicted_s: float) -> str:
     """Under the step-time figure: the median step at this prompt length against ``predicted_s``, what
-    the three-pass model (``decode_timing.predicted_step``) gives there; agreement within
-    ``decode_timing.STEP_TOLERANCE``."""
-    from kvlab.lab.decode_timing import STEP_TOLERANCE
+    the three-pass model (``decode_step.predicted_step``) gives there; agreement within
+    ``decode_step.STEP_TOLERANCE``."""
+    from kvlab.theory.decode_step import STEP_TOLERANCE
 
     c = compare(median_s, predicted_s, STEP_TOLERANCE)
     head = (f"With a {P:,}-token prompt, the median of {G - 1} decode steps took **{si(median_s, 's')}**; "
@@ -40,15 +40,15 @@ def step_reading(P: int, G: int, median_s: float, predicted_s: float) -> str:
 
 def slope_reading(kv_bytes_per_token: int, bandwidth: float, slope_meas: float, s0: int, t0: float, s_long: int,
                   t_long: float, weight_bytes: float) -> str:
-    """"Reading the result" of 9.1: the fitted slope against ``decode_timing.step_slope`` (3k/beta, agreement
+    """"Reading the result" of 9.1: the fitted slope against ``decode_step.step_slope`` (3k/beta, agreement
     within ``SLOPE_TOLERANCE``), and the step at ``s_long`` against the one at ``s0`` (grown beyond
     ``GROWTH_TOLERANCE`` or not)."""
-    from kvlab.lab.decode_timing import (DYNAMIC_CACHE_PASSES, GROWTH_TOLERANCE, SLOPE_TOLERANCE, predicted_step,
-                                         step_slope)
+    from kvlab.theory.decode_step import (DYNAMIC_CACHE_PASSES, GROWTH_TOLERANCE, SLOPE_TOLERANCE, predicted_step,
+                                          step_slope)
 
     slope_pred = step_slope(kv_bytes_per_token, bandwidth)
     c = compare(slope_meas, slope_pred, SLOPE_TOLERANCE)
-    text = [f"The three-pass model (`kvlab.lab.decode_timing.step_slope`: $3k/\\beta$, with $k$ = "
+    text = [f"The three-pass model (`kvlab.theory.decode_step.step_slope`: $3k/\\beta$, with $k$ = "
             f"{si(kv_bytes_per_token, 'B')} per token and $\\beta$ = {si(bandwidth, 'B/s')}) says each extra "
             f"token of history should add **{si(slope_pred, 's')}** to a step. A straight line through the "
             f"measured medians gives **{si(slope_meas, 's')}**: {c.describe()}."]
@@ -85,9 +85,9 @@ def slope_reading(kv_bytes_per_token: int, bandwidth: float, slope_meas: float, 
 
 
 def intercept_reading(floor_s: float, t0: float) -> str:
-    """The step at short context against the weight-read floor (``decode_timing.weight_read_floor``:
-    weight bytes / copy bandwidth); ``decode_timing.near_floor`` decides."""
-    from kvlab.lab.decode_timing import FLOOR_BAND, near_floor
+    """The step at short context against the weight-read floor (``decode_step.weight_read_floor``:
+    weight bytes / copy bandwidth); ``decode_step.near_floor`` decides."""
+    from kvlab.theory.decode_step import FLOOR_BAND, near_floor
 
     text = (f"Reading the weights once at the calibrated copy bandwidth, weight bytes over $\\beta$, takes "
             f"{si(floor_s, 's')}: the floor of a step whose cache is small next to its weights. The measured "

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from kvlab.show.format import si
 from kvlab.theory.agreement import compare
-from kvlab.theory.serving import FLAT_STEP_TOLERANCE, batch_bound, flat_step_prediction, speedup_verdict, work_ratio
+from kvlab.theory.serving import (CB, CB_NO_SHARING, ENGINE, ENGINE_NO_CACHE, FLAT_STEP_TOLERANCE, GENERATE, batch_bound,
+                                  flat_step_prediction, speedup_verdict, work_ratio)
 
 _WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
@@ -94,9 +95,6 @@ def comparison_reading(result, on_gpu: bool) -> str:
     """The engine against padded ``generate``, against itself without prefix caching, and against
     transformers' continuous batching, on one request set (``result``: a
     :class:`kvlab.lab.engine.ServingComparison` whose tokens all agreed)."""
-    # Imported here so that the module needs no torch: the contenders' names come from the lab, as ``result`` does.
-    from kvlab.lab.engine import CB, CB_NO_SHARING, ENGINE, ENGINE_NO_CACHE, GENERATE
-
     padded, rounds = result.padded, len(result.seconds[ENGINE])
     head = (f"On {result.requests} requests every contender produced the same tokens for every request; "
             f"{result.generated_tokens} were generated. "

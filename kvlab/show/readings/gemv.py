@@ -2,7 +2,7 @@
 
 Each decision calls a model: the roofline of one product, max(bytes / beta, FLOPs / peak)
 (``kvlab.theory.matmul.roofline_time``, ``compare_with_roofline``, ``ridge_intensity`` and their
-tolerances; Williams et al. 2009), the weight-read floor of a step (``kvlab.lab.decode_timing``:
+tolerances; Williams et al. 2009), the weight-read floor of a step (``kvlab.theory.decode_step``:
 weight bytes / beta, ``FLOOR_BAND``) and the roofline floor of a decode step
 (``kvlab.theory.roofline.step_time_floor``, ``STEP_FLOOR_TOLERANCE``). The comparison itself is
 ``kvlab.theory.agreement.compare``.
@@ -128,14 +128,14 @@ def doubling_reading(ns, seconds, knee_n: float, K: int, N: int, element_size: f
 def step_profile_reading(model: str, step_s: float, weight_bytes: float, weight_read_s: float,
                          matmul_fraction: float, gemv: Comparison) -> str:
     """One decode step against the weight-read floor (weight bytes / copy bandwidth, ``weight_read_s``),
-    agreement within ``decode_timing.FLOOR_BAND``; ``gemv`` is the sweep's n = 1 product against its
+    agreement within ``decode_step.FLOOR_BAND``; ``gemv`` is the sweep's n = 1 product against its
     roofline time (``matmul.compare_with_roofline``)."""
-    from kvlab.lab.decode_timing import FLOOR_BAND
+    from kvlab.theory.decode_step import FLOOR_BAND
 
     c = compare(step_s, weight_read_s, FLOOR_BAND)
     text = [f"One step of {model} took **{si(step_s, 's')}**. It reads {si(weight_bytes, 'B')} of "
             f"parameters; the weight-read floor, weight bytes over the copy bandwidth "
-            f"(`kvlab.lab.decode_timing.weight_read_floor`), is {si(weight_read_s, 's')}: the weight read alone "
+            f"(`kvlab.theory.decode_step.weight_read_floor`), is {si(weight_read_s, 's')}: the weight read alone "
             f"accounts for **{weight_read_s / step_s:.0%}** of the measured step, which is "
             f"{c.describe().replace('the prediction', 'the floor')}. With "
             f"hooks, {matmul_fraction:.0%} of the step is spent inside the weight multiplications; the rest is "

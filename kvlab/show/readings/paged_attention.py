@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from kvlab.lab.paged_attention import compare_timings, gather_overhead_s
+from kvlab.lab.timing import compare_timings
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.theory.agreement import compare
-from kvlab.theory.paging import paging_saves
+from kvlab.theory.paging import gather_overhead_s, paging_saves
 
 GEMV = "[GEMV-like behaviour in decode](03_gemv.ipynb)"
 
@@ -67,7 +67,7 @@ def waste_reading(runs: dict, predicted: dict, trace, distribution: str, block_s
 
 def attention_reading(context: int, timing, copy_bytes_per_s: float) -> str:
     """Paged against contiguous decode attention at the longest context (``timing``: an ``AttentionTiming``);
-    the verdict is ``kvlab.lab.paged_attention.compare_timings`` on the two timings' repeats."""
+    the verdict is ``kvlab.lab.timing.compare_timings`` on the two timings' repeats."""
     c = compare_timings(timing.contiguous, timing.paged)  # ratio: paged time / contiguous time
     text = (f"At a context of {context:,} tokens the paged path ({timing.path}) read the cache at "
             f"**{si(timing.paged_bytes_per_s, 'B/s')}** and SDPA on the contiguous cache at "

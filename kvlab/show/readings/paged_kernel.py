@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvlab.lab.paged_attention import compare_timings
-from kvlab.lab.paged_kernel import explained_by_rounding, rounding_tolerance
+from kvlab.lab.timing import compare_timings
 from kvlab.show.format import si
+from kvlab.theory.kernel_rounding import explained_by_rounding, rounding_tolerance
 
 
 def source_block(source: str) -> str:
@@ -56,7 +56,7 @@ def programs_reading(grid, where: str, programs_per_sm: int, tile_tokens: int, m
 
 def fp64_reading(errors: dict, dtype, lengths) -> str:
     """The kernel against attention computed in fp64 from the definition, on random block tables; the
-    verdict is :func:`kvlab.lab.paged_kernel.explained_by_rounding`."""
+    verdict is :func:`kvlab.theory.kernel_rounding.explained_by_rounding`."""
     worst_case, worst = max(errors.items(), key=lambda kv: kv[1])
     tolerance, name = rounding_tolerance(dtype), str(dtype).removeprefix("torch.")
     rows = "\n".join(f"| {g} | {s} | {e:.1e} |" for (g, s), e in sorted(errors.items()))
@@ -64,7 +64,7 @@ def fp64_reading(errors: dict, dtype, lengths) -> str:
     where = f"sequence lengths {', '.join(map(str, lengths))}, randomly permuted block tables"
     if explained_by_rounding(worst, dtype):
         return table + (f"In every run ({where}) the kernel in {name} stays within the {tolerance:.0e} that "
-                        f"{name} rounding explains (`kvlab.lab.paged_kernel.rounding_tolerance`); the largest "
+                        f"{name} rounding explains (`kvlab.theory.kernel_rounding.rounding_tolerance`); the largest "
                         f"difference is **{worst:.1e}** (group {worst_case[0]}, {worst_case[1]} splits). Splits "
                         "beyond a short sequence's tiles are empty, and they change nothing.")
     return table + (f"The kernel in {name} differs from fp64 attention by up to **{worst:.1e}** (group "

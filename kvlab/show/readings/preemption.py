@@ -9,7 +9,7 @@ from __future__ import annotations
 from kvlab.theory.specs import LINKS, SPECS
 from kvlab.theory.shapes import SHAPES
 from kvlab.show.format import si
-from kvlab.lab.paged_attention import compare_timings
+from kvlab.lab.timing import compare_timings
 from kvlab.theory.preemption import preemption_per_token, recompute_or_swap
 
 

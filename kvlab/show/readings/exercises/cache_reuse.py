@@ -42,9 +42,9 @@ def cache_reuse_warm(costs: dict, step_times, steady: float) -> str:
 
     ``step_times``: every step of the compiled run. The second step is a second compilation when its
     excess over ``steady`` is within ``RECOMPILE_TOLERANCE`` of the first call's (the recompilation model),
-    one-time work when it stands out of the later steps' spread (``kvlab.lab.decode_timing.stands_out``),
+    one-time work when it stands out of the later steps' spread (``kvlab.theory.decode_step.stands_out``),
     and steady otherwise."""
-    from kvlab.lab.decode_timing import stands_out, step_spread
+    from kvlab.theory.decode_step import stands_out, step_spread
 
     rows = "\n".join(f"| {w} | {si(c, 's')} |" for w, c in costs.items())
     spread = max(costs.values()) / min(costs.values()) if min(costs.values()) > 0 else math.inf

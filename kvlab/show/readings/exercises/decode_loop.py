@@ -42,8 +42,8 @@ def decode_loop_window(P: int, G: int, W: int, naive_pairs: int, cached_pairs: i
 def decode_loop_static(P: int, G: int, static_first: float, static_last: float, cached_first: float,
                        cached_last: float, cached_growth: float, spread: float) -> str:
     """Exercise 3 of 9.1: the static cache's steps are flat; the cached loop's grow by ``cached_growth``
-    (``kvlab.lab.decode_timing.predicted_step_growth``), visible only above the run's ``spread``."""
-    from kvlab.lab.decode_timing import stands_out
+    (``kvlab.theory.decode_step.predicted_step_growth``), visible only above the run's ``spread``."""
+    from kvlab.theory.decode_step import stands_out
 
     text = ("The static cache is allocated for $P + G$ tokens and every step attends over all of those "
             "slots, masked, so every step reads the same bytes: its per-step time should not change "
