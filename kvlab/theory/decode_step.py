@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import statistics
 
+from kvlab._checks import positive
+
 # Notebook 01's model of a cached step: t(s) = t(s0) + copies * k * (s - s0) / beta. ``DynamicCache``
 # reads every cached byte and its ``torch.cat`` copies it (a read and a write): three passes.
 DYNAMIC_CACHE_PASSES = 3
@@ -24,7 +26,7 @@ def predicted_step_growth(kv_bytes_per_token: int, tokens: int, bandwidth: float
                           passes: int = DYNAMIC_CACHE_PASSES) -> float:
     """Seconds by which a cached decode step grows over ``tokens`` more tokens of history, at
     ``kv_bytes_per_token`` bytes each moved ``passes`` times at ``bandwidth`` bytes/s (notebook 01)."""
-    return passes * kv_bytes_per_token * tokens / bandwidth
+    return passes * kv_bytes_per_token * tokens / positive("bandwidth", bandwidth)
 
 
 def step_slope(kv_bytes_per_token: int, bandwidth: float, passes: int = DYNAMIC_CACHE_PASSES) -> float:
@@ -68,7 +70,7 @@ FLOOR_BAND = 1.5
 def weight_read_floor(weight_bytes: float, bandwidth: float) -> float:
     """Seconds to read a step's weights once at ``bandwidth`` bytes/s: the floor of a batch-1 decode step
     whose cache is small next to its weights (notebooks 01 and 03)."""
-    return weight_bytes / bandwidth
+    return weight_bytes / positive("bandwidth", bandwidth)
 
 
 def near_floor(step: float, floor: float, band: float = FLOOR_BAND) -> bool:

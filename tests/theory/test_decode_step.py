@@ -39,3 +39,10 @@ def test_near_floor_on_both_sides_of_the_band(factor, near):
     floor = weight_read_floor(270e6, 90e9)
     assert floor == pytest.approx(3e-3)
     assert near_floor(factor * FLOOR_BAND * floor, floor) is near
+
+
+@pytest.mark.parametrize("call", [lambda: step_slope(1000, 0.0), lambda: predicted_step(0.01, 100, 200, 1000, -1e9),
+                                  lambda: weight_read_floor(1e6, 0)])
+def test_a_bandwidth_that_is_not_positive_is_named(call):
+    with pytest.raises(ValueError, match="bandwidth must be a finite number > 0"):
+        call()
