@@ -24,8 +24,10 @@ a program takes one KV head and one *query tile*, whose rows are the (token, que
 run of tokens of one chunk and of the ``group`` query heads of that KV head (as in the decode
 kernel, every K and V tile it reads through the block table serves the whole group). It loops over
 the keys from position 0 to the tile's last query with an online softmax in fp32, masking the keys
-a row may not see. :func:`plan_query_tiles` lists the tiles once per step, heaviest first, so a
-batch that mixes a long prompt with short chunks launches no empty programs.
+a row may not see (each tile of keys is read and folded in by the two steps of
+``kvlab.kernels.paged_tile``, which the decode kernel shares). :func:`plan_query_tiles` lists the
+tiles once per step, heaviest first, so a batch that mixes a long prompt with short chunks launches
+no empty programs.
 
 Not done here: splitting one tile's keys across programs and merging the parts, as FlashInfer does
 for long contexts (a short chunk behind a very long prefix runs on few programs; for one-token rows
