@@ -19,14 +19,14 @@ import sys
 
 from kvlab.versions import triton_missing
 
-KERNEL_MODULES = ("paged_attention", "paged_prefill", "store", "ssm_scan")
+KERNEL_MODULES = ("paged_attention", "paged_attention_torch", "paged_prefill", "paged_tile", "store", "ssm_scan")
 _HOMES = {
     "SUPPORTED_HEAD_DIMS": "paged_attention", "choose_num_splits": "paged_attention",
-    "merge_partials": "paged_attention", "merge_splits": "paged_attention",
-    "multiprocessor_count": "paged_attention", "paged_decode_partials": "paged_attention",
-    "paged_decode_attention": "paged_attention", "paged_decode_attention_gather": "paged_attention",
-    "paged_decode_attention_ref": "paged_attention", "paged_decode_gather_unchecked": "paged_attention",
+    "merge_splits": "paged_attention", "multiprocessor_count": "paged_attention",
+    "paged_decode_partials": "paged_attention", "paged_decode_attention": "paged_attention",
     "paged_decode_launcher": "paged_attention", "paged_decode_unchecked": "paged_attention",
+    "merge_partials": "paged_attention_torch", "paged_decode_attention_gather": "paged_attention_torch",
+    "paged_decode_attention_ref": "paged_attention_torch", "paged_decode_gather_unchecked": "paged_attention_torch",
     "paged_prefill_attention": "paged_prefill", "paged_prefill_attention_ref": "paged_prefill",
     "paged_prefill_launcher": "paged_prefill", "paged_prefill_unchecked": "paged_prefill",
     "paged_prefill_work": "paged_prefill", "plan_query_tiles": "paged_prefill",

@@ -23,14 +23,14 @@ The kernel runs in two stages:
 Splitting the sequence is what lets a batch-1 long-context decode use the whole GPU:
 without it there are only ``batch * num_kv_heads`` programs.
 
-Beside the kernel, with the same signature and the same checks: :func:`paged_decode_attention_ref`
-(fp64, from the definition, one sequence at a time) and :func:`paged_decode_attention_gather`
-(vectorised PyTorch: gather every block through the table, then SDPA). Each checked function
-validates and then calls its unchecked twin (:func:`paged_decode_unchecked`,
-:func:`paged_decode_gather_unchecked`), which a caller that validated a step's tables once calls in
-every layer (``kvlab.serving.attention``): no checks, no host sync, capturable in a CUDA graph.
-Each stage can also run alone, checked, to be looked at: :func:`paged_decode_partials` (stage 1)
-and :func:`merge_splits` (stage 2).
+Beside the kernel, in ``kvlab.kernels.paged_attention_torch``, with the same signature and the
+same checks (:func:`check_decode_inputs`): the fp64 reference and the gather-then-SDPA path, and
+``merge_partials``, the merge in PyTorch. :func:`paged_decode_attention` validates and then calls
+its unchecked twin :func:`paged_decode_unchecked`, which a caller that validated a step's tables
+once calls in every layer (``kvlab.serving.attention``): no checks, no host sync, capturable in a
+CUDA graph. Each stage can also run alone, checked, to be looked at: :func:`paged_decode_partials`
+(stage 1) and :func:`merge_splits` (stage 2). The loop body that stage 1 shares with the prefill
+kernel, one tile of keys, is ``kvlab.kernels.paged_tile``.
 """
 
 from __future__ import annotations
@@ -41,10 +41,9 @@ import torch
 import triton
 import triton.language as tl
 
-import torch.nn.functional as F
-
 from kvlab._checks import integer
 from kvlab.kernels._validation import FLOAT_DTYPES, is_power_of_two, require_block_table, resolve_scale, require_dtype, require_kernel_device, require_computable_dtype, require_rank, require_same_device, require_tensor
+from kvlab.kernels.paged_tile import load_kv_tile, online_softmax_update
 from kvlab.kernels.shared_memory import DTYPES, KernelConfig, require_fits, signature
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -103,31 +102,12 @@ def _attend_split_kernel(
     for tile in range(first_tile, end_tile):
         positions = tile * TILE_N + tl.arange(0, TILE_N)
         token_valid = positions < seq_len
-        # Block-table lookup per token: a tile may cover many small blocks or part of a big one.
-        blocks = tl.load(
-            block_table_ptr + seq * stride_btb + (positions // BLOCK_SIZE) * stride_btm,
-            mask=token_valid, other=0,
-        ).to(tl.int64)
-        offsets = positions % BLOCK_SIZE
-        k = tl.load(
-            k_cache_ptr + blocks[:, None] * stride_kb + offsets[:, None] * stride_kt
-            + kv_head * stride_kh + dims[None, :] * stride_kd,
-            mask=token_valid[:, None], other=0.0,
-        )
-        v = tl.load(
-            v_cache_ptr + blocks[:, None] * stride_vb + offsets[:, None] * stride_vt
-            + kv_head * stride_vh + dims[None, :] * stride_vd,
-            mask=token_valid[:, None], other=0.0,
-        )
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
-        scores = tl.where(token_valid[None, :], scores, float("-inf"))
-        # Every tile in [first_tile, end_tile) holds at least one valid token, so new_max is finite.
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        rescale = tl.exp2(running_max - new_max)
-        p = tl.exp2(scores - new_max[:, None])
-        running_sum = running_sum * rescale + tl.sum(p, axis=1)
-        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        running_max = new_max
+        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, block_table_ptr, seq, kv_head, positions, token_valid, dims,
+                            stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
+                            stride_btb, stride_btm, BLOCK_SIZE)
+        # Every tile in [first_tile, end_tile) holds at least one valid token, so the max stays finite.
+        running_max, running_sum, acc = online_softmax_update(q, k, v, token_valid[None, :], running_max,
+                                                              running_sum, acc, qk_scale_log2, DOT_PRECISION)
 
     # An empty split writes out = 0 and lse = -inf, which the merge weighs by exp(-inf) = 0.
     has_tokens = running_sum > 0
@@ -186,9 +166,10 @@ def _merge_splits_kernel(
 # --------------------------------------------------------------------------- validation
 
 
-def _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, kernel_limits=True) -> float:
-    """Validate every argument; return the resolved softmax scale. ``kernel_limits``: also the Triton
-    kernel's own limits (head_dim, power-of-two block size), which the gather path does not share."""
+def check_decode_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, kernel_limits=True) -> float:
+    """Validate every argument of a paged decode attention, the kernel's or a PyTorch path's
+    (``kvlab.kernels.paged_attention_torch``); return the resolved softmax scale. ``kernel_limits``: also
+    the Triton kernel's own limits (head_dim, power-of-two block size), which the gather path does not share."""
     _check_types_and_ranks(q, k_cache, v_cache, block_table, seq_lens)
     _check_shapes(q, k_cache, v_cache, block_table, seq_lens, kernel_limits)
     _check_dtypes(q, k_cache, v_cache, block_table, seq_lens)
@@ -445,7 +426,7 @@ def paged_decode_launcher(q, k_cache, v_cache, block_table, seq_lens, scale=None
 
 def _check_launch(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, call: str) -> tuple[float, int]:
     """Every check of the inputs and of the device, then ``(scale, num_splits)`` resolved."""
-    scale = _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+    scale = check_decode_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
     require_kernel_device(q.device, _attend_split_kernel, call)
     require_computable_dtype("q", q)
     # A GPU whose blocks cannot hold one program's tiles (head_dim 256 in fp16 on a T4) is refused here.
@@ -455,84 +436,3 @@ def _check_launch(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits,
         longest = int(seq_lens.max()) if q.shape[0] else 1
         num_splits = choose_num_splits(max(1, q.shape[0]), k_cache.shape[2], longest, multiprocessor_count(q.device))
     return scale, num_splits
-
-
-def paged_decode_attention_ref(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):
-    """Plain-PyTorch paged decode attention in fp64, from the definition; same signature (notebook 05).
-
-    Gathers each sequence's K and V through its block table, repeats each KV head over
-    its GQA group, and applies softmax attention in float64. ``num_splits`` is validated
-    and otherwise ignored: one pass is the definition the splits must reproduce.
-    """
-    scale = _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
-    group = q.shape[1] // k_cache.shape[2]
-    out = torch.empty_like(q)
-    for b, length in enumerate(seq_lens.tolist()):
-        keys, values = _gather_sequence(k_cache, v_cache, block_table[b], length)
-        keys = keys.repeat_interleave(group, dim=1).double()  # [length, num_q_heads, head_dim]
-        values = values.repeat_interleave(group, dim=1).double()
-        scores = torch.einsum("hd,thd->ht", q[b].double(), keys) * scale
-        out[b] = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), values).to(q.dtype)
-    return out
-
-
-def paged_decode_attention_gather(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):
-    """Paged decode attention in vectorised PyTorch: gather through the block table, then SDPA (notebook 05).
-
-    What paging costs without a fused kernel: every step first copies each sequence's blocks into a
-    contiguous ``[batch, max_blocks * block_size, kv_heads, head_dim]`` tensor (entries past a
-    sequence's length are masked out), then runs torch's SDPA on it. Same signature and checks as the
-    kernel, except its limits: any block size and head_dim.
-    """
-    scale = _check_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, kernel_limits=False)
-    return paged_decode_gather_unchecked(q, k_cache, v_cache, block_table, seq_lens, scale)
-
-
-def paged_decode_gather_unchecked(q, k_cache, v_cache, block_table, seq_lens, scale: float):
-    """:func:`paged_decode_attention_gather` without its checks (and their host sync)."""
-    block_size = k_cache.shape[1]
-    in_use = torch.arange(block_table.shape[1], device=q.device)[None, :] * block_size < seq_lens[:, None]
-    index = torch.where(in_use, block_table.long(), 0)  # unused entries may hold anything
-    valid = torch.arange(index.shape[1] * block_size, device=q.device)[None, :] < seq_lens[:, None]
-    unused = ~valid[:, :, None, None]  # a slot past a sequence's end may hold anything, even NaN: zero it
-    keys = k_cache[index].flatten(1, 2).masked_fill_(unused, 0).transpose(1, 2)  # [batch, kv_heads, slots, dim]
-    values = v_cache[index].flatten(1, 2).masked_fill_(unused, 0).transpose(1, 2)
-    out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=valid[:, None, None, :],
-                                         scale=scale, enable_gqa=True)
-    return out[:, :, 0]
-
-
-def _gather_sequence(k_cache, v_cache, table_row, length: int):
-    """K and V of one sequence in logical order, ``[length, num_kv_heads, head_dim]`` each."""
-    block_size = k_cache.shape[1]
-    blocks = table_row[: -(-length // block_size)].long()
-    keys = k_cache[blocks].flatten(0, 1)[:length]
-    values = v_cache[blocks].flatten(0, 1)[:length]
-    return keys, values
-
-
-def merge_partials(outs: torch.Tensor, lses: torch.Tensor):
-    """Merge attention computed over disjoint parts of a sequence (notebook 05b, split-K).
-
-    ``outs[i]`` is softmax attention over part ``i`` alone (``[num_parts, ..., head_dim]``)
-    and ``lses[i]`` the natural log-sum-exp of that part's scaled scores
-    (``[num_parts, ...]``); an empty part has ``lse = -inf``. Returns ``(out, lse)`` of
-    the union, exactly what one pass over all the tokens gives.
-    """
-    require_tensor("outs", outs)
-    require_tensor("lses", lses)
-    if outs.dim() < 2 or outs.shape[:-1] != lses.shape or outs.shape[0] < 1:
-        raise ValueError(f"outs must be [num_parts >= 1, ..., head_dim] and lses [num_parts, ...] with the same "
-                         f"leading shape, got {tuple(outs.shape)} and {tuple(lses.shape)}")
-    require_dtype("outs", outs, FLOAT_DTYPES + (torch.float64,))
-    require_dtype("lses", lses, FLOAT_DTYPES + (torch.float64,))
-    top = lses.max(dim=0).values
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # all parts empty: avoid -inf - -inf
-    weights = torch.exp(lses - top)  # <= 1, and exactly 0 for an empty part
-    # An empty part's output is undefined (may be NaN); mask it so 0 * NaN cannot leak in.
-    parts = torch.where(weights[..., None] > 0, outs, torch.zeros_like(outs))
-    total = weights.sum(dim=0)
-    safe_total = torch.where(total > 0, total, torch.ones_like(total))
-    out = (weights[..., None] * parts).sum(dim=0) / safe_total[..., None]
-    lse = torch.where(total > 0, top + torch.log(safe_total), torch.full_like(total, float("-inf")))
-    return out, lse

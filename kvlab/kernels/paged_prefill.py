@@ -24,8 +24,10 @@ a program takes one KV head and one *query tile*, whose rows are the (token, que
 run of tokens of one chunk and of the ``group`` query heads of that KV head (as in the decode
 kernel, every K and V tile it reads through the block table serves the whole group). It loops over
 the keys from position 0 to the tile's last query with an online softmax in fp32, masking the keys
-a row may not see. :func:`plan_query_tiles` lists the tiles once per step, heaviest first, so a
-batch that mixes a long prompt with short chunks launches no empty programs.
+a row may not see (each tile of keys is read and folded in by the two steps of
+``kvlab.kernels.paged_tile``, which the decode kernel shares). :func:`plan_query_tiles` lists the
+tiles once per step, heaviest first, so a batch that mixes a long prompt with short chunks launches
+no empty programs.
 
 Not done here: splitting one tile's keys across programs and merging the parts, as FlashInfer does
 for long contexts (a short chunk behind a very long prefix runs on few programs; for one-token rows
@@ -42,6 +44,7 @@ import triton.language as tl
 
 from kvlab._checks import integer
 from kvlab.kernels._validation import FLOAT_DTYPES, is_power_of_two, require_block_table, resolve_scale, require_computable_dtype, require_dtype, require_kernel_device, require_rank, require_same_device, require_tensor
+from kvlab.kernels.paged_tile import load_kv_tile, online_softmax_update
 from kvlab.kernels.shared_memory import DTYPES, KernelConfig, require_fits, signature
 from kvlab.theory.prefill_attention import PrefillWork, prefill_attention_work
 
@@ -98,31 +101,13 @@ def _prefill_kernel(
     for key_tile in range(0, tl.cdiv(key_end, TILE_N)):
         positions = key_tile * TILE_N + tl.arange(0, TILE_N)
         key_valid = positions < key_end
-        blocks = tl.load(
-            block_table_ptr + seq * stride_btb + (positions // BLOCK_SIZE) * stride_btm,
-            mask=key_valid, other=0,
-        ).to(tl.int64)
-        offsets = positions % BLOCK_SIZE
-        k = tl.load(
-            k_cache_ptr + blocks[:, None] * stride_kb + offsets[:, None] * stride_kt
-            + kv_head * stride_kh + dims[None, :] * stride_kd,
-            mask=key_valid[:, None], other=0.0,
-        )
-        v = tl.load(
-            v_cache_ptr + blocks[:, None] * stride_vb + offsets[:, None] * stride_vt
-            + kv_head * stride_vh + dims[None, :] * stride_vd,
-            mask=key_valid[:, None], other=0.0,
-        )
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, block_table_ptr, seq, kv_head, positions, key_valid, dims,
+                            stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
+                            stride_btb, stride_btm, BLOCK_SIZE)
         visible = key_valid[None, :] & (positions[None, :] <= q_pos[:, None])  # causal within the chunk
-        scores = tl.where(visible, scores, float("-inf"))
-        # Key 0 is in the first tile and every row sees it, so new_max is finite from then on.
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        rescale = tl.exp2(running_max - new_max)
-        p = tl.exp2(scores - new_max[:, None])
-        running_sum = running_sum * rescale + tl.sum(p, axis=1)
-        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        running_max = new_max
+        # Key 0 is in the first tile and every row sees it, so the max is finite from then on.
+        running_max, running_sum, acc = online_softmax_update(q, k, v, visible, running_max, running_sum, acc,
+                                                              qk_scale_log2, DOT_PRECISION)
 
     out = acc / running_sum[:, None]
     tl.store(

@@ -53,31 +53,12 @@ def _built_params(shape: ModelShape) -> float:
     return 2 * shape.vocab * shape.hidden + shape.layers * (attention + mlp)
 
 
-def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape | None = None, dtype=None,
-               device=None, seed: int = 0, max_positions: int = 4096, **overrides):
-    """A Hugging Face causal LM with random weights, built from a config: no download.
-
-    ``arch``: one of ``ARCHITECTURES`` (``llama`` with grouped-query attention, ``qwen2``, ``mistral``,
-    ``gpt2`` with multi-head attention and learned positions). ``size="cpu"`` gives a model of tens of
-    MB that decodes in milliseconds on a CPU; ``size="real"`` the published shape named by ``shape``
-    (a ``SHAPES`` key; by default Llama-3.2-1B, Qwen2.5-0.5B, Mistral-7B or GPT-2). ``overrides`` replace
-    ``ModelShape`` fields (``layers``, ``hidden``, ``vocab``...) to make a test model smaller still.
-    The model is in eval mode on ``device`` (kvlab's device by default) in ``dtype`` (fp32 on a CPU,
-    bf16 on a GPU, fp16 on one without bf16 units, by default).
-    """
+def _transformer_shape(arch: str, size: str, shape: str | ModelShape | None, overrides: dict) -> ModelShape:
+    """The shape :func:`tiny_model` builds: ``shape`` or the CPU shape of ``arch``, with ``overrides``
+    applied (gpt2's ``kv_heads`` follow its ``q_heads``; a new ``hidden`` sets ``head_dim``)."""
     import dataclasses
 
-    import torch
-    import transformers
-
-    from kvlab.devices import device_and_dtype
-
-    warn_if_below_floor()
-    one_of("arch", arch, ARCHITECTURES + SSM_ARCHITECTURES)
-    one_of("size", size, ("cpu", "real"))
-    seed, max_positions = integer("seed", seed, 0), integer("max_positions", max_positions, 2)
-    if arch in SSM_ARCHITECTURES:  # a selective SSM (section 9.6); see _tiny_mamba for why not in ARCHITECTURES
-        return _tiny_mamba(size, shape, dtype, device, seed, **overrides)
+    overrides = dict(overrides)
     _check_overrides(ModelShape, overrides, optional=("latent_dim", "rope_dim", "window", "intermediate",
                                                        "active_params"))
     if shape is not None and not isinstance(shape, (str, ModelShape)):
@@ -103,6 +84,33 @@ def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape |
         raise ValueError(f"gpt2 has multi-head attention: kv_heads ({base.kv_heads}) must equal q_heads")
     if arch == "gpt2" and base.head_dim * base.q_heads != base.hidden:
         raise ValueError("gpt2 needs head_dim * q_heads == hidden")
+    return base
+
+
+def tiny_model(arch: str = "llama", size: str = "cpu", shape: str | ModelShape | None = None, dtype=None,
+               device=None, seed: int = 0, max_positions: int = 4096, **overrides):
+    """A Hugging Face causal LM with random weights, built from a config: no download.
+
+    ``arch``: one of ``ARCHITECTURES`` (``llama`` with grouped-query attention, ``qwen2``, ``mistral``,
+    ``gpt2`` with multi-head attention and learned positions). ``size="cpu"`` gives a model of tens of
+    MB that decodes in milliseconds on a CPU; ``size="real"`` the published shape named by ``shape``
+    (a ``SHAPES`` key; by default Llama-3.2-1B, Qwen2.5-0.5B, Mistral-7B or GPT-2). ``overrides`` replace
+    ``ModelShape`` fields (``layers``, ``hidden``, ``vocab``...) to make a test model smaller still.
+    The model is in eval mode on ``device`` (kvlab's device by default) in ``dtype`` (fp32 on a CPU,
+    bf16 on a GPU, fp16 on one without bf16 units, by default).
+    """
+    import torch
+    import transformers
+
+    from kvlab.devices import device_and_dtype
+
+    warn_if_below_floor()
+    one_of("arch", arch, ARCHITECTURES + SSM_ARCHITECTURES)
+    one_of("size", size, ("cpu", "real"))
+    seed, max_positions = integer("seed", seed, 0), integer("max_positions", max_positions, 2)
+    if arch in SSM_ARCHITECTURES:  # a selective SSM (section 9.6); see _tiny_mamba for why not in ARCHITECTURES
+        return _tiny_mamba(size, shape, dtype, device, seed, **overrides)
+    base = _transformer_shape(arch, size, shape, overrides)
     dev, dtype = device_and_dtype(device, dtype)
     require_memory(f"a {base.name} model with random weights (about {_built_params(base):.3g} parameters)",
                    int(_built_params(base) * torch.empty((), dtype=dtype).element_size()), dev)

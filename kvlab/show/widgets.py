@@ -150,32 +150,7 @@ class Explorer:
         default_idx = [self._values[n].index(self.params[n]) for n in self._names]
         title = self.title or ""
         default_png = self._pngs.get(self._default_key)
-
-        # Each distinct PNG is stored once; the default one lives only in the <img> src, which
-        # is also what a reader without JavaScript sees.
-        images: list[str | None] = []
-        by_bytes: dict[bytes, int] = {}
-        frames: dict[str, int | str] = {}
-        texts: list[str] = []  # each distinct reading once, as HTML
-        by_text: dict[str, int] = {}
-        text_frames: dict[str, int] = {}
-        for idx in itertools.product(*(range(len(v)) for v in self._values.values())):
-            key = tuple(self._values[n][i] for n, i in zip(self._names, idx))
-            name = ",".join(map(str, idx))
-            png = self._pngs.get(key)
-            if png is None:
-                frames[name] = self.errors.get(key, "not run")
-                continue
-            if png not in by_bytes:
-                by_bytes[png] = len(images)
-                images.append(None if png == default_png else _data_uri(png))
-            frames[name] = by_bytes[png]
-            if key in self.readings:
-                text = self.readings[key]
-                if text not in by_text:
-                    by_text[text] = len(texts)
-                    texts.append(markdown_html(text))
-                text_frames[name] = by_text[text]
+        images, frames, texts, text_frames = self._static_frames(default_png)
 
         parts = [f'<div id="{uid}" class="kvlab-explorer" style="margin:0.5em 0">']
         if title:
@@ -206,6 +181,37 @@ class Explorer:
             parts.append(f"<script>{script}</script>")
         parts.append("</div>")
         return "\n".join(parts)
+
+    def _static_frames(self, default_png: bytes | None):
+        """The page's tables, one entry per slider position (``"i,j,..."``): ``images`` (each distinct
+        PNG once, as a data URI) and ``frames`` (the image's index, or the error text), ``texts`` (each
+        distinct reading once, as HTML) and ``text_frames`` (the reading's index)."""
+        # The default PNG lives only in the <img> src, which is also what a reader without
+        # JavaScript sees.
+        images: list[str | None] = []
+        by_bytes: dict[bytes, int] = {}
+        frames: dict[str, int | str] = {}
+        texts: list[str] = []  # each distinct reading once, as HTML
+        by_text: dict[str, int] = {}
+        text_frames: dict[str, int] = {}
+        for idx in itertools.product(*(range(len(v)) for v in self._values.values())):
+            key = tuple(self._values[n][i] for n, i in zip(self._names, idx))
+            name = ",".join(map(str, idx))
+            png = self._pngs.get(key)
+            if png is None:
+                frames[name] = self.errors.get(key, "not run")
+                continue
+            if png not in by_bytes:
+                by_bytes[png] = len(images)
+                images.append(None if png == default_png else _data_uri(png))
+            frames[name] = by_bytes[png]
+            if key in self.readings:
+                text = self.readings[key]
+                if text not in by_text:
+                    by_text[text] = len(texts)
+                    texts.append(markdown_html(text))
+                text_frames[name] = by_text[text]
+        return images, frames, texts, text_frames
 
     # -- live mode -------------------------------------------------------------------------------
 
