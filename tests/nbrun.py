@@ -158,6 +158,9 @@ def run(path: Path, *, static: bool, limit_s: float | None = None, env: dict | N
     limit_s = limit_s or float(os.environ.get("KVLAB_NOTEBOOK_LIMIT_S", STATIC_LIMIT_S if static else LIVE_LIMIT_S))
     env = dict(os.environ if env is None else env)
     env.pop("KVLAB_STATIC", None)
+    # A notebook switches Triton's interpreter on itself (kvlab.kernels.use_interpreter), as `make book`
+    # and a reader's CPU kernel need: the test suite's own switch must not hide one that forgets to.
+    env.pop("TRITON_INTERPRET", None)
     if static:
         env["KVLAB_STATIC"] = "1"
     nb = nbformat.read(path, as_version=4)

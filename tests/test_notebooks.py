@@ -40,7 +40,7 @@ def _execute(book, path: Path):
     """Static execution (KVLAB_STATIC=1), once per notebook; raises CellExecutionError with the cell
     and its traceback on any error, nbrun.NotebookStalled naming the cell past the time limit."""
     if path.name not in book["executed"]:
-        run = nbrun.run(path, static=True)  # the kernel also inherits conftest's TRITON_INTERPRET
+        run = nbrun.run(path, static=True)  # without conftest's TRITON_INTERPRET (tests/nbrun.py)
         nbformat.write(run.nb, book["root"] / "notebooks" / path.name)
         book["executed"][path.name] = run.nb
         book["runs"][path.name] = run
