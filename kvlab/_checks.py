@@ -1,5 +1,5 @@
-"""Every notebook: the argument checks kvlab's modules share, and the one way a call changes a caller's
-object for a while (CONTRIBUTING.md, "Errors").
+"""Every notebook: the argument checks kvlab's modules share, and the one way a call changes a
+caller's object for a while (CONTRIBUTING.md, "Errors").
 
 A check takes the argument's name as the caller wrote it, and the value, and returns the value as
 kvlab uses it (``integer("block_size", 16) == 16``). A wrong kind of thing raises a TypeError, a
@@ -50,9 +50,11 @@ def integer(name: str, value, low: int = 1, high: int | None = None) -> int:
     return int(value)
 
 
-def integers(name: str, value, low: int = 1, high: int | None = None, *, empty: bool = False) -> list[int]:
-    """``value`` (a list or tuple) as a list of ints, each checked as ``integer(f"{name}[i]", ...)``;
-    an empty list only if ``empty``."""
+def integers(
+    name: str, value, low: int = 1, high: int | None = None, *, empty: bool = False
+) -> list[int]:
+    """``value`` (a list or tuple) as a list of ints, each checked as ``integer(f"{name}[i]",
+    ...)``; an empty list only if ``empty``."""
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, range)):
         raise TypeError(f"{name} must be a list of ints, got {_got(value)}")
     if not value and not empty:
@@ -60,20 +62,33 @@ def integers(name: str, value, low: int = 1, high: int | None = None, *, empty: 
     return [integer(f"{name}[{i}]", v, low, high) for i, v in enumerate(value)]
 
 
-def real(name: str, value, low: float = -math.inf, high: float = math.inf, *, low_open: bool = False,
-         high_open: bool = False) -> float:
+def real(
+    name: str,
+    value,
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
     """``value`` as a finite float in the interval [low, high], either end open on request.
 
-    A bool or a non-number is a TypeError; an infinity, NaN or a value outside the interval a ValueError.
+    A bool or a non-number is a TypeError; an infinity, NaN or a value outside the interval a
+    ValueError.
     """
     if high == math.inf:
-        allowed = "a finite number" + ("" if low == -math.inf else f" {'>' if low_open else '>='} {low:g}")
+        allowed = "a finite number" + (
+            "" if low == -math.inf else f" {'>' if low_open else '>='} {low:g}"
+        )
     elif low == -math.inf:
         allowed = f"a finite number {'<' if high_open else '<='} {high:g}"
     else:
         allowed = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be {'a number ' if allowed.startswith('in') else ''}{allowed}, got {_got(value)}")
+        raise TypeError(
+            f"{name} must be {'a number ' if allowed.startswith('in') else ''}{allowed}, got"
+            f" {_got(value)}"
+        )
     x = float(value)
     above = x > low if low_open else x >= low
     below = x < high if high_open else x <= high
@@ -88,17 +103,21 @@ def positive(name: str, value) -> float:
 
 
 def flag(name: str, value) -> bool:
-    """``value`` if it is True or False; ``"no"``, ``1`` and None are refused (a string is always true)."""
+    """``value`` if it is True or False; ``"no"``, ``1`` and None are refused (a string is always
+    true)."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {_got(value)}")
     return value
 
 
 def one_of(name: str, value, allowed):
-    """``value`` if it equals one of ``allowed`` (True is not 1 here, nor 4.0 the 4), else a ValueError
-    listing them."""
+    """``value`` if it equals one of ``allowed`` (True is not 1 here, nor 4.0 the 4), else a
+    ValueError listing them."""
+
     def same(a) -> bool:
-        if isinstance(value, bool) != isinstance(a, bool) or (isinstance(value, float) and not isinstance(a, float)):
+        if isinstance(value, bool) != isinstance(a, bool) or (
+            isinstance(value, float) and not isinstance(a, float)
+        ):
             return False
         try:
             return bool(value == a)
@@ -112,7 +131,8 @@ def one_of(name: str, value, allowed):
 
 def token_ids(name: str, value, vocab: int | None = None, *, empty: bool = False) -> list[int]:
     """``value`` (a list or tuple of ints, or a 1-D integer tensor or array) as a list of token ids,
-    each in ``[0, vocab)`` (a model's ``vocab_size``; without one, ``[0, 2**63)``, what a hash holds).
+    each in ``[0, vocab)`` (a model's ``vocab_size``; without one, ``[0, 2**63)``, what a hash
+    holds).
 
     Text, a bare int, floats (1.0 included), bools and nested lists are refused; so is an empty
     sequence unless ``empty``.
@@ -120,24 +140,32 @@ def token_ids(name: str, value, vocab: int | None = None, *, empty: bool = False
     high, shown = (2**63, "2**63") if vocab is None else (vocab, vocab)
     allowed = f"a list of token ids (ints in [0, {shown}))"
     if isinstance(value, (str, bytes)):
-        raise TypeError(f"{name} must be {allowed}, got a {type(value).__name__}; tokenize the text first")
+        raise TypeError(
+            f"{name} must be {allowed}, got a {type(value).__name__}; tokenize the text first"
+        )
     if hasattr(value, "tolist") and hasattr(value, "dtype"):  # a torch tensor or a numpy array
         kind = str(value.dtype)  # "torch.int64", "int32", "torch.float32", "torch.bool" ...
         if value.ndim != 1 or "int" not in kind:
-            raise TypeError(f"{name} must be {allowed} or a 1-D integer tensor, got a {kind} of shape "
-                            f"{tuple(value.shape)}")
+            raise TypeError(
+                f"{name} must be {allowed} or a 1-D integer tensor, got a {kind} of shape "
+                f"{tuple(value.shape)}"
+            )
         value = value.tolist()
     try:
         ids = list(value)
     except TypeError:
         raise TypeError(f"{name} must be {allowed}, got {_got(value)}") from None
     if not ids and not empty:
-        raise ValueError(f"{name} must hold at least one token id, got an empty {type(value).__name__}")
+        raise ValueError(
+            f"{name} must hold at least one token id, got an empty {type(value).__name__}"
+        )
     if all(type(t) is int and 0 <= t < high for t in ids):  # the common case, quickly
         return ids
     for i, t in enumerate(ids):
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-            raise TypeError(f"{name}[{i}] must be a token id (an int in [0, {shown})), got {_got(t)}")
+            raise TypeError(
+                f"{name}[{i}] must be a token id (an int in [0, {shown})), got {_got(t)}"
+            )
         if not 0 <= t < high:
             where = f" (the model's vocab_size is {vocab})" if vocab is not None else ""
             raise ValueError(f"{name}[{i}] must be a token id in [0, {shown}){where}, got {t!r}")
@@ -152,8 +180,8 @@ def function(name: str, value):
 
 
 def device(name: str, value):
-    """``value`` as a ``torch.device`` this machine has: ``"cpu"``, or ``"cuda"``/``"cuda:i"`` for a GPU
-    that is present (not the meta device, which holds no data)."""
+    """``value`` as a ``torch.device`` this machine has: ``"cpu"``, or ``"cuda"``/``"cuda:i"`` for a
+    GPU that is present (not the meta device, which holds no data)."""
     import torch
 
     allowed = "a torch.device or a name like 'cpu', 'cuda' or 'cuda:0'"
@@ -166,9 +194,13 @@ def device(name: str, value):
     if dev.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if (dev.index or 0) >= count:
-            raise ValueError(f"{name} {value!r} is not available on this machine ({count} CUDA device(s))")
+            raise ValueError(
+                f"{name} {value!r} is not available on this machine ({count} CUDA device(s))"
+            )
     elif dev.type != "cpu":
-        raise ValueError(f"{name} must hold data on this machine ('cpu' or a CUDA device), got {value!r}")
+        raise ValueError(
+            f"{name} must hold data on this machine ('cpu' or a CUDA device), got {value!r}"
+        )
     return dev
 
 
@@ -177,7 +209,10 @@ def dtype(name: str, value):
     import torch
 
     if not isinstance(value, torch.dtype):
-        raise TypeError(f"{name} must be a torch.dtype such as torch.float32 or torch.float16, got {_got(value)}")
+        raise TypeError(
+            f"{name} must be a torch.dtype such as torch.float32 or torch.float16, got"
+            f" {_got(value)}"
+        )
     if not value.is_floating_point:
         raise TypeError(f"{name} must be a floating-point torch.dtype, got {value}")
     return value
@@ -188,8 +223,10 @@ def causal_lm(name: str, value):
     import torch
 
     if not isinstance(value, torch.nn.Module) or not hasattr(value, "config"):
-        raise TypeError(f"{name} must be a Hugging Face causal LM (a transformers model such as "
-                        f"kvlab.tiny_model() returns), got {type(value).__name__}")
+        raise TypeError(
+            f"{name} must be a Hugging Face causal LM (a transformers model such as "
+            f"kvlab.tiny_model() returns), got {type(value).__name__}"
+        )
     return value
 
 
@@ -205,8 +242,12 @@ def free_memory(device) -> int:
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0 or (device.index or 0) >= count:
-            raise ValueError(f"device {device} is not available on this machine ({count} CUDA device(s))")
-        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # torch's own spare
+            raise ValueError(
+                f"device {device} is not available on this machine ({count} CUDA device(s))"
+            )
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(
+            device
+        )  # torch's own spare
         return torch.cuda.mem_get_info(device)[0] + cached
     try:
         with open("/proc/meminfo") as f:
@@ -219,16 +260,21 @@ def free_memory(device) -> int:
 
 
 def require_memory(what: str, needed: int, device) -> None:
-    """Refuse, by arithmetic and before allocating, a request larger than ``device``'s free memory."""
+    """Refuse, by arithmetic and before allocating, a request larger than ``device``'s free
+    memory."""
     free = free_memory(device)
     if needed > free:
-        raise MemoryError(f"{what} needs {needed:,} bytes but only {free:,} bytes are free on {device}")
+        raise MemoryError(
+            f"{what} needs {needed:,} bytes but only {free:,} bytes are free on {device}"
+        )
 
 
 def named_shapes(layouts: dict, *, optional=(), **tensors) -> dict:
-    """Each tensor must be a floating ``torch.Tensor`` whose dimensions are the axes its layout names
-    (``layouts[name] == "[batch, dim, length]"``); axes of one name must have one size, and all
-    tensors one device. ``None`` is skipped for the names in ``optional``. Returns ``{axis: size}``."""
+    """Each tensor must be a floating ``torch.Tensor`` whose dimensions are the axes its layout
+    names (``layouts[name] == "[batch, dim, length]"``); axes of one name must have one size, and
+    all tensors one device. ``None`` is skipped for the names in ``optional``. Returns ``{axis:
+    size}``.
+    """
     import torch
 
     sizes = {}
@@ -236,29 +282,38 @@ def named_shapes(layouts: dict, *, optional=(), **tensors) -> dict:
         if t is None and name in optional:
             continue
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor {layouts[name]}, got {type(t).__name__}")
+            raise TypeError(
+                f"{name} must be a torch.Tensor {layouts[name]}, got {type(t).__name__}"
+            )
         if not t.dtype.is_floating_point:
             raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
         axes = layouts[name].strip("[]").split(", ")
         if t.dim() != len(axes):
-            raise ValueError(f"{name} must have {len(axes)} dimensions {layouts[name]}, got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must have {len(axes)} dimensions {layouts[name]}, got shape"
+                f" {tuple(t.shape)}"
+            )
         for axis, size in zip(axes, t.shape):
             size = int(size)
             if sizes.setdefault(axis, (size, name))[0] != size:
-                raise ValueError(f"{name} has {axis}={size} but {sizes[axis][1]} has {axis}={sizes[axis][0]} "
-                                 f"({name} is {layouts[name]})")
+                raise ValueError(
+                    f"{name} has {axis}={size} but {sizes[axis][1]} has {axis}={sizes[axis][0]} "
+                    f"({name} is {layouts[name]})"
+                )
     devices = {t.device for t in tensors.values() if t is not None}
     if len(devices) > 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
     return {axis: size for axis, (size, _) in sizes.items()}
 
 
-# --------------------------------------------------------------------------- the one context manager
+# --------------------------------------------------------------------------- the one context
+# manager
 
 
 @contextmanager
 def restoring(obj, *, attn_implementation: str | None = None):
-    """Everything about ``obj`` as it was if the block raises; a switch made here undone when it ends.
+    """Everything about ``obj`` as it was if the block raises; a switch made here undone when it
+    ends.
 
     - A model (anything with ``set_attn_implementation``): ``attn_implementation`` switches its
       attention function for the block; on exit, however the block ends, the model has its own
@@ -282,7 +337,9 @@ def restoring(obj, *, attn_implementation: str | None = None):
                 obj.train(training)
         return
     if attn_implementation is not None:
-        raise TypeError(f"attn_implementation switches a model's attention; {type(obj).__name__} is not a model")
+        raise TypeError(
+            f"attn_implementation switches a model's attention; {type(obj).__name__} is not a model"
+        )
     snapshot = obj.snapshot()
     try:
         yield obj

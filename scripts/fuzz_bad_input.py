@@ -1,6 +1,7 @@
-"""A bad-input run over kvlab's public names (issue 22): each name is called once with valid arguments,
-then once per argument and class of bad value (a bool for an int, a non-integral float, an infinity,
-a string for a flag, a token id past the vocabulary, None, ...), and every call is counted as
+"""A bad-input run over kvlab's public names (issue 22): each name is called once with valid
+arguments, then once per argument and class of bad value (a bool for an int, a non-integral float,
+an infinity, a string for a flag, a token id past the vocabulary, None, ...), and every call is
+counted as
 
 - ``clear``: a ValueError, TypeError or MemoryError whose message names the argument;
 - ``unclear``: any other exception, or one that does not name the argument (or reads like Python's
@@ -11,7 +12,8 @@ Stateful objects (the block manager, the paged cache, the engine) and the model 
 before each call: a failed call that changed one counts as ``changed``, a call that left the
 caller's model altered (attention implementation, dtype, training flag) as ``altered``.
 
-    PYTHONPATH=$PWD python scripts/fuzz_bad_input.py [--json OUT.json] [--only SUBSTRING] [--show unclear,silent]
+    PYTHONPATH=$PWD python scripts/fuzz_bad_input.py [--json OUT.json] [--only SUBSTRING] [--show
+    unclear,silent]
 
 Not part of the test suite: the tables of bad calls live beside each module's tests. This script is
 the broad sweep those tables were grown from, rerun to count before and after a change.
@@ -56,37 +58,114 @@ def bad_values(kind: str):
     optional = kind.endswith("?")
     kind = kind.rstrip("?")
     table = {
-        "int": [("bool-as-int", True), ("float-as-int", 1.5), ("zero", 0), ("negative", -1), ("inf", math.inf),
-                ("nan", math.nan), ("str", "3"), ("none", None)],
-        "int0": [("bool-as-int", True), ("float-as-int", 1.5), ("negative", -1), ("inf", math.inf), ("str", "3"),
-                 ("none", None)],
-        "size": [("bool-as-int", True), ("float-as-int", 1.5), ("zero", 0), ("negative", -1), ("huge", 10**13),
-                 ("inf", math.inf), ("str", "3"), ("none", None)],
+        "int": [
+            ("bool-as-int", True),
+            ("float-as-int", 1.5),
+            ("zero", 0),
+            ("negative", -1),
+            ("inf", math.inf),
+            ("nan", math.nan),
+            ("str", "3"),
+            ("none", None),
+        ],
+        "int0": [
+            ("bool-as-int", True),
+            ("float-as-int", 1.5),
+            ("negative", -1),
+            ("inf", math.inf),
+            ("str", "3"),
+            ("none", None),
+        ],
+        "size": [
+            ("bool-as-int", True),
+            ("float-as-int", 1.5),
+            ("zero", 0),
+            ("negative", -1),
+            ("huge", 10**13),
+            ("inf", math.inf),
+            ("str", "3"),
+            ("none", None),
+        ],
         "seed": [("bool-as-int", True), ("float-as-int", 1.5), ("str", "3")],
-        "real": [("bool-as-int", True), ("zero", 0.0), ("negative", -1.0), ("inf", math.inf), ("nan", math.nan),
-                 ("str", "1"), ("none", None)],
-        "real0": [("bool-as-int", True), ("negative", -1.0), ("inf", math.inf), ("nan", math.nan), ("str", "1"),
-                  ("none", None)],
-        "frac": [("bool-as-int", True), ("out-of-range", 1.5), ("negative", -0.1), ("nan", math.nan),
-                 ("inf", math.inf), ("str", "0.5"), ("none", None)],
+        "real": [
+            ("bool-as-int", True),
+            ("zero", 0.0),
+            ("negative", -1.0),
+            ("inf", math.inf),
+            ("nan", math.nan),
+            ("str", "1"),
+            ("none", None),
+        ],
+        "real0": [
+            ("bool-as-int", True),
+            ("negative", -1.0),
+            ("inf", math.inf),
+            ("nan", math.nan),
+            ("str", "1"),
+            ("none", None),
+        ],
+        "frac": [
+            ("bool-as-int", True),
+            ("out-of-range", 1.5),
+            ("negative", -0.1),
+            ("nan", math.nan),
+            ("inf", math.inf),
+            ("str", "0.5"),
+            ("none", None),
+        ],
         "flag": [("str-as-flag", "yes"), ("str-as-flag", "no"), ("int-as-flag", 1), ("none", None)],
         "choice": [("bad-choice", "nonsense"), ("int-as-choice", 3), ("none", None)],
-        "tokens": [("float-token", [1.5, 2]), ("negative-token", [-1, 2]), ("token-past-vocab", [VOCAB, 1]),
-                   ("str-as-tokens", "abcd"), ("int-as-tokens", 7), ("bool-token", [True, 2]), ("empty", []),
-                   ("none", None), ("nested", [[1, 2]])],
-        "ids": [("none", None), ("list-as-tensor", [[1, 2, 3]]), ("float-ids", torch.ones(1, 3)),
-                ("1d-ids", torch.tensor([1, 2, 3])), ("token-past-vocab", torch.tensor([[1, VOCAB]])),
-                ("negative-token", torch.tensor([[1, -1]]))],
+        "tokens": [
+            ("float-token", [1.5, 2]),
+            ("negative-token", [-1, 2]),
+            ("token-past-vocab", [VOCAB, 1]),
+            ("str-as-tokens", "abcd"),
+            ("int-as-tokens", 7),
+            ("bool-token", [True, 2]),
+            ("empty", []),
+            ("none", None),
+            ("nested", [[1, 2]]),
+        ],
+        "ids": [
+            ("none", None),
+            ("list-as-tensor", [[1, 2, 3]]),
+            ("float-ids", torch.ones(1, 3)),
+            ("1d-ids", torch.tensor([1, 2, 3])),
+            ("token-past-vocab", torch.tensor([[1, VOCAB]])),
+            ("negative-token", torch.tensor([[1, -1]])),
+        ],
         "model": [("none", None), ("str-as-model", "model"), ("int-as-model", 3)],
-        "tensor": [("none", None), ("list-as-tensor", [[1.0, 2.0]]), ("int-tensor", torch.ones(2, 2, dtype=torch.long)),
-                   ("wrong-rank", torch.ones(3))],
+        "tensor": [
+            ("none", None),
+            ("list-as-tensor", [[1.0, 2.0]]),
+            ("int-tensor", torch.ones(2, 2, dtype=torch.long)),
+            ("wrong-rank", torch.ones(3)),
+        ],
         "callable": [("str-as-callable", "f"), ("int-as-callable", 3), ("none", None)],
-        "device": [("no-cuda", "cuda"), ("no-cuda", "cuda:7"), ("bad-device", "bogus"), ("int-as-device", 3.5)],
+        "device": [
+            ("no-cuda", "cuda"),
+            ("no-cuda", "cuda:7"),
+            ("bad-device", "bogus"),
+            ("int-as-device", 3.5),
+        ],
         "dtype": [("str-as-dtype", "fp16"), ("int-dtype", torch.int64), ("int-as-dtype", 3)],
-        "seq": [("bool-as-int", True), ("float-as-int", 1.5), ("negative", -1), ("unknown-id", 99), ("str", "a"),
-                ("none", None)],
-        "ints": [("zero", [0]), ("float-as-int", [1.5]), ("bool-as-int", [True]), ("int-as-list", 3),
-                 ("str-as-list", "ab"), ("empty", []), ("none", None)],
+        "seq": [
+            ("bool-as-int", True),
+            ("float-as-int", 1.5),
+            ("negative", -1),
+            ("unknown-id", 99),
+            ("str", "a"),
+            ("none", None),
+        ],
+        "ints": [
+            ("zero", [0]),
+            ("float-as-int", [1.5]),
+            ("bool-as-int", [True]),
+            ("int-as-list", 3),
+            ("str-as-list", "ab"),
+            ("empty", []),
+            ("none", None),
+        ],
         "shape": [("none", None), ("str-as-shape", "nonsense"), ("int-as-shape", 3)],
         "hw": [("none", None), ("str-as-hw", "nonsense"), ("int-as-hw", 3)],
         "salt": [("float-salt", 1.5), ("list-salt", [1]), ("bool-salt", True)],
@@ -114,20 +193,38 @@ def infer_kind(value) -> str:
     return "any"
 
 
-# --------------------------------------------------------------------------- the objects the calls use
+# --------------------------------------------------------------------------- the objects the calls
+# use
 
 
 @functools.lru_cache(maxsize=None)
 def model(layers: int = 2):
-    m = kvlab.tiny_model("llama", layers=layers, hidden=64, q_heads=4, kv_heads=2, vocab=VOCAB, intermediate=128,
-                         device="cpu", dtype=torch.float32, seed=3, max_positions=256)
+    m = kvlab.tiny_model(
+        "llama",
+        layers=layers,
+        hidden=64,
+        q_heads=4,
+        kv_heads=2,
+        vocab=VOCAB,
+        intermediate=128,
+        device="cpu",
+        dtype=torch.float32,
+        seed=3,
+        max_positions=256,
+    )
     m.set_attn_implementation("sdpa")
     return m
 
 
 def model_state(m):
     p = next(m.parameters())
-    return (m.config._attn_implementation, p.dtype, p.device, m.training, float(p.detach().flatten()[:8].sum()))
+    return (
+        m.config._attn_implementation,
+        p.dtype,
+        p.device,
+        m.training,
+        float(p.detach().flatten()[:8].sum()),
+    )
 
 
 def reset_model(m, state):
@@ -176,17 +273,32 @@ def cache_state(c):
                 k, v = c.gather(s, layer)
                 n = m.num_computed(s)
                 data.append((s, layer, k[:n].clone(), v[:n].clone()))
-    registered = {h: (b, [p[b].clone() for p in c.k_pools], [p[b].clone() for p in c.v_pools])
-                  for h, b in m.cached_blocks().items()}
-    return m.snapshot(), {s: list(t) for s, t in c._layer_tokens.items()}, sorted(c._host), dict(c.preemptions), \
-        data, registered
+    registered = {
+        h: (b, [p[b].clone() for p in c.k_pools], [p[b].clone() for p in c.v_pools])
+        for h, b in m.cached_blocks().items()
+    }
+    return (
+        m.snapshot(),
+        {s: list(t) for s, t in c._layer_tokens.items()},
+        sorted(c._host),
+        dict(c.preemptions),
+        data,
+        registered,
+    )
 
 
 def engine(**options):
     from kvlab.serving.engine import Engine
 
-    e = Engine(model(), num_blocks=16, block_size=4, max_batch=4, max_batched_tokens=64, attention="gather",
-               **options)
+    e = Engine(
+        model(),
+        num_blocks=16,
+        block_size=4,
+        max_batch=4,
+        max_batched_tokens=64,
+        attention="gather",
+        **options,
+    )
     e.add_request([1, 2, 3, 4, 5], 3)
     e.add_request([1, 2, 3, 4, 7, 8], 2)
     e.step()
@@ -194,18 +306,33 @@ def engine(**options):
 
 
 def engine_state(e):
-    reqs = [(r.id, r.state, r.seq, list(r.output), r.preemptions, r.admitted_tokens, r.cached_tokens)
-            for r in e.requests.values()]
+    reqs = [
+        (r.id, r.state, r.seq, list(r.output), r.preemptions, r.admitted_tokens, r.cached_tokens)
+        for r in e.requests.values()
+    ]
     s = e.stats
-    return (reqs, s.steps, s.generated_tokens, s.prefill_tokens, len(s.batch_sizes), len(e.events),
-            [r.id for r in e.scheduler.waiting], [r.id for r in e.scheduler.running],
-            [r.id for r in e.scheduler.swapped], cache_state(e.cache))
+    return (
+        reqs,
+        s.steps,
+        s.generated_tokens,
+        s.prefill_tokens,
+        len(s.batch_sizes),
+        len(e.events),
+        [r.id for r in e.scheduler.waiting],
+        [r.id for r in e.scheduler.running],
+        [r.id for r in e.scheduler.swapped],
+        cache_state(e.cache),
+    )
 
 
 def same(a, b) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool(
-            torch.equal(a, b))
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and bool(torch.equal(a, b))
+        )
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):
@@ -240,11 +367,33 @@ def entries() -> list[Entry]:
     from kvlab.cache import block_manager as bm
     from kvlab.cache import blocks, layout, paged, quantized, window
     from kvlab.kernels import ssm_scan
-    from kvlab.lab import cache_quality, diagnose, engine as lab_engine, hardware, models, paging, prefix, streams
-    from kvlab.lab import trained, timing
-    from kvlab.serving import attention, engine as serving_engine, paged_decode, request, runner, scheduler
-    from kvlab.show import format as fmt, notebook, plots, widgets
-    from kvlab.theory import cache_sizes, memory_wall, roofline, shapes, specs, verdict, work, ssm, matmul
+    from kvlab.lab import (
+        cache_quality,
+        diagnose,
+        hardware,
+        models,
+        paging,
+        prefix,
+        streams,
+        timing,
+        trained,
+    )
+    from kvlab.lab import engine as lab_engine
+    from kvlab.serving import attention, paged_decode, request, runner, scheduler
+    from kvlab.serving import engine as serving_engine
+    from kvlab.show import format as fmt
+    from kvlab.show import notebook, plots, widgets
+    from kvlab.theory import (
+        cache_sizes,
+        matmul,
+        memory_wall,
+        roofline,
+        shapes,
+        specs,
+        ssm,
+        verdict,
+        work,
+    )
 
     M = model()
     shape8b = shapes.SHAPES["llama-3-8b"]
@@ -253,329 +402,1191 @@ def entries() -> list[Entry]:
 
     # -- the block allocator, tables and hashes
     add("blocks.BlockAllocator", blocks.BlockAllocator, dict(num_blocks=8), dict(num_blocks="size"))
-    add("blocks.BlockAllocator.allocate", lambda o, **k: o.allocate(**k), dict(count=2), dict(count="int0"),
-        setup=lambda: blocks.BlockAllocator(8), observe=lambda o: o.snapshot())
-    add("blocks.BlockAllocator.free", lambda o, **k: o.free(**k), dict(block=1, cached=False), dict(block="seq"),
-        setup=lambda: (lambda a: (a.allocate(3), a)[1])(blocks.BlockAllocator(8)), observe=lambda o: o.snapshot())
-    add("blocks.BlockTable", blocks.BlockTable, dict(block_size=4, blocks=[3, 1], num_tokens=6),
-        dict(blocks="ints", num_tokens="int0"), allow={"blocks": {"zero", "empty"}})
-    add("blocks.BlockTable.slots", lambda o, **k: o.slots(**k), dict(start=1, end=5), dict(start="int0", end="int"),
-        setup=lambda: blocks.BlockTable(4, [3, 1], 6))
-    add("blocks.block_hashes", blocks.block_hashes, dict(token_ids=[1, 2, 3, 4, 5], block_size=2, salt=None),
-        dict(salt="salt", token_ids="tokens"), allow={"token_ids": {"token-past-vocab", "empty"}})
+    add(
+        "blocks.BlockAllocator.allocate",
+        lambda o, **k: o.allocate(**k),
+        dict(count=2),
+        dict(count="int0"),
+        setup=lambda: blocks.BlockAllocator(8),
+        observe=lambda o: o.snapshot(),
+    )
+    add(
+        "blocks.BlockAllocator.free",
+        lambda o, **k: o.free(**k),
+        dict(block=1, cached=False),
+        dict(block="seq"),
+        setup=lambda: (lambda a: (a.allocate(3), a)[1])(blocks.BlockAllocator(8)),
+        observe=lambda o: o.snapshot(),
+    )
+    add(
+        "blocks.BlockTable",
+        blocks.BlockTable,
+        dict(block_size=4, blocks=[3, 1], num_tokens=6),
+        dict(blocks="ints", num_tokens="int0"),
+        allow={"blocks": {"zero", "empty"}},
+    )
+    add(
+        "blocks.BlockTable.slots",
+        lambda o, **k: o.slots(**k),
+        dict(start=1, end=5),
+        dict(start="int0", end="int"),
+        setup=lambda: blocks.BlockTable(4, [3, 1], 6),
+    )
+    add(
+        "blocks.block_hashes",
+        blocks.block_hashes,
+        dict(token_ids=[1, 2, 3, 4, 5], block_size=2, salt=None),
+        dict(salt="salt", token_ids="tokens"),
+        allow={"token_ids": {"token-past-vocab", "empty"}},
+    )
 
     # -- the block manager (prefix caching on)
     mgr = dict(setup=block_manager, observe=manager_state)
-    add("BlockManager", bm.BlockManager, dict(num_blocks=8, block_size=4, prefix_caching=True, max_cached_blocks=2,
-                                              bytes_per_block=64),
-        dict(num_blocks="size", block_size="int", max_cached_blocks="int0?", bytes_per_block="int?"))
-    add("BlockManager.admit", lambda o, **k: o.admit(**k), dict(token_ids=[1, 2, 3, 4, 5, 6, 7], salt=None),
-        dict(salt="salt"), allow={"token_ids": {"token-past-vocab"}}, **mgr)
-    add("BlockManager.lookup", lambda o, **k: o.lookup(**k), dict(token_ids=[1, 2, 3, 4, 5], salt=None),
-        dict(salt="salt"), allow={"token_ids": {"token-past-vocab"}}, **mgr)
-    add("BlockManager.reserve", lambda o, **k: o.reserve(**k), dict(seq_id=1, token_ids=[7, 8]),
-        dict(seq_id="seq"), allow={"token_ids": {"token-past-vocab", "empty"}}, **mgr)
-    add("BlockManager.commit", lambda o, **k: o.commit(**k), dict(seq_id=1, num_computed=6),
-        dict(seq_id="seq", num_computed="int"), setup=lambda: (lambda m: (m.reserve(1, [7, 8]), m)[1])(block_manager()),
-        observe=manager_state)
+    add(
+        "BlockManager",
+        bm.BlockManager,
+        dict(
+            num_blocks=8, block_size=4, prefix_caching=True, max_cached_blocks=2, bytes_per_block=64
+        ),
+        dict(
+            num_blocks="size", block_size="int", max_cached_blocks="int0?", bytes_per_block="int?"
+        ),
+    )
+    add(
+        "BlockManager.admit",
+        lambda o, **k: o.admit(**k),
+        dict(token_ids=[1, 2, 3, 4, 5, 6, 7], salt=None),
+        dict(salt="salt"),
+        allow={"token_ids": {"token-past-vocab"}},
+        **mgr,
+    )
+    add(
+        "BlockManager.lookup",
+        lambda o, **k: o.lookup(**k),
+        dict(token_ids=[1, 2, 3, 4, 5], salt=None),
+        dict(salt="salt"),
+        allow={"token_ids": {"token-past-vocab"}},
+        **mgr,
+    )
+    add(
+        "BlockManager.reserve",
+        lambda o, **k: o.reserve(**k),
+        dict(seq_id=1, token_ids=[7, 8]),
+        dict(seq_id="seq"),
+        allow={"token_ids": {"token-past-vocab", "empty"}},
+        **mgr,
+    )
+    add(
+        "BlockManager.commit",
+        lambda o, **k: o.commit(**k),
+        dict(seq_id=1, num_computed=6),
+        dict(seq_id="seq", num_computed="int"),
+        setup=lambda: (lambda m: (m.reserve(1, [7, 8]), m)[1])(block_manager()),
+        observe=manager_state,
+    )
     add("BlockManager.fork", lambda o, **k: o.fork(**k), dict(seq_id=0), dict(seq_id="seq"), **mgr)
     add("BlockManager.free", lambda o, **k: o.free(**k), dict(seq_id=1), dict(seq_id="seq"), **mgr)
-    add("BlockManager.preempt", lambda o, **k: o.preempt(**k), dict(seq_id=1, mode="swap"), dict(seq_id="seq"), **mgr)
-    add("BlockManager.resume", lambda o, **k: o.resume(**k), dict(seq_id=2, token_ids=[5]), dict(seq_id="seq"),
-        allow={"token_ids": {"token-past-vocab", "empty"}}, **mgr)
-    add("BlockManager.blocks_to_append", lambda o, **k: o.blocks_to_append(**k), dict(seq_id=1, num_tokens=3),
-        dict(seq_id="seq", num_tokens="int0"), **mgr)
-    add("BlockManager.block_hash", lambda o, **k: o.block_hash(**k), dict(block=0), dict(block="seq"), **mgr)
-    add("BlockManager.ref_count", lambda o, **k: o.ref_count(**k), dict(block=0), dict(block="seq"), **mgr)
-    add("BlockManager.tokens", lambda o, **k: o.tokens(**k), dict(seq_id=0), dict(seq_id="seq"), **mgr)
-    add("BlockManager.table", lambda o, **k: o.table(**k), dict(seq_id=0), dict(seq_id="seq"), **mgr)
+    add(
+        "BlockManager.preempt",
+        lambda o, **k: o.preempt(**k),
+        dict(seq_id=1, mode="swap"),
+        dict(seq_id="seq"),
+        **mgr,
+    )
+    add(
+        "BlockManager.resume",
+        lambda o, **k: o.resume(**k),
+        dict(seq_id=2, token_ids=[5]),
+        dict(seq_id="seq"),
+        allow={"token_ids": {"token-past-vocab", "empty"}},
+        **mgr,
+    )
+    add(
+        "BlockManager.blocks_to_append",
+        lambda o, **k: o.blocks_to_append(**k),
+        dict(seq_id=1, num_tokens=3),
+        dict(seq_id="seq", num_tokens="int0"),
+        **mgr,
+    )
+    add(
+        "BlockManager.block_hash",
+        lambda o, **k: o.block_hash(**k),
+        dict(block=0),
+        dict(block="seq"),
+        **mgr,
+    )
+    add(
+        "BlockManager.ref_count",
+        lambda o, **k: o.ref_count(**k),
+        dict(block=0),
+        dict(block="seq"),
+        **mgr,
+    )
+    add(
+        "BlockManager.tokens",
+        lambda o, **k: o.tokens(**k),
+        dict(seq_id=0),
+        dict(seq_id="seq"),
+        **mgr,
+    )
+    add(
+        "BlockManager.table", lambda o, **k: o.table(**k), dict(seq_id=0), dict(seq_id="seq"), **mgr
+    )
 
     # -- the paged cache
     pc = dict(setup=paged_cache, observe=cache_state)
-    add("PagedKVCache", paged.PagedKVCache, dict(num_layers=2, num_blocks=8, block_size=4, num_kv_heads=2, head_dim=16,
-                                                 dtype=torch.float32, device="cpu", store=kernels.store_kv_ref,
-                                                 prefix_caching=True),
-        dict(num_blocks="size", block_size="size", num_layers="size", num_kv_heads="size", head_dim="size",
-             dtype="dtype", device="device", store="callable?"))
-    add("PagedKVCache.admit", lambda o, **k: o.admit(**k), dict(token_ids=[1, 2, 3, 4, 5, 6, 9], salt=None),
-        dict(salt="salt"), allow={"token_ids": {"token-past-vocab"}}, **pc)
-    add("PagedKVCache.append", lambda o, **k: o.append(**k),
+    add(
+        "PagedKVCache",
+        paged.PagedKVCache,
+        dict(
+            num_layers=2,
+            num_blocks=8,
+            block_size=4,
+            num_kv_heads=2,
+            head_dim=16,
+            dtype=torch.float32,
+            device="cpu",
+            store=kernels.store_kv_ref,
+            prefix_caching=True,
+        ),
+        dict(
+            num_blocks="size",
+            block_size="size",
+            num_layers="size",
+            num_kv_heads="size",
+            head_dim="size",
+            dtype="dtype",
+            device="device",
+            store="callable?",
+        ),
+    )
+    add(
+        "PagedKVCache.admit",
+        lambda o, **k: o.admit(**k),
+        dict(token_ids=[1, 2, 3, 4, 5, 6, 9], salt=None),
+        dict(salt="salt"),
+        allow={"token_ids": {"token-past-vocab"}},
+        **pc,
+    )
+    add(
+        "PagedKVCache.append",
+        lambda o, **k: o.append(**k),
         dict(seq_id=1, layer=0, k=torch.ones(2, 2, 16), v=torch.ones(2, 2, 16), token_ids=[5, 6]),
         dict(seq_id="seq", layer="int0", k="tensor", v="tensor", token_ids="tokens?"),
-        allow={"token_ids": {"token-past-vocab"}}, **pc)
-    add("PagedKVCache.reserve", lambda o, **k: o.reserve(**k), dict(seq_id=1, token_ids=[5, 6]),
-        dict(seq_id="seq"), allow={"token_ids": {"token-past-vocab", "empty"}}, **pc)
-    add("PagedKVCache.commit", lambda o, **k: o.commit(**k), dict(seq_id=1, num_computed=6),
-        dict(seq_id="seq", num_computed="int"), setup=lambda: (lambda c: (c.reserve(1, [5]), c)[1])(paged_cache()),
-        observe=cache_state)
+        allow={"token_ids": {"token-past-vocab"}},
+        **pc,
+    )
+    add(
+        "PagedKVCache.reserve",
+        lambda o, **k: o.reserve(**k),
+        dict(seq_id=1, token_ids=[5, 6]),
+        dict(seq_id="seq"),
+        allow={"token_ids": {"token-past-vocab", "empty"}},
+        **pc,
+    )
+    add(
+        "PagedKVCache.commit",
+        lambda o, **k: o.commit(**k),
+        dict(seq_id=1, num_computed=6),
+        dict(seq_id="seq", num_computed="int"),
+        setup=lambda: (lambda c: (c.reserve(1, [5]), c)[1])(paged_cache()),
+        observe=cache_state,
+    )
     add("PagedKVCache.fork", lambda o, **k: o.fork(**k), dict(seq_id=0), dict(seq_id="seq"), **pc)
     add("PagedKVCache.free", lambda o, **k: o.free(**k), dict(seq_id=1), dict(seq_id="seq"), **pc)
-    add("PagedKVCache.preempt", lambda o, **k: o.preempt(**k), dict(seq_id=1, mode="swap"), dict(seq_id="seq"), **pc)
-    add("PagedKVCache.gather", lambda o, **k: o.gather(**k), dict(seq_id=0, layer=1), dict(seq_id="seq", layer="int0"),
-        **pc)
-    add("PagedKVCache.seq_lens", lambda o, **k: o.seq_lens(**k), dict(seq_ids=[0, 1], layer=1),
-        dict(seq_ids="ints", layer="int0?"), allow={"seq_ids": {"zero", "empty"}}, **pc)
-    add("PagedKVCache.block_tables", lambda o, **k: o.block_tables(**k), dict(seq_ids=[0, 1]), dict(seq_ids="ints"),
-        allow={"seq_ids": {"zero", "empty"}}, **pc)
-    add("paged.tokens_in_budget", paged.tokens_in_budget, dict(budget_bytes=1e9, shape=shape8b, bytes_per_element=2),
-        dict(budget_bytes="real", shape="shape", bytes_per_element="real"))
-    add("paged.copy_blocks_to_host", lambda o, **k: paged.copy_blocks_to_host(o.k_pools, o.v_pools, **k),
-        dict(blocks=[0, 1]), dict(blocks="ints"), allow={"blocks": {"zero", "empty"}}, **pc)
+    add(
+        "PagedKVCache.preempt",
+        lambda o, **k: o.preempt(**k),
+        dict(seq_id=1, mode="swap"),
+        dict(seq_id="seq"),
+        **pc,
+    )
+    add(
+        "PagedKVCache.gather",
+        lambda o, **k: o.gather(**k),
+        dict(seq_id=0, layer=1),
+        dict(seq_id="seq", layer="int0"),
+        **pc,
+    )
+    add(
+        "PagedKVCache.seq_lens",
+        lambda o, **k: o.seq_lens(**k),
+        dict(seq_ids=[0, 1], layer=1),
+        dict(seq_ids="ints", layer="int0?"),
+        allow={"seq_ids": {"zero", "empty"}},
+        **pc,
+    )
+    add(
+        "PagedKVCache.block_tables",
+        lambda o, **k: o.block_tables(**k),
+        dict(seq_ids=[0, 1]),
+        dict(seq_ids="ints"),
+        allow={"seq_ids": {"zero", "empty"}},
+        **pc,
+    )
+    add(
+        "paged.tokens_in_budget",
+        paged.tokens_in_budget,
+        dict(budget_bytes=1e9, shape=shape8b, bytes_per_element=2),
+        dict(budget_bytes="real", shape="shape", bytes_per_element="real"),
+    )
+    add(
+        "paged.copy_blocks_to_host",
+        lambda o, **k: paged.copy_blocks_to_host(o.k_pools, o.v_pools, **k),
+        dict(blocks=[0, 1]),
+        dict(blocks="ints"),
+        allow={"blocks": {"zero", "empty"}},
+        **pc,
+    )
 
     # -- the paged decode loops
-    add("paged_decode.cache_for", paged_decode.cache_for, dict(model=M, num_blocks=8, block_size=4,
-                                                               prefix_caching=True, device="cpu",
-                                                               store=kernels.store_kv_ref),
-        dict(num_blocks="size", block_size="size", device="device", store="callable?"))
-    add("paged_decode.prefill", lambda o, **k: paged_decode.prefill(cache=o, **k),
+    add(
+        "paged_decode.cache_for",
+        paged_decode.cache_for,
+        dict(
+            model=M,
+            num_blocks=8,
+            block_size=4,
+            prefix_caching=True,
+            device="cpu",
+            store=kernels.store_kv_ref,
+        ),
+        dict(num_blocks="size", block_size="size", device="device", store="callable?"),
+    )
+    add(
+        "paged_decode.prefill",
+        lambda o, **k: paged_decode.prefill(cache=o, **k),
         dict(model=M, seq_id=1, token_ids=[5, 6], attention="gather", max_tokens=2),
-        dict(seq_id="seq", token_ids="tokens?", max_tokens="int?"), **pc)
-    add("paged_decode.decode_step", lambda o, **k: paged_decode.decode_step(cache=o, **k),
-        dict(model=M, seq_ids=[0, 1], tokens=[5, 6], attention="gather"), dict(seq_ids="ints"),
-        allow={"seq_ids": {"zero"}}, **pc)
-    add("paged_decode.generate", lambda o, **k: paged_decode.generate(cache=o, **k),
-        dict(model=M, token_ids=[1, 2, 3, 4, 5, 6, 7, 8, 10], max_new_tokens=3, salt=None, attention="gather"),
-        dict(max_new_tokens="size", salt="salt"), **pc)
-    add("paged_decode.paged_generate", paged_decode.paged_generate,
-        dict(model=M, prompts=[[1, 2, 3], [4, 5]], max_new_tokens=3, block_size=4, num_blocks=8, attention="gather",
-             preemption="swap", max_batch=2),
-        dict(prompts="tokens", max_new_tokens="size", block_size="size", num_blocks="size?", max_batch="int",
-             attention="choice?"), allow={"prompts": {"nested"}})
+        dict(seq_id="seq", token_ids="tokens?", max_tokens="int?"),
+        **pc,
+    )
+    add(
+        "paged_decode.decode_step",
+        lambda o, **k: paged_decode.decode_step(cache=o, **k),
+        dict(model=M, seq_ids=[0, 1], tokens=[5, 6], attention="gather"),
+        dict(seq_ids="ints"),
+        allow={"seq_ids": {"zero"}},
+        **pc,
+    )
+    add(
+        "paged_decode.generate",
+        lambda o, **k: paged_decode.generate(cache=o, **k),
+        dict(
+            model=M,
+            token_ids=[1, 2, 3, 4, 5, 6, 7, 8, 10],
+            max_new_tokens=3,
+            salt=None,
+            attention="gather",
+        ),
+        dict(max_new_tokens="size", salt="salt"),
+        **pc,
+    )
+    add(
+        "paged_decode.paged_generate",
+        paged_decode.paged_generate,
+        dict(
+            model=M,
+            prompts=[[1, 2, 3], [4, 5]],
+            max_new_tokens=3,
+            block_size=4,
+            num_blocks=8,
+            attention="gather",
+            preemption="swap",
+            max_batch=2,
+        ),
+        dict(
+            prompts="tokens",
+            max_new_tokens="size",
+            block_size="size",
+            num_blocks="size?",
+            max_batch="int",
+            attention="choice?",
+        ),
+        allow={"prompts": {"nested"}},
+    )
 
     # -- the engine
     en = dict(setup=engine, observe=engine_state)
-    add("Engine", serving_engine.Engine,
-        dict(model=M, num_blocks=16, block_size=4, max_batch=4, max_batched_tokens=64, prefix_caching=True,
-             preemption="recompute", kv_budget_bytes=None, attention="gather", cuda_graphs=False, watermark=0.01,
-             debug=False),
-        dict(num_blocks="size?", block_size="size", max_batch="int", max_batched_tokens="int",
-             kv_budget_bytes="size?", cuda_graphs="flag?", watermark="frac", attention="choice?"))
-    add("Engine.add_request", lambda o, **k: o.add_request(**k), dict(prompt=[1, 2, 3], max_new_tokens=2),
-        dict(max_new_tokens="size"), allow={"max_new_tokens": {"huge"}}, **en)
-    add("Engine.generate", lambda o, **k: o.generate(**k), dict(prompts=[[1, 2, 3], [4, 5]], max_new_tokens=[2, 3]),
-        dict(prompts="tokens", max_new_tokens="ints"), allow={"max_new_tokens": {"int-as-list"}}, **en)
-    add("Engine.metrics", lambda o, **k: o.metrics(**k), dict(requests=None), dict(requests="ints?"),
-        allow={"requests": {"empty"}}, **en)
-    add("request.Request", request.Request, dict(id=0, prompt=[1, 2], max_new_tokens=2, arrival=0.0),
+    add(
+        "Engine",
+        serving_engine.Engine,
+        dict(
+            model=M,
+            num_blocks=16,
+            block_size=4,
+            max_batch=4,
+            max_batched_tokens=64,
+            prefix_caching=True,
+            preemption="recompute",
+            kv_budget_bytes=None,
+            attention="gather",
+            cuda_graphs=False,
+            watermark=0.01,
+            debug=False,
+        ),
+        dict(
+            num_blocks="size?",
+            block_size="size",
+            max_batch="int",
+            max_batched_tokens="int",
+            kv_budget_bytes="size?",
+            cuda_graphs="flag?",
+            watermark="frac",
+            attention="choice?",
+        ),
+    )
+    add(
+        "Engine.add_request",
+        lambda o, **k: o.add_request(**k),
+        dict(prompt=[1, 2, 3], max_new_tokens=2),
+        dict(max_new_tokens="size"),
+        allow={"max_new_tokens": {"huge"}},
+        **en,
+    )
+    add(
+        "Engine.generate",
+        lambda o, **k: o.generate(**k),
+        dict(prompts=[[1, 2, 3], [4, 5]], max_new_tokens=[2, 3]),
+        dict(prompts="tokens", max_new_tokens="ints"),
+        allow={"max_new_tokens": {"int-as-list"}},
+        **en,
+    )
+    add(
+        "Engine.metrics",
+        lambda o, **k: o.metrics(**k),
+        dict(requests=None),
+        dict(requests="ints?"),
+        allow={"requests": {"empty"}},
+        **en,
+    )
+    add(
+        "request.Request",
+        request.Request,
+        dict(id=0, prompt=[1, 2], max_new_tokens=2, arrival=0.0),
         dict(id="int0", max_new_tokens="int", arrival="real0"),
-        allow={"prompt": {"token-past-vocab"}, "arrival": {"negative"}})  # no vocabulary; times are relative
-    add("request.timeline", request.timeline, dict(events=[request.Event(0, 0, "arrive")], num_steps=3),
-        dict(events="any", num_steps="int0"))
-    add("scheduler.Scheduler", lambda **k: scheduler.Scheduler(bm.BlockManager(8, 4), **k),
-        dict(max_batch=4, max_batched_tokens=16, preemption="recompute", watermark_blocks=0, log=None),
-        dict(max_batch="int", max_batched_tokens="int", watermark_blocks="int0", log="callable?"))
-    add("runner.ModelRunner", lambda o, **k: runner.ModelRunner(cache=o, **k),
-        dict(model=M, attention="gather", cuda_graphs=False, max_batch=1), dict(max_batch="int"), **pc)
-    add("runner.ModelRunner.run", lambda o, **k: runner.ModelRunner(M, o, "gather").run(**k),
-        dict(chunks=[(0, 1)]), dict(chunks="any"), setup=lambda: (lambda c: (c.reserve(0, [7]), c)[1])(paged_cache()),
-        observe=cache_state)
-    add("attention.build_step", lambda o, **k: attention.build_step(o, **k), dict(chunks=[(1, 1)], path="gather"),
-        setup=lambda: (lambda c: (c.reserve(1, [7]), c)[1])(paged_cache()), observe=cache_state)
-    add("runner.check_kernel_limits", runner.check_kernel_limits, dict(block_size=16, head_dim=64, attention="kernel"),
-        dict(block_size="size", head_dim="size"))
+        allow={"prompt": {"token-past-vocab"}, "arrival": {"negative"}},
+    )  # no vocabulary; times are relative
+    add(
+        "request.timeline",
+        request.timeline,
+        dict(events=[request.Event(0, 0, "arrive")], num_steps=3),
+        dict(events="any", num_steps="int0"),
+    )
+    add(
+        "scheduler.Scheduler",
+        lambda **k: scheduler.Scheduler(bm.BlockManager(8, 4), **k),
+        dict(
+            max_batch=4, max_batched_tokens=16, preemption="recompute", watermark_blocks=0, log=None
+        ),
+        dict(max_batch="int", max_batched_tokens="int", watermark_blocks="int0", log="callable?"),
+    )
+    add(
+        "runner.ModelRunner",
+        lambda o, **k: runner.ModelRunner(cache=o, **k),
+        dict(model=M, attention="gather", cuda_graphs=False, max_batch=1),
+        dict(max_batch="int"),
+        **pc,
+    )
+    add(
+        "runner.ModelRunner.run",
+        lambda o, **k: runner.ModelRunner(M, o, "gather").run(**k),
+        dict(chunks=[(0, 1)]),
+        dict(chunks="any"),
+        setup=lambda: (lambda c: (c.reserve(0, [7]), c)[1])(paged_cache()),
+        observe=cache_state,
+    )
+    add(
+        "attention.build_step",
+        lambda o, **k: attention.build_step(o, **k),
+        dict(chunks=[(1, 1)], path="gather"),
+        setup=lambda: (lambda c: (c.reserve(1, [7]), c)[1])(paged_cache()),
+        observe=cache_state,
+    )
+    add(
+        "runner.check_kernel_limits",
+        runner.check_kernel_limits,
+        dict(block_size=16, head_dim=64, attention="kernel"),
+        dict(block_size="size", head_dim="size"),
+    )
 
     # -- lab: engine, prefix, paging
-    add("lab.engine.make_requests", lab_engine.make_requests,
-        dict(n=4, distribution="lognormal", mean_prompt=8.0, mean_output=4.0, max_len=32, shared_prompts=2,
-             shared_len=4, shared_fraction=0.5, vocab=VOCAB, seed=0),
-        dict(n="int0", max_len="int", shared_prompts="int0", shared_len="int0", shared_fraction="frac",
-             vocab="int", seed="seed", mean_prompt="real", mean_output="real"))
-    add("lab.engine.static_generate", lab_engine.static_generate,
+    add(
+        "lab.engine.make_requests",
+        lab_engine.make_requests,
+        dict(
+            n=4,
+            distribution="lognormal",
+            mean_prompt=8.0,
+            mean_output=4.0,
+            max_len=32,
+            shared_prompts=2,
+            shared_len=4,
+            shared_fraction=0.5,
+            vocab=VOCAB,
+            seed=0,
+        ),
+        dict(
+            n="int0",
+            max_len="int",
+            shared_prompts="int0",
+            shared_len="int0",
+            shared_fraction="frac",
+            vocab="int",
+            seed="seed",
+            mean_prompt="real",
+            mean_output="real",
+        ),
+    )
+    add(
+        "lab.engine.static_generate",
+        lab_engine.static_generate,
         dict(model=M, prompts=[[1, 2, 3], [4, 5]], max_new_tokens=[2, 3], batch_size=2),
-        dict(prompts="tokens", max_new_tokens="ints", batch_size="int"))
-    add("lab.engine.compare_with_generate", lab_engine.compare_with_generate,
-        dict(model=M, prompts=[[1, 2, 3], [4, 5]], max_new_tokens=[2, 3], max_batch=2, block_size=4, num_blocks=8,
-             prefix_caching=True, reps=1, attention="gather"),
-        dict(prompts="tokens", max_new_tokens="ints", max_batch="int", block_size="size", num_blocks="size?",
-             reps="int", attention="choice?"))
-    add("lab.engine.latency_throughput", lab_engine.latency_throughput,
-        dict(model=M, prompts=[[1, 2, 3], [4, 5]], max_new_tokens=[2, 3], batches=(1, 2), num_blocks=8, block_size=4,
-             attention="gather"),
-        dict(prompts="tokens", max_new_tokens="ints", batches="ints", num_blocks="size?", attention="choice?"))
-    add("lab.prefix.make_chat_trace", prefix.make_chat_trace,
-        dict(num_system_prompts=2, num_users=3, turns=2, system_tokens=8, user_tokens=4, reply_tokens=4,
-             think_time=2.0, vocab=VOCAB, seed=0),
-        dict(num_system_prompts="size", num_users="size", turns="size", system_tokens="int0", user_tokens="size",
-             reply_tokens="size", think_time="real0", vocab="int", seed="seed"))
+        dict(prompts="tokens", max_new_tokens="ints", batch_size="int"),
+    )
+    add(
+        "lab.engine.compare_with_generate",
+        lab_engine.compare_with_generate,
+        dict(
+            model=M,
+            prompts=[[1, 2, 3], [4, 5]],
+            max_new_tokens=[2, 3],
+            max_batch=2,
+            block_size=4,
+            num_blocks=8,
+            prefix_caching=True,
+            reps=1,
+            attention="gather",
+        ),
+        dict(
+            prompts="tokens",
+            max_new_tokens="ints",
+            max_batch="int",
+            block_size="size",
+            num_blocks="size?",
+            reps="int",
+            attention="choice?",
+        ),
+    )
+    add(
+        "lab.engine.latency_throughput",
+        lab_engine.latency_throughput,
+        dict(
+            model=M,
+            prompts=[[1, 2, 3], [4, 5]],
+            max_new_tokens=[2, 3],
+            batches=(1, 2),
+            num_blocks=8,
+            block_size=4,
+            attention="gather",
+        ),
+        dict(
+            prompts="tokens",
+            max_new_tokens="ints",
+            batches="ints",
+            num_blocks="size?",
+            attention="choice?",
+        ),
+    )
+    add(
+        "lab.prefix.make_chat_trace",
+        prefix.make_chat_trace,
+        dict(
+            num_system_prompts=2,
+            num_users=3,
+            turns=2,
+            system_tokens=8,
+            user_tokens=4,
+            reply_tokens=4,
+            think_time=2.0,
+            vocab=VOCAB,
+            seed=0,
+        ),
+        dict(
+            num_system_prompts="size",
+            num_users="size",
+            turns="size",
+            system_tokens="int0",
+            user_tokens="size",
+            reply_tokens="size",
+            think_time="real0",
+            vocab="int",
+            seed="seed",
+        ),
+    )
     trace = prefix.make_chat_trace(2, 3, 2, 8, 4, 4, 2.0, VOCAB, 0)
-    add("lab.prefix.replay", prefix.replay, dict(trace=trace, num_blocks=16, block_size=4, policy="lru"),
-        dict(trace="any", num_blocks="size", block_size="int"))
-    add("lab.prefix.measure_ttft", prefix.measure_ttft,
-        dict(model=M, prompt_tokens=12, prefix_tokens=[0, 8], block_size=4, warmup=0, reps=1, seed=0,
-             attention="gather"),
-        dict(prompt_tokens="size", prefix_tokens="ints", block_size="size", warmup="int0", reps="int", seed="seed",
-             attention="choice?"), allow={"prefix_tokens": {"zero"}})
-    add("lab.prefix.measure_decode_after_prefix", prefix.measure_decode_after_prefix,
+    add(
+        "lab.prefix.replay",
+        prefix.replay,
+        dict(trace=trace, num_blocks=16, block_size=4, policy="lru"),
+        dict(trace="any", num_blocks="size", block_size="int"),
+    )
+    add(
+        "lab.prefix.measure_ttft",
+        prefix.measure_ttft,
+        dict(
+            model=M,
+            prompt_tokens=12,
+            prefix_tokens=[0, 8],
+            block_size=4,
+            warmup=0,
+            reps=1,
+            seed=0,
+            attention="gather",
+        ),
+        dict(
+            prompt_tokens="size",
+            prefix_tokens="ints",
+            block_size="size",
+            warmup="int0",
+            reps="int",
+            seed="seed",
+            attention="choice?",
+        ),
+        allow={"prefix_tokens": {"zero"}},
+    )
+    add(
+        "lab.prefix.measure_decode_after_prefix",
+        prefix.measure_decode_after_prefix,
         dict(model=M, prompt_tokens=8, block_size=4, steps=2, seed=0, attention="gather"),
-        dict(prompt_tokens="size", block_size="size", steps="size", seed="seed", attention="choice?"))
-    add("lab.paging.make_trace", paging.make_trace,
+        dict(
+            prompt_tokens="size", block_size="size", steps="size", seed="seed", attention="choice?"
+        ),
+    )
+    add(
+        "lab.paging.make_trace",
+        paging.make_trace,
         dict(n=4, distribution="lognormal", mean_prompt=8.0, mean_output=4.0, max_len=32, seed=0),
-        dict(n="size", max_len="int", seed="seed"), allow={"n": {"zero"}})
+        dict(n="size", max_len="int", seed="seed"),
+        allow={"n": {"zero"}},
+    )
     ptrace = paging.make_trace(4, "uniform", 8.0, 4.0, 32, 0)
-    add("lab.paging.simulate", paging.simulate,
-        dict(trace=ptrace, policy="paged", budget_tokens=128, block_size=4, max_batch=4, max_len=32, estimate=4,
-             preemption="recompute"),
-        dict(trace="any", budget_tokens="size", block_size="int", max_batch="int", max_len="int?",
-             estimate="int?"))
-    add("lab.paging.ContiguousMemory", paging.ContiguousMemory, dict(budget=64, max_len=16, estimate=4),
-        dict(budget="int", max_len="int", estimate="int?"))
+    add(
+        "lab.paging.simulate",
+        paging.simulate,
+        dict(
+            trace=ptrace,
+            policy="paged",
+            budget_tokens=128,
+            block_size=4,
+            max_batch=4,
+            max_len=32,
+            estimate=4,
+            preemption="recompute",
+        ),
+        dict(
+            trace="any",
+            budget_tokens="size",
+            block_size="int",
+            max_batch="int",
+            max_len="int?",
+            estimate="int?",
+        ),
+    )
+    add(
+        "lab.paging.ContiguousMemory",
+        paging.ContiguousMemory,
+        dict(budget=64, max_len=16, estimate=4),
+        dict(budget="int", max_len="int", estimate="int?"),
+    )
 
     # -- lab: diagnose, verdict, trained, models, streams, quality, hardware, timing
-    add("lab.diagnose.batch_sweep", diagnose.batch_sweep,
-        dict(model=M, input_ids=ids(), max_new_tokens=2, batches=[1], method="cached", memory=None, compile=False),
-        dict(max_new_tokens="size", batches="ints", memory="real?", compile="flag?"))
+    add(
+        "lab.diagnose.batch_sweep",
+        diagnose.batch_sweep,
+        dict(
+            model=M,
+            input_ids=ids(),
+            max_new_tokens=2,
+            batches=[1],
+            method="cached",
+            memory=None,
+            compile=False,
+        ),
+        dict(max_new_tokens="size", batches="ints", memory="real?", compile="flag?"),
+    )
     add("lab.diagnose.this_machine", diagnose.this_machine, dict(memory=None), dict(memory="real?"))
-    add("theory.verdict.decide", verdict.decide,
-        dict(busy_fraction=0.9, bandwidth_fraction=0.3, flops_fraction=0.1, kv_share=0.2, admitted=True),
-        dict(busy_fraction="frac", bandwidth_fraction="real0", flops_fraction="real0", kv_share="frac",
-             admitted="flag"))
+    add(
+        "theory.verdict.decide",
+        verdict.decide,
+        dict(
+            busy_fraction=0.9,
+            bandwidth_fraction=0.3,
+            flops_fraction=0.1,
+            kv_share=0.2,
+            admitted=True,
+        ),
+        dict(
+            busy_fraction="frac",
+            bandwidth_fraction="real0",
+            flops_fraction="real0",
+            kv_share="frac",
+            admitted="flag",
+        ),
+    )
     add("theory.verdict.lever", verdict.lever, dict(verdict="kv", method="cached"))
-    add("theory.verdict.Target", verdict.Target, dict(tpot=0.1, ttft=None, memory=None),
-        dict(tpot="real?", ttft="real?", memory="real?"))
-    add("theory.verdict.capacity_batch", verdict.capacity_batch, dict(shape=shape8b, hw="h100-sxm", context=4096, w=2.0),
-        dict(shape="shape", hw="hw", context="int", w="real"))
-    add("theory.verdict.useful_batch", verdict.useful_batch, dict(sweep=[], target=verdict.Target()),
-        dict(sweep="any", target="shape"))
-    add("lab.trained.heldout_perplexity", trained.heldout_perplexity,
-        dict(model=kvlab.trained_model()[0], context=32, max_tokens=64, text="In the beginning was the word."),
-        dict(context="size?", max_tokens="int?", text="text?"))
-    add("lab.trained.heldout_ids", trained.heldout_ids, dict(text="In the beginning."), dict(text="text?"))
-    add("lab.models.tiny_model", models.tiny_model,
-        dict(arch="llama", size="cpu", layers=1, hidden=32, q_heads=2, kv_heads=1, vocab=64, intermediate=32,
-             device="cpu", dtype=torch.float32, seed=0, max_positions=64),
-        dict(layers="size", hidden="size", q_heads="size", kv_heads="size", vocab="size", intermediate="size",
-             device="device", dtype="dtype", seed="seed", max_positions="int"), allow={"intermediate": {"none"}})
-    add("lab.models.tiny_hybrid", models.tiny_hybrid,
-        dict(layers=2, attention_layers=1, hidden=32, heads=2, kv_heads=None, state_size=4, expand=2, vocab=64,
-             seed=0, device="cpu", dtype=torch.float32),
-        dict(layers="size", attention_layers="size", hidden="size", heads="size", kv_heads="size?",
-             state_size="size", expand="size", vocab="size", seed="seed", device="device", dtype="dtype?"))
-    add("lab.streams.kl_divergence", streams.kl_divergence,
-        dict(reference=torch.log_softmax(torch.randn(3, 5), -1), other=torch.log_softmax(torch.randn(3, 5), -1)),
-        dict(reference="tensor", other="tensor"))
-    add("lab.streams.eviction_mask", streams.eviction_mask, dict(n=8, num_sink=1, window=4),
-        dict(n="size", num_sink="int0", window="int?"), allow={"n": {"zero"}})
-    add("lab.cache_quality.attention_error", cache_quality.attention_error,
-        dict(q=torch.randn(2, 4), k=torch.randn(5, 4), v=torch.randn(5, 4), k_hat=torch.randn(5, 4),
-             v_hat=torch.randn(5, 4)), dict(q="tensor", k="tensor", v="tensor", k_hat="tensor", v_hat="tensor"))
-    add("lab.cache_quality.outlier_keys", cache_quality.outlier_keys,
+    add(
+        "theory.verdict.Target",
+        verdict.Target,
+        dict(tpot=0.1, ttft=None, memory=None),
+        dict(tpot="real?", ttft="real?", memory="real?"),
+    )
+    add(
+        "theory.verdict.capacity_batch",
+        verdict.capacity_batch,
+        dict(shape=shape8b, hw="h100-sxm", context=4096, w=2.0),
+        dict(shape="shape", hw="hw", context="int", w="real"),
+    )
+    add(
+        "theory.verdict.useful_batch",
+        verdict.useful_batch,
+        dict(sweep=[], target=verdict.Target()),
+        dict(sweep="any", target="shape"),
+    )
+    add(
+        "lab.trained.heldout_perplexity",
+        trained.heldout_perplexity,
+        dict(
+            model=kvlab.trained_model()[0],
+            context=32,
+            max_tokens=64,
+            text="In the beginning was the word.",
+        ),
+        dict(context="size?", max_tokens="int?", text="text?"),
+    )
+    add(
+        "lab.trained.heldout_ids",
+        trained.heldout_ids,
+        dict(text="In the beginning."),
+        dict(text="text?"),
+    )
+    add(
+        "lab.models.tiny_model",
+        models.tiny_model,
+        dict(
+            arch="llama",
+            size="cpu",
+            layers=1,
+            hidden=32,
+            q_heads=2,
+            kv_heads=1,
+            vocab=64,
+            intermediate=32,
+            device="cpu",
+            dtype=torch.float32,
+            seed=0,
+            max_positions=64,
+        ),
+        dict(
+            layers="size",
+            hidden="size",
+            q_heads="size",
+            kv_heads="size",
+            vocab="size",
+            intermediate="size",
+            device="device",
+            dtype="dtype",
+            seed="seed",
+            max_positions="int",
+        ),
+        allow={"intermediate": {"none"}},
+    )
+    add(
+        "lab.models.tiny_hybrid",
+        models.tiny_hybrid,
+        dict(
+            layers=2,
+            attention_layers=1,
+            hidden=32,
+            heads=2,
+            kv_heads=None,
+            state_size=4,
+            expand=2,
+            vocab=64,
+            seed=0,
+            device="cpu",
+            dtype=torch.float32,
+        ),
+        dict(
+            layers="size",
+            attention_layers="size",
+            hidden="size",
+            heads="size",
+            kv_heads="size?",
+            state_size="size",
+            expand="size",
+            vocab="size",
+            seed="seed",
+            device="device",
+            dtype="dtype?",
+        ),
+    )
+    add(
+        "lab.streams.kl_divergence",
+        streams.kl_divergence,
+        dict(
+            reference=torch.log_softmax(torch.randn(3, 5), -1),
+            other=torch.log_softmax(torch.randn(3, 5), -1),
+        ),
+        dict(reference="tensor", other="tensor"),
+    )
+    add(
+        "lab.streams.eviction_mask",
+        streams.eviction_mask,
+        dict(n=8, num_sink=1, window=4),
+        dict(n="size", num_sink="int0", window="int?"),
+        allow={"n": {"zero"}},
+    )
+    add(
+        "lab.cache_quality.attention_error",
+        cache_quality.attention_error,
+        dict(
+            q=torch.randn(2, 4),
+            k=torch.randn(5, 4),
+            v=torch.randn(5, 4),
+            k_hat=torch.randn(5, 4),
+            v_hat=torch.randn(5, 4),
+        ),
+        dict(q="tensor", k="tensor", v="tensor", k_hat="tensor", v_hat="tensor"),
+    )
+    add(
+        "lab.cache_quality.outlier_keys",
+        cache_quality.outlier_keys,
         dict(tokens=8, head_dim=8, outlier_channels=2, outlier_scale=20.0, seed=0),
-        dict(tokens="size", head_dim="size", outlier_channels="int0", outlier_scale="real", seed="seed"))
-    add("lab.cache_quality.uniform_share", cache_quality.uniform_share, dict(n=64, first=1, skip=16),
-        dict(n="int", first="int", skip="int0"))
+        dict(
+            tokens="size",
+            head_dim="size",
+            outlier_channels="int0",
+            outlier_scale="real",
+            seed="seed",
+        ),
+    )
+    add(
+        "lab.cache_quality.uniform_share",
+        cache_quality.uniform_share,
+        dict(n=64, first=1, skip=16),
+        dict(n="int", first="int", skip="int0"),
+    )
     add("lab.hardware.stamp_line", hardware.stamp_line, dict(s=hardware.stamp()), dict(s="shape?"))
-    add("lab.hardware.calibrated_device", hardware.calibrated_device, dict(calibration=None, memory=1e9),
-        dict(memory="real?", calibration="shape?"))
-    add("lab.hardware.memory_bytes", hardware.memory_bytes, dict(device="cpu"), dict(device="device"))
-    add("lab.timing.measure", timing.measure, dict(fn=lambda: None, warmup=1, reps=2, device=None),
-        dict(fn="callable", warmup="int0", reps="int", device="device?"))
+    add(
+        "lab.hardware.calibrated_device",
+        hardware.calibrated_device,
+        dict(calibration=None, memory=1e9),
+        dict(memory="real?", calibration="shape?"),
+    )
+    add(
+        "lab.hardware.memory_bytes",
+        hardware.memory_bytes,
+        dict(device="cpu"),
+        dict(device="device"),
+    )
+    add(
+        "lab.timing.measure",
+        timing.measure,
+        dict(fn=lambda: None, warmup=1, reps=2, device=None),
+        dict(fn="callable", warmup="int0", reps="int", device="device?"),
+    )
 
     # -- the decode loops and versions
-    add("decode.naive_decode", decode.naive_decode, dict(model=M, input_ids=ids(), max_new_tokens=2),
-        dict(max_new_tokens="int0"))
-    add("decode.cached_decode", decode.cached_decode, dict(model=M, input_ids=ids(), max_new_tokens=2),
-        dict(max_new_tokens="int0"))
-    add("decode.static_decode", decode.static_decode,
-        dict(model=M, input_ids=ids(), max_new_tokens=2, compile=False), dict(max_new_tokens="int0",
-                                                                                compile="flag?"))
-    add("versions.drop_newest", lambda **k: versions.drop_newest(_static_cache(M), **k), dict(tokens=1),
-        dict(tokens="size"))
-    add("versions.cache_kwargs", versions.cache_kwargs, dict(model=M, cache=None), dict(cache="any"))
-    add("versions.returned_cache", versions.returned_cache, dict(output=M(ids(), use_cache=True)),
-        dict(output="model"))
-    add("versions.takes", versions.takes, dict(model=M, argument="logits_to_keep"), dict(argument="text"))
-    add("versions.require_transformers", versions.require_transformers, dict(minimum="5.0", feature="x"),
-        dict(minimum="text", feature="text"))
-    add("versions.upgrade_command", versions.upgrade_command, dict(low={"torch": "2.0"}), dict(low="shape"))
-    add("versions.installed", versions.installed, dict(distribution="torch"), dict(distribution="text"))
-    add("devices.device_and_dtype", devices.device_and_dtype, dict(device="cpu", dtype=torch.float32),
-        dict(device="device?", dtype="dtype?"))
+    add(
+        "decode.naive_decode",
+        decode.naive_decode,
+        dict(model=M, input_ids=ids(), max_new_tokens=2),
+        dict(max_new_tokens="int0"),
+    )
+    add(
+        "decode.cached_decode",
+        decode.cached_decode,
+        dict(model=M, input_ids=ids(), max_new_tokens=2),
+        dict(max_new_tokens="int0"),
+    )
+    add(
+        "decode.static_decode",
+        decode.static_decode,
+        dict(model=M, input_ids=ids(), max_new_tokens=2, compile=False),
+        dict(max_new_tokens="int0", compile="flag?"),
+    )
+    add(
+        "versions.drop_newest",
+        lambda **k: versions.drop_newest(_static_cache(M), **k),
+        dict(tokens=1),
+        dict(tokens="size"),
+    )
+    add(
+        "versions.cache_kwargs", versions.cache_kwargs, dict(model=M, cache=None), dict(cache="any")
+    )
+    add(
+        "versions.returned_cache",
+        versions.returned_cache,
+        dict(output=M(ids(), use_cache=True)),
+        dict(output="model"),
+    )
+    add(
+        "versions.takes",
+        versions.takes,
+        dict(model=M, argument="logits_to_keep"),
+        dict(argument="text"),
+    )
+    add(
+        "versions.require_transformers",
+        versions.require_transformers,
+        dict(minimum="5.0", feature="x"),
+        dict(minimum="text", feature="text"),
+    )
+    add(
+        "versions.upgrade_command",
+        versions.upgrade_command,
+        dict(low={"torch": "2.0"}),
+        dict(low="shape"),
+    )
+    add(
+        "versions.installed",
+        versions.installed,
+        dict(distribution="torch"),
+        dict(distribution="text"),
+    )
+    add(
+        "devices.device_and_dtype",
+        devices.device_and_dtype,
+        dict(device="cpu", dtype=torch.float32),
+        dict(device="device?", dtype="dtype?"),
+    )
 
     # -- caches of section 9.7
-    add("cache.quantized.QuantizedKVCache", quantized.QuantizedKVCache,
+    add(
+        "cache.quantized.QuantizedKVCache",
+        quantized.QuantizedKVCache,
         dict(bits=4, group_size=8, residual=8, key_groups="channel"),
-        dict(bits="int", group_size="int", residual="int0"))
-    add("cache.quantized.quantize", quantized.quantize, dict(x=torch.randn(4, 8), bits=4, group_size=4, axis=-1),
-        dict(x="tensor", bits="int", group_size="size", axis="seed"))
-    add("cache.window.SinkCache", window.SinkCache, dict(num_sink=2, window=8, rope="original", model=None),
-        dict(num_sink="int0", window="int", model="model?"))
-    add("cache.window.SlidingWindowCache", window.SlidingWindowCache, dict(window=8, rope="original", model=None),
-        dict(window="int", model="model?"))
-    add("cache.layout.new_cache", layout.new_cache,
-        dict(layout="NHD", batch=2, length=4, kv_heads=2, head_dim=8, layers=1, capacity=8, block_size=4,
-             spare_blocks=0, dtype=torch.float32, device="cpu", seed=0),
-        dict(batch="size", length="int0", kv_heads="size", head_dim="size", layers="size", capacity="size?",
-             block_size="size", spare_blocks="int0", dtype="dtype?", device="device?", seed="seed"))
-    add("cache.layout.cache_from_dense", layout.cache_from_dense,
-        dict(layout="NHD", k=torch.randn(1, 2, 6, 2, 8), v=torch.randn(1, 2, 6, 2, 8), capacity=8, block_size=4,
-             spare_blocks=0, seed=0),
-        dict(k="tensor", v="tensor", capacity="size?", block_size="size", spare_blocks="int0", seed="seed"))
-    add("kernels.selective_state_update_ref", ssm_scan.selective_state_update_ref,
-        dict(state=torch.zeros(1, 4, 2), u=torch.randn(1, 4), delta=torch.rand(1, 4), A=-torch.rand(4, 2),
-             B=torch.randn(1, 2), C=torch.randn(1, 2), delta_softplus=True),
-        dict(state="tensor", u="tensor", delta="tensor", A="tensor", B="tensor", C="tensor", delta_softplus="flag"))
+        dict(bits="int", group_size="int", residual="int0"),
+    )
+    add(
+        "cache.quantized.quantize",
+        quantized.quantize,
+        dict(x=torch.randn(4, 8), bits=4, group_size=4, axis=-1),
+        dict(x="tensor", bits="int", group_size="size", axis="seed"),
+    )
+    add(
+        "cache.window.SinkCache",
+        window.SinkCache,
+        dict(num_sink=2, window=8, rope="original", model=None),
+        dict(num_sink="int0", window="int", model="model?"),
+    )
+    add(
+        "cache.window.SlidingWindowCache",
+        window.SlidingWindowCache,
+        dict(window=8, rope="original", model=None),
+        dict(window="int", model="model?"),
+    )
+    add(
+        "cache.layout.new_cache",
+        layout.new_cache,
+        dict(
+            layout="NHD",
+            batch=2,
+            length=4,
+            kv_heads=2,
+            head_dim=8,
+            layers=1,
+            capacity=8,
+            block_size=4,
+            spare_blocks=0,
+            dtype=torch.float32,
+            device="cpu",
+            seed=0,
+        ),
+        dict(
+            batch="size",
+            length="int0",
+            kv_heads="size",
+            head_dim="size",
+            layers="size",
+            capacity="size?",
+            block_size="size",
+            spare_blocks="int0",
+            dtype="dtype?",
+            device="device?",
+            seed="seed",
+        ),
+    )
+    add(
+        "cache.layout.cache_from_dense",
+        layout.cache_from_dense,
+        dict(
+            layout="NHD",
+            k=torch.randn(1, 2, 6, 2, 8),
+            v=torch.randn(1, 2, 6, 2, 8),
+            capacity=8,
+            block_size=4,
+            spare_blocks=0,
+            seed=0,
+        ),
+        dict(
+            k="tensor",
+            v="tensor",
+            capacity="size?",
+            block_size="size",
+            spare_blocks="int0",
+            seed="seed",
+        ),
+    )
+    add(
+        "kernels.selective_state_update_ref",
+        ssm_scan.selective_state_update_ref,
+        dict(
+            state=torch.zeros(1, 4, 2),
+            u=torch.randn(1, 4),
+            delta=torch.rand(1, 4),
+            A=-torch.rand(4, 2),
+            B=torch.randn(1, 2),
+            C=torch.randn(1, 2),
+            delta_softplus=True,
+        ),
+        dict(
+            state="tensor",
+            u="tensor",
+            delta="tensor",
+            A="tensor",
+            B="tensor",
+            C="tensor",
+            delta_softplus="flag",
+        ),
+    )
 
     # -- theory
-    add("theory.shapes.ModelShape", shapes.ModelShape,
-        dict(name="m", layers=2, q_heads=4, kv_heads=2, head_dim=8, hidden=32, params=1e6, vocab=64, latent_dim=None,
-             rope_dim=None, window=None, intermediate=None, active_params=None),
-        dict(name="text", params="real", window="int?", intermediate="int?", active_params="real?"))
-    add("theory.specs.Accelerator", specs.Accelerator,
-        dict(name="x", hbm_bytes=80e9, hbm_bytes_per_s=3e12, bf16_flops=1e15, dies=1, die_bytes_per_s=3e12,
-             fabric_bytes_per_s=None, source="s", hbm_bytes_exposed=None, host_link=None),
-        dict(name="text", source="text", hbm_bytes="real", hbm_bytes_per_s="real", bf16_flops="real", dies="int",
-             die_bytes_per_s="real", fabric_bytes_per_s="real?", hbm_bytes_exposed="real?", host_link="choice?"))
-    add("theory.roofline.step_time_floor", roofline.step_time_floor,
-        dict(shape=shape8b, hw="h100-sxm", batch=4, context=1024, w_p=2.0, w_kv=2.0, placement="striped"),
-        dict(shape="shape", hw="hw", batch="int", context="int", w_p="real", w_kv="real"))
-    add("theory.roofline.admitted", roofline.admitted,
+    add(
+        "theory.shapes.ModelShape",
+        shapes.ModelShape,
+        dict(
+            name="m",
+            layers=2,
+            q_heads=4,
+            kv_heads=2,
+            head_dim=8,
+            hidden=32,
+            params=1e6,
+            vocab=64,
+            latent_dim=None,
+            rope_dim=None,
+            window=None,
+            intermediate=None,
+            active_params=None,
+        ),
+        dict(name="text", params="real", window="int?", intermediate="int?", active_params="real?"),
+    )
+    add(
+        "theory.specs.Accelerator",
+        specs.Accelerator,
+        dict(
+            name="x",
+            hbm_bytes=80e9,
+            hbm_bytes_per_s=3e12,
+            bf16_flops=1e15,
+            dies=1,
+            die_bytes_per_s=3e12,
+            fabric_bytes_per_s=None,
+            source="s",
+            hbm_bytes_exposed=None,
+            host_link=None,
+        ),
+        dict(
+            name="text",
+            source="text",
+            hbm_bytes="real",
+            hbm_bytes_per_s="real",
+            bf16_flops="real",
+            dies="int",
+            die_bytes_per_s="real",
+            fabric_bytes_per_s="real?",
+            hbm_bytes_exposed="real?",
+            host_link="choice?",
+        ),
+    )
+    add(
+        "theory.roofline.step_time_floor",
+        roofline.step_time_floor,
+        dict(
+            shape=shape8b,
+            hw="h100-sxm",
+            batch=4,
+            context=1024,
+            w_p=2.0,
+            w_kv=2.0,
+            placement="striped",
+        ),
+        dict(shape="shape", hw="hw", batch="int", context="int", w_p="real", w_kv="real"),
+    )
+    add(
+        "theory.roofline.admitted",
+        roofline.admitted,
         dict(shape=shape8b, hw="h100-sxm", batch=4, context=1024, w_p=2.0, w_kv=2.0, devices=1),
-        dict(shape="shape", hw="hw", batch="int", context="int", w_p="real", w_kv="real", devices="int"))
-    add("theory.roofline.prefill_time", roofline.prefill_time,
+        dict(
+            shape="shape",
+            hw="hw",
+            batch="int",
+            context="int",
+            w_p="real",
+            w_kv="real",
+            devices="int",
+        ),
+    )
+    add(
+        "theory.roofline.prefill_time",
+        roofline.prefill_time,
         dict(shape=shape8b, hw="h100-sxm", tokens=1024, mfu=0.7, hit_rate=0.0, prefix_tokens=0),
-        dict(shape="shape", hw="hw", tokens="int", mfu="frac", hit_rate="frac", prefix_tokens="int0"),
-        allow={"mfu": {"zero"}})
-    add("theory.roofline.compression_speedup", roofline.compression_speedup, dict(c=2.0, context=4096, s_star=1000.0),
-        dict(c="real", context="int", s_star="real"), allow={"s_star": {"inf"}})
-    add("theory.roofline.sharing_factor", roofline.sharing_factor,
-        dict(prefix_tokens=100, suffix_tokens=10, requests=4), dict(prefix_tokens="int0", suffix_tokens="int0",
-                                                                    requests="int"))
-    add("theory.roofline.transfer_time", roofline.transfer_time, dict(nbytes=1e9, link_bytes_per_s=1e10, codec=1.0),
-        dict(nbytes="real0", link_bytes_per_s="real", codec="real"))
-    add("theory.memory_wall.footprint", memory_wall.footprint,
-        dict(shape=shape8b, context=4096, batch=4, w_q=2.0, retention=1.0, fragmentation=0.0, sharing=1.0,
-             hbm_fraction=1.0),
-        dict(shape="shape", context="int", batch="int", w_q="real", retention="frac", fragmentation="frac",
-             sharing="real", hbm_fraction="frac"), allow={"retention": {"zero"}, "hbm_fraction": {"zero"}})
-    add("theory.memory_wall.recommend", memory_wall.recommend,
-        dict(shape=shape8b, hw="h100-sxm", context=4096, batch=4, quality_budget="moderate", retrieval_critical=False),
-        dict(shape="shape", hw="hw", context="int", batch="int", retrieval_critical="flag"))
-    add("theory.work.step_work", work.step_work,
+        dict(
+            shape="shape", hw="hw", tokens="int", mfu="frac", hit_rate="frac", prefix_tokens="int0"
+        ),
+        allow={"mfu": {"zero"}},
+    )
+    add(
+        "theory.roofline.compression_speedup",
+        roofline.compression_speedup,
+        dict(c=2.0, context=4096, s_star=1000.0),
+        dict(c="real", context="int", s_star="real"),
+        allow={"s_star": {"inf"}},
+    )
+    add(
+        "theory.roofline.sharing_factor",
+        roofline.sharing_factor,
+        dict(prefix_tokens=100, suffix_tokens=10, requests=4),
+        dict(prefix_tokens="int0", suffix_tokens="int0", requests="int"),
+    )
+    add(
+        "theory.roofline.transfer_time",
+        roofline.transfer_time,
+        dict(nbytes=1e9, link_bytes_per_s=1e10, codec=1.0),
+        dict(nbytes="real0", link_bytes_per_s="real", codec="real"),
+    )
+    add(
+        "theory.memory_wall.footprint",
+        memory_wall.footprint,
+        dict(
+            shape=shape8b,
+            context=4096,
+            batch=4,
+            w_q=2.0,
+            retention=1.0,
+            fragmentation=0.0,
+            sharing=1.0,
+            hbm_fraction=1.0,
+        ),
+        dict(
+            shape="shape",
+            context="int",
+            batch="int",
+            w_q="real",
+            retention="frac",
+            fragmentation="frac",
+            sharing="real",
+            hbm_fraction="frac",
+        ),
+        allow={"retention": {"zero"}, "hbm_fraction": {"zero"}},
+    )
+    add(
+        "theory.memory_wall.recommend",
+        memory_wall.recommend,
+        dict(
+            shape=shape8b,
+            hw="h100-sxm",
+            context=4096,
+            batch=4,
+            quality_budget="moderate",
+            retrieval_critical=False,
+        ),
+        dict(shape="shape", hw="hw", context="int", batch="int", retrieval_critical="flag"),
+    )
+    add(
+        "theory.work.step_work",
+        work.step_work,
         dict(shape=shape8b, batch=2, context=128, method="cached", w_p=2.0, w_kv=2.0),
-        dict(shape="shape", batch="int", context="int", w_p="real", w_kv="real"))
-    add("theory.work.positions_processed", work.positions_processed, dict(P=4, G=3, cached=True),
-        dict(P="int", G="int0", cached="flag"))
-    add("theory.ssm.scan_work", ssm.scan_work, dict(length=16, method="chunked", chunk_size=4),
-        dict(length="int", chunk_size="int?"))
-    add("theory.cache_sizes.cache_bytes", cache_sizes.cache_bytes,
-        dict(shape=shape8b, tokens=1024, bytes_per_element=2.0, window=None, kv_heads=None, full=False),
-        dict(shape="shape", tokens="int0", bytes_per_element="real", window="int?", kv_heads="int?", full="flag"))
-    add("theory.matmul.matmul_bytes", matmul.matmul_bytes, dict(n=4, K=64, N=64, element_size=2.0),
-        dict(n="int", K="int", N="int", element_size="real"))
+        dict(shape="shape", batch="int", context="int", w_p="real", w_kv="real"),
+    )
+    add(
+        "theory.work.positions_processed",
+        work.positions_processed,
+        dict(P=4, G=3, cached=True),
+        dict(P="int", G="int0", cached="flag"),
+    )
+    add(
+        "theory.ssm.scan_work",
+        ssm.scan_work,
+        dict(length=16, method="chunked", chunk_size=4),
+        dict(length="int", chunk_size="int?"),
+    )
+    add(
+        "theory.cache_sizes.cache_bytes",
+        cache_sizes.cache_bytes,
+        dict(
+            shape=shape8b,
+            tokens=1024,
+            bytes_per_element=2.0,
+            window=None,
+            kv_heads=None,
+            full=False,
+        ),
+        dict(
+            shape="shape",
+            tokens="int0",
+            bytes_per_element="real",
+            window="int?",
+            kv_heads="int?",
+            full="flag",
+        ),
+    )
+    add(
+        "theory.matmul.matmul_bytes",
+        matmul.matmul_bytes,
+        dict(n=4, K=64, N=64, element_size=2.0),
+        dict(n="int", K="int", N="int", element_size="real"),
+    )
 
     # -- show
-    add("show.notebook.reading", notebook.reading, dict(markdown_text="a *b*"), dict(markdown_text="text"))
-    add("show.format.si", fmt.si, dict(value=3.2e9, unit="B/s", digits=3), dict(value="real0", unit="text",
-                                                                                digits="size"),
-        allow={"value": {"negative", "inf", "nan"}})
-    add("show.format.sig", fmt.sig, dict(x=3.14159, digits=3), dict(x="real0", digits="size"),
-        allow={"x": {"negative", "inf", "nan"}})
-    add("show.plots.new_figure", plots.new_figure, dict(ncols=1, width=4.0, height=3.0),
-        dict(ncols="size", width="real?", height="real"))
-    add("show.widgets.explore", widgets.explore,
-        dict(measure=lambda x: x, sliders={"x": [1, 2]}, plot=lambda ax, r, **p: None, defaults=None, title="t",
-             reading=None, static=True),
-        dict(measure="callable", sliders="any", plot="callable", title="text?", reading="callable?", static="flag?"))
+    add(
+        "show.notebook.reading",
+        notebook.reading,
+        dict(markdown_text="a *b*"),
+        dict(markdown_text="text"),
+    )
+    add(
+        "show.format.si",
+        fmt.si,
+        dict(value=3.2e9, unit="B/s", digits=3),
+        dict(value="real0", unit="text", digits="size"),
+        allow={"value": {"negative", "inf", "nan"}},
+    )
+    add(
+        "show.format.sig",
+        fmt.sig,
+        dict(x=3.14159, digits=3),
+        dict(x="real0", digits="size"),
+        allow={"x": {"negative", "inf", "nan"}},
+    )
+    add(
+        "show.plots.new_figure",
+        plots.new_figure,
+        dict(ncols=1, width=4.0, height=3.0),
+        dict(ncols="size", width="real?", height="real"),
+    )
+    add(
+        "show.widgets.explore",
+        widgets.explore,
+        dict(
+            measure=lambda x: x,
+            sliders={"x": [1, 2]},
+            plot=lambda ax, r, **p: None,
+            defaults=None,
+            title="t",
+            reading=None,
+            static=True,
+        ),
+        dict(
+            measure="callable",
+            sliders="any",
+            plot="callable",
+            title="text?",
+            reading="callable?",
+            static="flag?",
+        ),
+    )
     return E
 
 
@@ -591,8 +1602,9 @@ def _static_cache(m):
 
 # --------------------------------------------------------------------------- the issue's scenarios
 
-# Each scenario sets up a state, makes one call that must fail, and returns (call, argument, observed
-# objects): the call is counted like any other, with ``argument`` the name its message must carry.
+# Each scenario sets up a state, makes one call that must fail, and returns (call, argument,
+# observed objects): the call is counted like any other, with ``argument`` the name its message must
+# carry.
 
 
 def _scenarios():
@@ -605,25 +1617,52 @@ def _scenarios():
 
     def layers_mismatch():
         c = paged_cache()
-        return (lambda: paged_decode.prefill(model(3), c, 1, [5, 6], attention="gather"), "cache", [c])
+        return (
+            lambda: paged_decode.prefill(model(3), c, 1, [5, 6], attention="gather"),
+            "cache",
+            [c],
+        )
 
     def odd_block_kernel():
         c = paged_cache(block_size=3)
-        return (lambda: paged_decode.prefill(model(), c, 1, [5, 6], attention="kernel"), "block_size", [c])
+        return (
+            lambda: paged_decode.prefill(model(), c, 1, [5, 6], attention="kernel"),
+            "block_size",
+            [c],
+        )
 
     def generate_longer_than_pool():
         c = paged_cache(blocks=5)
-        return (lambda: paged_decode.generate(model(), c, [1, 2, 3, 4, 5, 6, 11], 12, attention="gather"),
-                "max_new_tokens", [c])
+        return (
+            lambda: paged_decode.generate(
+                model(), c, [1, 2, 3, 4, 5, 6, 11], 12, attention="gather"
+            ),
+            "max_new_tokens",
+            [c],
+        )
 
     def decode_after_reserve():
         c = paged_cache()
         c.reserve(1, [7])
-        return (lambda: paged_decode.decode_step(model(), c, [1], [8], attention="gather"), "prefill", [c])
+        return (
+            lambda: paged_decode.decode_step(model(), c, [1], [8], attention="gather"),
+            "prefill",
+            [c],
+        )
 
     def engine_dtype_changed():
-        m = kvlab.tiny_model("llama", layers=2, hidden=64, q_heads=4, kv_heads=2, vocab=VOCAB, intermediate=128,
-                             device="cpu", dtype=torch.float32, seed=3)
+        m = kvlab.tiny_model(
+            "llama",
+            layers=2,
+            hidden=64,
+            q_heads=4,
+            kv_heads=2,
+            vocab=VOCAB,
+            intermediate=128,
+            device="cpu",
+            dtype=torch.float32,
+            seed=3,
+        )
         e = Engine(m, num_blocks=16, block_size=4, max_batch=4, attention="gather")
         e.add_request([1, 2, 3], 2)
         m.to(torch.float64)
@@ -635,7 +1674,11 @@ def _scenarios():
         return (e.step, "sequence", [e], RuntimeError)
 
     def engine_conflicting_budget():
-        return (lambda: Engine(model(), num_blocks=8, kv_budget_bytes=10, attention="gather"), "kv_budget_bytes", [])
+        return (
+            lambda: Engine(model(), num_blocks=8, kv_budget_bytes=10, attention="gather"),
+            "kv_budget_bytes",
+            [],
+        )
 
     def metrics_duplicates():
         e = engine()
@@ -649,11 +1692,24 @@ def _scenarios():
         return (lambda: e.metrics([other.requests[0]]), "requests", [e])
 
     def two_prompts_one_count():
-        return (lambda: lab_engine.static_generate(model(), [[1, 2], [3, 4]], [2], 2), "max_new_tokens", [])
+        return (
+            lambda: lab_engine.static_generate(model(), [[1, 2], [3, 4]], [2], 2),
+            "max_new_tokens",
+            [],
+        )
 
     def admitted_none():
-        return (lambda: decide(busy_fraction=0.9, bandwidth_fraction=0.3, flops_fraction=0.1, kv_share=0.2,
-                               admitted=None), "admitted", [])
+        return (
+            lambda: decide(
+                busy_fraction=0.9,
+                bandwidth_fraction=0.3,
+                flops_fraction=0.1,
+                kv_share=0.2,
+                admitted=None,
+            ),
+            "admitted",
+            [],
+        )
 
     def drop_more_than_held():
         cache = _static_cache(model())
@@ -671,9 +1727,22 @@ def _scenarios():
 
         return copy_blocks_to_host(c.k_pools, c.v_pools, blocks)
 
-    return [layers_mismatch, odd_block_kernel, generate_longer_than_pool, decode_after_reserve, engine_dtype_changed,
-            engine_block_freed_behind, engine_conflicting_budget, metrics_duplicates, metrics_other_engine,
-            two_prompts_one_count, admitted_none, drop_more_than_held, timeline_negative, copy_negative_block]
+    return [
+        layers_mismatch,
+        odd_block_kernel,
+        generate_longer_than_pool,
+        decode_after_reserve,
+        engine_dtype_changed,
+        engine_block_freed_behind,
+        engine_conflicting_budget,
+        metrics_duplicates,
+        metrics_other_engine,
+        two_prompts_one_count,
+        admitted_none,
+        drop_more_than_held,
+        timeline_negative,
+        copy_negative_block,
+    ]
 
 
 def _observe(obj):
@@ -688,16 +1757,31 @@ def run_scenarios(counts, details, show):
         before = [_observe(o) for o in objects]
         entry = Entry(scenario.__name__, lambda: call(), {})
         error, timed_out, _, altered = call_once(entry, {})
-        changed = error is not None and not all(same(b, _observe(o)) for b, o in zip(before, objects))
+        changed = error is not None and not all(
+            same(b, _observe(o)) for b, o in zip(before, objects)
+        )
         outcome = classify(error, argument, timed_out)
         if expected and isinstance(error, expected[0]) and argument in str(error):
             outcome = "clear"  # the kind of error this misuse should raise
         counts["scenario " + outcome] += 1
         counts["scenario changed"] += changed
         if outcome in show or changed:
-            message = "timeout" if timed_out else (f"{type(error).__name__}: {error}"[:200] if error else "returned")
-            details.append(dict(name="scenario " + scenario.__name__, argument=argument, cls="scenario",
-                                outcome=outcome, changed=changed, altered=altered, message=message))
+            message = (
+                "timeout"
+                if timed_out
+                else (f"{type(error).__name__}: {error}"[:200] if error else "returned")
+            )
+            details.append(
+                dict(
+                    name="scenario " + scenario.__name__,
+                    argument=argument,
+                    cls="scenario",
+                    outcome=outcome,
+                    changed=changed,
+                    altered=altered,
+                    message=message,
+                )
+            )
 
 
 # --------------------------------------------------------------------------- running and counting
@@ -711,19 +1795,29 @@ def _alarm(signum, frame):
     raise TimeLimit()
 
 
-UNCLEAR = re.compile(r"'NoneType' object|object is not iterable|index out of range|not supported between instances|"
-                     r"object is not callable|not compiled with CUDA|has no attribute|unhashable|"
-                     r"object cannot be interpreted|takes \d+ positional|got an unexpected keyword|"
-                     r"must be real number, not|can't multiply sequence|unsupported operand")
+UNCLEAR = re.compile(
+    r"'NoneType' object|object is not iterable|index out of range|not supported between instances|"
+    r"object is not callable|not compiled with CUDA|has no attribute|unhashable|"
+    r"object cannot be interpreted|takes \d+ positional|got an unexpected keyword|"
+    r"must be real number, not|can't multiply sequence|unsupported operand"
+)
 
 
 def classify(error: BaseException | None, argument: str, timed_out: bool) -> str:
-    if timed_out or error is None or "TimeLimit" in repr(error):  # a compile that ran into the limit accepted it
+    if (
+        timed_out or error is None or "TimeLimit" in repr(error)
+    ):  # a compile that ran into the limit accepted it
         return "silent"
     message = str(error)
     named = argument.split("[")[0] in message
-    sized = isinstance(error, MemoryError) and "bytes" in message and "free" in message  # needed and free
-    if isinstance(error, (ValueError, TypeError, MemoryError)) and (named or sized) and not UNCLEAR.search(message):
+    sized = (
+        isinstance(error, MemoryError) and "bytes" in message and "free" in message
+    )  # needed and free
+    if (
+        isinstance(error, (ValueError, TypeError, MemoryError))
+        and (named or sized)
+        and not UNCLEAR.search(message)
+    ):
         return "clear"
     return "unclear"
 
@@ -747,7 +1841,9 @@ def call_once(entry: Entry, kwargs: dict):
         error = e
     finally:
         signal.alarm(0)
-    changed = error is not None and entry.observe is not None and not same(before, entry.observe(obj))
+    changed = (
+        error is not None and entry.observe is not None and not same(before, entry.observe(obj))
+    )
     altered = False
     for m in _models():
         if id(m) in m_before and model_state(m) != m_before[id(m)]:
@@ -786,21 +1882,39 @@ def run(only: str | None, show: set[str]) -> dict:
                 counts["altered"] += altered
                 by_class[cls][outcome] += 1
                 if outcome in show or changed or altered:
-                    message = "timeout" if timed_out else (f"{type(error).__name__}: {error}"[:200] if error else
-                                                           "returned")
-                    details.append(dict(name=entry.name, argument=argument, cls=cls, outcome=outcome,
-                                        changed=changed, altered=altered, message=message))
+                    message = (
+                        "timeout"
+                        if timed_out
+                        else (f"{type(error).__name__}: {error}"[:200] if error else "returned")
+                    )
+                    details.append(
+                        dict(
+                            name=entry.name,
+                            argument=argument,
+                            cls=cls,
+                            outcome=outcome,
+                            changed=changed,
+                            altered=altered,
+                            message=message,
+                        )
+                    )
     if not only or only == "scenario":
         run_scenarios(counts, details, show)
-    return dict(counts=dict(counts), by_class={k: dict(v) for k, v in by_class.items()}, details=details,
-                baseline_failures=baseline_failures)
+    return dict(
+        counts=dict(counts),
+        by_class={k: dict(v) for k, v in by_class.items()},
+        details=details,
+        baseline_failures=baseline_failures,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the full result here")
     parser.add_argument("--only", help="only names containing this")
-    parser.add_argument("--show", default="unclear,silent", help="outcomes to list (comma-separated)")
+    parser.add_argument(
+        "--show", default="unclear,silent", help="outcomes to list (comma-separated)"
+    )
     args = parser.parse_args()
     start = time.time()
     result = run(args.only, set(args.show.split(",")) if args.show else set())
@@ -810,11 +1924,16 @@ def main() -> None:
     for name, why in result["baseline_failures"]:
         print(f"BASELINE FAILED {name}: {why}")
     c = result["counts"]
-    print(f"\n{c.get('calls', 0)} calls in {time.time() - start:.0f} s: {c.get('clear', 0)} clear, "
-          f"{c.get('unclear', 0)} unclear, {c.get('silent', 0)} silent; {c.get('changed', 0)} failed calls changed "
-          f"state, {c.get('altered', 0)} left a model altered; {len(result['baseline_failures'])} baselines failed")
-    print(f"scenarios: {c.get('scenario clear', 0)} clear, {c.get('scenario unclear', 0)} unclear, "
-          f"{c.get('scenario silent', 0)} silent, {c.get('scenario changed', 0)} changed state")
+    print(
+        f"\n{c.get('calls', 0)} calls in {time.time() - start:.0f} s: {c.get('clear', 0)} clear,"
+        f" {c.get('unclear', 0)} unclear, {c.get('silent', 0)} silent; {c.get('changed', 0)} failed"
+        f" calls changed state, {c.get('altered', 0)} left a model altered;"
+        f" {len(result['baseline_failures'])} baselines failed"
+    )
+    print(
+        f"scenarios: {c.get('scenario clear', 0)} clear, {c.get('scenario unclear', 0)} unclear, "
+        f"{c.get('scenario silent', 0)} silent, {c.get('scenario changed', 0)} changed state"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1, default=str)

@@ -23,8 +23,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 BLOCK = 32
-KINDS = {"attn_q": "query", "attn_k": "key", "attn_v": "value", "attn_output": "attention output",
-         "ffn_gate": "MLP gate", "ffn_up": "MLP up", "ffn_down": "MLP down"}
+KINDS = {
+    "attn_q": "query",
+    "attn_k": "key",
+    "attn_v": "value",
+    "attn_output": "attention output",
+    "ffn_gate": "MLP gate",
+    "ffn_up": "MLP up",
+    "ffn_down": "MLP down",
+}
 
 
 def q4_1_blocks(raw: np.ndarray):
@@ -62,14 +69,22 @@ def measure(path: Path):
         rms = float(np.sqrt(np.mean(w.astype(np.float64) ** 2)))
         again = gguf.quants.dequantize(gguf.quants.quantize(w, t.tensor_type), t.tensor_type)
         name = re.match(r"blk\.(\d+)\.(\w+)\.weight", t.name)
-        per_tensor.append((KINDS[name.group(2)], int(name.group(1)), np.sqrt(estimated_error_ms(d)) / rms,
-                           int(t.n_elements), float(np.abs(again - w).max() / np.abs(w).max())))
+        per_tensor.append(
+            (
+                KINDS[name.group(2)],
+                int(name.group(1)),
+                np.sqrt(estimated_error_ms(d)) / rms,
+                int(t.n_elements),
+                float(np.abs(again - w).max() / np.abs(w).max()),
+            )
+        )
     embedding = next(t for t in reader.tensors if t.name == "token_embd.weight")
     return inventory, per_tensor, embedding_check(embedding)
 
 
 def embedding_check(t):
-    """The estimator against a measured Q4_1 error, on the 8-bit token embedding of the same model."""
+    """The estimator against a measured Q4_1 error, on the 8-bit token embedding of the same
+    model."""
     import gguf
 
     w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
@@ -79,35 +94,61 @@ def embedding_check(t):
     measured = float(np.sqrt(np.mean((back - w) ** 2))) / rms
     d, _, _ = q4_1_blocks(np.asarray(raw))
     q8_scale = t.data.reshape(-1, 34)[:, 0:2].copy().view(np.float16).astype(np.float64)[:, 0]
-    q8_estimate = float(np.sqrt(np.mean(q8_scale**2 / 12))) / rms  # Q8_0: codes -127..127, d = absmax / 127
-    return {"measured": measured, "estimated": float(np.sqrt(estimated_error_ms(d))) / rms, "q8_0": q8_estimate}
+    q8_estimate = (
+        float(np.sqrt(np.mean(q8_scale**2 / 12))) / rms
+    )  # Q8_0: codes -127..127, d = absmax / 127
+    return {
+        "measured": measured,
+        "estimated": float(np.sqrt(estimated_error_ms(d))) / rms,
+        "q8_0": q8_estimate,
+    }
 
 
 def report(inventory, per_tensor, check) -> str:
-    lines = ["| stored as | tensors | weights | bytes | bits per weight |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        "| stored as | tensors | weights | bytes | bits per weight |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for kind, (count, weights, nbytes) in sorted(inventory.items(), key=lambda kv: -kv[1][1]):
-        lines.append(f"| {kind} | {count} | {weights:,} | {nbytes:,} | {8 * nbytes / weights:.2f} |")
-    lines += ["", "| Q4_1 matrices | layers | estimated relative rms error: median | smallest | largest |",
-              "|---|---:|---:|---:|---:|"]
+        lines.append(
+            f"| {kind} | {count} | {weights:,} | {nbytes:,} | {8 * nbytes / weights:.2f} |"
+        )
+    lines += [
+        "",
+        "| Q4_1 matrices | layers | estimated relative rms error: median | smallest | largest |",
+        "|---|---:|---:|---:|---:|",
+    ]
     by_kind = collections.defaultdict(list)
     for kind, _, rel, _, _ in per_tensor:
         by_kind[kind].append(rel)
     for kind in KINDS.values():
         r = np.array(by_kind[kind])
-        lines.append(f"| {kind} | {len(r)} | {100 * np.median(r):.1f}% | {100 * r.min():.1f}% | {100 * r.max():.1f}% |")
+        lines.append(
+            f"| {kind} | {len(r)} | {100 * np.median(r):.1f}% | {100 * r.min():.1f}% |"
+            f" {100 * r.max():.1f}% |"
+        )
     rel = np.array([p[2] for p in per_tensor])
     weights = np.array([p[3] for p in per_tensor])
     overall = float(np.sqrt(np.sum(weights * rel**2) / weights.sum()))
     worst = max(per_tensor, key=lambda p: p[2])
     trip = max(p[4] for p in per_tensor)
-    lines += ["", f"- all {len(per_tensor)} Q4_1 matrices, weighted by size: {100 * overall:.1f}% relative rms error "
-              f"(signal to rounding noise {20 * np.log10(1 / overall):.1f} dB); the largest is layer {worst[1]}'s "
-              f"{worst[0]} ({100 * worst[2]:.1f}%)",
-              f"- the estimator checked on the token embedding quantized to Q4_1 here: measured "
-              f"{100 * check['measured']:.1f}%, estimated {100 * check['estimated']:.1f}%; that embedding "
-              f"as stored (Q8_0) carries about {100 * check['q8_0']:.2f}%",
-              f"- re-quantizing the dequantized matrices to Q4_1 and back: largest change {trip:.1e} of a "
-              f"tensor's largest weight (the loaded weights lie on the file's 16-level grid)"]
+    lines += [
+        "",
+        (
+            f"- all {len(per_tensor)} Q4_1 matrices, weighted by size: {100 * overall:.1f}%"
+            f" relative rms error (signal to rounding noise {20 * np.log10(1 / overall):.1f} dB);"
+            f" the largest is layer {worst[1]}'s {worst[0]} ({100 * worst[2]:.1f}%)"
+        ),
+        (
+            "- the estimator checked on the token embedding quantized to Q4_1 here: measured"
+            f" {100 * check['measured']:.1f}%, estimated {100 * check['estimated']:.1f}%; that"
+            f" embedding as stored (Q8_0) carries about {100 * check['q8_0']:.2f}%"
+        ),
+        (
+            f"- re-quantizing the dequantized matrices to Q4_1 and back: largest change {trip:.1e}"
+            " of a tensor's largest weight (the loaded weights lie on the file's 16-level grid)"
+        ),
+    ]
     return "\n".join(lines)
 
 

@@ -1,8 +1,8 @@
 """Every notebook: the head of its first code cell, written from one place.
 
-The head installs kvlab where it is missing and meets kvlab's version floors; it is the same in every
-notebook and carries the book's repository address, ``repository.url`` in ``_config.yml`` (the one
-setting; empty until a person decides where the book is published). A notebook opened from the
+The head installs kvlab where it is missing and meets kvlab's version floors; it is the same in
+every notebook and carries the book's repository address, ``repository.url`` in ``_config.yml`` (the
+one setting; empty until a person decides where the book is published). A notebook opened from the
 repository (the Colab button) or downloaded from the book then installs kvlab from there when no
 wheel is beside it. Each notebook's own setup (imports, ``print(kvlab.env())``) follows the head.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 END = "kvlab.versions.meet_floors()"  # the head ends with this call (and its comment)
 
-HEAD = '''# Setup: where kvlab is missing (a fresh GPU runtime), install it from KVLAB_SOURCE (a wheel, a
+HEAD = """# Setup: where kvlab is missing (a fresh GPU runtime), install it from KVLAB_SOURCE (a wheel, a
 # checkout or a pip URL), else from a kvlab wheel beside this notebook (linked on the book's page),
 # else from the book's repository; then meet its version floors. See "Running on a GPU".
 REPOSITORY = {repository}  # repository.url in _config.yml, written here by scripts/setup_cell.py
@@ -46,7 +46,7 @@ if importlib.util.find_spec("kvlab") is None:
 import kvlab.versions
 
 kvlab.versions.meet_floors()  # below them: upgrades what it must, then asks for a restart
-'''
+"""
 
 
 def repository_url(root: Path = ROOT) -> str:
@@ -58,7 +58,9 @@ def repository_url(root: Path = ROOT) -> str:
 
 
 def head(repository: str | None = None) -> str:
-    return HEAD.format(repository=json.dumps(repository_url() if repository is None else repository))
+    return HEAD.format(
+        repository=json.dumps(repository_url() if repository is None else repository)
+    )
 
 
 def first_code_cell(nb: dict) -> dict:
@@ -66,11 +68,12 @@ def first_code_cell(nb: dict) -> dict:
 
 
 def with_head(source: str, new_head: str) -> str:
-    """``source`` (a first cell) with everything up to the end of its ``meet_floors()`` line replaced."""
+    """``source`` (a first cell) with everything up to the end of its ``meet_floors()`` line
+    replaced."""
     at = source.find(END)
     if at < 0:
         raise ValueError(f"the first code cell has no {END} line to end its setup head")
-    rest = source[source.find("\n", at) + 1:] if "\n" in source[at:] else ""
+    rest = source[source.find("\n", at) + 1 :] if "\n" in source[at:] else ""
     return new_head + rest
 
 
@@ -105,7 +108,9 @@ def write(root: Path = ROOT) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="list the notebooks whose head differs; change nothing")
+    parser.add_argument(
+        "--check", action="store_true", help="list the notebooks whose head differs; change nothing"
+    )
     args = parser.parse_args(argv)
     if args.check:
         bad = stale()

@@ -45,22 +45,51 @@ class Layer:
 # layer above. Each layer needs only what is under it: a formula needs no tensor, a kernel no cache,
 # a cache no model loop, a loop no measurement, a measurement no figure.
 LAYERS = (
-    Layer("base", "argument checks, the default device and dtype, and the one place that speaks to transformers' cache API", "support",
-          modules=("kvlab._checks", "kvlab.devices", "kvlab.versions")),
-    Layer("theory", "formulas in pure Python: roofline, specifications, shapes, work", "lesson",
-          packages=("kvlab.theory",)),
-    Layer("kernels", "Triton kernels, each beside its PyTorch reference", "lesson",
-          packages=("kvlab.kernels",)),
-    Layer("cache", "what is cached and where: blocks, paged pools, layouts, long context, SSM state", "lesson",
-          packages=("kvlab.cache",)),
-    Layer("decode & serving", "the loops over a model: decode, scheduler, attention, runner, engine, across devices", "lesson",
-          packages=("kvlab.serving", "kvlab.parallel"), modules=("kvlab.decode",)),
-    Layer("lab", "the machine, models, timing and each notebook's measurements", "lab",
-          packages=("kvlab.lab",)),
-    Layer("show", "presentation: readings, widgets, plots", "support",
-          packages=("kvlab.show",)),
-    Layer("entry", "the top-level names and the command line", "support",
-          modules=("kvlab", "kvlab.__main__", "kvlab.parallel.__main__")),
+    Layer(
+        "base",
+        "argument checks, the default device and dtype, and the one place that speaks to"
+        " transformers' cache API",
+        "support",
+        modules=("kvlab._checks", "kvlab.devices", "kvlab.versions"),
+    ),
+    Layer(
+        "theory",
+        "formulas in pure Python: roofline, specifications, shapes, work",
+        "lesson",
+        packages=("kvlab.theory",),
+    ),
+    Layer(
+        "kernels",
+        "Triton kernels, each beside its PyTorch reference",
+        "lesson",
+        packages=("kvlab.kernels",),
+    ),
+    Layer(
+        "cache",
+        "what is cached and where: blocks, paged pools, layouts, long context, SSM state",
+        "lesson",
+        packages=("kvlab.cache",),
+    ),
+    Layer(
+        "decode & serving",
+        "the loops over a model: decode, scheduler, attention, runner, engine, across devices",
+        "lesson",
+        packages=("kvlab.serving", "kvlab.parallel"),
+        modules=("kvlab.decode",),
+    ),
+    Layer(
+        "lab",
+        "the machine, models, timing and each notebook's measurements",
+        "lab",
+        packages=("kvlab.lab",),
+    ),
+    Layer("show", "presentation: readings, widgets, plots", "support", packages=("kvlab.show",)),
+    Layer(
+        "entry",
+        "the top-level names and the command line",
+        "support",
+        modules=("kvlab", "kvlab.__main__", "kvlab.parallel.__main__"),
+    ),
 )
 
 
@@ -83,6 +112,7 @@ def layer_index(module: str) -> int | None:
 
 # -- the package as ast sees it -------------------------------------------------------------------
 
+
 def modules(root: Path = ROOT) -> dict[str, Path]:
     """Every module of the package: dotted name -> file (a package is its ``__init__.py``)."""
     found = {}
@@ -103,6 +133,7 @@ def is_package(name: str, mods: dict[str, Path]) -> bool:
 @dataclass(frozen=True)
 class Import:
     """One imported module (and, for ``from m import n``, the name taken from it)."""
+
     importer: str
     line: int
     module: str  # absolute dotted name of the module whose code runs (kvlab or third-party)
@@ -126,7 +157,8 @@ def _absolute(importer: str, level: int, name: str | None, mods: dict[str, Path]
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 class _ImportVisitor(ast.NodeVisitor):
@@ -137,8 +169,18 @@ class _ImportVisitor(ast.NodeVisitor):
         self.type_only = 0
 
     def _add(self, node, module, name, bound, dynamic=False):
-        self.found.append(Import(self.importer, node.lineno, module, name, bound, self.depth > 0,
-                                 self.type_only > 0, dynamic))
+        self.found.append(
+            Import(
+                self.importer,
+                node.lineno,
+                module,
+                name,
+                bound,
+                self.depth > 0,
+                self.type_only > 0,
+                dynamic,
+            )
+        )
 
     def visit_FunctionDef(self, node):
         for d in node.decorator_list + node.args.defaults + node.args.kw_defaults:
@@ -172,7 +214,11 @@ class _ImportVisitor(ast.NodeVisitor):
             self._add(node, alias.name, None, alias.asname or alias.name.partition(".")[0])
 
     def visit_ImportFrom(self, node):
-        base = _absolute(self.importer, node.level, node.module, self.mods) if node.level else node.module
+        base = (
+            _absolute(self.importer, node.level, node.module, self.mods)
+            if node.level
+            else node.module
+        )
         for alias in node.names:
             if alias.name == "*":
                 self._add(node, base, None, None)
@@ -183,9 +229,16 @@ class _ImportVisitor(ast.NodeVisitor):
 
     def visit_Call(self, node):
         f = node.func
-        if (isinstance(f, ast.Attribute) and f.attr == "import_module" and isinstance(f.value, ast.Name)
-                and f.value.id == "importlib" and node.args and isinstance(node.args[0], ast.Constant)
-                and isinstance(node.args[0].value, str) and not node.args[0].value.startswith(".")):
+        if (
+            isinstance(f, ast.Attribute)
+            and f.attr == "import_module"
+            and isinstance(f.value, ast.Name)
+            and f.value.id == "importlib"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and not node.args[0].value.startswith(".")
+        ):
             self._add(node, node.args[0].value, None, None, dynamic=True)
         self.generic_visit(node)
 
@@ -210,7 +263,8 @@ def is_internal(module: str) -> bool:
 
 
 def internal_target(imp: Import, mods: dict[str, Path]) -> str | None:
-    """The kvlab module an import runs, or None for a third-party one (or a missing kvlab module)."""
+    """The kvlab module an import runs, or None for a third-party one (or a missing kvlab
+    module)."""
     if not is_internal(imp.module):
         return None
     name = imp.module
@@ -219,7 +273,9 @@ def internal_target(imp: Import, mods: dict[str, Path]) -> str | None:
     return name or None
 
 
-def edges(mods: dict[str, Path] | None = None, imps: list[Import] | None = None) -> dict[tuple[str, str], str]:
+def edges(
+    mods: dict[str, Path] | None = None, imps: list[Import] | None = None
+) -> dict[tuple[str, str], str]:
     """(importer, imported) -> "module" when some import of it runs at import time, else "deferred".
     Type-only imports are left out; a module importing its own names is no edge."""
     mods = modules() if mods is None else mods
@@ -237,8 +293,10 @@ def edges(mods: dict[str, Path] | None = None, imps: list[Import] | None = None)
 
 # -- where a name comes from ----------------------------------------------------------------------
 
+
 def top_level_names(tree: ast.Module) -> set[str]:
-    """Names a module defines at its top level (functions, classes, assignments, also under if/try)."""
+    """Names a module defines at its top level (functions, classes, assignments, also under
+    if/try)."""
     names: set[str] = set()
 
     def walk(body):
@@ -248,7 +306,9 @@ def top_level_names(tree: ast.Module) -> set[str]:
             elif isinstance(node, ast.Assign):
                 for t in node.targets:
                     names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
-            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(
+                node.target, ast.Name
+            ):
                 names.add(node.target.id)
             elif isinstance(node, (ast.If, ast.Try, ast.With)):
                 walk(node.body)
@@ -300,7 +360,8 @@ class Package:
     def origin(self, module: str, name: str, seen: frozenset = frozenset()) -> str:
         """The module that defines ``module.name``: followed through re-exports (``from x import
         name`` in a package), then searched for among a package's submodules when the package makes
-        it some other way (a lazy ``__getattr__``); ``module`` itself when nothing better is known."""
+        it some other way (a lazy ``__getattr__``); ``module`` itself when nothing better is known.
+        """
         if f"{module}.{name}" in self.mods:
             return f"{module}.{name}"
         if (module, name) in seen:
@@ -320,6 +381,7 @@ class Package:
 
 # -- the notebooks --------------------------------------------------------------------------------
 
+
 def notebook_order(root: Path = ROOT) -> list[Path]:
     """The notebooks in the order of ``_toc.yml``, then any it does not list."""
     import yaml
@@ -337,7 +399,10 @@ def notebook_order(root: Path = ROOT) -> list[Path]:
         walk(part.get("chapters"))
     walk(toc.get("chapters"))
     paths = sorted((root / "notebooks").glob("*.ipynb"))
-    rank = {p: listed.index(f"notebooks/{p.stem}") if f"notebooks/{p.stem}" in listed else len(listed) for p in paths}
+    rank = {
+        p: listed.index(f"notebooks/{p.stem}") if f"notebooks/{p.stem}" in listed else len(listed)
+        for p in paths
+    }
     return sorted(paths, key=lambda p: (rank[p], p.name))
 
 
@@ -348,8 +413,14 @@ def _code_cells(notebook: dict) -> list[ast.Module]:
             continue
         lines = "".join(cell["source"]).splitlines()
         # IPython magics and shell escapes are not Python: keep the block structure, drop the line.
-        lines = [line[: len(line) - len(line.lstrip())] + "pass" if line.lstrip().startswith(("%", "!")) else line
-                 for line in lines]
+        lines = [
+            (
+                line[: len(line) - len(line.lstrip())] + "pass"
+                if line.lstrip().startswith(("%", "!"))
+                else line
+            )
+            for line in lines
+        ]
         try:
             trees.append(ast.parse("\n".join(lines)))
         except SyntaxError:
@@ -373,7 +444,12 @@ def notebook_modules(path: Path, pkg: Package) -> set[str]:
                             bound[alias.asname] = alias.name
                         else:
                             bound[alias.name.partition(".")[0]] = PACKAGE
-            elif isinstance(node, ast.ImportFrom) and node.module and is_internal(node.module) and not node.level:
+            elif (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and is_internal(node.module)
+                and not node.level
+            ):
                 for alias in node.names:
                     source = pkg.origin(node.module, alias.name)
                     used.add(source)
@@ -421,47 +497,77 @@ def notebook_title(path: Path) -> str:
 
 # -- what the page shows --------------------------------------------------------------------------
 
+
 def short(module: str) -> str:
     """``kvlab.cache.paged`` -> ``cache.paged``; the package itself stays ``kvlab``."""
-    return module if module == PACKAGE else module[len(PACKAGE) + 1:]
+    return module if module == PACKAGE else module[len(PACKAGE) + 1 :]
 
 
 def data(root: Path = ROOT) -> dict:
     """Everything the diagram and the table are drawn from, as plain JSON-able values."""
     pkg = Package(root)
-    layers = [{"name": layer.name, "purpose": layer.purpose, "role": layer.role,
-               "modules": [m for m in pkg.mods if layer_of(m) is layer]} for layer in LAYERS]
+    layers = [
+        {
+            "name": layer.name,
+            "purpose": layer.purpose,
+            "role": layer.role,
+            "modules": [m for m in pkg.mods if layer_of(m) is layer],
+        }
+        for layer in LAYERS
+    ]
     unplaced = [m for m in pkg.mods if layer_of(m) is None]
     if unplaced:
-        layers.append({"name": "unplaced", "purpose": "modules LAYERS does not place", "role": "support",
-                       "modules": unplaced})
+        layers.append(
+            {
+                "name": "unplaced",
+                "purpose": "modules LAYERS does not place",
+                "role": "support",
+                "modules": unplaced,
+            }
+        )
     table = []
     for path in notebook_order(root):
         used = notebook_modules(path, pkg)
-        roles = {m: (layer_of(m).role if layer_of(m) else None) for m in used}
-        table.append({"notebook": path.stem, "title": notebook_title(path),
-                      "shows": sorted(m for m in used if roles[m] == "lesson"),
-                      "measures": sorted(m for m in used if roles[m] == "lab")})
-    return {"generated_by": COMMAND,
-            "layers": layers,
-            "edges": [[a, b, kind] for (a, b), kind in sorted(pkg.edges.items())],
-            "notebooks": table}
+        roles = {m: layer_of(m).role if layer_of(m) else None for m in used}
+        table.append(
+            {
+                "notebook": path.stem,
+                "title": notebook_title(path),
+                "shows": sorted(m for m in used if roles[m] == "lesson"),
+                "measures": sorted(m for m in used if roles[m] == "lab"),
+            }
+        )
+    return {
+        "generated_by": COMMAND,
+        "layers": layers,
+        "edges": [[a, b, kind] for (a, b), kind in sorted(pkg.edges.items())],
+        "notebooks": table,
+    }
 
 
 def notebooks_markdown(d: dict) -> str:
-    """The table of the page: each notebook, the modules it shows and the modules it measures with."""
+    """The table of the page: each notebook, the modules it shows and the modules it measures
+    with."""
+
     def cell(mods):
         return ", ".join(f"`{short(m)}`" for m in mods) or "none"
 
-    lines = [f"<!-- generated by `{COMMAND}` from the notebooks' imports: do not edit -->", "",
-             "| Notebook | Shows (lesson) | Measures with (lab) |", "|---|---|---|"]
+    lines = [
+        f"<!-- generated by `{COMMAND}` from the notebooks' imports: do not edit -->",
+        "",
+        "| Notebook | Shows (lesson) | Measures with (lab) |",
+        "|---|---|---|",
+    ]
     for row in d["notebooks"]:
-        lines.append(f"| {{doc}}`{row['title']} </notebooks/{row['notebook']}>` "
-                     f"| {cell(row['shows'])} | {cell(row['measures'])} |")
+        lines.append(
+            f"| {{doc}}`{row['title']} </notebooks/{row['notebook']}>` "
+            f"| {cell(row['shows'])} | {cell(row['measures'])} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 # -- the diagram ----------------------------------------------------------------------------------
+
 
 def boxes(d: dict) -> tuple[list[list[str]], dict[str, str], dict[str, int]]:
     """The diagram's boxes, layer by layer: a module, or a whole subpackage below a layer's package
@@ -473,8 +579,14 @@ def boxes(d: dict) -> tuple[list[list[str]], dict[str, str], dict[str, int]]:
         layer = next((x for x in LAYERS if x.name == layer_data["name"]), None)
         row = []
         for m in layer_data["modules"]:
-            depth = next((len(p.split(".")) + 1 for p in (layer.packages if layer else ())
-                          if m == p or m.startswith(p + ".")), len(m.split(".")))
+            depth = next(
+                (
+                    len(p.split(".")) + 1
+                    for p in (layer.packages if layer else ())
+                    if m == p or m.startswith(p + ".")
+                ),
+                len(m.split(".")),
+            )
             box = ".".join(m.split(".")[:depth])
             is_init = m == box and any(other.startswith(m + ".") for other in layer_data["modules"])
             if box == m and is_init and m not in touched:
@@ -494,7 +606,7 @@ def _label(box: str, layer: Layer | None, count: int, d: dict) -> str:
             if box == p:
                 return f"{short(p)}/__init__"
             if box.startswith(p + "."):
-                name = box[len(p) + 1:]
+                name = box[len(p) + 1 :]
     is_package = any(m.startswith(box + ".") for lay in d["layers"] for m in lay["modules"])
     if is_package and layer is not None and box in layer.modules:
         return f"{name}/__init__"
@@ -527,7 +639,17 @@ def _order(rows: list[list[str]], links: set[tuple[str, str]]) -> list[list[str]
 # Sizes in inches: the figure is drawn at about the width of the book's text column, so that its
 # labels stay legible without zooming.
 PER_LINE, BOX_W, BOX_H, GAP_X, LINE_H, BAND_GAP, LABEL_W = 5, 1.12, 0.3, 0.1, 0.44, 0.3, 1.05
-COLOURS = ["#5b6b7f", "#e08214", "#2ca02c", "#17a2b8", "#7b4fb0", "#8c564b", "#d45fa8", "#333333", "#999999"]
+COLOURS = [
+    "#5b6b7f",
+    "#e08214",
+    "#2ca02c",
+    "#17a2b8",
+    "#7b4fb0",
+    "#8c564b",
+    "#d45fa8",
+    "#333333",
+    "#999999",
+]
 UPWARD = "#d62728"
 
 
@@ -546,7 +668,7 @@ def _place(ordered: list[list[str]]):
     """Box centres and each layer's band (bottom, top); a row longer than PER_LINE wraps."""
     y, where, bands = 0.0, {}, []
     for row in ordered:
-        lines = [row[i:i + PER_LINE] for i in range(0, len(row), PER_LINE)] or [[]]
+        lines = [row[i : i + PER_LINE] for i in range(0, len(row), PER_LINE)] or [[]]
         bottom = y
         for line in reversed(lines):
             x0 = LABEL_W + (PER_LINE - len(line)) * (BOX_W + GAP_X) / 2
@@ -571,15 +693,32 @@ def _arrow(ax, start_box, end_box, kind, up, colour):
         start, end, rad = (xa + lean, ya - BOX_H / 2), (xb - lean, yb + BOX_H / 2), 0.06
     else:
         start, end, rad = (xa + lean, ya + BOX_H / 2), (xb - lean, yb - BOX_H / 2), 0.06
-    ax.add_patch(FancyArrowPatch(start, end, connectionstyle=f"arc3,rad={rad}", arrowstyle="-|>",
-                                 mutation_scale=6, lw=1.0 if up else 0.5, color=UPWARD if up else colour,
-                                 alpha=0.95 if up else 0.45, linestyle="--" if kind == "deferred" else "-",
-                                 zorder=3 if up else 1, shrinkA=0, shrinkB=0))
+    ax.add_patch(
+        FancyArrowPatch(
+            start,
+            end,
+            connectionstyle=f"arc3,rad={rad}",
+            arrowstyle="-|>",
+            mutation_scale=6,
+            lw=1.0 if up else 0.5,
+            color=UPWARD if up else colour,
+            alpha=0.95 if up else 0.45,
+            linestyle="--" if kind == "deferred" else "-",
+            zorder=3 if up else 1,
+            shrinkA=0,
+            shrinkB=0,
+        )
+    )
 
 
 def _legend(ax, y):
-    items = [[("-", "#777777", "import at module level"), ("--", "#777777", "import inside a function")],
-             [("-", UPWARD, "import of a higher layer (breaks the rule)"), (None, None, "imports of base: not drawn")]]
+    items = [
+        [("-", "#777777", "import at module level"), ("--", "#777777", "import inside a function")],
+        [
+            ("-", UPWARD, "import of a higher layer (breaks the rule)"),
+            (None, None, "imports of base: not drawn"),
+        ],
+    ]
     for row, entries in enumerate(items):
         x = 0.1
         for style, colour, text in entries:
@@ -614,10 +753,27 @@ def draw(d: dict, path: Path) -> None:
     ax.axis("off")
     layers = [next((x for x in LAYERS if x.name == row["name"]), None) for row in d["layers"]]
     for k, (bottom, top) in enumerate(bands):
-        ax.add_patch(FancyBboxPatch((0.03, bottom - 0.05), width - 0.06, top - bottom + 0.1, ec="none",
-                                    boxstyle="round,pad=0,rounding_size=0.06", fc=("#f4f6fa", "#eaeef5")[k % 2]))
-        ax.text(0.1, (bottom + top) / 2, d["layers"][k]["name"].replace(" & ", " &\n"), fontsize=9,
-                fontweight="bold", va="center", ha="left", color=COLOURS[k % len(COLOURS)], linespacing=1.0)
+        ax.add_patch(
+            FancyBboxPatch(
+                (0.03, bottom - 0.05),
+                width - 0.06,
+                top - bottom + 0.1,
+                ec="none",
+                boxstyle="round,pad=0,rounding_size=0.06",
+                fc=("#f4f6fa", "#eaeef5")[k % 2],
+            )
+        )
+        ax.text(
+            0.1,
+            (bottom + top) / 2,
+            d["layers"][k]["name"].replace(" & ", " &\n"),
+            fontsize=9,
+            fontweight="bold",
+            va="center",
+            ha="left",
+            color=COLOURS[k % len(COLOURS)],
+            linespacing=1.0,
+        )
     layer_number = {box: k for k, row in enumerate(ordered) for box in row}
     for (a, b), kind in sorted(links.items()):
         up = layer_number[b] > layer_number[a] and layers[layer_number[b]] is not None
@@ -625,11 +781,28 @@ def draw(d: dict, path: Path) -> None:
     for k, row in enumerate(ordered):
         for box in row:
             x, y = where[box]
-            ax.add_patch(FancyBboxPatch((x - BOX_W / 2, y - BOX_H / 2), BOX_W, BOX_H, fc="white", lw=0.9,
-                                        boxstyle="round,pad=0,rounding_size=0.05", ec=COLOURS[k % len(COLOURS)],
-                                        zorder=2))
-            ax.text(x, y, _label(box, layers[k], count[box], d), fontsize=7.5, ha="center", va="center",
-                    family="monospace", zorder=4)
+            ax.add_patch(
+                FancyBboxPatch(
+                    (x - BOX_W / 2, y - BOX_H / 2),
+                    BOX_W,
+                    BOX_H,
+                    fc="white",
+                    lw=0.9,
+                    boxstyle="round,pad=0,rounding_size=0.05",
+                    ec=COLOURS[k % len(COLOURS)],
+                    zorder=2,
+                )
+            )
+            ax.text(
+                x,
+                y,
+                _label(box, layers[k], count[box], d),
+                fontsize=7.5,
+                ha="center",
+                va="center",
+                family="monospace",
+                zorder=4,
+            )
     _legend(ax, -0.15)
     path.parent.mkdir(parents=True, exist_ok=True)
     with matplotlib.rc_context({"svg.hashsalt": "kvlab-stack", "svg.fonttype": "none"}):
@@ -662,8 +835,10 @@ def write(root: Path = ROOT) -> dict:
 def main(argv: list[str]) -> int:
     d = write()
     n_modules = sum(len(layer["modules"]) for layer in d["layers"])
-    print(f"{n_modules} modules, {len(d['edges'])} import edges, {len(d['notebooks'])} notebooks: "
-          f"wrote {OUT.relative_to(ROOT)}/stack.svg, stack.json, notebooks.md")
+    print(
+        f"{n_modules} modules, {len(d['edges'])} import edges, {len(d['notebooks'])} notebooks: "
+        f"wrote {OUT.relative_to(ROOT)}/stack.svg, stack.json, notebooks.md"
+    )
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Headless Chromium for the browser tests: Debian's chromium and chromium-driver, driven by Selenium.
+"""Headless Chromium for the browser tests: Debian's chromium and chromium-driver, driven by
+Selenium.
 
 Nothing is downloaded at run time. Where Chromium is missing the tests are skipped with the
 command that installs it (``.ci/run`` runs it before ``make test``).
@@ -18,8 +19,12 @@ ROLES = ("{glue", "{cite", "{doc}", "{ref}")
 
 def chromium(width: int = 1280, height: int = 1000):
     """A headless Chromium session that records console messages and network requests."""
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed: pip install selenium")
-    binary = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
+    webdriver = pytest.importorskip(
+        "selenium.webdriver", reason="selenium is not installed: pip install selenium"
+    )
+    binary = next(
+        (shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None
+    )
     driver_path = shutil.which("chromedriver")
     if binary is None or driver_path is None:
         pytest.skip(f"Chromium or chromedriver not found; install them with: {INSTALL}")
@@ -27,8 +32,14 @@ def chromium(width: int = 1280, height: int = 1000):
 
     options = webdriver.ChromeOptions()
     options.binary_location = binary
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--allow-file-access-from-files", f"--window-size={width},{height}"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--allow-file-access-from-files",
+        f"--window-size={width},{height}",
+    ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
@@ -50,7 +61,9 @@ def toc_pages(root: Path) -> list[str]:
     for part in toc.get("parts", []):
         walk(part.get("chapters"))
     walk(toc.get("chapters"))
-    return [str(Path(p).with_suffix("")) if Path(p).suffix in (".md", ".ipynb") else p for p in pages]
+    return [
+        str(Path(p).with_suffix("")) if Path(p).suffix in (".md", ".ipynb") else p for p in pages
+    ]
 
 
 def requested_urls(driver) -> list[str]:

@@ -2,18 +2,24 @@ import os
 
 import kvlab.kernels
 
-# Without a GPU, Triton kernels run under its interpreter: switched on before any kernel is imported.
+# Without a GPU, Triton kernels run under its interpreter: switched on before any kernel is
+# imported.
 kvlab.kernels.use_interpreter()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 # The longest files first. Under `-n 2 --dist loadfile --no-loadscope-reorder` (make test) each file
-# goes whole to one worker in this order, so the notebooks' executions (most of the run) start at once
-# on one worker while the other takes everything else; xdist's default order, largest file first,
-# started them last and left one worker idle for minutes at the end. The live notebooks (only the
-# floor run executes them) come third so that the main run's first worker queues a short file after
-# the static notebooks, not the install test.
-LONGEST_FIRST = ("test_notebooks.py", "test_install.py", "test_notebooks_live.py", "test_live_browser.py")
+# goes whole to one worker in this order, so the notebooks' executions (most of the run) start at
+# once on one worker while the other takes everything else; xdist's default order, largest file
+# first, started them last and left one worker idle for minutes at the end. The live notebooks (only
+# the floor run executes them) come third so that the main run's first worker queues a short file
+# after the static notebooks, not the install test.
+LONGEST_FIRST = (
+    "test_notebooks.py",
+    "test_install.py",
+    "test_notebooks_live.py",
+    "test_live_browser.py",
+)
 
 
 def pytest_collection_modifyitems(items):
@@ -32,8 +38,14 @@ def pytest_terminal_summary(terminalreporter):
         props = dict(r.user_properties)
         if r.when == "call" and "notebook_seconds" in props:
             mode = "live" if "live" in r.nodeid.split("::")[0] else "static"
-            rows.append((r.nodeid.split("[")[-1].rstrip("]"), mode, props["notebook_seconds"],
-                         props.get("missed_wakeups") or {}))
+            rows.append(
+                (
+                    r.nodeid.split("[")[-1].rstrip("]"),
+                    mode,
+                    props["notebook_seconds"],
+                    props.get("missed_wakeups") or {},
+                )
+            )
     if rows:
         terminalreporter.write_sep("-", "notebook execution times (this machine)")
         for name, mode, seconds, missed in sorted(rows):

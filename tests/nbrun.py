@@ -1,5 +1,6 @@
 """Execute one notebook with nbclient so that it never hangs: every wait for the kernel has a limit,
-and a notebook that runs out of time fails at once, naming the cell and saying where both sides were.
+and a notebook that runs out of time fails at once, naming the cell and saying where both sides
+were.
 
 Used by ``tests/test_notebooks.py``, ``tests/test_notebooks_live.py`` and ``scripts/gpu_check.sh``
 (``python tests/nbrun.py NOTEBOOK --out FOLDER``).
@@ -78,7 +79,8 @@ class SlicedKernelClient(AsyncKernelClient):
 
 
 class NotebookStalled(AssertionError):
-    """A notebook ran past its time limit; the message names the cell and holds both sides' stacks."""
+    """A notebook ran past its time limit; the message names the cell and holds both sides'
+    stacks."""
 
 
 @dataclass
@@ -111,12 +113,17 @@ class _Client(NotebookClient):
 
     def _count_missed(self) -> None:
         if self.kc is not None:
-            self.missed = {name: getattr(self.kc, f"{name}_channel").missed_wakeups for name in ("shell", "iopub")}
+            self.missed = {
+                name: getattr(self.kc, f"{name}_channel").missed_wakeups
+                for name in ("shell", "iopub")
+            }
 
     async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
         start = time.monotonic()
         try:
-            return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+            return await super().async_execute_cell(
+                cell, cell_index, execution_count, store_history
+            )
         except (CellTimeoutError, DeadKernelError) as e:
             raise NotebookStalled(await self._report(cell, cell_index, start, e)) from None
         finally:
@@ -125,20 +132,36 @@ class _Client(NotebookClient):
                 self.cell_seconds[cell_index] = round(time.monotonic() - start, 2)
 
     async def _report(self, cell, index, start, error) -> str:
-        """Where the cell stalled: the cell, the time, the client's socket state, both sides' stacks."""
-        what = ("the kernel died" if isinstance(error, DeadKernelError)
-                else f"the notebook's limit of {self.limit_s:.0f} s ran out")
-        lines = [f"{self.resources['metadata'].get('name', 'notebook')}: cell {index} ran "
-                 f"{time.monotonic() - start:.0f} s and {what} ({type(error).__name__}).",
-                 "cell source:", cell.source[:600]]
+        """Where the cell stalled: the cell, the time, the client's socket state, both sides'
+        stacks."""
+        what = (
+            "the kernel died"
+            if isinstance(error, DeadKernelError)
+            else f"the notebook's limit of {self.limit_s:.0f} s ran out"
+        )
+        lines = [
+            (
+                f"{self.resources['metadata'].get('name', 'notebook')}: cell {index} ran "
+                f"{time.monotonic() - start:.0f} s and {what} ({type(error).__name__})."
+            ),
+            "cell source:",
+            cell.source[:600],
+        ]
         if self.kc is not None:
             events = self.kc.shell_channel.socket.get(zmq.EVENTS)
-            lines.append(f"client shell socket ZMQ_EVENTS={events} (1: a reply waits unread); "
-                         f"missed wake-ups so far: {self.kc.shell_channel.missed_wakeups}")
+            lines.append(
+                f"client shell socket ZMQ_EVENTS={events} (1: a reply waits unread); "
+                f"missed wake-ups so far: {self.kc.shell_channel.missed_wakeups}"
+            )
         try:
-            await self.km.signal_kernel(signal.SIGUSR1)  # faulthandler in the kernel writes its stacks
+            await self.km.signal_kernel(
+                signal.SIGUSR1
+            )  # faulthandler in the kernel writes its stacks
             await asyncio.sleep(1)
-            lines += ["kernel stacks (the thread that runs cells first):", Path(self.stacks_file).read_text()[:8000]]
+            lines += [
+                "kernel stacks (the thread that runs cells first):",
+                Path(self.stacks_file).read_text()[:8000],
+            ]
         except Exception as e:  # a dead kernel has no stacks to give
             lines.append(f"kernel stacks unavailable: {type(e).__name__}: {e}")
         with tempfile.TemporaryFile("w+") as f:
@@ -148,18 +171,27 @@ class _Client(NotebookClient):
         return "\n".join(lines)
 
 
-def run(path: Path, *, static: bool, limit_s: float | None = None, env: dict | None = None,
-        after: str | None = None) -> Run:
+def run(
+    path: Path,
+    *,
+    static: bool,
+    limit_s: float | None = None,
+    env: dict | None = None,
+    after: str | None = None,
+) -> Run:
     """Execute the notebook at ``path`` in a fresh kernel (static: ``KVLAB_STATIC=1``; live: unset)
     within ``limit_s`` seconds in all, then ``after`` (code, if given) as one more cell in the same
     kernel. Raises nbclient's CellExecutionError on a cell's error and NotebookStalled when the time
     runs out; returns the notebook with its outputs and the times."""
     path = Path(path)
-    limit_s = limit_s or float(os.environ.get("KVLAB_NOTEBOOK_LIMIT_S", STATIC_LIMIT_S if static else LIVE_LIMIT_S))
+    limit_s = limit_s or float(
+        os.environ.get("KVLAB_NOTEBOOK_LIMIT_S", STATIC_LIMIT_S if static else LIVE_LIMIT_S)
+    )
     env = dict(os.environ if env is None else env)
     env.pop("KVLAB_STATIC", None)
-    # A notebook switches Triton's interpreter on itself (kvlab.kernels.use_interpreter), as `make book`
-    # and a reader's CPU kernel need: the test suite's own switch must not hide one that forgets to.
+    # A notebook switches Triton's interpreter on itself (kvlab.kernels.use_interpreter), as `make
+    # book` and a reader's CPU kernel need: the test suite's own switch must not hide one that
+    # forgets to.
     env.pop("TRITON_INTERPRET", None)
     if static:
         env["KVLAB_STATIC"] = "1"
@@ -169,29 +201,50 @@ def run(path: Path, *, static: bool, limit_s: float | None = None, env: dict | N
     with tempfile.NamedTemporaryFile("w+", suffix=".stacks", delete=False) as f:
         stacks = f.name
     # Binds no name in the notebook's namespace; SIGUSR1 then makes the kernel write every stack.
-    register = (f"__import__('faulthandler').register(__import__('signal').SIGUSR1, "
-                f"file=open({stacks!r}, 'w'), all_threads=True)")
-    client = _Client(nb, limit_s=limit_s, stacks_file=stacks, kernel_name="python3",
-                     extra_arguments=[f"--IPKernelApp.exec_lines={register}"],
-                     resources={"metadata": {"path": str(path.parent), "name": path.name}})
+    register = (
+        "__import__('faulthandler').register(__import__('signal').SIGUSR1, "
+        f"file=open({stacks!r}, 'w'), all_threads=True)"
+    )
+    client = _Client(
+        nb,
+        limit_s=limit_s,
+        stacks_file=stacks,
+        kernel_name="python3",
+        extra_arguments=[f"--IPKernelApp.exec_lines={register}"],
+        resources={"metadata": {"path": str(path.parent), "name": path.name}},
+    )
     start = time.monotonic()
     try:
         client.execute(env=env)
     finally:
         os.unlink(stacks)
-    return Run(nb, time.monotonic() - start, sum(client.missed.values()), client.cell_seconds, client.missed)
+    return Run(
+        nb,
+        time.monotonic() - start,
+        sum(client.missed.values()),
+        client.cell_seconds,
+        client.missed,
+    )
 
 
 def main(argv=None) -> int:
     """Command line for scripts/gpu_check.sh: execute one notebook; write it, executed, and a JSON
     record of its times (or its error) under --out."""
-    p = argparse.ArgumentParser(description="Execute one notebook with a time limit (tests/nbrun.py).")
+    p = argparse.ArgumentParser(
+        description="Execute one notebook with a time limit (tests/nbrun.py)."
+    )
     p.add_argument("notebook", type=Path)
-    p.add_argument("--out", type=Path, required=True, help="folder for the executed notebook and its record")
+    p.add_argument(
+        "--out", type=Path, required=True, help="folder for the executed notebook and its record"
+    )
     p.add_argument("--live", action="store_true", help="live mode (no KVLAB_STATIC)")
     p.add_argument("--limit", type=float, default=None, help="seconds for the whole notebook")
-    p.add_argument("--after-file", type=Path, default=None,
-                   help="a Python file run as one more cell in the same kernel after the last cell")
+    p.add_argument(
+        "--after-file",
+        type=Path,
+        default=None,
+        help="a Python file run as one more cell in the same kernel after the last cell",
+    )
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     record = {"notebook": args.notebook.stem, "mode": "live" if args.live else "static"}
@@ -199,8 +252,12 @@ def main(argv=None) -> int:
         after = args.after_file.read_text() if args.after_file else None
         result = run(args.notebook, static=not args.live, limit_s=args.limit, after=after)
         nbformat.write(result.nb, args.out / args.notebook.name)
-        record.update(ok=True, seconds=round(result.seconds, 1), missed_wakeups=result.missed_by_channel,
-                      cell_seconds=result.cell_seconds)
+        record.update(
+            ok=True,
+            seconds=round(result.seconds, 1),
+            missed_wakeups=result.missed_by_channel,
+            cell_seconds=result.cell_seconds,
+        )
         return 0
     except Exception as e:
         record.update(ok=False, error=f"{type(e).__name__}: {e}"[:20000])

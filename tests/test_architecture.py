@@ -113,7 +113,9 @@ def inside(module: str, package_name: str, pkg: sd.Package) -> bool:
     return own == package_name or own.startswith(package_name + ".")
 
 
-# -- private names and modules ----------------------------------------------------------------------
+# -- private names and modules
+# ----------------------------------------------------------------------
+
 
 def _module_bindings(pkg: sd.Package, module: str) -> dict[str, str]:
     """Local names bound to kvlab modules anywhere in ``module`` (one namespace for the file)."""
@@ -149,11 +151,19 @@ def private_findings(pkg: sd.Package) -> list[Finding]:
         path = rel(pkg, imp.importer)
         owner = private_module_owner(imp.module)
         if owner is not None and not inside(imp.importer, owner, pkg):
-            found.append(Finding(path, imp.line, "private-module",
-                                 f"imports {imp.module}, private to {owner} (make it public, or move what is shared "
-                                 f"to a public module)"))
+            found.append(
+                Finding(
+                    path,
+                    imp.line,
+                    "private-module",
+                    f"imports {imp.module}, private to {owner} (make it public, or move what is"
+                    " shared to a public module)",
+                )
+            )
         if imp.name is not None and is_private(imp.name):
-            found.append(Finding(path, imp.line, "private-name", f"imports {imp.name} from {imp.module}"))
+            found.append(
+                Finding(path, imp.line, "private-name", f"imports {imp.name} from {imp.module}")
+            )
     for module, tree in pkg.trees.items():
         bound = _module_bindings(pkg, module)
         path = rel(pkg, module)
@@ -166,24 +176,47 @@ def private_findings(pkg: sd.Package) -> list[Finding]:
                     target = f"{target}.{attr}"
                     owner = private_module_owner(target)
                     if owner is not None and not inside(module, owner, pkg):
-                        found.append(Finding(path, node.lineno, "private-module",
-                                             f"reads {target}, private to {owner}"))
+                        found.append(
+                            Finding(
+                                path,
+                                node.lineno,
+                                "private-module",
+                                f"reads {target}, private to {owner}",
+                            )
+                        )
                         break
                     continue
                 if is_private(attr) and target != module:
-                    found.append(Finding(path, node.lineno, "private-name", f"reads {target}.{attr}"))
+                    found.append(
+                        Finding(path, node.lineno, "private-name", f"reads {target}.{attr}")
+                    )
                 break
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
-                    and len(node.args) >= 2 and isinstance(node.args[0], ast.Name) and node.args[0].id in bound
-                    and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
-                    and is_private(node.args[1].value) and bound[node.args[0].id] != module):
-                found.append(Finding(path, node.lineno, "private-name",
-                                     f"reads {bound[node.args[0].id]}.{node.args[1].value} through getattr"))
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and len(node.args) >= 2
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id in bound
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
+                and is_private(node.args[1].value)
+                and bound[node.args[0].id] != module
+            ):
+                found.append(
+                    Finding(
+                        path,
+                        node.lineno,
+                        "private-name",
+                        f"reads {bound[node.args[0].id]}.{node.args[1].value} through getattr",
+                    )
+                )
     return sorted(set(found))
 
 
 # -- cycles ---------------------------------------------------------------------------------------
+
 
 def _graph(pkg: sd.Package, loading: bool = False) -> dict[str, set[str]]:
     """Importer -> imported. ``loading`` adds the imports as written (a package's ``__init__``
@@ -263,13 +296,21 @@ def cycle_findings(pkg: sd.Package) -> list[Finding]:
             for b in sorted(graph[a] & members):
                 back = _shortest_path(graph, b, a, members)
                 kind = pkg.edges[(a, b)]
-                found.append(Finding(rel(pkg, a), first_line[(a, b)], "import-cycle",
-                                     f"imports {b} ({'inside a function' if kind == 'deferred' else 'at module level'}), "
-                                     f"which imports it back: {' -> '.join(back)}"))
+                found.append(
+                    Finding(
+                        rel(pkg, a),
+                        first_line[(a, b)],
+                        "import-cycle",
+                        f"imports {b}"
+                        f" ({'inside a function' if kind == 'deferred' else 'at module level'}),"
+                        f" which imports it back: {' -> '.join(back)}",
+                    )
+                )
     return found
 
 
 # -- layers ---------------------------------------------------------------------------------------
+
 
 def _first_import_lines(pkg: sd.Package) -> dict[tuple[str, str], int]:
     lines = {}
@@ -284,16 +325,29 @@ def layer_findings(pkg: sd.Package) -> list[Finding]:
     found = []
     for module in pkg.mods:
         if sd.layer_of(module) is None:
-            found.append(Finding(rel(pkg, module), 1, "unplaced",
-                                 f"{module} is in no layer: add it to LAYERS in scripts/stack_diagram.py, or move it"))
+            found.append(
+                Finding(
+                    rel(pkg, module),
+                    1,
+                    "unplaced",
+                    f"{module} is in no layer: add it to LAYERS in scripts/stack_diagram.py, or"
+                    " move it",
+                )
+            )
     lines = _first_import_lines(pkg)
     for (a, b), kind in sorted(pkg.edges.items()):
         la, lb = sd.layer_index(a), sd.layer_index(b)
         if la is None or lb is None or lb <= la:
             continue
         where = "inside a function" if kind == "deferred" else "at module level"
-        found.append(Finding(rel(pkg, a), lines[(a, b)], "layering",
-                             f"{sd.LAYERS[la].name} imports {b} ({sd.LAYERS[lb].name}, a higher layer) {where}"))
+        found.append(
+            Finding(
+                rel(pkg, a),
+                lines[(a, b)],
+                "layering",
+                f"{sd.LAYERS[la].name} imports {b} ({sd.LAYERS[lb].name}, a higher layer) {where}",
+            )
+        )
     return found
 
 
@@ -322,30 +376,52 @@ def theory_findings(pkg: sd.Package) -> list[Finding]:
         top = imp.module.partition(".")[0]
         internal = pkg.target(imp)
         if sd.is_internal(imp.module):
-            ok = internal is not None and any(internal == p or internal.startswith(p + ".") for p in allowed)
+            ok = internal is not None and any(
+                internal == p or internal.startswith(p + ".") for p in allowed
+            )
         else:
             ok = top in STDLIB
         if not ok:
-            found.append(Finding(rel(pkg, imp.importer), imp.line, "theory-pure",
-                                 f"imports {imp.module}: theory imports only the standard library, kvlab.theory and "
-                                 f"kvlab._checks"))
+            found.append(
+                Finding(
+                    rel(pkg, imp.importer),
+                    imp.line,
+                    "theory-pure",
+                    f"imports {imp.module}: theory imports only the standard library, kvlab.theory"
+                    " and kvlab._checks",
+                )
+            )
     for module in theory:
         for dep, chain in _module_level_closure(pkg, module).items():
             if dep in theory or dep == module:
                 continue
             for imp in pkg.imports:
-                if imp.importer == dep and not imp.deferred and not imp.type_only and not sd.is_internal(imp.module) \
-                        and imp.module.partition(".")[0] not in STDLIB:
-                    found.append(Finding(rel(pkg, module), 1, "theory-pure",
-                                         f"importing it imports {imp.module} through {' -> '.join(chain)} "
-                                         f"({rel(pkg, dep)}:{imp.line})"))
+                if (
+                    imp.importer == dep
+                    and not imp.deferred
+                    and not imp.type_only
+                    and not sd.is_internal(imp.module)
+                    and imp.module.partition(".")[0] not in STDLIB
+                ):
+                    found.append(
+                        Finding(
+                            rel(pkg, module),
+                            1,
+                            "theory-pure",
+                            f"importing it imports {imp.module} through {' -> '.join(chain)} "
+                            f"({rel(pkg, dep)}:{imp.line})",
+                        )
+                    )
     return sorted(set(found))
 
 
 def readings_findings(pkg: sd.Package) -> list[Finding]:
-    """No reading reaches matplotlib, through any import (inside functions too: the sentence runs it)."""
+    """No reading reaches matplotlib, through any import (inside functions too: the sentence runs
+    it)."""
     graph = _graph(pkg, loading=True)
-    readings = [m for m in pkg.mods if m == "kvlab.show.readings" or m.startswith("kvlab.show.readings.")]
+    readings = [
+        m for m in pkg.mods if m == "kvlab.show.readings" or m.startswith("kvlab.show.readings.")
+    ]
     plotting = defaultdict(list)
     for imp in pkg.imports:
         if imp.module.partition(".")[0] == "matplotlib" and not imp.type_only:
@@ -358,7 +434,11 @@ def readings_findings(pkg: sd.Package) -> list[Finding]:
     found = []
     for module in readings:
         for imp in plotting.get(module, []):
-            found.append(Finding(rel(pkg, module), imp.line, "readings-no-matplotlib", f"imports {imp.module}"))
+            found.append(
+                Finding(
+                    rel(pkg, module), imp.line, "readings-no-matplotlib", f"imports {imp.module}"
+                )
+            )
         for b in sorted(graph[module]):
             if b in readings:
                 continue  # reported where it happens
@@ -372,33 +452,73 @@ def readings_findings(pkg: sd.Package) -> list[Finding]:
             hits = [m for m in chains if plotting.get(m)]
             if hits:
                 m = min(hits, key=lambda h: (len(chains[h]), h))
-                found.append(Finding(rel(pkg, module), first[(module, b)], "readings-no-matplotlib",
-                                     f"imports {b}, which reaches matplotlib: {' -> '.join(chains[m])} "
-                                     f"({rel(pkg, m)}:{plotting[m][0].line} imports {plotting[m][0].module})"))
+                found.append(
+                    Finding(
+                        rel(pkg, module),
+                        first[(module, b)],
+                        "readings-no-matplotlib",
+                        f"imports {b}, which reaches matplotlib: {' -> '.join(chains[m])} "
+                        f"({rel(pkg, m)}:{plotting[m][0].line} imports {plotting[m][0].module})",
+                    )
+                )
     return found
 
 
 # -- import side effects: statically --------------------------------------------------------------
 
 WRITER_CALLS = (
-    "os.putenv", "os.unsetenv", "warnings.filterwarnings", "warnings.simplefilter", "warnings.resetwarnings",
-    "torch.set_default_dtype", "torch.set_default_device", "torch.set_default_tensor_type",
-    "torch.set_num_threads", "torch.set_num_interop_threads", "torch.manual_seed", "torch.random.manual_seed",
-    "torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "torch.use_deterministic_algorithms",
-    "torch.set_float32_matmul_precision", "torch.set_grad_enabled", "torch.set_printoptions",
-    "torch.library.", "matplotlib.use", "matplotlib.rc", "matplotlib.style.use", "matplotlib.pyplot.style.use",
-    "matplotlib.pyplot.rc", "matplotlib.rcParams.update", "matplotlib.pyplot.rcParams.update",
-    "logging.basicConfig", "random.seed", "numpy.random.seed", "atexit.register", "signal.signal",
-    "sys.setrecursionlimit", "transformers.logging.set_verbosity",
+    "os.putenv",
+    "os.unsetenv",
+    "warnings.filterwarnings",
+    "warnings.simplefilter",
+    "warnings.resetwarnings",
+    "torch.set_default_dtype",
+    "torch.set_default_device",
+    "torch.set_default_tensor_type",
+    "torch.set_num_threads",
+    "torch.set_num_interop_threads",
+    "torch.manual_seed",
+    "torch.random.manual_seed",
+    "torch.cuda.manual_seed",
+    "torch.cuda.manual_seed_all",
+    "torch.use_deterministic_algorithms",
+    "torch.set_float32_matmul_precision",
+    "torch.set_grad_enabled",
+    "torch.set_printoptions",
+    "torch.library.",
+    "matplotlib.use",
+    "matplotlib.rc",
+    "matplotlib.style.use",
+    "matplotlib.pyplot.style.use",
+    "matplotlib.pyplot.rc",
+    "matplotlib.rcParams.update",
+    "matplotlib.pyplot.rcParams.update",
+    "logging.basicConfig",
+    "random.seed",
+    "numpy.random.seed",
+    "atexit.register",
+    "signal.signal",
+    "sys.setrecursionlimit",
+    "transformers.logging.set_verbosity",
 )
 WRITER_METHODS = {  # methods that change the object they are called on
     "os.environ": {"setdefault", "update", "pop", "popitem", "clear", "__setitem__", "__delitem__"},
     "sys.path": {"insert", "append", "extend", "remove", "pop", "clear"},
     "sys.meta_path": {"insert", "append", "extend", "remove", "pop", "clear"},
 }
-WRITTEN_OBJECTS = ("os.environ", "sys.path", "sys.meta_path", "sys.excepthook", "sys.displayhook",
-                   "torch.backends.", "torch._dynamo.config.", "torch._inductor.config.",
-                   "matplotlib.rcParams", "matplotlib.pyplot.rcParams", "warnings.filters")
+WRITTEN_OBJECTS = (
+    "os.environ",
+    "sys.path",
+    "sys.meta_path",
+    "sys.excepthook",
+    "sys.displayhook",
+    "torch.backends.",
+    "torch._dynamo.config.",
+    "torch._inductor.config.",
+    "matplotlib.rcParams",
+    "matplotlib.pyplot.rcParams",
+    "warnings.filters",
+)
 
 
 def _aliases(tree: ast.Module) -> dict[str, str]:
@@ -407,7 +527,9 @@ def _aliases(tree: ast.Module) -> dict[str, str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
-                out[a.asname or a.name.partition(".")[0]] = a.name if a.asname else a.name.partition(".")[0]
+                out[a.asname or a.name.partition(".")[0]] = (
+                    a.name if a.asname else a.name.partition(".")[0]
+                )
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             for a in node.names:
                 out[a.asname or a.name] = f"{node.module}.{a.name}"
@@ -438,7 +560,9 @@ def _writes(statements, aliases, local_writers) -> list[tuple[int, str]]:
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
             for t in targets:
-                name = _dotted(t, aliases) if isinstance(t, (ast.Attribute, ast.Subscript)) else None
+                name = (
+                    _dotted(t, aliases) if isinstance(t, (ast.Attribute, ast.Subscript)) else None
+                )
                 if name and any(name == w or name.startswith(w) for w in WRITTEN_OBJECTS):
                     found.append((node.lineno, f"writes {name}"))
         if isinstance(node, ast.Call):
@@ -449,11 +573,17 @@ def _writes(statements, aliases, local_writers) -> list[tuple[int, str]]:
                     found.append((node.lineno, f"calls {name}"))
                 elif method in WRITER_METHODS.get(obj, ()):
                     found.append((node.lineno, f"calls {name}"))
-                elif method == "register" and not sd.is_internal(name) and "." in obj and name.split(".")[0] in {
-                        a.split(".")[0] for a in aliases.values()}:
+                elif (
+                    method == "register"
+                    and not sd.is_internal(name)
+                    and "." in obj
+                    and name.split(".")[0] in {a.split(".")[0] for a in aliases.values()}
+                ):
                     found.append((node.lineno, f"registers with {obj}"))
             if isinstance(node.func, ast.Name) and node.func.id in local_writers:
-                found.append((node.lineno, f"calls {node.func.id}(), which {local_writers[node.func.id]}"))
+                found.append(
+                    (node.lineno, f"calls {node.func.id}(), which {local_writers[node.func.id]}")
+                )
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -466,10 +596,14 @@ def static_side_effect_findings(pkg: sd.Package) -> list[Finding]:
     found = []
     for module, tree in pkg.trees.items():
         aliases = _aliases(tree)
-        functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        functions = {
+            n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        }
         writers: dict[str, str] = {}
         changed = True
-        while changed:  # a module function that writes, or calls one of the module's functions that does
+        while (
+            changed
+        ):  # a module function that writes, or calls one of the module's functions that does
             changed = False
             for name, fn in functions.items():
                 if name in writers:
@@ -479,11 +613,14 @@ def static_side_effect_findings(pkg: sd.Package) -> list[Finding]:
                     writers[name] = hits[0][1]
                     changed = True
         for line, what in _writes(tree.body, aliases, writers):
-            found.append(Finding(rel(pkg, module), line, "import-side-effect", f"at import time: {what}"))
+            found.append(
+                Finding(rel(pkg, module), line, "import-side-effect", f"at import time: {what}")
+            )
     return found
 
 
 # -- import side effects: at run time, in one subprocess ------------------------------------------
+
 
 def import_order(pkg: sd.Package) -> list[str]:
     """Modules in dependency order of their module-level imports (cycles broken by name)."""
@@ -509,7 +646,12 @@ def import_order(pkg: sd.Package) -> list[str]:
 def third_party_preloads(pkg: sd.Package) -> list[list]:
     seen, out = set(), []
     for imp in pkg.imports:
-        if sd.is_internal(imp.module) or imp.deferred or imp.type_only or imp.module.partition(".")[0] in STDLIB:
+        if (
+            sd.is_internal(imp.module)
+            or imp.deferred
+            or imp.type_only
+            or imp.module.partition(".")[0] in STDLIB
+        ):
             continue
         key = (imp.module, imp.name)
         if key not in seen:
@@ -527,16 +669,29 @@ def probe_results() -> dict:
 
 
 def run_probe(pkg: sd.Package) -> dict:
-    plan = {"root": str(pkg.root), "order": import_order(pkg), "preload": third_party_preloads(pkg),
-            "files": {m: str(p) for m, p in pkg.mods.items()},
-            "packages": [m for m in pkg.mods if sd.is_package(m, pkg.mods)]}
+    plan = {
+        "root": str(pkg.root),
+        "order": import_order(pkg),
+        "preload": third_party_preloads(pkg),
+        "files": {m: str(p) for m, p in pkg.mods.items()},
+        "packages": [m for m in pkg.mods if sd.is_package(m, pkg.mods)],
+    }
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(pkg.root), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--probe"], input=json.dumps(plan),
-                          capture_output=True, text=True, cwd=pkg.root, env=env, timeout=PROBE_TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--probe"],
+        input=json.dumps(plan),
+        capture_output=True,
+        text=True,
+        cwd=pkg.root,
+        env=env,
+        timeout=PROBE_TIMEOUT,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"the import probe failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise RuntimeError(
+            f"the import probe failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+        )
     return json.loads(lines[-1])
 
 
@@ -545,10 +700,18 @@ def runtime_side_effect_findings(pkg: sd.Package) -> list[Finding]:
     found = []
     for module, changes in results["changed"].items():
         for change in changes:
-            found.append(Finding(rel(pkg, module), 1, "import-side-effect", f"importing it {change}"))
+            found.append(
+                Finding(rel(pkg, module), 1, "import-side-effect", f"importing it {change}")
+            )
     for module, error in results["failed"].items():
-        found.append(Finding(rel(pkg, module), 1, "import-side-effect",
-                             f"could not be imported alone in a fresh process: {error}"))
+        found.append(
+            Finding(
+                rel(pkg, module),
+                1,
+                "import-side-effect",
+                f"could not be imported alone in a fresh process: {error}",
+            )
+        )
     return found
 
 
@@ -559,7 +722,9 @@ def _probe() -> None:
     import types
 
     plan = json.loads(sys.stdin.read())
-    for module, name in plan["preload"]:  # third-party packages: their own side effects are not kvlab's
+    for module, name in plan[
+        "preload"
+    ]:  # third-party packages: their own side effects are not kvlab's
         try:
             mod = importlib.import_module(module)
             if name and not hasattr(mod, name):
@@ -568,7 +733,9 @@ def _probe() -> None:
                 getattr(mod, name)
         except Exception:  # noqa: BLE001  (an optional package: the module's own import will say)
             pass
-    for name in sorted(plan["packages"], key=len):  # stand-ins, so a submodule imports without its parents
+    for name in sorted(
+        plan["packages"], key=len
+    ):  # stand-ins, so a submodule imports without its parents
         stub = types.ModuleType(name)
         stub.__path__ = [str(Path(plan["files"][name]).parent)]
         stub.__kvlab_stub__ = True
@@ -597,7 +764,9 @@ def _load_package(name: str, file: str) -> None:
     import importlib.util
 
     stub = sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, file, submodule_search_locations=[str(Path(file).parent)])
+    spec = importlib.util.spec_from_file_location(
+        name, file, submodule_search_locations=[str(Path(file).parent)]
+    )
     module = importlib.util.module_from_spec(spec)
     for key, value in vars(stub).items():
         if isinstance(value, type(sys)) and key not in module.__dict__:
@@ -633,17 +802,26 @@ def _state() -> dict:
         "warnings filters": [repr(f) for f in warnings.filters],
         "sys.meta_path": [type(f).__qualname__ for f in sys.meta_path],
         "sys.path_hooks": [repr(h) for h in sys.path_hooks],
-        "sys hooks": {"excepthook": repr(sys.excepthook), "displayhook": repr(sys.displayhook),
-                      "recursionlimit": sys.getrecursionlimit()},
+        "sys hooks": {
+            "excepthook": repr(sys.excepthook),
+            "displayhook": repr(sys.displayhook),
+            "recursionlimit": sys.getrecursionlimit(),
+        },
         "working directory": os.getcwd(),
         "threads": sorted(t.name for t in threading.enumerate()),
         "atexit handlers": atexit._ncallbacks(),
-        "signal handlers": {n: repr(signal.getsignal(getattr(signal, n))) for n in ("SIGINT", "SIGTERM")},
+        "signal handlers": {
+            n: repr(signal.getsignal(getattr(signal, n))) for n in ("SIGINT", "SIGTERM")
+        },
         "random state": _digest(random.getstate()),
-        "logging": {name: [logger.level, [type(h).__name__ for h in logger.handlers]]
-                    for name, logger in [("root", logging.getLogger()),
-                                         *logging.Logger.manager.loggerDict.items()]
-                    if isinstance(logger, logging.Logger) and (logger.level or logger.handlers)},
+        "logging": {
+            name: [logger.level, [type(h).__name__ for h in logger.handlers]]
+            for name, logger in [
+                ("root", logging.getLogger()),
+                *logging.Logger.manager.loggerDict.items(),
+            ]
+            if isinstance(logger, logging.Logger) and (logger.level or logger.handlers)
+        },
     }
     s.update(_library_state())
     return s
@@ -656,13 +834,17 @@ def _library_state() -> dict:
     if torch is not None and hasattr(torch, "get_default_dtype"):
         s["torch"] = {
             "default dtype": str(torch.get_default_dtype()),
-            "default device": str(torch.get_default_device()) if hasattr(torch, "get_default_device") else "",
-            "threads": torch.get_num_threads(), "interop threads": torch.get_num_interop_threads(),
+            "default device": (
+                str(torch.get_default_device()) if hasattr(torch, "get_default_device") else ""
+            ),
+            "threads": torch.get_num_threads(),
+            "interop threads": torch.get_num_interop_threads(),
             "grad enabled": torch.is_grad_enabled(),
             "deterministic": torch.are_deterministic_algorithms_enabled(),
             "float32 matmul precision": torch.get_float32_matmul_precision(),
             "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-            "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32, "cudnn.benchmark": torch.backends.cudnn.benchmark,
+            "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+            "cudnn.benchmark": torch.backends.cudnn.benchmark,
             "cudnn.deterministic": torch.backends.cudnn.deterministic,
             "random state": _digest(torch.random.get_rng_state().tolist()),
             "print options": repr(vars(torch._tensor_str.PRINT_OPTS)),
@@ -672,11 +854,16 @@ def _library_state() -> dict:
             s["torch._dynamo.config"] = {k: repr(v) for k, v in dynamo.get_config_copy().items()}
     np = sys.modules.get("numpy")
     if np is not None and hasattr(np, "random"):
-        s["numpy"] = {"random state": _digest(np.random.get_state()[1].tolist()), "errors": np.geterr(),
-                      "print options": repr(np.get_printoptions())}
+        s["numpy"] = {
+            "random state": _digest(np.random.get_state()[1].tolist()),
+            "errors": np.geterr(),
+            "print options": repr(np.get_printoptions()),
+        }
     mpl = sys.modules.get("matplotlib")
     if mpl is not None and hasattr(mpl, "rcParams"):
-        s["matplotlib rcParams"] = {k: repr(v) for k, v in dict.items(mpl.rcParams) if k != "backend"}
+        s["matplotlib rcParams"] = {
+            k: repr(v) for k, v in dict.items(mpl.rcParams) if k != "backend"
+        }
         s["matplotlib backend"] = repr(dict.get(mpl.rcParams, "backend"))
     registries = _transformers_registries()
     if registries:
@@ -691,15 +878,22 @@ def _transformers_registries() -> dict:
     causal = sys.modules.get("transformers.models.auto.modeling_auto")
     registries = {}
     if modeling is not None and hasattr(modeling, "AttentionInterface"):
-        registries["attention functions"] = sorted(getattr(modeling.AttentionInterface, "_global_mapping", {}))
-        registries["ALL_ATTENTION_FUNCTIONS"] = sorted(getattr(modeling.ALL_ATTENTION_FUNCTIONS, "_local_mapping", {}))
+        registries["attention functions"] = sorted(
+            getattr(modeling.AttentionInterface, "_global_mapping", {})
+        )
+        registries["ALL_ATTENTION_FUNCTIONS"] = sorted(
+            getattr(modeling.ALL_ATTENTION_FUNCTIONS, "_local_mapping", {})
+        )
     if masking is not None and hasattr(masking, "AttentionMaskInterface"):
-        registries["attention masks"] = sorted(getattr(masking.AttentionMaskInterface, "_global_mapping", {}))
+        registries["attention masks"] = sorted(
+            getattr(masking.AttentionMaskInterface, "_global_mapping", {})
+        )
     if auto is not None and hasattr(auto, "CONFIG_MAPPING"):
         registries["AutoConfig"] = sorted(getattr(auto.CONFIG_MAPPING, "_extra_content", {}))
     if causal is not None and hasattr(causal, "MODEL_FOR_CAUSAL_LM_MAPPING"):
-        registries["AutoModelForCausalLM"] = sorted(map(repr, getattr(causal.MODEL_FOR_CAUSAL_LM_MAPPING,
-                                                                     "_extra_content", {})))
+        registries["AutoModelForCausalLM"] = sorted(
+            map(repr, getattr(causal.MODEL_FOR_CAUSAL_LM_MAPPING, "_extra_content", {}))
+        )
     return registries
 
 
@@ -728,7 +922,9 @@ def _diff(before: dict, after: dict, prefix: str = "") -> list[str]:
         elif isinstance(a, list) and isinstance(b, list):
             added = [x for x in b if x not in a]
             gone = [x for x in a if x not in b]
-            detail = "; ".join(filter(None, [f"adds {added}" if added else "", f"removes {gone}" if gone else ""]))
+            detail = "; ".join(
+                filter(None, [f"adds {added}" if added else "", f"removes {gone}" if gone else ""])
+            )
             out.append(f"changes {name}: {detail or 'reorders it'}"[:240])
         else:
             out.append(f"changes {name}: {a!r} -> {b!r}"[:240])
@@ -737,14 +933,18 @@ def _diff(before: dict, after: dict, prefix: str = "") -> list[str]:
 
 # -- docstrings and citations ---------------------------------------------------------------------
 
+
 def notebook_numbers(root: Path) -> dict[str, str]:
     """``{"05b": "05b_paged_kernel", ...}`` from the notebooks folder."""
     return {p.stem.split("_")[0]: p.stem for p in sorted((root / "notebooks").glob("*.ipynb"))}
 
 
 NUMBER = r"\d+[a-z]?"
-NOTEBOOK_REF = re.compile(rf"\bnotebooks?\s+({NUMBER}(?:(?:\s*,\s*(?:and\s+|or\s+)?|\s+and\s+|\s+or\s+|\s*[-–]\s*)"
-                          rf"{NUMBER}\b)*)", re.IGNORECASE)
+NOTEBOOK_REF = re.compile(
+    rf"\bnotebooks?\s+({NUMBER}(?:(?:\s*,\s*(?:and\s+|or\s+)?|\s+and\s+|\s+or\s+|\s*[-–]\s*)"
+    rf"{NUMBER}\b)*)",
+    re.IGNORECASE,
+)
 STEM_REF = re.compile(r"\b(\d\d[a-z]?_[a-z0-9_]+)")
 EVERY = re.compile(r"\b(every|each|all)\s+notebooks?\b", re.IGNORECASE)
 SEED = re.compile(r"\bseeds?[\s_/#-]*0\d", re.IGNORECASE)
@@ -759,20 +959,41 @@ def docstring_findings(pkg: sd.Package) -> list[Finding]:
         path = rel(pkg, module)
         doc = ast.get_docstring(tree)
         if not doc or not doc.strip():
-            found.append(Finding(path, 1, "docstring", "no module docstring (start it with the notebook it serves)"))
+            found.append(
+                Finding(
+                    path,
+                    1,
+                    "docstring",
+                    "no module docstring (start it with the notebook it serves)",
+                )
+            )
             continue
         first = doc.strip().splitlines()[0]
         refs = [n for m in NOTEBOOK_REF.finditer(first) for n in re.findall(NUMBER, m.group(1))]
         named = [s for s in STEM_REF.findall(first) if s in stems]
-        wrong = [s for s in STEM_REF.findall(first) if s not in stems and s.split("_")[0] in numbers]
+        wrong = [
+            s for s in STEM_REF.findall(first) if s not in stems and s.split("_")[0] in numbers
+        ]
         unknown = [n for n in refs if n not in numbers] + wrong
         if unknown:
-            found.append(Finding(path, 1, "docstring",
-                                 f"names {', '.join(unknown)}, which is no notebook (notebooks: {listing})"))
+            found.append(
+                Finding(
+                    path,
+                    1,
+                    "docstring",
+                    f"names {', '.join(unknown)}, which is no notebook (notebooks: {listing})",
+                )
+            )
         elif not (refs or named or EVERY.search(first)):
-            found.append(Finding(path, 1, "docstring",
-                                 f"the first line names no notebook: {first[:90]!r} (start e.g. \"Notebook 05, "
-                                 f"PagedAttention (section 9.5): ...\", or \"Every notebook: ...\")"))
+            found.append(
+                Finding(
+                    path,
+                    1,
+                    "docstring",
+                    f'the first line names no notebook: {first[:90]!r} (start e.g. "Notebook 05, '
+                    'PagedAttention (section 9.5): ...", or "Every notebook: ...")',
+                )
+            )
     return found
 
 
@@ -781,13 +1002,20 @@ def seed_findings(pkg: sd.Package) -> list[Finding]:
     for module, path in pkg.mods.items():
         for number, line in enumerate(path.read_text().splitlines(), 1):
             for m in SEED.finditer(line):
-                found.append(Finding(rel(pkg, module), number, "seed-citation",
-                                     f"says {line[m.start():m.end() + 2].strip()!r}: cite the source by its "
-                                     f"shorthand in book/references.bib"))
+                found.append(
+                    Finding(
+                        rel(pkg, module),
+                        number,
+                        "seed-citation",
+                        f"says {line[m.start() : m.end() + 2].strip()!r}: cite the source by its "
+                        "shorthand in book/references.bib",
+                    )
+                )
     return found
 
 
 # -- the page's figure and table ------------------------------------------------------------------
+
 
 def stale_findings() -> list[Finding]:
     out = ROOT / "book" / "architecture"
@@ -795,10 +1023,16 @@ def stale_findings() -> list[Finding]:
     try:
         committed = json.loads((out / "stack.json").read_text())
     except (OSError, ValueError) as e:
-        return [Finding("book/architecture/stack.json", 1, "stale-figure", f"unreadable ({e}): {fix}")]
+        return [
+            Finding("book/architecture/stack.json", 1, "stale-figure", f"unreadable ({e}): {fix}")
+        ]
     now = sd.data(ROOT)
     found = []
-    for key, what in (("layers", "modules or layers"), ("edges", "import edges"), ("notebooks", "notebook table")):
+    for key, what in (
+        ("layers", "modules or layers"),
+        ("edges", "import edges"),
+        ("notebooks", "notebook table"),
+    ):
         if committed.get(key) != now[key]:
             detail = what
             if key == "edges":
@@ -806,17 +1040,32 @@ def stale_findings() -> list[Finding]:
                 new = {tuple(e) for e in now[key]}
                 changes = [f"+{a}->{b} ({k})" for a, b, k in sorted(new - old)]
                 changes += [f"-{a}->{b} ({k})" for a, b, k in sorted(old - new)]
-                detail += f" ({len(changes)} changed: {', '.join(changes[:6])}{', ...' if len(changes) > 6 else ''})"
-            found.append(Finding("book/architecture/stack.json", 1, "stale-figure", f"{detail} changed: {fix}"))
+                detail += (
+                    f" ({len(changes)} changed:"
+                    f" {', '.join(changes[:6])}{', ...' if len(changes) > 6 else ''})"
+                )
+            found.append(
+                Finding(
+                    "book/architecture/stack.json", 1, "stale-figure", f"{detail} changed: {fix}"
+                )
+            )
     md = out / "notebooks.md"
     if not md.exists() or md.read_text() != sd.notebooks_markdown(now):
-        found.append(Finding("book/architecture/notebooks.md", 1, "stale-figure", f"the table is out of date: {fix}"))
+        found.append(
+            Finding(
+                "book/architecture/notebooks.md",
+                1,
+                "stale-figure",
+                f"the table is out of date: {fix}",
+            )
+        )
     if not (out / "stack.svg").exists():
         found.append(Finding("book/architecture/stack.svg", 1, "stale-figure", f"missing: {fix}"))
     return found
 
 
 # -- sizes and other advice (reported, never failed) ----------------------------------------------
+
 
 def size_report(pkg: sd.Package) -> list[str]:
     lines = []
@@ -828,20 +1077,28 @@ def size_report(pkg: sd.Package) -> list[str]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = node.end_lineno - node.lineno + 1
                 if length > FUNCTION_LINES:
-                    lines.append(f"{rel(pkg, module)}:{node.lineno}: {node.name}: {length} lines "
-                                 f"(target ~{FUNCTION_LINES})")
+                    lines.append(
+                        f"{rel(pkg, module)}:{node.lineno}: {node.name}: {length} lines "
+                        f"(target ~{FUNCTION_LINES})"
+                    )
     return lines
 
 
 def _private_attributes_defined(tree: ast.Module) -> set[str]:
     names = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and is_private(node.name):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and is_private(
+            node.name
+        ):
             names.add(node.name)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and is_private(node.attr):
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and is_private(node.attr)
+        ):
             names.add(node.attr)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 if isinstance(t, ast.Name) and is_private(t.id):
                     names.add(t.id)
     return names
@@ -857,20 +1114,31 @@ def private_attribute_advice(pkg: sd.Package) -> list[str]:
     for module, tree in pkg.trees.items():
         bound = _module_bindings(pkg, module)
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and is_private(node.attr) and isinstance(node.value, ast.Name)
-                    and node.value.id not in ("self", "cls") and node.value.id not in bound
-                    and node.attr not in defined[module] and owners.get(node.attr)):
+            if (
+                isinstance(node, ast.Attribute)
+                and is_private(node.attr)
+                and isinstance(node.value, ast.Name)
+                and node.value.id not in ("self", "cls")
+                and node.value.id not in bound
+                and node.attr not in defined[module]
+                and owners.get(node.attr)
+            ):
                 where = ", ".join(sorted(owners[node.attr]))
-                out.append(f"{rel(pkg, module)}:{node.lineno}: {node.value.id}.{node.attr} "
-                           f"(defined in {where})")
+                out.append(
+                    f"{rel(pkg, module)}:{node.lineno}: {node.value.id}.{node.attr} "
+                    f"(defined in {where})"
+                )
     return sorted(set(out))
 
 
 # -- the tests ------------------------------------------------------------------------------------
 
+
 def _check(findings: list[Finding], what: str) -> None:
     if findings:
-        pytest.fail(f"{len(findings)} {what}:\n" + "\n".join(map(str, sorted(findings))), pytrace=False)
+        pytest.fail(
+            f"{len(findings)} {what}:\n" + "\n".join(map(str, sorted(findings))), pytrace=False
+        )
 
 
 def test_no_private_names_across_modules():
@@ -894,7 +1162,9 @@ def test_readings_do_not_import_matplotlib():
 
 
 def test_no_import_side_effects_in_the_source():
-    _check(static_side_effect_findings(package()), "module-level statements that change global state")
+    _check(
+        static_side_effect_findings(package()), "module-level statements that change global state"
+    )
 
 
 def test_importing_a_module_changes_nothing_else():
@@ -910,7 +1180,7 @@ def test_sources_cited_by_shorthand():
 
 
 def test_stack_diagram_and_notebook_table_are_up_to_date():
-    _check(stale_findings(), "stale files of the page \"How kvlab is built\"")
+    _check(stale_findings(), 'stale files of the page "How kvlab is built"')
 
 
 def test_size_targets_are_reported():
@@ -919,11 +1189,16 @@ def test_size_targets_are_reported():
     report = size_report(pkg)
     advice = private_attribute_advice(pkg)
     if report:
-        warnings.warn(f"{len(report)} modules or functions over their size target:\n" + "\n".join(report),
-                      stacklevel=1)
+        warnings.warn(
+            f"{len(report)} modules or functions over their size target:\n" + "\n".join(report),
+            stacklevel=1,
+        )
     if advice:
-        warnings.warn(f"{len(advice)} reads of another module's private attribute on an object (heuristic):\n"
-                      + "\n".join(advice), stacklevel=1)
+        warnings.warn(
+            f"{len(advice)} reads of another module's private attribute on an object (heuristic):\n"
+            + "\n".join(advice),
+            stacklevel=1,
+        )
 
 
 def test_the_checks_find_what_they_look_for(tmp_path):
@@ -936,19 +1211,27 @@ def test_the_checks_find_what_they_look_for(tmp_path):
         "theory/__init__.py": '"""Notebook 01: formulas."""\n',
         "theory/work.py": '"""Notebook 01: work."""\nimport torch\nfrom kvlab.cache import paged\n',
         "cache/__init__.py": '"""Notebook 01: caches."""\n',
-        "cache/paged.py": '"""Paged caches (seed 002)."""\nimport os\nfrom kvlab.cache.other import _hidden\n'
-                          'from kvlab.kernels import _validation\nos.environ["X"] = "1"\n',
-        "cache/other.py": '"""Notebook 07: other."""\nfrom kvlab.cache import paged\n_hidden = 1\n'
-                          'def f():\n    return paged._secret\n',
+        "cache/paged.py": (
+            '"""Paged caches (seed 002)."""\nimport os\nfrom kvlab.cache.other import _hidden\n'
+            'from kvlab.kernels import _validation\nos.environ["X"] = "1"\n'
+        ),
+        "cache/other.py": (
+            '"""Notebook 07: other."""\nfrom kvlab.cache import paged\n_hidden = 1\n'
+            "def f():\n    return paged._secret\n"
+        ),
         "kernels/__init__.py": '"""Notebook 01: kernels."""\n',
         "kernels/_validation.py": '"""Notebook 01: checks."""\n',
         "show/__init__.py": '"""Notebook 01: show."""\n',
         "show/plots.py": '"""Notebook 01: plots."""\nimport matplotlib.pyplot as plt\n',
-        "show/readings/__init__.py": '"""Notebook 01: readings."""\nfrom kvlab.show.plots import plt\n',
+        "show/readings/__init__.py": (
+            '"""Notebook 01: readings."""\nfrom kvlab.show.plots import plt\n'
+        ),
         "weird.py": '"""Notebook 01: nowhere."""\n',
         "lab/__init__.py": '"""Notebook 01: lab."""\n',
-        "lab/quiet.py": '"""Notebook 01: hides its writes from the ast check."""\nimport sys\n'
-                        'getattr(sys.path, "append")("elsewhere")\n',
+        "lab/quiet.py": (
+            '"""Notebook 01: hides its writes from the ast check."""\nimport sys\n'
+            'getattr(sys.path, "append")("elsewhere")\n'
+        ),
     }
     for name, text in files.items():
         (pkg_dir / name).parent.mkdir(parents=True, exist_ok=True)
@@ -956,12 +1239,32 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "notebooks" / "01_decode_loop.ipynb").write_text('{"cells": []}')
     pkg = sd.Package(tmp_path)
-    rules = {f.rule for f in private_findings(pkg) + cycle_findings(pkg) + layer_findings(pkg)
-             + theory_findings(pkg) + readings_findings(pkg) + static_side_effect_findings(pkg)
-             + docstring_findings(pkg) + seed_findings(pkg)}
+    rules = {
+        f.rule
+        for f in (
+            private_findings(pkg)
+            + cycle_findings(pkg)
+            + layer_findings(pkg)
+            + theory_findings(pkg)
+            + readings_findings(pkg)
+            + static_side_effect_findings(pkg)
+            + docstring_findings(pkg)
+            + seed_findings(pkg)
+        )
+    }
     details = [str(f) for f in private_findings(pkg) + docstring_findings(pkg)]
-    assert rules == {"private-name", "private-module", "import-cycle", "layering", "unplaced", "theory-pure",
-                     "readings-no-matplotlib", "import-side-effect", "docstring", "seed-citation"}, rules
+    assert rules == {
+        "private-name",
+        "private-module",
+        "import-cycle",
+        "layering",
+        "unplaced",
+        "theory-pure",
+        "readings-no-matplotlib",
+        "import-side-effect",
+        "docstring",
+        "seed-citation",
+    }, rules
     assert any("reads kvlab.cache.paged._secret" in d for d in details), details
     assert any("07" in d and "no notebook" in d for d in details), details
     seen = [str(f) for f in runtime_side_effect_findings(pkg)]
@@ -971,14 +1274,18 @@ def test_the_checks_find_what_they_look_for(tmp_path):
 
 # -- the report -----------------------------------------------------------------------------------
 
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--probe"]:
         _probe()
         return 0
     pkg = package()
     sections = [
-        ("private names", private_findings), ("import cycles", cycle_findings), ("layering", layer_findings),
-        ("theory is pure Python", theory_findings), ("readings without matplotlib", readings_findings),
+        ("private names", private_findings),
+        ("import cycles", cycle_findings),
+        ("layering", layer_findings),
+        ("theory is pure Python", theory_findings),
+        ("readings without matplotlib", readings_findings),
         ("import side effects (source)", static_side_effect_findings),
     ]
     if "--fast" not in argv:
@@ -996,9 +1303,13 @@ def main(argv: list[str]) -> int:
     print(f"## stack diagram and notebook table: {len(stale)}")
     for f in stale:
         print(f"  {f}")
-    for title, lines in (("size targets (not failures)", size_report(pkg)),
-                         ("private attributes read on objects of other modules (heuristic, not failures)",
-                          private_attribute_advice(pkg))):
+    for title, lines in (
+        ("size targets (not failures)", size_report(pkg)),
+        (
+            "private attributes read on objects of other modules (heuristic, not failures)",
+            private_attribute_advice(pkg),
+        ),
+    ):
         print(f"## {title}: {len(lines)}")
         for line in lines:
             print(f"  {line}")

@@ -35,59 +35,94 @@ def _copy_of_the_tree(tmp_path: Path) -> Path:
     root = tmp_path / "tree"
     shutil.copytree(ROOT / "notebooks", root / "notebooks")
     shutil.copytree(ROOT / "kvlab" / "show", root / "kvlab" / "show")
-    shutil.copytree(ROOT / "book", root / "book", ignore=shutil.ignore_patterns("data", "_static", "_ext"))
+    shutil.copytree(
+        ROOT / "book", root / "book", ignore=shutil.ignore_patterns("data", "_static", "_ext")
+    )
     shutil.copy(ROOT / "_config.yml", root)
     return root
 
 
 def _targets(root: Path) -> set[str]:
-    return {m["target"] for path, _, texts in book_links.sources(root)
-            for text in texts for m in book_links.pattern(path).finditer(text)}
+    return {
+        m["target"]
+        for path, _, texts in book_links.sources(root)
+        for text in texts
+        for m in book_links.pattern(path).finditer(text)
+    }
 
 
-def test_with_an_address_every_link_becomes_absolute_and_the_build_makes_it_relative_again(tmp_path):
+def test_with_an_address_every_link_becomes_absolute_and_the_build_makes_it_relative_again(
+    tmp_path,
+):
     root = _copy_of_the_tree(tmp_path)
     before = _targets(root)
-    assert book_links.rewrite(root, base="") == [] and _targets(root) == before  # no address: nothing changes
-    assert book_links.problems(root, base=BASE)  # relative links would break in a downloaded notebook
+    assert (
+        book_links.rewrite(root, base="") == [] and _targets(root) == before
+    )  # no address: nothing changes
+    assert book_links.problems(
+        root, base=BASE
+    )  # relative links would break in a downloaded notebook
     changed = book_links.rewrite(root, base=BASE)
     assert "kvlab/show/readings/decode_loop.py" in changed and "notebooks/03_gemv.ipynb" in changed
     assert book_links.problems(root, base=BASE) == []
     after = _targets(root)
     assert not any(book_links.is_relative(t) for t in after)
-    assert f"{BASE}/book/glossary.html#sdpa" in after and f"{BASE}/notebooks/10_memory_wall.html" in after
+    assert (
+        f"{BASE}/book/glossary.html#sdpa" in after
+        and f"{BASE}/notebooks/10_memory_wall.html" in after
+    )
     assert book_links.rewrite(root, base=BASE) == []  # a second run changes nothing
     json.loads((root / "notebooks" / "03_gemv.ipynb").read_text())  # still a notebook
     # In the built book each one is relative again and lands on a page that exists.
-    pages = {str(p.relative_to(root).with_suffix("")) for p in root.rglob("*") if p.suffix in book_links.PAGES}
+    pages = {
+        str(p.relative_to(root).with_suffix(""))
+        for p in root.rglob("*")
+        if p.suffix in book_links.PAGES
+    }
     for target in sorted(t for t in after if t.startswith(BASE)):
-        body, unknown = book_links.relative_hrefs(f'<a href="{target}">x</a>', "notebooks/01_decode_loop", BASE, pages)
+        body, unknown = book_links.relative_hrefs(
+            f'<a href="{target}">x</a>', "notebooks/01_decode_loop", BASE, pages
+        )
         assert unknown == [], target
         href = body.split('"')[1].partition("#")[0]
-        assert posixpath.normpath(posixpath.join("notebooks", href)).removesuffix(".html") in pages, (target, body)
+        assert (
+            posixpath.normpath(posixpath.join("notebooks", href)).removesuffix(".html") in pages
+        ), (target, body)
 
 
 def _notebook(root: Path, markdown: str) -> None:
     (root / "notebooks").mkdir(parents=True)
-    nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": markdown}], "metadata": {},
-          "nbformat": 4, "nbformat_minor": 5}
+    nb = {
+        "cells": [{"cell_type": "markdown", "metadata": {}, "source": markdown}],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     (root / "notebooks" / "01_x.ipynb").write_text(json.dumps(nb))
     (root / "book").mkdir()
-    (root / "book" / "glossary.md").write_text("# Glossary\n\n## SDPA\n\n(kv-cache)=\n## The KV cache\n")
+    (root / "book" / "glossary.md").write_text(
+        "# Glossary\n\n## SDPA\n\n(kv-cache)=\n## The KV cache\n"
+    )
     (root / "_config.yml").write_text("html:\n  baseurl: ''\n")
 
 
 def test_a_link_that_would_break_is_named(tmp_path):
-    _notebook(tmp_path, "[a](../book/glossary.md#sdpa) [b](../book/glossary.md#kv-cache) [c](02_gone.ipynb) "
-                        "[d](../book/glossary.md#nothing) [e](https://example.org/x) "
-                        f"[f]({BASE}/notebooks/02_gone.html)")
+    _notebook(
+        tmp_path,
+        "[a](../book/glossary.md#sdpa) [b](../book/glossary.md#kv-cache) [c](02_gone.ipynb) "
+        "[d](../book/glossary.md#nothing) [e](https://example.org/x) "
+        f"[f]({BASE}/notebooks/02_gone.html)",
+    )
     found = book_links.problems(tmp_path, base="")
     assert {p.split(": ", 1)[1] for p in found} == {
         "02_gone.ipynb names notebooks/02_gone.ipynb, which does not exist",
-        "../book/glossary.md#nothing names an anchor book/glossary.md does not have"}
+        "../book/glossary.md#nothing names an anchor book/glossary.md does not have",
+    }
     with_base = " ".join(book_links.problems(tmp_path, base=BASE))
     assert f"{BASE}/notebooks/02_gone.html names no page" in with_base
-    assert "../book/glossary.md#sdpa is relative, so it breaks in a downloaded notebook" in with_base
+    assert (
+        "../book/glossary.md#sdpa is relative, so it breaks in a downloaded notebook" in with_base
+    )
 
 
 def test_a_reading_module_counts_only_links_to_pages(tmp_path):
@@ -97,8 +132,10 @@ def test_a_reading_module_counts_only_links_to_pages(tmp_path):
     _notebook(tmp_path, "no links")
     (tmp_path / "notebooks" / "10_memory_wall.ipynb").write_text(json.dumps({"cells": []}))
     assert book_links.rewrite(tmp_path, base=BASE) == ["kvlab/show/readings/x.py"]
-    assert module.read_text() == (f'LINK = "[The memory wall]({BASE}/notebooks/10_memory_wall.html)"\n'
-                                  "value = table[key](arg)\n")
+    assert (
+        module.read_text() == f'LINK = "[The memory wall]({BASE}/notebooks/10_memory_wall.html)"\n'
+        "value = table[key](arg)\n"
+    )
 
 
 def test_the_build_turns_absolute_links_relative_and_warns_on_a_missing_page(tmp_path):
@@ -106,15 +143,25 @@ def test_the_build_turns_absolute_links_relative_and_warns_on_a_missing_page(tmp
     src = tmp_path / "src"
     (src / "notebooks").mkdir(parents=True)
     (src / "book").mkdir()
-    (src / "conf.py").write_text(f"import sys\nsys.path.insert(0, {str(ROOT / 'book' / '_ext')!r})\n"
-                                 f"extensions = ['myst_parser', 'book_links']\nhtml_baseurl = {BASE + '/'!r}\n"
-                                 "myst_heading_anchors = 2\n")
+    (src / "conf.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT / 'book' / '_ext')!r})\n"
+        f"extensions = ['myst_parser', 'book_links']\nhtml_baseurl = {BASE + '/'!r}\n"
+        "myst_heading_anchors = 2\n"
+    )
     (src / "index.md").write_text("# Home\n\n```{toctree}\nnotebooks/a\nbook/glossary\n```\n")
-    (src / "notebooks" / "a.md").write_text(f"# A\n\n[SDPA]({BASE}/book/glossary.html#sdpa), "
-                                            f"[gone]({BASE}/notebooks/gone.html) and <{BASE}/>\n")
-    (src / "book" / "glossary.md").write_text("# Glossary\n\n## SDPA\n\nScaled dot-product attention.\n")
-    out = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", str(src), str(tmp_path / "html")],
-                         capture_output=True, text=True, timeout=300)
+    (src / "notebooks" / "a.md").write_text(
+        f"# A\n\n[SDPA]({BASE}/book/glossary.html#sdpa), "
+        f"[gone]({BASE}/notebooks/gone.html) and <{BASE}/>\n"
+    )
+    (src / "book" / "glossary.md").write_text(
+        "# Glossary\n\n## SDPA\n\nScaled dot-product attention.\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-b", "html", "-q", str(src), str(tmp_path / "html")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     page = (tmp_path / "html" / "notebooks" / "a.html").read_text()
     body = page.split("<body")[1]
@@ -137,10 +184,16 @@ def test_the_repository_setting_gives_the_clone_command_or_says_where_the_addres
     finally:
         sys.path.remove(str(ROOT / "book" / "_ext"))
     assert kvlab_install.CLONE_MARK in (ROOT / "book" / "gpu.md").read_text()
-    assert "git clone https://git.example.invalid/kvlab kvlab-book" in kvlab_install.clone_instructions(
-        "https://git.example.invalid/kvlab")
+    assert (
+        "git clone https://git.example.invalid/kvlab kvlab-book"
+        in kvlab_install.clone_instructions("https://git.example.invalid/kvlab")
+    )
     empty = kvlab_install.clone_instructions("")
-    assert "git clone" not in empty and "`repository.url` in `_config.yml`" in empty and "wheel route" in empty
+    assert (
+        "git clone" not in empty
+        and "`repository.url` in `_config.yml`" in empty
+        and "wheel route" in empty
+    )
 
     class Config:
         html_theme_options = {}
@@ -149,4 +202,7 @@ def test_the_repository_setting_gives_the_clone_command_or_says_where_the_addres
     assert "launch_buttons" not in Config.html_theme_options  # no address: no Colab button
     Config.html_theme_options = {"repository_url": "https://git.example.invalid/kvlab"}
     kvlab_install._launch_buttons_when_published(None, Config)
-    assert Config.html_theme_options["launch_buttons"]["colab_url"] == "https://colab.research.google.com"
+    assert (
+        Config.html_theme_options["launch_buttons"]["colab_url"]
+        == "https://colab.research.google.com"
+    )

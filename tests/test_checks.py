@@ -1,5 +1,6 @@
-"""kvlab._checks, the vocabulary every public entry point validates with (CONTRIBUTING.md, "Errors"),
-and ``restoring``, the one context manager around a temporary change to a caller's object."""
+"""kvlab._checks, the vocabulary every public entry point validates with (CONTRIBUTING.md,
+"Errors"), and ``restoring``, the one context manager around a temporary change to a caller's
+object."""
 
 import math
 import re
@@ -11,15 +12,36 @@ import torch
 
 import kvlab
 from kvlab import _checks
-from kvlab._checks import (causal_lm, device, dtype, flag, function, integer, integers, one_of, positive, real,
-                           restoring, token_ids)
+from kvlab._checks import (
+    causal_lm,
+    device,
+    dtype,
+    flag,
+    function,
+    integer,
+    integers,
+    one_of,
+    positive,
+    real,
+    restoring,
+    token_ids,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# (call, error type, message pattern): the message names the argument, the value and what is allowed.
+# (call, error type, message pattern): the message names the argument, the value and what is
+# allowed.
 BAD = [
-    (lambda: integer("block_size", True), TypeError, r"block_size must be an int >= 1, got bool True"),
-    (lambda: integer("block_size", 4.0), TypeError, r"block_size must be an int >= 1, got float 4.0"),
+    (
+        lambda: integer("block_size", True),
+        TypeError,
+        r"block_size must be an int >= 1, got bool True",
+    ),
+    (
+        lambda: integer("block_size", 4.0),
+        TypeError,
+        r"block_size must be an int >= 1, got float 4.0",
+    ),
     (lambda: integer("n", 1.5), TypeError, r"n must be an int >= 1, got float 1.5"),
     (lambda: integer("n", "3"), TypeError, r"n must be an int >= 1, got str '3'"),
     (lambda: integer("n", None), TypeError, r"n must be an int >= 1, got NoneType None"),
@@ -39,29 +61,84 @@ BAD = [
     (lambda: flag("debug", "no"), TypeError, r"debug must be True or False, got str 'no'"),
     (lambda: flag("debug", 1), TypeError, r"debug must be True or False, got int 1"),
     (lambda: flag("debug", None), TypeError, r"debug must be True or False"),
-    (lambda: one_of("bits", 4.0, (2, 4, 8)), ValueError, r"bits must be one of \(2, 4, 8\), got 4.0"),
+    (
+        lambda: one_of("bits", 4.0, (2, 4, 8)),
+        ValueError,
+        r"bits must be one of \(2, 4, 8\), got 4.0",
+    ),
     (lambda: one_of("cached", 1, (True, False)), ValueError, r"cached must be one of"),
-    (lambda: one_of("path", "flash", ("kernel", "gather")), ValueError, r"path must be one of .*got 'flash'"),
-    (lambda: token_ids("prompt", "abcd"), TypeError, r"prompt must be a list of token ids.*tokenize the text"),
+    (
+        lambda: one_of("path", "flash", ("kernel", "gather")),
+        ValueError,
+        r"path must be one of .*got 'flash'",
+    ),
+    (
+        lambda: token_ids("prompt", "abcd"),
+        TypeError,
+        r"prompt must be a list of token ids.*tokenize the text",
+    ),
     (lambda: token_ids("prompt", 7), TypeError, r"prompt must be a list of token ids .*got int 7"),
-    (lambda: token_ids("prompt", [1, 1.0]), TypeError, r"prompt\[1\] must be a token id .*got float 1.0"),
+    (
+        lambda: token_ids("prompt", [1, 1.0]),
+        TypeError,
+        r"prompt\[1\] must be a token id .*got float 1.0",
+    ),
     (lambda: token_ids("prompt", [True]), TypeError, r"prompt\[0\] must be a token id"),
     (lambda: token_ids("prompt", [[1, 2]]), TypeError, r"prompt\[0\] must be a token id"),
-    (lambda: token_ids("prompt", [1, 128], 128), ValueError,
-     r"prompt\[1\] must be a token id in \[0, 128\) \(the model's vocab_size is 128\), got 128"),
-    (lambda: token_ids("prompt", [-1]), ValueError, r"prompt\[0\] must be a token id in \[0, 2\*\*63\)"),
+    (
+        lambda: token_ids("prompt", [1, 128], 128),
+        ValueError,
+        r"prompt\[1\] must be a token id in \[0, 128\) \(the model's vocab_size is 128\), got 128",
+    ),
+    (
+        lambda: token_ids("prompt", [-1]),
+        ValueError,
+        r"prompt\[0\] must be a token id in \[0, 2\*\*63\)",
+    ),
     (lambda: token_ids("prompt", []), ValueError, r"prompt must hold at least one token id"),
-    (lambda: token_ids("prompt", torch.ones(3)), TypeError, r"prompt must be .*1-D integer tensor, got a torch.float32"),
-    (lambda: token_ids("prompt", torch.ones(1, 3, dtype=torch.long)), TypeError, r"prompt must be .*shape \(1, 3\)"),
+    (
+        lambda: token_ids("prompt", torch.ones(3)),
+        TypeError,
+        r"prompt must be .*1-D integer tensor, got a torch.float32",
+    ),
+    (
+        lambda: token_ids("prompt", torch.ones(1, 3, dtype=torch.long)),
+        TypeError,
+        r"prompt must be .*shape \(1, 3\)",
+    ),
     (lambda: function("measure", "f"), TypeError, r"measure must be a function .*got str 'f'"),
-    (lambda: device("device", "bogus"), ValueError, r"device must be a torch.device or a name like 'cpu'"),
+    (
+        lambda: device("device", "bogus"),
+        ValueError,
+        r"device must be a torch.device or a name like 'cpu'",
+    ),
     (lambda: device("device", 3), TypeError, r"device must be a torch.device"),
-    (lambda: device("device", "cuda:7"), ValueError, r"device 'cuda:7' is not available on this machine"),
+    (
+        lambda: device("device", "cuda:7"),
+        ValueError,
+        r"device 'cuda:7' is not available on this machine",
+    ),
     (lambda: device("device", "meta"), ValueError, r"device must hold data"),
-    (lambda: dtype("dtype", "fp16"), TypeError, r"dtype must be a torch.dtype such as torch.float32"),
-    (lambda: dtype("dtype", torch.int64), TypeError, r"dtype must be a floating-point torch.dtype, got torch.int64"),
-    (lambda: causal_lm("model", None), TypeError, r"model must be a Hugging Face causal LM .*got NoneType"),
-    (lambda: causal_lm("model", "gpt2"), TypeError, r"model must be a Hugging Face causal LM .*got str"),
+    (
+        lambda: dtype("dtype", "fp16"),
+        TypeError,
+        r"dtype must be a torch.dtype such as torch.float32",
+    ),
+    (
+        lambda: dtype("dtype", torch.int64),
+        TypeError,
+        r"dtype must be a floating-point torch.dtype, got torch.int64",
+    ),
+    (
+        lambda: causal_lm("model", None),
+        TypeError,
+        r"model must be a Hugging Face causal LM .*got NoneType",
+    ),
+    (
+        lambda: causal_lm("model", "gpt2"),
+        TypeError,
+        r"model must be a Hugging Face causal LM .*got str",
+    ),
 ]
 
 
@@ -87,8 +164,17 @@ def test_checks_return_what_kvlab_uses():
 
 @pytest.fixture(scope="module")
 def model():
-    return kvlab.tiny_model("llama", layers=1, hidden=32, q_heads=2, kv_heads=1, vocab=64, intermediate=32,
-                            device="cpu", dtype=torch.float32)
+    return kvlab.tiny_model(
+        "llama",
+        layers=1,
+        hidden=32,
+        q_heads=2,
+        kv_heads=1,
+        vocab=64,
+        intermediate=32,
+        device="cpu",
+        dtype=torch.float32,
+    )
 
 
 def test_restoring_switches_a_model_for_the_block_and_back_on_any_exception(model):
@@ -128,8 +214,9 @@ def test_restoring_rolls_a_stateful_object_back_only_when_the_block_raises():
 
 
 def test_every_temporary_change_to_a_model_goes_through_restoring():
-    """Outside ``restoring`` a module may set a model's attention only where it means it for good: the
-    model it just built (``lab/pretrained.py``), and ``use_paged_attention``, whose name says so."""
+    """Outside ``restoring`` a module may set a model's attention only where it means it for good:
+    the model it just built (``lab/pretrained.py``), and ``use_paged_attention``, whose name says
+    so."""
     allowed = {"_checks.py", "serving/attention.py", "lab/pretrained.py"}
     pattern = re.compile(r"set_attn_implementation\(|_attn_implementation\s*=[^=]")
     found = []
@@ -144,11 +231,18 @@ def test_every_temporary_change_to_a_model_goes_through_restoring():
 
 
 def test_no_module_keeps_a_checker_of_its_own():
-    """The small checkers modules once wrote for themselves are gone: every module validates with the
-    vocabulary (a composite check of a module's own objects may stay, under a descriptive name)."""
-    pattern = re.compile(r"^def (_positive\w*|_between|_width|_latency|_placement|check_choice|"
-                         r"require_positive_int|_check_positive|_positive_int|token_list)\(", re.M)
-    found = [f"{p.relative_to(ROOT)}: {m.group(1)}" for p in (ROOT / "kvlab").rglob("*.py")
-             for m in pattern.finditer(p.read_text())]
+    """The small checkers modules once wrote for themselves are gone: every module validates with
+    the vocabulary (a composite check of a module's own objects may stay, under a descriptive
+    name)."""
+    pattern = re.compile(
+        r"^def (_positive\w*|_between|_width|_latency|_placement|check_choice|"
+        r"require_positive_int|_check_positive|_positive_int|token_list)\(",
+        re.M,
+    )
+    found = [
+        f"{p.relative_to(ROOT)}: {m.group(1)}"
+        for p in (ROOT / "kvlab").rglob("*.py")
+        for m in pattern.finditer(p.read_text())
+    ]
     assert not found
     assert not hasattr(_checks, "between")  # real(name, value, low, high) took its place

@@ -1,5 +1,6 @@
-"""kvlab.decode: the three loops of sections 9.1 and 9.2 decode exactly what Hugging Face ``generate`` decodes
-(greedy, left-padded batches included), process the positions of 9.1's closed form, and refuse bad input.
+"""kvlab.decode: the three loops of sections 9.1 and 9.2 decode exactly what Hugging Face
+``generate`` decodes (greedy, left-padded batches included), process the positions of 9.1's closed
+form, and refuse bad input.
 """
 
 import pytest
@@ -9,7 +10,6 @@ import kvlab
 from kvlab.decode import cached_decode, naive_decode, static_decode
 from kvlab.theory.work import positions_processed
 
-
 DECODERS = {"naive": naive_decode, "cached": cached_decode, "static": static_decode}
 
 PROMPT, NEW = 7, 10
@@ -18,8 +18,15 @@ PROMPT, NEW = 7, 10
 @pytest.fixture(scope="module", params=kvlab.lab.models.ARCHITECTURES)
 def model(request):
     # Small enough for a fast test, big enough to have GQA (llama, qwen2, mistral) or MHA (gpt2).
-    return kvlab.tiny_model(request.param, layers=2, hidden=64, q_heads=4, intermediate=128, vocab=512,
-                            **({} if request.param == "gpt2" else {"kv_heads": 2}))
+    return kvlab.tiny_model(
+        request.param,
+        layers=2,
+        hidden=64,
+        q_heads=4,
+        intermediate=128,
+        vocab=512,
+        **({} if request.param == "gpt2" else {"kv_heads": 2}),
+    )
 
 
 def _prompt(batch, padded, seed=0):
@@ -47,9 +54,12 @@ def test_all_loops_match_generate(model, batch, padded):
 
 
 def _count_forward_positions(model):
-    """Count the token positions every forward pass feeds the model, as the embedding layer sees them."""
+    """Count the token positions every forward pass feeds the model, as the embedding layer sees
+    them."""
     seen = []
-    handle = model.get_input_embeddings().register_forward_hook(lambda m, args, out: seen.append(args[0].shape[1]))
+    handle = model.get_input_embeddings().register_forward_hook(
+        lambda m, args, out: seen.append(args[0].shape[1])
+    )
     return seen, handle
 
 
@@ -77,12 +87,15 @@ def test_zero_new_tokens_runs_nothing(model):
     assert seen == []
 
 
-@pytest.mark.parametrize("bad, error, words", [
-    (-1, ValueError, "max_new_tokens must be an int >= 0"),
-    (2.0, TypeError, "max_new_tokens must be an int"),
-    (True, TypeError, "max_new_tokens must be an int"),
-    ("3", TypeError, "max_new_tokens must be an int"),
-])
+@pytest.mark.parametrize(
+    "bad, error, words",
+    [
+        (-1, ValueError, "max_new_tokens must be an int >= 0"),
+        (2.0, TypeError, "max_new_tokens must be an int"),
+        (True, TypeError, "max_new_tokens must be an int"),
+        ("3", TypeError, "max_new_tokens must be an int"),
+    ],
+)
 def test_bad_max_new_tokens(model, bad, error, words):
     ids, _ = _prompt(1, False)
     for decode in DECODERS.values():
@@ -95,7 +108,9 @@ def test_bad_inputs(model):
     for decode in DECODERS.values():
         with pytest.raises(TypeError, match="input_ids must hold integer token ids"):
             decode(model, ids.float(), 3)
-        with pytest.raises(ValueError, match=r"attention_mask must have the shape of input_ids \[2, 7\]"):
+        with pytest.raises(
+            ValueError, match=r"attention_mask must have the shape of input_ids \[2, 7\]"
+        ):
             decode(model, ids, 3, attention_mask=torch.ones(2, 6, dtype=torch.long))
         right_padded = torch.ones_like(ids)
         right_padded[0, -2:] = 0
@@ -106,8 +121,8 @@ def test_bad_inputs(model):
 
 
 def test_compiled_static_step_is_one_graph_with_no_recompiles(model, monkeypatch):
-    """What CUDA-graph replay needs (section 9.2): the step traced whole (fullgraph=True) and compiled
-    once for 20 steps, on a batch with left padding; the tokens equal the cached loop's."""
+    """What CUDA-graph replay needs (section 9.2): the step traced whole (fullgraph=True) and
+    compiled once for 20 steps, on a batch with left padding; the tokens equal the cached loop's."""
     from kvlab import decode
 
     graphs = []
@@ -126,8 +141,8 @@ def test_compiled_static_step_is_one_graph_with_no_recompiles(model, monkeypatch
 
 
 def test_static_loop_passes_cache_position_to_a_model_that_declares_it(model):
-    """transformers' generate gives ``cache_position`` (the slots written) to a forward that declares
-    it; so does the static loop, and the slots advance one per step."""
+    """transformers' generate gives ``cache_position`` (the slots written) to a forward that
+    declares it; so does the static loop, and the slots advance one per step."""
     seen = []
 
     class Declares(torch.nn.Module):
@@ -138,12 +153,29 @@ def test_static_loop_passes_cache_position_to_a_model_that_declares_it(model):
         dtype = property(lambda self: self.inner.dtype)
         device = property(lambda self: self.inner.device)
 
-        def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, past_key_values=None,
-                    use_cache=None, cache_position=None, logits_to_keep=0):
+        def forward(
+            self,
+            input_ids,
+            attention_mask=None,
+            position_ids=None,
+            cache=None,
+            past_key_values=None,
+            use_cache=None,
+            cache_position=None,
+            logits_to_keep=0,
+        ):
             seen.append(cache_position.tolist())
-            kw = kvlab.versions.cache_kwargs(self.inner, cache if cache is not None else past_key_values)
-            return self.inner(input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                              use_cache=use_cache, logits_to_keep=logits_to_keep, **kw)
+            kw = kvlab.versions.cache_kwargs(
+                self.inner, cache if cache is not None else past_key_values
+            )
+            return self.inner(
+                input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=use_cache,
+                logits_to_keep=logits_to_keep,
+                **kw,
+            )
 
     ids = _prompt(1, False)[0]
     assert torch.equal(static_decode(Declares(model), ids, 4), static_decode(model, ids, 4))
@@ -152,22 +184,42 @@ def test_static_loop_passes_cache_position_to_a_model_that_declares_it(model):
 
 
 def test_decode_past_learned_positions_is_refused():
-    gpt2 = kvlab.tiny_model("gpt2", layers=1, hidden=32, q_heads=2, vocab=64, intermediate=64, max_positions=16,
-                            device="cpu", dtype=torch.float32)
+    gpt2 = kvlab.tiny_model(
+        "gpt2",
+        layers=1,
+        hidden=32,
+        q_heads=2,
+        vocab=64,
+        intermediate=64,
+        max_positions=16,
+        device="cpu",
+        dtype=torch.float32,
+    )
     with pytest.raises(ValueError, match=r"prompt \(10\) \+ max_new_tokens \(7\) must be <= 16"):
         cached_decode(gpt2, torch.ones(1, 10, dtype=torch.long), 7)
     assert cached_decode(gpt2, torch.ones(1, 10, dtype=torch.long), 6).shape == (1, 6)
 
 
-
 @pytest.fixture(scope="module")
 def small_llama():
     """A two-layer Llama with a vocabulary of 128, for the refusals below."""
-    return kvlab.tiny_model("llama", layers=2, hidden=64, q_heads=4, kv_heads=2, vocab=128, intermediate=128,
-                            device="cpu", dtype=torch.float32, seed=5)
+    return kvlab.tiny_model(
+        "llama",
+        layers=2,
+        hidden=64,
+        q_heads=4,
+        kv_heads=2,
+        vocab=128,
+        intermediate=128,
+        device="cpu",
+        dtype=torch.float32,
+        seed=5,
+    )
 
 
-@pytest.mark.parametrize("loop", ["naive_decode", "cached_decode", "static_decode", "profile_decode"])
+@pytest.mark.parametrize(
+    "loop", ["naive_decode", "cached_decode", "static_decode", "profile_decode"]
+)
 def test_decode_loops_refuse_token_ids_outside_the_vocabulary(small_llama, loop):
     for ids in (torch.tensor([[1, 128]]), torch.tensor([[-1, 2]])):
         with pytest.raises(ValueError, match=r"input_ids must be token ids in \[0, 128\)"):
@@ -192,11 +244,18 @@ def test_cached_decode_refuses_a_used_cache(small_llama):
 
 # name: (call, error, a regex the message must match: the argument's name and what is allowed)
 BAD_CALLS = {
-    "decode fractional mask": (lambda m: cached_decode(m, torch.ones(1, 3, dtype=torch.long), 2,
-                                                         attention_mask=torch.tensor([[0.5, 1.0, 1.0]])),
-                               ValueError, r"only 0 \(padding\) and 1 \(token\), got values such as \[0.5\]"),
-    "decode without a model": (lambda m: cached_decode(None, torch.ones(1, 3, dtype=torch.long), 2),
-                               TypeError, r"model must be a Hugging Face causal LM"),
+    "decode fractional mask": (
+        lambda m: cached_decode(
+            m, torch.ones(1, 3, dtype=torch.long), 2, attention_mask=torch.tensor([[0.5, 1.0, 1.0]])
+        ),
+        ValueError,
+        r"only 0 \(padding\) and 1 \(token\), got values such as \[0.5\]",
+    ),
+    "decode without a model": (
+        lambda m: cached_decode(None, torch.ones(1, 3, dtype=torch.long), 2),
+        TypeError,
+        r"model must be a Hugging Face causal LM",
+    ),
 }
 
 

@@ -14,5 +14,13 @@ def test_step_limits_fit_eight_minutes():
     limits = {}
     for label, gpu, _dry in re.findall(r"^\s*step (\S+) (\d+) (\d+) ", SCRIPT.read_text(), re.M):
         limits[label] = max(limits.get(label, 0), int(gpu))
-    assert {"wheels", "env", "tests", "record", "diagnose", "static-notebooks", "live-notebook"} <= set(limits)
+    assert {
+        "wheels",
+        "env",
+        "tests",
+        "record",
+        "diagnose",
+        "static-notebooks",
+        "live-notebook",
+    } <= set(limits)
     assert sum(limits.values()) <= 480, limits

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from browser import ROLES, chromium
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,12 +46,22 @@ def lab(tmp_path):
     env["JUPYTERLAB_SETTINGS_DIR"] = str(tmp_path / "settings")
     log = open(tmp_path / "lab.log", "w")
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "jupyter-lab"), "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
-         "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+        [
+            str(Path(sys.executable).parent / "jupyter-lab"),
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={tmp_path}",
+            "--LabApp.expose_app_in_browser=True",
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ]
         + (["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
-        env=env, stdout=log, stderr=subprocess.STDOUT)
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -102,24 +111,46 @@ def test_live_notebook_runs_and_its_slider_redraws_figure_and_reading(lab):
     driver = chromium(width=1400, height=1000)
     try:
         driver.get(lab)
-        _wait(driver, "return window.jupyterapp && document.querySelector('.jp-Notebook .jp-Cell')",
-              120, "JupyterLab to open the notebook")
+        _wait(
+            driver,
+            "return window.jupyterapp && document.querySelector('.jp-Notebook .jp-Cell')",
+            120,
+            "JupyterLab to open the notebook",
+        )
         _wait(driver, _NOTEBOOK + "return k && k.status === 'idle';", 120, "an idle kernel")
         driver.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-        _wait(driver, _NOTEBOOK + "return k && k.status === 'idle' && code.every((c) => c.model.executionCount);",
-              600, "every code cell to run")
-        before = _wait(driver, "const p = (() => {" + _PANEL + "})(); return p && p.reading ? p : null;",
-                       60, "the explorer's figure and reading")
-        handle = driver.find_element("css selector", ".jp-Notebook .widget-slider .noUi-handle, "
-                                                     ".jp-Notebook .widget-hslider .noUi-handle")
+        _wait(
+            driver,
+            _NOTEBOOK
+            + "return k && k.status === 'idle' && code.every((c) => c.model.executionCount);",
+            600,
+            "every code cell to run",
+        )
+        before = _wait(
+            driver,
+            "const p = (() => {" + _PANEL + "})(); return p && p.reading ? p : null;",
+            60,
+            "the explorer's figure and reading",
+        )
+        handle = driver.find_element(
+            "css selector",
+            ".jp-Notebook .widget-slider .noUi-handle, .jp-Notebook .widget-hslider .noUi-handle",
+        )
         driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", handle)
         handle.click()
         from selenium.webdriver.common.keys import Keys
 
-        handle.send_keys(Keys.ARROW_LEFT)  # P: the longest context to the next one, already measured
-        after = _wait(driver, "const p = (() => {" + _PANEL + "})(); const b = arguments[0];"
-                              "return p && p.reading && p.src !== b.src && p.reading !== b.reading ? p : null;",
-                      180, "the figure and the reading to change after moving the slider", before)
+        handle.send_keys(
+            Keys.ARROW_LEFT
+        )  # P: the longest context to the next one, already measured
+        after = _wait(
+            driver,
+            "const p = (() => {" + _PANEL + "})(); const b = arguments[0];"
+            "return p && p.reading && p.src !== b.src && p.reading !== b.reading ? p : null;",
+            180,
+            "the figure and the reading to change after moving the slider",
+            before,
+        )
         text = driver.execute_script("return document.querySelector('.jp-Notebook').innerText")
     finally:
         driver.quit()

@@ -11,16 +11,23 @@ import nbrun  # noqa: E402
 
 def test_a_stalled_cell_fails_fast_and_names_itself(tmp_path):
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_markdown_cell("text"),
-                nbformat.v4.new_code_cell("import time\ntime.sleep(600)  # the stall")]
+    nb.cells = [
+        nbformat.v4.new_code_cell("x = 1"),
+        nbformat.v4.new_markdown_cell("text"),
+        nbformat.v4.new_code_cell("import time\ntime.sleep(600)  # the stall"),
+    ]
     path = tmp_path / "stall.ipynb"
     nbformat.write(nb, path)
     with pytest.raises(nbrun.NotebookStalled) as stalled:
         nbrun.run(path, static=True, limit_s=20)
     text = str(stalled.value)
-    assert "stall.ipynb: cell 2 ran" in text and "limit of 20 s" in text and "time.sleep(600)" in text
+    assert (
+        "stall.ipynb: cell 2 ran" in text and "limit of 20 s" in text and "time.sleep(600)" in text
+    )
     assert "ZMQ_EVENTS" in text
-    assert "kernel stacks" in text and "in <module>" in text  # the kernel's main thread, inside the cell
+    assert (
+        "kernel stacks" in text and "in <module>" in text
+    )  # the kernel's main thread, inside the cell
     assert "client stacks" in text
 
 

@@ -15,7 +15,9 @@ from kvlab.serving.paged_decode import paged_generate
 
 
 def _autograd_off(module, args):
-    if torch.compiler.is_compiling():  # traced, not run: the compiled step is checked where it is called
+    if (
+        torch.compiler.is_compiling()
+    ):  # traced, not run: the compiled step is checked where it is called
         return
     assert torch.is_inference_mode_enabled() or not torch.is_grad_enabled(), type(module).__name__
 
@@ -30,7 +32,9 @@ def model():
 
 
 def _prompt(model, n=9):
-    return torch.randint(0, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(0))
+    return torch.randint(
+        0, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(0)
+    )
 
 
 @pytest.mark.parametrize("method", ["naive", "cached", "static"])

@@ -51,15 +51,23 @@ def _execute(book, path: Path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_is_committed_clean_and_executes(book, path, record_property):
     committed = nbformat.read(path, as_version=4)
-    dirty = [i for i, c in enumerate(committed.cells)
-             if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count"))]
+    dirty = [
+        i
+        for i, c in enumerate(committed.cells)
+        if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count"))
+    ]
     assert not dirty, f"{path.name}: commit notebooks without outputs (cells {dirty})"
     nb = _execute(book, path)
     run = book["runs"][path.name]
     record_property("notebook_seconds", run.seconds)  # reported by conftest
     record_property("missed_wakeups", run.missed_by_channel)
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
+    errors = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
     assert not errors
 
 
@@ -74,8 +82,12 @@ def _build(book):
     config["execute"]["execute_notebooks"] = "off"  # executed above; build from those outputs
     (root / "_config.yml").write_text(yaml.safe_dump(config))
     jupyter_book = Path(sys.executable).parent / "jupyter-book"
-    result = subprocess.run([str(jupyter_book), "build", str(root), "-W", "--keep-going"],
-                            capture_output=True, text=True, env={**os.environ, "KVLAB_STATIC": "1"})
+    result = subprocess.run(
+        [str(jupyter_book), "build", str(root), "-W", "--keep-going"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KVLAB_STATIC": "1"},
+    )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
     book["html"] = root / "_build" / "html"
     return book["html"]
@@ -84,11 +96,15 @@ def _build(book):
 @pytest.mark.notebook
 def test_book_builds_with_warnings_as_errors(book):
     html = _build(book)
-    wheels = list((html / "notebooks").glob("kvlab-*.whl"))  # the book carries kvlab (book/_ext/kvlab_install.py)
+    wheels = list(
+        (html / "notebooks").glob("kvlab-*.whl")
+    )  # the book carries kvlab (book/_ext/kvlab_install.py)
     assert len(wheels) == 1
     for path in NOTEBOOKS:
         page = (html / "notebooks" / f"{path.stem}.html").read_text()
-        assert f'href="{wheels[0].name}" download' in page, f"{path.name}: no link to the kvlab wheel"
+        assert f'href="{wheels[0].name}" download' in page, (
+            f"{path.name}: no link to the kvlab wheel"
+        )
         assert "data:image/png;base64," in page, f"{path.name}: no figure on the built page"
         assert "kvlab-explorer" in page, f"{path.name}: no slider on the built page"
         assert page.count("const THEBE_JS_URL") <= 1, f"{path.name}: a script is declared twice"
@@ -109,7 +125,9 @@ const settle = (promise, ms) => Promise.race([
 ]);
 """
 
-_PAGE_CHECKS = _SETTLE + r"""
+_PAGE_CHECKS = (
+    _SETTLE
+    + r"""
 const done = arguments[arguments.length - 1];
 const roleNames = arguments[0];
 // On a loaded machine the script can start before the page has finished loading (document.body
@@ -137,9 +155,12 @@ settle(loaded.then(typeset), 45000).then((mathjax) => { try {
   });
 } catch (e) { done({scriptError: String(e)}); } });
 """
+)
 
 # Moves every static slider to its last position and back; returns what went wrong.
-_SLIDER_CHECKS = _SETTLE + r"""
+_SLIDER_CHECKS = (
+    _SETTLE
+    + r"""
 const done = arguments[arguments.length - 1];
 try {
 const problems = [];
@@ -168,10 +189,16 @@ settle(ready, 45000).then((mathjax) => {
 });
 } catch (e) { done({problems: ["slider check failed: " + e], moves: 0}); }
 """
+)
 
 
 def _looks_like_a_path(alt: str) -> bool:
-    return not alt.strip() or alt.endswith((".png", ".jpg", ".svg")) or "_images/" in alt or alt.startswith("../")
+    return (
+        not alt.strip()
+        or alt.endswith((".png", ".jpg", ".svg"))
+        or "_images/" in alt
+        or alt.startswith("../")
+    )
 
 
 def _remote(urls):
@@ -195,7 +222,11 @@ def test_static_pages_in_chromium(book, width, tmp_path):
             url = (html / f"{page}.html").as_uri()
             driver.get(url)
             WebDriverWait(driver, 120).until(
-                lambda d: d.current_url == url and d.execute_script("return document.readyState") == "complete")
+                lambda d: (
+                    d.current_url == url
+                    and d.execute_script("return document.readyState") == "complete"
+                )
+            )
             found = driver.execute_async_script(_PAGE_CHECKS, list(ROLES))
             if width == 1280:
                 found["sliders"] = driver.execute_async_script(_SLIDER_CHECKS)
@@ -214,15 +245,26 @@ def test_static_pages_in_chromium(book, width, tmp_path):
             if f[key]:
                 problems.append(f"{page}: {key}: {f[key]}")
         if f["rawMath"]:
-            problems.append(f"{page}: {f['rawMath']} math elements not typeset by MathJax ({f['mathjax']})")
+            problems.append(
+                f"{page}: {f['rawMath']} math elements not typeset by MathJax ({f['mathjax']})"
+            )
         if "sliders" in f and f["sliders"]["problems"]:
             problems.append(f"{page}: sliders: {f['sliders']['problems']}")
-        problems += [f"{page}: a figure's alt text is a file path: {i['alt']}" for i in f["images"]
-                     if _looks_like_a_path(i["alt"])]
+        problems += [
+            f"{page}: a figure's alt text is a file path: {i['alt']}"
+            for i in f["images"]
+            if _looks_like_a_path(i["alt"])
+        ]
         if width <= 400:
             if f["pageWidth"] > f["viewport"] + 2:
-                problems.append(f"{page}: the page scrolls sideways at {width} px ({f['pageWidth']} px wide)")
-            problems += [f"{page}: a figure is shrunk to {i['scale']:.2f} of its size at {width} px ({i['alt']})"
-                         for i in f["images"] if i["scale"] < 0.75]
+                problems.append(
+                    f"{page}: the page scrolls sideways at {width} px ({f['pageWidth']} px wide)"
+                )
+            problems += [
+                f"{page}: a figure is shrunk to {i['scale']:.2f} of its size at {width} px"
+                f" ({i['alt']})"
+                for i in f["images"]
+                if i["scale"] < 0.75
+            ]
     print(f"screenshots: {tmp_path}")
     assert not problems, "\n".join(problems)

@@ -2,9 +2,10 @@
 ``KVLAB_STATIC``), every paragraph they write and every Markdown cell reads cleanly without Sphinx.
 A notebook that runs past its time limit fails naming the cell (``tests/nbrun.py``).
 
-Markdown cells hold no myst role (``{glue:text}``, ``{cite:p}``, ``{doc}``, ``{ref}``); numbers reach
-the prose as Markdown output of the cell that measured them (``kvlab.reading``). A separate file from
-``test_notebooks.py`` so that pytest-xdist runs it beside the static execution and the book build.
+Markdown cells hold no myst role (``{glue:text}``, ``{cite:p}``, ``{doc}``, ``{ref}``); numbers
+reach the prose as Markdown output of the cell that measured them (``kvlab.reading``). A separate
+file from ``test_notebooks.py`` so that pytest-xdist runs it beside the static execution and the
+book build.
 """
 
 import re
@@ -25,8 +26,12 @@ ROLE = re.compile(r"\{(glue|glue:text|glue:md|glue:any|cite|cite:p|cite:t|doc|re
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_markdown_cells_have_no_myst_roles(path):
     nb = nbformat.read(path, as_version=4)
-    found = [(i, m.group(0)) for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
-             for m in ROLE.finditer(c.source)]
+    found = [
+        (i, m.group(0))
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "markdown"
+        for m in ROLE.finditer(c.source)
+    ]
     assert not found, f"{path.name}: myst roles in Markdown cells (cell, role): {found}"
 
 
@@ -43,6 +48,9 @@ def test_notebook_live_mode_writes_clean_readings(path, record_property):
     assert readings, f"{path.name}: no reading written by code"
     raw = [r[:120] for r in readings if ROLE.search(r)]
     assert not raw, f"{path.name}: raw role text in a reading: {raw}"
-    stray = [o["data"]["text/plain"] for o in outputs if o.get("output_type") == "execute_result"
-             and set(o["data"]) == {"text/plain"}]
+    stray = [
+        o["data"]["text/plain"]
+        for o in outputs
+        if o.get("output_type") == "execute_result" and set(o["data"]) == {"text/plain"}
+    ]
     assert not stray, f"{path.name}: a cell's last expression echoes a value: {stray}"

@@ -9,9 +9,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _record(device, date, rows):
-    return {"stamp": {"device": device, "driver": "d", "torch": "t", "triton": "x", "transformers": "y", "date": date},
-            "calibration": {"copy_bytes_per_s": 2e12, "matmul_flops": 5e14, "matmul_dtype": "bfloat16", "device": device},
-            "results": {"9.5 paged": [{"name": n, "value": v, "unit": "GB/s", "note": ""} for n, v in rows]}}
+    return {
+        "stamp": {
+            "device": device,
+            "driver": "d",
+            "torch": "t",
+            "triton": "x",
+            "transformers": "y",
+            "date": date,
+        },
+        "calibration": {
+            "copy_bytes_per_s": 2e12,
+            "matmul_flops": 5e14,
+            "matmul_dtype": "bfloat16",
+            "device": device,
+        },
+        "results": {
+            "9.5 paged": [{"name": n, "value": v, "unit": "GB/s", "note": ""} for n, v in rows]
+        },
+    }
 
 
 def test_records_stand_side_by_side_gpu_first():

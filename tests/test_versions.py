@@ -1,15 +1,15 @@
-"""kvlab.versions: the declared floors agree everywhere, the model builders warn once below them (the
-import does not: a notebook's first cell says one thing, see tests/test_install.py), and every cache
-argument goes under the name the model's own forward declares."""
+"""kvlab.versions: the declared floors agree everywhere, the model builders warn once below them
+(the import does not: a notebook's first cell says one thing, see tests/test_install.py), and every
+cache argument goes under the name the model's own forward declares."""
 
 import re
 import subprocess
 import sys
-import tomllib
 import warnings
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 import kvlab
@@ -40,17 +40,22 @@ def test_floors_are_declared_the_same_everywhere():
         assert _same(_lower_bound(project, name), floor), f"pyproject.toml {name}"
         assert _same(_lower_bound(requirements, name), floor), f"requirements.txt {name}"
     assert _same(_lower_bound(floor_pins, "transformers"), versions.FLOORS["transformers"])
-    # torch is tested at the lowest build this project's CI installs cheaply (see requirements-floor.txt)
+    # torch is tested at the lowest build this project's CI installs cheaply (see
+    # requirements-floor.txt)
     from packaging.version import Version
 
     assert Version(_lower_bound(floor_pins, "torch")) >= Version(versions.FLOORS["torch"])
 
 
 def test_below_floor_warns_once_with_the_upgrade_command(monkeypatch):
-    monkeypatch.setattr(versions, "installed", lambda name: {"transformers": "4.57.1", "torch": "2.13.0+cpu"}[name])
+    monkeypatch.setattr(
+        versions, "installed", lambda name: {"transformers": "4.57.1", "torch": "2.13.0+cpu"}[name]
+    )
     monkeypatch.setattr(versions, "_warned", False)
     assert versions.below_floor() == {"transformers": "4.57.1"}
-    with pytest.warns(UserWarning, match=r"transformers 4\.57\.1 .*pip install -U 'transformers>=5\.5\.0'"):
+    with pytest.warns(
+        UserWarning, match=r"transformers 4\.57\.1 .*pip install -U 'transformers>=5\.5\.0'"
+    ):
         versions.warn_if_below_floor()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -70,7 +75,9 @@ def test_import_kvlab_is_silent_at_the_installed_versions():
 def test_require_transformers_names_the_version_it_needs(monkeypatch):
     monkeypatch.setattr(versions, "installed", lambda name: "5.5.0")
     versions.require_transformers("5.5", "this")
-    with pytest.raises(RuntimeError, match=r"feature X needs transformers >= 5\.99; this runtime has 5\.5\.0"):
+    with pytest.raises(
+        RuntimeError, match=r"feature X needs transformers >= 5\.99; this runtime has 5\.5\.0"
+    ):
         versions.require_transformers("5.99", "feature X")
 
 
@@ -104,23 +111,33 @@ def test_a_real_model_fills_the_cache_it_is_given():
     model = kvlab.tiny_model("llama")
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        out = model(torch.tensor([[1, 2, 3]]), use_cache=True, **versions.cache_kwargs(model, cache))
+        out = model(
+            torch.tensor([[1, 2, 3]]), use_cache=True, **versions.cache_kwargs(model, cache)
+        )
     assert cache.get_seq_length() == 3  # a name the forward ignored would leave it empty
     assert versions.returned_cache(out) is cache
 
 
 def test_no_call_site_reads_a_returned_cache_by_one_release_name():
-    """``out.cache`` exists only in recent transformers; ``returned_cache(out)`` in every release."""
+    """``out.cache`` exists only in recent transformers; ``returned_cache(out)`` in every
+    release."""
     pattern = re.compile(r"\)\.(cache|past_key_values|cache_params)\b")
     sources = list((ROOT / "kvlab").rglob("*.py")) + list((ROOT / "notebooks").glob("*.ipynb"))
-    offenders = [f"{p.name}: {m.group(0)}" for p in sources for m in pattern.finditer(p.read_text())]
+    offenders = [
+        f"{p.name}: {m.group(0)}" for p in sources for m in pattern.finditer(p.read_text())
+    ]
     assert not offenders
 
 
 def test_no_call_site_names_the_cache_argument_itself():
-    """A cache goes to a model only through ``cache_kwargs`` (never a private helper or a fixed name)."""
+    """A cache goes to a model only through ``cache_kwargs`` (never a private helper or a fixed
+    name)."""
     pattern = re.compile(r"_cache_kw\b|\bcache_params=|past_key_values=|\*\*\{\"cache\"")
     sources = list((ROOT / "kvlab").rglob("*.py")) + list((ROOT / "notebooks").glob("*.ipynb"))
-    offenders = [f"{p.name}: {m.group(0)}" for p in sources if p.name != "versions.py"
-                 for m in pattern.finditer(p.read_text())]
+    offenders = [
+        f"{p.name}: {m.group(0)}"
+        for p in sources
+        if p.name != "versions.py"
+        for m in pattern.finditer(p.read_text())
+    ]
     assert not offenders

@@ -1,20 +1,21 @@
 """Links between the book's pages that work in the built book and in a notebook downloaded alone.
 
-A notebook's Markdown cells and the readings kvlab writes into it (``kvlab/show/``) link other pages:
-``[The memory wall](10_memory_wall.ipynb)``, ``[SDPA](../book/glossary.md#sdpa)``. Relative links
-work in the built book (Sphinx resolves them and fails the build on a broken one) and in a clone of
-the repository, but not in a notebook downloaded alone, where no ``../book/`` is beside it. Absolute
-links to the published book work everywhere, once its address is known.
+A notebook's Markdown cells and the readings kvlab writes into it (``kvlab/show/``) link other
+pages: ``[The memory wall](10_memory_wall.ipynb)``, ``[SDPA](../book/glossary.md#sdpa)``. Relative
+links work in the built book (Sphinx resolves them and fails the build on a broken one) and in a
+clone of the repository, but not in a notebook downloaded alone, where no ``../book/`` is beside it.
+Absolute links to the published book work everywhere, once its address is known.
 
-So the address is one setting next to the repository's: ``html.baseurl`` in ``_config.yml`` (Sphinx's
-``html_baseurl``), empty until a person decides where the book is published. While it is empty the
-sources keep relative links: the book and a clone work, a downloaded notebook's links to other pages
-do not, and nothing pretends otherwise. Once it is set, ``python scripts/book_links.py`` rewrites each
-relative link in the sources into the absolute address of its page (``10_memory_wall.ipynb`` ->
-``BASE/notebooks/10_memory_wall.html``), and at build time this extension turns every link to
-``BASE`` in a page back into a relative one, so the built book stays self-contained (it works before
-it is published, and from a local copy), and warns (an error under ``-W``) on a link to a page the
-book does not have. ``tests/test_book_links.py`` fails on any link that would break.
+So the address is one setting next to the repository's: ``html.baseurl`` in ``_config.yml``
+(Sphinx's ``html_baseurl``), empty until a person decides where the book is published. While it is
+empty the sources keep relative links: the book and a clone work, a downloaded notebook's links to
+other pages do not, and nothing pretends otherwise. Once it is set, ``python scripts/book_links.py``
+rewrites each relative link in the sources into the absolute address of its page
+(``10_memory_wall.ipynb`` -> ``BASE/notebooks/10_memory_wall.html``), and at build time this
+extension turns every link to ``BASE`` in a page back into a relative one, so the built book stays
+self-contained (it works before it is published, and from a local copy), and warns (an error under
+``-W``) on a link to a page the book does not have. ``tests/test_book_links.py`` fails on any link
+that would break.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ PAGES = (".ipynb", ".md")  # the suffixes of the book's pages; each is built int
 
 
 def book_url(root: Path = ROOT) -> str:
-    """``html.baseurl`` from ``_config.yml``, without a trailing slash ("" while no address is set)."""
+    """``html.baseurl`` from ``_config.yml``, without a trailing slash ("" while no address is
+    set)."""
     import yaml
 
     config = yaml.safe_load((root / "_config.yml").read_text())
@@ -58,8 +60,10 @@ def absolute(target: str, folder: str, base: str) -> str:
 
 
 def relative_hrefs(body: str, pagename: str, base: str, pages) -> tuple[str, list[str]]:
-    """``body`` (a built page's HTML) with each ``href`` to ``base`` made relative to ``pagename``, and
-    the addresses that name no page in ``pages`` (the book's docnames; those are left as written)."""
+    """``body`` (a built page's HTML) with each ``href`` to ``base`` made relative to ``pagename``,
+    and the addresses that name no page in ``pages`` (the book's docnames; those are left as
+    written).
+    """
     unknown = []
     pattern = re.compile(r'href="' + re.escape(base) + r'/(?P<path>[^"#]*?)(?P<anchor>#[^"]*)?"')
 
@@ -68,7 +72,8 @@ def relative_hrefs(body: str, pagename: str, base: str, pages) -> tuple[str, lis
         if path.endswith(".html") and path.removesuffix(".html") not in pages:
             unknown.append(f"{base}/{path}")
             return m[0]
-        # The book's address itself is its home page (index.html, which Jupyter Book writes at the root).
+        # The book's address itself is its home page (index.html, which Jupyter Book writes at the
+        # root).
         relative = posixpath.relpath(path or "index.html", posixpath.dirname(pagename) or ".")
         return f'href="{relative}{m["anchor"] or ""}"'
 
@@ -84,7 +89,11 @@ def _relative_links(app, pagename, templatename, context, doctree):
         from sphinx.util import logging
 
         logging.getLogger(__name__).warning(
-            "%s links %s, which is no page of this book (html.baseurl is %s)", pagename, ", ".join(unknown), base)
+            "%s links %s, which is no page of this book (html.baseurl is %s)",
+            pagename,
+            ", ".join(unknown),
+            base,
+        )
 
 
 GPU_PAGE = "book/gpu"
@@ -92,18 +101,26 @@ LINKS_MARK = "<!-- kvlab: links -->"
 
 
 def downloaded_links(base: str) -> str:
-    """What the page "Running on a GPU" says about a downloaded notebook's links, from ``html.baseurl``."""
+    """What the page "Running on a GPU" says about a downloaded notebook's links, from
+    ``html.baseurl``."""
     if base:
-        return (f"Links in a downloaded notebook, and in the readings it writes, lead to this book at <{base}/>.")
-    return ("Links in a downloaded notebook to other pages of this book work only where those pages lie beside "
-            "it (a clone of the repository): this edition names no published address yet (`html.baseurl` in "
-            "`_config.yml`, which `python scripts/book_links.py` writes into the links once set). Open the "
-            "linked pages here in the book.")
+        return (
+            "Links in a downloaded notebook, and in the readings it writes, lead to this book at"
+            f" <{base}/>."
+        )
+    return (
+        "Links in a downloaded notebook to other pages of this book work only where those pages lie"
+        " beside it (a clone of the repository): this edition names no published address yet"
+        " (`html.baseurl` in `_config.yml`, which `python scripts/book_links.py` writes into the"
+        " links once set). Open the linked pages here in the book."
+    )
 
 
 def _write_downloaded_links(app, docname, source):
     if docname == GPU_PAGE:
-        source[0] = source[0].replace(LINKS_MARK, downloaded_links((app.config.html_baseurl or "").strip().rstrip("/")))
+        source[0] = source[0].replace(
+            LINKS_MARK, downloaded_links((app.config.html_baseurl or "").strip().rstrip("/"))
+        )
 
 
 def setup(app):
@@ -114,13 +131,18 @@ def setup(app):
 
 # ---- the sources' links (scripts/book_links.py and the test) -----------------------------------
 
+
 def sources(root: Path = ROOT):
     """``(path, folder its links are relative to, texts)``: every notebook's Markdown cells, and the
     modules that write readings into notebooks (``kvlab/show/``: their links are read from
     ``notebooks/``, where the readings appear)."""
     for path in sorted((root / "notebooks").glob("*.ipynb")):
         cells = json.loads(path.read_text())["cells"]
-        yield path, "notebooks", ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+        yield (
+            path,
+            "notebooks",
+            ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"],
+        )
     for path in sorted((root / "kvlab" / "show").rglob("*.py")):
         yield path, "notebooks", [path.read_text()]
 
@@ -147,8 +169,8 @@ def anchors(path: Path) -> set[str]:
 
 
 def problems(root: Path = ROOT, base: str | None = None) -> list[str]:
-    """Every link in the sources that would break: a relative one to a missing page or anchor (broken
-    in the book too), and, when the book's address is set, a relative one left (broken in a
+    """Every link in the sources that would break: a relative one to a missing page or anchor
+    (broken in the book too), and, when the book's address is set, a relative one left (broken in a
     downloaded notebook) or an absolute one to ``base`` that names no file of the repository."""
     base = book_url(root) if base is None else base
     out = []
@@ -156,7 +178,7 @@ def problems(root: Path = ROOT, base: str | None = None) -> list[str]:
         where = path.relative_to(root)
         for target in {m["target"] for text in texts for m in pattern(path).finditer(text)}:
             if base and target.startswith(base + "/"):
-                page = target[len(base) + 1:].partition("#")[0]
+                page = target[len(base) + 1 :].partition("#")[0]
                 stem = page.removesuffix(".html")
                 if not any((root / f"{stem}{s}").exists() for s in (*PAGES, "")):
                     out.append(f"{where}: {target} names no page of the book")
@@ -169,8 +191,10 @@ def problems(root: Path = ROOT, base: str | None = None) -> list[str]:
             elif anchor and anchor[1:] not in anchors(root / page):
                 out.append(f"{where}: {target} names an anchor {page} does not have")
             elif base:
-                out.append(f"{where}: {target} is relative, so it breaks in a downloaded notebook: "
-                           "run python scripts/book_links.py")
+                out.append(
+                    f"{where}: {target} is relative, so it breaks in a downloaded notebook: "
+                    "run python scripts/book_links.py"
+                )
     return sorted(out)
 
 
@@ -186,6 +210,7 @@ def rewrite(root: Path = ROOT, base: str | None = None) -> list[str]:
         def one(m):
             target = m["target"]
             return f"]({absolute(target, folder, base)})" if is_relative(target) else m[0]
+
         return one
 
     for path, folder, _ in sources(root):
@@ -195,7 +220,10 @@ def rewrite(root: Path = ROOT, base: str | None = None) -> list[str]:
             for cell in nb["cells"]:
                 source = "".join(cell["source"])
                 if cell["cell_type"] == "markdown" and LINK.sub(fix(folder), source) != source:
-                    cell["source"], edited = LINK.sub(fix(folder), source).splitlines(keepends=True), True
+                    cell["source"], edited = (
+                        LINK.sub(fix(folder), source).splitlines(keepends=True),
+                        True,
+                    )
             text = json.dumps(nb, indent=1, ensure_ascii=False) + "\n" if edited else old
         else:
             text = PY_LINK.sub(fix(folder), old)

@@ -27,7 +27,9 @@ def _project_root() -> Path:
 
     root = Path(kvlab.__file__).resolve().parents[1]
     if not (root / "pyproject.toml").exists():
-        raise RuntimeError(f"kvlab is not imported from a checkout ({root}): cannot build its wheel")
+        raise RuntimeError(
+            f"kvlab is not imported from a checkout ({root}): cannot build its wheel"
+        )
     return root
 
 
@@ -41,9 +43,24 @@ def build_wheel(out: Path) -> Path:
     with tempfile.TemporaryDirectory() as scratch:
         for name in ("pyproject.toml", "README.md"):
             shutil.copy(root / name, scratch)
-        shutil.copytree(root / "kvlab", Path(scratch) / "kvlab", ignore=shutil.ignore_patterns("__pycache__"))
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                        "--wheel-dir", str(out), scratch], check=True)
+        shutil.copytree(
+            root / "kvlab", Path(scratch) / "kvlab", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--quiet",
+                "--no-deps",
+                "--no-build-isolation",
+                "--wheel-dir",
+                str(out),
+                scratch,
+            ],
+            check=True,
+        )
     return next(out.glob("kvlab-*.whl"))
 
 
@@ -58,12 +75,14 @@ def _link_the_wheel(app, pagename, templatename, context, doctree):
     if not wheel or not pagename.startswith(NOTEBOOK_DIR + "/") or "body" not in context:
         return
     name = html.escape(wheel)
-    note = (f'<p class="kvlab-install">To run this page on your own machine or a GPU runtime, download the '
-            f'notebook (the download button at the top) and <a href="{name}" download>{name}</a> into one '
-            "folder: the notebook's first cell installs kvlab from the wheel.</p>\n")
+    note = (
+        '<p class="kvlab-install">To run this page on your own machine or a GPU runtime, download'
+        f' the notebook (the download button at the top) and <a href="{name}" download>{name}</a>'
+        " into one folder: the notebook's first cell installs kvlab from the wheel.</p>\n"
+    )
     body = context["body"]
     at = body.find("</h1>")  # under the page's title
-    context["body"] = body[:at + 5] + "\n" + note + body[at + 5:] if at >= 0 else note + body
+    context["body"] = body[: at + 5] + "\n" + note + body[at + 5 :] if at >= 0 else note + body
 
 
 GPU_PAGE = "book/gpu"
@@ -71,22 +90,22 @@ CLONE_MARK = "<!-- kvlab: clone -->"
 
 
 def clone_instructions(url: str) -> str:
-    """The "Any Linux CUDA machine" steps of the page "Running on a GPU", from ``repository.url``."""
+    """The "Any Linux CUDA machine" steps of the page "Running on a GPU", from
+    ``repository.url``."""
     if url:
-        return ("```text\n"
-                f"git clone {url} kvlab-book\n"
-                "cd kvlab-book\n"
-                "make lab     # creates .venv from requirements.txt, then starts JupyterLab with working widgets\n"
-                "```")
-    return ("This edition names no repository yet: its address goes in `repository.url` in `_config.yml`, "
-            "the one setting that this page, the Colab button and the notebooks' first cells read "
-            "(`python scripts/setup_cell.py` writes it into the notebooks). Until then there is no clone "
-            "command to give, and no Colab button; the wheel route above works without it, and so does a "
-            "copy of the sources you already have:\n\n"
-            "```text\n"
-            "cd kvlab-book   # the folder holding Makefile, _config.yml and notebooks/\n"
-            "make lab        # creates .venv from requirements.txt, then starts JupyterLab with working widgets\n"
-            "```")
+        return (
+            f"```text\ngit clone {url} kvlab-book\ncd kvlab-book\nmake lab     # creates .venv from"
+            " requirements.txt, then starts JupyterLab with working widgets\n```"
+        )
+    return (
+        "This edition names no repository yet: its address goes in `repository.url` in"
+        " `_config.yml`, the one setting that this page, the Colab button and the notebooks' first"
+        " cells read (`python scripts/setup_cell.py` writes it into the notebooks). Until then"
+        " there is no clone command to give, and no Colab button; the wheel route above works"
+        " without it, and so does a copy of the sources you already have:\n\n```text\ncd kvlab-book"
+        "   # the folder holding Makefile, _config.yml and notebooks/\nmake lab        # creates"
+        " .venv from requirements.txt, then starts JupyterLab with working widgets\n```"
+    )
 
 
 def _repository(config) -> str:

@@ -1,7 +1,8 @@
 """The page of recorded measurements lists every committed ``python -m kvlab record`` file.
 
 Each JSON file in ``book/data/measurements/`` becomes a column of the page's tables
-(``kvlab.lab.bench.records_markdown``), so GPU runs stand beside the CPU run the book was built with.
+(``kvlab.lab.bench.records_markdown``), so GPU runs stand beside the CPU run the book was built
+with.
 """
 
 from pathlib import Path

@@ -22,8 +22,15 @@ def _author_year(entry) -> str:
     if not people:
         return f"{entry.fields.get('title', entry.key)} {year}".strip()
     first = " ".join(people[0].last_names)
-    names = first if len(people) == 1 else f"{first} and {' '.join(people[1].last_names)}" if len(
-        people) == 2 else f"{first} et al."
+    names = (
+        first
+        if len(people) == 1
+        else (
+            f"{first} and {' '.join(people[1].last_names)}"
+            if len(people) == 2
+            else f"{first} et al."
+        )
+    )
     return f"{names} {year}".strip()
 
 

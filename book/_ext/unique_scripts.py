@@ -13,7 +13,10 @@ def _unique_scripts(app, pagename, templatename, context, doctree):
     seen, kept = set(), []
     for script in scripts:
         # Inline scripts come with filename None or '' depending on who added them.
-        key = (str(getattr(script, "filename", script) or ""), repr(sorted(getattr(script, "attributes", {}).items())))
+        key = (
+            str(getattr(script, "filename", script) or ""),
+            repr(sorted(getattr(script, "attributes", {}).items())),
+        )
         if key not in seen:
             seen.add(key)
             kept.append(script)

@@ -2,10 +2,14 @@
 
 Four layouts of one K pool; V is a second tensor of the same shape and layout:
 
-* ``BHTD``, contiguous ``[layers, batch, kv_heads, tokens, head_dim]``: transformers' caches, SDPA's input;
-* ``BTHD``, contiguous ``[layers, batch, tokens, kv_heads, head_dim]``: the order K/V projections produce;
-* ``NHD``, paged ``[layers, num_blocks, block_size, kv_heads, head_dim]``: vLLM (Kwon et al. 2023), ``kvlab.kernels``;
-* ``HND``, paged ``[layers, num_blocks, kv_heads, block_size, head_dim]``: FlashInfer's other choice.
+* ``BHTD``, contiguous ``[layers, batch, kv_heads, tokens, head_dim]``: transformers' caches, SDPA's
+  input;
+* ``BTHD``, contiguous ``[layers, batch, tokens, kv_heads, head_dim]``: the order K/V projections
+  produce;
+* ``NHD``, paged ``[layers, num_blocks, block_size, kv_heads, head_dim]``: vLLM (Kwon et al. 2023),
+  ``kvlab.kernels``;
+* ``HND``, paged ``[layers, num_blocks, kv_heads, block_size, head_dim]``: FlashInfer's other
+  choice.
 
 **How the layer enters.** kvlab gives every layout a *leading layer dimension*: one K tensor and
 one V tensor hold all layers, and ``k[layer]`` is the per-layer tensor an attention call receives
@@ -34,10 +38,34 @@ PAGED = ("NHD", "HND")
 
 # Each layout's axes, outermost first, as (coordinate, coordinate symbol, size symbol).
 _AXES = {
-    "BHTD": (("layer", "l", "L"), ("seq", "b", "B"), ("head", "h", "H"), ("token", "t", "T"), ("dim", "d", "D")),
-    "BTHD": (("layer", "l", "L"), ("seq", "b", "B"), ("token", "t", "T"), ("head", "h", "H"), ("dim", "d", "D")),
-    "NHD": (("layer", "l", "L"), ("block", "p", "N"), ("slot", "o", "S"), ("head", "h", "H"), ("dim", "d", "D")),
-    "HND": (("layer", "l", "L"), ("block", "p", "N"), ("head", "h", "H"), ("slot", "o", "S"), ("dim", "d", "D")),
+    "BHTD": (
+        ("layer", "l", "L"),
+        ("seq", "b", "B"),
+        ("head", "h", "H"),
+        ("token", "t", "T"),
+        ("dim", "d", "D"),
+    ),
+    "BTHD": (
+        ("layer", "l", "L"),
+        ("seq", "b", "B"),
+        ("token", "t", "T"),
+        ("head", "h", "H"),
+        ("dim", "d", "D"),
+    ),
+    "NHD": (
+        ("layer", "l", "L"),
+        ("block", "p", "N"),
+        ("slot", "o", "S"),
+        ("head", "h", "H"),
+        ("dim", "d", "D"),
+    ),
+    "HND": (
+        ("layer", "l", "L"),
+        ("block", "p", "N"),
+        ("head", "h", "H"),
+        ("slot", "o", "S"),
+        ("dim", "d", "D"),
+    ),
 }
 
 
@@ -48,9 +76,15 @@ def _check_index(name: str, value, high: int):
     """An int or an integer tensor, every entry in [0, high)."""
     if isinstance(value, torch.Tensor):
         if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
-            raise TypeError(f"{name} must be an int or an integer tensor, got a {value.dtype} tensor")
+            raise TypeError(
+                f"{name} must be an int or an integer tensor, got a {value.dtype} tensor"
+            )
         if value.numel() and (int(value.min()) < 0 or int(value.max()) >= high):
-            got = int(value) if value.numel() == 1 else f"values from {int(value.min())} to {int(value.max())}"
+            got = (
+                int(value)
+                if value.numel() == 1
+                else f"values from {int(value.min())} to {int(value.max())}"
+            )
             raise ValueError(f"{name} must be in [0, {high}), got {got}")
         return value
     return integer(name, value, 0, high)
@@ -63,11 +97,16 @@ def as_block_table(block_table) -> torch.Tensor:
         try:
             table = torch.tensor(block_table)
         except (TypeError, ValueError) as e:
-            raise TypeError(f"block_table must be a 2-D integer tensor or a list of equal-length lists ({e})") from None
+            raise TypeError(
+                f"block_table must be a 2-D integer tensor or a list of equal-length lists ({e})"
+            ) from None
     if table.dtype.is_floating_point or table.dtype == torch.bool:
         raise TypeError(f"block_table must hold integers, got {table.dtype}")
     if table.dim() != 2:
-        raise ValueError(f"block_table must be 2-D [sequences, blocks per sequence], got shape {tuple(table.shape)}")
+        raise ValueError(
+            "block_table must be 2-D [sequences, blocks per sequence], got shape"
+            f" {tuple(table.shape)}"
+        )
     return table
 
 
@@ -96,27 +135,46 @@ class KVGeometry:
         one_of("layout", self.layout, LAYOUTS)
         for name in ("layers", "kv_heads", "head_dim"):
             integer(name, getattr(self, name), 1)
-        used, unused = (("num_blocks", "block_size"), ("batch", "max_tokens")) if self.is_paged \
+        used, unused = (
+            (("num_blocks", "block_size"), ("batch", "max_tokens"))
+            if self.is_paged
             else (("batch", "max_tokens"), ("num_blocks", "block_size"))
+        )
         for name in used:
             integer(name, getattr(self, name), 1)
         for name in unused:
             if getattr(self, name) != 0:
                 kind = "paged" if name in ("num_blocks", "block_size") else "contiguous"
-                raise ValueError(f"{name} applies to {kind} layouts only; leave it 0 for {self.layout}")
+                raise ValueError(
+                    f"{name} applies to {kind} layouts only; leave it 0 for {self.layout}"
+                )
 
     @classmethod
-    def contiguous(cls, layout: str, *, layers: int, batch: int, max_tokens: int, kv_heads: int,
-                   head_dim: int) -> "KVGeometry":
+    def contiguous(
+        cls, layout: str, *, layers: int, batch: int, max_tokens: int, kv_heads: int, head_dim: int
+    ) -> "KVGeometry":
         if layout in PAGED:
-            raise ValueError(f"layout {layout!r} is paged; use KVGeometry.paged, or a layout in ('BHTD', 'BTHD')")
+            raise ValueError(
+                f"layout {layout!r} is paged; use KVGeometry.paged, or a layout in ('BHTD', 'BTHD')"
+            )
         return cls(layout, layers, kv_heads, head_dim, batch=batch, max_tokens=max_tokens)
 
     @classmethod
-    def paged(cls, layout: str, *, layers: int, num_blocks: int, block_size: int, kv_heads: int,
-              head_dim: int) -> "KVGeometry":
+    def paged(
+        cls,
+        layout: str,
+        *,
+        layers: int,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+    ) -> "KVGeometry":
         if layout not in PAGED:
-            raise ValueError(f"layout {layout!r} is contiguous; use KVGeometry.contiguous, or a layout in {PAGED}")
+            raise ValueError(
+                f"layout {layout!r} is contiguous; use KVGeometry.contiguous, or a layout in"
+                f" {PAGED}"
+            )
         return cls(layout, layers, kv_heads, head_dim, num_blocks=num_blocks, block_size=block_size)
 
     @property
@@ -130,8 +188,15 @@ class KVGeometry:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        sizes = {"layer": self.layers, "seq": self.batch, "token": self.max_tokens, "head": self.kv_heads,
-                 "dim": self.head_dim, "block": self.num_blocks, "slot": self.block_size}
+        sizes = {
+            "layer": self.layers,
+            "seq": self.batch,
+            "token": self.max_tokens,
+            "head": self.kv_heads,
+            "dim": self.head_dim,
+            "block": self.num_blocks,
+            "slot": self.block_size,
+        }
         return tuple(sizes[a] for a in self.axes)
 
     @property
@@ -148,7 +213,8 @@ class KVGeometry:
         return math.prod(self.shape)
 
     def coordinates(self, layer, seq, token, head, dim, block_table=None) -> dict:
-        """The tensor index of one element: a value per axis (paged: the block-table lookup done)."""
+        """The tensor index of one element: a value per axis (paged: the block-table lookup
+        done)."""
         _check_index("layer", layer, self.layers)
         _check_index("head", head, self.kv_heads)
         _check_index("dim", dim, self.head_dim)
@@ -157,7 +223,9 @@ class KVGeometry:
             _check_index("token", token, self.max_tokens)
             return {"layer": layer, "seq": seq, "head": head, "token": token, "dim": dim}
         if block_table is None:
-            raise ValueError(f"a paged layout ({self.layout}) needs block_table to find a token's block")
+            raise ValueError(
+                f"a paged layout ({self.layout}) needs block_table to find a token's block"
+            )
         table = as_block_table(block_table)
         if isinstance(token, torch.Tensor):
             table = table.to(token.device)  # index the table where the coordinates live
@@ -165,17 +233,25 @@ class KVGeometry:
         _check_index("seq", seq, rows)
         _check_index("token", token, blocks_per_seq * self.block_size)
         physical = table[seq, token // self.block_size]
-        _check_index(f"block_table entry (physical block of sequence {seq})", physical, self.num_blocks)
+        _check_index(
+            f"block_table entry (physical block of sequence {seq})", physical, self.num_blocks
+        )
         if not any(isinstance(x, torch.Tensor) for x in (layer, seq, token, head, dim)):
             physical = int(physical)  # all-int arguments give an int offset
-        return {"layer": layer, "block": physical, "slot": token % self.block_size, "head": head, "dim": dim}
+        return {
+            "layer": layer,
+            "block": physical,
+            "slot": token % self.block_size,
+            "head": head,
+            "dim": dim,
+        }
 
     def address(self, layer, seq, token, head, dim, block_table=None):
         """Element offset of ``(layer, seq, token, head, dim)`` in this pool (section 9.4).
 
         Arguments are ints, or integer tensors that broadcast (then the result is a tensor).
-        ``block_table`` (paged layouts only): ``[sequences, blocks per sequence]`` physical block ids.
-        Byte address = base pointer + offset * element size; K and V share offsets.
+        ``block_table`` (paged layouts only): ``[sequences, blocks per sequence]`` physical block
+        ids. Byte address = base pointer + offset * element size; K and V share offsets.
         """
         coords = self.coordinates(layer, seq, token, head, dim, block_table)
         return sum(coords[a] * s for a, s in zip(self.axes, self.strides))
@@ -190,7 +266,9 @@ class KVGeometry:
         lookup = "p = table[b][t // S], o = t mod S;  " if self.is_paged else ""
         return f"{lookup}offset = {expr}"
 
-    def explain(self, layer: int, seq: int, token: int, head: int, dim: int, block_table=None) -> str:
+    def explain(
+        self, layer: int, seq: int, token: int, head: int, dim: int, block_table=None
+    ) -> str:
         """The formula with this element's numbers substituted, ending in its offset."""
         coords = self.coordinates(layer, seq, token, head, dim, block_table)
         values = [int(coords[a]) for a in self.axes]
@@ -199,15 +277,24 @@ class KVGeometry:
             expr = f"({expr}·{size} + {value})"
         lookup = ""
         if self.is_paged:
-            lookup = (f"p = table[{seq}][{token} // {self.block_size}] = table[{seq}][{token // self.block_size}]"
-                      f" = {int(coords['block'])}, o = {token} mod {self.block_size} = {int(coords['slot'])};  ")
-        return f"{lookup}offset = {expr[1:-1]} = {int(self.address(layer, seq, token, head, dim, block_table)):,}"
+            lookup = (
+                f"p = table[{seq}][{token} // {self.block_size}] ="
+                f" table[{seq}][{token // self.block_size}] = {int(coords['block'])}, o = {token}"
+                f" mod {self.block_size} = {int(coords['slot'])};  "
+            )
+        return (
+            f"{lookup}offset = {expr[1:-1]} ="
+            f" {int(self.address(layer, seq, token, head, dim, block_table)):,}"
+        )
 
 
 def locate(token: int, block_table_row, block_size: int) -> tuple[int, int]:
-    """(physical block, slot) of a sequence's ``token``: the block-table lookup of sections 9.4 and 9.5."""
+    """(physical block, slot) of a sequence's ``token``: the block-table lookup of sections 9.4 and
+    9.5."""
     block_size = integer("block_size", block_size, 1)
-    row = list(block_table_row.tolist() if isinstance(block_table_row, torch.Tensor) else block_table_row)
+    row = list(
+        block_table_row.tolist() if isinstance(block_table_row, torch.Tensor) else block_table_row
+    )
     token = integer("token", token, 0, len(row) * block_size)
     block = integer(f"block_table_row[{token // block_size}]", row[token // block_size], 0)
     return block, token % block_size

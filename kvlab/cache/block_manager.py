@@ -1,11 +1,12 @@
-"""Notebooks 05, 06 and 11: the one block manager of kvlab's serving stack, prefix caching a switch on it.
+"""Notebooks 05, 06 and 11: the one block manager of kvlab's serving stack, prefix caching a switch
+on it.
 
 :class:`BlockManager` keeps, per sequence, a block table and its tokens over one
 :class:`~kvlab.cache.blocks.BlockAllocator`, as nano-vllm's ``BlockManager`` (Yu 2025) and vLLM's
-KV-cache manager (Kwon et al. 2023) do: ``admit`` reuses registered blocks, ``reserve`` takes the next
-slots (copy-on-write of a shared last block), ``commit`` registers the hashes of full blocks whose K
-and V are now written, ``fork``, ``preempt``, ``resume`` and ``free``. Prefix caching is a switch:
-off, nothing is ever registered.
+KV-cache manager (Kwon et al. 2023) do: ``admit`` reuses registered blocks, ``reserve`` takes the
+next slots (copy-on-write of a shared last block), ``commit`` registers the hashes of full blocks
+whose K and V are now written, ``fork``, ``preempt``, ``resume`` and ``free``. Prefix caching is a
+switch: off, nothing is ever registered.
 
 **A cached block costs no admission capacity.** A freed block keeps its K, V and hash but joins the
 free list, so ``num_free`` counts it; ``admit`` and ``reserve`` take it when they need a block, and
@@ -13,18 +14,19 @@ that evicts its hash on demand (vLLM v1 keeps its free blocks in one queue the s
 caching costs is the churn of evictions (``stats.evictions``: hashes given up and, if asked for
 again, recomputed) and the hash table (``num_cached`` entries).
 
-**A hash is registered only once its block's K and V are written** (``commit``), never when the block
-is reserved. So a hit always reads written data, nobody waits for a block another request is still
-filling, a request may be preempted in the middle of its prefill, and a failed model call cannot
-leave a hash that promises K and V nobody computed.
+**A hash is registered only once its block's K and V are written** (``commit``), never when the
+block is reserved. So a hit always reads written data, nobody waits for a block another request is
+still filling, a request may be preempted in the middle of its prefill, and a failed model call
+cannot leave a hash that promises K and V nobody computed.
 
-**Rollback rule** (``snapshot``/``restore``): a restore puts back every table, token count, reference
-count and the free list's order, but not a hash that the failed call evicted: the call may have
-overwritten that block. The cache may lose an entry; it never keeps a wrong one.
+**Rollback rule** (``snapshot``/``restore``): a restore puts back every table, token count,
+reference count and the free list's order, but not a hash that the failed call evicted: the call may
+have overwritten that block. The cache may lose an entry; it never keeps a wrong one.
 
 >>> manager = BlockManager(num_blocks=8, block_size=4, prefix_caching=True)
 >>> a, cached = manager.admit([1, 2, 3, 4, 5, 6, 7, 8, 9])     # nothing cached yet
->>> manager.commit(a, 9)                                      # the prefill wrote all 9 tokens' K and V
+>>> manager.commit(a, 9)                                      # the prefill wrote all 9 tokens' K
+and V
 >>> b, cached = manager.admit([1, 2, 3, 4, 5, 6, 7, 8, 42, 43])
 >>> cached, manager.block_table(a)[:2] == manager.block_table(b)[:2]
 (8, True)
@@ -34,8 +36,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from kvlab._checks import flag, integer, one_of, token_ids as checked_tokens
-from kvlab.cache.blocks import PREEMPTION_MODES, BlockAllocator, BlockTable, OutOfBlocksError, chain_hash, root_hash
+from kvlab._checks import flag, integer, one_of
+from kvlab._checks import token_ids as checked_tokens
+from kvlab.cache.blocks import (
+    PREEMPTION_MODES,
+    BlockAllocator,
+    BlockTable,
+    OutOfBlocksError,
+    chain_hash,
+    root_hash,
+)
 
 
 @dataclass
@@ -44,11 +54,15 @@ class _Sequence:
     blocks: list[int]
     first_parent: bytes
     num_computed: int = 0  # leading tokens whose K and V are written
-    hashes: list[bytes] = field(default_factory=list)  # chain hashes of its leading full, written blocks
+    hashes: list[bytes] = field(
+        default_factory=list
+    )  # chain hashes of its leading full, written blocks
     state: str = "resident"  # "resident", or "recompute"/"swap" while preempted (no blocks held)
 
     def copy(self) -> "_Sequence":
-        return replace(self, tokens=list(self.tokens), blocks=list(self.blocks), hashes=list(self.hashes))
+        return replace(
+            self, tokens=list(self.tokens), blocks=list(self.blocks), hashes=list(self.hashes)
+        )
 
 
 @dataclass
@@ -68,7 +82,8 @@ class CacheStats:
 
 
 class BlockManager:
-    """Block tables over one :class:`BlockAllocator`, with optional prefix caching (notebooks 05, 06, 11).
+    """Block tables over one :class:`BlockAllocator`, with optional prefix caching (notebooks 05,
+    06, 11).
 
     Per sequence: its tokens (those whose slots are reserved), its blocks, and ``num_computed``, the
     leading tokens whose K and V are written. ``max_cached_blocks`` caps how many blocks may hold a
@@ -78,26 +93,43 @@ class BlockManager:
     anything: an :class:`OutOfBlocksError` leaves the manager as it was.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False,
-                 max_cached_blocks: int | None = None, bytes_per_block: int | None = None):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        prefix_caching: bool = False,
+        max_cached_blocks: int | None = None,
+        bytes_per_block: int | None = None,
+    ):
         flag("prefix_caching", prefix_caching)
         if bytes_per_block is not None:
             integer("bytes_per_block", bytes_per_block)
         self.allocator = BlockAllocator(num_blocks)
-        self.num_blocks, self.block_size = self.allocator.num_blocks, integer("block_size", block_size)
+        self.num_blocks, self.block_size = (
+            self.allocator.num_blocks,
+            integer("block_size", block_size),
+        )
         self.prefix_caching = prefix_caching
-        self.max_cached_blocks = None if max_cached_blocks is None else integer("max_cached_blocks",
-                                                                                max_cached_blocks, 0)
+        self.max_cached_blocks = (
+            None
+            if max_cached_blocks is None
+            else integer("max_cached_blocks", max_cached_blocks, 0)
+        )
         self.bytes_per_block = bytes_per_block
-        self._hash: list[bytes | None] = [None] * self.num_blocks  # the hash a block is registered under
+        self._hash: list[bytes | None] = [
+            None
+        ] * self.num_blocks  # the hash a block is registered under
         self._by_hash: dict[bytes, int] = {}
         self._seqs: dict[int, _Sequence] = {}
         self._next_id = 0
         self.stats = CacheStats()
 
     def __repr__(self) -> str:
-        return (f"BlockManager(num_blocks={self.num_blocks}, block_size={self.block_size}, prefix_caching="
-                f"{self.prefix_caching}, sequences={len(self._seqs)}, free={self.num_free}, cached={self.num_cached})")
+        return (
+            f"BlockManager(num_blocks={self.num_blocks}, block_size={self.block_size},"
+            f" prefix_caching={self.prefix_caching}, sequences={len(self._seqs)},"
+            f" free={self.num_free}, cached={self.num_cached})"
+        )
 
     # -- sizes and read-only queries -----------------------------------------------------------
 
@@ -139,7 +171,8 @@ class BlockManager:
         return self.allocator.ref_count(block)
 
     def block_hash(self, block: int) -> bytes | None:
-        """The hash ``block`` is registered under, or None (not full, not written, evicted, a duplicate)."""
+        """The hash ``block`` is registered under, or None (not full, not written, evicted, a
+        duplicate)."""
         return self._hash[integer("block", block, 0, self.num_blocks)]
 
     def cached_blocks(self) -> dict[bytes, int]:
@@ -150,17 +183,20 @@ class BlockManager:
         return self.allocator.free_order()
 
     def lookup(self, token_ids, salt=None) -> int:
-        """Leading tokens of ``token_ids`` that ``admit`` would serve from the cache now (no side effects)."""
+        """Leading tokens of ``token_ids`` that ``admit`` would serve from the cache now (no side
+        effects)."""
         tokens = self._prompt(token_ids)
         return len(self._match(tokens, root_hash(salt))[0]) * self.block_size
 
     def blocks_to_admit(self, token_ids, salt=None) -> int:
-        """Free blocks ``admit`` would take now: new blocks, plus cached ones it takes back off the free list."""
+        """Free blocks ``admit`` would take now: new blocks, plus cached ones it takes back off the
+        free list."""
         tokens = self._prompt(token_ids)
         return self._blocks_needed(len(tokens), self._match(tokens, root_hash(salt))[0])
 
     def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
-        """Free blocks reserving ``num_tokens`` more tokens would take: new blocks plus a copy-on-write."""
+        """Free blocks reserving ``num_tokens`` more tokens would take: new blocks plus a
+        copy-on-write."""
         seq = self._resident(seq_id)
         num_tokens = integer("num_tokens", num_tokens, 0)
         new = -(-(len(seq.tokens) + num_tokens) // self.block_size) - len(seq.blocks)
@@ -188,16 +224,18 @@ class BlockManager:
         tokens, first_parent = self._prompt(token_ids), root_hash(salt)
         hits, hashes = self._match(tokens, first_parent)
         self._require_free(self._blocks_needed(len(tokens), hits))
-        seq = _Sequence(tokens, self._take(hits, len(tokens)), first_parent, len(hits) * self.block_size, hashes)
+        seq = _Sequence(
+            tokens, self._take(hits, len(tokens)), first_parent, len(hits) * self.block_size, hashes
+        )
         self._count_admission(len(tokens), len(hits))
         return self._add(seq), seq.num_computed
 
     def reserve(self, seq_id: int, token_ids) -> tuple[int, int] | None:
         """Reserve the next slots for ``token_ids`` after ``seq_id``'s tokens, all or nothing.
 
-        Returns ``(source, copy)`` when the sequence's last block was partly filled and shared (after a
-        fork): the sequence now writes into ``copy``, and the caller copies ``source``'s K and V into it
-        (copy-on-write); otherwise None.
+        Returns ``(source, copy)`` when the sequence's last block was partly filled and shared
+        (after a fork): the sequence now writes into ``copy``, and the caller copies ``source``'s K
+        and V into it (copy-on-write); otherwise None.
         """
         seq = self._resident(seq_id)
         tokens = checked_tokens("token_ids", token_ids, empty=True)
@@ -216,12 +254,16 @@ class BlockManager:
         """The first ``num_computed`` tokens of ``seq_id`` have their K and V written: register the
         hashes of the full blocks among them (prefix caching on), which makes them reusable."""
         seq = self._resident(seq_id)
-        seq.num_computed = integer("num_computed", num_computed, seq.num_computed, len(seq.tokens) + 1)
+        seq.num_computed = integer(
+            "num_computed", num_computed, seq.num_computed, len(seq.tokens) + 1
+        )
         if not self.prefix_caching:
             return
         for k in range(len(seq.hashes), num_computed // self.block_size):
             parent = seq.hashes[-1] if seq.hashes else seq.first_parent
-            seq.hashes.append(chain_hash(parent, seq.tokens[k * self.block_size:(k + 1) * self.block_size]))
+            seq.hashes.append(
+                chain_hash(parent, seq.tokens[k * self.block_size : (k + 1) * self.block_size])
+            )
             self._register(seq.blocks[k], seq.hashes[-1])
 
     # -- fork, free, preempt, resume -----------------------------------------------------------
@@ -230,24 +272,28 @@ class BlockManager:
         """A new sequence sharing every block of ``seq_id`` (reference counts, no copy)."""
         seq = self._resident(seq_id)
         if seq.num_computed != len(seq.tokens):
-            raise ValueError(f"sequence {seq_id} has {len(seq.tokens) - seq.num_computed} reserved token(s) whose "
-                             "K and V are not written yet; fork it once they are (commit)")
+            raise ValueError(
+                f"sequence {seq_id} has {len(seq.tokens) - seq.num_computed} reserved token(s)"
+                " whose K and V are not written yet; fork it once they are (commit)"
+            )
         for block in seq.blocks:
             self.allocator.incref(block)
         return self._add(seq.copy())
 
     def free(self, seq_id: int) -> None:
-        """Drop ``seq_id``; blocks no one else holds join the free list tail first, keeping their hash."""
+        """Drop ``seq_id``; blocks no one else holds join the free list tail first, keeping their
+        hash."""
         self._release(self._get(seq_id))
         del self._seqs[seq_id]
 
     def preempt(self, seq_id: int, mode: str) -> int:
         """Give up ``seq_id``'s blocks (notebook 05); returns how many tokens' K and V it held.
 
-        ``"recompute"``: the sequence keeps its tokens and nothing else; :meth:`resume` reserves them
-        again (prefix hits count as computed) and the caller prefills the rest. ``"swap"``: it also
-        keeps ``num_computed``; the caller has copied those tokens' K and V to host memory and copies
-        them back after :meth:`resume`. Its full written blocks stay registered (free, cached) in both.
+        ``"recompute"``: the sequence keeps its tokens and nothing else; :meth:`resume` reserves
+        them again (prefix hits count as computed) and the caller prefills the rest. ``"swap"``: it
+        also keeps ``num_computed``; the caller has copied those tokens' K and V to host memory and
+        copies them back after :meth:`resume`. Its full written blocks stay registered (free,
+        cached) in both.
         """
         one_of("mode", mode, PREEMPTION_MODES)
         seq = self._resident(seq_id)
@@ -259,11 +305,11 @@ class BlockManager:
         return held
 
     def resume(self, seq_id: int, token_ids=()) -> int:
-        """Blocks again for a preempted sequence's tokens and then ``token_ids`` (tokens it has not held
-        yet); returns how many leading tokens cached blocks serve. After ``"recompute"`` those count as
-        computed and the caller prefills the rest; after ``"swap"`` the caller copies logical blocks
-        ``cached // block_size`` up to the end of its ``num_computed`` tokens back from host memory,
-        then calls ``commit(seq_id, num_computed)``."""
+        """Blocks again for a preempted sequence's tokens and then ``token_ids`` (tokens it has not
+        held yet); returns how many leading tokens cached blocks serve. After ``"recompute"`` those
+        count as computed and the caller prefills the rest; after ``"swap"`` the caller copies
+        logical blocks ``cached // block_size`` up to the end of its ``num_computed`` tokens back
+        from host memory, then calls ``commit(seq_id, num_computed)``."""
         seq, extra = self._preempted(seq_id), checked_tokens("token_ids", token_ids, empty=True)
         hits, hashes = self._resume_hits(seq, extra)
         self._require_free(self._blocks_needed(len(seq.tokens) + len(extra), hits))
@@ -280,11 +326,18 @@ class BlockManager:
     def snapshot(self):
         """Everything mutable, copied, for :meth:`restore` after a failed call."""
         seqs = {i: s.copy() for i, s in self._seqs.items()}
-        return (self.allocator.snapshot(), list(self._hash), dict(self._by_hash), seqs, self._next_id,
-                replace(self.stats))
+        return (
+            self.allocator.snapshot(),
+            list(self._hash),
+            dict(self._by_hash),
+            seqs,
+            self._next_id,
+            replace(self.stats),
+        )
 
     def restore(self, snapshot) -> None:
-        """Back to ``snapshot``, except that a hash evicted since stays evicted (the module's rollback rule)."""
+        """Back to ``snapshot``, except that a hash evicted since stays evicted (the module's
+        rollback rule)."""
         allocator, hashes, by_hash, seqs, self._next_id, stats = snapshot
         evicted = [(h, b) for h, b in by_hash.items() if self._by_hash.get(h) != b]
         self.allocator.restore(allocator)
@@ -303,27 +356,47 @@ class BlockManager:
         that someone holds written and hashed from its holders' tokens."""
         holders: dict[int, list] = {}
         for i, seq in self._seqs.items():
-            _require(len(set(seq.blocks)) == len(seq.blocks), f"sequence {i} names a block twice: {seq.blocks}")
+            _require(
+                len(set(seq.blocks)) == len(seq.blocks),
+                f"sequence {i} names a block twice: {seq.blocks}",
+            )
             expected = -(-len(seq.tokens) // self.block_size) if seq.state == "resident" else 0
-            _require(len(seq.blocks) == expected, f"sequence {i}: {len(seq.tokens)} tokens in {len(seq.blocks)} blocks")
-            _require(0 <= seq.num_computed <= len(seq.tokens), f"sequence {i} computed more than it holds")
+            _require(
+                len(seq.blocks) == expected,
+                f"sequence {i}: {len(seq.tokens)} tokens in {len(seq.blocks)} blocks",
+            )
+            _require(
+                0 <= seq.num_computed <= len(seq.tokens),
+                f"sequence {i} computed more than it holds",
+            )
             for k, block in enumerate(seq.blocks):
-                holders.setdefault(block, []).append((k, seq.tokens[:(k + 1) * self.block_size], seq))
+                holders.setdefault(block, []).append(
+                    (k, seq.tokens[: (k + 1) * self.block_size], seq)
+                )
         free = set(self.allocator.free_order())
-        _require(len(free) + len(holders) == self.num_blocks, "free plus held blocks is not the pool")
+        _require(
+            len(free) + len(holders) == self.num_blocks, "free plus held blocks is not the pool"
+        )
         for block in range(self.num_blocks):
             count = len(holders.get(block, []))
-            _require(self.allocator.ref_count(block) == count, f"block {block}: reference count "
-                     f"{self.allocator.ref_count(block)}, holders {count}")
+            _require(
+                self.allocator.ref_count(block) == count,
+                f"block {block}: reference count "
+                f"{self.allocator.ref_count(block)}, holders {count}",
+            )
             _require((block in free) == (count == 0), f"block {block} is free and held, or neither")
         for block, places in holders.items():
-            _require(all(p[:2] == places[0][:2] for p in places), f"block {block} is shared by tables that "
-                     "disagree on its place or tokens")
+            _require(
+                all(p[:2] == places[0][:2] for p in places),
+                f"block {block} is shared by tables that disagree on its place or tokens",
+            )
         for h, block in self._by_hash.items():
             _require(self._hash[block] == h, f"block {block}'s hash does not match the hash table")
             for k, _, seq in holders.get(block, []):
-                _require((k + 1) * self.block_size <= seq.num_computed and seq.hashes[k] == h,
-                         f"block {block} is registered but not written, or under another hash")
+                _require(
+                    (k + 1) * self.block_size <= seq.num_computed and seq.hashes[k] == h,
+                    f"block {block} is registered but not written, or under another hash",
+                )
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -335,13 +408,17 @@ class BlockManager:
     def _get(self, seq_id) -> _Sequence:
         seq = self._seqs.get(integer("seq_id", seq_id, 0))  # never True for sequence 1
         if seq is None:
-            raise ValueError(f"seq_id {seq_id!r} is not a live sequence; live: {sorted(self._seqs)}")
+            raise ValueError(
+                f"seq_id {seq_id!r} is not a live sequence; live: {sorted(self._seqs)}"
+            )
         return seq
 
     def _resident(self, seq_id) -> _Sequence:
         seq = self._get(seq_id)
         if seq.state != "resident":
-            raise ValueError(f"sequence {seq_id} is preempted ({seq.state}); resume({seq_id}) first")
+            raise ValueError(
+                f"sequence {seq_id} is preempted ({seq.state}); resume({seq_id}) first"
+            )
         return seq
 
     def _preempted(self, seq_id) -> _Sequence:
@@ -351,21 +428,23 @@ class BlockManager:
         return seq
 
     def _prompt(self, token_ids) -> list[int]:
-        return checked_tokens("token_ids", token_ids)  # at least one: an empty prompt has nothing to compute
+        return checked_tokens(
+            "token_ids", token_ids
+        )  # at least one: an empty prompt has nothing to compute
 
     def _require_free(self, needed: int) -> None:
         if needed > self.num_free:
             raise OutOfBlocksError(needed, self.num_free, self.num_blocks, self.bytes_per_block)
 
     def _match(self, tokens: list[int], first_parent: bytes, limit: int | None = None):
-        """Registered blocks serving the longest run of leading full blocks, and their hashes. At most
-        ``limit`` blocks; by default leaving at least one token to compute."""
+        """Registered blocks serving the longest run of leading full blocks, and their hashes. At
+        most ``limit`` blocks; by default leaving at least one token to compute."""
         if not self.prefix_caching:
             return [], []
         limit = (len(tokens) - 1) // self.block_size if limit is None else limit
         hits, hashes, parent = [], [], first_parent
         for k in range(limit):
-            parent = chain_hash(parent, tokens[k * self.block_size:(k + 1) * self.block_size])
+            parent = chain_hash(parent, tokens[k * self.block_size : (k + 1) * self.block_size])
             block = self._by_hash.get(parent)
             if block is None:
                 break
@@ -374,7 +453,9 @@ class BlockManager:
         return hits, hashes
 
     def _resume_hits(self, seq: _Sequence, extra: list[int]):
-        if seq.state == "swap":  # every written full block may come from the cache instead of the host
+        if (
+            seq.state == "swap"
+        ):  # every written full block may come from the cache instead of the host
             return self._match(seq.tokens, seq.first_parent, seq.num_computed // self.block_size)
         return self._match(seq.tokens + extra, seq.first_parent)
 
@@ -383,7 +464,8 @@ class BlockManager:
         return new + sum(1 for b in hits if self.allocator.ref_count(b) == 0)
 
     def _take(self, hits: list[int], num_tokens: int) -> list[int]:
-        """Hold the hit blocks (taking free ones back) and allocate the rest of ``num_tokens``' blocks."""
+        """Hold the hit blocks (taking free ones back) and allocate the rest of ``num_tokens``'
+        blocks."""
         for block in hits:
             if self.allocator.ref_count(block):
                 self.allocator.incref(block)
@@ -406,8 +488,8 @@ class BlockManager:
         self.allocator.uncache(block)
 
     def _register(self, block: int, h: bytes) -> None:
-        """Make ``block`` the registered holder of ``h``, unless another block already is (then ``block``
-        stays an unregistered duplicate) or the cap is reached."""
+        """Make ``block`` the registered holder of ``h``, unless another block already is (then
+        ``block`` stays an unregistered duplicate) or the cap is reached."""
         if h in self._by_hash or self._hash[block] is not None:
             return
         if self.max_cached_blocks is not None and len(self._by_hash) >= self.max_cached_blocks:
@@ -416,7 +498,9 @@ class BlockManager:
         self._hash[block] = h
 
     def _release(self, seq: _Sequence) -> None:
-        for block in reversed(seq.blocks):  # tail first: a chain loses its last block before its head
+        for block in reversed(
+            seq.blocks
+        ):  # tail first: a chain loses its last block before its head
             self.allocator.free(block, cached=self._hash[block] is not None)
 
     def _last_block_shared(self, seq: _Sequence) -> bool:
@@ -426,7 +510,10 @@ class BlockManager:
     def _count_admission(self, num_tokens: int, hit_blocks: int) -> None:
         s = self.stats
         s.admissions, s.prompt_tokens = s.admissions + 1, s.prompt_tokens + num_tokens
-        s.hit_blocks, s.hit_tokens = s.hit_blocks + hit_blocks, s.hit_tokens + hit_blocks * self.block_size
+        s.hit_blocks, s.hit_tokens = (
+            s.hit_blocks + hit_blocks,
+            s.hit_tokens + hit_blocks * self.block_size,
+        )
 
 
 def _require(condition: bool, message: str) -> None:

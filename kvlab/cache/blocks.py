@@ -1,4 +1,5 @@
-"""Notebooks 05, 06 and 11: the one block allocator of kvlab's serving stack, block tables and block hashes.
+"""Notebooks 05, 06 and 11: the one block allocator of kvlab's serving stack, block tables and block
+hashes.
 
 A paged KV cache stores each sequence in fixed-size blocks found through a per-sequence block table
 (Kwon et al. 2023). This module, and :mod:`kvlab.cache.block_manager` on top of it, only move block
@@ -11,8 +12,8 @@ ids; the K and V tensors live in :class:`kvlab.cache.paged.PagedKVCache`.
 - :func:`block_hashes`: the chained hash of each full block, as vLLM's block manager and nano-vllm
   (Yu 2025) compute it; :func:`reusable_tokens`, the rule that follows: whole blocks only, and never
   the prompt's last token. These are kvlab's choices, the same as vLLM's (Kwon et al. 2023), whose
-  block hash also carries extra keys (LoRA adapter ids, multimodal input hashes) beside a cache salt.
-  SGLang's RadixAttention keeps prefixes in a radix tree matched token by token (a page of one
+  block hash also carries extra keys (LoRA adapter ids, multimodal input hashes) beside a cache
+  salt. SGLang's RadixAttention keeps prefixes in a radix tree matched token by token (a page of one
   token by default; Zheng et al. 2024), so a hit there ends at the first differing token, not at a
   block boundary.
 """
@@ -37,11 +38,23 @@ class OutOfBlocksError(MemoryError):
     """Not enough free blocks: ``needed``, ``free`` and ``total`` blocks, and bytes when the caller
     knows the size of a block; ``what`` says what needed them."""
 
-    def __init__(self, needed: int, free: int, total: int, bytes_per_block: int | None = None, what: str | None = None):
-        message = f"{what + ' ' if what else ''}need{'s' if what else ''} {needed} KV-cache block(s) but only {free} of {total} are free"
+    def __init__(
+        self,
+        needed: int,
+        free: int,
+        total: int,
+        bytes_per_block: int | None = None,
+        what: str | None = None,
+    ):
+        message = (
+            f"{what + ' ' if what else ''}need{'s' if what else ''} {needed} KV-cache block(s) but"
+            f" only {free} of {total} are free"
+        )
         if bytes_per_block:
-            message += (f" ({needed * bytes_per_block:,} bytes needed, {free * bytes_per_block:,} bytes free, "
-                        f"{bytes_per_block:,} bytes per block)")
+            message += (
+                f" ({needed * bytes_per_block:,} bytes needed, {free * bytes_per_block:,} bytes"
+                f" free, {bytes_per_block:,} bytes per block)"
+            )
         super().__init__(message + "; free or preempt a sequence first")
         self.needed, self.free, self.total = needed, free, total
 
@@ -52,9 +65,9 @@ class OutOfBlocksError(MemoryError):
 class BlockAllocator:
     """Reference-counted pool of ``num_blocks`` physical KV-cache blocks (notebook 05).
 
-    The free list's front is taken next. ``free(block, cached=True)`` puts a block that still holds a
-    reusable hash at the back (least recently freed blocks are evicted first); an uncached block goes
-    to the front, so that handing it out evicts nothing.
+    The free list's front is taken next. ``free(block, cached=True)`` puts a block that still holds
+    a reusable hash at the back (least recently freed blocks are evicted first); an uncached block
+    goes to the front, so that handing it out evicts nothing.
 
     >>> pool = BlockAllocator(4)
     >>> (block,) = pool.allocate(1)
@@ -66,11 +79,14 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int):
-        # Block ids are int32 in the block tables the kernels read; the bookkeeping takes host memory
-        # per block, so an impossible pool is refused here, not by the OOM killer.
+        # Block ids are int32 in the block tables the kernels read; the bookkeeping takes host
+        # memory per block, so an impossible pool is refused here, not by the OOM killer.
         num_blocks = integer("num_blocks", num_blocks, 1, MAX_BLOCK_ID + 1)
-        require_memory(f"a pool of {num_blocks:,} blocks (allocator bookkeeping)",
-                       num_blocks * BOOKKEEPING_BYTES_PER_BLOCK, "cpu")
+        require_memory(
+            f"a pool of {num_blocks:,} blocks (allocator bookkeeping)",
+            num_blocks * BOOKKEEPING_BYTES_PER_BLOCK,
+            "cpu",
+        )
         self.num_blocks = num_blocks
         self._refs = [0] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
@@ -101,7 +117,9 @@ class BlockAllocator:
         """Take a free block back out of the free list (a prefix hit on a block nobody holds)."""
         self._require_known(block)
         if self._refs[block]:
-            raise ValueError(f"cannot reclaim block {block}: it is held ({self._refs[block]} holder(s))")
+            raise ValueError(
+                f"cannot reclaim block {block}: it is held ({self._refs[block]} holder(s))"
+            )
         del self._free[block]
         self._refs[block] = 1
 
@@ -111,7 +129,8 @@ class BlockAllocator:
         self._refs[block] += 1
 
     def free(self, block: int, cached: bool = False) -> None:
-        """Drop one holder; the last one's free puts the block on the free list (see the class doc)."""
+        """Drop one holder; the last one's free puts the block on the free list (see the class
+        doc)."""
         flag("cached", cached)
         self._require_allocated(block, "free")
         self._refs[block] -= 1
@@ -163,16 +182,25 @@ class BlockTable:
     def __init__(self, block_size: int, blocks=(), num_tokens: int = 0):
         self.block_size = integer("block_size", block_size, 1)
         if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__iter__"):
-            raise TypeError(f"blocks must be a list of block ids (ints), got {type(blocks).__name__} {blocks!r}")
-        self.blocks = [integer(f"blocks[{i}]", b, 0, MAX_BLOCK_ID + 1) for i, b in enumerate(blocks)]
+            raise TypeError(
+                f"blocks must be a list of block ids (ints), got {type(blocks).__name__} {blocks!r}"
+            )
+        self.blocks = [
+            integer(f"blocks[{i}]", b, 0, MAX_BLOCK_ID + 1) for i, b in enumerate(blocks)
+        ]
         integer("num_tokens", num_tokens, 0)
         if not 0 <= num_tokens <= len(self.blocks) * block_size:
-            raise ValueError(f"num_tokens must be in [0, {len(self.blocks) * block_size}] for "
-                             f"{len(self.blocks)} block(s) of {block_size}, got {num_tokens}")
+            raise ValueError(
+                f"num_tokens must be in [0, {len(self.blocks) * block_size}] for "
+                f"{len(self.blocks)} block(s) of {block_size}, got {num_tokens}"
+            )
         self.num_tokens = num_tokens
 
     def __repr__(self) -> str:
-        return f"BlockTable(block_size={self.block_size}, blocks={self.blocks}, num_tokens={self.num_tokens})"
+        return (
+            f"BlockTable(block_size={self.block_size}, blocks={self.blocks},"
+            f" num_tokens={self.num_tokens})"
+        )
 
     @property
     def capacity(self) -> int:
@@ -211,14 +239,19 @@ def root_hash(salt) -> bytes:
     elif isinstance(salt, numbers.Integral) and not isinstance(salt, bool):
         key = b"i" + str(int(salt)).encode()
     else:
-        raise TypeError(f"salt must be None, a str, bytes or an int, got {type(salt).__name__} {salt!r}")
+        raise TypeError(
+            f"salt must be None, a str, bytes or an int, got {type(salt).__name__} {salt!r}"
+        )
     return hashlib.blake2b(_ROOT + key, digest_size=16).digest()
 
 
 def chain_hash(parent: bytes, block_tokens) -> bytes:
     """The hash of one full block: its parent's hash and its own token ids, 128-bit BLAKE2b."""
     if not isinstance(parent, bytes):
-        raise TypeError(f"parent must be the bytes of a hash (root_hash, chain_hash), got {type(parent).__name__}")
+        raise TypeError(
+            "parent must be the bytes of a hash (root_hash, chain_hash), got"
+            f" {type(parent).__name__}"
+        )
     block_tokens = _checks.token_ids("block_tokens", block_tokens)
     digest = hashlib.blake2b(parent, digest_size=16)
     digest.update(array("q", block_tokens).tobytes())  # token ids are int64, < 2**63
@@ -232,22 +265,27 @@ def block_hashes(token_ids, block_size: int, salt=None) -> list[bytes]:
     ``k`` only when their first ``k + 1`` blocks hold the same token ids under the same salt.
     A partial last block has no hash.
     """
-    tokens, block_size = _checks.token_ids("token_ids", token_ids, empty=True), integer("block_size", block_size)
+    tokens, block_size = (
+        _checks.token_ids("token_ids", token_ids, empty=True),
+        integer("block_size", block_size),
+    )
     parent, hashes = root_hash(salt), []
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = chain_hash(parent, tokens[start:start + block_size])
+        parent = chain_hash(parent, tokens[start : start + block_size])
         hashes.append(parent)
     return hashes
 
 
 def reusable_tokens(first_difference: int | None, num_tokens: int, block_size: int) -> int:
-    """Tokens of a ``num_tokens``-token prompt that a cache holding another prompt serves, when the two
-    first differ at token ``first_difference`` (None: not within this prompt). Notebook 06.
+    """Tokens of a ``num_tokens``-token prompt that a cache holding another prompt serves, when the
+    two first differ at token ``first_difference`` (None: not within this prompt). Notebook 06.
 
-    The whole blocks before the first difference (a partial block has no hash), and never the prompt's
-    last token, whose logits give the first output token: a prompt of exactly ``n`` blocks reuses at
-    most ``n - 1``.
+    The whole blocks before the first difference (a partial block has no hash), and never the
+    prompt's last token, whose logits give the first output token: a prompt of exactly ``n`` blocks
+    reuses at most ``n - 1``.
     """
     num_tokens, block_size = integer("num_tokens", num_tokens), integer("block_size", block_size)
-    match = num_tokens if first_difference is None else integer("first_difference", first_difference, 0)
+    match = (
+        num_tokens if first_difference is None else integer("first_difference", first_difference, 0)
+    )
     return min(match, num_tokens - 1) // block_size * block_size

@@ -35,8 +35,8 @@ def written_positions(kwargs, batch: int, count: int, seen: int, device) -> torc
 
 
 class LayeredCache(Cache):
-    """A Cache whose layers are made on first use by ``make_layer()`` (the model's layer count is not
-    known until it runs)."""
+    """A Cache whose layers are made on first use by ``make_layer()`` (the model's layer count is
+    not known until it runs)."""
 
     def __init__(self, make_layer):
         super().__init__(layers=[])
@@ -50,7 +50,9 @@ class LayeredCache(Cache):
     @property
     def stored_tokens(self) -> int:
         """Tokens held by the fullest layer right now (0 before the first update)."""
-        return max((layer.stored_tokens for layer in self.layers if layer.is_initialized), default=0)
+        return max(
+            (layer.stored_tokens for layer in self.layers if layer.is_initialized), default=0
+        )
 
     @property
     def nbytes(self) -> int:
@@ -59,12 +61,16 @@ class LayeredCache(Cache):
 
 
 def layer_nbytes(layer) -> int:
-    """Bytes one cache layer holds now: its own ``nbytes`` if it counts them, else its keys and values."""
+    """Bytes one cache layer holds now: its own ``nbytes`` if it counts them, else its keys and
+    values."""
     if hasattr(layer, "nbytes"):
         return layer.nbytes
     if layer.keys is None:
         return 0
-    return layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+    return (
+        layer.keys.numel() * layer.keys.element_size()
+        + layer.values.numel() * layer.values.element_size()
+    )
 
 
 class KeepAllLayer(CacheLayerMixin):

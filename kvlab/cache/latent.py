@@ -1,4 +1,5 @@
-"""Notebook 08, long-context variants (section 9.7): fewer entries per token, by sharing or by projection.
+"""Notebook 08, long-context variants (section 9.7): fewer entries per token, by sharing or by
+projection.
 
 - ``gqa_from_mha``: a copy of a Llama-family model with fewer KV heads, each the mean of a group
   of the original heads, as Ainslie et al. 2023 convert a multi-head checkpoint before uptraining
@@ -23,7 +24,8 @@ from kvlab.cache.rope import rotary_of, rotate
 
 
 def gqa_from_mha(model, kv_heads: int):
-    """A copy of a Llama-family model with ``kv_heads`` KV heads, made by mean-pooling (section 9.7).
+    """A copy of a Llama-family model with ``kv_heads`` KV heads, made by mean-pooling (section
+    9.7).
 
     Consecutive groups of the model's KV heads are averaged into one (k_proj and v_proj rows and
     biases), as the GQA paper converts a multi-head checkpoint before uptraining; query head h keeps
@@ -42,10 +44,14 @@ def gqa_from_mha(model, kv_heads: int):
     for name, tensor in state.items():
         if name.endswith(("k_proj.weight", "v_proj.weight", "k_proj.bias", "v_proj.bias")):
             head_dim = tensor.shape[0] // old
-            state[name] = tensor.reshape(kv_heads, group, head_dim, *tensor.shape[1:]).mean(1).flatten(0, 1)
+            state[name] = (
+                tensor.reshape(kv_heads, group, head_dim, *tensor.shape[1:]).mean(1).flatten(0, 1)
+            )
     pooled.load_state_dict(state)
     pooled.generation_config = copy.deepcopy(model.generation_config)
-    pooled.shape = dataclasses.replace(model.shape, kv_heads=kv_heads) if hasattr(model, "shape") else None
+    pooled.shape = (
+        dataclasses.replace(model.shape, kv_heads=kv_heads) if hasattr(model, "shape") else None
+    )
     return pooled
 
 
@@ -58,14 +64,17 @@ def kv_basis(attention, rank: int | None = None):
     if rank is not None:
         _check_rank(rank, u.shape[1])
         u = u[:, :rank]
-    bias = [p.bias if p.bias is not None else torch.zeros(p.out_features, device=w.device)
-            for p in (attention.k_proj, attention.v_proj)]
+    bias = [
+        p.bias if p.bias is not None else torch.zeros(p.out_features, device=w.device)
+        for p in (attention.k_proj, attention.v_proj)
+    ]
     return u, torch.cat(bias).detach().double()
 
 
 def kv_bases(model) -> list:
     """``kv_basis`` of every layer at full rank: one SVD per layer, to build ``LatentKVCache``s of
-    several ranks from (``LatentKVCache(model, rank, bases=...)`` keeps the first ``rank`` columns)."""
+    several ranks from (``LatentKVCache(model, rank, bases=...)`` keeps the first ``rank`` columns).
+    """
     return [kv_basis(layer.self_attn) for layer in model.model.layers]
 
 
@@ -79,9 +88,9 @@ class LatentLayer(KeepAllLayer):
     """One layer of an MLA-style latent cache: stores c = U^T([k; v] - b), rank numbers per token.
 
     Keys arrive rotated; the layer undoes the rotation (the latent must not depend on position),
-    projects onto U and keeps only c. On read it up-projects [k; v] = U c + b and rotates keys back at
-    their positions. With U of full rank this is exact; at rank r it equals attention with
-    rank-r K and V projections.
+    projects onto U and keeps only c. On read it up-projects [k; v] = U c + b and rotates keys back
+    at their positions. With U of full rank this is exact; at rank r it equals attention with rank-r
+    K and V projections.
     """
 
     is_sliding = False
@@ -95,12 +104,17 @@ class LatentLayer(KeepAllLayer):
     def lazy_initialization(self, key_states, value_states):
         width = 2 * key_states.shape[1] * key_states.shape[-1]
         if self.basis.shape[0] != width:
-            raise ValueError(f"this latent cache was built for [K; V] of {self.basis.shape[0]} elements per token, "
-                             f"but the model writes {width} (2 x {key_states.shape[1]} KV heads x head_dim "
-                             f"{key_states.shape[-1]}): build LatentKVCache from this model")
+            raise ValueError(
+                f"this latent cache was built for [K; V] of {self.basis.shape[0]} elements per"
+                f" token, but the model writes {width} (2 x {key_states.shape[1]} KV heads x"
+                f" head_dim {key_states.shape[-1]}): build LatentKVCache from this model"
+            )
         self.device, self.dtype = key_states.device, key_states.dtype
         self.heads, self.head_dim = key_states.shape[1], key_states.shape[-1]
-        self.basis, self.bias = self.basis.to(self.device, self.dtype), self.bias.to(self.device, self.dtype)
+        self.basis, self.bias = (
+            self.basis.to(self.device, self.dtype),
+            self.bias.to(self.device, self.dtype),
+        )
         self.latent = key_states.new_zeros((key_states.shape[0], 0, self.basis.shape[1]))
         self.positions = torch.zeros((key_states.shape[0], 0), dtype=torch.long, device=self.device)
         self.is_initialized = True
@@ -111,12 +125,18 @@ class LatentLayer(KeepAllLayer):
         batch, count = key_states.shape[0], key_states.shape[-2]
         pos = written_positions(kwargs, batch, count, self.positions.shape[-1], self.device)
         raw_k = rotate(key_states, -pos, self.inv_freq, 1.0) / self.scaling
-        stacked = torch.cat([raw_k, value_states], dim=1).transpose(1, 2).flatten(2)  # [b, n, 2 h d]
+        stacked = (
+            torch.cat([raw_k, value_states], dim=1).transpose(1, 2).flatten(2)
+        )  # [b, n, 2 h d]
         latent = torch.cat([self.latent, (stacked - self.bias) @ self.basis], dim=1)
         positions = torch.cat([self.positions, pos], dim=-1)
         self.latent, self.positions = latent, positions  # both or neither
-        full = (self.latent @ self.basis.T + self.bias).unflatten(2, (2 * self.heads, self.head_dim)).transpose(1, 2)
-        keys, values = full[:, : self.heads], full[:, self.heads:]
+        full = (
+            (self.latent @ self.basis.T + self.bias)
+            .unflatten(2, (2 * self.heads, self.head_dim))
+            .transpose(1, 2)
+        )
+        keys, values = full[:, : self.heads], full[:, self.heads :]
         return rotate(keys, self.positions, self.inv_freq, self.scaling), values
 
     def get_seq_length(self) -> int:
@@ -150,8 +170,10 @@ class LatentKVCache(Cache):
         if bases is None:
             bases = [kv_basis(layer.self_attn, rank) for layer in model.model.layers]
         elif not isinstance(bases, list) or len(bases) != len(model.model.layers):
-            raise ValueError(f"bases must be kv_bases(model), one (U, bias) per layer of the model's "
-                             f"{len(model.model.layers)}, got {type(bases).__name__}")
+            raise ValueError(
+                "bases must be kv_bases(model), one (U, bias) per layer of the model's "
+                f"{len(model.model.layers)}, got {type(bases).__name__}"
+            )
         for u, _ in bases:
             _check_rank(rank, u.shape[1])
         layers = [LatentLayer(u[:, :rank], bias, inv_freq, scaling) for u, bias in bases]

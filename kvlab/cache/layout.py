@@ -21,7 +21,12 @@ from kvlab._checks import integer, one_of, require_memory
 from kvlab.cache.addresses import LAYOUTS, PAGED, KVGeometry, as_block_table
 from kvlab.devices import device_and_dtype
 
-APPEND_METHODS = {"BHTD": ("index", "cat"), "BTHD": ("index", "cat"), "NHD": ("slot",), "HND": ("slot",)}
+APPEND_METHODS = {
+    "BHTD": ("index", "cat"),
+    "BTHD": ("index", "cat"),
+    "NHD": ("slot",),
+    "HND": ("slot",),
+}
 
 
 # --------------------------------------------------------------------------- a cache in one layout
@@ -66,7 +71,9 @@ class KVCache:
         """A scratch tensor kept between calls (the paged gather's destination)."""
         buffer = self._workspace.get(name)
         if buffer is None or tuple(buffer.shape) != tuple(shape):
-            buffer = self._workspace[name] = torch.empty(shape, dtype=self.k.dtype, device=self.k.device)
+            buffer = self._workspace[name] = torch.empty(
+                shape, dtype=self.k.dtype, device=self.k.device
+            )
         return buffer
 
     def token_axis(self) -> int:
@@ -74,16 +81,39 @@ class KVCache:
         return self.geometry.axes.index("token")
 
 
-def _allocate(layout: str, layers: int, batch: int, capacity: int, kv_heads: int, head_dim: int,
-              block_size: int, spare_blocks: int, dtype, device, generator: torch.Generator):
+def _allocate(
+    layout: str,
+    layers: int,
+    batch: int,
+    capacity: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    spare_blocks: int,
+    dtype,
+    device,
+    generator: torch.Generator,
+):
     """Zeroed K and V in ``layout``, and a block table of distinct random physical blocks."""
     per_seq = -(-capacity // block_size)
     if layout in PAGED:
-        geometry = KVGeometry.paged(layout, layers=layers, num_blocks=batch * per_seq + spare_blocks,
-                                    block_size=block_size, kv_heads=kv_heads, head_dim=head_dim)
+        geometry = KVGeometry.paged(
+            layout,
+            layers=layers,
+            num_blocks=batch * per_seq + spare_blocks,
+            block_size=block_size,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+        )
     else:
-        geometry = KVGeometry.contiguous(layout, layers=layers, batch=batch, max_tokens=capacity,
-                                         kv_heads=kv_heads, head_dim=head_dim)
+        geometry = KVGeometry.contiguous(
+            layout,
+            layers=layers,
+            batch=batch,
+            max_tokens=capacity,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+        )
     nbytes = 2 * geometry.numel * torch.empty((), dtype=dtype).element_size()
     require_memory(f"a {layout} cache of shape {geometry.shape} (K and V)", nbytes, device or "cpu")
     table = None
@@ -94,14 +124,26 @@ def _allocate(layout: str, layers: int, batch: int, capacity: int, kv_heads: int
     return geometry, k, torch.zeros_like(k), table
 
 
-def new_cache(layout: str, *, batch: int, length: int, kv_heads: int, head_dim: int, layers: int = 1,
-              capacity: int | None = None, block_size: int = 16, spare_blocks: int = 0, dtype=None,
-              device=None, seed: int = 0) -> KVCache:
+def new_cache(
+    layout: str,
+    *,
+    batch: int,
+    length: int,
+    kv_heads: int,
+    head_dim: int,
+    layers: int = 1,
+    capacity: int | None = None,
+    block_size: int = 16,
+    spare_blocks: int = 0,
+    dtype=None,
+    device=None,
+    seed: int = 0,
+) -> KVCache:
     """A cache in ``layout`` holding ``length`` random tokens per sequence, room for ``capacity``.
 
-    ``capacity`` defaults to ``length + 1`` (room for one append). Paged caches get
-    ``ceil(capacity / block_size)`` blocks per sequence, drawn at random from a pool with
-    ``spare_blocks`` extra blocks. dtype: bf16 on a GPU (fp16 without bf16 units), fp32 on a CPU by default.
+    ``capacity`` defaults to ``length + 1`` (room for one append). Paged caches get ``ceil(capacity
+    / block_size)`` blocks per sequence, drawn at random from a pool with ``spare_blocks`` extra
+    blocks. dtype: bf16 on a GPU (fp16 without bf16 units), fp32 on a CPU by default.
     """
     one_of("layout", layout, LAYOUTS)
     batch = integer("batch", batch, 1)
@@ -111,18 +153,38 @@ def new_cache(layout: str, *, batch: int, length: int, kv_heads: int, head_dim: 
     spare_blocks = integer("spare_blocks", spare_blocks, 0)
     device, dtype = device_and_dtype(device, dtype)
     gen = torch.Generator().manual_seed(integer("seed", seed, 0))
-    geometry, k, v, table = _allocate(layout, integer("layers", layers, 1), batch, capacity,
-                                      integer("kv_heads", kv_heads, 1), integer("head_dim", head_dim, 1),
-                                      block_size, spare_blocks, dtype, device, gen)
+    geometry, k, v, table = _allocate(
+        layout,
+        integer("layers", layers, 1),
+        batch,
+        capacity,
+        integer("kv_heads", kv_heads, 1),
+        integer("head_dim", head_dim, 1),
+        block_size,
+        spare_blocks,
+        dtype,
+        device,
+        gen,
+    )
     device_gen = torch.Generator(device=device).manual_seed(seed)
     for pool in (k, v):
         pool.normal_(generator=device_gen)
     return KVCache(geometry, k, v, length, table)
 
 
-def cache_from_dense(layout: str, k, v, *, capacity: int | None = None, block_size: int = 16,
-                     spare_blocks: int = 0, seed: int = 0, block_table=None) -> KVCache:
-    """A cache in ``layout`` holding ``k`` and ``v`` given as ``[layers, batch, tokens, kv_heads, head_dim]``.
+def cache_from_dense(
+    layout: str,
+    k,
+    v,
+    *,
+    capacity: int | None = None,
+    block_size: int = 16,
+    spare_blocks: int = 0,
+    seed: int = 0,
+    block_table=None,
+) -> KVCache:
+    """A cache in ``layout`` holding ``k`` and ``v`` given as ``[layers, batch, tokens, kv_heads,
+    head_dim]``.
 
     Slots beyond the tokens are zero. Paged: each sequence's blocks are a random choice (``seed``)
     among ``batch * ceil(capacity / block_size) + spare_blocks`` physical blocks, or the given
@@ -134,16 +196,25 @@ def cache_from_dense(layout: str, k, v, *, capacity: int | None = None, block_si
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if not t.dtype.is_floating_point:
-            raise TypeError(f"{name} must be a floating-point tensor (keys and values), got {t.dtype}")
+            raise TypeError(
+                f"{name} must be a floating-point tensor (keys and values), got {t.dtype}"
+            )
         if t.dim() != 5:
-            raise ValueError(f"{name} must be [layers, batch, tokens, kv_heads, head_dim], got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must be [layers, batch, tokens, kv_heads, head_dim], got shape"
+                f" {tuple(t.shape)}"
+            )
         _require_finite(name, t)
     if k.shape != v.shape or k.dtype != v.dtype or k.device != v.device:
-        raise ValueError(f"k and v must match in shape, dtype and device, got {tuple(k.shape)} {k.dtype} {k.device} "
-                         f"and {tuple(v.shape)} {v.dtype} {v.device}")
+        raise ValueError(
+            f"k and v must match in shape, dtype and device, got {tuple(k.shape)} {k.dtype}"
+            f" {k.device} and {tuple(v.shape)} {v.dtype} {v.device}"
+        )
     layers, batch, length, kv_heads, head_dim = k.shape
     if min(layers, batch, kv_heads, head_dim) < 1:
-        raise ValueError(f"k must have at least one layer, sequence, KV head and dim, got shape {tuple(k.shape)}")
+        raise ValueError(
+            f"k must have at least one layer, sequence, KV head and dim, got shape {tuple(k.shape)}"
+        )
     capacity = max(length, 1) if capacity is None else integer("capacity", capacity, max(length, 1))
     block_size = integer("block_size", block_size, 1)
     gen = torch.Generator().manual_seed(integer("seed", seed, 0))
@@ -153,8 +224,19 @@ def cache_from_dense(layout: str, k, v, *, capacity: int | None = None, block_si
             raise ValueError(f"block_table applies to paged layouts {PAGED} only, not {layout!r}")
         given = _check_block_table(block_table, batch, -(-capacity // block_size))
         spare_blocks += int(given.max()) + 1 - given.numel()
-    geometry, k_pool, v_pool, table = _allocate(layout, layers, batch, capacity, kv_heads, head_dim, block_size,
-                                                spare_blocks, k.dtype, k.device, gen)
+    geometry, k_pool, v_pool, table = _allocate(
+        layout,
+        layers,
+        batch,
+        capacity,
+        kv_heads,
+        head_dim,
+        block_size,
+        spare_blocks,
+        k.dtype,
+        k.device,
+        gen,
+    )
     if block_table is not None:
         table = given.to(device=k.device, dtype=torch.int32)
     for pool, dense in ((k_pool, k), (v_pool, v)):
@@ -164,8 +246,15 @@ def cache_from_dense(layout: str, k, v, *, capacity: int | None = None, block_si
             pool[:, :, :length] = dense
         else:
             per_seq = table.shape[1]
-            padded = torch.zeros(layers, batch, per_seq * block_size, kv_heads, head_dim, dtype=k.dtype,
-                                 device=k.device)
+            padded = torch.zeros(
+                layers,
+                batch,
+                per_seq * block_size,
+                kv_heads,
+                head_dim,
+                dtype=k.dtype,
+                device=k.device,
+            )
             padded[:, :, :length] = dense
             blocks = padded.view(layers, batch, per_seq, block_size, kv_heads, head_dim)
             pool[:, table.long()] = blocks if layout == "NHD" else blocks.transpose(3, 4)
@@ -175,8 +264,10 @@ def cache_from_dense(layout: str, k, v, *, capacity: int | None = None, block_si
 def _check_block_table(block_table, batch: int, per_seq: int) -> torch.Tensor:
     table = as_block_table(block_table).to("cpu", torch.int64)
     if tuple(table.shape) != (batch, per_seq):
-        raise ValueError(f"block_table must be [batch, ceil(capacity / block_size)] = [{batch}, {per_seq}], "
-                         f"got {list(table.shape)}")
+        raise ValueError(
+            f"block_table must be [batch, ceil(capacity / block_size)] = [{batch}, {per_seq}], "
+            f"got {list(table.shape)}"
+        )
     if int(table.min()) < 0:
         raise ValueError(f"block_table entries must be >= 0, got {int(table.min())}")
     if table.unique().numel() != table.numel():
@@ -212,7 +303,8 @@ def layer_kv(cache: KVCache, layer: int = 0):
             torch.index_select(pool, 0, blocks, out=buffer)
             out.append(buffer.view(batch, -1, heads, dim)[:, :n].transpose(1, 2))
         else:  # head by head (one head of a block is slot * dim contiguous elements), landing as
-            # [heads, batch * blocks, slot, dim]; one index_select over the transposed pool is far slower
+            # [heads, batch * blocks, slot, dim]; one index_select over the transposed pool is far
+            # slower
             buffer = cache.workspace(name, (heads, blocks.numel(), *pool.shape[2:]))
             for head in range(heads):
                 torch.index_select(pool[:, head], 0, blocks, out=buffer[head])
@@ -231,11 +323,21 @@ def decode_read(cache: KVCache, q: torch.Tensor, layer: int = 0) -> torch.Tensor
     g = cache.geometry
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
-    if q.dim() != 3 or q.shape[0] != cache.batch or q.shape[2] != g.head_dim or q.shape[1] % g.kv_heads:
-        raise ValueError(f"q must be [batch={cache.batch}, q_heads (a multiple of {g.kv_heads}), "
-                         f"head_dim={g.head_dim}], got {tuple(q.shape)}")
+    if (
+        q.dim() != 3
+        or q.shape[0] != cache.batch
+        or q.shape[2] != g.head_dim
+        or q.shape[1] % g.kv_heads
+    ):
+        raise ValueError(
+            f"q must be [batch={cache.batch}, q_heads (a multiple of {g.kv_heads}), "
+            f"head_dim={g.head_dim}], got {tuple(q.shape)}"
+        )
     if q.dtype != cache.k.dtype or q.device != cache.k.device:
-        raise TypeError(f"q must be {cache.k.dtype} on {cache.k.device} like the cache, got {q.dtype} on {q.device}")
+        raise TypeError(
+            f"q must be {cache.k.dtype} on {cache.k.device} like the cache, got {q.dtype} on"
+            f" {q.device}"
+        )
     _require_finite("q", q)
     integer("layer", layer, 0, g.layers)
     return _attend(cache, q, layer)
@@ -274,9 +376,14 @@ def _check_new_token(cache: KVCache, k_new, v_new) -> None:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if tuple(t.shape) != want:
-            raise ValueError(f"{name} must be [layers, batch, kv_heads, head_dim] = {list(want)}, got {list(t.shape)}")
+            raise ValueError(
+                f"{name} must be [layers, batch, kv_heads, head_dim] = {list(want)}, got"
+                f" {list(t.shape)}"
+            )
         if t.dtype != cache.k.dtype or t.device != cache.k.device:
-            raise TypeError(f"{name} must be {cache.k.dtype} on {cache.k.device}, got {t.dtype} on {t.device}")
+            raise TypeError(
+                f"{name} must be {cache.k.dtype} on {cache.k.device}, got {t.dtype} on {t.device}"
+            )
         _require_finite(name, t)
 
 
@@ -288,26 +395,36 @@ def _writer(cache: KVCache, method: str):
     """
     pos, layout = cache.length, cache.layout
     if method == "index":
-        where = (slice(None), slice(None), slice(None), pos) if layout == "BHTD" else (slice(None), slice(None), pos)
+        where = (
+            (slice(None), slice(None), slice(None), pos)
+            if layout == "BHTD"
+            else (slice(None), slice(None), pos)
+        )
 
         def write(k_new, v_new):
             cache.k[where] = k_new
             cache.v[where] = v_new
+
         return write
     if method == "cat":
         axis = cache.token_axis()
         held = (slice(None),) * axis + (slice(0, pos),)
 
         def write(k_new, v_new):
-            return (torch.cat([cache.k[held], k_new.unsqueeze(axis)], dim=axis),
-                    torch.cat([cache.v[held], v_new.unsqueeze(axis)], dim=axis))
+            return (
+                torch.cat([cache.k[held], k_new.unsqueeze(axis)], dim=axis),
+                torch.cat([cache.v[held], v_new.unsqueeze(axis)], dim=axis),
+            )
+
         return write
     size = cache.geometry.block_size
     blocks = cache.block_table[:, pos // size].long()
     if layout == "HND":
+
         def write(k_new, v_new):
             cache.k[:, blocks, :, pos % size] = k_new
             cache.v[:, blocks, :, pos % size] = v_new
+
         return write
     from kvlab import kernels  # imports triton: only when a paged NHD write needs it
 
@@ -317,6 +434,7 @@ def _writer(cache: KVCache, method: str):
     def write(k_new, v_new):
         for layer in range(cache.geometry.layers):
             store(k_new[layer], v_new[layer], cache.k[layer], cache.v[layer], slots)
+
     return write
 
 
@@ -324,21 +442,28 @@ def _check_method(cache: KVCache, method: str | None) -> str:
     method = APPEND_METHODS[cache.layout][0] if method is None else method
     one_of(f"method (for layout {cache.layout})", method, APPEND_METHODS[cache.layout])
     if method != "cat" and cache.length >= cache.capacity:
-        raise ValueError(f"the cache is full (length {cache.length} = capacity {cache.capacity}); "
-                         + ("grow it with method='cat' or allocate a larger capacity" if not cache.geometry.is_paged
-                            else "give the sequences more blocks"))
+        raise ValueError(
+            f"the cache is full (length {cache.length} = capacity {cache.capacity}); "
+            + (
+                "grow it with method='cat' or allocate a larger capacity"
+                if not cache.geometry.is_paged
+                else "give the sequences more blocks"
+            )
+        )
     return method
 
 
 def token_writer(cache: KVCache, method: str | None = None):
-    """``write(k_new, v_new)`` for ``append_token``'s ``method`` on ``cache``, the method checked once:
-    each call stores one token per sequence at position ``cache.length`` without checking its
+    """``write(k_new, v_new)`` for ``append_token``'s ``method`` on ``cache``, the method checked
+    once: each call stores one token per sequence at position ``cache.length`` without checking its
     arguments and without advancing ``length`` (``cat`` returns the grown pools instead of keeping
     them). The timed path of section 9.4 (``kvlab.lab.layout_timing``)."""
     return _writer(cache, _check_method(cache, method))
 
 
-def append_token(cache: KVCache, k_new: torch.Tensor, v_new: torch.Tensor, method: str | None = None) -> None:
+def append_token(
+    cache: KVCache, k_new: torch.Tensor, v_new: torch.Tensor, method: str | None = None
+) -> None:
     """Append one token per sequence, ``[layers, batch, kv_heads, head_dim]`` each, in place.
 
     ``method``: ``"index"`` (contiguous, write into preallocated capacity), ``"cat"`` (contiguous,

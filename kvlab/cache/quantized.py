@@ -1,4 +1,5 @@
-"""Notebook 08, long-context variants (section 9.7): a KV cache with narrower entries, in KIVI's layout.
+"""Notebook 08, long-context variants (section 9.7): a KV cache with narrower entries, in KIVI's
+layout.
 
 ``quantize`` stores a tensor at 2, 4 or 8 bits in groups: each group of ``group_size`` consecutive
 elements along one axis shares a scale and a zero point (its minimum), x ~ code x scale + zero,
@@ -28,7 +29,8 @@ KEY_GROUPS = ("channel", "token")
 
 @dataclass(frozen=True)
 class QuantizedTensor:
-    """Asymmetric min-max quantization in groups, with packed codes (section 9.7; KV Cache Memory Wall, 2026, section 2.3).
+    """Asymmetric min-max quantization in groups, with packed codes (section 9.7; KV Cache Memory
+    Wall, 2026, section 2.3).
 
     Each group of ``group_size`` consecutive elements along ``axis`` shares one ``scale`` and one
     ``zero`` (the group's minimum): x ~ code x scale + zero with code in [0, 2^bits - 1]. Codes are
@@ -50,7 +52,9 @@ class QuantizedTensor:
     @property
     def step(self) -> torch.Tensor:
         """The quantization step of every element, broadcast to ``shape``."""
-        return _ungroup(self.scale.expand(*self.scale.shape[:-1], self.group_size), self.axis, self.shape)
+        return _ungroup(
+            self.scale.expand(*self.scale.shape[:-1], self.group_size), self.axis, self.shape
+        )
 
     def dequantize(self) -> torch.Tensor:
         codes = _unpack(self.codes, self.bits, self.group_size)
@@ -96,14 +100,21 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, axis: int = -1) -> Qua
     Scales and zero points keep ``x``'s dtype.
     """
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
-        raise TypeError(f"x must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+        raise TypeError(
+            f"x must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}"
+        )
     one_of("bits", bits, BITS)  # 4.0 too is refused: bits shift and pack codes
     integer("group_size", group_size, 1)
     if isinstance(axis, bool) or not isinstance(axis, int) or not -x.dim() <= axis < x.dim():
-        raise ValueError(f"axis must be an int in [{-x.dim()}, {x.dim() - 1}] for a {x.dim()}-d tensor, got {axis!r}")
+        raise ValueError(
+            f"axis must be an int in [{-x.dim()}, {x.dim() - 1}] for a {x.dim()}-d tensor, got"
+            f" {axis!r}"
+        )
     axis = axis % x.dim()
     if x.shape[axis] % group_size:
-        raise ValueError(f"group_size ({group_size}) must divide the length of axis {axis} ({x.shape[axis]})")
+        raise ValueError(
+            f"group_size ({group_size}) must divide the length of axis {axis} ({x.shape[axis]})"
+        )
     moved = x.movedim(axis, -1)
     grouped = moved.reshape(*moved.shape[:-1], moved.shape[-1] // group_size, group_size)
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -126,8 +137,13 @@ def _cat_quantized(a: QuantizedTensor | None, b: QuantizedTensor, axis: int) -> 
     shape[axis] += b.shape[axis]
     dim = -2 if axis == a.axis else _moved_shape(range(len(shape)), a.axis).index(axis)
     cat = lambda x, y: torch.cat([x, y], dim=dim)  # noqa: E731
-    return dataclasses.replace(a, codes=cat(a.codes, b.codes), scale=cat(a.scale, b.scale),
-                               zero=cat(a.zero, b.zero), shape=tuple(shape))
+    return dataclasses.replace(
+        a,
+        codes=cat(a.codes, b.codes),
+        scale=cat(a.scale, b.scale),
+        zero=cat(a.zero, b.zero),
+        shape=tuple(shape),
+    )
 
 
 class QuantizedLayer(KeepAllLayer):
@@ -151,8 +167,10 @@ class QuantizedLayer(KeepAllLayer):
 
     def lazy_initialization(self, key_states, value_states):
         if key_states.shape[-1] % self.group_size:
-            raise ValueError(f"group_size ({self.group_size}) must divide the head dimension "
-                             f"({key_states.shape[-1]}): values are quantized per token in channel groups")
+            raise ValueError(
+                f"group_size ({self.group_size}) must divide the head dimension "
+                f"({key_states.shape[-1]}): values are quantized per token in channel groups"
+            )
         self.device = key_states.device
         self.keys, self.values = key_states[..., :0, :], value_states[..., :0, :]
         self.is_initialized = True
@@ -166,14 +184,19 @@ class QuantizedLayer(KeepAllLayer):
         while keys.shape[-2] >= self.residual + g:
             oldest_k, keys = keys[..., :g, :], keys[..., g:, :]
             oldest_v, values = values[..., :g, :], values[..., g:, :]
-            qkeys = _cat_quantized(qkeys, quantize(oldest_k, self.bits, g, axis=self.key_axis), axis=2)
+            qkeys = _cat_quantized(
+                qkeys, quantize(oldest_k, self.bits, g, axis=self.key_axis), axis=2
+            )
             qvalues = _cat_quantized(qvalues, quantize(oldest_v, self.bits, g, axis=-1), axis=2)
-        # Everything that can fail is done: only now change the layer (a failed update changes nothing).
+        # Everything that can fail is done: only now change the layer (a failed update changes
+        # nothing).
         self.keys, self.values, self.qkeys, self.qvalues = keys, values, qkeys, qvalues
         if self.qkeys is None:
             return self.keys, self.values
-        return (torch.cat([self.qkeys.dequantize(), self.keys], dim=-2),
-                torch.cat([self.qvalues.dequantize(), self.values], dim=-2))
+        return (
+            torch.cat([self.qkeys.dequantize(), self.keys], dim=-2),
+            torch.cat([self.qvalues.dequantize(), self.values], dim=-2),
+        )
 
     def get_seq_length(self) -> int:
         if not self.is_initialized:
@@ -203,10 +226,17 @@ class QuantizedKVCache(LayeredCache):
     quantizes keys per token too, for comparison with KIVI's per-channel keys.
     """
 
-    def __init__(self, bits: int = 2, group_size: int = 32, residual: int = 128, key_groups: str = "channel"):
+    def __init__(
+        self, bits: int = 2, group_size: int = 32, residual: int = 128, key_groups: str = "channel"
+    ):
         one_of("bits", bits, BITS)
         integer("group_size", group_size, 1)
         integer("residual", residual, 0)
         one_of("key_groups", key_groups, KEY_GROUPS)
-        self.bits, self.group_size, self.residual, self.key_groups = bits, group_size, residual, key_groups
+        self.bits, self.group_size, self.residual, self.key_groups = (
+            bits,
+            group_size,
+            residual,
+            key_groups,
+        )
         super().__init__(lambda: QuantizedLayer(bits, group_size, residual, key_groups))

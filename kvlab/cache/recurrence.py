@@ -1,4 +1,5 @@
-"""Notebook 07, hybrid attention and SSM state (section 9.6): the recurrence a state-space layer keeps.
+"""Notebook 07, hybrid attention and SSM state (section 9.6): the recurrence a state-space layer
+keeps.
 
 The Decode and KV Cache chapter, 2026, section 9.6, works a two-element recurrence by hand:
 h_t = (0.5 h_{t-1,1} + x_t, 0.25 h_{t-1,2} + 2 x_t), y_t = h_t1 + h_t2. ``DiagonalRecurrence``
@@ -18,7 +19,8 @@ from kvlab._checks import integer
 
 @dataclass(frozen=True)
 class DiagonalRecurrence:
-    """h_{t,i} = decay_i * h_{t-1,i} + gain_i * x_t, and y_t = sum_i readout_i * h_{t,i} (section 9.6).
+    """h_{t,i} = decay_i * h_{t-1,i} + gain_i * x_t, and y_t = sum_i readout_i * h_{t,i} (section
+    9.6).
 
     A linear time-invariant SSM with a diagonal state matrix and a scalar input and output. The
     state has ``len(decay)`` elements whatever the number of tokens folded into it.
@@ -34,8 +36,10 @@ class DiagonalRecurrence:
             raise ValueError("decay must have at least one element (the state size)")
         for name in ("gain", "readout"):
             if len(getattr(self, name)) != n:
-                raise ValueError(f"{name} must have {n} elements, one per state element (len(decay)), "
-                                 f"got {len(getattr(self, name))}")
+                raise ValueError(
+                    f"{name} must have {n} elements, one per state element (len(decay)), "
+                    f"got {len(getattr(self, name))}"
+                )
         for name in ("decay", "gain", "readout"):
             for v in getattr(self, name):
                 if not math.isfinite(v):
@@ -82,10 +86,11 @@ class DiagonalRecurrence:
         integer("length", length, 1)
         ages = torch.arange(length - 1, -1, -1, dtype=torch.float64)
         decay = torch.tensor(self.decay, dtype=torch.float64)[:, None]
-        return torch.tensor(self.gain, dtype=torch.float64)[:, None] * decay ** ages
+        return torch.tensor(self.gain, dtype=torch.float64)[:, None] * decay**ages
 
 
-# The worked example of section 9.6: h_t = (0.5 h_{t-1,1} + x_t, 0.25 h_{t-1,2} + 2 x_t), y_t = h_t1 + h_t2.
+# The worked example of section 9.6: h_t = (0.5 h_{t-1,1} + x_t, 0.25 h_{t-1,2} + 2 x_t), y_t = h_t1
+# + h_t2.
 SEED_RECURRENCE = DiagonalRecurrence(decay=(0.5, 0.25), gain=(1.0, 2.0), readout=(1.0, 1.0))
 SEED_INPUTS = (2.0, 1.0)
 SEED_STATES = ((2.0, 4.0), (2.0, 3.0))  # h1, h2 as the chapter gives them

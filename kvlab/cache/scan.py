@@ -67,7 +67,9 @@ def _blelloch(a, b, h):
         half *= 2
     a[n - 1], b[n - 1] = 1, 0  # identity: nothing precedes the first map
     half = n // 2
-    while half >= 1:  # down-sweep: left child gets the parent's prefix, right child prefix + left subtree
+    while (
+        half >= 1
+    ):  # down-sweep: left child gets the parent's prefix, right child prefix + left subtree
         right = torch.arange(2 * half - 1, n, 2 * half, device=a.device)
         left = right - half
         subtree = (a[left].clone(), b[left].clone())
@@ -80,7 +82,8 @@ def _blelloch(a, b, h):
 
 def _two_level(a, b, h, chunk_size):
     """Every chunk scanned at once (Hillis-Steele inside each), then the carries propagated from
-    chunk to chunk (one step per chunk), then each position's in-chunk prefix applied to its carry."""
+    chunk to chunk (one step per chunk), then each position's in-chunk prefix applied to its carry.
+    """
     length = a.shape[0]
     chunks = -(-length // chunk_size)
     pad = (chunks * chunk_size - length,) + tuple(a.shape[1:])
@@ -117,13 +120,23 @@ def affine_scan(a, b, initial=None, method: str = "sequential", chunk_size: int 
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         raise TypeError("a and b must be torch.Tensors")
     if a.dim() < 1 or a.shape != b.shape:
-        raise ValueError(f"a and b must share one shape [length, ...], got {tuple(a.shape)} and {tuple(b.shape)}")
-    if not a.dtype.is_floating_point or a.dtype != b.dtype or (initial is not None and initial.dtype != a.dtype):
-        raise TypeError(f"a, b (and initial) must share one floating dtype, got {a.dtype}, {b.dtype}"
-                        + (f", {initial.dtype}" if initial is not None else ""))
+        raise ValueError(
+            f"a and b must share one shape [length, ...], got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    if (
+        not a.dtype.is_floating_point
+        or a.dtype != b.dtype
+        or (initial is not None and initial.dtype != a.dtype)
+    ):
+        raise TypeError(
+            f"a, b (and initial) must share one floating dtype, got {a.dtype}, {b.dtype}"
+            + (f", {initial.dtype}" if initial is not None else "")
+        )
     h = torch.zeros_like(b[0]) if initial is None and a.shape[0] else initial
     if initial is not None and tuple(initial.shape) != tuple(a.shape[1:]):
-        raise ValueError(f"initial must have shape {tuple(a.shape[1:])}, got {tuple(initial.shape)}")
+        raise ValueError(
+            f"initial must have shape {tuple(a.shape[1:])}, got {tuple(initial.shape)}"
+        )
     if a.shape[0] == 0:
         return b.clone()
     if method == "sequential":
@@ -136,7 +149,7 @@ def affine_scan(a, b, initial=None, method: str = "sequential", chunk_size: int 
         return _two_level(a, b, h, chunk_size)
     chunks = []
     for start in range(0, a.shape[0], chunk_size):
-        states = _parallel(a[start:start + chunk_size], b[start:start + chunk_size], h)
+        states = _parallel(a[start : start + chunk_size], b[start : start + chunk_size], h)
         chunks.append(states)
         h = states[-1]
     return torch.cat(chunks)

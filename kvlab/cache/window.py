@@ -1,4 +1,5 @@
-"""Notebook 08, long-context variants (section 9.7): bounded caches, a sliding window and attention sinks.
+"""Notebook 08, long-context variants (section 9.7): bounded caches, a sliding window and attention
+sinks.
 
 A sliding window keeps the ``window`` most recent tokens per layer, as Mistral 7B's rolling buffer
 does (Jiang et al. 2023); StreamingLLM (Xiao et al. 2024) also keeps the first ``num_sink`` tokens,
@@ -24,14 +25,15 @@ ROPE_MODES = ("original", "cache")
 
 
 class BoundedLayer(CacheLayerMixin):
-    """One layer of a cache that keeps the first ``num_sink`` tokens plus the ``window`` most recent.
+    """One layer of a cache that keeps the first ``num_sink`` tokens plus the ``window`` most
+    recent.
 
-    Decoding one token per step, each query sees at most ``num_sink + window`` keys, itself included,
-    and the layer never stores more. A multi-token chunk (the prompt) sees the retained cache plus
-    itself, causally, and is trimmed after use: eviction happens after prefill.
+    Decoding one token per step, each query sees at most ``num_sink + window`` keys, itself
+    included, and the layer never stores more. A multi-token chunk (the prompt) sees the retained
+    cache plus itself, causally, and is trimmed after use: eviction happens after prefill.
 
-    ``rope="original"``: keys are stored as the model rotated them, at their absolute positions, so a
-    query at t meets a retained key at its true distance t - p. ``rope="cache"`` (StreamingLLM):
+    ``rope="original"``: keys are stored as the model rotated them, at their absolute positions, so
+    a query at t meets a retained key at its true distance t - p. ``rope="cache"`` (StreamingLLM):
     keys are stored before rotation (the layer undoes the model's rotation on write) and are rotated
     on read at their slots in the cache, so distances never exceed ``num_sink + window``.
     """
@@ -40,7 +42,14 @@ class BoundedLayer(CacheLayerMixin):
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, num_sink: int, window: int, rope: str = "original", inv_freq=None, scaling: float = 1.0):
+    def __init__(
+        self,
+        num_sink: int,
+        window: int,
+        rope: str = "original",
+        inv_freq=None,
+        scaling: float = 1.0,
+    ):
         super().__init__()
         self.num_sink, self.window, self.rope = num_sink, window, rope
         self.inv_freq, self.scaling = inv_freq, scaling
@@ -58,8 +67,12 @@ class BoundedLayer(CacheLayerMixin):
         """Indices of the slots to keep out of ``n``: the sinks, then the most recent ``window``."""
         if n <= self.num_sink + self.window:
             return torch.arange(n, device=self.device)
-        return torch.cat([torch.arange(self.num_sink, device=self.device),
-                          torch.arange(n - self.window, n, device=self.device)])
+        return torch.cat(
+            [
+                torch.arange(self.num_sink, device=self.device),
+                torch.arange(n - self.window, n, device=self.device),
+            ]
+        )
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
@@ -73,8 +86,13 @@ class BoundedLayer(CacheLayerMixin):
         values = torch.cat([self.values, value_states], dim=-2)
         positions = torch.cat([self.positions, new_pos], dim=-1)
         keep = self._keep(keys.shape[-2])
-        # Everything that can fail is done: only now change the layer (a failed update changes nothing).
-        self.keys, self.values, self.positions = keys[..., keep, :], values[..., keep, :], positions[:, keep]
+        # Everything that can fail is done: only now change the layer (a failed update changes
+        # nothing).
+        self.keys, self.values, self.positions = (
+            keys[..., keep, :],
+            values[..., keep, :],
+            positions[:, keep],
+        )
         self.seen += count
         if count == 1:
             keys, values = self.keys, self.values
@@ -94,7 +112,11 @@ class BoundedLayer(CacheLayerMixin):
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         stored = 0 if self.keys is None else self.keys.shape[-2]
-        kv_length = min(stored + 1, self.num_sink + self.window) if query_length == 1 else stored + query_length
+        kv_length = (
+            min(stored + 1, self.num_sink + self.window)
+            if query_length == 1
+            else stored + query_length
+        )
         # The returned keys are presented to the mask as the kv_length positions ending at the
         # newest query: every retained key is visible to a one-token query, the chunk stays causal.
         return kv_length, self.seen + query_length - kv_length
@@ -124,7 +146,10 @@ def _rope_args(rope: str, model):
     if rope == "original":
         return None, 1.0
     if model is None:
-        raise ValueError("rope='cache' needs model= (the cache re-rotates keys with the model's RoPE frequencies)")
+        raise ValueError(
+            "rope='cache' needs model= (the cache re-rotates keys with the model's RoPE"
+            " frequencies)"
+        )
     return rotary_of(model)
 
 

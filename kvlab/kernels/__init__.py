@@ -19,19 +19,38 @@ import sys
 
 from kvlab.versions import triton_missing
 
-KERNEL_MODULES = ("paged_attention", "paged_attention_torch", "paged_prefill", "paged_tile", "store", "ssm_scan")
+KERNEL_MODULES = (
+    "paged_attention",
+    "paged_attention_torch",
+    "paged_prefill",
+    "paged_tile",
+    "store",
+    "ssm_scan",
+)
 _HOMES = {
-    "SUPPORTED_HEAD_DIMS": "paged_attention", "choose_num_splits": "paged_attention",
-    "merge_splits": "paged_attention", "multiprocessor_count": "paged_attention",
-    "paged_decode_partials": "paged_attention", "paged_decode_attention": "paged_attention",
-    "paged_decode_launcher": "paged_attention", "paged_decode_unchecked": "paged_attention",
-    "merge_partials": "paged_attention_torch", "paged_decode_attention_gather": "paged_attention_torch",
-    "paged_decode_attention_ref": "paged_attention_torch", "paged_decode_gather_unchecked": "paged_attention_torch",
-    "paged_prefill_attention": "paged_prefill", "paged_prefill_attention_ref": "paged_prefill",
-    "paged_prefill_launcher": "paged_prefill", "paged_prefill_unchecked": "paged_prefill",
-    "paged_prefill_work": "paged_prefill", "plan_query_tiles": "paged_prefill",
-    "store_kv": "store", "store_kv_ref": "store", "store_kv_unchecked": "store",
-    "selective_state_update": "ssm_scan", "selective_state_update_ref": "ssm_scan",
+    "SUPPORTED_HEAD_DIMS": "paged_attention",
+    "choose_num_splits": "paged_attention",
+    "merge_splits": "paged_attention",
+    "multiprocessor_count": "paged_attention",
+    "paged_decode_partials": "paged_attention",
+    "paged_decode_attention": "paged_attention",
+    "paged_decode_launcher": "paged_attention",
+    "paged_decode_unchecked": "paged_attention",
+    "merge_partials": "paged_attention_torch",
+    "paged_decode_attention_gather": "paged_attention_torch",
+    "paged_decode_attention_ref": "paged_attention_torch",
+    "paged_decode_gather_unchecked": "paged_attention_torch",
+    "paged_prefill_attention": "paged_prefill",
+    "paged_prefill_attention_ref": "paged_prefill",
+    "paged_prefill_launcher": "paged_prefill",
+    "paged_prefill_unchecked": "paged_prefill",
+    "paged_prefill_work": "paged_prefill",
+    "plan_query_tiles": "paged_prefill",
+    "store_kv": "store",
+    "store_kv_ref": "store",
+    "store_kv_unchecked": "store",
+    "selective_state_update": "ssm_scan",
+    "selective_state_update_ref": "ssm_scan",
 }
 __all__ = ["use_interpreter", *_HOMES]
 
@@ -40,9 +59,9 @@ def use_interpreter() -> bool:
     """Run kvlab's Triton kernels under Triton's interpreter when there is no CUDA device; returns
     whether the interpreter is on. Call it before anything imports a kernel module.
 
-    Sets ``TRITON_INTERPRET=1``. If something imported Triton before (transformers may), Triton's own
-    ``@triton.jit`` helpers were decorated without the switch, so those modules are dropped and load
-    again on next use (all but the compiled extension, which cannot load twice).
+    Sets ``TRITON_INTERPRET=1``. If something imported Triton before (transformers may), Triton's
+    own ``@triton.jit`` helpers were decorated without the switch, so those modules are dropped and
+    load again on next use (all but the compiled extension, which cannot load twice).
     """
     import torch
 
@@ -52,9 +71,11 @@ def use_interpreter() -> bool:
         return True
     loaded = [m for m in KERNEL_MODULES if f"{__name__}.{m}" in sys.modules]
     if loaded:
-        raise RuntimeError(f"kvlab.kernels.use_interpreter() must run before the kernels are imported, but "
-                           f"{loaded} already were, compiled for a GPU this machine does not have; call it first "
-                           "thing in the process (or start Python with TRITON_INTERPRET=1)")
+        raise RuntimeError(
+            "kvlab.kernels.use_interpreter() must run before the kernels are imported, but "
+            f"{loaded} already were, compiled for a GPU this machine does not have; call it first "
+            "thing in the process (or start Python with TRITON_INTERPRET=1)"
+        )
     os.environ["TRITON_INTERPRET"] = "1"
     for name in [m for m in sys.modules if m == "triton" or m.startswith("triton.")]:
         if not name.startswith("triton._C"):

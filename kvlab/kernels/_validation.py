@@ -9,9 +9,8 @@ cleanly: it reads or writes someone else's memory, so nothing bad gets that far.
 
 from __future__ import annotations
 
-import os
-
 import math
+import os
 
 import torch
 
@@ -32,7 +31,9 @@ def require_rank(name: str, tensor: torch.Tensor, layout: str) -> None:
     """``layout`` is the expected shape in words, e.g. ``"[batch, num_q_heads, head_dim]"``."""
     rank = layout.count(",") + 1
     if tensor.dim() != rank:
-        raise ValueError(f"{name} must have {rank} dimensions {layout}, got shape {tuple(tensor.shape)}")
+        raise ValueError(
+            f"{name} must have {rank} dimensions {layout}, got shape {tuple(tensor.shape)}"
+        )
 
 
 def require_dtype(name: str, tensor: torch.Tensor, allowed) -> None:
@@ -45,24 +46,33 @@ def require_same_device(**tensors: torch.Tensor) -> torch.device:
     first_name, first = next(iter(devices.items()))
     for name, device in devices.items():
         if device != first:
-            raise ValueError(f"{name} is on {device} but {first_name} is on {first}; all inputs must share one device")
+            raise ValueError(
+                f"{name} is on {device} but {first_name} is on {first}; all inputs must share one"
+                " device"
+            )
     return first
 
 
-def require_kernel_device(device: torch.device, kernel=None, call: str = "the Triton kernel") -> None:
-    """Triton runs on CUDA tensors, or on CPU tensors under its interpreter. The interpreter must have
-    been on when ``kernel`` was decorated (``kvlab.kernels.use_interpreter()`` before the import):
-    ``triton.jit`` decides then, once, whether a kernel is compiled or interpreted."""
+def require_kernel_device(
+    device: torch.device, kernel=None, call: str = "the Triton kernel"
+) -> None:
+    """Triton runs on CUDA tensors, or on CPU tensors under its interpreter. The interpreter must
+    have been on when ``kernel`` was decorated (``kvlab.kernels.use_interpreter()`` before the
+    import): ``triton.jit`` decides then, once, whether a kernel is compiled or interpreted."""
     if device.type == "cuda":
         return
-    interpreting = (os.environ.get("TRITON_INTERPRET") == "1" if kernel is None
-                    else type(kernel).__name__ == "InterpretedFunction")
+    interpreting = (
+        os.environ.get("TRITON_INTERPRET") == "1"
+        if kernel is None
+        else type(kernel).__name__ == "InterpretedFunction"
+    )
     if device.type == "cpu" and interpreting:
         return
     raise ValueError(
-        f"{call} got tensors on {device}; it needs CUDA tensors, or CPU tensors under Triton's interpreter, "
-        "which must be switched on before kvlab's kernels are imported: call kvlab.kernels.use_interpreter() "
-        "first thing (or start Python with TRITON_INTERPRET=1), or use the *_ref function"
+        f"{call} got tensors on {device}; it needs CUDA tensors, or CPU tensors under Triton's"
+        " interpreter, which must be switched on before kvlab's kernels are imported: call"
+        " kvlab.kernels.use_interpreter() first thing (or start Python with TRITON_INTERPRET=1),"
+        " or use the *_ref function"
     )
 
 
@@ -76,11 +86,13 @@ def interpreted() -> bool:
 
 
 def require_computable_dtype(name: str, tensor: torch.Tensor) -> None:
-    """The interpreter computes ``tl.dot`` on bf16 operands wrongly (values off by orders of magnitude,
-    no error), so a kernel that multiplies in the storage dtype refuses bf16 there."""
+    """The interpreter computes ``tl.dot`` on bf16 operands wrongly (values off by orders of
+    magnitude, no error), so a kernel that multiplies in the storage dtype refuses bf16 there."""
     if tensor.dtype == torch.bfloat16 and tensor.device.type == "cpu" and interpreted():
-        raise TypeError(f"{name} is bfloat16, which the Triton interpreter (CPU) cannot compute with; "
-                        "use float16 or float32 on a CPU, or run on a CUDA GPU")
+        raise TypeError(
+            f"{name} is bfloat16, which the Triton interpreter (CPU) cannot compute with; "
+            "use float16 or float32 on a CPU, or run on a CUDA GPU"
+        )
 
 
 def require_no_overlap(name: str, tensor: torch.Tensor) -> None:
@@ -90,15 +102,19 @@ def require_no_overlap(name: str, tensor: torch.Tensor) -> None:
     extent = 1  # elements spanned by the dimensions with smaller strides
     for stride, size in dims:
         if stride < extent:
-            raise ValueError(f"{name} has overlapping elements (shape {tuple(tensor.shape)}, strides "
-                             f"{tensor.stride()}), e.g. an expanded view; pass a tensor that owns each "
-                             "element once (.clone() or .contiguous())")
+            raise ValueError(
+                f"{name} has overlapping elements (shape {tuple(tensor.shape)}, strides "
+                f"{tensor.stride()}), e.g. an expanded view; pass a tensor that owns each "
+                "element once (.clone() or .contiguous())"
+            )
         extent = stride * (size - 1) + extent
     return None
 
 
 def _byte_range(tensor: torch.Tensor) -> tuple[int, int]:
-    span = sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) + 1 if tensor.numel() else 0
+    span = (
+        sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) + 1 if tensor.numel() else 0
+    )
     start = tensor.data_ptr()
     return start, start + span * tensor.element_size()
 
@@ -107,12 +123,17 @@ def require_disjoint(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor)
     """A tensor a kernel writes must not share memory with another it reads or writes."""
     (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
     if a.device == b.device and a0 < b1 and b0 < a1:
-        raise ValueError(f"{name_a} and {name_b} share memory and the kernel writes at least one of them; "
-                         "pass separate tensors")
+        raise ValueError(
+            f"{name_a} and {name_b} share memory and the kernel writes at least one of them; "
+            "pass separate tensors"
+        )
 
 
-def require_block_table(block_table: torch.Tensor, lens: torch.Tensor, block_size: int, num_blocks: int) -> None:
-    """Every block-table entry a sequence of ``lens`` tokens uses names a block in [0, num_blocks)."""
+def require_block_table(
+    block_table: torch.Tensor, lens: torch.Tensor, block_size: int, num_blocks: int
+) -> None:
+    """Every block-table entry a sequence of ``lens`` tokens uses names a block in [0,
+    num_blocks)."""
     max_blocks = block_table.shape[1]
     table = block_table.to("cpu", torch.int64)
     blocks_used = (lens + block_size - 1) // block_size
@@ -120,14 +141,16 @@ def require_block_table(block_table: torch.Tensor, lens: torch.Tensor, block_siz
     bad = in_use & ((table < 0) | (table >= num_blocks))
     if bad.any():
         row, col = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"block_table[{row}, {col}] = {int(table[row, col])} is outside [0, {num_blocks}) "
-                         f"(num_blocks); sequence {row} uses its first {int(blocks_used[row])} entries")
+        raise ValueError(
+            f"block_table[{row}, {col}] = {int(table[row, col])} is outside [0, {num_blocks}) "
+            f"(num_blocks); sequence {row} uses its first {int(blocks_used[row])} entries"
+        )
 
 
 def resolve_scale(scale, head_dim: int) -> float:
     """The softmax scale: 1/sqrt(head_dim) for None, else a finite float > 0."""
     if scale is None:
-        return head_dim ** -0.5
+        return head_dim**-0.5
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float > 0 or None, got {type(scale).__name__}")
     if not (math.isfinite(scale) and scale > 0):

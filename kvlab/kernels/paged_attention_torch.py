@@ -4,10 +4,11 @@
 - :func:`paged_decode_attention_ref`: fp64, from the definition, one sequence at a time; the
   answer the kernel is tested against.
 - :func:`paged_decode_attention_gather`: vectorised PyTorch, what paging costs without a fused
-  kernel: gather every block through the table, then SDPA. :func:`paged_decode_gather_unchecked`
-  is the same without the checks, for a caller that validated a step once (``kvlab.serving.attention``).
-- :func:`merge_partials`: the log-sum-exp merge of attention over disjoint parts of a sequence,
-  the arithmetic of the kernel's second stage (and of context parallelism, ``kvlab.parallel.context``).
+  kernel: gather every block through the table, then SDPA. :func:`paged_decode_gather_unchecked` is
+  the same without the checks, for a caller that validated a step once
+  (``kvlab.serving.attention``).
+- :func:`merge_partials`: the log-sum-exp merge of attention over disjoint parts of a sequence, the
+  arithmetic of the kernel's second stage (and of context parallelism, ``kvlab.parallel.context``).
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from kvlab.kernels._validation import FLOAT_DTYPES, require_dtype, require_tenso
 from kvlab.kernels.paged_attention import check_decode_inputs
 
 
-def paged_decode_attention_ref(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):
-    """Plain-PyTorch paged decode attention in fp64, from the definition; same signature (notebook 05).
+def paged_decode_attention_ref(
+    q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None
+):
+    """Plain-PyTorch paged decode attention in fp64, from the definition; same signature (notebook
+    05).
 
     Gathers each sequence's K and V through its block table, repeats each KV head over
     its GQA group, and applies softmax attention in float64. ``num_splits`` is validated
@@ -38,29 +42,42 @@ def paged_decode_attention_ref(q, k_cache, v_cache, block_table, seq_lens, scale
     return out
 
 
-def paged_decode_attention_gather(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):
-    """Paged decode attention in vectorised PyTorch: gather through the block table, then SDPA (notebook 05).
+def paged_decode_attention_gather(
+    q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None
+):
+    """Paged decode attention in vectorised PyTorch: gather through the block table, then SDPA
+    (notebook 05).
 
     What paging costs without a fused kernel: every step first copies each sequence's blocks into a
     contiguous ``[batch, max_blocks * block_size, kv_heads, head_dim]`` tensor (entries past a
-    sequence's length are masked out), then runs torch's SDPA on it. Same signature and checks as the
-    kernel, except its limits: any block size and head_dim.
+    sequence's length are masked out), then runs torch's SDPA on it. Same signature and checks as
+    the kernel, except its limits: any block size and head_dim.
     """
-    scale = check_decode_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, kernel_limits=False)
+    scale = check_decode_inputs(
+        q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, kernel_limits=False
+    )
     return paged_decode_gather_unchecked(q, k_cache, v_cache, block_table, seq_lens, scale)
 
 
 def paged_decode_gather_unchecked(q, k_cache, v_cache, block_table, seq_lens, scale: float):
     """:func:`paged_decode_attention_gather` without its checks (and their host sync)."""
     block_size = k_cache.shape[1]
-    in_use = torch.arange(block_table.shape[1], device=q.device)[None, :] * block_size < seq_lens[:, None]
+    in_use = (
+        torch.arange(block_table.shape[1], device=q.device)[None, :] * block_size
+        < seq_lens[:, None]
+    )
     index = torch.where(in_use, block_table.long(), 0)  # unused entries may hold anything
     valid = torch.arange(index.shape[1] * block_size, device=q.device)[None, :] < seq_lens[:, None]
-    unused = ~valid[:, :, None, None]  # a slot past a sequence's end may hold anything, even NaN: zero it
-    keys = k_cache[index].flatten(1, 2).masked_fill_(unused, 0).transpose(1, 2)  # [batch, kv_heads, slots, dim]
+    unused = ~valid[
+        :, :, None, None
+    ]  # a slot past a sequence's end may hold anything, even NaN: zero it
+    keys = (
+        k_cache[index].flatten(1, 2).masked_fill_(unused, 0).transpose(1, 2)
+    )  # [batch, kv_heads, slots, dim]
     values = v_cache[index].flatten(1, 2).masked_fill_(unused, 0).transpose(1, 2)
-    out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=valid[:, None, None, :],
-                                         scale=scale, enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        q[:, :, None], keys, values, attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True
+    )
     return out[:, :, 0]
 
 
@@ -84,12 +101,16 @@ def merge_partials(outs: torch.Tensor, lses: torch.Tensor):
     require_tensor("outs", outs)
     require_tensor("lses", lses)
     if outs.dim() < 2 or outs.shape[:-1] != lses.shape or outs.shape[0] < 1:
-        raise ValueError(f"outs must be [num_parts >= 1, ..., head_dim] and lses [num_parts, ...] with the same "
-                         f"leading shape, got {tuple(outs.shape)} and {tuple(lses.shape)}")
+        raise ValueError(
+            "outs must be [num_parts >= 1, ..., head_dim] and lses [num_parts, ...] with the same "
+            f"leading shape, got {tuple(outs.shape)} and {tuple(lses.shape)}"
+        )
     require_dtype("outs", outs, FLOAT_DTYPES + (torch.float64,))
     require_dtype("lses", lses, FLOAT_DTYPES + (torch.float64,))
     top = lses.max(dim=0).values
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # all parts empty: avoid -inf - -inf
+    top = torch.where(
+        torch.isfinite(top), top, torch.zeros_like(top)
+    )  # all parts empty: avoid -inf - -inf
     weights = torch.exp(lses - top)  # <= 1, and exactly 0 for an empty part
     # An empty part's output is undefined (may be NaN); mask it so 0 * NaN cannot leak in.
     parts = torch.where(weights[..., None] > 0, outs, torch.zeros_like(outs))

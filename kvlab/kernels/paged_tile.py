@@ -1,4 +1,5 @@
-"""Notebooks 05, 05b, 06 and 11: the two steps a paged attention kernel repeats for each tile of keys.
+"""Notebooks 05, 05b, 06 and 11: the two steps a paged attention kernel repeats for each tile of
+keys.
 
 Both the decode kernel (``kvlab.kernels.paged_attention``) and the prefill kernel
 (``kvlab.kernels.paged_prefill``) loop over their keys one tile of ``TILE_N`` consecutive positions
@@ -20,10 +21,24 @@ import triton.language as tl
 
 @triton.jit
 def load_kv_tile(
-    k_cache_ptr, v_cache_ptr, block_table_ptr, seq, kv_head, positions, valid, dims,
-    stride_kb, stride_kt, stride_kh, stride_kd,
-    stride_vb, stride_vt, stride_vh, stride_vd,
-    stride_btb, stride_btm,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    seq,
+    kv_head,
+    positions,
+    valid,
+    dims,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_btb,
+    stride_btm,
     BLOCK_SIZE: tl.constexpr,
 ):
     """K and V of sequence ``seq``'s tokens at ``positions`` for one KV head, ``[TILE_N, HEAD_DIM]``
@@ -31,26 +46,37 @@ def load_kv_tile(
     # Block-table lookup per token: a tile may cover many small blocks or part of a big one.
     blocks = tl.load(
         block_table_ptr + seq * stride_btb + (positions // BLOCK_SIZE) * stride_btm,
-        mask=valid, other=0,
+        mask=valid,
+        other=0,
     ).to(tl.int64)
     offsets = positions % BLOCK_SIZE
     k = tl.load(
-        k_cache_ptr + blocks[:, None] * stride_kb + offsets[:, None] * stride_kt
-        + kv_head * stride_kh + dims[None, :] * stride_kd,
-        mask=valid[:, None], other=0.0,
+        k_cache_ptr
+        + blocks[:, None] * stride_kb
+        + offsets[:, None] * stride_kt
+        + kv_head * stride_kh
+        + dims[None, :] * stride_kd,
+        mask=valid[:, None],
+        other=0.0,
     )
     v = tl.load(
-        v_cache_ptr + blocks[:, None] * stride_vb + offsets[:, None] * stride_vt
-        + kv_head * stride_vh + dims[None, :] * stride_vd,
-        mask=valid[:, None], other=0.0,
+        v_cache_ptr
+        + blocks[:, None] * stride_vb
+        + offsets[:, None] * stride_vt
+        + kv_head * stride_vh
+        + dims[None, :] * stride_vd,
+        mask=valid[:, None],
+        other=0.0,
     )
     return k, v
 
 
 @triton.jit
-def online_softmax_update(q, k, v, visible, running_max, running_sum, acc, qk_scale_log2,
-                          DOT_PRECISION: tl.constexpr):
-    """Fold one tile of keys into each query row's running ``(max, sum, acc)``; returns the new three.
+def online_softmax_update(
+    q, k, v, visible, running_max, running_sum, acc, qk_scale_log2, DOT_PRECISION: tl.constexpr
+):
+    """Fold one tile of keys into each query row's running ``(max, sum, acc)``; returns the new
+    three.
 
     ``q`` ``[ROWS, HEAD_DIM]``, ``k`` and ``v`` ``[TILE_N, HEAD_DIM]``, ``visible`` a mask that
     broadcasts to ``[ROWS, TILE_N]`` (which keys each row may see). ``running_max`` is in log2

@@ -1,4 +1,5 @@
-"""Notebook 05b: how much shared memory one program of a Triton kernel needs, and whether a GPU has it.
+"""Notebook 05b: how much shared memory one program of a Triton kernel needs, and whether a GPU has
+it.
 
 ``triton.compile`` builds a kernel for any CUDA target without a GPU (Triton ships ``ptxas``), and
 the compiled kernel states how much shared memory one program needs. A program needs all of it
@@ -22,8 +23,15 @@ import torch
 # Largest shared memory one block may use (the opt-in maximum), by compute capability, from NVIDIA's
 # CUDA C++ Programming Guide, "Technical Specifications per Compute Capability".
 SHARED_MEMORY_PER_BLOCK = {
-    70: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024,
-    90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024,
+    70: 96 * 1024,
+    75: 64 * 1024,
+    80: 163 * 1024,
+    86: 99 * 1024,
+    87: 163 * 1024,
+    89: 99 * 1024,
+    90: 227 * 1024,
+    100: 227 * 1024,
+    120: 99 * 1024,
 }
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 TARGETS = (75, 80, 90)
@@ -48,8 +56,8 @@ class KernelConfig:
 
 
 def signature(kernel, pointers: dict, floats=()) -> dict:
-    """Triton types of a kernel's arguments: named pointers, fp32 scalars, constexpr for UPPER names,
-    i32 for the rest."""
+    """Triton types of a kernel's arguments: named pointers, fp32 scalars, constexpr for UPPER
+    names, i32 for the rest."""
     sig = {}
     for name in kernel.arg_names:
         if name in pointers:
@@ -72,7 +80,8 @@ def shared_memory_limit(capability: int) -> int:
 
 
 def compiled_shared_memory(config: KernelConfig, capability: int) -> int:
-    """Compile ``config`` for ``sm_<capability>`` (no GPU needed) and return its shared memory in bytes."""
+    """Compile ``config`` for ``sm_<capability>`` (no GPU needed) and return its shared memory in
+    bytes."""
     key = (*config.key, capability)
     if key not in _COMPILED:
         import triton
@@ -80,10 +89,15 @@ def compiled_shared_memory(config: KernelConfig, capability: int) -> int:
         from triton.compiler import ASTSource
 
         if os.environ.get("TRITON_INTERPRET") == "1":
-            raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET=0 (Triton's interpreter is on)")
+            raise RuntimeError(
+                "ahead-of-time compilation needs TRITON_INTERPRET=0 (Triton's interpreter is on)"
+            )
         source = ASTSource(config.kernel, config.signature, config.constants)
-        compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                                  options=dict(num_warps=config.num_warps))
+        compiled = triton.compile(
+            source,
+            target=GPUTarget("cuda", capability, 32),
+            options=dict(num_warps=config.num_warps),
+        )
         _COMPILED[key] = compiled.metadata.shared
     return _COMPILED[key]
 
@@ -106,6 +120,7 @@ def check_fits(config: KernelConfig, capability: int, needed: int, limit: int) -
     if needed > limit:
         where = ", ".join(f"{k}={v}" for k, v in config.sizes.items())
         raise ValueError(
-            f"the {config.name} kernel at {where} in {DTYPES[config.dtype]} needs {needed} bytes of shared memory "
-            f"per program; sm_{capability} allows {limit} per block. Use a smaller head_dim, or a GPU of a later "
-            "generation")
+            f"the {config.name} kernel at {where} in {DTYPES[config.dtype]} needs {needed} bytes of"
+            f" shared memory per program; sm_{capability} allows {limit} per block. Use a smaller"
+            " head_dim, or a GPU of a later generation"
+        )

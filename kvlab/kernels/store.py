@@ -15,19 +15,44 @@ import torch
 import triton
 import triton.language as tl
 
-from kvlab.kernels._validation import FLOAT_DTYPES, INDEX_DTYPES, require_disjoint, require_dtype, require_kernel_device, require_no_overlap, require_rank, require_same_device, require_tensor
+from kvlab.kernels._validation import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    require_disjoint,
+    require_dtype,
+    require_kernel_device,
+    require_no_overlap,
+    require_rank,
+    require_same_device,
+    require_tensor,
+)
 from kvlab.kernels.shared_memory import KernelConfig, signature
 
 
 @triton.jit
 def _store_kv_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-    stride_kt, stride_kh, stride_kd,
-    stride_vt, stride_vh, stride_vd,
-    stride_kcb, stride_kco, stride_kch, stride_kcd,
-    stride_vcb, stride_vco, stride_vch, stride_vcd,
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_kcb,
+    stride_kco,
+    stride_kch,
+    stride_kcd,
+    stride_vcb,
+    stride_vco,
+    stride_vch,
+    stride_vcd,
     head_dim,
-    BLOCK_SIZE: tl.constexpr, DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DIM_PAD: tl.constexpr,
 ):
     token = tl.program_id(0)
     head = tl.program_id(1)
@@ -40,10 +65,24 @@ def _store_kv_kernel(
 
     k = tl.load(k_ptr + token * stride_kt + head * stride_kh + dims * stride_kd, mask=mask)
     v = tl.load(v_ptr + token * stride_vt + head * stride_vh + dims * stride_vd, mask=mask)
-    tl.store(k_cache_ptr + block * stride_kcb + offset * stride_kco + head * stride_kch + dims * stride_kcd,
-             k, mask=mask)
-    tl.store(v_cache_ptr + block * stride_vcb + offset * stride_vco + head * stride_vch + dims * stride_vcd,
-             v, mask=mask)
+    tl.store(
+        k_cache_ptr
+        + block * stride_kcb
+        + offset * stride_kco
+        + head * stride_kch
+        + dims * stride_kcd,
+        k,
+        mask=mask,
+    )
+    tl.store(
+        v_cache_ptr
+        + block * stride_vcb
+        + offset * stride_vco
+        + head * stride_vch
+        + dims * stride_vcd,
+        v,
+        mask=mask,
+    )
 
 
 def store_kv_config(dtype: torch.dtype, head_dim: int, block_size: int = 16) -> KernelConfig:
@@ -51,14 +90,25 @@ def store_kv_config(dtype: torch.dtype, head_dim: int, block_size: int = 16) -> 
     t = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
     pointers = dict(k_ptr=t, v_ptr=t, k_cache_ptr=t, v_cache_ptr=t, slot_ptr="i64")
     constants = dict(BLOCK_SIZE=block_size, DIM_PAD=triton.next_power_of_2(head_dim))
-    return KernelConfig("store_kv", dtype, _store_kv_kernel, signature(_store_kv_kernel, pointers), constants,
-                        sizes=dict(head_dim=head_dim))
+    return KernelConfig(
+        "store_kv",
+        dtype,
+        _store_kv_kernel,
+        signature(_store_kv_kernel, pointers),
+        constants,
+        sizes=dict(head_dim=head_dim),
+    )
 
 
 def _check_inputs(k, v, k_cache, v_cache, slot_mapping) -> None:
     """Validate every argument of store_kv."""
-    for name, value in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache),
-                        ("slot_mapping", slot_mapping)):
+    for name, value in (
+        ("k", k),
+        ("v", v),
+        ("k_cache", k_cache),
+        ("v_cache", v_cache),
+        ("slot_mapping", slot_mapping),
+    ):
         require_tensor(name, value)
     require_rank("k", k, "[num_tokens, num_kv_heads, head_dim]")
     require_rank("v", v, "[num_tokens, num_kv_heads, head_dim]")
@@ -68,8 +118,10 @@ def _check_inputs(k, v, k_cache, v_cache, slot_mapping) -> None:
     _check_shapes(k, v, k_cache, v_cache, slot_mapping)
     require_dtype("k_cache", k_cache, FLOAT_DTYPES)
     if not (k.dtype == v.dtype == k_cache.dtype == v_cache.dtype):
-        raise TypeError(f"k, v, k_cache and v_cache must share one dtype, got {k.dtype}, {v.dtype}, "
-                        f"{k_cache.dtype}, {v_cache.dtype}")
+        raise TypeError(
+            f"k, v, k_cache and v_cache must share one dtype, got {k.dtype}, {v.dtype}, "
+            f"{k_cache.dtype}, {v_cache.dtype}"
+        )
     require_dtype("slot_mapping", slot_mapping, INDEX_DTYPES)
     require_same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
     require_no_overlap("k_cache", k_cache)  # written in place
@@ -83,15 +135,23 @@ def _check_inputs(k, v, k_cache, v_cache, slot_mapping) -> None:
 
 def _check_shapes(k, v, k_cache, v_cache, slot_mapping) -> None:
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have equal shapes, got {tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must have equal shapes, got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
     if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have equal shapes, got {tuple(k_cache.shape)} "
-                         f"and {tuple(v_cache.shape)}")
+        raise ValueError(
+            f"k_cache and v_cache must have equal shapes, got {tuple(k_cache.shape)} "
+            f"and {tuple(v_cache.shape)}"
+        )
     if k.shape[1:] != k_cache.shape[2:]:
-        raise ValueError(f"k's [num_kv_heads, head_dim] {tuple(k.shape[1:])} must match k_cache's "
-                         f"{tuple(k_cache.shape[2:])}")
+        raise ValueError(
+            f"k's [num_kv_heads, head_dim] {tuple(k.shape[1:])} must match k_cache's "
+            f"{tuple(k_cache.shape[2:])}"
+        )
     if slot_mapping.shape[0] != k.shape[0]:
-        raise ValueError(f"slot_mapping length ({slot_mapping.shape[0]}) must equal num_tokens ({k.shape[0]})")
+        raise ValueError(
+            f"slot_mapping length ({slot_mapping.shape[0]}) must equal num_tokens ({k.shape[0]})"
+        )
 
 
 def _check_slots(slot_mapping, num_slots: int) -> None:
@@ -100,8 +160,10 @@ def _check_slots(slot_mapping, num_slots: int) -> None:
     bad = (slots < -1) | (slots >= num_slots)
     if bad.any():
         i = int(bad.nonzero()[0, 0])
-        raise ValueError(f"slot_mapping[{i}] = {int(slots[i])} is outside [-1, {num_slots}) "
-                         "(-1 skips a token; num_blocks * block_size slots exist)")
+        raise ValueError(
+            f"slot_mapping[{i}] = {int(slots[i])} is outside [-1, {num_slots}) "
+            "(-1 skips a token; num_blocks * block_size slots exist)"
+        )
     stored = slots[slots >= 0]
     unique, counts = stored.unique(return_counts=True)
     if (counts > 1).any():
@@ -128,10 +190,18 @@ def store_kv_unchecked(k, v, k_cache, v_cache, slot_mapping) -> None:
     if num_tokens == 0:
         return
     _store_kv_kernel[(num_tokens, num_kv_heads)](
-        k, v, k_cache, v_cache, slot_mapping.contiguous(),
-        *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping.contiguous(),
+        *k.stride(),
+        *v.stride(),
+        *k_cache.stride(),
+        *v_cache.stride(),
         head_dim,
-        BLOCK_SIZE=k_cache.shape[1], DIM_PAD=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=k_cache.shape[1],
+        DIM_PAD=triton.next_power_of_2(head_dim),
     )
 
 

@@ -1,8 +1,8 @@
 """Notebooks 05b and 07: every kvlab Triton kernel, compiled ahead of time for each GPU generation.
 
-``python -m kvlab.kernels.targets JSON`` compiles each requested configuration (``kernel``, ``dtype``,
-``capability`` and the kernel's sizes) for its target without a GPU and prints the shared memory
-one program needs, as JSON; the test suite runs it for sm_75, sm_80 and sm_90 and checks each
+``python -m kvlab.kernels.targets JSON`` compiles each requested configuration (``kernel``,
+``dtype``, ``capability`` and the kernel's sizes) for its target without a GPU and prints the shared
+memory one program needs, as JSON; the test suite runs it for sm_75, sm_80 and sm_90 and checks each
 figure against the limits of :mod:`kvlab.kernels.shared_memory`. Run it with ``TRITON_INTERPRET=0``.
 """
 
@@ -21,8 +21,9 @@ def config(name: str, dtype: torch.dtype, **sizes) -> KernelConfig:
     from kvlab.kernels import paged_attention, store
 
     if name == "attend_split":
-        return paged_attention.attend_split_config(dtype, sizes["group"], sizes["head_dim"],
-                                                   sizes.get("block_size", 16))
+        return paged_attention.attend_split_config(
+            dtype, sizes["group"], sizes["head_dim"], sizes.get("block_size", 16)
+        )
     if name == "merge_splits":
         return paged_attention.merge_splits_config(dtype, sizes["head_dim"], sizes["num_splits"])
     if name == "store_kv":
@@ -34,7 +35,9 @@ def config(name: str, dtype: torch.dtype, **sizes) -> KernelConfig:
     if name == "paged_prefill":
         from kvlab.kernels import paged_prefill
 
-        return paged_prefill.paged_prefill_config(dtype, sizes["group"], sizes["head_dim"], sizes.get("block_size", 16))
+        return paged_prefill.paged_prefill_config(
+            dtype, sizes["group"], sizes["head_dim"], sizes.get("block_size", 16)
+        )
     raise ValueError(f"unknown kernel {name!r}")
 
 
@@ -45,7 +48,9 @@ def _main(argv) -> int:
         dtype = getattr(torch, request.pop("dtype"))
         name, capability = request.pop("kernel"), request.pop("capability")
         shared = compiled_shared_memory(config(name, dtype, **request), capability)
-        results.append(dict(request, kernel=name, dtype=DTYPES[dtype], capability=capability, shared=shared))
+        results.append(
+            dict(request, kernel=name, dtype=DTYPES[dtype], capability=capability, shared=shared)
+        )
     print(json.dumps(results))
     return 0
 

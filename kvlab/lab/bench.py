@@ -1,9 +1,10 @@
-"""Every notebook: every measurement the book quotes, as one table (``python -m kvlab bench`` and ``record``).
+"""Every notebook: every measurement the book quotes, as one table (``python -m kvlab bench`` and
+``record``).
 
 Each benchmark returns rows of ``(name, value, unit, note)``: a function registered here with
-``@benchmark``, or a section module's own ``bench_rows()`` listed in ``SECTION_BENCHMARKS``. Methods that are compared run interleaved in one process and are
-reported as ratios, because a shared machine drifts between runs; absolute times are meaningful
-only from a quiet GPU.
+``@benchmark``, or a section module's own ``bench_rows()`` listed in ``SECTION_BENCHMARKS``. Methods
+that are compared run interleaved in one process and are reported as ratios, because a shared
+machine drifts between runs; absolute times are meaningful only from a quiet GPU.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ class Row:
 
 def benchmark(name: str):
     """Register a benchmark under ``name`` (the book section it serves)."""
+
     def register(fn):
         BENCHMARKS[name] = fn
         return fn
+
     return register
 
 
@@ -57,10 +60,13 @@ for _title, _module in SECTION_BENCHMARKS.items():
     BENCHMARKS[_title] = functools.partial(_module_rows, _module)
 
 
-# ``bench --quick``: under a minute on the 2-core CPU that builds the book (timed there one by one, one
-# thread, under load, 2026-12-01): the decode loops at 32 new tokens, once, uncompiled, and the sections that take
-# seconds. The full table takes minutes there, most of them in the decode loops and the engine.
-QUICK = {"9.2 decode loops": functools.partial(_module_rows, "kvlab.lab.decode_peers", "quick_rows")}
+# ``bench --quick``: under a minute on the 2-core CPU that builds the book (timed there one by one,
+# one thread, under load, 2026-12-01): the decode loops at 32 new tokens, once, uncompiled, and the
+# sections that take seconds. The full table takes minutes there, most of them in the decode loops
+# and the engine.
+QUICK = {
+    "9.2 decode loops": functools.partial(_module_rows, "kvlab.lab.decode_peers", "quick_rows")
+}
 QUICK_SECTIONS = ("9.5 paged attention and admission", "prefix caching", "9.8 decode diagnosis")
 
 
@@ -71,7 +77,9 @@ def run(names=None, quick: bool = False) -> dict[str, list[Row]]:
     names = list(chosen) if names is None else names
     unknown = [n for n in names if n not in chosen]
     if unknown:
-        raise ValueError(f"unknown benchmark(s) {unknown}; known{' with --quick' * quick}: {list(chosen)}")
+        raise ValueError(
+            f"unknown benchmark(s) {unknown}; known{' with --quick' * quick}: {list(chosen)}"
+        )
     results = {}
     for name in names:
         try:
@@ -110,32 +118,49 @@ def _column(record: dict) -> str:
 
 
 def records_markdown(records: list[dict]) -> str:
-    """The recorded runs (``python -m kvlab record`` files) as Markdown, for the book's page of recorded
-    measurements: one table of stamps, then one table per benchmark with one column per run, so a
-    GPU's figures stand beside the CPU's. Rows missing from a run show a dash."""
+    """The recorded runs (``python -m kvlab record`` files) as Markdown, for the book's page of
+    recorded measurements: one table of stamps, then one table per benchmark with one column per
+    run, so a GPU's figures stand beside the CPU's. Rows missing from a run show a dash."""
     if not records:
         return "No run has been recorded yet."
     records = sorted(records, key=lambda r: ("CPU" in r["stamp"]["device"], r["stamp"]["date"]))
     keys = ("device", "driver", "torch", "triton", "transformers", "date")
-    lines = ["| run | " + " | ".join(keys) + " | copy bandwidth | matmul |",
-             "|---|" + "---|" * len(keys) + "---:|---:|"]
+    lines = [
+        "| run | " + " | ".join(keys) + " | copy bandwidth | matmul |",
+        "|---|" + "---|" * len(keys) + "---:|---:|",
+    ]
     for i, r in enumerate(records, 1):
         c = r["calibration"]
-        lines.append(f"| {i} | " + " | ".join(str(r["stamp"].get(k, "")) for k in keys)
-                     + f" | {c['copy_bytes_per_s'] / 1e9:.4g} GB/s | {c['matmul_flops'] / 1e12:.4g} TFLOP/s {c['matmul_dtype']} |")
+        lines.append(
+            f"| {i} | "
+            + " | ".join(str(r["stamp"].get(k, "")) for k in keys)
+            + f" | {c['copy_bytes_per_s'] / 1e9:.4g} GB/s | {c['matmul_flops'] / 1e12:.4g} TFLOP/s"
+            f" {c['matmul_dtype']} |"
+        )
     sections = list(dict.fromkeys(name for r in records for name in r["results"]))
     for section in sections:
-        names = list(dict.fromkeys(row["name"] for r in records for row in r["results"].get(section, [])))
+        names = list(
+            dict.fromkeys(row["name"] for r in records for row in r["results"].get(section, []))
+        )
         found = [{row["name"]: row for row in r["results"].get(section, [])} for r in records]
-        lines += ["", f"**{section}**", "",
-                  "| benchmark | " + " | ".join(f"run {i}" for i in range(1, len(records) + 1)) + " | unit |",
-                  "|---|" + "---:|" * len(records) + "---|"]
+        lines += [
+            "",
+            f"**{section}**",
+            "",
+            "| benchmark | "
+            + " | ".join(f"run {i}" for i in range(1, len(records) + 1))
+            + " | unit |",
+            "|---|" + "---:|" * len(records) + "---|",
+        ]
         for name in names:
             unit = next(f[name]["unit"] for f in found if name in f)
             cells = [f"{f[name]['value']:.4g}" if name in f else "–" for f in found]
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {unit} |")
     if all("CPU" in r["stamp"]["device"] for r in records):
-        lines += ["", "No GPU run has been recorded yet: the sessions that built this edition had no GPU."]
+        lines += [
+            "",
+            "No GPU run has been recorded yet: the sessions that built this edition had no GPU.",
+        ]
     return "\n".join(lines)
 
 

@@ -25,8 +25,8 @@ def cache_nbytes(cache) -> int:
 
 
 def layer_states(layer, name: str) -> list:
-    """A linear-attention cache layer's ``conv_states`` or ``recurrent_states`` as a list of tensors:
-    transformers 5.14 and later keep a dict of them per layer, 5.5 to 5.13 one tensor."""
+    """A linear-attention cache layer's ``conv_states`` or ``recurrent_states`` as a list of
+    tensors: transformers 5.14 and later keep a dict of them per layer, 5.5 to 5.13 one tensor."""
     states = getattr(layer, name, None)
     if states is None:
         return []

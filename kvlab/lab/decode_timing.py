@@ -58,7 +58,9 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def profile_decode(model, input_ids, max_new_tokens, method="cached", attention_mask=None, **options):
+def profile_decode(
+    model, input_ids, max_new_tokens, method="cached", attention_mask=None, **options
+):
     """Run one decode with ``method`` in ``METHODS`` and time every step of it.
 
     The first interval (time to first token) covers prefill and the first greedy pick; each later
@@ -68,7 +70,9 @@ def profile_decode(model, input_ids, max_new_tokens, method="cached", attention_
     one_of("method", method, METHODS)
     steps = decode_steps(method, model, input_ids, max_new_tokens, attention_mask, **options)
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1 for profile_decode, got {max_new_tokens}")
+        raise ValueError(
+            f"max_new_tokens must be an int >= 1 for profile_decode, got {max_new_tokens}"
+        )
     times, tokens = [], []
     _sync(input_ids.device)
     start = time.perf_counter()
@@ -78,13 +82,21 @@ def profile_decode(model, input_ids, max_new_tokens, method="cached", attention_
         times.append(now - start)
         tokens.append(token)
         start = now
-    return DecodeProfile(method, input_ids.shape[0], input_ids.shape[1], max_new_tokens,
-                         times[0], tuple(times[1:]), torch.cat(tokens, dim=1))
+    return DecodeProfile(
+        method,
+        input_ids.shape[0],
+        input_ids.shape[1],
+        max_new_tokens,
+        times[0],
+        tuple(times[1:]),
+        torch.cat(tokens, dim=1),
+    )
 
 
 @dataclass(frozen=True)
 class CompileBreakEven:
-    """What compilation cost and what it saves per step, from two profiles of one request (section 9.2)."""
+    """What compilation cost and what it saves per step, from two profiles of one request (section
+    9.2)."""
 
     compile_seconds: float
     eager_step: float
@@ -99,7 +111,9 @@ class CompileBreakEven:
         return break_even_tokens(self.compile_seconds, self.step_gain)
 
 
-def compile_break_even(eager: DecodeProfile, compiled: DecodeProfile, warm: int = 8) -> CompileBreakEven:
+def compile_break_even(
+    eager: DecodeProfile, compiled: DecodeProfile, warm: int = 8
+) -> CompileBreakEven:
     """Compile cost and per-step gain measured from an eager and a compiled profile of one request.
 
     Steady steps are the medians after the first ``warm`` steps. The compile (and, on a GPU, graph
@@ -111,12 +125,18 @@ def compile_break_even(eager: DecodeProfile, compiled: DecodeProfile, warm: int 
     warm = integer("warm", warm, 1)
     for name, p in (("eager", eager), ("compiled", compiled)):
         if not isinstance(p, DecodeProfile):
-            raise TypeError(f"{name} must be a DecodeProfile (from profile_decode), got {type(p).__name__}")
+            raise TypeError(
+                f"{name} must be a DecodeProfile (from profile_decode), got {type(p).__name__}"
+            )
         if len(p.step_times) <= warm:
-            raise ValueError(f"{name} has {len(p.step_times)} decode steps; warm={warm} needs more than {warm}")
+            raise ValueError(
+                f"{name} has {len(p.step_times)} decode steps; warm={warm} needs more than {warm}"
+            )
     if len(eager.step_times) != len(compiled.step_times):
-        raise ValueError(f"eager and compiled must decode the same number of tokens, got "
-                         f"{len(eager.step_times) + 1} and {len(compiled.step_times) + 1}")
+        raise ValueError(
+            "eager and compiled must decode the same number of tokens, got "
+            f"{len(eager.step_times) + 1} and {len(compiled.step_times) + 1}"
+        )
     t_eager = statistics.median(eager.step_times[warm:])
     t_compiled = statistics.median(compiled.step_times[warm:])
     tokens = len(eager.step_times) + 1
@@ -130,10 +150,10 @@ PRETRAINED_QUESTION = "Explain in a few sentences why the sky is blue."
 
 
 def bench_rows(new_tokens: int = 32, reps: int = 3, calibration=None) -> list:
-    """Rows for ``python -m kvlab bench`` (section 9.1 on real weights): the cached loop decoding a chat
-    prompt on SmolLM2-135M-Instruct (``kvlab.pretrained_model``; Q4_1-rounded weights), its tokens
-    checked against ``generate``'s first, then its tokens/s and its steady step against the time to
-    read the step's weights once at the calibrated copy bandwidth (section 9.3's floor)."""
+    """Rows for ``python -m kvlab bench`` (section 9.1 on real weights): the cached loop decoding a
+    chat prompt on SmolLM2-135M-Instruct (``kvlab.pretrained_model``; Q4_1-rounded weights), its
+    tokens checked against ``generate``'s first, then its tokens/s and its steady step against the
+    time to read the step's weights once at the calibrated copy bandwidth (section 9.3's floor)."""
     from kvlab.lab.bench import Row
     from kvlab.lab.gemv import weight_read_bytes
     from kvlab.lab.hardware import calibrate
@@ -141,21 +161,50 @@ def bench_rows(new_tokens: int = 32, reps: int = 3, calibration=None) -> list:
 
     model, tokenizer = pretrained_model()
     ids = chat_ids(tokenizer, PRETRAINED_QUESTION, model.device)
-    expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
-                              eos_token_id=None, pad_token_id=tokenizer.pad_token_id)[:, ids.shape[1]:]
+    expected = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=tokenizer.pad_token_id,
+    )[:, ids.shape[1] :]
     runs = [profile_decode(model, ids, new_tokens, method="cached") for _ in range(reps)]
     if not all(torch.equal(p.tokens, expected) for p in runs):
-        raise RuntimeError("cached_decode decoded other tokens than generate on SmolLM2-135M-Instruct; "
-                           "no time is reported")
+        raise RuntimeError(
+            "cached_decode decoded other tokens than generate on SmolLM2-135M-Instruct; "
+            "no time is reported"
+        )
     steady = statistics.median(t for p in runs for t in p.step_times[4:])
     weight_bytes = weight_read_bytes(model)
     floor = weight_bytes / (calibration or calibrate()).copy_bytes_per_s
-    where = (f"SmolLM2-135M-Instruct (Q4_1 rounded), {str(model.dtype).removeprefix('torch.')}, a "
-             f"{ids.shape[1]}-token chat prompt, G={new_tokens}, batch 1")
+    where = (
+        f"SmolLM2-135M-Instruct (Q4_1 rounded), {str(model.dtype).removeprefix('torch.')}, a "
+        f"{ids.shape[1]}-token chat prompt, G={new_tokens}, batch 1"
+    )
     return [
-        Row("cached decode", statistics.median(p.tokens_per_s for p in runs), "tokens/s",
-            f"{where}; median of {reps}, tokens equal to generate's"),
-        Row("cached step (steady)", steady * 1e3, "ms", f"median of steps 5..{new_tokens - 1} of every run"),
-        Row("weight-read floor", floor * 1e3, "ms", f"{weight_bytes / 1e6:,.0f} MB / calibrated copy bandwidth"),
-        Row("floor / cached step", floor / steady, "fraction", "1.0 = reads its weights at copy speed"),
+        Row(
+            "cached decode",
+            statistics.median(p.tokens_per_s for p in runs),
+            "tokens/s",
+            f"{where}; median of {reps}, tokens equal to generate's",
+        ),
+        Row(
+            "cached step (steady)",
+            steady * 1e3,
+            "ms",
+            f"median of steps 5..{new_tokens - 1} of every run",
+        ),
+        Row(
+            "weight-read floor",
+            floor * 1e3,
+            "ms",
+            f"{weight_bytes / 1e6:,.0f} MB / calibrated copy bandwidth",
+        ),
+        Row(
+            "floor / cached step",
+            floor / steady,
+            "fraction",
+            "1.0 = reads its weights at copy speed",
+        ),
     ]

@@ -17,9 +17,10 @@ traces is ``kvlab.lab.step_trace.trace_step``; the bytes and FLOPs it reports co
 ``kvlab.theory.work.step_work``, and the verdict is ``kvlab.theory.verdict.decide``, a plain
 function of the measurements, so that a reader (and a test) can check the arithmetic.
 
-On a CPU the whole path runs on ``CPU_THREADS`` of torch's threads (``kvlab.lab.hardware.cpu_threads``,
-restored after), the count ``make`` sets, and the calibration it compares with is taken at that count:
-the verdict is then the same whether ``make``, a notebook kernel or ``python -m kvlab diagnose`` ran it.
+On a CPU the whole path runs on ``CPU_THREADS`` of torch's threads
+(``kvlab.lab.hardware.cpu_threads``, restored after), the count ``make`` sets, and the calibration
+it compares with is taken at that count: the verdict is then the same whether ``make``, a notebook
+kernel or ``python -m kvlab diagnose`` ran it.
 """
 
 from __future__ import annotations
@@ -31,18 +32,34 @@ from dataclasses import dataclass
 import torch
 
 from kvlab._checks import flag, integer, integers
+from kvlab.devices import on_gpu
 from kvlab.lab.bench import Row
 from kvlab.lab.hardware import calibrate, calibrated_device, cpu_threads
-from kvlab.devices import on_gpu
 from kvlab.lab.models import tiny_model
-from kvlab.lab.repeatable_step import (CPU_THREADS, element_bytes, measurement_threads, model_shape_of,
-                                       prefill_time, prepared_ids, step_time, tile_prompt)
+from kvlab.lab.repeatable_step import (
+    CPU_THREADS,
+    element_bytes,
+    measurement_threads,
+    model_shape_of,
+    prefill_time,
+    prepared_ids,
+    step_time,
+    tile_prompt,
+)
 from kvlab.lab.step_trace import StepTrace, trace_step
 from kvlab.theory import roofline
 from kvlab.theory.specs import Accelerator
 from kvlab.theory.units import si
-from kvlab.theory.verdict import (BUSY_THRESHOLD, KV_SHARE_THRESHOLD, BatchPoint, Target, capacity_batch, decide,
-                                  lever, useful_batch)
+from kvlab.theory.verdict import (
+    BUSY_THRESHOLD,
+    KV_SHARE_THRESHOLD,
+    BatchPoint,
+    Target,
+    capacity_batch,
+    decide,
+    lever,
+    useful_batch,
+)
 
 
 @dataclass(frozen=True)
@@ -57,8 +74,10 @@ class Step:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """What :func:`diagnose` found (section 9.8). ``steps`` holds the five :class:`Step`\\ s in order;
-    ``threads`` the CPU threads every measurement ran on (None: a GPU, threads left as they were)."""
+    """What :func:`diagnose` found (section 9.8). ``steps`` holds the five :class:`Step`\\ s in
+    order; ``threads`` the CPU threads every measurement ran on (None: a GPU, threads left as they
+    were).
+    """
 
     method: str
     batch: int
@@ -79,8 +98,11 @@ class Diagnosis:
     threads: int | None = None
 
     def __str__(self) -> str:
-        lines = [f"decode diagnosis: {self.method} loop, batch {self.batch}, prompt {self.prompt_tokens}, "
-                 f"{self.new_tokens} new tokens (traced at {self.context} cached tokens)"]
+        lines = [
+            f"decode diagnosis: {self.method} loop, batch {self.batch}, prompt"
+            f" {self.prompt_tokens}, {self.new_tokens} new tokens (traced at {self.context} cached"
+            " tokens)"
+        ]
         if self.threads is not None:
             lines.append(f"measured on {threads_text(self.threads)}")
         wrap = functools.partial(textwrap.fill, width=100, subsequent_indent=" " * 13)
@@ -98,25 +120,27 @@ def _fmt(d: dict) -> str:
         if isinstance(v, float):
             return f"{v:.4g}"
         return str(v)
+
     return ", ".join(f"{k} {one(v)}" for k, v in d.items()) or "-"
 
 
 def threads_text(threads: int) -> str:
-    """``"1 CPU thread (torch.set_num_threads, restored after)"``: how a diagnosis names its thread count."""
+    """``"1 CPU thread (torch.set_num_threads, restored after)"``: how a diagnosis names its thread
+    count."""
     return f"{threads} CPU thread{'s' * (threads != 1)} (torch.set_num_threads, restored after)"
 
 
 def calibration(threads: int | None = CPU_THREADS):
-    """``kvlab.calibrate()`` as the path sees it: on a CPU, measured on ``threads`` threads, the count the
-    path's own steps run on (a GPU's calibration does not depend on them)."""
+    """``kvlab.calibrate()`` as the path sees it: on a CPU, measured on ``threads`` threads, the
+    count the path's own steps run on (a GPU's calibration does not depend on them)."""
     with cpu_threads(None if on_gpu() else threads):
         return calibrate()
 
 
 def this_machine(memory: float | None = None) -> Accelerator:
-    """This device as the ``Accelerator`` the path checks admission on: the calibrated copy bandwidth
-    and matmul rate (``kvlab.lab.hardware.calibrated_device``) and ``memory`` bytes (default: the
-    GPU's memory, or the CPU's physical memory)."""
+    """This device as the ``Accelerator`` the path checks admission on: the calibrated copy
+    bandwidth and matmul rate (``kvlab.lab.hardware.calibrated_device``) and ``memory`` bytes
+    (default: the GPU's memory, or the CPU's physical memory)."""
     return calibrated_device(memory=memory)
 
 
@@ -141,9 +165,17 @@ class _Request:
     compile: bool | None
 
 
-def diagnose(model, input_ids, max_new_tokens: int, method: str = "cached", target: Target | None = None,
-             batches=None, progress: bool = False, compile: bool | None = None,
-             threads: int | None = CPU_THREADS) -> Diagnosis:
+def diagnose(
+    model,
+    input_ids,
+    max_new_tokens: int,
+    method: str = "cached",
+    target: Target | None = None,
+    batches=None,
+    progress: bool = False,
+    compile: bool | None = None,
+    threads: int | None = CPU_THREADS,
+) -> Diagnosis:
     """Walk the five steps of section 9.8 on ``model`` and the prompts ``input_ids`` ``[batch, P]``.
 
     The trace (steps 2 and 3) is taken at the request's middle step: ``P + max_new_tokens // 2``
@@ -155,22 +187,38 @@ def diagnose(model, input_ids, max_new_tokens: int, method: str = "cached", targ
     """
     threads = measurement_threads(model, threads)
     with cpu_threads(threads):
-        return _diagnose(model, input_ids, max_new_tokens, method, target, batches, progress, compile, threads)
+        return _diagnose(
+            model, input_ids, max_new_tokens, method, target, batches, progress, compile, threads
+        )
 
 
-def _diagnose(model, input_ids, max_new_tokens, method, target, batches, progress, compile, threads) -> Diagnosis:
+def _diagnose(
+    model, input_ids, max_new_tokens, method, target, batches, progress, compile, threads
+) -> Diagnosis:
     from tqdm.auto import tqdm
 
     shape = _check_request(model, input_ids, max_new_tokens, method, compile)
     target = Target() if target is None else target
     if not isinstance(target, Target):
-        raise TypeError(f"target must be a kvlab.theory.verdict.Target or None, got {type(target).__name__}")
+        raise TypeError(
+            f"target must be a kvlab.theory.verdict.Target or None, got {type(target).__name__}"
+        )
     flag("progress", progress)
     batch, prompt = input_ids.shape
     batches = _default_batches(batch) if batches is None else integers("batches", batches)
     context = prompt + max_new_tokens // 2
-    r = _Request(model, input_ids, tile_prompt(input_ids.to(model.device), context), method, context,
-                 prompt + max_new_tokens, this_machine(target.memory), calibrate(), element_bytes(model), compile)
+    r = _Request(
+        model,
+        input_ids,
+        tile_prompt(input_ids.to(model.device), context),
+        method,
+        context,
+        prompt + max_new_tokens,
+        this_machine(target.memory),
+        calibrate(),
+        element_bytes(model),
+        compile,
+    )
     bar = tqdm(total=5, desc="diagnose", disable=not progress, leave=False)
     try:
         bar.set_postfix_str("1 naive vs cached")
@@ -195,11 +243,32 @@ def _diagnose(model, input_ids, max_new_tokens, method, target, batches, progres
         bar.close()
     bw_frac = trace.achieved_bandwidth / r.cal.copy_bytes_per_s
     fl_frac = trace.achieved_flops / r.cal.matmul_flops
-    verdict, because = decide(busy_fraction=trace.busy_fraction, bandwidth_fraction=bw_frac,
-                              flops_fraction=fl_frac, kv_share=trace.work.kv_share, admitted=fit)
-    return Diagnosis(method, batch, prompt, max_new_tokens, context, tuple(steps), verdict, because,
-                     lever(verdict, method), trace.achieved_bandwidth, bw_frac, fl_frac, trace, sweep, useful, target,
-                     threads)
+    verdict, because = decide(
+        busy_fraction=trace.busy_fraction,
+        bandwidth_fraction=bw_frac,
+        flops_fraction=fl_frac,
+        kv_share=trace.work.kv_share,
+        admitted=fit,
+    )
+    return Diagnosis(
+        method,
+        batch,
+        prompt,
+        max_new_tokens,
+        context,
+        tuple(steps),
+        verdict,
+        because,
+        lever(verdict, method),
+        trace.achieved_bandwidth,
+        bw_frac,
+        fl_frac,
+        trace,
+        sweep,
+        useful,
+        target,
+        threads,
+    )
 
 
 def _check_request(model, input_ids, max_new_tokens, method: str, compile):
@@ -221,27 +290,43 @@ def _naive_against_cached(r: _Request) -> Step:
     t_cached = step_time(r.model, one, "cached")
     speedup = t_naive / t_cached
     work_ratio = float(r.context + 1)  # positions a naive step runs, against one
-    return Step("naive and cached decode (one sequence)",
-                {"naive step s": t_naive, "cached step s": t_cached, "naive / cached": speedup},
-                {"positions per step, naive / cached": work_ratio},
-                _step1_finding(speedup, work_ratio))
+    return Step(
+        "naive and cached decode (one sequence)",
+        {"naive step s": t_naive, "cached step s": t_cached, "naive / cached": speedup},
+        {"positions per step, naive / cached": work_ratio},
+        _step1_finding(speedup, work_ratio),
+    )
 
 
 def _per_token_trace(r: _Request, shape, batch: int, threads: int | None):
     """Step 2: the traced step against both ceilings, and whether the whole request fits."""
-    trace = trace_step(r.model, r.input_ids, r.context, r.method, compile=r.compile, threads=threads)
+    trace = trace_step(
+        r.model, r.input_ids, r.context, r.method, compile=r.compile, threads=threads
+    )
     bw_frac = trace.achieved_bandwidth / r.cal.copy_bytes_per_s
     fl_frac = trace.achieved_flops / r.cal.matmul_flops
-    floor = max(trace.work.total_bytes / r.cal.copy_bytes_per_s, trace.work.flops / r.cal.matmul_flops)
+    floor = max(
+        trace.work.total_bytes / r.cal.copy_bytes_per_s, trace.work.flops / r.cal.matmul_flops
+    )
     fit = roofline.admitted(shape, r.machine, batch, r.final, r.w, r.w)
-    step = Step("per-token trace",
-                {"step s": trace.step_s, "busy fraction": trace.busy_fraction,
-                 "bytes": trace.work.total_bytes, "KV share of bytes": trace.work.kv_share,
-                 "FLOPs": trace.work.flops, "bytes/s": trace.achieved_bandwidth,
-                 "FLOP/s": trace.achieved_flops},
-                {"copy bytes/s": r.cal.copy_bytes_per_s, "matmul FLOP/s": r.cal.matmul_flops,
-                 "roofline floor s": floor},
-                _step2_finding(trace, bw_frac, fl_frac))
+    step = Step(
+        "per-token trace",
+        {
+            "step s": trace.step_s,
+            "busy fraction": trace.busy_fraction,
+            "bytes": trace.work.total_bytes,
+            "KV share of bytes": trace.work.kv_share,
+            "FLOPs": trace.work.flops,
+            "bytes/s": trace.achieved_bandwidth,
+            "FLOP/s": trace.achieved_flops,
+        },
+        {
+            "copy bytes/s": r.cal.copy_bytes_per_s,
+            "matmul FLOP/s": r.cal.matmul_flops,
+            "roofline floor s": floor,
+        },
+        _step2_finding(trace, bw_frac, fl_frac),
+    )
     return trace, fit, step
 
 
@@ -249,25 +334,47 @@ def _stable_loop(r: _Request, trace: StepTrace) -> Step:
     """Step 3: the static step beside the traced one."""
     other = "cached" if r.method == "static" else "static"
     t_other = step_time(r.model, r.ids, other, compile=r.compile)
-    static_s, dynamic_s = (trace.step_s, t_other) if r.method == "static" else (t_other, trace.step_s)
+    static_s, dynamic_s = (
+        (trace.step_s, t_other) if r.method == "static" else (t_other, trace.step_s)
+    )
     base = "cached" if r.method == "static" else r.method
-    floor = max(trace.work.total_bytes / r.cal.copy_bytes_per_s, trace.work.flops / r.cal.matmul_flops)
-    return Step("stable loop (compile, CUDA graph)",
-                {"busy fraction": trace.busy_fraction, f"{r.method} step s": trace.step_s,
-                 f"{other} step s": t_other, f"static / {base} time": static_s / dynamic_s},
-                {"roofline floor s": floor},
-                _step3_finding(trace.busy_fraction, static_s, dynamic_s, base, r.model.device.type == "cuda"))
+    floor = max(
+        trace.work.total_bytes / r.cal.copy_bytes_per_s, trace.work.flops / r.cal.matmul_flops
+    )
+    return Step(
+        "stable loop (compile, CUDA graph)",
+        {
+            "busy fraction": trace.busy_fraction,
+            f"{r.method} step s": trace.step_s,
+            f"{other} step s": t_other,
+            f"static / {base} time": static_s / dynamic_s,
+        },
+        {"roofline floor s": floor},
+        _step3_finding(
+            trace.busy_fraction, static_s, dynamic_s, base, r.model.device.type == "cuda"
+        ),
+    )
 
 
 def _useful_batch_step(r: _Request, shape, sweep, useful, target: Target) -> Step:
     """Step 4: TTFT, TPOT and tokens/s per batch, against the target and the memory."""
-    return Step("useful batch size",
-                {f"b={p.batch}": f"TTFT {p.ttft * 1e3:.3g} ms, TPOT {p.tpot * 1e3:.3g} ms, "
-                                 f"{p.tokens_per_s:.4g} tok/s" for p in sweep},
-                {"TPOT target": _limit(target.tpot), "TTFT target": _limit(target.ttft),
-                 "memory bytes": r.machine.hbm_bytes,
-                 "largest admitted batch": capacity_batch(shape, r.machine, r.final, r.w)},
-                _step4_finding(sweep, useful, target))
+    return Step(
+        "useful batch size",
+        {
+            f"b={p.batch}": (
+                f"TTFT {p.ttft * 1e3:.3g} ms, TPOT {p.tpot * 1e3:.3g} ms, "
+                f"{p.tokens_per_s:.4g} tok/s"
+            )
+            for p in sweep
+        },
+        {
+            "TPOT target": _limit(target.tpot),
+            "TTFT target": _limit(target.ttft),
+            "memory bytes": r.machine.hbm_bytes,
+            "largest admitted batch": capacity_batch(shape, r.machine, r.final, r.w),
+        },
+        _step4_finding(sweep, useful, target),
+    )
 
 
 def _limit(seconds: float | None) -> str:
@@ -276,11 +383,16 @@ def _limit(seconds: float | None) -> str:
 
 def _cache_pressure(fit, trace: StepTrace) -> Step:
     """Step 5: does the cache fit, and how much of each step's bytes is it."""
-    return Step("cache-memory pressure",
-                {"KV bytes at the end": fit.kv, "weight bytes": fit.weights,
-                 "KV share of step bytes": trace.work.kv_share},
-                {"memory bytes": fit.available, "KV share threshold": KV_SHARE_THRESHOLD},
-                _step5_finding(fit, trace.work.kv_share))
+    return Step(
+        "cache-memory pressure",
+        {
+            "KV bytes at the end": fit.kv,
+            "weight bytes": fit.weights,
+            "KV share of step bytes": trace.work.kv_share,
+        },
+        {"memory bytes": fit.available, "KV share threshold": KV_SHARE_THRESHOLD},
+        _step5_finding(fit, trace.work.kv_share),
+    )
 
 
 def _sweep(model, input_ids, context, final, method, batches, machine, compile) -> tuple:
@@ -294,71 +406,122 @@ def _sweep(model, input_ids, context, final, method, batches, machine, compile) 
     return tuple(points)
 
 
-def batch_sweep(model, input_ids, max_new_tokens: int, batches, method: str = "cached", memory: float | None = None,
-                compile: bool | None = None, threads: int | None = CPU_THREADS) -> tuple:
+def batch_sweep(
+    model,
+    input_ids,
+    max_new_tokens: int,
+    batches,
+    method: str = "cached",
+    memory: float | None = None,
+    compile: bool | None = None,
+    threads: int | None = CPU_THREADS,
+) -> tuple:
     """Step 4 of section 9.8 on its own: a :class:`BatchPoint` per batch size in ``batches``.
 
-    Each point times TTFT (the prefill of ``input_ids``' prompts, repeated to fill the batch) and TPOT
-    (one ``method`` step at the request's middle, P + max_new_tokens // 2 cached tokens), and asks
-    ``roofline.admitted`` whether weights plus P + max_new_tokens tokens per sequence fit in ``memory``
-    bytes (default: this device's memory). On a CPU the sweep runs on ``threads`` of torch's threads
-    (default ``CPU_THREADS``, restored after), as :func:`diagnose` does.
+    Each point times TTFT (the prefill of ``input_ids``' prompts, repeated to fill the batch) and
+    TPOT (one ``method`` step at the request's middle, P + max_new_tokens // 2 cached tokens), and
+    asks ``roofline.admitted`` whether weights plus P + max_new_tokens tokens per sequence fit in
+    ``memory`` bytes (default: this device's memory). On a CPU the sweep runs on ``threads`` of
+    torch's threads (default ``CPU_THREADS``, restored after), as :func:`diagnose` does.
     """
     _check_request(model, input_ids, max_new_tokens, method, compile)
     batches = integers("batches", batches)
     prompt = input_ids.shape[1]
     with cpu_threads(measurement_threads(model, threads)):
-        return _sweep(model, input_ids, prompt + max_new_tokens // 2, prompt + max_new_tokens, method, batches,
-                      this_machine(memory), compile)
+        return _sweep(
+            model,
+            input_ids,
+            prompt + max_new_tokens // 2,
+            prompt + max_new_tokens,
+            method,
+            batches,
+            this_machine(memory),
+            compile,
+        )
 
 
-# --------------------------------------------------------------------------- findings (both branches)
+# --------------------------------------------------------------------------- findings (both
+# branches)
 
 
 def _step1_finding(speedup: float, work_ratio: float) -> str:
     if speedup >= 2:
-        return (f"reusing the cache made a step {speedup:.1f}x faster (the naive step reruns {work_ratio:.0f}x the "
-                "positions): recomputation was the limit the cache removes")
-    return (f"the cache bought only {speedup:.1f}x although the naive step reruns {work_ratio:.0f}x the positions: "
-            "a short prefix, a fixed per-step cost (dispatch, launches) or a limit outside recomputation")
+        return (
+            f"reusing the cache made a step {speedup:.1f}x faster (the naive step reruns"
+            f" {work_ratio:.0f}x the positions): recomputation was the limit the cache removes"
+        )
+    return (
+        f"the cache bought only {speedup:.1f}x although the naive step reruns {work_ratio:.0f}x the"
+        " positions: a short prefix, a fixed per-step cost (dispatch, launches) or a limit outside"
+        " recomputation"
+    )
 
 
 def _step2_finding(trace: StepTrace, bw_frac: float, fl_frac: float) -> str:
-    gaps = "Python dispatch between operators" if trace.device.startswith("CPU") else "launches and host work"
+    gaps = (
+        "Python dispatch between operators"
+        if trace.device.startswith("CPU")
+        else "launches and host work"
+    )
     if trace.busy_fraction < BUSY_THRESHOLD:
-        return (f"idle {1 - trace.busy_fraction:.0%} of the traced step: gaps ({gaps}) dominate, "
-                "bytes and FLOPs do not")
-    return (f"busy {trace.busy_fraction:.0%} of the step, at {bw_frac:.0%} of copy bandwidth and "
-            f"{fl_frac:.0%} of the matmul rate; {trace.work.kv_share:.0%} of the bytes are KV")
+        return (
+            f"idle {1 - trace.busy_fraction:.0%} of the traced step: gaps ({gaps}) dominate, "
+            "bytes and FLOPs do not"
+        )
+    return (
+        f"busy {trace.busy_fraction:.0%} of the step, at {bw_frac:.0%} of copy bandwidth and "
+        f"{fl_frac:.0%} of the matmul rate; {trace.work.kv_share:.0%} of the bytes are KV"
+    )
 
 
 def _step3_finding(busy: float, static_s: float, dynamic_s: float, base: str, gpu: bool) -> str:
     gain = dynamic_s / static_s
-    where = ("on a GPU, compilation and CUDA-graph replay remove launch gaps" if gpu else
-             "on a CPU there are no CUDA graphs; a fixed-shape step only avoids the cache's reallocation")
+    where = (
+        "on a GPU, compilation and CUDA-graph replay remove launch gaps"
+        if gpu
+        else (
+            "on a CPU there are no CUDA graphs; a fixed-shape step only avoids the cache's"
+            " reallocation"
+        )
+    )
     if busy < BUSY_THRESHOLD:
-        return (f"launch-bound (busy {busy:.0%}): a stable loop is the next step; {where}; the static step "
-                f"ran {gain:.2f}x as fast as the {base} one")
-    return (f"not launch-bound (busy {busy:.0%}): the static step ran {gain:.2f}x as fast as the {base} one; "
-            f"{where}")
+        return (
+            f"launch-bound (busy {busy:.0%}): a stable loop is the next step; {where}; the static"
+            f" step ran {gain:.2f}x as fast as the {base} one"
+        )
+    return (
+        f"not launch-bound (busy {busy:.0%}): the static step ran {gain:.2f}x as fast as the {base}"
+        f" one; {where}"
+    )
 
 
 def _step4_finding(sweep, useful, target: Target) -> str:
     best = max(sweep, key=lambda p: p.tokens_per_s)
     if useful is None:
-        return ("no measured batch meets the target and fits in memory: relax the target or shrink the "
-                "per-step work (step 5)")
-    return (f"batch {useful} is the useful batch ({'most tokens/s' if target.tpot is None and target.ttft is None else 'largest within the target'}); "
-            f"the most tokens/s measured was {best.tokens_per_s:.4g} at batch {best.batch}")
+        return (
+            "no measured batch meets the target and fits in memory: relax the target or shrink the "
+            "per-step work (step 5)"
+        )
+    unbounded = target.tpot is None and target.ttft is None
+    why = "most tokens/s" if unbounded else "largest within the target"
+    return (
+        f"batch {useful} is the useful batch ({why});"
+        f" the most tokens/s measured was {best.tokens_per_s:.4g} at batch {best.batch}"
+    )
 
 
 def _step5_finding(fit, kv_share: float) -> str:
     if not fit:
         return f"the cache does not fit: {fit}; paging, GQA or KV quantization come first"
     if kv_share > KV_SHARE_THRESHOLD:
-        return (f"fits ({fit}), but the cache is {kv_share:.0%} of each step's bytes: fewer KV bytes "
-                "(GQA, quantization, windows) would shorten the step")
-    return f"fits ({fit}) and the cache is {kv_share:.0%} of each step's bytes: cache pressure is not the limit yet"
+        return (
+            f"fits ({fit}), but the cache is {kv_share:.0%} of each step's bytes: fewer KV bytes "
+            "(GQA, quantization, windows) would shorten the step"
+        )
+    return (
+        f"fits ({fit}) and the cache is {kv_share:.0%} of each step's bytes: cache pressure is not"
+        " the limit yet"
+    )
 
 
 # --------------------------------------------------------------------------- bench
@@ -373,18 +536,40 @@ def bench_rows():
     gpu = on_gpu()
     model = tiny_model("llama", size="real") if gpu else tiny_model("llama")
     prompt_len = 1024 if gpu else 128
-    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0)
+    )
     ids = ids.to(model.device)
     traces = {m: trace_step(model, ids, method=m, reps=10) for m in ("cached", "static")}
     d = diagnose(model, ids, 16, batches=[1])
-    where = f"{model.shape.name}, {str(model.dtype).removeprefix('torch.')}, context {prompt_len}, batch 1"
+    where = (
+        f"{model.shape.name}, {str(model.dtype).removeprefix('torch.')}, context {prompt_len},"
+        " batch 1"
+    )
     cal = calibrate()
     rows = []
     for m, t in traces.items():
-        rows += [Row(f"{m} step busy fraction", t.busy_fraction, "fraction", f"{where}; traced"),
-                 Row(f"{m} step bytes / copy bandwidth", t.achieved_bandwidth / cal.copy_bytes_per_s, "fraction",
-                     "kvlab.theory.roofline bytes over the median step time")]
-    rows += [Row("static / cached step time", traces["static"].step_s / traces["cached"].step_s, "x",
-                 "ratio of medians, same run"),
-             Row(f"cached verdict: {d.verdict}", d.bandwidth_fraction, "fraction", "bandwidth fraction behind it")]
+        rows += [
+            Row(f"{m} step busy fraction", t.busy_fraction, "fraction", f"{where}; traced"),
+            Row(
+                f"{m} step bytes / copy bandwidth",
+                t.achieved_bandwidth / cal.copy_bytes_per_s,
+                "fraction",
+                "kvlab.theory.roofline bytes over the median step time",
+            ),
+        ]
+    rows += [
+        Row(
+            "static / cached step time",
+            traces["static"].step_s / traces["cached"].step_s,
+            "x",
+            "ratio of medians, same run",
+        ),
+        Row(
+            f"cached verdict: {d.verdict}",
+            d.bandwidth_fraction,
+            "fraction",
+            "bandwidth fraction behind it",
+        ),
+    ]
     return rows

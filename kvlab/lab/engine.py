@@ -2,13 +2,15 @@
 
 - :func:`make_requests`: a request trace, lengths from :func:`kvlab.lab.paging.make_trace`, some
   prompts behind shared system prompts; :func:`chat_requests`: real chat prompts through a
-  tokenizer's chat template (SmolLM2's, ``kvlab.pretrained_model``), which end at its end-of-turn token;
+  tokenizer's chat template (SmolLM2's, ``kvlab.pretrained_model``), which end at its end-of-turn
+  token;
 - :func:`static_generate`: ``model.generate`` the way a reader would batch it (padded, in arrival
   order), with what padding and finished rows cost it;
-- :func:`continuous_batching`: transformers' own continuous batching (its ``ContinuousBatchingManager``,
-  the engine behind ``generate_batch``), with or without its block sharing;
-- :func:`compare_serving`: the engine (prefix caching on and off) and those peers on one request set,
-  tokens checked equal first, then timed interleaved (Yu et al. 2022; Kwon et al. 2023);
+- :func:`continuous_batching`: transformers' own continuous batching (its
+  ``ContinuousBatchingManager``, the engine behind ``generate_batch``), with or without its block
+  sharing;
+- :func:`compare_serving`: the engine (prefix caching on and off) and those peers on one request
+  set, tokens checked equal first, then timed interleaved (Yu et al. 2022; Kwon et al. 2023);
 - :func:`latency_throughput`: the engine at each ``max_batch``, tokens per second against time per
   output token;
 - :func:`bench_rows`: the section's rows of ``python -m kvlab bench``.
@@ -20,28 +22,48 @@ import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvlab import _checks
 from kvlab.serving.engine import Engine
+
+if TYPE_CHECKING:
+    from kvlab.lab.bench import Row
 from kvlab.theory.serving import CB, CB_NO_SHARING, ENGINE, ENGINE_NO_CACHE, GENERATE
 
 # Real chat requests for SmolLM2-135M-Instruct: short factual questions behind one system prompt,
 # whose greedy answers end at the end-of-turn token after 6 to about 40 tokens (measured in fp32).
 CHAT_SYSTEM = "You are a helpful assistant. Answer in one short sentence."
 CHAT_QUESTIONS = (
-    "What is the capital of France?", "Name three primary colours.", "Say hello in Spanish.",
-    "What is the boiling point of water in Celsius?", "Who wrote Romeo and Juliet?",
-    "Give me a synonym for happy.", "What is the largest planet in the solar system?",
-    "How many days are in a week?", "Translate 'thank you' into French.", "What is 2 + 2?",
-    "What colour is the sky on a clear day?", "Name a famous painting by Leonardo da Vinci.",
+    "What is the capital of France?",
+    "Name three primary colours.",
+    "Say hello in Spanish.",
+    "What is the boiling point of water in Celsius?",
+    "Who wrote Romeo and Juliet?",
+    "Give me a synonym for happy.",
+    "What is the largest planet in the solar system?",
+    "How many days are in a week?",
+    "Translate 'thank you' into French.",
+    "What is 2 + 2?",
+    "What colour is the sky on a clear day?",
+    "Name a famous painting by Leonardo da Vinci.",
 )
 
 
-def make_requests(n: int, distribution: str = "lognormal", mean_prompt: float = 32, mean_output: float = 16,
-                  max_len: int = 256, shared_prompts: int = 2, shared_len: int = 32, shared_fraction: float = 0.5,
-                  vocab: int = 8192, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+def make_requests(
+    n: int,
+    distribution: str = "lognormal",
+    mean_prompt: float = 32,
+    mean_output: float = 16,
+    max_len: int = 256,
+    shared_prompts: int = 2,
+    shared_len: int = 32,
+    shared_fraction: float = 0.5,
+    vocab: int = 8192,
+    seed: int = 0,
+) -> tuple[list[list[int]], list[int]]:
     """A request trace for the engine (notebook 11): ``(prompts, max_new_tokens)``.
 
     Lengths come from :func:`kvlab.lab.paging.make_trace` (``distribution``, means, ``max_len``);
@@ -56,7 +78,9 @@ def make_requests(n: int, distribution: str = "lognormal", mean_prompt: float = 
     shared_prompts = _checks.integer("shared_prompts", shared_prompts, low=0)
     shared_len = _checks.integer("shared_len", shared_len, low=0)
     vocab, seed = _checks.integer("vocab", vocab), _checks.integer("seed", seed, 0)
-    trace = make_trace(n, distribution, mean_prompt, mean_output, max_len=max_len, seed=seed)  # checks the rest
+    trace = make_trace(
+        n, distribution, mean_prompt, mean_output, max_len=max_len, seed=seed
+    )  # checks the rest
     rng = np.random.default_rng(seed)
     systems = [rng.integers(0, vocab, shared_len).tolist() for _ in range(shared_prompts)]
     prompts, news = [], []
@@ -68,21 +92,26 @@ def make_requests(n: int, distribution: str = "lognormal", mean_prompt: float = 
     return prompts, news
 
 
-def chat_requests(tokenizer, questions=CHAT_QUESTIONS, system: str | None = CHAT_SYSTEM) -> list[list[int]]:
-    """Each question as a chat prompt through ``tokenizer``'s chat template, behind the ``system`` prompt
-    (None: the template's own default), ending where the assistant's answer begins (notebook 11)."""
+def chat_requests(
+    tokenizer, questions=CHAT_QUESTIONS, system: str | None = CHAT_SYSTEM
+) -> list[list[int]]:
+    """Each question as a chat prompt through ``tokenizer``'s chat template, behind the ``system``
+    prompt (None: the template's own default), ending where the assistant's answer begins (notebook
+    11)."""
     from kvlab.lab.pretrained import chat_ids
 
     if isinstance(questions, str) or not questions:
         raise TypeError("questions must be a non-empty list of str")
     head = [] if system is None else [{"role": "system", "content": system}]
-    return [chat_ids(tokenizer, head + [{"role": "user", "content": q}])[0].tolist() for q in questions]
+    return [
+        chat_ids(tokenizer, head + [{"role": "user", "content": q}])[0].tolist() for q in questions
+    ]
 
 
 def _until_stop(tokens: list[int], limit: int, stop) -> list[int]:
     """A request's own tokens: at most ``limit``, ending at its first stop token (kept)."""
     tokens = tokens[:limit]
-    return tokens[:next((i + 1 for i, t in enumerate(tokens) if t in stop), len(tokens))]
+    return tokens[: next((i + 1 for i, t in enumerate(tokens) if t in stop), len(tokens))]
 
 
 # --------------------------------------------------------------------------- padded generate
@@ -90,24 +119,25 @@ def _until_stop(tokens: list[int], limit: int, stop) -> list[int]:
 
 @dataclass(frozen=True)
 class PaddedRun:
-    """Padded ``generate`` batches on one request set (notebook 11): each request's tokens, when its batch
-    returned, and the rows it computed for nothing."""
+    """Padded ``generate`` batches on one request set (notebook 11): each request's tokens, when its
+    batch returned, and the rows it computed for nothing."""
 
     outputs: list
     done_at: list  # seconds from the start at which each request's batch returned
     seconds: float
     prefill_rows: int  # prompt tokens prefilled, padding included
     decode_rows: int  # (sequence, step) rows the decode steps computed, over all batches
-    carried_rows: int  # of which for a sequence already done (a stop token, or past its own max_new_tokens)
+    # of which for a sequence already done (a stop token, or past its own max_new_tokens)
+    carried_rows: int
     padding_tokens: int  # left-padding tokens prefilled to square each batch's prompts
     forward_passes: int  # model calls: per batch one prefill and one per decode step
 
 
 def static_generate(model, prompts, max_new_tokens, batch_size: int, stop=()) -> PaddedRun:
-    """``model.generate`` the way a reader would batch it (notebook 11): ``batch_size`` requests at a time
-    in arrival order, left-padded to the longest prompt, each batch run until every member has met a
-    token of ``stop`` or its batch's longest ``max_new_tokens`` is reached. A finished member is carried
-    along (fed padding) until then: ``carried_rows`` counts those rows.
+    """``model.generate`` the way a reader would batch it (notebook 11): ``batch_size`` requests at
+    a time in arrival order, left-padded to the longest prompt, each batch run until every member
+    has met a token of ``stop`` or its batch's longest ``max_new_tokens`` is reached. A finished
+    member is carried along (fed padding) until then: ``carried_rows`` counts those rows.
     """
     prompts, max_new_tokens = _requests(model, prompts, max_new_tokens)
     batch_size = _checks.integer("batch_size", batch_size)
@@ -122,11 +152,16 @@ def _requests(model, prompts, max_new_tokens) -> tuple[list[list[int]], list[int
     _checks.causal_lm("model", model)
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise TypeError(f"prompts must be a non-empty list of token-id lists, got {prompts!r:.60}")
-    prompts = [_checks.token_ids(f"prompts[{i}]", p, model.config.vocab_size) for i, p in enumerate(prompts)]
+    prompts = [
+        _checks.token_ids(f"prompts[{i}]", p, model.config.vocab_size)
+        for i, p in enumerate(prompts)
+    ]
     counts = _checks.integers("max_new_tokens", max_new_tokens)
     if len(counts) != len(prompts):
-        raise ValueError(f"max_new_tokens must hold one count per prompt of prompts ({len(prompts)} prompts), "
-                         f"got {len(counts)} counts")
+        raise ValueError(
+            f"max_new_tokens must hold one count per prompt of prompts ({len(prompts)} prompts), "
+            f"got {len(counts)} counts"
+        )
     return prompts, counts
 
 
@@ -134,13 +169,24 @@ def _static_batches(model, prompts, max_new_tokens, batch_size: int, pad: int, s
     outputs, done_at, start = [], [], time.perf_counter()
     prefill_rows = rows = carried = padding = passes = 0
     for first in range(0, len(prompts), batch_size):
-        batch, news = prompts[first: first + batch_size], max_new_tokens[first: first + batch_size]
+        batch, news = (
+            prompts[first : first + batch_size],
+            max_new_tokens[first : first + batch_size],
+        )
         width = max(len(p) for p in batch)
         ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in batch], device=model.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=model.device)
+        mask = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in batch], device=model.device
+        )
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=max(news), do_sample=False,
-                                 pad_token_id=pad, eos_token_id=sorted(stop) or None)
+            out = model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=max(news),
+                do_sample=False,
+                pad_token_id=pad,
+                eos_token_id=sorted(stop) or None,
+            )
         finished = time.perf_counter() - start
         own = [_until_stop(row[width:].tolist(), n, stop) for row, n in zip(out, news)]
         steps = out.shape[1] - width  # tokens generated per row; the prefill gives the first
@@ -151,25 +197,37 @@ def _static_batches(model, prompts, max_new_tokens, batch_size: int, pad: int, s
         passes += steps
         outputs += own
         done_at += [finished] * len(batch)
-    return PaddedRun(outputs, done_at, time.perf_counter() - start, prefill_rows, rows, carried, padding, passes)
+    return PaddedRun(
+        outputs, done_at, time.perf_counter() - start, prefill_rows, rows, carried, padding, passes
+    )
 
 
-# --------------------------------------------------------------------------- transformers' continuous batching
+# --------------------------------------------------------------------------- transformers'
+# continuous batching
 
 
-def continuous_batching(model, prompts, max_new_tokens, stop=(), block_size: int = 16, num_blocks: int = 1024,
-                        max_batch_tokens: int = 2048, block_sharing: bool = True,
-                        max_requests: int | None = None) -> list[list[int]]:
+def continuous_batching(
+    model,
+    prompts,
+    max_new_tokens,
+    stop=(),
+    block_size: int = 16,
+    num_blocks: int = 1024,
+    max_batch_tokens: int = 2048,
+    block_sharing: bool = True,
+    max_requests: int | None = None,
+) -> list[list[int]]:
     """Greedy tokens of each prompt from transformers' continuous batching (notebook 11).
 
     The manager that ``model.generate_batch`` runs, used as transformers' documentation describes it
-    for requests of their own lengths (``init_continuous_batching``, ``add_request``, ``get_result``):
-    paged blocks of ``block_size`` tokens, ``num_blocks`` of them, ``max_batch_tokens`` tokens per step,
-    and with ``block_sharing`` its prefix cache (full prompt blocks shared between requests), at most
-    ``max_requests`` per step where the release has that setting (5.24 has ``max_requests_per_batch``;
-    the 5.5 floor does not, and schedules as many as the token budget allows). Its defaults size the
-    cache from free memory; on a CPU that made every step slow, so the pool is given here. The model's
-    attention implementation is restored afterwards.
+    for requests of their own lengths (``init_continuous_batching``, ``add_request``,
+    ``get_result``): paged blocks of ``block_size`` tokens, ``num_blocks`` of them,
+    ``max_batch_tokens`` tokens per step, and with ``block_sharing`` its prefix cache (full prompt
+    blocks shared between requests), at most ``max_requests`` per step where the release has that
+    setting (5.24 has ``max_requests_per_batch``; the 5.5 floor does not, and schedules as many as
+    the token budget allows). Its defaults size the cache from free memory; on a CPU that made every
+    step slow, so the pool is given here. The model's attention implementation is restored
+    afterwards.
     """
     from transformers import GenerationConfig
     from transformers.generation import ContinuousBatchingConfig
@@ -179,24 +237,38 @@ def continuous_batching(model, prompts, max_new_tokens, stop=(), block_size: int
     extra = {size: block_size}
     if max_requests is not None and "max_requests_per_batch" in fields:
         extra["max_requests_per_batch"] = max_requests
-    config = ContinuousBatchingConfig(allow_block_sharing=block_sharing, num_blocks=num_blocks,
-                                      max_batch_tokens=max_batch_tokens, **extra)
+    config = ContinuousBatchingConfig(
+        allow_block_sharing=block_sharing,
+        num_blocks=num_blocks,
+        max_batch_tokens=max_batch_tokens,
+        **extra,
+    )
     eos = sorted(stop) or -1  # -1: no end-of-sequence token
-    generation = GenerationConfig(do_sample=False, max_new_tokens=max(max_new_tokens), eos_token_id=eos,
-                                  pad_token_id=model.generation_config.pad_token_id or 0)
+    generation = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=max(max_new_tokens),
+        eos_token_id=eos,
+        pad_token_id=model.generation_config.pad_token_id or 0,
+    )
     with _checks.restoring(model):  # the manager switches the model's attention; it is given back
-        manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
+        manager = model.init_continuous_batching(
+            generation_config=generation, continuous_batching_config=config
+        )
         manager.start()
         results = {}
         try:
-            ids = [manager.add_request(list(p), max_new_tokens=n, eos_token_id=eos)
-                   for p, n in zip(prompts, max_new_tokens)]
+            ids = [
+                manager.add_request(list(p), max_new_tokens=n, eos_token_id=eos)
+                for p, n in zip(prompts, max_new_tokens)
+            ]
             while len(results) < len(ids):
                 result = manager.get_result(timeout=1)
                 if result is not None and result.is_finished():
                     results[result.request_id] = list(result.generated_tokens)
                 elif result is None and not manager.is_running():
-                    raise RuntimeError("transformers' continuous batching stopped before every request finished")
+                    raise RuntimeError(
+                        "transformers' continuous batching stopped before every request finished"
+                    )
         finally:
             manager.stop(block=True)
     return [_until_stop(results[i], n, set(stop)) for i, n in zip(ids, max_new_tokens)]
@@ -209,8 +281,8 @@ CONTENDERS = (ENGINE, ENGINE_NO_CACHE, GENERATE, CB, CB_NO_SHARING)
 
 @dataclass(frozen=True)
 class Speedup:
-    """How many times faster one contender ran than another: the ratio of their median times, and the
-    lowest and highest ratio within one round."""
+    """How many times faster one contender ran than another: the ratio of their median times, and
+    the lowest and highest ratio within one round."""
 
     median: float
     low: float
@@ -228,7 +300,8 @@ class ServingComparison:
     seconds: dict
     same_tokens: dict  # name -> its tokens equal padded generate's, request by request
     engine_metrics: dict  # name -> Engine.metrics() of its last round, for the engine contenders
-    latency_s: dict  # name -> mean time from the start to a request's last token (engine and generate)
+    # name -> mean time from the start to a request's last token (engine and generate)
+    latency_s: dict
     padded: PaddedRun
 
     def tokens_per_s(self, name: str) -> float:
@@ -236,8 +309,11 @@ class ServingComparison:
 
     def speedup(self, name: str, over: str) -> Speedup:
         rounds = [b / a for a, b in zip(self.seconds[name], self.seconds[over])]
-        return Speedup(statistics.median(self.seconds[over]) / statistics.median(self.seconds[name]),
-                       min(rounds), max(rounds))
+        return Speedup(
+            statistics.median(self.seconds[over]) / statistics.median(self.seconds[name]),
+            min(rounds),
+            max(rounds),
+        )
 
 
 def _run_engine(model, prompts, news, stop, options) -> tuple[list, float, dict, float]:
@@ -251,39 +327,65 @@ def _run_engine(model, prompts, news, stop, options) -> tuple[list, float, dict,
     return [r.output for r in requests], seconds, engine.metrics(), latency
 
 
-def compare_serving(model, prompts, max_new_tokens, stop=(), max_batch: int = 8, block_size: int = 16,
-                    num_blocks: int | None = None, reps: int = 1, contenders=CONTENDERS,
-                    **engine_options) -> ServingComparison:
+def compare_serving(
+    model,
+    prompts,
+    max_new_tokens,
+    stop=(),
+    max_batch: int = 8,
+    block_size: int = 16,
+    num_blocks: int | None = None,
+    reps: int = 1,
+    contenders=CONTENDERS,
+    **engine_options,
+) -> ServingComparison:
     """The engine (prefix caching on and off), padded ``generate`` batches of ``max_batch`` and
     transformers' continuous batching (block sharing on and off) on the same requests (notebook 11).
 
-    After a small warm-up of each, ``reps`` rounds run every contender in turn (the order rotating from
-    round to round, so that drift falls on all alike); the first round's tokens are compared with padded
-    ``generate``'s before any time is kept. ``stop``: token ids that end a request (kept in its output).
+    After a small warm-up of each, ``reps`` rounds run every contender in turn (the order rotating
+    from round to round, so that drift falls on all alike); the first round's tokens are compared
+    with padded ``generate``'s before any time is kept. ``stop``: token ids that end a request (kept
+    in its output).
     """
     prompts, max_new_tokens = _requests(model, prompts, max_new_tokens)
     reps = _checks.integer("reps", reps)
     unknown = [c for c in contenders if c not in CONTENDERS]
     if unknown or GENERATE not in contenders:
-        raise ValueError(f"contenders must include {GENERATE!r} and come from {CONTENDERS}, got {list(contenders)}")
+        raise ValueError(
+            f"contenders must include {GENERATE!r} and come from {CONTENDERS}, got"
+            f" {list(contenders)}"
+        )
     stop, news = frozenset(stop), list(max_new_tokens)
     pool = num_blocks or sum(-(-(len(p) + n) // block_size) for p, n in zip(prompts, news))
-    options = dict(num_blocks=pool, block_size=block_size, max_batch=max_batch, eos_token_id=None, **engine_options)
+    options = dict(
+        num_blocks=pool,
+        block_size=block_size,
+        max_batch=max_batch,
+        eos_token_id=None,
+        **engine_options,
+    )
     budget = options.get("max_batched_tokens", 2048)
     runs = {
         ENGINE: lambda: _run_engine(model, prompts, news, stop, dict(options, prefix_caching=True)),
-        ENGINE_NO_CACHE: lambda: _run_engine(model, prompts, news, stop, dict(options, prefix_caching=False)),
+        ENGINE_NO_CACHE: lambda: _run_engine(
+            model, prompts, news, stop, dict(options, prefix_caching=False)
+        ),
         GENERATE: lambda: static_generate(model, prompts, news, max_batch, stop),
-        CB: lambda: continuous_batching(model, prompts, news, stop, block_size, pool, budget, True, max_batch),
-        CB_NO_SHARING: lambda: continuous_batching(model, prompts, news, stop, block_size, pool, budget, False,
-                                                   max_batch),
+        CB: lambda: continuous_batching(
+            model, prompts, news, stop, block_size, pool, budget, True, max_batch
+        ),
+        CB_NO_SHARING: lambda: continuous_batching(
+            model, prompts, news, stop, block_size, pool, budget, False, max_batch
+        ),
     }
-    Engine(model, num_blocks=pool, block_size=block_size, max_batch=max_batch).generate(prompts[:2], 2)  # warm-up
+    Engine(model, num_blocks=pool, block_size=block_size, max_batch=max_batch).generate(
+        prompts[:2], 2
+    )  # warm-up
     static_generate(model, prompts[:2], [2, 2], max_batch)
     seconds = {c: [] for c in contenders}
     outputs, metrics, latency, padded = {}, {}, {}, None
     for r in range(reps):
-        order = list(contenders[r % len(contenders):]) + list(contenders[:r % len(contenders)])
+        order = list(contenders[r % len(contenders) :]) + list(contenders[: r % len(contenders)])
         for name in order:
             start = time.perf_counter()
             result = runs[name]()
@@ -298,8 +400,16 @@ def compare_serving(model, prompts, max_new_tokens, stop=(), max_batch: int = 8,
             outputs.setdefault(name, out)
             seconds[name].append(elapsed)
     same = {name: outputs[name] == outputs[GENERATE] for name in contenders}
-    return ServingComparison(len(prompts), sum(len(o) for o in outputs[GENERATE]), max_batch,
-                             {n: tuple(s) for n, s in seconds.items()}, same, metrics, latency, padded)
+    return ServingComparison(
+        len(prompts),
+        sum(len(o) for o in outputs[GENERATE]),
+        max_batch,
+        {n: tuple(s) for n, s in seconds.items()},
+        same,
+        metrics,
+        latency,
+        padded,
+    )
 
 
 @dataclass(frozen=True)
@@ -314,9 +424,13 @@ class CurvePoint:
     prefix_hit_rate: float
 
 
-def latency_throughput(model, prompts, max_new_tokens, batches=(1, 2, 4, 8, 16), **engine_options) -> list[CurvePoint]:
-    """The engine on one trace at each ``max_batch`` of ``batches``: tokens per second against time per
-    output token (notebook 11). A fresh engine per point, so no point inherits another's cached prefixes."""
+def latency_throughput(
+    model, prompts, max_new_tokens, batches=(1, 2, 4, 8, 16), **engine_options
+) -> list[CurvePoint]:
+    """The engine on one trace at each ``max_batch`` of ``batches``: tokens per second against time
+    per output token (notebook 11). A fresh engine per point, so no point inherits another's cached
+    prefixes.
+    """
     prompts, max_new_tokens = _requests(model, prompts, max_new_tokens)
     batches = _checks.integers("batches", list(batches) if isinstance(batches, tuple) else batches)
     points = []
@@ -324,42 +438,74 @@ def latency_throughput(model, prompts, max_new_tokens, batches=(1, 2, 4, 8, 16),
         engine = Engine(model, max_batch=max_batch, **engine_options)
         engine.generate(prompts, list(max_new_tokens))
         m = engine.metrics()
-        points.append(CurvePoint(max_batch, m["tokens_per_s"], m["mean_tpot_s"] or 0.0, m["mean_batch"],
-                                 m["preemptions"], m["prefix_hit_rate"]))
+        points.append(
+            CurvePoint(
+                max_batch,
+                m["tokens_per_s"],
+                m["mean_tpot_s"] or 0.0,
+                m["mean_batch"],
+                m["preemptions"],
+                m["prefix_hit_rate"],
+            )
+        )
     return points
 
 
-# The bench's request set: 64 requests (issue 25's setting), the engine's target against transformers'
-# continuous batching there (reported, never asserted).
+# The bench's request set: 64 requests (issue 25's setting), the engine's target against
+# transformers' continuous batching there (reported, never asserted).
 BENCH_REQUESTS, ENGINE_TARGET = 64, 1.5
 
 
-def _speedup_row(result: ServingComparison, name: str, over: str, target: float | None = None) -> "Row":
+def _speedup_row(
+    result: ServingComparison, name: str, over: str, target: float | None = None
+) -> Row:
     from kvlab.lab.bench import Row
 
     r = result.speedup(name, over)
-    note = f"ratio of medians of {len(result.seconds[name])} interleaved rounds; one round {r.low:.2f}x to {r.high:.2f}x"
+    note = (
+        f"ratio of medians of {len(result.seconds[name])} interleaved rounds; one round"
+        f" {r.low:.2f}x to {r.high:.2f}x"
+    )
     if target is not None:
         note += f"; target >= {target:g}: {'met' if r.median >= target else 'missed'}"
     return Row(f"{name} / {over}", r.median, "x", note)
 
 
 def peer_rows(result: ServingComparison, where: str, target_over: str | None = CB) -> list:
-    """The comparison as bench rows: tokens first, and times only where every contender's tokens agree."""
+    """The comparison as bench rows: tokens first, and times only where every contender's tokens
+    agree."""
     from kvlab.lab.bench import Row
 
-    rows = [Row(f"{name}: tokens equal padded generate's", float(same), "bool", "greedy, request by request")
-            for name, same in result.same_tokens.items() if name != GENERATE]
+    rows = [
+        Row(
+            f"{name}: tokens equal padded generate's",
+            float(same),
+            "bool",
+            "greedy, request by request",
+        )
+        for name, same in result.same_tokens.items()
+        if name != GENERATE
+    ]
     if not all(result.same_tokens.values()):
-        return rows + [Row("times not reported", 0.0, "-", "a contender's tokens differ from generate's")]
-    rows += [_speedup_row(result, ENGINE, over, ENGINE_TARGET if over == target_over else None)
-             for over in result.seconds if over not in (ENGINE, ENGINE_NO_CACHE)]
+        return rows + [
+            Row("times not reported", 0.0, "-", "a contender's tokens differ from generate's")
+        ]
+    rows += [
+        _speedup_row(result, ENGINE, over, ENGINE_TARGET if over == target_over else None)
+        for over in result.seconds
+        if over not in (ENGINE, ENGINE_NO_CACHE)
+    ]
     if ENGINE_NO_CACHE in result.seconds:
         rows.append(_speedup_row(result, ENGINE, ENGINE_NO_CACHE))
-    rows += [Row(f"{ENGINE} tokens/s", result.tokens_per_s(ENGINE), "tokens/s", where),
-             Row("padded generate: rows carried after their request ended", 100 * result.padded.carried_rows /
-                 max(result.padded.decode_rows, 1), "%", f"{result.padded.carried_rows:,} of "
-                 f"{result.padded.decode_rows:,} decode rows")]
+    rows += [
+        Row(f"{ENGINE} tokens/s", result.tokens_per_s(ENGINE), "tokens/s", where),
+        Row(
+            "padded generate: rows carried after their request ended",
+            100 * result.padded.carried_rows / max(result.padded.decode_rows, 1),
+            "%",
+            f"{result.padded.carried_rows:,} of {result.padded.decode_rows:,} decode rows",
+        ),
+    ]
     return rows
 
 
@@ -379,37 +525,76 @@ def cuda_graph_rows(model, prompts, news, reps: int = 3) -> list:
         return [Row("CUDA-graph decode: tokens equal eager", 0.0, "bool", "times not reported")]
     seconds = {True: [], False: []}
     for r in range(reps):
-        for graphs in ((True, False) if r % 2 == 0 else (False, True)):
+        for graphs in (True, False) if r % 2 == 0 else (False, True):
             seconds[graphs].append(run(graphs)[1])
     rounds = [e / g for g, e in zip(seconds[True], seconds[False])]
     ratio = statistics.median(seconds[False]) / statistics.median(seconds[True])
-    return [Row("CUDA-graph decode: tokens equal eager", 1.0, "bool", "greedy, request by request"),
-            Row("engine, CUDA-graph decode / eager", ratio, "x",
-                f"ratio of medians of {reps} interleaved rounds; one round {min(rounds):.2f}x to {max(rounds):.2f}x")]
+    return [
+        Row("CUDA-graph decode: tokens equal eager", 1.0, "bool", "greedy, request by request"),
+        Row(
+            "engine, CUDA-graph decode / eager",
+            ratio,
+            "x",
+            f"ratio of medians of {reps} interleaved rounds; one round {min(rounds):.2f}x to"
+            f" {max(rounds):.2f}x",
+        ),
+    ]
 
 
 def bench_rows():
     """The engine against transformers' continuous batching (block sharing on and off) and padded
-    ``generate`` on one 64-request trace (notebook 11); on a GPU also its CUDA-graph decode against eager."""
+    ``generate`` on one 64-request trace (notebook 11); on a GPU also its CUDA-graph decode against
+    eager.
+    """
+    from kvlab.devices import on_gpu
     from kvlab.lab.bench import Row
     from kvlab.lab.hardware import calibrate
-    from kvlab.devices import on_gpu
     from kvlab.lab.models import tiny_model
 
     gpu = on_gpu()
     model = tiny_model("llama", size="real") if gpu else tiny_model("llama")
     n = BENCH_REQUESTS
-    prompts, news = make_requests(n, mean_prompt=64 if gpu else 32, mean_output=64 if gpu else 8,
-                                  max_len=512 if gpu else 128, vocab=model.config.vocab_size, seed=0)
-    result = compare_serving(model, prompts, news, max_batch=n, reps=3 if gpu else 2,  # about a minute on a CPU
-                             contenders=(ENGINE, GENERATE, CB, CB_NO_SHARING))
-    where = f"{model.shape.name}, {n} requests, max_batch {n}, {str(model.dtype).removeprefix('torch.')}"
+    prompts, news = make_requests(
+        n,
+        mean_prompt=64 if gpu else 32,
+        mean_output=64 if gpu else 8,
+        max_len=512 if gpu else 128,
+        vocab=model.config.vocab_size,
+        seed=0,
+    )
+    result = compare_serving(
+        model,
+        prompts,
+        news,
+        max_batch=n,
+        reps=3 if gpu else 2,  # about a minute on a CPU
+        contenders=(ENGINE, GENERATE, CB, CB_NO_SHARING),
+    )
+    where = (
+        f"{model.shape.name}, {n} requests, max_batch {n},"
+        f" {str(model.dtype).removeprefix('torch.')}"
+    )
     rows = peer_rows(result, where)
     if gpu:  # weight bytes read per step over the step time, against the calibrated copy bandwidth
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        achieved = weight_bytes * result.engine_metrics[ENGINE]["steps"] / statistics.median(result.seconds[ENGINE])
-        rows += [Row("engine weight bandwidth", achieved / 1e9, "GB/s", "weight bytes x steps / wall time (KV reads not counted)"),
-                 Row("engine / copy bandwidth", achieved / calibrate().copy_bytes_per_s, "fraction",
-                     "1.0 = the weight-bandwidth floor at this batch")]
+        achieved = (
+            weight_bytes
+            * result.engine_metrics[ENGINE]["steps"]
+            / statistics.median(result.seconds[ENGINE])
+        )
+        rows += [
+            Row(
+                "engine weight bandwidth",
+                achieved / 1e9,
+                "GB/s",
+                "weight bytes x steps / wall time (KV reads not counted)",
+            ),
+            Row(
+                "engine / copy bandwidth",
+                achieved / calibrate().copy_bytes_per_s,
+                "fraction",
+                "1.0 = the weight-bandwidth floor at this batch",
+            ),
+        ]
         rows += cuda_graph_rows(model, prompts[:32], [64] * 32)
     return rows

@@ -25,12 +25,18 @@ import torch
 from transformers import DynamicCache
 
 from kvlab._checks import integer, require_memory
+from kvlab.devices import device as default_device
+from kvlab.devices import has_bf16, on_gpu
 from kvlab.lab.bench import Row
 from kvlab.lab.hardware import Calibration, calibrate, device_name
-from kvlab.devices import has_bf16, on_gpu
-from kvlab.devices import device as default_device
 from kvlab.lab.timing import measure
-from kvlab.theory.matmul import RooflineFit, batch_at_intensity, fit_roofline, matmul_bytes, matmul_flops
+from kvlab.theory.matmul import (
+    RooflineFit,
+    batch_at_intensity,
+    fit_roofline,
+    matmul_bytes,
+    matmul_flops,
+)
 from kvlab.versions import cache_kwargs, last_logits_only
 
 CPU_NS = tuple(2**i for i in range(10))  # 1 .. 512
@@ -101,7 +107,9 @@ class GemvSweep:
     @property
     def fit(self) -> RooflineFit:
         """Both roofline segments fitted to the sweep: see :func:`fit_roofline`."""
-        return fit_roofline([p.intensity for p in self.points], [p.flops_per_s for p in self.points])
+        return fit_roofline(
+            [p.intensity for p in self.points], [p.flops_per_s for p in self.points]
+        )
 
     @property
     def knee_intensity(self) -> float:
@@ -119,9 +127,9 @@ class GemvSweep:
 
 
 def default_sizes(gpu: bool | None = None) -> dict:
-    """Sweep sizes: on a GPU an 8192 x 8192 half-precision weight (134 MB; bf16 where the GPU has it,
-    else fp16) and n = 1..4096; on a CPU a
-    4096 x 6144 fp32 weight (101 MB, several times a server's last-level cache) and n = 1..512.
+    """Sweep sizes: on a GPU an 8192 x 8192 half-precision weight (134 MB; bf16 where the GPU has
+    it, else fp16) and n = 1..4096; on a CPU a 4096 x 6144 fp32 weight (101 MB, several times a
+    server's last-level cache) and n = 1..512.
     """
     if gpu is None:
         gpu = on_gpu()
@@ -130,8 +138,17 @@ def default_sizes(gpu: bool | None = None) -> dict:
     return dict(K=4096, N=6144, ns=CPU_NS, dtype="float32")
 
 
-def sweep(ns=None, K: int | None = None, N: int | None = None, dtype=None, device=None,
-          warmup: int | None = None, reps: int | None = None, copies: int = 2, seed: int = 0) -> GemvSweep:
+def sweep(
+    ns=None,
+    K: int | None = None,
+    N: int | None = None,
+    dtype=None,
+    device=None,
+    warmup: int | None = None,
+    reps: int | None = None,
+    copies: int = 2,
+    seed: int = 0,
+) -> GemvSweep:
     """Time ``[n x K] @ [K x N]`` for every n in ``ns`` with ``kvlab.lab.timing.measure``.
 
     Defaults come from ``default_sizes()`` for kvlab's device. ``copies`` weight matrices are
@@ -164,8 +181,11 @@ def sweep(ns=None, K: int | None = None, N: int | None = None, dtype=None, devic
     inner = 10 if gpu else 1
 
     element = torch.empty((), dtype=dtype).element_size()
-    require_memory(f"{copies} weight copies of {K} x {N} and inputs up to n = {ns[-1]}",
-                   (copies * K * N + ns[-1] * (K + N)) * element, dev)
+    require_memory(
+        f"{copies} weight copies of {K} x {N} and inputs up to n = {ns[-1]}",
+        (copies * K * N + ns[-1] * (K + N)) * element,
+        dev,
+    )
     g = torch.Generator(device=dev).manual_seed(seed)
     weights = [torch.randn(K, N, generator=g, device=dev, dtype=dtype) for _ in range(copies)]
     points = []
@@ -180,9 +200,9 @@ def sweep(ns=None, K: int | None = None, N: int | None = None, dtype=None, devic
                 turn[0] += 1
 
         t = measure(run, warmup=warmup, reps=reps, device=dev)
-        points.append(GemvPoint(n, K, N, dtype.itemsize, t.median / inner, t.min / inner, t.max / inner))
-        del x, out
-    del weights
+        points.append(
+            GemvPoint(n, K, N, dtype.itemsize, t.median / inner, t.min / inner, t.max / inner)
+        )
     return GemvSweep(tuple(points), K, N, str(dtype).removeprefix("torch."), device_name())
 
 
@@ -195,7 +215,11 @@ def _matmul_modules(model):
     found = []
     for name, m in model.named_modules():
         w = getattr(m, "weight", None)
-        if isinstance(m, torch.nn.Embedding) or not isinstance(w, torch.nn.Parameter) or w.dim() != 2:
+        if (
+            isinstance(m, torch.nn.Embedding)
+            or not isinstance(w, torch.nn.Parameter)
+            or w.dim() != 2
+        ):
             continue
         if any(True for _ in m.children()):
             continue
@@ -209,7 +233,9 @@ def weight_read_bytes(model, batch: int = 1) -> int:
     (a table that is also the output head, tied, is read whole).
     """
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module (a Hugging Face model), got {type(model).__name__}")
+        raise TypeError(
+            f"model must be a torch.nn.Module (a Hugging Face model), got {type(model).__name__}"
+        )
     batch = integer("batch", batch)
     multiplied = {id(m.weight) for _, m in _matmul_modules(model)}
     seen, total = set(), 0
@@ -233,28 +259,46 @@ def random_cache(model, batch: int, context: int, seed: int = 0):
     batch, context = integer("batch", batch), integer("context", context)
     shape = model.shape
     element = torch.empty((), dtype=model.dtype).element_size()
-    require_memory(f"a random cache of {batch} x {context} tokens",
-                   2 * shape.layers * batch * shape.kv_heads * context * shape.head_dim * element, model.device)
+    require_memory(
+        f"a random cache of {batch} x {context} tokens",
+        2 * shape.layers * batch * shape.kv_heads * context * shape.head_dim * element,
+        model.device,
+    )
     cache = DynamicCache(config=model.config)
     g = torch.Generator(device=model.device).manual_seed(seed)
     for layer in range(shape.layers):
-        k, v = (torch.randn(batch, shape.kv_heads, context, shape.head_dim, generator=g,
-                            device=model.device, dtype=model.dtype) for _ in range(2))
+        k, v = (
+            torch.randn(
+                batch,
+                shape.kv_heads,
+                context,
+                shape.head_dim,
+                generator=g,
+                device=model.device,
+                dtype=model.dtype,
+            )
+            for _ in range(2)
+        )
         cache.update(k, v, layer)
     return cache
 
 
 class RandomCacheStep:
-    """One decode step at a fixed (batch, context), repeatable: the cache is cropped back after each call."""
+    """One decode step at a fixed (batch, context), repeatable: the cache is cropped back after each
+    call."""
 
     def __init__(self, model, batch: int, context: int, seed: int = 0):
         self.model, self.context = model, context
         self.cache = random_cache(model, batch, context, seed)
         dev = model.device
         self.token = torch.randint(0, model.config.vocab_size, (batch, 1), device=dev)
-        self.kw = dict(attention_mask=torch.ones(batch, context + 1, dtype=torch.long, device=dev),
-                       position_ids=torch.full((batch, 1), context, dtype=torch.long, device=dev),
-                       use_cache=True, **cache_kwargs(model, self.cache), **last_logits_only(model))
+        self.kw = dict(
+            attention_mask=torch.ones(batch, context + 1, dtype=torch.long, device=dev),
+            position_ids=torch.full((batch, 1), context, dtype=torch.long, device=dev),
+            use_cache=True,
+            **cache_kwargs(model, self.cache),
+            **last_logits_only(model),
+        )
 
     def __call__(self):
         with torch.inference_mode():
@@ -273,7 +317,8 @@ def step_time(model, batch: int = 1, context: int = 128, warmup: int = 2, reps: 
 
 @dataclass(frozen=True)
 class ModuleTime:
-    """One weight matrix of the step: its module name, its part of the model, bytes and median seconds."""
+    """One weight matrix of the step: its module name, its part of the model, bytes and median
+    seconds."""
 
     name: str
     part: str
@@ -308,7 +353,8 @@ class StepProfile:
 
     @property
     def rest_seconds(self) -> float:
-        """Everything else in the hooked step: attention over the cache, norms, cache update, dispatch."""
+        """Everything else in the hooked step: attention over the cache, norms, cache update,
+        dispatch."""
         return max(0.0, self.hooked_seconds - self.matmul_seconds)
 
     @property
@@ -322,7 +368,8 @@ class StepProfile:
 
     @property
     def weight_read_fraction(self) -> float:
-        """Share of the measured step that reading the weights once at copy bandwidth accounts for."""
+        """Share of the measured step that reading the weights once at copy bandwidth accounts
+        for."""
         return self.weight_read_seconds / self.step_seconds
 
     @property
@@ -364,6 +411,7 @@ def _hooked_step_times(model, step, modules, warmup: int, reps: int):
     times: dict[str, list[float]] = {name: [] for name, _ in modules}
     handles = []
     for name, m in modules:
+
         def pre(mod, args, name=name):
             sync()
             starts[name] = time.perf_counter()
@@ -391,8 +439,14 @@ def _hooked_step_times(model, step, modules, warmup: int, reps: int):
     return totals, times
 
 
-def profile_step(model, batch: int = 1, context: int = 128, warmup: int = 2, reps: int = 5,
-                 calibration: Calibration | None = None) -> StepProfile:
+def profile_step(
+    model,
+    batch: int = 1,
+    context: int = 128,
+    warmup: int = 2,
+    reps: int = 5,
+    calibration: Calibration | None = None,
+) -> StepProfile:
     """Time one decode step whole, then layer by layer (section 9.3).
 
     First the plain step (``step_time``); then the same step with a forward pre-hook and hook on
@@ -406,19 +460,36 @@ def profile_step(model, batch: int = 1, context: int = 128, warmup: int = 2, rep
     cal = calibration or calibrate()
     plain = step_time(model, batch, context, warmup=warmup, reps=reps)
     modules = _matmul_modules(model)
-    totals, times = _hooked_step_times(model, RandomCacheStep(model, batch, context), modules, warmup, reps)
+    totals, times = _hooked_step_times(
+        model, RandomCacheStep(model, batch, context), modules, warmup, reps
+    )
     rows = []
     for name, m in modules:
         per_call = times[name]
-        calls = max(1, len(per_call) // reps)  # a module called more than once per step (tied reuse)
-        per_rep = [sum(per_call[r * calls:(r + 1) * calls]) for r in range(reps)] if per_call else [0.0]
+        calls = max(
+            1, len(per_call) // reps
+        )  # a module called more than once per step (tied reuse)
+        per_rep = (
+            [sum(per_call[r * calls : (r + 1) * calls]) for r in range(reps)] if per_call else [0.0]
+        )
         bytes_ = sum(p.numel() * p.element_size() for p in m.parameters(recurse=False))
         rows.append(ModuleTime(name, _part(name), bytes_, statistics.median(per_rep)))
-    kv = batch * min(context, model.shape.window or context) * model.shape.kv_bytes_per_token(model.dtype.itemsize)
+    kv = (
+        batch
+        * min(context, model.shape.window or context)
+        * model.shape.kv_bytes_per_token(model.dtype.itemsize)
+    )
     return StepProfile(
-        model=model.shape.name, dtype=str(model.dtype).removeprefix("torch."), device=device_name(),
-        batch=batch, context=context, step_seconds=plain.median, hooked_seconds=statistics.median(totals),
-        modules=tuple(rows), weight_bytes=weight_read_bytes(model, batch), kv_bytes=int(kv),
+        model=model.shape.name,
+        dtype=str(model.dtype).removeprefix("torch."),
+        device=device_name(),
+        batch=batch,
+        context=context,
+        step_seconds=plain.median,
+        hooked_seconds=statistics.median(totals),
+        modules=tuple(rows),
+        weight_bytes=weight_read_bytes(model, batch),
+        kv_bytes=int(kv),
         copy_bytes_per_s=cal.copy_bytes_per_s,
     )
 
@@ -429,7 +500,8 @@ def profile_step(model, batch: int = 1, context: int = 128, warmup: int = 2, rep
 def bench_rows(result: GemvSweep | None = None, calibration: Calibration | None = None) -> list:
     """Rows for ``python -m kvlab bench`` (section 9.3): the GEMV bandwidth at batch 1 against the
     calibrated copy bandwidth, and the ridge point, calibrated (matmul rate / copy bandwidth) and
-    measured (the knee of both roofline segments fitted to the sweep), in FLOP/byte and as a batch n.
+    measured (the knee of both roofline segments fitted to the sweep), in FLOP/byte and as a batch
+    n.
     """
     cal = calibration or calibrate()
     s = result or sweep()
@@ -437,26 +509,56 @@ def bench_rows(result: GemvSweep | None = None, calibration: Calibration | None 
     shape = f"[{one.n} x {s.K}] @ [{s.K} x {s.N}] {s.dtype}"
     ridge = cal.ridge_point
     return [
-        Row("GEMV bandwidth, batch 1", one.bytes_per_s / 1e9, "GB/s",
-            f"{shape}: weight + activation + output bytes / median time"),
-        Row("GEMV / copy bandwidth", one.bytes_per_s / cal.copy_bytes_per_s, "fraction",
-            f"calibrated copy {cal.copy_bytes_per_s / 1e9:.0f} GB/s (bytes read + written)"),
-        Row("ridge point, calibrated", ridge, "FLOP/B",
-            f"{cal.matmul_flops / 1e12:.3g} TFLOP/s {cal.matmul_dtype} matmul / copy bandwidth"),
-        Row("ridge batch, calibrated", batch_at_intensity(ridge, s.K, s.N, w), "n",
-            f"the n whose intensity reaches the calibrated ridge, K = {s.K}, N = {s.N}"),
-        Row("ridge batch, measured", s.knee_batch, "n", _knee_note(s, "the n whose intensity reaches the fitted knee")),
-        Row("ridge point, measured", s.knee_intensity, "FLOP/B",
-            _knee_note(s, "knee of both roofline segments fitted to the sweep")),
+        Row(
+            "GEMV bandwidth, batch 1",
+            one.bytes_per_s / 1e9,
+            "GB/s",
+            f"{shape}: weight + activation + output bytes / median time",
+        ),
+        Row(
+            "GEMV / copy bandwidth",
+            one.bytes_per_s / cal.copy_bytes_per_s,
+            "fraction",
+            f"calibrated copy {cal.copy_bytes_per_s / 1e9:.0f} GB/s (bytes read + written)",
+        ),
+        Row(
+            "ridge point, calibrated",
+            ridge,
+            "FLOP/B",
+            f"{cal.matmul_flops / 1e12:.3g} TFLOP/s {cal.matmul_dtype} matmul / copy bandwidth",
+        ),
+        Row(
+            "ridge batch, calibrated",
+            batch_at_intensity(ridge, s.K, s.N, w),
+            "n",
+            f"the n whose intensity reaches the calibrated ridge, K = {s.K}, N = {s.N}",
+        ),
+        Row(
+            "ridge batch, measured",
+            s.knee_batch,
+            "n",
+            _knee_note(s, "the n whose intensity reaches the fitted knee"),
+        ),
+        Row(
+            "ridge point, measured",
+            s.knee_intensity,
+            "FLOP/B",
+            _knee_note(s, "knee of both roofline segments fitted to the sweep"),
+        ),
         Row("sweep peak", s.peak_flops_per_s / 1e12, "TFLOP/s", f"n = {s.ns[0]} .. {s.ns[-1]}"),
     ]
 
 
 def _knee_note(s: GemvSweep, what: str) -> str:
-    """What the roofline fit found: a knee between two segments of at least two points each, or none."""
+    """What the roofline fit found: a knee between two segments of at least two points each, or
+    none."""
     fit = s.fit
     if math.isfinite(fit.knee):
-        return (f"{what}: {fit.split} points on the bandwidth segment, {fit.points - fit.split} on the "
-                f"compute one")
-    return (f"no knee: the sweep did not reach both regimes ({fit.split} of {fit.points} points on the "
-            "bandwidth segment; each needs two)")
+        return (
+            f"{what}: {fit.split} points on the bandwidth segment, {fit.points - fit.split} on the "
+            "compute one"
+        )
+    return (
+        f"no knee: the sweep did not reach both regimes ({fit.split} of {fit.points} points on the "
+        "bandwidth segment; each needs two)"
+    )

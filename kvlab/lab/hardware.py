@@ -64,7 +64,9 @@ def stamp() -> dict:
         try:
             out = subprocess.run(
                 ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=10,
+                capture_output=True,
+                text=True,
+                timeout=10,
             )
             if out.returncode == 0:
                 driver = f"driver {out.stdout.strip().splitlines()[0]}, CUDA {torch.version.cuda}"
@@ -87,17 +89,31 @@ def stamp_line(s: dict | None = None) -> str:
     ``s`` is a ``stamp()`` (default: this machine's, now)."""
     if s is None:
         s = stamp()
-    missing = [k for k in ("device", "torch", "transformers", "date") if not isinstance(s, dict) or k not in s]
+    missing = [
+        k
+        for k in ("device", "torch", "transformers", "date")
+        if not isinstance(s, dict) or k not in s
+    ]
     if missing:
-        raise ValueError(f"s must be a stamp() dict with device, torch, transformers and date, got {s!r:.80} "
-                         f"(missing {missing})")
-    threads = f" · {s['threads']} thread{'s' * (s['threads'] != 1)}" if "CPU" in s["device"] and "threads" in s else ""
-    return f"{s['device']}{threads} · torch {s['torch']} · transformers {s['transformers']} · {s['date']}"
+        raise ValueError(
+            f"s must be a stamp() dict with device, torch, transformers and date, got {s!r:.80} "
+            f"(missing {missing})"
+        )
+    threads = (
+        f" · {s['threads']} thread{'s' * (s['threads'] != 1)}"
+        if "CPU" in s["device"] and "threads" in s
+        else ""
+    )
+    return (
+        f"{s['device']}{threads} · torch {s['torch']} · transformers {s['transformers']} ·"
+        f" {s['date']}"
+    )
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """This machine's measured ceilings: copy bandwidth (bytes read plus written per second) and matmul rate."""
+    """This machine's measured ceilings: copy bandwidth (bytes read plus written per second) and
+    matmul rate."""
 
     copy_bytes_per_s: float
     matmul_flops: float
@@ -111,13 +127,13 @@ class Calibration:
 
 @contextlib.contextmanager
 def cpu_threads(threads: int | None):
-    """Run the block with torch's intra-op threads set to ``threads`` (``torch.set_num_threads``), and
-    put the caller's count back afterwards, also on an exception. ``None`` changes nothing.
+    """Run the block with torch's intra-op threads set to ``threads`` (``torch.set_num_threads``),
+    and put the caller's count back afterwards, also on an exception. ``None`` changes nothing.
 
     A CPU measurement whose verdict compares times (which batch is best, which loop is faster)
     depends on the count: two threads on a loaded 2-core machine can make a larger batch slower than
-    one thread does. Measuring under a fixed count gives the same answer whoever launched the process
-    (``make`` sets ``OMP_NUM_THREADS=1``; a notebook kernel may not).
+    one thread does. Measuring under a fixed count gives the same answer whoever launched the
+    process (``make`` sets ``OMP_NUM_THREADS=1``; a notebook kernel may not).
     """
     import torch
 
@@ -134,10 +150,12 @@ def cpu_threads(threads: int | None):
 
 
 def calibrate() -> Calibration:
-    """Measure copy bandwidth and matmul rate once per process and CPU thread count (``cpu_threads``).
+    """Measure copy bandwidth and matmul rate once per process and CPU thread count
+    (``cpu_threads``).
 
-    GPU: a 1 GiB device-to-device copy and an 8192-cube GEMM in bf16 (fp16 without bf16 units). CPU: a 256 MiB memory copy and
-    a 2048-cube fp32 GEMM. Both sizes are far beyond the last-level cache, so the copy measures DRAM.
+    GPU: a 1 GiB device-to-device copy and an 8192-cube GEMM in bf16 (fp16 without bf16 units). CPU:
+    a 256 MiB memory copy and a 2048-cube fp32 GEMM. Both sizes are far beyond the last-level cache,
+    so the copy measures DRAM.
     """
     import torch
 
@@ -176,17 +194,27 @@ def memory_bytes(device=None) -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def calibrated_device(calibration: Calibration | None = None, memory: float | None = None) -> Accelerator:
-    """This machine as an ``Accelerator`` for ``kvlab.theory.roofline``: the calibrated copy bandwidth as
-    its bytes/s, the calibrated matmul rate as its FLOP/s (in the calibration's dtype, which on a
-    CPU is fp32), and ``memory`` bytes (default: ``memory_bytes()``).
+def calibrated_device(
+    calibration: Calibration | None = None, memory: float | None = None
+) -> Accelerator:
+    """This machine as an ``Accelerator`` for ``kvlab.theory.roofline``: the calibrated copy
+    bandwidth as its bytes/s, the calibrated matmul rate as its FLOP/s (in the calibration's dtype,
+    which on a CPU is fp32), and ``memory`` bytes (default: ``memory_bytes()``).
     """
     if calibration is not None and not isinstance(calibration, Calibration):
-        raise TypeError(f"calibration must be a Calibration (kvlab.calibrate()) or None, got {type(calibration).__name__}")
+        raise TypeError(
+            "calibration must be a Calibration (kvlab.calibrate()) or None, got"
+            f" {type(calibration).__name__}"
+        )
     c = calibration or calibrate()
     memory = memory_bytes() if memory is None else positive("memory", memory)
     return Accelerator(
-        name=f"{c.device} (calibrated)", hbm_bytes=float(memory), hbm_bytes_per_s=c.copy_bytes_per_s,
-        bf16_flops=c.matmul_flops, dies=1, die_bytes_per_s=c.copy_bytes_per_s, fabric_bytes_per_s=None,
+        name=f"{c.device} (calibrated)",
+        hbm_bytes=float(memory),
+        hbm_bytes_per_s=c.copy_bytes_per_s,
+        bf16_flops=c.matmul_flops,
+        dies=1,
+        die_bytes_per_s=c.copy_bytes_per_s,
+        fabric_bytes_per_s=None,
         source=f"measured by kvlab.calibrate(): copy bandwidth and {c.matmul_dtype} matmul rate",
     )

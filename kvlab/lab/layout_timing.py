@@ -1,4 +1,5 @@
-"""Notebook 04, KV-cache layout (section 9.4): what reading and appending cost in each layout, measured.
+"""Notebook 04, KV-cache layout (section 9.4): what reading and appending cost in each layout,
+measured.
 
 - ``contiguous_runs``: the unbroken address ranges a read of one sequence touches, from the
   layout's address arithmetic (``kvlab.cache.addresses.KVGeometry``);
@@ -23,12 +24,15 @@ import torch
 from kvlab._checks import integer
 from kvlab.cache.addresses import LAYOUTS, PAGED, KVGeometry, as_block_table
 from kvlab.cache.layout import APPEND_METHODS, KVCache, decode_reader, new_cache, token_writer
+from kvlab.devices import on_gpu
 from kvlab.lab.bench import Row
 from kvlab.lab.hardware import calibrate
-from kvlab.devices import on_gpu
 from kvlab.lab.timing import measure
 
-def contiguous_runs(geometry: KVGeometry, tokens: int, heads=None, seq: int = 0, block_table=None) -> torch.Tensor:
+
+def contiguous_runs(
+    geometry: KVGeometry, tokens: int, heads=None, seq: int = 0, block_table=None
+) -> torch.Tensor:
     """Lengths (in elements) of the unbroken address ranges a read of one sequence's K touches.
 
     The read covers tokens ``0..tokens-1``, every dim, of ``heads`` (a list of KV heads; default
@@ -40,7 +44,9 @@ def contiguous_runs(geometry: KVGeometry, tokens: int, heads=None, seq: int = 0,
         raise ValueError("heads must name at least one KV head")
     if geometry.is_paged:
         if block_table is None:
-            raise ValueError(f"a paged layout ({geometry.layout}) needs block_table to find a token's block")
+            raise ValueError(
+                f"a paged layout ({geometry.layout}) needs block_table to find a token's block"
+            )
         limit = as_block_table(block_table).shape[1] * geometry.block_size
     else:
         limit = geometry.max_tokens
@@ -136,19 +142,34 @@ def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def measure_read(cache: KVCache, q_heads: int | None = None, layer: int = 0, warmup: int = 2,
-                 reps: int = 5) -> ReadMeasurement:
-    """Time ``decode_read`` on ``cache`` with a random query of ``q_heads`` heads (default: KV heads)."""
+def measure_read(
+    cache: KVCache, q_heads: int | None = None, layer: int = 0, warmup: int = 2, reps: int = 5
+) -> ReadMeasurement:
+    """Time ``decode_read`` on ``cache`` with a random query of ``q_heads`` heads (default: KV
+    heads)."""
     g = cache.geometry
     q_heads = g.kv_heads if q_heads is None else integer("q_heads", q_heads, 1)
     if q_heads % g.kv_heads:
-        raise ValueError(f"q_heads ({q_heads}) must be a multiple of the cache's kv_heads ({g.kv_heads})")
+        raise ValueError(
+            f"q_heads ({q_heads}) must be a multiple of the cache's kv_heads ({g.kv_heads})"
+        )
     q = torch.randn(cache.batch, q_heads, g.head_dim, dtype=cache.k.dtype, device=cache.k.device)
     read = decode_reader(cache, q, layer)  # validates once; the timed calls skip nothing else
     timing = measure(read, warmup=warmup, reps=reps, device=cache.k.device)
     kv, moved = read_traffic(cache)
-    return ReadMeasurement(cache.layout, cache.batch, cache.length, q_heads, g.kv_heads, g.head_dim,
-                           _dtype_name(cache.k), timing, kv, moved, calibrate().copy_bytes_per_s)
+    return ReadMeasurement(
+        cache.layout,
+        cache.batch,
+        cache.length,
+        q_heads,
+        g.kv_heads,
+        g.head_dim,
+        _dtype_name(cache.k),
+        timing,
+        kv,
+        moved,
+        calibrate().copy_bytes_per_s,
+    )
 
 
 def append_traffic(cache: KVCache, method: str) -> tuple[int, int]:
@@ -163,7 +184,9 @@ def append_traffic(cache: KVCache, method: str) -> tuple[int, int]:
     return new, 2 * new
 
 
-def measure_append(cache: KVCache, method: str | None = None, warmup: int = 2, reps: int = 5) -> AppendMeasurement:
+def measure_append(
+    cache: KVCache, method: str | None = None, warmup: int = 2, reps: int = 5
+) -> AppendMeasurement:
     """Time appending one token per sequence at position ``cache.length``, without advancing it.
 
     Each timed call overwrites the same slot (``index``, ``slot``) or builds the same grown tensor
@@ -177,8 +200,19 @@ def measure_append(cache: KVCache, method: str | None = None, warmup: int = 2, r
     v_new = torch.randn_like(k_new)
     timing = measure(lambda: write(k_new, v_new), warmup=warmup, reps=reps, device=cache.k.device)
     new, moved = append_traffic(cache, method)
-    return AppendMeasurement(cache.layout, method, cache.batch, cache.length, g.kv_heads, g.head_dim,
-                             _dtype_name(cache.k), timing, new, moved, calibrate().copy_bytes_per_s)
+    return AppendMeasurement(
+        cache.layout,
+        method,
+        cache.batch,
+        cache.length,
+        g.kv_heads,
+        g.head_dim,
+        _dtype_name(cache.k),
+        timing,
+        new,
+        moved,
+        calibrate().copy_bytes_per_s,
+    )
 
 
 def last_level_cache_bytes() -> int | None:
@@ -217,8 +251,12 @@ def bench_rows(rounds: int = 5, context: int | None = None, batch: int | None = 
     batch = integer("batch", batch, 1) if batch is not None else (32 if gpu else 4)
     context = integer("context", context, 1) if context is not None else (4096 if gpu else 2048)
     q_heads, kv_heads, dim = (32, 8, 128) if gpu else (8, 8, 64)
-    caches = {layout: new_cache(layout, batch=batch, length=context, kv_heads=kv_heads, head_dim=dim, seed=i)
-              for i, layout in enumerate(LAYOUTS)}
+    caches = {
+        layout: new_cache(
+            layout, batch=batch, length=context, kv_heads=kv_heads, head_dim=dim, seed=i
+        )
+        for i, layout in enumerate(LAYOUTS)
+    }
     reads: dict[str, list] = {layout: [] for layout in LAYOUTS}
     appends: dict[tuple, list] = {(lay, m): [] for lay in LAYOUTS for m in APPEND_METHODS[lay]}
     for _ in range(rounds):
@@ -227,44 +265,87 @@ def bench_rows(rounds: int = 5, context: int | None = None, batch: int | None = 
             for method in APPEND_METHODS[layout]:
                 appends[layout, method].append(measure_append(cache, method, warmup=1, reps=5))
     copy = calibrate().copy_bytes_per_s
-    where = (f"batch {batch}, context {context}, {q_heads} q / {kv_heads} KV heads of {dim}, "
-             f"{_dtype_name(caches['BHTD'].k)}, one layer")
+    where = (
+        f"batch {batch}, context {context}, {q_heads} q / {kv_heads} KV heads of {dim}, "
+        f"{_dtype_name(caches['BHTD'].k)}, one layer"
+    )
     read_s = {lay: statistics.median(m.timing.median for m in ms) for lay, ms in reads.items()}
     rows = []
     for layout, ms in reads.items():
         kv, moved = ms[0].kv_bytes, ms[0].moved_bytes
-        rows.append(Row(f"read {layout}", kv / read_s[layout] / 1e9, "GB/s", f"useful K+V bytes/s; {where}"))
-        rows.append(Row(f"read {layout} moved / copy", moved / read_s[layout] / copy, "fraction",
-                        f"moved {moved / kv:.2f}x the K+V bytes; copy {copy / 1e9:.1f} GB/s"))
+        rows.append(
+            Row(f"read {layout}", kv / read_s[layout] / 1e9, "GB/s", f"useful K+V bytes/s; {where}")
+        )
+        rows.append(
+            Row(
+                f"read {layout} moved / copy",
+                moved / read_s[layout] / copy,
+                "fraction",
+                f"moved {moved / kv:.2f}x the K+V bytes; copy {copy / 1e9:.1f} GB/s",
+            )
+        )
     for paged in PAGED:
         for contiguous in ("BHTD", "BTHD"):
-            rows.append(Row(f"read time {paged} / {contiguous}", read_s[paged] / read_s[contiguous], "x",
-                            "ratio of medians, same run; paged gathers through its block table"))
+            rows.append(
+                Row(
+                    f"read time {paged} / {contiguous}",
+                    read_s[paged] / read_s[contiguous],
+                    "x",
+                    "ratio of medians, same run; paged gathers through its block table",
+                )
+            )
     append_s = {key: statistics.median(m.per_token_s for m in ms) for key, ms in appends.items()}
-    how = {"index": "write into preallocated slots", "cat": "torch.cat growth, as DynamicCache",
-           "slot": "indexed write through the block table"}
+    how = {
+        "index": "write into preallocated slots",
+        "cat": "torch.cat growth, as DynamicCache",
+        "slot": "indexed write through the block table",
+    }
     for (layout, method), seconds in append_s.items():
-        note = ("kvlab.kernels.store_kv" + ("" if gpu else "_ref") + ", argument checks included"
-                if layout == "NHD" else how[method])
-        rows.append(Row(f"append {layout} {method}", seconds * 1e6, "µs/token", f"one layer; {note}"))
+        note = (
+            "kvlab.kernels.store_kv" + ("" if gpu else "_ref") + ", argument checks included"
+            if layout == "NHD"
+            else how[method]
+        )
+        rows.append(
+            Row(f"append {layout} {method}", seconds * 1e6, "µs/token", f"one layer; {note}")
+        )
     for layout in ("BHTD", "BTHD"):
-        rows.append(Row(f"append {layout} cat / index", append_s[layout, "cat"] / append_s[layout, "index"], "x",
-                        "torch.cat growth copies the whole layer's cache"))
-    rows.append(Row("read / append (BTHD index)", read_s["BTHD"] / (append_s["BTHD", "index"] * batch), "x",
-                    "one decode step: read all K+V vs write one token per sequence"))
+        rows.append(
+            Row(
+                f"append {layout} cat / index",
+                append_s[layout, "cat"] / append_s[layout, "index"],
+                "x",
+                "torch.cat growth copies the whole layer's cache",
+            )
+        )
+    rows.append(
+        Row(
+            "read / append (BTHD index)",
+            read_s["BTHD"] / (append_s["BTHD", "index"] * batch),
+            "x",
+            "one decode step: read all K+V vs write one token per sequence",
+        )
+    )
     rows += _gqa_rows(rounds, batch, context, q_heads, dim)
     return rows
 
 
 def _gqa_rows(rounds: int, batch: int, context: int, q_heads: int, dim: int) -> list:
     kv_choices = (q_heads, q_heads // 4)
-    caches = {h: new_cache("BHTD", batch=batch, length=context, kv_heads=h, head_dim=dim, seed=h) for h in kv_choices}
+    caches = {
+        h: new_cache("BHTD", batch=batch, length=context, kv_heads=h, head_dim=dim, seed=h)
+        for h in kv_choices
+    }
     times: dict[int, list] = {h: [] for h in kv_choices}
     for _ in range(rounds):
         for h, cache in caches.items():
             times[h].append(measure_read(cache, q_heads, warmup=1, reps=3).timing.median)
     mha, gqa = (statistics.median(times[h]) for h in kv_choices)
     return [
-        Row(f"read MHA ({kv_choices[0]} KV) / GQA ({kv_choices[1]} KV)", mha / gqa, "x",
-            f"{q_heads} query heads both; cache bytes ratio {kv_choices[0] // kv_choices[1]}x"),
+        Row(
+            f"read MHA ({kv_choices[0]} KV) / GQA ({kv_choices[1]} KV)",
+            mha / gqa,
+            "x",
+            f"{q_heads} query heads both; cache bytes ratio {kv_choices[0] // kv_choices[1]}x",
+        )
     ]

@@ -25,10 +25,12 @@ from kvlab.serving.attention import ATTENTION_PATHS
 
 @dataclass(frozen=True)
 class AttentionTiming:
-    """One decode step of attention over ``batch`` sequences of ``context`` tokens (notebooks 05, 05b)."""
+    """One decode step of attention over ``batch`` sequences of ``context`` tokens (notebooks 05,
+    05b)."""
 
     paged: object  # Timing of the paged path
-    contiguous: object  # Timing of torch SDPA over a contiguous [batch, kv_heads, context, head_dim] cache
+    # Timing of torch SDPA over a contiguous [batch, kv_heads, context, head_dim] cache
+    contiguous: object
     kv_bytes: int  # K and V bytes one step must read
     path: str  # "kernel" or "reference"
 
@@ -41,20 +43,34 @@ class AttentionTiming:
         return self.kv_bytes / self.contiguous.median
 
 
-def _paged_case(batch, context, block_size, num_q_heads, num_kv_heads, head_dim, dtype, identity_table, seed):
-    """Random q and a paged cache of ``batch`` sequences of ``context`` tokens, and the same keys and
-    values laid out contiguously per sequence for SDPA."""
+def _paged_case(
+    batch, context, block_size, num_q_heads, num_kv_heads, head_dim, dtype, identity_table, seed
+):
+    """Random q and a paged cache of ``batch`` sequences of ``context`` tokens, and the same keys
+    and values laid out contiguously per sequence for SDPA."""
     from kvlab.devices import device_and_dtype
 
-    for name, value in (("batch", batch), ("context", context), ("block_size", block_size),
-                        ("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+    for name, value in (
+        ("batch", batch),
+        ("context", context),
+        ("block_size", block_size),
+        ("num_q_heads", num_q_heads),
+        ("num_kv_heads", num_kv_heads),
+        ("head_dim", head_dim),
+    ):
         integer(name, value, 1)
     if num_q_heads % num_kv_heads:
-        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        raise ValueError(
+            f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+        )
     dev, dtype = device_and_dtype(None, dtype)
     generator = torch.Generator().manual_seed(seed)
     per_seq = -(-context // block_size)
-    order = torch.arange(batch * per_seq) if identity_table else torch.randperm(batch * per_seq, generator=generator)
+    order = (
+        torch.arange(batch * per_seq)
+        if identity_table
+        else torch.randperm(batch * per_seq, generator=generator)
+    )
     table = order.reshape(batch, per_seq).to(dev, torch.int32)
     pool_shape = (batch * per_seq, block_size, num_kv_heads, head_dim)
     k_pool = torch.randn(pool_shape, generator=generator).to(dev, dtype)
@@ -63,15 +79,25 @@ def _paged_case(batch, context, block_size, num_q_heads, num_kv_heads, head_dim,
     k_flat = k_pool[table.long()].flatten(1, 2)[:, :context].transpose(1, 2).contiguous()
     v_flat = v_pool[table.long()].flatten(1, 2)[:, :context].transpose(1, 2).contiguous()
     q = torch.randn(batch, num_q_heads, head_dim, generator=generator).to(dev, dtype)
-    kv_bytes = 2 * batch * context * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-    return SimpleNamespace(q=q, k_pool=k_pool, v_pool=v_pool, table=table, lens=lens, kv_bytes=kv_bytes,
-                           contiguous=lambda: F.scaled_dot_product_attention(q[:, :, None], k_flat, v_flat,
-                                                                             enable_gqa=True))
+    kv_bytes = (
+        2 * batch * context * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    )
+    return SimpleNamespace(
+        q=q,
+        k_pool=k_pool,
+        v_pool=v_pool,
+        table=table,
+        lens=lens,
+        kv_bytes=kv_bytes,
+        contiguous=lambda: F.scaled_dot_product_attention(
+            q[:, :, None], k_flat, v_flat, enable_gqa=True
+        ),
+    )
 
 
 def _alternate(contenders: dict, warmup: int, reps: int) -> dict:
-    """Time each of ``contenders`` (name -> function) once per round, ``reps`` rounds: one timing loop
-    that alternates them, so that drift on a shared machine hits all alike."""
+    """Time each of ``contenders`` (name -> function) once per round, ``reps`` rounds: one timing
+    loop that alternates them, so that drift on a shared machine hits all alike."""
     for fn in contenders.values():
         for _ in range(warmup):
             fn()
@@ -82,44 +108,66 @@ def _alternate(contenders: dict, warmup: int, reps: int) -> dict:
     return {name: merge_timings(parts) for name, parts in runs.items()}
 
 
-def compare_attention(batch: int, context: int, block_size: int = 16, num_q_heads: int = 8, num_kv_heads: int = 2,
-                      head_dim: int = 64, dtype=None, path: str | None = None, identity_table: bool = False,
-                      num_splits: int | None = None, warmup: int = 2, reps: int = 5,
-                      seed: int = 0) -> AttentionTiming:
-    """Paged decode attention against torch SDPA on a contiguous cache, same data, interleaved (notebook 05).
+def compare_attention(
+    batch: int,
+    context: int,
+    block_size: int = 16,
+    num_q_heads: int = 8,
+    num_kv_heads: int = 2,
+    head_dim: int = 64,
+    dtype=None,
+    path: str | None = None,
+    identity_table: bool = False,
+    num_splits: int | None = None,
+    warmup: int = 2,
+    reps: int = 5,
+    seed: int = 0,
+) -> AttentionTiming:
+    """Paged decode attention against torch SDPA on a contiguous cache, same data, interleaved
+    (notebook 05).
 
-    ``path`` defaults to the Triton kernel on a GPU and, on a CPU (where the interpreter's speed says
-    nothing about the kernel), to ``"gather"``, the vectorised PyTorch paged path;
+    ``path`` defaults to the Triton kernel on a GPU and, on a CPU (where the interpreter's speed
+    says nothing about the kernel), to ``"gather"``, the vectorised PyTorch paged path;
     ``"reference"`` is the per-sequence plain-PyTorch reference of ``kvlab.kernels``. The paged
-    cache's blocks are a random permutation of the pool, or in order with ``identity_table``.
-    The kernel path validates its inputs once and times the launches alone; ``num_splits`` is
-    passed to it (None: its automatic choice).
+    cache's blocks are a random permutation of the pool, or in order with ``identity_table``. The
+    kernel path validates its inputs once and times the launches alone; ``num_splits`` is passed to
+    it (None: its automatic choice).
     """
     from kvlab.devices import on_gpu
 
     path = one_of("path", path or ("kernel" if on_gpu() else "gather"), ATTENTION_PATHS)
     integer("reps", reps, 1)
     integer("warmup", warmup, 0)
-    case = _paged_case(batch, context, block_size, num_q_heads, num_kv_heads, head_dim, dtype, identity_table, seed)
+    case = _paged_case(
+        batch, context, block_size, num_q_heads, num_kv_heads, head_dim, dtype, identity_table, seed
+    )
     args = (case.q, case.k_pool, case.v_pool, case.table, case.lens)
     if path == "kernel":
         paged = kernels.paged_decode_launcher(*args, num_splits=num_splits)
     else:
-        attend = kernels.paged_decode_attention_gather if path == "gather" else kernels.paged_decode_attention_ref
+        attend = (
+            kernels.paged_decode_attention_gather
+            if path == "gather"
+            else kernels.paged_decode_attention_ref
+        )
 
         def paged():
             return attend(*args)
 
     with torch.inference_mode():
-        torch.testing.assert_close(paged().float(), case.contiguous()[:, :, 0].float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(
+            paged().float(), case.contiguous()[:, :, 0].float(), atol=2e-2, rtol=2e-2
+        )
         timed = _alternate({"paged": paged, "contiguous": case.contiguous}, warmup, reps)
     return AttentionTiming(timed["paged"], timed["contiguous"], case.kv_bytes, path)
 
 
 @dataclass(frozen=True)
 class SplitTiming:
-    """The paged kernel at one decode step with ``num_splits`` splits (``split``), with one (``one``), and
-    SDPA on the same keys and values laid out contiguously, timed in one alternating loop (notebook 05b)."""
+    """The paged kernel at one decode step with ``num_splits`` splits (``split``), with one
+    (``one``), and SDPA on the same keys and values laid out contiguously, timed in one alternating
+    loop (notebook 05b).
+    """
 
     num_splits: int
     split: Timing
@@ -132,16 +180,28 @@ class SplitTiming:
         return self.kv_bytes / self.split.median
 
 
-def compare_splits(batch: int, context: int, num_splits: int, block_size: int = 16, num_q_heads: int = 8,
-                   num_kv_heads: int = 2, head_dim: int = 64, dtype=None, warmup: int = 1, reps: int = 5,
-                   seed: int = 0) -> SplitTiming:
-    """The Triton kernel with ``num_splits`` splits against itself with one split and against SDPA, on the
-    same data, in one timing loop that runs each once per round (notebook 05b). With ``num_splits=1``
-    there is one contender less: ``one`` is ``split``."""
+def compare_splits(
+    batch: int,
+    context: int,
+    num_splits: int,
+    block_size: int = 16,
+    num_q_heads: int = 8,
+    num_kv_heads: int = 2,
+    head_dim: int = 64,
+    dtype=None,
+    warmup: int = 1,
+    reps: int = 5,
+    seed: int = 0,
+) -> SplitTiming:
+    """The Triton kernel with ``num_splits`` splits against itself with one split and against SDPA,
+    on the same data, in one timing loop that runs each once per round (notebook 05b). With
+    ``num_splits=1`` there is one contender less: ``one`` is ``split``."""
     integer("num_splits", num_splits, 1)
     integer("reps", reps, 1)
     integer("warmup", warmup, 0)
-    case = _paged_case(batch, context, block_size, num_q_heads, num_kv_heads, head_dim, dtype, False, seed)
+    case = _paged_case(
+        batch, context, block_size, num_q_heads, num_kv_heads, head_dim, dtype, False, seed
+    )
     args = (case.q, case.k_pool, case.v_pool, case.table, case.lens)
     contenders = {"split": kernels.paged_decode_launcher(*args, num_splits=num_splits)}
     if num_splits != 1:
@@ -153,15 +213,21 @@ def compare_splits(batch: int, context: int, num_splits: int, block_size: int = 
             if name in contenders:
                 torch.testing.assert_close(contenders[name]().float(), want, atol=2e-2, rtol=2e-2)
         timed = _alternate(contenders, warmup, reps)
-    return SplitTiming(num_splits, timed["split"], timed.get("one", timed["split"]), timed["contiguous"],
-                       case.kv_bytes)
+    return SplitTiming(
+        num_splits,
+        timed["split"],
+        timed.get("one", timed["split"]),
+        timed["contiguous"],
+        case.kv_bytes,
+    )
 
 
 def bench_rows():
-    """Paged vs contiguous decode attention, swap's transfer, and the admission simulator (notebook 05)."""
+    """Paged vs contiguous decode attention, swap's transfer, and the admission simulator (notebook
+    05)."""
+    from kvlab.devices import on_gpu
     from kvlab.lab.bench import Row
     from kvlab.lab.hardware import calibrate
-    from kvlab.devices import on_gpu
     from kvlab.lab.paging import make_trace, simulate
     from kvlab.lab.preemption import cached_recompute_rows, measure_host_copy
 
@@ -175,32 +241,71 @@ def bench_rows():
         t = compare_attention(batch, context, 16, reps=10 if gpu else 5, **shape)
         where = f"batch {batch}, context {context}, block 16"
         rows += [
-            Row(f"paged attention b{batch} s{context}", t.paged_bytes_per_s / 1e9, "GB/s", f"{where}, {t.path} path"),
-            Row(f"paged / copy bandwidth b{batch} s{context}", t.paged_bytes_per_s / copy, "fraction",
-                "K+V bytes read once / calibrated copy bandwidth"),
-            Row(f"SDPA contiguous b{batch} s{context}", t.contiguous_bytes_per_s / 1e9, "GB/s", f"{where}, contiguous cache"),
-            Row(f"paged / SDPA time b{batch} s{context}", t.paged.median / t.contiguous.median, "x",
-                "ratio of medians, same run"),
+            Row(
+                f"paged attention b{batch} s{context}",
+                t.paged_bytes_per_s / 1e9,
+                "GB/s",
+                f"{where}, {t.path} path",
+            ),
+            Row(
+                f"paged / copy bandwidth b{batch} s{context}",
+                t.paged_bytes_per_s / copy,
+                "fraction",
+                "K+V bytes read once / calibrated copy bandwidth",
+            ),
+            Row(
+                f"SDPA contiguous b{batch} s{context}",
+                t.contiguous_bytes_per_s / 1e9,
+                "GB/s",
+                f"{where}, contiguous cache",
+            ),
+            Row(
+                f"paged / SDPA time b{batch} s{context}",
+                t.paged.median / t.contiguous.median,
+                "x",
+                "ratio of medians, same run",
+            ),
         ]
     if gpu:  # the kernel against itself: block-table indirection, and what split-K buys at batch 1
         permuted = compare_attention(32, 16384, 16, reps=10, **shape)
         ordered = compare_attention(32, 16384, 16, reps=10, identity_table=True, **shape)
-        auto = kernels.choose_num_splits(1, heads[1], 32768, kernels.multiprocessor_count(torch.device("cuda")))
+        auto = kernels.choose_num_splits(
+            1, heads[1], 32768, kernels.multiprocessor_count(torch.device("cuda"))
+        )
         splits = compare_splits(1, 32768, auto, 16, reps=10, **shape)
         rows += [
-            Row("permuted / identity table time b32 s16384", permuted.paged.median / ordered.paged.median, "x",
-                "same kernel; blocks in random order vs in order, two runs"),
-            Row("num_splits=1 / split-K time b1 s32768", splits.one.median / splits.split.median, "x",
-                f"same kernel; automatic num_splits ({auto}) vs one split, one alternating loop"),
-            Row("split-K paged attention b1 s32768", splits.split_bytes_per_s / 1e9, "GB/s",
-                f"{auto} splits, block 16, kernel path"),
+            Row(
+                "permuted / identity table time b32 s16384",
+                permuted.paged.median / ordered.paged.median,
+                "x",
+                "same kernel; blocks in random order vs in order, two runs",
+            ),
+            Row(
+                "num_splits=1 / split-K time b1 s32768",
+                splits.one.median / splits.split.median,
+                "x",
+                f"same kernel; automatic num_splits ({auto}) vs one split, one alternating loop",
+            ),
+            Row(
+                "split-K paged attention b1 s32768",
+                splits.split_bytes_per_s / 1e9,
+                "GB/s",
+                f"{auto} splits, block 16, kernel path",
+            ),
         ]
-    # swap's transfer: one copy per 16-token block of one layer's K (Llama-3-8B: 16 x 8 x 128 x 2 bytes)
-    # against one copy of the same bytes; on a GPU device-to-pinned-host over PCIe
+    # swap's transfer: one copy per 16-token block of one layer's K (Llama-3-8B: 16 x 8 x 128 x 2
+    # bytes) against one copy of the same bytes; on a GPU device-to-pinned-host over PCIe
     total = (256 << 20) if gpu else (32 << 20)
     for r in measure_host_copy(total, [16 * 8 * 128 * 2, 1 << 20], reps=5):
-        rows.append(Row(f"host copy in {r.block_bytes // 1024} KiB blocks / one copy", r.efficiency, "fraction",
-                        f"{r.blocks} copies of {r.block_bytes:,} B against one of {r.total_bytes:,} B, same run"))
+        rows.append(
+            Row(
+                f"host copy in {r.block_bytes // 1024} KiB blocks / one copy",
+                r.efficiency,
+                "fraction",
+                f"{r.blocks} copies of {r.block_bytes:,} B against one of {r.total_bytes:,} B,"
+                " same run",
+            )
+        )
     rows += cached_recompute_rows(gpu)
     trace = make_trace(200, "lognormal", mean_prompt=64, mean_output=128, max_len=512, seed=0)
     for policy in ("reserve-max", "reserve-estimate", "paged"):

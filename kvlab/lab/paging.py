@@ -1,15 +1,17 @@
-"""Notebook 05: how much KV memory contiguous reservation and paged allocation waste on a request trace.
+"""Notebook 05: how much KV memory contiguous reservation and paged allocation waste on a request
+trace.
 
 :func:`simulate` runs a trace through kvlab's one :class:`~kvlab.serving.scheduler.Scheduler` (the
 engine's policy, with no token budget and no watermark) over one of three memories, without a
 model: each step, every scheduled chunk counts as computed and a request that completes gets a
 token. The memories answer the block manager's calls (Kwon et al. 2023):
 
-- ``paged``: a :class:`~kvlab.cache.block_manager.BlockManager` of ``budget // block_size`` blocks, taken
-  one at a time as sequences grow;
+- ``paged``: a :class:`~kvlab.cache.block_manager.BlockManager` of ``budget // block_size`` blocks,
+  taken one at a time as sequences grow;
 - ``reserve-max`` and ``reserve-estimate``: :class:`ContiguousMemory`, one region of token slots per
   request placed first fit, of ``max_len`` slots or of ``prompt + estimate``. A region cannot grow:
-  a request that outgrows its estimate is preempted (recompute) and readmitted reserving ``max_len``.
+  a request that outgrows its estimate is preempted (recompute) and readmitted reserving
+  ``max_len``.
 
 :func:`make_trace` draws the requests' lengths. The per-request formula the simulation is read
 against, and the most paged allocation can waste, are in :mod:`kvlab.theory.paging`.
@@ -43,21 +45,32 @@ def _draw(rng, distribution: str, mean: float, size: int):
     return np.rint(centre * rng.uniform(0.5, 1.5, size=size))
 
 
-def make_trace(n: int, distribution: str = "lognormal", mean_prompt: float = 64, mean_output: float = 128,
-               max_len: int = 512, seed: int = 0) -> list[Request]:
+def make_trace(
+    n: int,
+    distribution: str = "lognormal",
+    mean_prompt: float = 64,
+    mean_output: float = 128,
+    max_len: int = 512,
+    seed: int = 0,
+) -> list[Request]:
     """``n`` requests with prompt and output lengths drawn from ``distribution`` (notebook 05).
 
     ``uniform``: integers in [1, 2 mean - 1]; ``lognormal``: sigma 1 (a long tail, as in chat
-    traces); ``bimodal``: half at a quarter of the mean, half at 1.75 times it, each jittered by
-    a uniform factor in [0.5, 1.5]. Lengths are then clipped so that ``1 <= prompt``,
-    ``1 <= output`` and ``prompt + output <= max_len`` (which moves the means slightly). The prompts'
-    token ids are all 0: only lengths matter here.
+    traces); ``bimodal``: half at a quarter of the mean, half at 1.75 times it, each jittered by a
+    uniform factor in [0.5, 1.5]. Lengths are then clipped so that ``1 <= prompt``, ``1 <= output``
+    and ``prompt + output <= max_len`` (which moves the means slightly). The prompts' token ids are
+    all 0: only lengths matter here.
     """
     one_of("distribution", distribution, DISTRIBUTIONS)
     n, max_len, seed = integer("n", n, 0), integer("max_len", max_len, 2), integer("seed", seed, 0)
-    mean_prompt, mean_output = real("mean_prompt", mean_prompt, 1), real("mean_output", mean_output, 1)
+    mean_prompt, mean_output = (
+        real("mean_prompt", mean_prompt, 1),
+        real("mean_output", mean_output, 1),
+    )
     # A request is a Python object of some hundred bytes, and a list of its prompt's token ids.
-    require_memory(f"a trace of {n:,} requests", int(n * (200 + 8 * min(mean_prompt, max_len))), "cpu")
+    require_memory(
+        f"a trace of {n:,} requests", int(n * (200 + 8 * min(mean_prompt, max_len))), "cpu"
+    )
     rng = np.random.default_rng(seed)
     prompts = np.clip(_draw(rng, distribution, mean_prompt, n), 1, max_len - 1).astype(int)
     outputs = np.clip(_draw(rng, distribution, mean_output, n), 1, max_len - prompts).astype(int)
@@ -79,12 +92,12 @@ class _Region:
 
 
 class ContiguousMemory:
-    """One contiguous region of token slots per request, placed first fit in ``budget`` slots: the block
-    manager's calls, with a "block" of one slot (notebook 05).
+    """One contiguous region of token slots per request, placed first fit in ``budget`` slots: the
+    block manager's calls, with a "block" of one slot (notebook 05).
 
     ``estimate=None`` reserves ``max_len`` slots per request; else ``prompt + estimate`` (at most
-    ``max_len``), and ``max_len`` for a request that outgrew its region. ``refused_free`` is set when
-    an admission is refused although enough slots are free in total (holes too small).
+    ``max_len``), and ``max_len`` for a request that outgrew its region. ``refused_free`` is set
+    when an admission is refused although enough slots are free in total (holes too small).
     """
 
     block_size = 1
@@ -120,7 +133,8 @@ class ContiguousMemory:
         return seq_id, 0
 
     def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
-        """0 while the region has room; more than the whole memory once it is full: it cannot grow."""
+        """0 while the region has room; more than the whole memory once it is full: it cannot
+        grow."""
         region = self._region(seq_id)
         return 0 if len(region.tokens) + num_tokens <= region.size else self.num_blocks + 1
 
@@ -131,7 +145,9 @@ class ContiguousMemory:
         self._region(seq_id).num_computed = num_computed
 
     def preempt(self, seq_id: int, mode: str) -> int:
-        one_of("mode", mode, ("recompute",))  # a region's contents are not swapped in this simulation
+        one_of(
+            "mode", mode, ("recompute",)
+        )  # a region's contents are not swapped in this simulation
         region = self._region(seq_id)
         held, region.num_computed, region.state = region.num_computed, 0, "recompute"
         region.outgrown = region.outgrown or len(region.tokens) == region.size
@@ -155,13 +171,17 @@ class ContiguousMemory:
     def _region(self, seq_id) -> _Region:
         region = self._seqs.get(integer("seq_id", seq_id, 0))
         if region is None:
-            raise ValueError(f"seq_id {seq_id!r} is not a live sequence; live: {sorted(self._seqs)}")
+            raise ValueError(
+                f"seq_id {seq_id!r} is not a live sequence; live: {sorted(self._seqs)}"
+            )
         return region
 
     def _size(self, prompt: int, outgrown: bool, known_prompt: int | None = None) -> int:
         if self.estimate is None or outgrown:
             return self.max_len
-        return min(self.max_len, (known_prompt if known_prompt is not None else prompt) + self.estimate)
+        return min(
+            self.max_len, (known_prompt if known_prompt is not None else prompt) + self.estimate
+        )
 
     def _slots_if_placed(self, size: int) -> int:
         """``size`` if a hole that large exists now, else more than the memory (refused)."""
@@ -174,7 +194,9 @@ class ContiguousMemory:
     def _hole(self, size: int) -> int | None:
         """The lowest start of a free run of ``size`` slots (first fit), or None."""
         cursor = 0
-        for region in sorted((r for r in self._seqs.values() if r.state == "resident"), key=lambda r: r.start):
+        for region in sorted(
+            (r for r in self._seqs.values() if r.state == "resident"), key=lambda r: r.start
+        ):
             if region.start - cursor >= size:
                 return cursor
             cursor = region.start + region.size
@@ -198,7 +220,8 @@ class SimResult:
     output token). ``reserved``: reserved slots that a later token of the same request will fill
     (reservation waste). ``internal``: reserved slots no token will ever fill (internal
     fragmentation). ``final_block``: empty slots in paged requests' last blocks. ``external``: free
-    slots while the queue's head was refused although that many were free in total (holes too small).
+    slots while the queue's head was refused although that many were free in total (holes too
+    small).
     """
 
     policy: str
@@ -227,7 +250,8 @@ class SimResult:
 
     @property
     def waste_fraction(self) -> float:
-        """Share of allocated KV memory not holding a token, averaged over the run (time-weighted)."""
+        """Share of allocated KV memory not holding a token, averaged over the run
+        (time-weighted)."""
         return 1 - self.used / self.allocated if self.allocated else 0.0
 
     @property
@@ -241,58 +265,94 @@ class SimResult:
         return self.used / request_steps if request_steps else 0.0
 
 
-def _check_sim_args(trace, policy, budget_tokens, block_size, max_batch, max_len, preemption) -> list:
+def _check_sim_args(
+    trace, policy, budget_tokens, block_size, max_batch, max_len, preemption
+) -> list:
     if isinstance(trace, (str, bytes)) or not hasattr(trace, "__iter__"):
-        raise TypeError(f"trace must be a list of kvlab.serving.request.Request, got {type(trace).__name__}")
+        raise TypeError(
+            f"trace must be a list of kvlab.serving.request.Request, got {type(trace).__name__}"
+        )
     trace = list(trace)
     for i, request in enumerate(trace):
         if not isinstance(request, Request):
-            raise TypeError(f"trace[{i}] must be a kvlab.serving.request.Request, got {type(request).__name__}")
+            raise TypeError(
+                f"trace[{i}] must be a kvlab.serving.request.Request, got {type(request).__name__}"
+            )
     one_of("policy", policy, POLICIES)
     one_of("preemption", preemption, PREEMPTION_MODES)
-    for name, value in (("budget_tokens", budget_tokens), ("block_size", block_size), ("max_batch", max_batch),
-                        ("max_len", max_len)):
+    for name, value in (
+        ("budget_tokens", budget_tokens),
+        ("block_size", block_size),
+        ("max_batch", max_batch),
+        ("max_len", max_len),
+    ):
         integer(name, value, 1)
     longest = max((len(r.prompt) + r.max_new_tokens for r in trace), default=0)
     if longest > max_len:
-        raise ValueError(f"max_len ({max_len}) must be >= the longest request in the trace ({longest} tokens)")
+        raise ValueError(
+            f"max_len ({max_len}) must be >= the longest request in the trace ({longest} tokens)"
+        )
     if policy == "paged" and budget_tokens // block_size > MAX_BLOCK_ID:
-        raise ValueError(f"budget_tokens ({budget_tokens:,}) makes {budget_tokens // block_size:,} blocks of {block_size}, "
-                         f"more than the {MAX_BLOCK_ID:,} block ids an int32 block table holds")
+        raise ValueError(
+            f"budget_tokens ({budget_tokens:,}) makes {budget_tokens // block_size:,} blocks of"
+            f" {block_size}, more than the {MAX_BLOCK_ID:,} block ids an int32 block table holds"
+        )
     need = max_len if policy != "paged" else -(-longest // block_size) * block_size
     if trace and need > budget_tokens:
-        raise ValueError(f"budget_tokens ({budget_tokens}) cannot hold one request: {policy} needs {need} tokens")
+        raise ValueError(
+            f"budget_tokens ({budget_tokens}) cannot hold one request: {policy} needs {need} tokens"
+        )
     return trace
 
 
-def simulate(trace, policy: str, budget_tokens: int, block_size: int = 16, max_batch: int = 256,
-             max_len: int | None = None, estimate: int | None = None, preemption: str = "recompute") -> SimResult:
-    """Run ``trace`` through one KV memory, one step at a time, with the engine's scheduler (notebook 05).
+def simulate(
+    trace,
+    policy: str,
+    budget_tokens: int,
+    block_size: int = 16,
+    max_batch: int = 256,
+    max_len: int | None = None,
+    estimate: int | None = None,
+    preemption: str = "recompute",
+) -> SimResult:
+    """Run ``trace`` through one KV memory, one step at a time, with the engine's scheduler
+    (notebook 05).
 
     Every request arrives at step 0 and waits first come, first served. A request admitted at step
-    ``t`` is prefilled in that step (a prefill costs one step, like a decode) and generates one token
-    per step from then on: with output ``G`` it finishes at step ``t + G - 1`` unless preempted.
-    When a paged request needs a block and none is free, the newest running request is preempted by
-    ``preemption`` (see :mod:`kvlab.serving.scheduler`). ``estimate`` (``reserve-estimate``) defaults
-    to the trace's mean output. The requests of ``trace`` are copied, not changed.
+    ``t`` is prefilled in that step (a prefill costs one step, like a decode) and generates one
+    token per step from then on: with output ``G`` it finishes at step ``t + G - 1`` unless
+    preempted. When a paged request needs a block and none is free, the newest running request is
+    preempted by ``preemption`` (see :mod:`kvlab.serving.scheduler`). ``estimate``
+    (``reserve-estimate``) defaults to the trace's mean output. The requests of ``trace`` are
+    copied, not changed.
     """
-    trace = list(trace) if not isinstance(trace, (str, bytes)) and hasattr(trace, "__iter__") else trace
-    longest = max((len(r.prompt) + r.max_new_tokens for r in trace if isinstance(r, Request)), default=1)
+    trace = (
+        list(trace) if not isinstance(trace, (str, bytes)) and hasattr(trace, "__iter__") else trace
+    )
+    longest = max(
+        (len(r.prompt) + r.max_new_tokens for r in trace if isinstance(r, Request)), default=1
+    )
     max_len = max_len if max_len is not None else longest
-    trace = _check_sim_args(trace, policy, budget_tokens, block_size, max_batch, max_len, preemption)
+    trace = _check_sim_args(
+        trace, policy, budget_tokens, block_size, max_batch, max_len, preemption
+    )
     if estimate is None:
         estimate = max(1, round(sum(r.max_new_tokens for r in trace) / max(1, len(trace))))
     integer("estimate", estimate, 1)
     if policy == "paged":
         memory = BlockManager(budget_tokens // block_size, block_size)
     else:
-        memory = ContiguousMemory(budget_tokens, max_len, estimate if policy == "reserve-estimate" else None)
+        memory = ContiguousMemory(
+            budget_tokens, max_len, estimate if policy == "reserve-estimate" else None
+        )
     result = SimResult(policy, budget_tokens, block_size, max_batch)
 
     def count_admissions(request, kind, detail=None):
         result.admitted += kind == "admit" or (kind, detail) == ("resume", "recompute")
 
-    scheduler = Scheduler(memory, max_batch, budget_tokens + max_batch, preemption, log=count_admissions)
+    scheduler = Scheduler(
+        memory, max_batch, budget_tokens + max_batch, preemption, log=count_admissions
+    )
     for r in trace:
         scheduler.add(Request(r.id, list(r.prompt), r.max_new_tokens))
     while scheduler.has_work():
@@ -302,7 +362,10 @@ def simulate(trace, policy: str, budget_tokens: int, block_size: int = 16, max_b
         result.completed += len(scheduler.update(plan, [0] * len(plan)))
         result.completed_by_step.append(result.completed)
     result.preemptions = scheduler.stats.preemptions
-    result.recomputed_tokens, result.swapped_blocks = scheduler.stats.recomputed_tokens, scheduler.stats.swapped_blocks
+    result.recomputed_tokens, result.swapped_blocks = (
+        scheduler.stats.recomputed_tokens,
+        scheduler.stats.swapped_blocks,
+    )
     return result
 
 
@@ -317,13 +380,20 @@ def _account(result: SimResult, running: list[Request], memory, policy: str) -> 
             result.final_block += blocks * memory.block_size - held
             widest = max(widest, blocks)
         else:
-            size, final = memory.region_size(request.seq), len(request.prompt) + request.max_new_tokens - 1
+            size, final = (
+                memory.region_size(request.seq),
+                len(request.prompt) + request.max_new_tokens - 1,
+            )
             result.reserved += min(size, final) - held
             result.internal += max(0, size - final)
     if policy != "paged":
         result.external += memory.refused_free
         memory.refused_free = 0
-    metadata = TABLE_ENTRY_BYTES * len(running) * widest if policy == "paged" else REGION_BYTES * len(running)
+    metadata = (
+        TABLE_ENTRY_BYTES * len(running) * widest
+        if policy == "paged"
+        else REGION_BYTES * len(running)
+    )
     result.peak_metadata_bytes = max(result.peak_metadata_bytes, metadata)
     result.peak_batch = max(result.peak_batch, len(running))
     result.batch_by_step.append(len(running))

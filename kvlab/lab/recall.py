@@ -33,11 +33,14 @@ def linear_recall_errors(recurrence: DiagonalRecurrence, length: int):
     # Orthonormal basis of M's row space (SVD, dropping directions fp64 cannot resolve).
     _, s, vh = torch.linalg.svd(m, full_matrices=False)
     basis = vh[s > s.max() * length * torch.finfo(torch.float64).eps] if s.max() > 0 else vh[:0]
-    return (1.0 - (basis ** 2).sum(0)).clamp(0.0, 1.0)
+    return (1.0 - (basis**2).sum(0)).clamp(0.0, 1.0)
 
 
-def linear_recall_error(recurrence: DiagonalRecurrence, length: int, position: int | None = None) -> float:
-    """``linear_recall_errors`` at one ``position``, or their mean over all positions with ``None``."""
+def linear_recall_error(
+    recurrence: DiagonalRecurrence, length: int, position: int | None = None
+) -> float:
+    """``linear_recall_errors`` at one ``position``, or their mean over all positions with
+    ``None``."""
     if position is not None:
         integer("position", position, 0)
         integer("length", length, 1)
@@ -47,20 +50,26 @@ def linear_recall_error(recurrence: DiagonalRecurrence, length: int, position: i
     return float(errors.mean() if position is None else errors[position])
 
 
-def spread_recurrence(state_size: int, fastest: float = 0.5, slowest: float = 0.99) -> DiagonalRecurrence:
-    """A recurrence with ``state_size`` decays spread geometrically between ``fastest`` and ``slowest``
-    (unit gains and readout): a fair fixed state for the recall probe of section 9.6."""
+def spread_recurrence(
+    state_size: int, fastest: float = 0.5, slowest: float = 0.99
+) -> DiagonalRecurrence:
+    """A recurrence with ``state_size`` decays spread geometrically between ``fastest`` and
+    ``slowest`` (unit gains and readout): a fair fixed state for the recall probe of section 9.6."""
     integer("state_size", state_size, 1)
     for name, value in (("fastest", fastest), ("slowest", slowest)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{name} must be a number in (0, 1), got {type(value).__name__} {value!r}")
+            raise TypeError(
+                f"{name} must be a number in (0, 1), got {type(value).__name__} {value!r}"
+            )
     if not 0 < fastest <= slowest < 1:
-        raise ValueError(f"need 0 < fastest <= slowest < 1, got fastest={fastest}, slowest={slowest}")
+        raise ValueError(
+            f"need 0 < fastest <= slowest < 1, got fastest={fastest}, slowest={slowest}"
+        )
     if state_size == 1:
         decays = (slowest,)
     else:
         ratio = (math.log(slowest) / math.log(fastest)) ** (1 / (state_size - 1))
-        decays = tuple(math.exp(math.log(fastest) * ratio ** i) for i in range(state_size))
+        decays = tuple(math.exp(math.log(fastest) * ratio**i) for i in range(state_size))
     return DiagonalRecurrence(decays, (1.0,) * state_size, (1.0,) * state_size)
 
 
@@ -69,8 +78,14 @@ def attention_recall(values, position: int | None = None, sharpness: float = 50.
     ``sharpness``; returns softmax(q K^T) V for ``values`` ``[..., length]`` (section 9.6).
 
     ``position=None`` asks for every position at once and returns ``[..., length]``."""
-    if not isinstance(values, torch.Tensor) or not values.dtype.is_floating_point or values.dim() < 1:
-        raise TypeError(f"values must be a floating torch.Tensor [..., length], got {type(values).__name__}")
+    if (
+        not isinstance(values, torch.Tensor)
+        or not values.dtype.is_floating_point
+        or values.dim() < 1
+    ):
+        raise TypeError(
+            f"values must be a floating torch.Tensor [..., length], got {type(values).__name__}"
+        )
     if not bool(torch.isfinite(values).all()):
         raise ValueError("values holds NaN or infinite numbers")
     positive("sharpness", sharpness)
@@ -80,6 +95,6 @@ def attention_recall(values, position: int | None = None, sharpness: float = 50.
         if position >= length:
             raise ValueError(f"position must be in [0, length={length}), got {position}")
     keys = torch.eye(length, dtype=values.dtype, device=values.device)
-    queries = keys if position is None else keys[position:position + 1]
+    queries = keys if position is None else keys[position : position + 1]
     out = values @ torch.softmax(sharpness * queries @ keys.T, dim=-1).T
     return out if position is None else out[..., 0]

@@ -2,10 +2,10 @@
 
 ``trace_step`` times one decode step (``kvlab.lab.repeatable_step``), then runs it under
 ``torch.profiler`` and splits the traced span into the time covered by kernels (GPU) or top-level
-operators (CPU) and the gaps between them: a step mostly made of gaps is lost to launches and
-Python dispatch, a busy one is bound by the bytes or FLOPs it moves (``kvlab.theory.work.step_work``).
-The ``StepTrace`` it returns is what ``kvlab.theory.verdict.decide`` reads, and what the book's
-recorded GPU traces store (``to_json``).
+operators (CPU) and the gaps between them: a step mostly made of gaps is lost to launches and Python
+dispatch, a busy one is bound by the bytes or FLOPs it moves (``kvlab.theory.work.step_work``). The
+``StepTrace`` it returns is what ``kvlab.theory.verdict.decide`` reads, and what the book's recorded
+GPU traces store (``to_json``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,14 @@ from torch.profiler import ProfilerActivity, profile
 
 from kvlab._checks import integer
 from kvlab.lab.hardware import cpu_threads, device_name
-from kvlab.lab.repeatable_step import CPU_THREADS, RepeatableStep, element_bytes, measurement_threads, prepared_ids, sync
+from kvlab.lab.repeatable_step import (
+    CPU_THREADS,
+    RepeatableStep,
+    element_bytes,
+    measurement_threads,
+    prepared_ids,
+    sync,
+)
 from kvlab.theory.work import StepWork, step_work
 
 
@@ -30,14 +37,15 @@ from kvlab.theory.work import StepWork, step_work
 class StepTrace:
     """One decode step timed, then traced under ``torch.profiler`` (section 9.8, step 2).
 
-    ``step_s``: median wall time of the untraced step. ``traced_s``: the traced step's span, from the
-    first operator's start to the last one's end (the profiler slows small operators down, so use
-    its shares, not its absolute time). ``busy_s``: the part of that span covered by kernels (GPU)
-    or by top-level operators (CPU: the matmuls and elementwise work, not the Python between them);
-    ``idle_s`` the rest. ``ops``: (name, seconds, calls), by total time, largest first.
-    ``timeline``: (name, start_s, end_s) of each kernel or top-level operator, from the span's start.
-    ``work``: the bytes and FLOPs of :func:`step_work`. ``threads``: the CPU threads torch ran the step
-    on (``kvlab.lab.repeatable_step.CPU_THREADS`` unless asked otherwise; None on a GPU).
+    ``step_s``: median wall time of the untraced step. ``traced_s``: the traced step's span, from
+    the first operator's start to the last one's end (the profiler slows small operators down, so
+    use its shares, not its absolute time). ``busy_s``: the part of that span covered by kernels
+    (GPU) or by top-level operators (CPU: the matmuls and elementwise work, not the Python between
+    them); ``idle_s`` the rest. ``ops``: (name, seconds, calls), by total time, largest first.
+    ``timeline``: (name, start_s, end_s) of each kernel or top-level operator, from the span's
+    start. ``work``: the bytes and FLOPs of :func:`step_work`. ``threads``: the CPU threads torch
+    ran the step on (``kvlab.lab.repeatable_step.CPU_THREADS`` unless asked otherwise; None on a
+    GPU).
     """
 
     method: str
@@ -71,18 +79,42 @@ class StepTrace:
         return self.work.flops / self.step_s
 
     def to_json(self) -> dict:
-        """A plain dict for ``book/data/measurements/`` (recorded traces shown beside the reader's)."""
-        return {"method": self.method, "batch": self.batch, "context": self.context, "device": self.device,
-                "step_s": self.step_s, "traced_s": self.traced_s, "busy_s": self.busy_s,
-                "ops": [list(o) for o in self.ops], "timeline": [list(t) for t in self.timeline],
-                "threads": self.threads, "work": {"weights_read": self.work.weights_read, "kv_read": self.work.kv_read,
-                         "kv_written": self.work.kv_written, "flops": self.work.flops}}
+        """A plain dict for ``book/data/measurements/`` (recorded traces shown beside the
+        reader's)."""
+        return {
+            "method": self.method,
+            "batch": self.batch,
+            "context": self.context,
+            "device": self.device,
+            "step_s": self.step_s,
+            "traced_s": self.traced_s,
+            "busy_s": self.busy_s,
+            "ops": [list(o) for o in self.ops],
+            "timeline": [list(t) for t in self.timeline],
+            "threads": self.threads,
+            "work": {
+                "weights_read": self.work.weights_read,
+                "kv_read": self.work.kv_read,
+                "kv_written": self.work.kv_written,
+                "flops": self.work.flops,
+            },
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "StepTrace":
-        return cls(d["method"], d["batch"], d["context"], d["device"], d["step_s"], d["traced_s"], d["busy_s"],
-                   tuple(tuple(o) for o in d["ops"]), tuple(tuple(t) for t in d["timeline"]), StepWork(**d["work"]),
-                   threads=d.get("threads"))
+        return cls(
+            d["method"],
+            d["batch"],
+            d["context"],
+            d["device"],
+            d["step_s"],
+            d["traced_s"],
+            d["busy_s"],
+            tuple(tuple(o) for o in d["ops"]),
+            tuple(tuple(t) for t in d["timeline"]),
+            StepWork(**d["work"]),
+            threads=d.get("threads"),
+        )
 
 
 def _union_length(intervals) -> float:
@@ -134,7 +166,9 @@ def _profile(stepper):
             by_op[e.name] = (seconds + e.time_range.elapsed_us() / 1e6, calls + 1)
     else:
         ops = [e for e in events if e.name.startswith("aten::")]
-        parts = [e for e in ops if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")]
+        parts = [
+            e for e in ops if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")
+        ]
         by_op = {}
         for e in ops:  # self time: each operator's own share, without the operators it calls
             seconds, calls = by_op.get(e.name, (0.0, 0))
@@ -144,24 +178,41 @@ def _profile(stepper):
     origin = min(e.time_range.start for e in events)
     span = (max(e.time_range.end for e in events) - origin) / 1e6
     busy = _union_length((e.time_range.start, e.time_range.end) for e in parts) / 1e6
-    timeline = tuple(sorted(((e.name, (e.time_range.start - origin) / 1e6, (e.time_range.end - origin) / 1e6)
-                             for e in parts), key=lambda t: t[1]))
+    timeline = tuple(
+        sorted(
+            (
+                (e.name, (e.time_range.start - origin) / 1e6, (e.time_range.end - origin) / 1e6)
+                for e in parts
+            ),
+            key=lambda t: t[1],
+        )
+    )
     ranked = tuple(sorted(((n, s, c) for n, (s, c) in by_op.items()), key=lambda t: -t[1]))
     return span, busy, ranked, timeline
 
 
-def trace_step(model, input_ids, context: int | None = None, method: str = "cached", warmup: int = 2,
-               reps: int = 3, compile: bool | None = None, traces: int = 3,
-               threads: int | None = CPU_THREADS) -> StepTrace:
-    """Time and trace one decode step of ``method`` with ``context`` tokens cached per sequence (9.8, step 2).
+def trace_step(
+    model,
+    input_ids,
+    context: int | None = None,
+    method: str = "cached",
+    warmup: int = 2,
+    reps: int = 3,
+    compile: bool | None = None,
+    traces: int = 3,
+    threads: int | None = CPU_THREADS,
+) -> StepTrace:
+    """Time and trace one decode step of ``method`` with ``context`` tokens cached per sequence
+    (9.8, step 2).
 
-    ``input_ids`` ``[batch, P]`` fills the cache (repeated up to ``context``, which defaults to P); the
-    step feeds each sequence one more token. The step runs ``warmup`` times untimed, ``reps`` times
-    timed (each from the same cache state), then ``traces`` times under ``torch.profiler`` with CPU
-    and, on a GPU, CUDA activities; the trace kept is the shortest (the least disturbed by other
-    processes). ``compile`` applies to ``static`` (default: on a GPU only). ``paged`` runs
+    ``input_ids`` ``[batch, P]`` fills the cache (repeated up to ``context``, which defaults to P);
+    the step feeds each sequence one more token. The step runs ``warmup`` times untimed, ``reps``
+    times timed (each from the same cache state), then ``traces`` times under ``torch.profiler``
+    with CPU and, on a GPU, CUDA activities; the trace kept is the shortest (the least disturbed by
+    other processes). ``compile`` applies to ``static`` (default: on a GPU only). ``paged`` runs
     kvlab's Triton kernels on a GPU and their PyTorch references on a CPU. On a CPU the step runs on
-    ``threads`` of torch's threads (default ``CPU_THREADS``; None: the caller's count), restored after.
+    ``threads`` of torch's threads (default ``CPU_THREADS``; None: the caller's count), restored
+    after.
     """
     shape, ids = prepared_ids(model, input_ids, context, method)
     integer("warmup", warmup, 0)
@@ -172,12 +223,27 @@ def trace_step(model, input_ids, context: int | None = None, method: str = "cach
         stepper = RepeatableStep(model, ids, method, compile)
         try:
             times = stepper.time(warmup, reps)
-            # The shortest of ``traces`` profiled steps: on a shared machine a step that was descheduled
-            # shows the pause as a gap or as one long operator, neither of which is the step's own.
-            span, busy, ops, timeline = min((_profile(stepper) for _ in range(traces)), key=lambda t: t[0])
+            # The shortest of ``traces`` profiled steps: on a shared machine a step that was
+            # descheduled shows the pause as a gap or as one long operator, neither of which is the
+            # step's own.
+            span, busy, ops, timeline = min(
+                (_profile(stepper) for _ in range(traces)), key=lambda t: t[0]
+            )
         finally:
             stepper.close()
     w = element_bytes(model)
     work = step_work(shape, stepper.batch, stepper.context, method, w, w)
-    return StepTrace(method, stepper.batch, stepper.context, device_name(), statistics.median(times), span, busy,
-                     ops, timeline, work, tuple(times), threads=threads)
+    return StepTrace(
+        method,
+        stepper.batch,
+        stepper.context,
+        device_name(),
+        statistics.median(times),
+        span,
+        busy,
+        ops,
+        timeline,
+        work,
+        tuple(times),
+        threads=threads,
+    )

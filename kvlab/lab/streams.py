@@ -1,4 +1,5 @@
-"""Notebook 08, long-context variants (section 9.7): next-token loss and attention mass on a long stream.
+"""Notebook 08, long-context variants (section 9.7): next-token loss and attention mass on a long
+stream.
 
 What a bounded cache costs shows on a token stream longer than the cache: ``stream_eval`` feeds
 the tokens one at a time through a model with a given cache (``kvlab.cache.window``) and records
@@ -36,14 +37,22 @@ class StreamResult:
 
     nll: torch.Tensor  # [steps] negative log-likelihood of the next token
     logprobs: torch.Tensor  # [steps, vocab] next-token log-probabilities
-    mass_first: torch.Tensor | None  # [steps] attention mass on the first tokens (positions < first)
+    mass_first: (
+        torch.Tensor | None
+    )  # [steps] attention mass on the first tokens (positions < first)
     mass_recent: torch.Tensor | None  # [steps] attention mass on the most recent tokens
     stored: int  # tokens held per layer at the end
 
 
 @torch.inference_mode()
-def stream_eval(model, tokens: torch.Tensor, cache=None, first: int = 4, recent: int = 64,
-                attention: bool = False) -> StreamResult:
+def stream_eval(
+    model,
+    tokens: torch.Tensor,
+    cache=None,
+    first: int = 4,
+    recent: int = 64,
+    attention: bool = False,
+) -> StreamResult:
     """Feed ``tokens [n]`` one at a time through ``model`` with ``cache`` (None: a full cache).
 
     Step t predicts token t + 1 from everything the cache lets it see. With ``attention=True`` (the
@@ -51,8 +60,14 @@ def stream_eval(model, tokens: torch.Tensor, cache=None, first: int = 4, recent:
     attention mass the newest query puts on the first ``first`` tokens of the stream and on the
     ``recent`` newest ones (absolute positions).
     """
-    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-        raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    if (
+        not isinstance(tokens, torch.Tensor)
+        or tokens.dtype.is_floating_point
+        or tokens.dtype == torch.bool
+    ):
+        raise TypeError(
+            f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}"
+        )
     token_ids("tokens", tokens.reshape(-1), causal_lm("model", model).config.vocab_size)
     integer("first", first, 0)
     integer("recent", recent, 0)
@@ -64,11 +79,18 @@ def stream_eval(model, tokens: torch.Tensor, cache=None, first: int = 4, recent:
         raise ValueError(f"tokens must hold at least 2 tokens (one prediction), got {n}")
     logprobs, mass_first, mass_recent = [], [], []
     for t in range(n - 1):
-        out = model(ids[:, t: t + 1], position_ids=torch.tensor([[t]], device=model.device),
-                    **cache_kwargs(model, cache), use_cache=True, output_attentions=attention)
+        out = model(
+            ids[:, t : t + 1],
+            position_ids=torch.tensor([[t]], device=model.device),
+            **cache_kwargs(model, cache),
+            use_cache=True,
+            output_attentions=attention,
+        )
         logprobs.append(torch.log_softmax(out.logits[0, -1].float(), -1))
         if attention:
-            weights = torch.stack([a[0, :, -1].float() for a in out.attentions])  # [layers, heads, kv]
+            weights = torch.stack(
+                [a[0, :, -1].float() for a in out.attentions]
+            )  # [layers, heads, kv]
             pos = _retained_positions(cache, weights.shape[-1], t)
             mass = weights.mean((0, 1))
             mass_first.append(float(mass[pos < first].sum()))
@@ -77,7 +99,9 @@ def stream_eval(model, tokens: torch.Tensor, cache=None, first: int = 4, recent:
     nll = -logprobs.gather(1, ids[0, 1:, None].to(logprobs.device))[:, 0]
     as_tensor = lambda xs: torch.tensor(xs) if attention else None  # noqa: E731
     stored = cache.stored_tokens if hasattr(cache, "stored_tokens") else cache.get_seq_length()
-    return StreamResult(nll.cpu(), logprobs.cpu(), as_tensor(mass_first), as_tensor(mass_recent), stored)
+    return StreamResult(
+        nll.cpu(), logprobs.cpu(), as_tensor(mass_first), as_tensor(mass_recent), stored
+    )
 
 
 def _retained_positions(cache, kv_length: int, t: int) -> torch.Tensor:
@@ -91,27 +115,38 @@ def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """KL(reference || other) per row of two ``[steps, vocab]`` log-probability tensors, in nats."""
     for name, t in (("reference", reference), ("other", other)):
         if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
-            raise TypeError(f"{name} must be a floating torch.Tensor of log-probabilities, got {type(t).__name__}")
+            raise TypeError(
+                f"{name} must be a floating torch.Tensor of log-probabilities, got"
+                f" {type(t).__name__}"
+            )
     if reference.shape != other.shape or reference.dim() < 1:
-        raise ValueError(f"reference and other must share one shape [steps, vocab], got {tuple(reference.shape)} "
-                         f"and {tuple(other.shape)}")
+        raise ValueError(
+            f"reference and other must share one shape [steps, vocab], got {tuple(reference.shape)}"
+            f" and {tuple(other.shape)}"
+        )
     for name, t in (("reference", reference), ("other", other)):
-        total = torch.logsumexp(t.double(), -1)  # 0 for log-probabilities; probabilities give log(sum e^p) > 0
+        total = torch.logsumexp(
+            t.double(), -1
+        )  # 0 for log-probabilities; probabilities give log(sum e^p) > 0
         if not bool((total.abs() < 1e-3).all()):
-            raise ValueError(f"{name} must hold log-probabilities (log_softmax of logits; each row's logsumexp is 0), "
-                             f"got rows whose logsumexp is up to {float(total.abs().max()):.3g}")
+            raise ValueError(
+                f"{name} must hold log-probabilities (log_softmax of logits; each row's logsumexp"
+                f" is 0), got rows whose logsumexp is up to {float(total.abs().max()):.3g}"
+            )
     return (reference.exp() * (reference - other)).sum(-1)
 
 
 def eviction_mask(n: int, num_sink: int = 0, window: int | None = None) -> torch.Tensor:
-    """``[n, n]`` boolean mask of what a token-by-token stream through ``SinkCache(num_sink, window)``
-    (``rope="original"``) lets each query see: itself, the first ``num_sink`` tokens and the
-    ``window`` newest (all earlier tokens when ``window`` is None). Section 9.7."""
+    """``[n, n]`` boolean mask of what a token-by-token stream through ``SinkCache(num_sink,
+    window)`` (``rope="original"``) lets each query see: itself, the first ``num_sink`` tokens and
+    the ``window`` newest (all earlier tokens when ``window`` is None). Section 9.7."""
     integer("n", n, 0)
     integer("num_sink", num_sink, 0)
     if window is not None:
         integer("window", window, 1)
-    require_memory(f"an eviction mask of {n:,} x {n:,} tokens", 3 * n * n, "cpu")  # the mask and two temporaries
+    require_memory(
+        f"an eviction mask of {n:,} x {n:,} tokens", 3 * n * n, "cpu"
+    )  # the mask and two temporaries
     i = torch.arange(n)[:, None]
     j = torch.arange(n)[None, :]
     allowed = j <= i
@@ -128,6 +163,7 @@ def _in_cache_attention(num_sink: int, window: int, inv_freq: torch.Tensor):
     difference of positions, so rotating the query back by max(0, t - S - W + 1) and scoring it
     against the sinks as stored gives the same scores as moving the sinks.
     """
+
     def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         keys = repeat_kv(key, module.num_key_value_groups)
         values = repeat_kv(value, module.num_key_value_groups)
@@ -146,9 +182,16 @@ def _in_cache_attention(num_sink: int, window: int, inv_freq: torch.Tensor):
 
 
 @torch.inference_mode()
-def masked_stream_eval(model, tokens: torch.Tensor, num_sink: int = 0, window: int | None = None,
-                       first: int = 4, recent: int = 64, rope: str = "original",
-                       attention: bool = True) -> StreamResult:
+def masked_stream_eval(
+    model,
+    tokens: torch.Tensor,
+    num_sink: int = 0,
+    window: int | None = None,
+    first: int = 4,
+    recent: int = 64,
+    rope: str = "original",
+    attention: bool = True,
+) -> StreamResult:
     """``stream_eval`` in one forward pass: the same attention as streaming the tokens one at a time
     through ``SinkCache(num_sink, window, rope=rope)``, expressed as an explicit mask.
 
@@ -158,8 +201,14 @@ def masked_stream_eval(model, tokens: torch.Tensor, num_sink: int = 0, window: i
     at their in-cache distance for the length of the call. Much faster than stepping on a CPU;
     tests check both conventions against the cache itself.
     """
-    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-        raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    if (
+        not isinstance(tokens, torch.Tensor)
+        or tokens.dtype.is_floating_point
+        or tokens.dtype == torch.bool
+    ):
+        raise TypeError(
+            f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}"
+        )
     token_ids("tokens", tokens.reshape(-1), causal_lm("model", model).config.vocab_size)
     integer("num_sink", num_sink, 0)
     if window is not None:
@@ -175,7 +224,9 @@ def masked_stream_eval(model, tokens: torch.Tensor, num_sink: int = 0, window: i
     mask = torch.zeros(n, n, dtype=model.dtype, device=model.device)
     mask = mask.masked_fill(~allowed, torch.finfo(model.dtype).min)[None, None]
     if rope == "cache" and window is not None:
-        AttentionInterface.register("kvlab_in_cache", _in_cache_attention(num_sink, window, rotary_of(model)[0]))
+        AttentionInterface.register(
+            "kvlab_in_cache", _in_cache_attention(num_sink, window, rotary_of(model)[0])
+        )
         with restoring(model, attn_implementation="kvlab_in_cache"):
             out = model(ids, attention_mask=mask, use_cache=False, output_attentions=attention)
     else:
@@ -185,7 +236,9 @@ def masked_stream_eval(model, tokens: torch.Tensor, num_sink: int = 0, window: i
     stored = n - 1 if window is None else min(n - 1, num_sink + window)
     if not attention:
         return StreamResult(nll.cpu(), logprobs.cpu(), None, None, stored)
-    weights = sum(a[0].float().mean(0) for a in out.attentions)[:-1] / len(out.attentions)  # [n-1 queries, n keys]
+    weights = sum(a[0].float().mean(0) for a in out.attentions)[:-1] / len(
+        out.attentions
+    )  # [n-1 queries, n keys]
     t = torch.arange(n - 1, device=weights.device)[:, None]
     j = torch.arange(n, device=weights.device)[None, :]
     mass_first = (weights * (j < first)).sum(-1)
@@ -194,10 +247,16 @@ def masked_stream_eval(model, tokens: torch.Tensor, num_sink: int = 0, window: i
 
 
 @torch.inference_mode()
-def recompute_stream_eval(model, tokens: torch.Tensor, window: int, start: int | None = None,
-                          stride: int = 1, batch: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sliding window with recomputation: token t + 1 predicted from the ``window`` newest tokens, run
-    from scratch at positions 0..window-1 (no cache carried between steps), section 9.7.
+def recompute_stream_eval(
+    model,
+    tokens: torch.Tensor,
+    window: int,
+    start: int | None = None,
+    stride: int = 1,
+    batch: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sliding window with recomputation: token t + 1 predicted from the ``window`` newest tokens,
+    run from scratch at positions 0..window-1 (no cache carried between steps), section 9.7.
 
     StreamingLLM's quality baseline: exact attention over the window, at window-squared work per
     token. Evaluated at positions t = start, start + stride, ... (``start`` defaults to window - 1,
@@ -207,7 +266,9 @@ def recompute_stream_eval(model, tokens: torch.Tensor, window: int, start: int |
     integer("stride", stride, 1)
     integer("batch", batch, 1)
     if not isinstance(tokens, torch.Tensor):
-        raise TypeError(f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+        raise TypeError(
+            f"tokens must be an integer torch.Tensor of token ids, got {type(tokens).__name__}"
+        )
     token_ids("tokens", tokens.reshape(-1), causal_lm("model", model).config.vocab_size)
     ids = tokens.reshape(-1).to(model.device)
     start = window - 1 if start is None else start
@@ -215,7 +276,7 @@ def recompute_stream_eval(model, tokens: torch.Tensor, window: int, start: int |
     positions = torch.arange(start, len(ids) - 1, stride)
     nll = []
     for chunk in positions.split(batch):
-        x = torch.stack([ids[t - window + 1: t + 1] for t in chunk])
+        x = torch.stack([ids[t - window + 1 : t + 1] for t in chunk])
         logits = model(x, use_cache=False, logits_to_keep=1).logits[:, -1].float()
         nll.append(torch.nn.functional.cross_entropy(logits, ids[chunk + 1], reduction="none"))
     return positions, torch.cat(nll).cpu()
@@ -250,8 +311,14 @@ class StreamingSweep:
         return float(picked.double().mean().exp())
 
 
-def streaming_sweep(model, tokens: torch.Tensor, budget: int, sinks=(0, 1, 2, 4, 8), both_conventions_at: int = 4,
-                    recompute_stride: int = 16) -> StreamingSweep:
+def streaming_sweep(
+    model,
+    tokens: torch.Tensor,
+    budget: int,
+    sinks=(0, 1, 2, 4, 8),
+    both_conventions_at: int = 4,
+    recompute_stride: int = 16,
+) -> StreamingSweep:
     """Run StreamingLLM's comparison on ``tokens [n]`` at a fixed cache of ``budget`` tokens
     (section 9.7): the full cache; ``s`` sinks plus a window of ``budget - s`` for each ``s`` in
     ``sinks``, keys at positions inside the cache; the same at ``both_conventions_at`` sinks with
@@ -266,12 +333,19 @@ def streaming_sweep(model, tokens: torch.Tensor, budget: int, sinks=(0, 1, 2, 4,
     integer("recompute_stride", recompute_stride, 1)
     n = tokens.numel()
     if n < budget + 2:
-        raise ValueError(f"tokens must be longer than budget + 1 = {budget + 1} (something must be evicted), got {n}")
+        raise ValueError(
+            f"tokens must be longer than budget + 1 = {budget + 1} (something must be evicted),"
+            f" got {n}"
+        )
     run = lambda s, w, rope: masked_stream_eval(model, tokens, s, w, rope=rope, attention=False).nll  # noqa: E731
     full = run(0, None, "original")
     bounded = {(s, "cache"): run(s, budget - s, "cache") for s in sinks}
-    bounded[both_conventions_at, "original"] = run(both_conventions_at, budget - both_conventions_at, "original")
-    positions, recompute = recompute_stream_eval(model, tokens, budget, start=budget, stride=recompute_stride)
+    bounded[both_conventions_at, "original"] = run(
+        both_conventions_at, budget - both_conventions_at, "original"
+    )
+    positions, recompute = recompute_stream_eval(
+        model, tokens, budget, start=budget, stride=recompute_stride
+    )
     return StreamingSweep(budget, full, bounded, positions, recompute)
 
 
@@ -279,6 +353,7 @@ def compare(a: torch.Tensor, b: torch.Tensor, block: int):
     """The loss of ``b`` minus that of ``a`` (nats per token) over the same positions, as a
     ``kvlab.theory.long_context.Spread`` over blocks of ``block`` positions."""
     if a.shape != b.shape:
-        raise ValueError(f"a and b must cover the same positions, got {tuple(a.shape)} and {tuple(b.shape)}")
+        raise ValueError(
+            f"a and b must cover the same positions, got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
     return paired_spread(block_means(a.tolist(), block), block_means(b.tolist(), block))
-

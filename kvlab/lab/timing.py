@@ -1,9 +1,10 @@
-"""Every notebook: timing that a reader can trust, synchronised, warm-up excluded, median of repeats.
+"""Every notebook: timing that a reader can trust, synchronised, warm-up excluded, median of
+repeats.
 
 On a GPU each repeat is bracketed by CUDA events; on a CPU by ``time.perf_counter``. This module
-depends on nothing else in ``kvlab.lab`` (``hardware.calibrate`` times with it), and imports no torch:
-``compare_timings``, whether two timings differ by more than their repeats' spread (notebooks 05 and
-05b), decides readings.
+depends on nothing else in ``kvlab.lab`` (``hardware.calibrate`` times with it), and imports no
+torch: ``compare_timings``, whether two timings differ by more than their repeats' spread (notebooks
+05 and 05b), decides readings.
 """
 
 from __future__ import annotations
@@ -73,7 +74,9 @@ def merge_timings(parts) -> Timing:
         raise TypeError(f"parts must be a list of Timing, got {type(parts).__name__}")
     parts = list(parts)
     if not parts or not all(isinstance(p, Timing) for p in parts):
-        raise TypeError(f"parts must be a non-empty list of Timing (kvlab.measure), got {parts!r:.80}")
+        raise TypeError(
+            f"parts must be a non-empty list of Timing (kvlab.measure), got {parts!r:.80}"
+        )
     times = tuple(t for part in parts for t in part.times)
     ordered = sorted(times)
     return Timing(ordered[len(ordered) // 2], ordered[0], ordered[-1], times)
@@ -81,10 +84,10 @@ def merge_timings(parts) -> Timing:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Two timings side by side (notebooks 05, 05b). ``ratio`` = b's median / a's median, how many times
-    as fast ``a`` was. ``outcome``: ``"faster"`` when a's slowest repeat beat b's fastest, ``"slower"``
-    when a's fastest lost to b's slowest, else ``"even"``: the repeats overlap, and a shared machine's
-    noise could explain the difference of the medians."""
+    """Two timings side by side (notebooks 05, 05b). ``ratio`` = b's median / a's median, how many
+    times as fast ``a`` was. ``outcome``: ``"faster"`` when a's slowest repeat beat b's fastest,
+    ``"slower"`` when a's fastest lost to b's slowest, else ``"even"``: the repeats overlap, and a
+    shared machine's noise could explain the difference of the medians."""
 
     ratio: float
     a: Timing
@@ -100,7 +103,8 @@ class Comparison:
 
 
 def compare_timings(a: Timing, b: Timing) -> Comparison:
-    """Whether ``a`` was faster than ``b`` beyond the spread of their repeats (see :class:`Comparison`)."""
+    """Whether ``a`` was faster than ``b`` beyond the spread of their repeats (see
+    :class:`Comparison`)."""
     for name, t in (("a", a), ("b", b)):
         if not all(hasattr(t, f) for f in ("median", "min", "max")):
             raise TypeError(f"{name} must be a kvlab.lab.timing.Timing, got {type(t).__name__}")

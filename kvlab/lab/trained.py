@@ -1,5 +1,5 @@
-"""Notebook 08, long-context variants (section 9.7): the small model trained by the project and shipped
-with the book, the contrast to a pretrained model in the quality measurements.
+"""Notebook 08, long-context variants (section 9.7): the small model trained by the project and
+shipped with the book, the contrast to a pretrained model in the quality measurements.
 
 Random weights (``kvlab.tiny_model``) time exactly like trained ones but have no perplexity to lose,
 no attention sinks and no outlier channels. This module loads a small Llama trained by
@@ -22,8 +22,8 @@ DATA_DIR = Path(__file__).parents[1] / "data" / "tiny_kjv"
 def _require(path: Path) -> Path:
     if not path.exists():
         raise FileNotFoundError(
-            f"{path} is missing: the trained model ships inside the kvlab package (kvlab/data/tiny_kjv); "
-            f"rebuild it with `python scripts/train_tiny.py`."
+            f"{path} is missing: the trained model ships inside the kvlab package"
+            " (kvlab/data/tiny_kjv); rebuild it with `python scripts/train_tiny.py`."
         )
     return path
 
@@ -59,7 +59,8 @@ def trained_model(dtype=None, device=None, attn_implementation: str = "eager"):
     dev, _ = device_and_dtype(device, dtype)
     dtype = torch.float32 if dtype is None else dtype
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(DATA_DIR), local_files_only=True, dtype=dtype, attn_implementation=attn_implementation).to(dev)
+        str(DATA_DIR), local_files_only=True, dtype=dtype, attn_implementation=attn_implementation
+    ).to(dev)
     model.eval()
     model.shape = ModelShape.from_config(model.config, name="tiny-kjv")
     tokenizer = trained_tokenizer()
@@ -73,7 +74,8 @@ def heldout_text() -> str:
 
 
 def metrics() -> dict:
-    """The figures ``scripts/train_tiny.py`` measured and wrote into the model card (``metrics.json``)."""
+    """The figures ``scripts/train_tiny.py`` measured and wrote into the model card
+    (``metrics.json``)."""
     return json.loads(_require(DATA_DIR / "metrics.json").read_text())
 
 
@@ -83,14 +85,22 @@ def heldout_ids(tokenizer=None, text: str | None = None):
 
     tokenizer = tokenizer or trained_tokenizer()
     if text is not None and not isinstance(text, str):
-        raise TypeError(f"text must be a str (or None for the held-out books), got {type(text).__name__}")
+        raise TypeError(
+            f"text must be a str (or None for the held-out books), got {type(text).__name__}"
+        )
     text = heldout_text() if text is None else text
     return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
 
 
-def heldout_perplexity(model, tokenizer=None, context: int | None = None, max_tokens: int | None = None,
-                       text: str | None = None) -> float:
-    """Perplexity on the held-out text, in chunks of ``context`` tokens that each start with ``<s>``.
+def heldout_perplexity(
+    model,
+    tokenizer=None,
+    context: int | None = None,
+    max_tokens: int | None = None,
+    text: str | None = None,
+) -> float:
+    """Perplexity on the held-out text, in chunks of ``context`` tokens that each start with
+    ``<s>``.
 
     ``context`` defaults to the model's training context (``config.max_position_embeddings``), so
     each chunk is scored the way the model was trained. ``max_tokens`` truncates the text first.
@@ -114,7 +124,7 @@ def heldout_perplexity(model, tokenizer=None, context: int | None = None, max_to
     dev = next(model.parameters()).device
     with torch.no_grad():
         for start in range(0, len(ids), context - 1):
-            chunk = ids[start:start + context - 1]
+            chunk = ids[start : start + context - 1]
             x = torch.cat([torch.tensor([bos]), chunk]).unsqueeze(0).to(dev)
             logits = model(x).logits[0, :-1].float()
             nll += torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum").item()

@@ -33,9 +33,12 @@ def _check_tensor(rank, world, model, ids, new, path) -> str:
         tensor.save_checkpoint(model, path)
     dist.barrier()
     got = tensor.decode_on_rank(rank, world, path, ids, new, model.dtype)
-    expected = model.generate(ids, max_new_tokens=new, do_sample=False)[:, ids.shape[1]:]
-    return (f"tensor parallel over {world} ranks: tokens equal generate: {torch.equal(got['tokens'], expected)}; "
-            f"this rank caches {got['kv_heads']} of {model.config.num_key_value_heads} KV heads")
+    expected = model.generate(ids, max_new_tokens=new, do_sample=False)[:, ids.shape[1] :]
+    return (
+        f"tensor parallel over {world} ranks: tokens equal generate:"
+        f" {torch.equal(got['tokens'], expected)}; this rank caches {got['kv_heads']} of"
+        f" {model.config.num_key_value_heads} KV heads"
+    )
 
 
 def _check_context(rank, world, model, ids, new, path) -> str:
@@ -45,10 +48,16 @@ def _check_context(rank, world, model, ids, new, path) -> str:
     k, v = torch.randn(2, 1, shape.kv_heads, 1000, shape.head_dim, generator=g)
     start, end = context.split_positions(1000, world)[rank]
     device = launch.rank_device()
-    got = context.context_parallel_attention(q.to(device), k[:, :, start:end].to(device),
-                                             v[:, :, start:end].to(device)).cpu()
-    exact = F.scaled_dot_product_attention(q[:, :, None].double(), k.double(), v.double(), enable_gqa=True)[:, :, 0]
-    return f"context parallel over {world} ranks: largest difference from fp64 attention {(got - exact).abs().max():.1e}"
+    got = context.context_parallel_attention(
+        q.to(device), k[:, :, start:end].to(device), v[:, :, start:end].to(device)
+    ).cpu()
+    exact = F.scaled_dot_product_attention(
+        q[:, :, None].double(), k.double(), v.double(), enable_gqa=True
+    )[:, :, 0]
+    return (
+        f"context parallel over {world} ranks: largest difference from fp64 attention"
+        f" {(got - exact).abs().max():.1e}"
+    )
 
 
 def _check_handoff(rank, world, model, ids, new, path) -> str:
@@ -59,14 +68,21 @@ def _check_handoff(rank, world, model, ids, new, path) -> str:
     got = disaggregated.handoff_on_rank(rank, world, path, prompt, new, 16, 0, 1, "reference")
     result = [got]
     dist.broadcast_object_list(result, src=1)  # rank 1 decoded; rank 0 prints
-    expected = model.generate(ids[:1], max_new_tokens=new, do_sample=False)[0, len(prompt):].tolist()
-    return f"prefill on rank 0, decode on rank 1: tokens equal generate: {result[0]['tokens'] == expected}"
+    expected = model.generate(ids[:1], max_new_tokens=new, do_sample=False)[
+        0, len(prompt) :
+    ].tolist()
+    return (
+        "prefill on rank 0, decode on rank 1: tokens equal generate:"
+        f" {result[0]['tokens'] == expected}"
+    )
 
 
 def main(argv=None) -> None:
     from kvlab.lab.models import tiny_model
 
-    parser = argparse.ArgumentParser(prog="torchrun --nproc-per-node 2 -m kvlab.parallel", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="torchrun --nproc-per-node 2 -m kvlab.parallel", description=__doc__
+    )
     parser.add_argument("mechanism", choices=MECHANISMS)
     parser.add_argument("--arch", default="llama", choices=tensor.SPLITTABLE)
     parser.add_argument("--new", type=int, default=8, help="tokens to generate")
@@ -76,8 +92,12 @@ def main(argv=None) -> None:
     try:
         model = tiny_model(args.arch, device="cpu", dtype=torch.float32)
         tensor.check_splittable(model, world)
-        ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
-        check = {"tensor": _check_tensor, "context": _check_context, "handoff": _check_handoff}[args.mechanism]
+        ids = torch.randint(
+            0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0)
+        )
+        check = {"tensor": _check_tensor, "context": _check_context, "handoff": _check_handoff}[
+            args.mechanism
+        ]
         line = check(rank, world, model, ids, args.new, path)
         dist.barrier()  # every rank is done with the checkpoint
         if rank == 0:

@@ -33,14 +33,19 @@ def _check_qkv(q, k, v) -> None:
             raise TypeError(f"{name} must be one of {FLOATS}, got {t.dtype}")
     batch, q_heads, dim = q.shape
     if k.shape != v.shape or k.shape[0] != batch or k.shape[3] != dim:
-        raise ValueError(f"k and v must be [batch={batch}, kv_heads, tokens, head_dim={dim}], got {tuple(k.shape)} "
-                         f"and {tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must be [batch={batch}, kv_heads, tokens, head_dim={dim}], got"
+            f" {tuple(k.shape)} and {tuple(v.shape)}"
+        )
     if k.shape[1] < 1 or q_heads % k.shape[1]:
-        raise ValueError(f"the query heads ({q_heads}) must be a multiple of the KV heads ({k.shape[1]})")
+        raise ValueError(
+            f"the query heads ({q_heads}) must be a multiple of the KV heads ({k.shape[1]})"
+        )
 
 
 def partial_attention(q, k, v, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of one new query per sequence over a shard of its cache, and the shard's log-sum-exp.
+    """Attention of one new query per sequence over a shard of its cache, and the shard's
+    log-sum-exp.
 
     ``q`` is ``[batch, q_heads, head_dim]``, ``k`` and ``v`` ``[batch, kv_heads, tokens, head_dim]``
     (grouped-query: each KV head serves q_heads / kv_heads query heads; ``tokens`` may be 0).
@@ -61,9 +66,9 @@ def partial_attention(q, k, v, scale: float | None = None) -> tuple[torch.Tensor
 
 
 def split_positions(length: int, world_size: int, cuts=None) -> list[tuple[int, int]]:
-    """``[start, end)`` of each rank's positions: as even as possible (the first ``length % world_size``
-    ranks take one more), or cut at ``cuts`` (``world_size - 1`` nondecreasing positions in
-    [0, length]; equal cuts leave a rank empty)."""
+    """``[start, end)`` of each rank's positions: as even as possible (the first ``length %
+    world_size`` ranks take one more), or cut at ``cuts`` (``world_size - 1`` nondecreasing
+    positions in [0, length]; equal cuts leave a rank empty)."""
     length, world_size = integer("length", length, 0), integer("world_size", world_size)
     if cuts is None:
         base, extra = divmod(length, world_size)
@@ -71,7 +76,9 @@ def split_positions(length: int, world_size: int, cuts=None) -> list[tuple[int, 
         cuts = [sum(sizes[: r + 1]) for r in range(world_size - 1)]
     cuts = [integer(f"cuts[{i}]", c, 0, length + 1) for i, c in enumerate(cuts)]
     if len(cuts) != world_size - 1 or cuts != sorted(cuts):
-        raise ValueError(f"cuts must be {world_size - 1} nondecreasing positions in [0, {length}], got {cuts}")
+        raise ValueError(
+            f"cuts must be {world_size - 1} nondecreasing positions in [0, {length}], got {cuts}"
+        )
     edges = [0, *cuts, length]
     return list(zip(edges[:-1], edges[1:]))
 
@@ -83,7 +90,10 @@ def context_parallel_attention(q, k_shard, v_shard, scale: float | None = None) 
 
     out, lse = partial_attention(q, k_shard, v_shard, scale)
     world = dist.get_world_size()
-    outs, lses = [torch.empty_like(out) for _ in range(world)], [torch.empty_like(lse) for _ in range(world)]
+    outs, lses = (
+        [torch.empty_like(out) for _ in range(world)],
+        [torch.empty_like(lse) for _ in range(world)],
+    )
     dist.all_gather(outs, out)
     dist.all_gather(lses, lse)
     merged, _ = merge_partials(torch.stack(outs), torch.stack(lses))
@@ -96,18 +106,37 @@ def _attend_on_rank(rank: int, world_size: int, q, shards, scale) -> torch.Tenso
     return context_parallel_attention(q.to(device), k.to(device), v.to(device), scale).cpu()
 
 
-def context_parallel_decode_attention(q, k, v, world_size: int = 2, cuts=None, scale: float | None = None,
-                                      workers: launch.Workers | None = None, backend: str | None = None,
-                                      device: str = "cpu", timeout: float = 300.0) -> torch.Tensor:
+def context_parallel_decode_attention(
+    q,
+    k,
+    v,
+    world_size: int = 2,
+    cuts=None,
+    scale: float | None = None,
+    workers: launch.Workers | None = None,
+    backend: str | None = None,
+    device: str = "cpu",
+    timeout: float = 300.0,
+) -> torch.Tensor:
     """Decode attention of ``q`` over ``k``, ``v`` (shapes as :func:`partial_attention`) with the
     cache split by position over ``world_size`` ranks (even, or at ``cuts``). Each rank receives
-    only its shard; returns the merged output, which every rank must agree on (fp32, fp64 for fp64)."""
+    only its shard; returns the merged output, which every rank must agree on (fp32, fp64 for fp64).
+    """
     _check_qkv(q, k, v)
     world_size = launch.world_of(workers, world_size, backend, device)
     bounds = split_positions(k.shape[2], world_size, cuts)
     shards = [(k[:, :, a:b].contiguous(), v[:, :, a:b].contiguous()) for a, b in bounds]
-    outs = launch.call(workers, _attend_on_rank, q, shards, scale, world_size=world_size, backend=backend,
-                       device=device, timeout=timeout)
+    outs = launch.call(
+        workers,
+        _attend_on_rank,
+        q,
+        shards,
+        scale,
+        world_size=world_size,
+        backend=backend,
+        device=device,
+        timeout=timeout,
+    )
     if any(not torch.equal(o, outs[0]) for o in outs):
         raise RuntimeError("the ranks merged different outputs")
     return outs[0]

@@ -77,8 +77,12 @@ def send_prompt_cache(model, cache, prompt: list[int], to_rank: int, attention: 
     first = prefill(model, cache, seq, prompt, attention=attention)
     table = list(cache.table(seq).blocks)
     index = torch.tensor(table, dtype=torch.long, device=cache.device)
-    blocks = torch.stack([torch.stack([cache.k_pools[layer][index], cache.v_pools[layer][index]])
-                          for layer in range(cache.num_layers)])
+    blocks = torch.stack(
+        [
+            torch.stack([cache.k_pools[layer][index], cache.v_pools[layer][index]])
+            for layer in range(cache.num_layers)
+        ]
+    )
     header = torch.tensor([len(prompt), first, len(table)], dtype=torch.long, device=cache.device)
     table_tensor = torch.tensor(table, dtype=torch.int32, device=cache.device)
     messages = [m.contiguous() for m in (header, table_tensor, blocks)]
@@ -86,21 +90,29 @@ def send_prompt_cache(model, cache, prompt: list[int], to_rank: int, attention: 
     start = time.perf_counter()
     for message in messages:
         dist.send(message, dst=to_rank)
-    return {"prefill_table": table, "kv_bytes": _nbytes(blocks), "table_bytes": _nbytes(table_tensor),
-            "header_bytes": _nbytes(header), "send_s": time.perf_counter() - start}
+    return {
+        "prefill_table": table,
+        "kv_bytes": _nbytes(blocks),
+        "table_bytes": _nbytes(table_tensor),
+        "header_bytes": _nbytes(header),
+        "send_s": time.perf_counter() - start,
+    }
 
 
 def receive_prompt_cache(cache, from_rank: int) -> tuple[int, int, list[int]]:
-    """Receive a prompt's blocks into a new sequence of ``cache``; returns (sequence id, first token,
-    the sender's table)."""
+    """Receive a prompt's blocks into a new sequence of ``cache``; returns (sequence id, first
+    token, the sender's table)."""
     header = torch.empty(3, dtype=torch.long, device=cache.device)
     dist.barrier()
     dist.recv(header, src=from_rank)
     length, first, count = header.tolist()
     table = torch.empty(count, dtype=torch.int32, device=cache.device)
     dist.recv(table, src=from_rank)
-    blocks = torch.empty((cache.num_layers, 2, count, cache.block_size, cache.num_kv_heads, cache.head_dim),
-                         dtype=cache.dtype, device=cache.device)
+    blocks = torch.empty(
+        (cache.num_layers, 2, count, cache.block_size, cache.num_kv_heads, cache.head_dim),
+        dtype=cache.dtype,
+        device=cache.device,
+    )
     dist.recv(blocks, src=from_rank)
     seq = cache.new_sequence()
     for layer in range(cache.num_layers):  # the i-th block received is the sequence's i-th block
@@ -109,8 +121,17 @@ def receive_prompt_cache(cache, from_rank: int) -> tuple[int, int, list[int]]:
     return seq, first, table.tolist()
 
 
-def handoff_on_rank(rank: int, world_size: int, path: str, prompt: list[int], max_new_tokens: int,
-                     block_size: int, prefill_rank: int, decode_rank: int, attention: str):
+def handoff_on_rank(
+    rank: int,
+    world_size: int,
+    path: str,
+    prompt: list[int],
+    max_new_tokens: int,
+    block_size: int,
+    prefill_rank: int,
+    decode_rank: int,
+    attention: str,
+):
     """What every rank runs: the prefill rank prefills and sends, the decode rank receives and
     decodes, any other rank only joins the barrier."""
     from kvlab.serving.paged_decode import cache_for, decode_step
@@ -128,15 +149,30 @@ def handoff_on_rank(rank: int, world_size: int, path: str, prompt: list[int], ma
     tokens = [token]
     for _ in range(max_new_tokens - 1):
         tokens += decode_step(model, cache, [seq], [tokens[-1]], attention=attention)
-    return {"tokens": tokens, "decode_table": list(cache.table(seq).blocks), "sent_table": sent_table}
+    return {
+        "tokens": tokens,
+        "decode_table": list(cache.table(seq).blocks),
+        "sent_table": sent_table,
+    }
 
 
-def disaggregated_generate(model, prompt, max_new_tokens: int, block_size: int = 16, prefill_rank: int = 0,
-                           decode_rank: int = 1, world_size: int = 2, attention: str | None = None,
-                           workers: launch.Workers | None = None, backend: str | None = None,
-                           device: str = "cpu", timeout: float = 300.0) -> Handoff:
-    """Greedy generation of ``max_new_tokens`` tokens after ``prompt`` (a list of token ids), prefilled
-    on ``prefill_rank`` and decoded on ``decode_rank``; the same tokens as ``model.generate``.
+def disaggregated_generate(
+    model,
+    prompt,
+    max_new_tokens: int,
+    block_size: int = 16,
+    prefill_rank: int = 0,
+    decode_rank: int = 1,
+    world_size: int = 2,
+    attention: str | None = None,
+    workers: launch.Workers | None = None,
+    backend: str | None = None,
+    device: str = "cpu",
+    timeout: float = 300.0,
+) -> Handoff:
+    """Greedy generation of ``max_new_tokens`` tokens after ``prompt`` (a list of token ids),
+    prefilled on ``prefill_rank`` and decoded on ``decode_rank``; the same tokens as
+    ``model.generate``.
 
     ``attention`` is the decode rank's paged attention path: the Triton ``"kernel"`` (default on a
     GPU) or its PyTorch ``"reference"`` (default on the CPU, where the kernel would run in Triton's
@@ -160,11 +196,32 @@ def disaggregated_generate(model, prompt, max_new_tokens: int, block_size: int =
         raise ValueError("prompt must hold at least one token")
     with tempfile.TemporaryDirectory(prefix="kvlab-pd-") as path:
         save_checkpoint(model, path)
-        ranks = launch.call(workers, handoff_on_rank, path, prompt, max_new_tokens, block_size, prefill_rank,
-                            decode_rank, attention, world_size=world_size, backend=backend, device=device,
-                            timeout=timeout)
+        ranks = launch.call(
+            workers,
+            handoff_on_rank,
+            path,
+            prompt,
+            max_new_tokens,
+            block_size,
+            prefill_rank,
+            decode_rank,
+            attention,
+            world_size=world_size,
+            backend=backend,
+            device=device,
+            timeout=timeout,
+        )
     sent, got = ranks[prefill_rank], ranks[decode_rank]
     if got["sent_table"] != sent["prefill_table"]:
-        raise RuntimeError("the decode rank received another block table than the prefill rank sent")
-    return Handoff(got["tokens"], sent["prefill_table"], got["decode_table"], sent["kv_bytes"],
-                   sent["table_bytes"], sent["header_bytes"], sent["send_s"])
+        raise RuntimeError(
+            "the decode rank received another block table than the prefill rank sent"
+        )
+    return Handoff(
+        got["tokens"],
+        sent["prefill_table"],
+        got["decode_table"],
+        sent["kv_bytes"],
+        sent["table_bytes"],
+        sent["header_bytes"],
+        sent["send_s"],
+    )

@@ -48,7 +48,9 @@ def default_backend(device: str = "cpu") -> str:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
-def check_launch(world_size: int, backend: str | None = None, device: str = "cpu") -> tuple[int, str, str]:
+def check_launch(
+    world_size: int, backend: str | None = None, device: str = "cpu"
+) -> tuple[int, str, str]:
     """``(world_size, backend, device)`` after checking that this machine can run them.
 
     NCCL needs one CUDA device per rank; gloo runs anywhere. Raises ValueError naming the argument.
@@ -61,8 +63,10 @@ def check_launch(world_size: int, backend: str | None = None, device: str = "cpu
     if backend == "nccl":
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if device != "cuda" or not dist.is_nccl_available() or gpus < world_size:
-            raise ValueError(f"backend='nccl' needs device='cuda' and one CUDA device per rank: world_size="
-                             f"{world_size}, device={device!r}, {gpus} CUDA device(s) here; use backend='gloo'")
+            raise ValueError(
+                "backend='nccl' needs device='cuda' and one CUDA device per rank: world_size="
+                f"{world_size}, device={device!r}, {gpus} CUDA device(s) here; use backend='gloo'"
+            )
     elif not dist.is_gloo_available():
         raise ValueError("backend='gloo' is not built into this torch; install a torch with gloo")
     return world_size, backend, device
@@ -74,13 +78,16 @@ def check_rank(name: str, rank, world_size: int) -> int:
 
 
 def _check_importable(fn) -> None:
-    """Spawned workers import ``fn`` by name: a lambda or a function defined in a notebook cannot be."""
+    """Spawned workers import ``fn`` by name: a lambda or a function defined in a notebook cannot
+    be."""
     if not callable(fn):
         raise TypeError(f"fn must be a function (rank, world_size, *args), got {type(fn).__name__}")
     module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if module in (None, "__main__") or "<" in name:
-        raise ValueError(f"fn must be a module-level function a new process can import, got {name or fn!r} "
-                         f"from module {module!r}; define it in a .py module")
+        raise ValueError(
+            f"fn must be a module-level function a new process can import, got {name or fn!r} "
+            f"from module {module!r}; define it in a .py module"
+        )
 
 
 def _free_port() -> int:
@@ -102,14 +109,20 @@ class Workers:
         self._tasks = [context.SimpleQueue() for _ in range(self.world_size)]
         self._results = context.SimpleQueue()
         self._processes = mp.start_processes(
-            _serve, args=(self.world_size, self.backend, _free_port(), self._tasks, self._results),
-            nprocs=self.world_size, join=False, start_method="spawn")
+            _serve,
+            args=(self.world_size, self.backend, _free_port(), self._tasks, self._results),
+            nprocs=self.world_size,
+            join=False,
+            start_method="spawn",
+        )
         self.closed = False
 
     def run(self, fn, *args, timeout: float = 300.0) -> list:
         """``fn(rank, world_size, *args)`` on every rank; their return values in rank order."""
         if self.closed:
-            raise RuntimeError("these workers are closed (after close() or a failed call); start new Workers")
+            raise RuntimeError(
+                "these workers are closed (after close() or a failed call); start new Workers"
+            )
         _check_importable(fn)
         timeout = positive("timeout", timeout)
         task = pickle.dumps((fn, args))
@@ -126,8 +139,10 @@ class Workers:
                     raise _first_failure(returned, None)
                 self._processes.join(timeout=POLL_S, grace_period=1.0)  # raises if a rank died
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{name} did not finish on all {self.world_size} ranks within the "
-                                       "timeout; every rank was stopped")
+                    raise TimeoutError(
+                        f"{name} did not finish on all {self.world_size} ranks within the "
+                        "timeout; every rank was stopped"
+                    )
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
             self._stop()
             _drain(self._results, returned)
@@ -160,26 +175,46 @@ class Workers:
         self.close()
 
 
-def run(fn, world_size: int, *args, backend: str | None = None, device: str = "cpu", timeout: float = 300.0):
-    """``fn(rank, world_size, *args)`` on ``world_size`` fresh ranks (:class:`Workers` for one call)."""
+def run(
+    fn,
+    world_size: int,
+    *args,
+    backend: str | None = None,
+    device: str = "cpu",
+    timeout: float = 300.0,
+):
+    """``fn(rank, world_size, *args)`` on ``world_size`` fresh ranks (:class:`Workers` for one
+    call)."""
     _check_importable(fn)
     with Workers(world_size, backend, device) as workers:
         return workers.run(fn, *args, timeout=timeout)
 
 
-def world_of(workers: Workers | None, world_size: int, backend: str | None = None, device: str = "cpu") -> int:
+def world_of(
+    workers: Workers | None, world_size: int, backend: str | None = None, device: str = "cpu"
+) -> int:
     """The world size a call will run on: that of ``workers`` when given, else ``world_size``,
     checked against ``backend`` and ``device`` (before anything starts)."""
     if workers is None:
         return check_launch(world_size, backend, device)[0]
     if not isinstance(workers, Workers):
-        raise TypeError(f"workers must be a kvlab.parallel.launch.Workers or None, got {type(workers).__name__}")
+        raise TypeError(
+            f"workers must be a kvlab.parallel.launch.Workers or None, got {type(workers).__name__}"
+        )
     return workers.world_size
 
 
-def call(workers: Workers | None, fn, *args, world_size: int = 2, backend: str | None = None,
-         device: str = "cpu", timeout: float = 300.0) -> list:
-    """``fn`` on ``workers`` if given (their world size wins), else on fresh ones of ``world_size``."""
+def call(
+    workers: Workers | None,
+    fn,
+    *args,
+    world_size: int = 2,
+    backend: str | None = None,
+    device: str = "cpu",
+    timeout: float = 300.0,
+) -> list:
+    """``fn`` on ``workers`` if given (their world size wins), else on fresh ones of
+    ``world_size``."""
     world_of(workers, world_size, backend, device)
     if workers is None:
         return run(fn, world_size, *args, backend=backend, device=device, timeout=timeout)
@@ -194,13 +229,20 @@ class _Failed:
 
 
 def _first_failure(returned: dict, error) -> WorkerError:
-    """The rank that failed first: the others usually fail only because it left (a closed socket)."""
-    failed = sorted((f.when, rank, f.traceback) for rank, f in returned.items() if isinstance(f, _Failed))
+    """The rank that failed first: the others usually fail only because it left (a closed
+    socket)."""
+    failed = sorted(
+        (f.when, rank, f.traceback) for rank, f in returned.items() if isinstance(f, _Failed)
+    )
     if not failed:
-        return WorkerError(error.error_index, f"{error} (it left no Python traceback: killed, or it crashed)")
+        return WorkerError(
+            error.error_index, f"{error} (it left no Python traceback: killed, or it crashed)"
+        )
     _, rank, text = failed[0]
     later = [str(r) for _, r, _ in failed[1:]]
-    return WorkerError(rank, text + (f"\n(then rank(s) {', '.join(later)} failed too)" if later else ""))
+    return WorkerError(
+        rank, text + (f"\n(then rank(s) {', '.join(later)} failed too)" if later else "")
+    )
 
 
 def _drain(results, returned: dict) -> None:
@@ -226,15 +268,24 @@ def _stop(processes) -> None:
 def _serve(rank: int, world_size: int, backend: str, port: int, tasks, results) -> None:
     """One rank: join the group (with the variables torchrun would set), then run tasks until told
     to stop. A task that raises reports its traceback and ends the process."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     # The ranks share the machine's cores: without OMP_NUM_THREADS, each takes its share.
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // world_size))
+    torch.set_num_threads(
+        int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // world_size)
+    )
     try:
         init_from_env(backend)
         while (task := tasks[rank].get()) is not None:
             fn, args = pickle.loads(task)
-            # Plain pickle: tensors travel by value (torch's queue would share memory that dies with this process).
+            # Plain pickle: tensors travel by value (torch's queue would share memory that dies with
+            # this process).
             results.put((rank, pickle.dumps(fn(rank, world_size, *args))))
     except BaseException:
         results.put((rank, pickle.dumps(_Failed(traceback.format_exc()))))
@@ -253,7 +304,9 @@ def init_from_env(backend: str | None = None, timeout_s: float = 120.0) -> tuple
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+        )
     return rank, world
 
 

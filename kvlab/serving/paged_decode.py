@@ -1,7 +1,9 @@
-"""Notebooks 05 and 06: plain decode loops on the paged KV cache, through the one attention function.
+"""Notebooks 05 and 06: plain decode loops on the paged KV cache, through the one attention
+function.
 
-A stock Hugging Face Llama (or Qwen2, Mistral) decodes from a :class:`~kvlab.cache.paged.PagedKVCache`
-(Kwon et al. 2023) with no other change than its attention function (:mod:`kvlab.serving.attention`):
+A stock Hugging Face Llama (or Qwen2, Mistral) decodes from a
+:class:`~kvlab.cache.paged.PagedKVCache` (Kwon et al. 2023) with no other change than its attention
+function (:mod:`kvlab.serving.attention`):
 
 - :func:`prefill` runs a sequence's tokens whose K and V are not written yet, all at once or
   ``max_tokens`` at a time; after a prefix hit (prefix caching on, notebook 06) that is only the
@@ -9,8 +11,9 @@ A stock Hugging Face Llama (or Qwen2, Mistral) decodes from a :class:`~kvlab.cac
 - :func:`decode_step` feeds one token to each of a batch of sequences;
 - :func:`generate` is the one-prompt loop of notebook 06: admit (reusing whatever prefix the cache
   holds), prefill, decode, free (the blocks stay cached for the next request);
-- :func:`paged_generate` is notebook 05's multi-request loop: the engine of notebook 11, with its one
-  scheduler, on unpadded prompts of any lengths, preempting by recompute or swap when blocks run out.
+- :func:`paged_generate` is notebook 05's multi-request loop: the engine of notebook 11, with its
+  one scheduler, on unpadded prompts of any lengths, preempting by recompute or swap when blocks run
+  out.
 
 ``prefill`` and ``decode_step`` are all or nothing: if anything fails, even a layer in the middle of
 the model, the cache is as before (under the block manager's rollback rule: an evicted hash stays
@@ -31,36 +34,76 @@ from kvlab.serving.attention import use_paged_attention
 from kvlab.serving.engine import Engine
 from kvlab.serving.runner import ModelRunner, check_cache_fits, model_geometry
 
-__all__ = ["Generation", "PagedRun", "cache_for", "decode_step", "generate", "paged_generate", "prefill",
-           "use_paged_attention"]
+__all__ = [
+    "Generation",
+    "PagedRun",
+    "cache_for",
+    "decode_step",
+    "generate",
+    "paged_generate",
+    "prefill",
+    "use_paged_attention",
+]
 
 
-def cache_for(model, num_blocks: int, block_size: int = 16, prefix_caching: bool = False, device=None,
-              store=None) -> PagedKVCache:
-    """An empty :class:`PagedKVCache` shaped for ``model`` (its layers, KV heads, head dim and dtype);
-    ``store`` replaces the ``store_kv`` kernel of by-hand appends (e.g. ``store_kv_ref`` on a CPU)."""
+def cache_for(
+    model,
+    num_blocks: int,
+    block_size: int = 16,
+    prefix_caching: bool = False,
+    device=None,
+    store=None,
+) -> PagedKVCache:
+    """An empty :class:`PagedKVCache` shaped for ``model`` (its layers, KV heads, head dim and
+    dtype); ``store`` replaces the ``store_kv`` kernel of by-hand appends (e.g. ``store_kv_ref`` on
+    a CPU).
+    """
     layers, kv_heads, head_dim = model_geometry(_checks.causal_lm("model", model))
-    return PagedKVCache(layers, num_blocks, block_size, kv_heads, head_dim, dtype=model.dtype,
-                        device=device if device is not None else model.device, store=store,
-                        prefix_caching=prefix_caching)
+    return PagedKVCache(
+        layers,
+        num_blocks,
+        block_size,
+        kv_heads,
+        head_dim,
+        dtype=model.dtype,
+        device=device if device is not None else model.device,
+        store=store,
+        prefix_caching=prefix_caching,
+    )
 
 
 @torch.inference_mode()
-def prefill(model, cache: PagedKVCache, seq_id: int, token_ids=None, attention: str = "kernel",
-            max_tokens: int | None = None) -> int | None:
-    """Run ``seq_id``'s not yet computed tokens through ``model`` (after reserving ``token_ids`` behind
-    them, if given); returns the greedy next token, or None if ``max_tokens`` stopped the chunk short
-    of the sequence's last token."""
+def prefill(
+    model,
+    cache: PagedKVCache,
+    seq_id: int,
+    token_ids=None,
+    attention: str = "kernel",
+    max_tokens: int | None = None,
+) -> int | None:
+    """Run ``seq_id``'s not yet computed tokens through ``model`` (after reserving ``token_ids``
+    behind them, if given); returns the greedy next token, or None if ``max_tokens`` stopped the
+    chunk short of the sequence's last token."""
     runner = ModelRunner(model, cache, attention)  # checks the model against the cache first
     vocab = model.config.vocab_size
-    tokens = [] if token_ids is None else _checks.token_ids("token_ids", token_ids, vocab, empty=True)
+    tokens = (
+        [] if token_ids is None else _checks.token_ids("token_ids", token_ids, vocab, empty=True)
+    )
     cache.require_in_step(seq_id)
     start = cache.num_computed(seq_id)
     end = cache.num_tokens(seq_id) + len(tokens)
     if end == start:
-        raise ValueError(f"sequence {seq_id} has no token left to compute; pass token_ids (at least one token)")
-    _checks.token_ids(f"the tokens of sequence {seq_id}", cache.tokens(seq_id)[start:], vocab, empty=True)
-    count = end - start if max_tokens is None else min(end - start, integer("max_tokens", max_tokens, 1))
+        raise ValueError(
+            f"sequence {seq_id} has no token left to compute; pass token_ids (at least one token)"
+        )
+    _checks.token_ids(
+        f"the tokens of sequence {seq_id}", cache.tokens(seq_id)[start:], vocab, empty=True
+    )
+    count = (
+        end - start
+        if max_tokens is None
+        else min(end - start, integer("max_tokens", max_tokens, 1))
+    )
     needed = cache.blocks_to_append(seq_id, len(tokens))
     if needed > cache.num_free:
         raise OutOfBlocksError(needed, cache.num_free, cache.num_blocks, cache.bytes_per_block)
@@ -73,19 +116,27 @@ def prefill(model, cache: PagedKVCache, seq_id: int, token_ids=None, attention: 
 
 
 @torch.inference_mode()
-def decode_step(model, cache: PagedKVCache, seq_ids, tokens, attention: str = "kernel") -> list[int]:
-    """One decode step for a batch: token ``tokens[i]`` is fed to ``seq_ids[i]``; returns the next tokens."""
+def decode_step(
+    model, cache: PagedKVCache, seq_ids, tokens, attention: str = "kernel"
+) -> list[int]:
+    """One decode step for a batch: token ``tokens[i]`` is fed to ``seq_ids[i]``; returns the next
+    tokens."""
     runner = ModelRunner(model, cache, attention)
     seq_ids = _checks.integers("seq_ids", seq_ids, 0)
     tokens = _checks.token_ids("tokens", tokens, model.config.vocab_size)
     if len(tokens) != len(seq_ids):
-        raise ValueError(f"tokens must hold one token per sequence of seq_ids ({len(seq_ids)}), got {len(tokens)}")
+        raise ValueError(
+            f"tokens must hold one token per sequence of seq_ids ({len(seq_ids)}), got"
+            f" {len(tokens)}"
+        )
     if len(set(seq_ids)) != len(seq_ids):
         raise ValueError(f"seq_ids must be distinct, got {seq_ids}")
     for seq_id in seq_ids:
         cache.require_in_step(seq_id)
         if cache.num_computed(seq_id) != cache.num_tokens(seq_id):
-            raise ValueError(f"sequence {seq_id} has reserved tokens not computed yet; prefill it first")
+            raise ValueError(
+                f"sequence {seq_id} has reserved tokens not computed yet; prefill it first"
+            )
     needed = sum(cache.blocks_to_append(s) for s in seq_ids)
     if needed > cache.num_free:
         raise OutOfBlocksError(needed, cache.num_free, cache.num_blocks, cache.bytes_per_block)
@@ -100,35 +151,59 @@ def decode_step(model, cache: PagedKVCache, seq_ids, tokens, attention: str = "k
 
 @dataclass(frozen=True)
 class Generation:
-    """One prompt through the paged cache: its tokens, and how much of its prompt the cache served."""
+    """One prompt through the paged cache: its tokens, and how much of its prompt the cache
+    served."""
 
     tokens: list
     cached_tokens: int
     prompt_tokens: int
 
 
-def generate(model, cache: PagedKVCache, token_ids, max_new_tokens: int, salt=None,
-             attention: str = "kernel", stop=None) -> Generation:
+def generate(
+    model,
+    cache: PagedKVCache,
+    token_ids,
+    max_new_tokens: int,
+    salt=None,
+    attention: str = "kernel",
+    stop=None,
+) -> Generation:
     """Greedy decoding of one prompt on ``cache``, reusing whatever prefix it holds (notebook 06).
 
-    Stops after ``max_new_tokens``, or at the first token in ``stop`` (token ids, kept in the output,
-    as ``model.generate`` keeps its end-of-sequence token). The sequence is freed at the end; with
-    prefix caching its full blocks (prompt and generated tokens) stay cached for the next request.
-    The last generated token is never fed back, so its K and V are never computed. All or nothing: a
-    generation the free blocks cannot hold to ``max_new_tokens`` is refused before it starts
-    (:class:`OutOfBlocksError`, with the bytes it needs and the bytes free), and if anything fails on
-    the way the cache is as before.
+    Stops after ``max_new_tokens``, or at the first token in ``stop`` (token ids, kept in the
+    output, as ``model.generate`` keeps its end-of-sequence token). The sequence is freed at the
+    end; with prefix caching its full blocks (prompt and generated tokens) stay cached for the next
+    request. The last generated token is never fed back, so its K and V are never computed. All or
+    nothing: a generation the free blocks cannot hold to ``max_new_tokens`` is refused before it
+    starts (:class:`OutOfBlocksError`, with the bytes it needs and the bytes free), and if anything
+    fails on the way the cache is as before.
     """
     check_cache_fits(model, cache, attention)
     max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
     tokens = _checks.token_ids("token_ids", token_ids, model.config.vocab_size)
-    stop = set() if stop is None else set(_checks.token_ids("stop", [stop] if isinstance(stop, int) else stop,
-                                                            model.config.vocab_size))
+    stop = (
+        set()
+        if stop is None
+        else set(
+            _checks.token_ids(
+                "stop", [stop] if isinstance(stop, int) else stop, model.config.vocab_size
+            )
+        )
+    )
     stored = len(tokens) + max_new_tokens - 1  # the last new token is never fed back
-    needed = cache.blocks_to_admit(tokens, salt) + -(-stored // cache.block_size) - -(-len(tokens) // cache.block_size)
+    needed = (
+        cache.blocks_to_admit(tokens, salt)
+        + -(-stored // cache.block_size)
+        - -(-len(tokens) // cache.block_size)
+    )
     if needed > cache.num_free:
-        raise OutOfBlocksError(needed, cache.num_free, cache.num_blocks, cache.bytes_per_block,
-                               what=f"a {len(tokens)}-token prompt and {max_new_tokens} new tokens")
+        raise OutOfBlocksError(
+            needed,
+            cache.num_free,
+            cache.num_blocks,
+            cache.bytes_per_block,
+            what=f"a {len(tokens)}-token prompt and {max_new_tokens} new tokens",
+        )
     with cache.all_or_nothing():
         seq_id, cached = cache.admit(tokens, salt)
         out = [prefill(model, cache, seq_id, attention=attention)]
@@ -150,30 +225,60 @@ class PagedRun:
     peak_blocks: int
 
 
-def paged_generate(model, prompts, max_new_tokens: int, block_size: int = 16, num_blocks: int | None = None,
-                   attention: str = "kernel", preemption: str = "recompute", max_batch: int = 64) -> PagedRun:
-    """Greedy decoding of several prompts (of any lengths, unpadded) on a paged KV cache (notebook 05).
+def paged_generate(
+    model,
+    prompts,
+    max_new_tokens: int,
+    block_size: int = 16,
+    num_blocks: int | None = None,
+    attention: str = "kernel",
+    preemption: str = "recompute",
+    max_batch: int = 64,
+) -> PagedRun:
+    """Greedy decoding of several prompts (of any lengths, unpadded) on a paged KV cache (notebook
+    05).
 
-    The engine of notebook 11 with prefix caching off and no chunking: each step, swapped-out requests
-    come back first, waiting prompts are admitted (first come, first served) while blocks and
-    ``max_batch`` allow and prefilled in the same forward pass as the running requests' decode tokens.
-    When the step needs more blocks than are free, the newest running request is preempted: by
-    ``recompute`` (it is prefilled again later, prompt and generated tokens) or ``swap`` (its blocks go
-    to host memory and back). ``num_blocks`` defaults to enough for every request at once.
+    The engine of notebook 11 with prefix caching off and no chunking: each step, swapped-out
+    requests come back first, waiting prompts are admitted (first come, first served) while blocks
+    and ``max_batch`` allow and prefilled in the same forward pass as the running requests' decode
+    tokens. When the step needs more blocks than are free, the newest running request is preempted:
+    by ``recompute`` (it is prefilled again later, prompt and generated tokens) or ``swap`` (its
+    blocks go to host memory and back). ``num_blocks`` defaults to enough for every request at once.
     """
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise TypeError("prompts must be a non-empty list of token-id lists (or 1-D tensors)")
     _checks.causal_lm("model", model)
-    prompts = [_checks.token_ids(f"prompts[{i}]", p, model.config.vocab_size) for i, p in enumerate(prompts)]
+    prompts = [
+        _checks.token_ids(f"prompts[{i}]", p, model.config.vocab_size)
+        for i, p in enumerate(prompts)
+    ]
     max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
     block_size, max_batch = integer("block_size", block_size, 1), integer("max_batch", max_batch, 1)
     per_request = -(-(max(len(p) for p in prompts) + max_new_tokens - 1) // block_size)
-    num_blocks = per_request * len(prompts) if num_blocks is None else integer("num_blocks", num_blocks, 1)
-    engine = Engine(model, num_blocks, block_size, max_batch, max(max_batch, sum(map(len, prompts))), False,
-                    preemption, attention=attention, cuda_graphs=False, watermark=0.0)
+    num_blocks = (
+        per_request * len(prompts) if num_blocks is None else integer("num_blocks", num_blocks, 1)
+    )
+    engine = Engine(
+        model,
+        num_blocks,
+        block_size,
+        max_batch,
+        max(max_batch, sum(map(len, prompts))),
+        False,
+        preemption,
+        attention=attention,
+        cuda_graphs=False,
+        watermark=0.0,
+    )
     if per_request > num_blocks:  # the longest request could never run, even alone
         raise OutOfBlocksError(per_request, num_blocks, num_blocks, engine.bytes_per_block)
     tokens = engine.generate(prompts, max_new_tokens)
     stats = engine.scheduler.stats
-    return PagedRun(tokens, engine.stats.steps, stats.preemptions, stats.recomputed_tokens, stats.swapped_blocks,
-                    engine.stats.peak_blocks)
+    return PagedRun(
+        tokens,
+        engine.stats.steps,
+        stats.preemptions,
+        stats.recomputed_tokens,
+        stats.swapped_blocks,
+        engine.stats.peak_blocks,
+    )

@@ -17,14 +17,15 @@ STATES = ("waiting", "running", "swapped", "finished", "rejected")
 
 @dataclass(eq=False)  # a request is itself: compared by identity
 class Request:
-    """One request's life: ``waiting`` -> ``running`` (prefill, maybe in chunks, then decode) -> ``finished``,
-    possibly preempted back to ``waiting`` (recompute) or to ``swapped`` on the way; or ``rejected``.
+    """One request's life: ``waiting`` -> ``running`` (prefill, maybe in chunks, then decode) ->
+    ``finished``, possibly preempted back to ``waiting`` (recompute) or to ``swapped`` on the way;
+    or ``rejected``.
 
-    ``prompt`` and ``output`` are token ids; decoding is greedy and stops after ``max_new_tokens``, or
-    at the first generated token in ``stop`` (the engine's end-of-sequence ids and the request's own;
-    the stop token is kept in ``output``, as ``generate`` keeps it). ``finish_reason`` then says which:
-    ``"stop"`` or ``"length"``. The K and V of ``tokens`` live in the cache under ``seq``: all of them
-    but the newest output token, which the next decode step feeds.
+    ``prompt`` and ``output`` are token ids; decoding is greedy and stops after ``max_new_tokens``,
+    or at the first generated token in ``stop`` (the engine's end-of-sequence ids and the request's
+    own; the stop token is kept in ``output``, as ``generate`` keeps it). ``finish_reason`` then
+    says which: ``"stop"`` or ``"length"``. The K and V of ``tokens`` live in the cache under
+    ``seq``: all of them but the newest output token, which the next decode step feeds.
     """
 
     id: int
@@ -46,9 +47,13 @@ class Request:
     def __post_init__(self):
         integer("id", self.id, 0)
         self.prompt = token_ids("prompt", self.prompt)
-        integer("max_new_tokens", self.max_new_tokens, 1)  # a request that generates nothing would never finish
+        integer(
+            "max_new_tokens", self.max_new_tokens, 1
+        )  # a request that generates nothing would never finish
         if not isinstance(self.stop, frozenset):
-            raise TypeError(f"stop must be a frozenset of token ids, got {type(self.stop).__name__}")
+            raise TypeError(
+                f"stop must be a frozenset of token ids, got {type(self.stop).__name__}"
+            )
         real("arrival", self.arrival)
 
     @property
@@ -83,7 +88,8 @@ class Request:
 
 @dataclass(frozen=True)
 class Event:
-    """One line of the log: at ``step``, request ``request`` did ``kind`` (``detail``: tokens or a mode)."""
+    """One line of the log: at ``step``, request ``request`` did ``kind`` (``detail``: tokens or a
+    mode)."""
 
     step: int
     request: int
@@ -94,14 +100,16 @@ class Event:
 def timeline(events, num_steps: int) -> dict[int, list[str | None]]:
     """Each request's state at steps ``1 .. num_steps``, read from an event log (notebook 11).
 
-    A state is what the request did in that step (``prefill``, ``decode``) or, in a step that gave it
-    no tokens, where it was: ``waiting`` (not yet admitted, or preempted by recompute), ``swapped``,
-    ``stalled`` (admitted but given no tokens: the step's token budget ran out); ``None`` before it
-    arrived and after it finished.
+    A state is what the request did in that step (``prefill``, ``decode``) or, in a step that gave
+    it no tokens, where it was: ``waiting`` (not yet admitted, or preempted by recompute),
+    ``swapped``, ``stalled`` (admitted but given no tokens: the step's token budget ran out);
+    ``None`` before it arrived and after it finished.
     """
     num_steps = integer("num_steps", num_steps, 0)
     if isinstance(events, (str, bytes)) or not hasattr(events, "__iter__"):
-        raise TypeError(f"events must be a list of Event (an engine's .events), got {type(events).__name__}")
+        raise TypeError(
+            f"events must be a list of Event (an engine's .events), got {type(events).__name__}"
+        )
     events = list(events)
     for i, event in enumerate(events):
         if not isinstance(event, Event):

@@ -37,65 +37,96 @@ def model_geometry(model) -> tuple[int, int, int]:
 
 
 def check_cache_fits(model, cache, attention: str) -> None:
-    """Everything a step needs from ``model`` and ``cache`` together, checked before any layer writes."""
+    """Everything a step needs from ``model`` and ``cache`` together, checked before any layer
+    writes."""
     one_of("attention", attention, ATTENTION_PATHS)
     causal_lm("model", model)
     if not isinstance(cache, PagedKVCache):
-        raise TypeError(f"cache must be a kvlab.cache.paged.PagedKVCache, got {type(cache).__name__}")
+        raise TypeError(
+            f"cache must be a kvlab.cache.paged.PagedKVCache, got {type(cache).__name__}"
+        )
     layers, kv_heads, head_dim = model_geometry(model)
-    for name, expected in (("num_layers", layers), ("num_kv_heads", kv_heads), ("head_dim", head_dim),
-                           ("dtype", model.dtype)):
+    for name, expected in (
+        ("num_layers", layers),
+        ("num_kv_heads", kv_heads),
+        ("head_dim", head_dim),
+        ("dtype", model.dtype),
+    ):
         if getattr(cache, name) != expected:
-            raise ValueError(f"cache.{name} is {getattr(cache, name)} but the model needs {expected}; "
-                             "build the cache with kvlab.serving.paged_decode.cache_for(model, ...)")
+            raise ValueError(
+                f"cache.{name} is {getattr(cache, name)} but the model needs {expected}; "
+                "build the cache with kvlab.serving.paged_decode.cache_for(model, ...)"
+            )
     check_kernel_limits(cache.block_size, head_dim, attention)
     model_device = torch.device(model.device)
     if (cache.device.type, cache.device.index or 0) != (model_device.type, model_device.index or 0):
-        raise ValueError(f"cache.device is {cache.device} but the model is on {model_device}; "
-                         "build the cache with kvlab.serving.paged_decode.cache_for(model, ...)")
+        raise ValueError(
+            f"cache.device is {cache.device} but the model is on {model_device}; "
+            "build the cache with kvlab.serving.paged_decode.cache_for(model, ...)"
+        )
 
 
 def check_kernel_limits(block_size: int, head_dim: int, attention: str) -> None:
-    """The Triton kernel's limits, for the paths that use it (the reference checks as the kernel does)."""
+    """The Triton kernel's limits, for the paths that use it (the reference checks as the kernel
+    does)."""
     one_of("attention", attention, ATTENTION_PATHS)
     block_size, head_dim = integer("block_size", block_size), integer("head_dim", head_dim)
     if attention == "gather":
         return
     if block_size & (block_size - 1):
-        raise ValueError(f"block_size must be a power of two for attention={attention!r}, got {block_size}; "
-                         "use attention='gather' for other sizes")
+        raise ValueError(
+            f"block_size must be a power of two for attention={attention!r}, got {block_size}; "
+            "use attention='gather' for other sizes"
+        )
     if head_dim not in kernels.SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"the model's head_dim {head_dim} must be one of {kernels.SUPPORTED_HEAD_DIMS} "
-                         f"for attention={attention!r}; use attention='gather'")
+        raise ValueError(
+            f"the model's head_dim {head_dim} must be one of {kernels.SUPPORTED_HEAD_DIMS} "
+            f"for attention={attention!r}; use attention='gather'"
+        )
 
 
 class ModelRunner:
-    """One forward pass per step of ``model`` over ``cache``, greedy sampling (notebooks 05, 06, 11).
+    """One forward pass per step of ``model`` over ``cache``, greedy sampling (notebooks 05, 06,
+    11).
 
     ``attention`` picks the path of :mod:`kvlab.serving.attention`; ``cuda_graphs`` (on a GPU, with
     the kernel path) replays decode-only steps of up to ``max_batch`` sequences as CUDA graphs.
     """
 
-    def __init__(self, model, cache, attention: str = "kernel", cuda_graphs: bool = False, max_batch: int = 1):
+    def __init__(
+        self, model, cache, attention: str = "kernel", cuda_graphs: bool = False, max_batch: int = 1
+    ):
         check_cache_fits(model, cache, attention)
         flag("cuda_graphs", cuda_graphs)
         max_batch = integer("max_batch", max_batch)
         self.model, self.cache, self.attention = model, cache, attention
         self.group = query_group(model)
-        if attention == "kernel":  # the prefill kernel's program must fit this GPU's shared memory (a no-op on a CPU)
-            config = kernels.paged_prefill.paged_prefill_config(cache.dtype, self.group, cache.head_dim, cache.block_size)
+        if (
+            attention == "kernel"
+        ):  # the prefill kernel's program must fit this GPU's shared memory (a no-op on a CPU)
+            config = kernels.paged_prefill.paged_prefill_config(
+                cache.dtype, self.group, cache.head_dim, cache.block_size
+            )
             kernels.shared_memory.require_fits(config, cache.device)
         self.graphs = None
         if cuda_graphs and cache.device.type == "cuda" and attention == "kernel":
             try:
                 self.graphs = CudaGraphs(self, max_batch)
-            except RuntimeError as error:  # a model whose forward cannot be captured still runs, eagerly
-                warnings.warn(f"CUDA-graph capture failed, decoding eagerly: {error}", RuntimeWarning, stacklevel=2)
+            except (
+                RuntimeError
+            ) as error:  # a model whose forward cannot be captured still runs, eagerly
+                warnings.warn(
+                    f"CUDA-graph capture failed, decoding eagerly: {error}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
     @torch.inference_mode()
     def run(self, chunks) -> list[int]:
-        """Feed each ``(seq_id, count)`` chunk's next ``count`` reserved tokens; the greedy token after
-        each chunk's last one (meaningful when the chunk reaches the end of its sequence's tokens)."""
+        """Feed each ``(seq_id, count)`` chunk's next ``count`` reserved tokens; the greedy token
+        after each chunk's last one (meaningful when the chunk reaches the end of its sequence's
+        tokens).
+        """
         chunks = [tuple(c) for c in chunks]
         if self.graphs is not None and self.graphs.covers(chunks):
             return self.graphs.run(chunks)
@@ -103,33 +134,50 @@ class ModelRunner:
         ids, positions = [], []
         for seq_id, count in chunks:
             start = self.cache.num_computed(seq_id)
-            ids += self.cache.tokens(seq_id)[start:start + count]
+            ids += self.cache.tokens(seq_id)[start : start + count]
             positions += range(start, start + count)
-        if max(ids) >= self.model.config.vocab_size:  # the embedding would fail on it, on a GPU with a device assert
-            raise ValueError(f"the step's token ids must be < the model's vocab_size ({self.model.config.vocab_size}), "
-                             f"got {max(ids)}; a cache's sequences hold ids of the model they were admitted for")
+        if (
+            max(ids) >= self.model.config.vocab_size
+        ):  # the embedding would fail on it, on a GPU with a device assert
+            raise ValueError(
+                "the step's token ids must be < the model's vocab_size"
+                f" ({self.model.config.vocab_size}), got {max(ids)}; a cache's sequences hold ids"
+                " of the model they were admitted for"
+            )
         dev = self.cache.device
         last = torch.tensor(list(accumulate(count for _, count in chunks)), device=dev) - 1
-        logits = paged_forward(self.model, torch.tensor([ids], device=dev), torch.tensor([positions], device=dev),
-                               meta, last)
+        logits = paged_forward(
+            self.model,
+            torch.tensor([ids], device=dev),
+            torch.tensor([positions], device=dev),
+            meta,
+            last,
+        )
         return logits[0].argmax(dim=-1).tolist()
 
 
 class CudaGraphs:
-    """Decode-only steps captured as CUDA graphs, one per batch size, and replayed (notebook 11, GPU only).
+    """Decode-only steps captured as CUDA graphs, one per batch size, and replayed (notebook 11, GPU
+    only).
 
-    A step with ``B`` decoding sequences replays the graph of the smallest captured size ``>= B``; the
-    spare rows feed token 0 at position 0 with slot -1 (the store skips it) and read block 0, and
-    their outputs are dropped. The block tables are as wide as the longest sequence the pool or the
-    model allows, so one graph serves every context length, with a split-K count fixed for that width.
+    A step with ``B`` decoding sequences replays the graph of the smallest captured size ``>= B``;
+    the spare rows feed token 0 at position 0 with slot -1 (the store skips it) and read block 0,
+    and their outputs are dropped. The block tables are as wide as the longest sequence the pool or
+    the model allows, so one graph serves every context length, with a split-K count fixed for that
+    width.
     """
 
     def __init__(self, runner: ModelRunner, max_batch: int):
         self.runner, cache = runner, runner.cache
         dev = cache.device
-        positions = getattr(runner.model.config, "max_position_embeddings", None) or cache.num_blocks * cache.block_size
+        positions = (
+            getattr(runner.model.config, "max_position_embeddings", None)
+            or cache.num_blocks * cache.block_size
+        )
         self.width = min(cache.num_blocks, -(-positions // cache.block_size))
-        self.sizes = sorted({b for b in (1, 2, 4, 8, *range(16, max_batch + 1, 16), max_batch) if b <= max_batch})
+        self.sizes = sorted(
+            {b for b in (1, 2, 4, 8, *range(16, max_batch + 1, 16), max_batch) if b <= max_batch}
+        )
         top = self.sizes[-1]
         self.ids = torch.zeros((1, top), dtype=torch.long, device=dev)
         self.positions = torch.zeros((1, top), dtype=torch.long, device=dev)
@@ -141,21 +189,45 @@ class CudaGraphs:
 
     def covers(self, chunks) -> bool:
         """A captured graph can run this step: decode only, and every table fits the buffers."""
-        return (len(chunks) <= self.sizes[-1] and all(count == 1 for _, count in chunks)
-                and all(len(self.runner.cache.block_table(s)) <= self.width for s, _ in chunks))
+        return (
+            len(chunks) <= self.sizes[-1]
+            and all(count == 1 for _, count in chunks)
+            and all(len(self.runner.cache.block_table(s)) <= self.width for s, _ in chunks)
+        )
 
     def _meta(self, batch: int) -> StepMetadata:
         cache = self.runner.cache
-        splits = kernels.choose_num_splits(batch, cache.num_kv_heads, self.width * cache.block_size,
-                                           kernels.multiprocessor_count(cache.device))
-        return StepMetadata(cache.k_pools, cache.v_pools, "kernel", self.slots[:batch], batch, self.tables[:batch],
-                            self.lens[:batch], self.runner.group, num_splits=splits)
+        splits = kernels.choose_num_splits(
+            batch,
+            cache.num_kv_heads,
+            self.width * cache.block_size,
+            kernels.multiprocessor_count(cache.device),
+        )
+        return StepMetadata(
+            cache.k_pools,
+            cache.v_pools,
+            "kernel",
+            self.slots[:batch],
+            batch,
+            self.tables[:batch],
+            self.lens[:batch],
+            self.runner.group,
+            num_splits=splits,
+        )
 
     @torch.inference_mode()
     def capture(self) -> None:
         pool = None
-        for batch in reversed(self.sizes):  # the largest first, so that the smaller ones reuse its memory
-            args = (self.runner.model, self.ids[:, :batch], self.positions[:, :batch], self._meta(batch), 0)
+        for batch in reversed(
+            self.sizes
+        ):  # the largest first, so that the smaller ones reuse its memory
+            args = (
+                self.runner.model,
+                self.ids[:, :batch],
+                self.positions[:, :batch],
+                self._meta(batch),
+                0,
+            )
             paged_forward(*args)  # warm-up outside the graph (compiles the kernels)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
@@ -177,7 +249,9 @@ class CudaGraphs:
         self.positions[0, :batch].copy_(torch.tensor(starts + [0] * (batch - n)), non_blocking=True)
         self.slots[:batch].copy_(torch.tensor(slots), non_blocking=True)
         self.tables[:batch].copy_(torch.tensor(rows, dtype=torch.int32), non_blocking=True)
-        self.lens[:batch].copy_(torch.tensor([p + 1 for p in starts] + [1] * (batch - n), dtype=torch.int32),
-                                non_blocking=True)
+        self.lens[:batch].copy_(
+            torch.tensor([p + 1 for p in starts] + [1] * (batch - n), dtype=torch.int32),
+            non_blocking=True,
+        )
         self.graphs[batch].replay()
         return self.logits[batch][0, :n].argmax(dim=-1).tolist()

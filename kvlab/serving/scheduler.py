@@ -1,10 +1,12 @@
-"""Notebooks 05 and 11: the one scheduler of kvlab's serving stack, continuous batching on a paged cache.
+"""Notebooks 05 and 11: the one scheduler of kvlab's serving stack, continuous batching on a paged
+cache.
 
-Every step, the scheduler decides who runs and with how many tokens (iteration-level scheduling,
-Yu et al. 2022; on a paged cache, Kwon et al. 2023). It works on any *memory* with the block
-manager's calls (``admit``, ``reserve``, ``commit``, ``preempt``, ``resume``, ``free`` and their
+Every step, the scheduler decides who runs and with how many tokens (iteration-level scheduling, Yu
+et al. 2022; on a paged cache, Kwon et al. 2023). It works on any *memory* with the block manager's
+calls (``admit``, ``reserve``, ``commit``, ``preempt``, ``resume``, ``free`` and their
 ``blocks_to_*`` questions): the engine gives it a :class:`~kvlab.cache.paged.PagedKVCache`, notebook
-05's admission simulator a bare :class:`~kvlab.cache.block_manager.BlockManager` or contiguous regions.
+05's admission simulator a bare :class:`~kvlab.cache.block_manager.BlockManager` or contiguous
+regions.
 
 kvlab's choices, each one of several an engine could make:
 
@@ -23,9 +25,10 @@ kvlab's choices, each one of several an engine could make:
 - **decodes next**: one token for every decoding request;
 - **then prefill chunks**, first come first served, within ``max_batched_tokens`` tokens per step
   (chunked prefill): a long prompt runs over several steps while the others keep decoding;
-- **admission last**, first come first served, only in a step that preempted nothing and with nothing
-  swapped out, and only while ``max_batch`` and the free blocks allow, leaving ``watermark_blocks``
-  free unless nothing else runs, so that a new request does not force a preemption at once.
+- **admission last**, first come first served, only in a step that preempted nothing and with
+  nothing swapped out, and only while ``max_batch`` and the free blocks allow, leaving
+  ``watermark_blocks`` free unless nothing else runs, so that a new request does not force a
+  preemption at once.
 
 After the forward pass, :meth:`Scheduler.update` commits what was computed, appends the sampled
 tokens and frees, in the same step, the requests that are done: those that reached their
@@ -44,7 +47,8 @@ from kvlab.serving.request import Request
 
 @dataclass
 class Scheduled:
-    """One chunk of a step: feed ``request.tokens[start:start + count]`` at positions ``start ..``."""
+    """One chunk of a step: feed ``request.tokens[start:start + count]`` at positions ``start
+    ..``."""
 
     request: Request
     start: int
@@ -58,7 +62,8 @@ class Scheduled:
 
     @property
     def completes(self) -> bool:
-        """After this chunk every token of the request is computed: its last logits give the next token."""
+        """After this chunk every token of the request is computed: its last logits give the next
+        token."""
         return self.start + self.count == self.request.num_tokens
 
 
@@ -67,21 +72,31 @@ class SchedulerStats:
     """Preemptions since the scheduler was made, and what they cost (notebook 05)."""
 
     preemptions: int = 0
-    recomputed_tokens: int = 0  # computed tokens dropped by recompute preemptions (to prefill again)
+    # computed tokens dropped by recompute preemptions (to prefill again)
+    recomputed_tokens: int = 0
     swapped_blocks: int = 0  # blocks copied to host memory (and later back) by swap preemptions
     readmitted_tokens: int = 0  # tokens of requests readmitted after a recompute preemption
-    readmitted_cached: int = 0  # of which the prefix cache served (often the request's own freed blocks)
+    # of which the prefix cache served (often the request's own freed blocks)
+    readmitted_cached: int = 0
 
 
 class Scheduler:
-    """Who runs this step, and with how many tokens (notebooks 05 and 11); see the module for the policy.
+    """Who runs this step, and with how many tokens (notebooks 05 and 11); see the module for the
+    policy.
 
     ``log(request, kind, detail)`` is called for every admission, resumption, preemption, chunk and
     finish (the engine's event log).
     """
 
-    def __init__(self, memory, max_batch: int, max_batched_tokens: int, preemption: str = "recompute",
-                 watermark_blocks: int = 0, log=None):
+    def __init__(
+        self,
+        memory,
+        max_batch: int,
+        max_batched_tokens: int,
+        preemption: str = "recompute",
+        watermark_blocks: int = 0,
+        log=None,
+    ):
         one_of("preemption", preemption, PREEMPTION_MODES)
         max_batch = integer("max_batch", max_batch)
         max_batched_tokens = integer("max_batched_tokens", max_batched_tokens)
@@ -107,7 +122,8 @@ class Scheduler:
     def schedule(self, preempted: bool | None = None) -> list[Scheduled]:
         """This step's chunks, one-token chunks first (the attention packs decode rows first).
 
-        ``preempted``: the step's :meth:`make_room` already ran and returned this; None runs it here.
+        ``preempted``: the step's :meth:`make_room` already ran and returned this; None runs it
+        here.
         """
         if preempted is None:
             preempted = self.make_room()
@@ -124,7 +140,9 @@ class Scheduler:
             self._admit(plan, budget)
         return sorted(plan, key=lambda e: e.count > 1)
 
-    def update(self, plan: list[Scheduled], next_tokens: list[int], now: float = 0.0) -> list[Request]:
+    def update(
+        self, plan: list[Scheduled], next_tokens: list[int], now: float = 0.0
+    ) -> list[Request]:
         """After the forward pass: commit every chunk, append the tokens of the chunks that complete
         their request, and free the requests that are done; returns those."""
         finished = []
@@ -137,7 +155,9 @@ class Scheduler:
             request.output.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
-            if request.done:  # its blocks go back in this step: a stop token frees them as early as possible
+            if (
+                request.done
+            ):  # its blocks go back in this step: a stop token frees them as early as possible
                 self.memory.free(request.seq)
                 request.seq, request.state, request.finish_time = None, "finished", now
                 request.finish_reason = "stop" if request.stopped else "length"
@@ -151,21 +171,27 @@ class Scheduler:
     def _decoding(self, request: Request) -> bool:
         """Every token but the newest is computed: this step feeds the newest."""
         seq = request.seq
-        return self.memory.num_computed(seq) == self.memory.num_tokens(seq) == request.num_tokens - 1
+        return (
+            self.memory.num_computed(seq) == self.memory.num_tokens(seq) == request.num_tokens - 1
+        )
 
     def _uncomputed(self, request: Request) -> int:
         return self.memory.num_tokens(request.seq) - self.memory.num_computed(request.seq)
 
     def make_room(self) -> bool:
-        """A step's first part: preempt until every decoding request's next token has a slot; True if
-        anyone was."""
+        """A step's first part: preempt until every decoding request's next token has a slot; True
+        if anyone was."""
         preempted = False
         for request in [r for r in self.running if self._decoding(r)]:
-            if self.memory.blocks_to_append(request.seq) > self.memory.num_blocks:  # cannot grow in place
+            if (
+                self.memory.blocks_to_append(request.seq) > self.memory.num_blocks
+            ):  # cannot grow in place
                 self._preempt(request, "recompute")
                 preempted = True
         while self.running:
-            needed = sum(self.memory.blocks_to_append(r.seq) for r in self.running if self._decoding(r))
+            needed = sum(
+                self.memory.blocks_to_append(r.seq) for r in self.running if self._decoding(r)
+            )
             if needed <= self.memory.num_free:
                 break
             self._preempt(self.running[-1], self.preemption)
@@ -188,12 +214,16 @@ class Scheduler:
             self.waiting.appendleft(request)
 
     def _swap_in(self) -> None:
-        """Swapped requests back, oldest first, leaving the blocks this step's decodes will take (its own
-        next token's included)."""
+        """Swapped requests back, oldest first, leaving the blocks this step's decodes will take
+        (its own next token's included)."""
         while self.swapped and len(self.running) < self.max_batch:
             request = self.swapped[0]
-            decodes = sum(self.memory.blocks_to_append(r.seq) for r in self.running if self._decoding(r))
-            if not self._fits(self.memory.blocks_to_resume(request.seq, request.tokens[-1:]) + decodes):
+            decodes = sum(
+                self.memory.blocks_to_append(r.seq) for r in self.running if self._decoding(r)
+            )
+            if not self._fits(
+                self.memory.blocks_to_resume(request.seq, request.tokens[-1:]) + decodes
+            ):
                 return
             self.swapped.popleft()
             self.memory.resume(request.seq)
@@ -215,8 +245,8 @@ class Scheduler:
             request = self.waiting[0]
             if request.seq is None:
                 needed = self.memory.blocks_to_admit(request.tokens)
-            else:  # its prompt and the tokens generated so far, all but the newest held when preempted
-                unheld = request.tokens[self.memory.num_tokens(request.seq):]
+            else:  # its prompt and generated tokens, all but the newest held when preempted
+                unheld = request.tokens[self.memory.num_tokens(request.seq) :]
                 needed = self.memory.blocks_to_resume(request.seq, unheld)
             if not self._fits(needed):
                 return

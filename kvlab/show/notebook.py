@@ -24,7 +24,9 @@ def reading(markdown_text: str) -> None:
     Returning None keeps a reading on the last line of a cell from echoing a value.
     """
     if not isinstance(markdown_text, str):
-        raise TypeError(f"markdown_text must be a str of Markdown, got {type(markdown_text).__name__}")
+        raise TypeError(
+            f"markdown_text must be a str of Markdown, got {type(markdown_text).__name__}"
+        )
     from IPython.display import Markdown, display
 
     display(Markdown(markdown_text))

@@ -1,4 +1,5 @@
-"""Every notebook: sliders over a measurement, live in a Jupyter kernel, pre-rendered in the static book.
+"""Every notebook: sliders over a measurement, live in a Jupyter kernel, pre-rendered in the static
+book.
 
 Serves every section of the book: each notebook ends its idea with ``explore(measure, sliders,
 plot)``, which reruns a real measurement when the reader moves a slider. The same ``plot`` draws
@@ -37,9 +38,16 @@ LIVE_DPI = 100
 SLOW_RUN_S = 1.0  # a first run slower than this turns off rerun-on-change and shows a Run button
 
 
-def explore(measure: Callable, sliders: Mapping[str, Sequence], plot: Callable, *,
-            defaults: Mapping | None = None, title: str | None = None,
-            reading: Callable | None = None, static: bool | None = None) -> Explorer:
+def explore(
+    measure: Callable,
+    sliders: Mapping[str, Sequence],
+    plot: Callable,
+    *,
+    defaults: Mapping | None = None,
+    title: str | None = None,
+    reading: Callable | None = None,
+    static: bool | None = None,
+) -> Explorer:
     """Show ``plot(measure(**params), **params)`` with one slider per parameter.
 
     ``sliders`` maps each parameter name to its discrete values (ints, floats or strings), in
@@ -52,7 +60,9 @@ def explore(measure: Callable, sliders: Mapping[str, Sequence], plot: Callable, 
     Returns an :class:`Explorer`; its ``.result`` (the result at the defaults) is what later cells
     quote. Serves every section of the book.
     """
-    return Explorer(measure, sliders, plot, defaults=defaults, title=title, reading=reading, static=static)
+    return Explorer(
+        measure, sliders, plot, defaults=defaults, title=title, reading=reading, static=static
+    )
 
 
 class Explorer:
@@ -62,13 +72,22 @@ class Explorer:
     ``reading`` (its Markdown, or None), ``readings`` (Markdown per combination drawn so far),
     ``results`` and ``errors`` (keyed by a tuple of values in slider order: the result, or the
     ``TypeName: message`` text of what ``measure`` or ``plot`` raised, for every combination run so
-    far), ``static`` (which mode). Live mode adds the widgets: ``sliders`` (name -> SelectionSlider),
-    ``status``, ``output``, ``run_button`` (None unless runs are slow) and ``widget``, the VBox.
+    far), ``static`` (which mode). Live mode adds the widgets: ``sliders`` (name ->
+    SelectionSlider), ``status``, ``output``, ``run_button`` (None unless runs are slow) and
+    ``widget``, the VBox.
     """
 
-    def __init__(self, measure: Callable, sliders: Mapping[str, Sequence], plot: Callable, *,
-                 defaults: Mapping | None = None, title: str | None = None,
-                 reading: Callable | None = None, static: bool | None = None):
+    def __init__(
+        self,
+        measure: Callable,
+        sliders: Mapping[str, Sequence],
+        plot: Callable,
+        *,
+        defaults: Mapping | None = None,
+        title: str | None = None,
+        reading: Callable | None = None,
+        static: bool | None = None,
+    ):
         function("measure", measure)
         function("plot", plot)
         if reading is not None:
@@ -79,7 +98,9 @@ class Explorer:
         self._names = list(self._values)
         self.params = _check_defaults(self._values, defaults)
         self._measure, self._plot, self._reading, self.title = measure, plot, reading, title
-        self.static = os.environ.get("KVLAB_STATIC") == "1" if static is None else flag("static", static)
+        self.static = (
+            os.environ.get("KVLAB_STATIC") == "1" if static is None else flag("static", static)
+        )
         self.results: dict[tuple, object] = {}
         self.errors: dict[tuple, str] = {}
         self._pngs: dict[tuple, bytes] = {}
@@ -98,7 +119,9 @@ class Explorer:
         """The result of ``measure`` at the defaults; raises RuntimeError if that run failed."""
         key = self._default_key
         if key not in self.results:
-            raise RuntimeError(f"measure failed at {self._describe(key)}: {self.errors.get(key, 'not run')}")
+            raise RuntimeError(
+                f"measure failed at {self._describe(key)}: {self.errors.get(key, 'not run')}"
+            )
         return self.results[key]
 
     @property
@@ -108,8 +131,10 @@ class Explorer:
 
     def __repr__(self) -> str:
         mode = "static" if self.static else "live"
-        return (f"<Explorer {self.title or ''} ({mode}): {len(self.results)} results, "
-                f"{len(self.errors)} errors, defaults {self.params}>")
+        return (
+            f"<Explorer {self.title or ''} ({mode}): {len(self.results)} results, "
+            f"{len(self.errors)} errors, defaults {self.params}>"
+        )
 
     def _describe(self, key: tuple) -> str:
         return ", ".join(f"{n}={v}" for n, v in zip(self._names, key))
@@ -131,7 +156,9 @@ class Explorer:
             if self._reading is not None:
                 text = self._reading(self.results[key], **params)
                 if not isinstance(text, str):
-                    raise TypeError(f"reading must return a str of Markdown, got {type(text).__name__}")
+                    raise TypeError(
+                        f"reading must return a str of Markdown, got {type(text).__name__}"
+                    )
                 self.readings[key] = text
         except Exception as e:  # shown to the reader as one line; KeyboardInterrupt still stops
             self.errors[key] = f"{type(e).__name__}: {e}"
@@ -154,38 +181,58 @@ class Explorer:
 
         parts = [f'<div id="{uid}" class="kvlab-explorer" style="margin:0.5em 0">']
         if title:
-            parts.append(f'<div style="font-weight:bold;margin-bottom:0.3em">{html.escape(title)}</div>')
+            parts.append(
+                f'<div style="font-weight:bold;margin-bottom:0.3em">{html.escape(title)}</div>'
+            )
         for j, name in enumerate(self._names):
             i, vals = default_idx[j], labels[j]
             parts.append(
-                f'<div style="display:flex;align-items:center;gap:0.6em;margin:0.15em 0">'
-                f'<label for="{uid}-s{j}" style="min-width:8em">{html.escape(name)}</label>'
-                f'<input type="range" id="{uid}-s{j}" min="0" max="{len(vals) - 1}" step="1" '
-                f'value="{i}" autocomplete="off" aria-valuetext="{html.escape(vals[i])}" style="width:16em">'
-                f'<output for="{uid}-s{j}">{html.escape(vals[i])}</output></div>')
-        alt = html.escape(_alt(title, self._names, [labels[j][i] for j, i in enumerate(default_idx)]))
+                '<div style="display:flex;align-items:center;gap:0.6em;margin:0.15em 0"><label'
+                f' for="{uid}-s{j}" style="min-width:8em">{html.escape(name)}</label><input'
+                f' type="range" id="{uid}-s{j}" min="0" max="{len(vals) - 1}" step="1" value="{i}"'
+                f' autocomplete="off" aria-valuetext="{html.escape(vals[i])}"'
+                ' style="width:16em"><output'
+                f' for="{uid}-s{j}">{html.escape(vals[i])}</output></div>'
+            )
+        alt = html.escape(
+            _alt(title, self._names, [labels[j][i] for j, i in enumerate(default_idx)])
+        )
         err = self.errors.get(self._default_key)
         src = f' src="{_data_uri(default_png)}"' if default_png is not None else ""
-        parts.append(f'<img{src} alt="{alt}" style="max-width:100%;height:auto;'
-                     f'{"display:none" if default_png is None else ""}">')
-        parts.append(f'<pre class="kvlab-error" style="color:#b00000;white-space:pre-wrap;'
-                     f'{"" if err else "display:none"}">{html.escape(err or "")}</pre>')
+        parts.append(
+            f'<img{src} alt="{alt}" style="max-width:100%;height:auto;'
+            f'{"display:none" if default_png is None else ""}">'
+        )
+        parts.append(
+            '<pre class="kvlab-error" style="color:#b00000;white-space:pre-wrap;'
+            f'{"" if err else "display:none"}">{html.escape(err or "")}</pre>'
+        )
         if self._reading is not None:
             default_text = self.readings.get(self._default_key)
-            parts.append('<div class="kvlab-reading" aria-live="polite">'
-                         f'{markdown_html(default_text) if default_text is not None else ""}</div>')
+            parts.append(
+                '<div class="kvlab-reading" aria-live="polite">'
+                f"{markdown_html(default_text) if default_text is not None else ''}</div>"
+            )
         if self._names:
-            data = {"images": images, "frames": frames, "labels": labels, "names": self._names,
-                    "title": title, "texts": texts, "text_frames": text_frames}
+            data = {
+                "images": images,
+                "frames": frames,
+                "labels": labels,
+                "names": self._names,
+                "title": title,
+                "texts": texts,
+                "text_frames": text_frames,
+            }
             script = _SCRIPT.replace("__ID__", json.dumps(uid)).replace("__DATA__", _js(data))
             parts.append(f"<script>{script}</script>")
         parts.append("</div>")
         return "\n".join(parts)
 
     def _static_frames(self, default_png: bytes | None):
-        """The page's tables, one entry per slider position (``"i,j,..."``): ``images`` (each distinct
-        PNG once, as a data URI) and ``frames`` (the image's index, or the error text), ``texts`` (each
-        distinct reading once, as HTML) and ``text_frames`` (the reading's index)."""
+        """The page's tables, one entry per slider position (``"i,j,..."``): ``images`` (each
+        distinct PNG once, as a data URI) and ``frames`` (the image's index, or the error text),
+        ``texts`` (each distinct reading once, as HTML) and ``text_frames`` (the reading's
+        index)."""
         # The default PNG lives only in the <img> src, which is also what a reader without
         # JavaScript sees.
         images: list[str | None] = []
@@ -220,9 +267,13 @@ class Explorer:
 
         self.sliders = {
             name: w.SelectionSlider(
-                options=[(str(v), v) for v in vals], index=vals.index(self.params[name]),
-                description=name, continuous_update=False,
-                style={"description_width": "initial"}, layout=w.Layout(width="28em"))
+                options=[(str(v), v) for v in vals],
+                index=vals.index(self.params[name]),
+                description=name,
+                continuous_update=False,
+                style={"description_width": "initial"},
+                layout=w.Layout(width="28em"),
+            )
             for name, vals in self._values.items()
         }
         self.status = w.HTML()
@@ -230,8 +281,12 @@ class Explorer:
         self.run_button = None
         elapsed = self._run_live(self._default_key)
         if elapsed > SLOW_RUN_S:
-            self.run_button = w.Button(description="Run", icon="play", button_style="primary",
-                                       tooltip="measure at the selected values")
+            self.run_button = w.Button(
+                description="Run",
+                icon="play",
+                button_style="primary",
+                tooltip="measure at the selected values",
+            )
             self.run_button.on_click(lambda _: self._run_live(self._selected(), fresh=True))
             if not self.errors:
                 self.status.value += _grey(" · slow run: move the sliders, then press Run")
@@ -300,7 +355,9 @@ def _check_sliders(sliders) -> dict[str, list]:
         if not isinstance(name, str):
             raise TypeError(f"slider names must be strings, got {name!r}")
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-            raise TypeError(f"slider {name!r}: values must be a list or tuple of values, got {values!r}")
+            raise TypeError(
+                f"slider {name!r}: values must be a list or tuple of values, got {values!r}"
+            )
         values = list(values)
         if not values:
             raise ValueError(f"slider {name!r} has no values; give at least one")
@@ -315,9 +372,13 @@ def _check_defaults(values: dict[str, list], defaults) -> dict:
     params = {name: vals[0] for name, vals in values.items()}
     for name, v in (defaults or {}).items():
         if name not in values:
-            raise ValueError(f"defaults names {name!r}, which is not a slider; sliders: {list(values)}")
+            raise ValueError(
+                f"defaults names {name!r}, which is not a slider; sliders: {list(values)}"
+            )
         if v not in values[name]:
-            raise ValueError(f"default for slider {name!r} is {v!r}; allowed values: {values[name]!r}")
+            raise ValueError(
+                f"default for slider {name!r} is {v!r}; allowed values: {values[name]!r}"
+            )
         params[name] = values[name][values[name].index(v)]
     return params
 
@@ -337,7 +398,8 @@ def _render(plot: Callable, result, params: dict, dpi: int) -> bytes:
             raise TypeError(f"plot must return a matplotlib Figure, got {type(returned).__name__}")
         buf = io.BytesIO()
         # Same canvas size for every combination (no bbox_inches="tight"), so the picture does not
-        # jump as the reader slides; no Software metadata, so identical figures give identical bytes.
+        # jump as the reader slides; no Software metadata, so identical figures give identical
+        # bytes.
         fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
         return buf.getvalue()
     finally:
@@ -364,9 +426,10 @@ def markdown_html(text: str) -> str:
     md.use(dollarmath_plugin, renderer=tex)
     out = md.render(text)
     # the plugin's classes ("math inline"/"math block") plus Sphinx's, so both CSS rules apply
-    out = out.replace("<table>", "<table class=\"table\">")
+    out = out.replace("<table>", '<table class="table">')
     return out.replace('class="math inline"', 'class="math notranslate nohighlight"').replace(
-        'class="math block"', 'class="math notranslate nohighlight"')
+        'class="math block"', 'class="math notranslate nohighlight"'
+    )
 
 
 def _data_uri(png: bytes) -> str:
@@ -417,7 +480,8 @@ _SCRIPT = """
   var img = root.querySelector("img"), err = root.querySelector(".kvlab-error");
   var reading = root.querySelector(".kvlab-reading");
   var inputs = root.querySelectorAll("input[type=range]"), outs = root.querySelectorAll("output");
-  for (var k = 0; k < d.images.length; k++) if (d.images[k] === null) d.images[k] = img.getAttribute("src");
+  for (var k = 0; k < d.images.length; k++)
+    if (d.images[k] === null) d.images[k] = img.getAttribute("src");
   function show() {
     var idx = [], vals = [];
     for (var j = 0; j < inputs.length; j++) {
@@ -443,7 +507,9 @@ _SCRIPT = """
     reading.innerHTML = typeof t === "number" ? d.texts[t] : "";
     // MathJax 3 asks that typesets be chained through startup.promise, never run side by side.
     if (M && M.typesetPromise && M.startup && M.startup.promise) {
-      M.startup.promise = M.startup.promise.then(function () { return M.typesetPromise([reading]); });
+      M.startup.promise = M.startup.promise.then(function () {
+        return M.typesetPromise([reading]);
+      });
     }
   }
   for (var j = 0; j < inputs.length; j++) inputs[j].addEventListener("input", show);

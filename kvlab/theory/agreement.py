@@ -21,8 +21,8 @@ OUTCOMES = (WITHIN, ABOVE, BELOW)
 
 @dataclass(frozen=True)
 class Comparison:
-    """A measurement against its prediction: ``outcome`` is ``"within"`` when ``measured`` lies within a
-    factor ``tolerance`` of ``predicted`` either way, else ``"above"`` or ``"below"``."""
+    """A measurement against its prediction: ``outcome`` is ``"within"`` when ``measured`` lies
+    within a factor ``tolerance`` of ``predicted`` either way, else ``"above"`` or ``"below"``."""
 
     measured: float
     predicted: float
@@ -46,12 +46,17 @@ class Comparison:
         return self.outcome == WITHIN
 
     def describe(self) -> str:
-        """The ratio and the outcome: ``"1.4 times the prediction: above it, beyond the factor 1.25 either
-        way that counts as agreement"``; inside that factor, ``"...: within the factor 1.25 ..."``."""
+        """The ratio and the outcome: ``"1.4 times the prediction: above it, beyond the factor 1.25
+        either way that counts as agreement"``; inside that factor, ``"...: within the factor 1.25
+        ..."``.
+        """
         r = self.ratio
         times = f"{r:.3g}" if r < 100 else f"{r:,.0f}"
         where = "within" if self.agrees else f"{self.outcome} it, beyond"
-        return f"{times} times the prediction: {where} the factor {self.tolerance:g} either way that counts as agreement"
+        return (
+            f"{times} times the prediction: {where} the factor {self.tolerance:g} either way that"
+            " counts as agreement"
+        )
 
 
 def compare(measured: float, predicted: float, tolerance: float) -> Comparison:

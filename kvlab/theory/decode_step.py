@@ -1,12 +1,14 @@
-"""Notebooks 01, 02 and 03, the decode loop, cache reuse and the GEMV (sections 9.1 to 9.3): what a decode step should cost.
+"""Notebooks 01, 02 and 03, the decode loop, cache reuse and the GEMV (sections 9.1 to 9.3): what a
+decode step should cost.
 
-- ``predicted_step``, ``predicted_step_growth`` and ``step_slope``: notebook 01's model of a cached step,
-  t(s) = t(s0) + passes k (s - s0) / beta (``DYNAMIC_CACHE_PASSES`` passes over the cache), and how far a
-  measurement may sit from it (``STEP_TOLERANCE``, ``SLOPE_TOLERANCE``, ``GROWTH_TOLERANCE``);
+- ``predicted_step``, ``predicted_step_growth`` and ``step_slope``: notebook 01's model of a cached
+  step, t(s) = t(s0) + passes k (s - s0) / beta (``DYNAMIC_CACHE_PASSES`` passes over the cache),
+  and how far a measurement may sit from it (``STEP_TOLERANCE``, ``SLOPE_TOLERANCE``,
+  ``GROWTH_TOLERANCE``);
 - ``step_spread`` and ``stands_out``: how much single steps of one run move, and whether a change
   exceeds it;
-- ``weight_read_floor`` and ``near_floor``: the time to read a step's weights once, and whether a step
-  is within ``FLOOR_BAND`` of it.
+- ``weight_read_floor`` and ``near_floor``: the time to read a step's weights once, and whether a
+  step is within ``FLOOR_BAND`` of it.
 
 Pure Python; the timings are in ``kvlab.lab.decode_timing``.
 """
@@ -17,29 +19,40 @@ import statistics
 
 from kvlab._checks import positive
 
-# Notebook 01's model of a cached step: t(s) = t(s0) + copies * k * (s - s0) / beta. ``DynamicCache``
-# reads every cached byte and its ``torch.cat`` copies it (a read and a write): three passes.
+# Notebook 01's model of a cached step: t(s) = t(s0) + copies * k * (s - s0) / beta.
+# ``DynamicCache`` reads every cached byte and its ``torch.cat`` copies it (a read and a write):
+# three passes.
 DYNAMIC_CACHE_PASSES = 3
 
 
-def predicted_step_growth(kv_bytes_per_token: int, tokens: int, bandwidth: float,
-                          passes: int = DYNAMIC_CACHE_PASSES) -> float:
+def predicted_step_growth(
+    kv_bytes_per_token: int, tokens: int, bandwidth: float, passes: int = DYNAMIC_CACHE_PASSES
+) -> float:
     """Seconds by which a cached decode step grows over ``tokens`` more tokens of history, at
-    ``kv_bytes_per_token`` bytes each moved ``passes`` times at ``bandwidth`` bytes/s (notebook 01)."""
+    ``kv_bytes_per_token`` bytes each moved ``passes`` times at ``bandwidth`` bytes/s (notebook 01).
+    """
     return passes * kv_bytes_per_token * tokens / positive("bandwidth", bandwidth)
 
 
-def step_slope(kv_bytes_per_token: int, bandwidth: float, passes: int = DYNAMIC_CACHE_PASSES) -> float:
+def step_slope(
+    kv_bytes_per_token: int, bandwidth: float, passes: int = DYNAMIC_CACHE_PASSES
+) -> float:
     """Seconds each extra token of history adds to a cached step, ``passes`` k / beta: the slope of
     notebook 01's model."""
     return predicted_step_growth(kv_bytes_per_token, 1, bandwidth, passes)
 
 
-def predicted_step(t0: float, s0: float, context, kv_bytes_per_token: int, bandwidth: float,
-                   passes: int = DYNAMIC_CACHE_PASSES):
-    """Notebook 01's model of a cached step at ``context`` tokens of history,
-    t(s) = t(s0) + passes k (s - s0) / beta, from the step ``t0`` measured at ``s0`` tokens (``context``
-    may be a NumPy array)."""
+def predicted_step(
+    t0: float,
+    s0: float,
+    context,
+    kv_bytes_per_token: int,
+    bandwidth: float,
+    passes: int = DYNAMIC_CACHE_PASSES,
+):
+    """Notebook 01's model of a cached step at ``context`` tokens of history, t(s) = t(s0) + passes
+    k (s - s0) / beta, from the step ``t0`` measured at ``s0`` tokens (``context`` may be a NumPy
+    array)."""
     return t0 + predicted_step_growth(kv_bytes_per_token, context - s0, bandwidth, passes)
 
 
@@ -68,8 +81,8 @@ FLOOR_BAND = 1.5
 
 
 def weight_read_floor(weight_bytes: float, bandwidth: float) -> float:
-    """Seconds to read a step's weights once at ``bandwidth`` bytes/s: the floor of a batch-1 decode step
-    whose cache is small next to its weights (notebooks 01 and 03)."""
+    """Seconds to read a step's weights once at ``bandwidth`` bytes/s: the floor of a batch-1 decode
+    step whose cache is small next to its weights (notebooks 01 and 03)."""
     return weight_bytes / positive("bandwidth", bandwidth)
 
 

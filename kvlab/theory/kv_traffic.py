@@ -1,4 +1,5 @@
-"""Notebook 04, KV-cache layout (section 9.4): how a measured read or append is held against its bytes.
+"""Notebook 04, KV-cache layout (section 9.4): how a measured read or append is held against its
+bytes.
 
 The page predicts every time from the bytes it moves, reads plus writes, at the copy bandwidth that
 ``kvlab.calibrate()`` measured (``kvlab.lab.layout_timing`` counts them: ``read_traffic``,
@@ -6,8 +7,9 @@ The page predicts every time from the bytes it moves, reads plus writes, at the 
 
 - ``compare_with_bytes``: a time, or a ratio of times, against the bytes model's, agreeing within
   ``BYTES_TOLERANCE``;
-- ``cache_resident``: whether a read's bytes fit, with room to spare, in the device's largest hardware cache
-  (``kvlab.lab.layout_timing.last_level_cache_bytes``), the likely reason a read beats its bytes.
+- ``cache_resident``: whether a read's bytes fit, with room to spare, in the device's largest
+  hardware cache (``kvlab.lab.layout_timing.last_level_cache_bytes``), the likely reason a read
+  beats its bytes.
 
 Pure Python.
 """
@@ -33,8 +35,8 @@ def compare_with_bytes(measured: float, predicted: float) -> Comparison:
 
 
 def cache_resident(nbytes: float, cache_bytes: int | None) -> bool:
-    """Whether ``nbytes``, a read's working set, fits in a hardware cache of ``cache_bytes``: at most
-    ``RESIDENT_SHARE`` of it (False when the size is unknown). Such a read can be served from that
-    cache between repeats, faster than the DRAM bandwidth the calibration measured."""
+    """Whether ``nbytes``, a read's working set, fits in a hardware cache of ``cache_bytes``: at
+    most ``RESIDENT_SHARE`` of it (False when the size is unknown). Such a read can be served from
+    that cache between repeats, faster than the DRAM bandwidth the calibration measured."""
     positive("nbytes", nbytes)
     return cache_bytes is not None and nbytes <= RESIDENT_SHARE * cache_bytes

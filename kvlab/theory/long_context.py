@@ -1,12 +1,13 @@
-"""Notebook 08, long-context variants (section 9.7): the rules that turn quality measurements into verdicts.
+"""Notebook 08, long-context variants (section 9.7): the rules that turn quality measurements into
+verdicts.
 
 Pure Python. Each reading of page 08 that decides between outcomes calls one of these, and its test
 puts numbers on both sides of the boundary computed with the same function.
 
 - ``first_eviction``: the first position whose prediction a bounded cache can change;
-- ``unseen_distances``: whether keys at their original positions meet a query at a distance the model
-  never trained on; ``same_up_to_rounding``: whether two runs that RoPE says are equal agree to fp32
-  rounding;
+- ``unseen_distances``: whether keys at their original positions meet a query at a distance the
+  model never trained on; ``same_up_to_rounding``: whether two runs that RoPE says are equal agree
+  to fp32 rounding;
 - ``uniform_share``: the share of attention the first tokens would get if every query spread its
   attention evenly over the keys it sees, the baseline a sink is measured against;
 - ``sink_threshold`` and ``sink_heads``: the page's one definition of an attention sink (Xiao et al.
@@ -35,15 +36,46 @@ SINK_FACTOR = 4.0
 OUTLIER_FACTOR = 4.0
 
 # Two-sided 95% quantiles of Student's t, by degrees of freedom 1..30.
-_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-        2.045, 2.042)
+_T95 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 _Z95 = 1.959964
 
 
 def uniform_share(n: int, first: int = 1, skip: int = 16) -> float:
     """The mean share of attention on the first ``first`` tokens if every query at position t (from
-    ``skip`` to n - 1) spread its attention evenly over its t + 1 keys: the mean of min(1, first / (t + 1))."""
+    ``skip`` to n - 1) spread its attention evenly over its t + 1 keys: the mean of min(1, first /
+    (t + 1)).
+    """
     integer("n", n, 1)
     integer("first", first, 1)
     integer("skip", skip, 0, n)  # at least one query after the skipped ones
@@ -59,12 +91,13 @@ def first_eviction(num_sink: int, window: int) -> int:
     return num_sink + window
 
 
-ROUNDING_GAP = 1e-3  # largest log-probability difference of two fp32 runs that are equal in exact arithmetic
+# largest log-probability difference of two fp32 runs that are equal in exact arithmetic
+ROUNDING_GAP = 1e-3
 
 
 def unseen_distances(tokens: int, context: int) -> bool:
-    """True when a stream of ``tokens`` holds a query-key distance the model never trained on: with keys
-    at their original positions the largest distance is tokens - 1, and training on windows of
+    """True when a stream of ``tokens`` holds a query-key distance the model never trained on: with
+    keys at their original positions the largest distance is tokens - 1, and training on windows of
     ``context`` tokens covers distances up to context - 1."""
     integer("tokens", tokens, 1)
     integer("context", context, 1)
@@ -86,11 +119,16 @@ def sink_threshold(uniform: float) -> float:
 
 
 def sink_heads(share: Sequence[Sequence[float]], uniform: float) -> list[tuple[int, int, float]]:
-    """``(layer, head, share)`` of every sink head in ``share[layer][head]`` (mean share of attention
-    on the first token), by the page's one definition: ``share >= sink_threshold(uniform)``."""
+    """``(layer, head, share)`` of every sink head in ``share[layer][head]`` (mean share of
+    attention on the first token), by the page's one definition: ``share >=
+    sink_threshold(uniform)``."""
     threshold = sink_threshold(uniform)
-    return [(layer, head, float(s)) for layer, row in enumerate(share) for head, s in enumerate(row)
-            if s >= threshold]
+    return [
+        (layer, head, float(s))
+        for layer, row in enumerate(share)
+        for head, s in enumerate(row)
+        if s >= threshold
+    ]
 
 
 def outlier_count(ratios: Sequence[float]) -> int:
@@ -101,14 +139,16 @@ def outlier_count(ratios: Sequence[float]) -> int:
 
 def keys_have_outliers(key_ratios: Sequence[float], value_ratios: Sequence[float]) -> bool:
     """True when the keys have outlier channels that the values do not: more key channels than value
-    channels at ``OUTLIER_FACTOR`` times their median or more. KIVI's case for per-channel key groups."""
+    channels at ``OUTLIER_FACTOR`` times their median or more. KIVI's case for per-channel key
+    groups.
+    """
     return outlier_count(key_ratios) > outlier_count(value_ratios)
 
 
 def t95(df: int) -> float:
     """Two-sided 95% quantile of Student's t with ``df`` degrees of freedom (a table to 30, then the
-    Cornish-Fisher expansion z + (z^3 + z) / (4 df) + (5 z^5 + 16 z^3 + 3 z) / (96 df^2), within 0.001 of
-    the exact value)."""
+    Cornish-Fisher expansion z + (z^3 + z) / (4 df) + (5 z^5 + 16 z^3 + 3 z) / (96 df^2), within
+    0.001 of the exact value)."""
     integer("df", df, 1)
     if df <= len(_T95):
         return _T95[df - 1]
@@ -155,8 +195,10 @@ def paired_spread(a: Sequence[float], b: Sequence[float]) -> Spread:
 
 
 def block_means(values: Sequence[float], block: int) -> list[float]:
-    """Means of consecutive blocks of ``block`` values (a last partial block is dropped): neighbouring
-    positions of one text are not independent, blocks of them nearly are."""
+    """Means of consecutive blocks of ``block`` values (a last partial block is dropped):
+    neighbouring positions of one text are not independent, blocks of them nearly are."""
     integer("block", block, 1)
     values = [float(v) for v in values]
-    return [statistics.fmean(values[i: i + block]) for i in range(0, len(values) - block + 1, block)]
+    return [
+        statistics.fmean(values[i : i + block]) for i in range(0, len(values) - block + 1, block)
+    ]

@@ -8,8 +8,9 @@ limit (Williams et al. 2009; the Decode and KV Cache chapter, 2026, section 9.3)
 
 ``roofline_time`` is the time the roofline allows a product, ``ridge_intensity`` where its segments
 meet; the tolerances say how far notebook 03's measurements may sit from them and still follow them
-(``kvlab.theory.agreement.compare``). ``fit_roofline`` fits both segments of a roofline to measured points, so the knee of a sweep
-(``kvlab.lab.gemv``) is a property of all its points. Pure Python; units are SI.
+(``kvlab.theory.agreement.compare``). ``fit_roofline`` fits both segments of a roofline to measured
+points, so the knee of a sweep (``kvlab.lab.gemv``) is a property of all its points. Pure Python;
+units are SI.
 """
 
 from __future__ import annotations
@@ -52,12 +53,16 @@ def batch_at_intensity(intensity: float, K: int, N: int, element_size: float) ->
     return math.inf if denominator <= 0 else intensity * w * K * N / denominator
 
 
-def roofline_time(n: int, K: int, N: int, element_size: float, bandwidth: float, peak: float) -> float:
-    """The roofline's time for ``[n x K] @ [K x N]``: max(bytes / bandwidth, FLOPs / peak) in seconds,
-    with ``matmul_bytes`` and ``matmul_flops`` (Williams et al. 2009). Below the ridge the bytes term
-    is the time: a GEMV streams its weight at the bandwidth."""
-    return max(matmul_bytes(n, K, N, element_size) / positive("bandwidth", bandwidth),
-               matmul_flops(n, K, N) / positive("peak", peak))
+def roofline_time(
+    n: int, K: int, N: int, element_size: float, bandwidth: float, peak: float
+) -> float:
+    """The roofline's time for ``[n x K] @ [K x N]``: max(bytes / bandwidth, FLOPs / peak) in
+    seconds, with ``matmul_bytes`` and ``matmul_flops`` (Williams et al. 2009). Below the ridge the
+    bytes term is the time: a GEMV streams its weight at the bandwidth."""
+    return max(
+        matmul_bytes(n, K, N, element_size) / positive("bandwidth", bandwidth),
+        matmul_flops(n, K, N) / positive("peak", peak),
+    )
 
 
 def ridge_intensity(peak: float, bandwidth: float) -> float:
@@ -75,10 +80,14 @@ DOUBLING_TOLERANCE = 1.4
 CORNER_TOLERANCE = 1.25
 
 
-def compare_with_roofline(seconds: float, n: int, K: int, N: int, element_size: float, bandwidth: float,
-                          peak: float) -> Comparison:
-    """A product's measured ``seconds`` against its ``roofline_time``, agreeing within ``ROOFLINE_TOLERANCE``."""
-    return compare(seconds, roofline_time(n, K, N, element_size, bandwidth, peak), ROOFLINE_TOLERANCE)
+def compare_with_roofline(
+    seconds: float, n: int, K: int, N: int, element_size: float, bandwidth: float, peak: float
+) -> Comparison:
+    """A product's measured ``seconds`` against its ``roofline_time``, agreeing within
+    ``ROOFLINE_TOLERANCE``."""
+    return compare(
+        seconds, roofline_time(n, K, N, element_size, bandwidth, peak), ROOFLINE_TOLERANCE
+    )
 
 
 @dataclass(frozen=True)
@@ -114,7 +123,9 @@ def fit_roofline(intensities, rates) -> RooflineFit:
     """
     pts = sorted(zip(intensities, rates))
     if len(pts) < 2 or any(not (x > 0 and y > 0) for x, y in pts):
-        raise ValueError(f"fit_roofline needs at least two points with positive intensity and rate, got {pts!r}")
+        raise ValueError(
+            f"fit_roofline needs at least two points with positive intensity and rate, got {pts!r}"
+        )
     lx = [math.log(x) for x, _ in pts]
     ly = [math.log(y) for _, y in pts]
     best = None
@@ -127,6 +138,8 @@ def fit_roofline(intensities, rates) -> RooflineFit:
         if best is None or sse < best[0] - 1e-12:
             best = (sse, k, lb, lp)
     sse, k, lb, lp = best
-    bandwidth = math.exp(lb) if k else max(y / x for x, y in pts)  # no left part: bound it from above
+    bandwidth = (
+        math.exp(lb) if k else max(y / x for x, y in pts)
+    )  # no left part: bound it from above
     peak = math.exp(lp) if k < len(pts) else max(y for _, y in pts)
     return RooflineFit(bandwidth, peak, k, len(pts), math.sqrt(sse / len(pts)))

@@ -47,7 +47,10 @@ COLLECTIVES = ("all_reduce", "all_gather")
 
 def _shape(shape) -> ModelShape:
     if not isinstance(shape, ModelShape):
-        raise TypeError(f"shape must be a ModelShape (see kvlab.theory.shapes.SHAPES), got {type(shape).__name__}")
+        raise TypeError(
+            "shape must be a ModelShape (see kvlab.theory.shapes.SHAPES), got"
+            f" {type(shape).__name__}"
+        )
     return shape
 
 
@@ -59,7 +62,9 @@ def _link(value) -> Link:
     raise TypeError(f"link must be a Link or one of {', '.join(LINKS)}, got {type(value).__name__}")
 
 
-def tensor_parallel_heads(shape: ModelShape, world: int, argument: str = "world") -> tuple[int, int]:
+def tensor_parallel_heads(
+    shape: ModelShape, world: int, argument: str = "world"
+) -> tuple[int, int]:
     """(query heads, KV heads) each of ``world`` devices holds under tensor parallelism.
 
     Refuses a world size that does not divide the KV heads (and so the query heads, a multiple of
@@ -70,8 +75,10 @@ def tensor_parallel_heads(shape: ModelShape, world: int, argument: str = "world"
     shape, world = _shape(shape), integer(argument, world)
     for what, count in (("KV heads", shape.kv_heads), ("MLP width", shape.intermediate)):
         if count is not None and count % world:
-            raise ValueError(f"{argument}={world} must divide the {what} of {shape.name} ({count}); "
-                             f"allowed world sizes: {_divisors(shape)}")
+            raise ValueError(
+                f"{argument}={world} must divide the {what} of {shape.name} ({count}); "
+                f"allowed world sizes: {_divisors(shape)}"
+            )
     return shape.q_heads // world, shape.kv_heads // world
 
 
@@ -106,7 +113,8 @@ def ring_steps(kind: str, world: int) -> int:
 
 
 def collective_time(kind: str, nbytes: float, world: int, link, latency: float = 0.0) -> float:
-    """Seconds of one ring collective: alpha + bytes per device / one-way link rate (0 on one device)."""
+    """Seconds of one ring collective: alpha + bytes per device / one-way link rate (0 on one
+    device)."""
     sent = collective_bytes(kind, nbytes, world)
     if world == 1:
         return 0.0
@@ -154,19 +162,32 @@ class SplitStep:
 
 
 def _floor(hw, nbytes: float, flops: float, placement: str) -> float:
-    """max(bytes / beta_eff, FLOPs / peak): the roofline floor of given work (KV Cache Memory Wall, 2026, appendix C.4)."""
+    """max(bytes / beta_eff, FLOPs / peak): the roofline floor of given work (KV Cache Memory Wall,
+    2026, appendix C.4)."""
     peak = (hw if isinstance(hw, Accelerator) else spec(hw)).bf16_flops
     return max(nbytes / roofline.effective_bandwidth(hw, placement), flops / peak)
 
 
 def vocabulary_bytes(shape: ModelShape, w_p: float = 2) -> float:
-    """Bytes of the embedding and the output head, 2 V h w_p (untied), which a split may keep whole."""
+    """Bytes of the embedding and the output head, 2 V h w_p (untied), which a split may keep
+    whole."""
     return 2 * _shape(shape).vocab * shape.hidden * positive("w_p", w_p)
 
 
-def tensor_parallel_step(shape: ModelShape, hw, batch: int, context: int, world: int, link, latency: float = 0.0,
-                         w_p: float = 2, w_kv: float = 2, w_a: float = 2, vocab_sharded: bool = False,
-                         placement: str = "striped") -> SplitStep:
+def tensor_parallel_step(
+    shape: ModelShape,
+    hw,
+    batch: int,
+    context: int,
+    world: int,
+    link,
+    latency: float = 0.0,
+    w_p: float = 2,
+    w_kv: float = 2,
+    w_a: float = 2,
+    vocab_sharded: bool = False,
+    placement: str = "striped",
+) -> SplitStep:
     """A decode step under tensor parallelism on ``world`` devices joined by ``link``.
 
     Each device reads 1/p of the layer weights and of every sequence's cache and does 1/p of their
@@ -183,7 +204,12 @@ def tensor_parallel_step(shape: ModelShape, hw, batch: int, context: int, world:
     flops = roofline.step_flops(shape, batch, context)
     whole = 0.0 if vocab_sharded else vocabulary_bytes(shape, w_p)
     head_flops = 0.0 if vocab_sharded else 2 * batch * shape.vocab * shape.hidden
-    share = _floor(hw, (work.total - whole) / world + whole, (flops.total - head_flops) / world + head_flops, placement)
+    share = _floor(
+        hw,
+        (work.total - whole) / world + whole,
+        (flops.total - head_flops) / world + head_flops,
+        placement,
+    )
     message = batch * shape.hidden * positive("w_a", w_a)
     calls = 2 * shape.layers
     sent = calls * collective_bytes("all_reduce", message, world)
@@ -191,14 +217,28 @@ def tensor_parallel_step(shape: ModelShape, hw, batch: int, context: int, world:
     if vocab_sharded:
         logits = batch * shape.vocab / world * w_a
         calls += 2
-        sent += collective_bytes("all_reduce", message, world) + collective_bytes("all_gather", logits, world)
-        comm += (collective_time("all_reduce", message, world, link, latency)
-                 + collective_time("all_gather", logits, world, link, latency))
+        sent += collective_bytes("all_reduce", message, world) + collective_bytes(
+            "all_gather", logits, world
+        )
+        comm += collective_time("all_reduce", message, world, link, latency) + collective_time(
+            "all_gather", logits, world, link, latency
+        )
     return SplitStep("tensor parallel", world, batch, context, one, share, calls, sent, comm)
 
 
-def context_parallel_step(shape: ModelShape, hw, batch: int, context: int, world: int, link, latency: float = 0.0,
-                          w_p: float = 2, w_kv: float = 2, w_a: float = 4, placement: str = "striped") -> SplitStep:
+def context_parallel_step(
+    shape: ModelShape,
+    hw,
+    batch: int,
+    context: int,
+    world: int,
+    link,
+    latency: float = 0.0,
+    w_p: float = 2,
+    w_kv: float = 2,
+    w_a: float = 4,
+    placement: str = "striped",
+) -> SplitStep:
     """A decode step with each sequence's cache split by position over ``world`` devices.
 
     Each device reads every weight and 1/p of the cache (an uneven split is paced by the largest
@@ -211,7 +251,9 @@ def context_parallel_step(shape: ModelShape, hw, batch: int, context: int, world
     one = roofline.step_time_floor(shape, hw, batch, context, w_p, w_kv, placement)
     work = roofline.step_bytes(shape, batch, context, w_p, w_kv)
     flops = roofline.step_flops(shape, batch, context)
-    share = _floor(hw, work.weights + work.kv / world, flops.weights + flops.attention / world, placement)
+    share = _floor(
+        hw, work.weights + work.kv / world, flops.weights + flops.attention / world, placement
+    )
     part = batch * shape.q_heads * (shape.head_dim + 1) * positive("w_a", w_a)
     calls = shape.layers
     sent = calls * collective_bytes("all_gather", part, world)
@@ -219,7 +261,8 @@ def context_parallel_step(shape: ModelShape, hw, batch: int, context: int, world
     return SplitStep("context parallel", world, batch, context, one, share, calls, sent, comm)
 
 
-# --------------------------------------------------------------------------- where a split stops paying
+# --------------------------------------------------------------------------- where a split stops
+# paying
 
 
 @dataclass(frozen=True)
@@ -237,8 +280,16 @@ class Crossing:
     high: int
 
 
-def tensor_parallel_crossing(shape: ModelShape, hw, context: int, world: int, link, latency: float = 0.0,
-                             max_batch: int = 1024, **options) -> Crossing:
+def tensor_parallel_crossing(
+    shape: ModelShape,
+    hw,
+    context: int,
+    world: int,
+    link,
+    latency: float = 0.0,
+    max_batch: int = 1024,
+    **options,
+) -> Crossing:
     """The batch at which tensor parallelism's communication overtakes what the split saves (or
     falls below it), scanning batches 1 to ``max_batch`` at one ``context``. ``options`` as
     :func:`tensor_parallel_step`.
@@ -246,13 +297,24 @@ def tensor_parallel_crossing(shape: ModelShape, hw, context: int, world: int, li
     max_batch = integer("max_batch", max_batch)
     at_one = tensor_parallel_step(shape, hw, 1, context, world, link, latency, **options).pays
     for batch in range(2, max_batch + 1):
-        if tensor_parallel_step(shape, hw, batch, context, world, link, latency, **options).pays != at_one:
+        if (
+            tensor_parallel_step(shape, hw, batch, context, world, link, latency, **options).pays
+            != at_one
+        ):
             return Crossing("batch", batch, at_one, 1, max_batch)
     return Crossing("batch", None, at_one, 1, max_batch)
 
 
-def context_parallel_crossing(shape: ModelShape, hw, batch: int, world: int, link, latency: float = 0.0,
-                              max_context: int = 10**8, **options) -> Crossing:
+def context_parallel_crossing(
+    shape: ModelShape,
+    hw,
+    batch: int,
+    world: int,
+    link,
+    latency: float = 0.0,
+    max_context: int = 10**8,
+    **options,
+) -> Crossing:
     """The shortest context at which splitting the cache by position pays, at one ``batch``.
 
     What the split saves grows with the context and its communication does not, so there is at
@@ -273,13 +335,16 @@ def context_parallel_crossing(shape: ModelShape, hw, batch: int, world: int, lin
     return Crossing("context", high, False, 1, max_context)
 
 
-# --------------------------------------------------------------------------- prefill on one worker, decode on another
+# --------------------------------------------------------------------------- prefill on one worker,
+# decode on another
 
 
-def kv_transfer_bytes(shape: ModelShape, tokens: int, w_kv: float = 2, block_size: int | None = None) -> float:
+def kv_transfer_bytes(
+    shape: ModelShape, tokens: int, w_kv: float = 2, block_size: int | None = None
+) -> float:
     """Bytes of one prompt's cache sent from a prefill worker to a decode worker: s K, or, sent as
-    whole paged blocks of ``block_size`` tokens, ceil(s / B) B K (the last block's empty slots travel too).
-    A sliding-window shape sends only the window it retains.
+    whole paged blocks of ``block_size`` tokens, ceil(s / B) B K (the last block's empty slots
+    travel too). A sliding-window shape sends only the window it retains.
     """
     kept = roofline.retained_tokens(_shape(shape), integer("tokens", tokens))
     if block_size is not None:
@@ -311,19 +376,31 @@ class Handoff:
         return self.transfer < self.prefill
 
 
-def handoff(shape: ModelShape, hw, tokens: int, link, latency: float = 0.0, w_kv: float = 2,
-            block_size: int | None = None, codec: float = 1.0, mfu: float = 0.7) -> Handoff:
+def handoff(
+    shape: ModelShape,
+    hw,
+    tokens: int,
+    link,
+    latency: float = 0.0,
+    w_kv: float = 2,
+    block_size: int | None = None,
+    codec: float = 1.0,
+    mfu: float = 0.7,
+) -> Handoff:
     """Disaggregated prefill: the transfer of ``tokens`` tokens of cache over ``link`` (one call
     with ``latency``, bytes divided by a transport ``codec``) beside recomputing them on ``hw``
     at model FLOP utilization ``mfu`` (KV Cache Memory Wall, 2026, section 5.3 and appendix B.5)."""
     chosen = _link(link)
     nbytes = kv_transfer_bytes(shape, tokens, w_kv, block_size)
-    transfer = real("latency", latency, 0) + roofline.transfer_time(nbytes, chosen.bytes_per_s_each_way, codec)
+    transfer = real("latency", latency, 0) + roofline.transfer_time(
+        nbytes, chosen.bytes_per_s_each_way, codec
+    )
     prefill = roofline.prefill_time(shape, hw, tokens, mfu)
     return Handoff(tokens, nbytes, chosen.name, transfer, prefill)
 
 
-# --------------------------------------------------------------------------- the published shapes on two links
+# --------------------------------------------------------------------------- the published shapes
+# on two links
 
 
 @dataclass(frozen=True)
@@ -337,8 +414,15 @@ class LinkRow:
     handoff: Handoff
 
 
-def link_table(shapes, hw, batch: int, context: int, world: int, links=("nvlink4", "pcie5-x16"),
-               latency: float = 0.0) -> list[LinkRow]:
+def link_table(
+    shapes,
+    hw,
+    batch: int,
+    context: int,
+    world: int,
+    links=("nvlink4", "pcie5-x16"),
+    latency: float = 0.0,
+) -> list[LinkRow]:
     """For each shape (``ModelShape``s) and each link: tensor- and context-parallel steps at
     (``batch``, ``context``) on ``world`` devices, and the handoff of one ``context``-token prompt.
     Shapes that tensor parallelism cannot split over ``world`` devices are skipped."""
@@ -349,9 +433,13 @@ def link_table(shapes, hw, batch: int, context: int, world: int, links=("nvlink4
         except ValueError:
             continue
         for key in links:
-            rows.append(LinkRow(
-                shape.name, _link(key).name,
-                tensor_parallel_step(shape, hw, batch, context, world, key, latency),
-                context_parallel_step(shape, hw, batch, context, world, key, latency),
-                handoff(shape, hw, context, key, latency)))
+            rows.append(
+                LinkRow(
+                    shape.name,
+                    _link(key).name,
+                    tensor_parallel_step(shape, hw, batch, context, world, key, latency),
+                    context_parallel_step(shape, hw, batch, context, world, key, latency),
+                    handoff(shape, hw, context, key, latency),
+                )
+            )
     return rows

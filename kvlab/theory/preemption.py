@@ -1,5 +1,5 @@
-"""Notebook 05, PagedAttention (section 9.5): recompute against swap per token, the swap-out overlapped
-or not.
+"""Notebook 05, PagedAttention (section 9.5): recompute against swap per token, the swap-out
+overlapped or not.
 
 A preempted request's cache comes back by recomputing it (a prefill, 2 P / F per token) or by
 swapping it (a copy out when it is preempted and a copy back, K / beta each way). Only the copy back
@@ -48,7 +48,8 @@ class RecomputeOrSwap:
 
     @property
     def swap(self) -> float:
-        """Seconds per token swap adds to the request's path back: the swap-in, and the swap-out unless hidden."""
+        """Seconds per token swap adds to the request's path back: the swap-in, and the swap-out
+        unless hidden."""
         return self.swap_in + (0.0 if self.overlap_swap_out else self.swap_out)
 
     @property
@@ -62,13 +63,21 @@ class RecomputeOrSwap:
 
     @property
     def break_even_flops_per_link_byte(self) -> float:
-        """The F / beta at which both cost the same: 2 P / K with the swap-out hidden, P / K without."""
+        """The F / beta at which both cost the same: 2 P / K with the swap-out hidden, P / K
+        without."""
         return (2.0 if self.overlap_swap_out else 1.0) * self.params_per_kv_byte
 
 
-def preemption_per_token(params_per_token: float, kv_bytes_per_token: float, flops: float,
-                         link_bytes_per_s: float, overlap_swap_out: bool = True, shape: str = "",
-                         device: str = "", link: str = "") -> RecomputeOrSwap:
+def preemption_per_token(
+    params_per_token: float,
+    kv_bytes_per_token: float,
+    flops: float,
+    link_bytes_per_s: float,
+    overlap_swap_out: bool = True,
+    shape: str = "",
+    device: str = "",
+    link: str = "",
+) -> RecomputeOrSwap:
     """Recompute against swap per token from the four numbers that decide it (section 9.5): the
     parameters a token multiplies P, its cache bytes K, the FLOP rate F and the link's one-way rate
     beta. For a published shape and device, :func:`recompute_or_swap` supplies them."""
@@ -78,13 +87,27 @@ def preemption_per_token(params_per_token: float, kv_bytes_per_token: float, flo
     beta = positive("link_bytes_per_s", link_bytes_per_s)
     if not isinstance(overlap_swap_out, bool):
         raise TypeError(f"overlap_swap_out must be a bool, got {overlap_swap_out!r}")
-    return RecomputeOrSwap(shape=shape, device=device, link=link, recompute=2 * p / f, swap_in=k / beta,
-                           swap_out=k / beta, overlap_swap_out=overlap_swap_out, params_per_kv_byte=p / k,
-                           flops_per_link_byte=f / beta)
+    return RecomputeOrSwap(
+        shape=shape,
+        device=device,
+        link=link,
+        recompute=2 * p / f,
+        swap_in=k / beta,
+        swap_out=k / beta,
+        overlap_swap_out=overlap_swap_out,
+        params_per_kv_byte=p / k,
+        flops_per_link_byte=f / beta,
+    )
 
 
-def recompute_or_swap(shape: ModelShape, hw, link=None, w_kv: float = 2, mfu: float = 1.0,
-                      overlap_swap_out: bool = True) -> RecomputeOrSwap:
+def recompute_or_swap(
+    shape: ModelShape,
+    hw,
+    link=None,
+    w_kv: float = 2,
+    mfu: float = 1.0,
+    overlap_swap_out: bool = True,
+) -> RecomputeOrSwap:
     """Recompute against swap per token, at the arithmetic level (section 9.5).
 
     ``hw`` supplies the FLOP rate F (dense bf16 peak times ``mfu``) and, unless ``link`` (a
@@ -98,8 +121,18 @@ def recompute_or_swap(shape: ModelShape, hw, link=None, w_kv: float = 2, mfu: fl
     mu = real("mfu", mfu, 0, 1, low_open=True)
     if link is None:
         if hw.host_link is None:
-            raise ValueError(f"{hw.name} has no host_link recorded; pass link= one of {', '.join(LINKS)}")
+            raise ValueError(
+                f"{hw.name} has no host_link recorded; pass link= one of {', '.join(LINKS)}"
+            )
         link = hw.host_link
     chosen = as_link(link)
-    return preemption_per_token(shape.params_per_token, kv_bytes_per_token(shape, w_kv), mu * hw.bf16_flops,
-                                chosen.bytes_per_s_each_way, overlap_swap_out, shape.name, hw.name, chosen.name)
+    return preemption_per_token(
+        shape.params_per_token,
+        kv_bytes_per_token(shape, w_kv),
+        mu * hw.bf16_flops,
+        chosen.bytes_per_s_each_way,
+        overlap_swap_out,
+        shape.name,
+        hw.name,
+        chosen.name,
+    )

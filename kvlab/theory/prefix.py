@@ -1,13 +1,15 @@
 """Notebook 06, prefix caching: the models its readings decide by.
 
 - ``ttft_saving`` and ``TTFTSaving``: cold against cached time to first token, measured against what
-  prefill FLOPs predict (``kvlab.theory.roofline.prefill_time``), agreeing within ``TTFT_TOLERANCE``;
+  prefill FLOPs predict (``kvlab.theory.roofline.prefill_time``), agreeing within
+  ``TTFT_TOLERANCE``;
 - ``decode_steps_agree``: two decode steps that read the same bytes take the same time, within
   ``DECODE_TOLERANCE``;
 - ``policy_winner``: which eviction policy's replay served more prompt tokens, closer than
   ``POLICY_MARGIN`` being a tie.
 
-Pure Python; the measurements are in ``kvlab.lab.prefix``, the comparison in ``kvlab.theory.agreement``.
+Pure Python; the measurements are in ``kvlab.lab.prefix``, the comparison in
+``kvlab.theory.agreement``.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ POLICY_MARGIN = 0.02
 class TTFTSaving:
     """Cold against cached time to first token (notebook 06): the measured ratio, the ratio that
     :func:`kvlab.theory.roofline.prefill_time` predicts, the outcome of
-    :func:`kvlab.theory.agreement.compare` (``verdict``), and ``fixed_s``, the cost per prefill that the
-    FLOPs leave out (the intercept of ``measured = fixed_s + a * predicted`` through the two points)."""
+    :func:`kvlab.theory.agreement.compare` (``verdict``), and ``fixed_s``, the cost per prefill that
+    the FLOPs leave out (the intercept of ``measured = fixed_s + a * predicted`` through the two
+    points).
+    """
 
     measured: float
     predicted: float
@@ -39,19 +43,37 @@ class TTFTSaving:
     fixed_s: float
 
 
-def ttft_saving(cold_s: float, cached_s: float, cold_pred_s: float, cached_pred_s: float,
-                tolerance: float = TTFT_TOLERANCE) -> TTFTSaving:
-    """:class:`TTFTSaving` from the measured and the predicted times to first token, cold and cached (s)."""
+def ttft_saving(
+    cold_s: float,
+    cached_s: float,
+    cold_pred_s: float,
+    cached_pred_s: float,
+    tolerance: float = TTFT_TOLERANCE,
+) -> TTFTSaving:
+    """:class:`TTFTSaving` from the measured and the predicted times to first token, cold and cached
+    (s)."""
     cold_s, cached_s = positive("cold_s", cold_s), positive("cached_s", cached_s)
-    cold_pred_s, cached_pred_s = positive("cold_pred_s", cold_pred_s), positive("cached_pred_s", cached_pred_s)
+    cold_pred_s, cached_pred_s = (
+        positive("cold_pred_s", cold_pred_s),
+        positive("cached_pred_s", cached_pred_s),
+    )
     measured, predicted = cold_s / cached_s, cold_pred_s / cached_pred_s
-    slope = (cold_s - cached_s) / (cold_pred_s - cached_pred_s) if cold_pred_s != cached_pred_s else 0.0
-    return TTFTSaving(measured, predicted, compare(measured, predicted, tolerance).outcome,
-                      cold_s - slope * cold_pred_s)
+    slope = (
+        (cold_s - cached_s) / (cold_pred_s - cached_pred_s) if cold_pred_s != cached_pred_s else 0.0
+    )
+    return TTFTSaving(
+        measured,
+        predicted,
+        compare(measured, predicted, tolerance).outcome,
+        cold_s - slope * cold_pred_s,
+    )
 
 
-def decode_steps_agree(computed_s: float, cached_s: float, tolerance: float = DECODE_TOLERANCE) -> bool:
-    """Whether two decode steps that read the same bytes took the same time, as predicted (ratio 1)."""
+def decode_steps_agree(
+    computed_s: float, cached_s: float, tolerance: float = DECODE_TOLERANCE
+) -> bool:
+    """Whether two decode steps that read the same bytes took the same time, as predicted (ratio
+    1)."""
     ratio = positive("cached_s", cached_s) / positive("computed_s", computed_s)
     return compare(ratio, 1.0, tolerance).agrees
 

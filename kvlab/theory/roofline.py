@@ -50,18 +50,21 @@ PLACEMENTS = ("striped", "pinned")
 
 
 def retained_tokens(shape: ModelShape, context: int) -> int:
-    """Tokens a sequence keeps in its cache: s, or min(s, W) for a sliding window W (Decode and KV Cache chapter, 2026, 9.7)."""
+    """Tokens a sequence keeps in its cache: s, or min(s, W) for a sliding window W (Decode and KV
+    Cache chapter, 2026, 9.7)."""
     shape, context = model_shape(shape), integer("context", context)
     return min(context, shape.window) if shape.window else context
 
 
 def kv_bytes_per_token(shape: ModelShape, w_kv: float = 2) -> float:
-    """K = 2 L n_kv d_h w_kv, cache bytes per token across all layers (KV Cache Memory Wall, 2026, Eq. 1)."""
+    """K = 2 L n_kv d_h w_kv, cache bytes per token across all layers (KV Cache Memory Wall, 2026,
+    Eq. 1)."""
     return model_shape(shape).kv_bytes_per_token(positive("w_kv", w_kv))
 
 
 def attention_flops_per_token(shape: ModelShape) -> float:
-    """A = 4 L n_q d_h: a score and a weighted sum per query head per cached token (KV Cache Memory Wall, 2026, Eq. 5)."""
+    """A = 4 L n_q d_h: a score and a weighted sum per query head per cached token (KV Cache Memory
+    Wall, 2026, Eq. 5)."""
     shape = model_shape(shape)
     return 4 * shape.layers * shape.q_heads * shape.head_dim
 
@@ -83,7 +86,8 @@ class StepBytes:
 
 @dataclass(frozen=True)
 class StepFlops:
-    """FLOPs of one decode step: the weight matrix-vector products and the attention contractions."""
+    """FLOPs of one decode step: the weight matrix-vector products and the attention
+    contractions."""
 
     weights: float
     attention: float
@@ -93,8 +97,11 @@ class StepFlops:
         return self.weights + self.attention
 
 
-def step_bytes(shape: ModelShape, batch: int, context: int, w_p: float = 2, w_kv: float = 2) -> StepBytes:
-    """Bytes of one decode step, B(s, b) = P w_p + b s K (KV Cache Memory Wall, 2026, Eq. 6; Decode and KV Cache chapter, 2026, 9.3).
+def step_bytes(
+    shape: ModelShape, batch: int, context: int, w_p: float = 2, w_kv: float = 2
+) -> StepBytes:
+    """Bytes of one decode step, B(s, b) = P w_p + b s K (KV Cache Memory Wall, 2026, Eq. 6; Decode
+    and KV Cache chapter, 2026, 9.3).
 
     Returns ``StepBytes`` with ``.weights`` (P w_p), ``.kv`` (b s K) and ``.total``.
     """
@@ -105,20 +112,31 @@ def step_bytes(shape: ModelShape, batch: int, context: int, w_p: float = 2, w_kv
 
 
 def step_flops(shape: ModelShape, batch: int, context: int) -> StepFlops:
-    """FLOPs of one decode step, F(s, b) = b (2P + A s) with A = 4 L n_q d_h (KV Cache Memory Wall, 2026, Eq. 5).
+    """FLOPs of one decode step, F(s, b) = b (2P + A s) with A = 4 L n_q d_h (KV Cache Memory Wall,
+    2026, Eq. 5).
 
     Softmax is left out as lower order (a fraction 3 / (4 d_h) of the attention term, appendix A.1).
     Returns ``StepFlops`` with ``.weights`` (2 P b), ``.attention`` (b A s) and ``.total``.
     """
     batch = integer("batch", batch)
     tokens = retained_tokens(shape, context)
-    return StepFlops(weights=2 * shape.params * batch,
-                     attention=batch * attention_flops_per_token(shape) * tokens)
+    return StepFlops(
+        weights=2 * shape.params * batch,
+        attention=batch * attention_flops_per_token(shape) * tokens,
+    )
 
 
-def step_time_floor(shape: ModelShape, hw, batch: int, context: int, w_p: float = 2, w_kv: float = 2,
-                    placement: str = "striped") -> float:
-    """Roofline floor of one decode step in seconds (KV Cache Memory Wall, 2026, appendix C.4 (ii); Decode and KV Cache chapter, 2026, 9.3):
+def step_time_floor(
+    shape: ModelShape,
+    hw,
+    batch: int,
+    context: int,
+    w_p: float = 2,
+    w_kv: float = 2,
+    placement: str = "striped",
+) -> float:
+    """Roofline floor of one decode step in seconds (KV Cache Memory Wall, 2026, appendix C.4 (ii);
+    Decode and KV Cache chapter, 2026, 9.3):
 
         T_step >= max(B(s, b) / beta_eff, F(s, b) / peak)
 
@@ -130,8 +148,9 @@ def step_time_floor(shape: ModelShape, hw, batch: int, context: int, w_p: float 
     return max(read, compute)
 
 
-# A measured step within this factor of its floor counts as bound by the bytes it moves (notebook 03's
-# readings, through ``kvlab.theory.agreement.compare``); the floor leaves out dispatch and small kernels.
+# A measured step within this factor of its floor counts as bound by the bytes it moves (notebook
+# 03's readings, through ``kvlab.theory.agreement.compare``); the floor leaves out dispatch and
+# small kernels.
 STEP_FLOOR_TOLERANCE = 2.0
 
 
@@ -156,16 +175,25 @@ class Admission:
         return self.needed <= self.available
 
     def __str__(self) -> str:
-        """``needs 7.66 MB, 16.6 MB available (8.94 MB to spare)``: decimal units chosen per figure."""
+        """``needs 7.66 MB, 16.6 MB available (8.94 MB to spare)``: decimal units chosen per
+        figure."""
         head = f"needs {si(self.needed, 'B')}, {si(self.available, 'B')} available"
         if self:
             return f"{head} ({si(self.available - self.needed, 'B')} to spare)"
         return f"{head}: does not fit by {si(self.shortfall, 'B')} ({self.shortfall:,.0f} bytes)"
 
 
-def admitted(shape: ModelShape, hw, batch: int, context: int, w_p: float = 2, w_kv: float = 2,
-             devices: int = 1) -> Admission:
-    """Do P w_p + b s K bytes fit in the HBM of ``devices`` accelerators? (Decode and KV Cache chapter, 2026, 9.3; KV Cache Memory Wall, 2026, Table 5)"""
+def admitted(
+    shape: ModelShape,
+    hw,
+    batch: int,
+    context: int,
+    w_p: float = 2,
+    w_kv: float = 2,
+    devices: int = 1,
+) -> Admission:
+    """Do P w_p + b s K bytes fit in the HBM of ``devices`` accelerators? (Decode and KV Cache
+    chapter, 2026, 9.3; KV Cache Memory Wall, 2026, Table 5)"""
     hw = accelerator(hw)
     devices = integer("devices", devices)
     need = step_bytes(shape, batch, context, w_p, w_kv)
@@ -174,7 +202,8 @@ def admitted(shape: ModelShape, hw, batch: int, context: int, w_p: float = 2, w_
 
 @dataclass(frozen=True)
 class FloorRow:
-    """One row of the Decode and KV Cache chapter's Table 9.1; ``step_time`` and ``tokens_per_s`` are None when not admitted."""
+    """One row of the Decode and KV Cache chapter's Table 9.1; ``step_time`` and ``tokens_per_s``
+    are None when not admitted."""
 
     batch: int
     context: int
@@ -185,9 +214,17 @@ class FloorRow:
     tokens_per_s: float | None
 
 
-def decode_floor_table(shape: ModelShape, hw, cases, params: float | None = None, w_p: float = 2,
-                       w_kv: float = 2, placement: str = "striped") -> list[FloorRow]:
-    """Rows of the Decode and KV Cache chapter's Table 9.1 for ``cases``, an iterable of (B sequences, T tokens each).
+def decode_floor_table(
+    shape: ModelShape,
+    hw,
+    cases,
+    params: float | None = None,
+    w_p: float = 2,
+    w_kv: float = 2,
+    placement: str = "striped",
+) -> list[FloorRow]:
+    """Rows of the Decode and KV Cache chapter's Table 9.1 for ``cases``, an iterable of (B
+    sequences, T tokens each).
 
     Each row carries weight bytes P w_p, KV bytes B T K, the step floor B(T, B) / beta, and the
     ideal rate B / T_step over all sequences, or None for both where the row is not admitted.
@@ -200,25 +237,34 @@ def decode_floor_table(shape: ModelShape, hw, cases, params: float | None = None
     for batch, context in cases:
         fit = admitted(shape, hw, batch, context, w_p, w_kv)
         step = step_time_floor(shape, hw, batch, context, w_p, w_kv, placement) if fit else None
-        rows.append(FloorRow(batch, context, fit.weights, fit.kv, fit, step,
-                             batch / step if step else None))
+        rows.append(
+            FloorRow(batch, context, fit.weights, fit.kv, fit, step, batch / step if step else None)
+        )
     return rows
 
 
 # --------------------------------------------------------------------------- intensity and ridge
 
 
-def arithmetic_intensity(shape: ModelShape, context: int, batch: int, w_p: float = 2, w_kv: float = 2) -> float:
-    """AI(s, b) = F(s, b) / B(s, b) = b (2P + A s) / (P w_p + b s K), FLOP per byte (KV Cache Memory Wall, 2026, Eq. 7)."""
-    return step_flops(shape, batch, context).total / step_bytes(shape, batch, context, w_p, w_kv).total
+def arithmetic_intensity(
+    shape: ModelShape, context: int, batch: int, w_p: float = 2, w_kv: float = 2
+) -> float:
+    """AI(s, b) = F(s, b) / B(s, b) = b (2P + A s) / (P w_p + b s K), FLOP per byte (KV Cache Memory
+    Wall, 2026, Eq. 7)."""
+    return (
+        step_flops(shape, batch, context).total / step_bytes(shape, batch, context, w_p, w_kv).total
+    )
 
 
 def kv_intensity_floor(shape: ModelShape, w_kv: float = 2) -> float:
-    """lim_{s -> inf} AI(s, b) = A / K = 2g / w_kv, whatever the batch (KV Cache Memory Wall, 2026, Prop. 3.1(ii), Eq. 8)."""
+    """lim_{s -> inf} AI(s, b) = A / K = 2g / w_kv, whatever the batch (KV Cache Memory Wall, 2026,
+    Prop. 3.1(ii), Eq. 8)."""
     return attention_flops_per_token(shape) / kv_bytes_per_token(shape, w_kv)
 
 
-def batch_intensity_ceiling(shape: ModelShape, context: int, w_p: float = 2, w_kv: float = 2) -> float:
+def batch_intensity_ceiling(
+    shape: ModelShape, context: int, w_p: float = 2, w_kv: float = 2
+) -> float:
     """sup_b AI(s, b) = A / K + (2 / w_p) s*(1) / s, the most batching can give at context s
     (KV Cache Memory Wall, 2026, Prop. 3.1(iv)). Dense weights only: a window is not applied here.
     """
@@ -229,19 +275,21 @@ def batch_intensity_ceiling(shape: ModelShape, context: int, w_p: float = 2, w_k
 
 def fixed_point_batch(shape: ModelShape, w_p: float = 2, w_kv: float = 2) -> float:
     """b-dagger = g w_p / w_kv (= A w_p / (2K)): the batch at which AI(s, b) does not depend on s
-    (KV Cache Memory Wall, 2026, Eq. 9, Prop. 3.1(iii)). Below it AI rises with s, above it AI falls.
+    (KV Cache Memory Wall, 2026, Eq. 9, Prop. 3.1(iii)). Below it AI rises with s, above it AI
+    falls.
     """
     return kv_intensity_floor(shape, w_kv) * positive("w_p", w_p) / 2
 
 
 def ridge_point(hw) -> float:
-    """I* = peak dense bf16 FLOP/s over aggregate HBM bytes/s (KV Cache Memory Wall, 2026, Table 3, appendix B.4)."""
+    """I* = peak dense bf16 FLOP/s over aggregate HBM bytes/s (KV Cache Memory Wall, 2026, Table 3,
+    appendix B.4)."""
     return accelerator(hw).ridge_point
 
 
 def ridge_batch(hw, w_p: float = 2) -> float:
-    """b = I* w_p / 2, the batch at which the weight products alone reach the ridge
-    (KV Cache Memory Wall, 2026, section 1.1 and Prop. 3.3(iii); Decode and KV Cache chapter, 2026, 9.3).
+    """b = I* w_p / 2, the batch at which the weight products alone reach the ridge (KV Cache Memory
+    Wall, 2026, section 1.1 and Prop. 3.3(iii); Decode and KV Cache chapter, 2026, 9.3).
     """
     return ridge_point(hw) * positive("w_p", w_p) / 2
 
@@ -261,10 +309,12 @@ def crossover_context(shape: ModelShape, batch: int = 1, w_p: float = 2, w_kv: f
     return math.inf if shape.window and s_star > shape.window else s_star
 
 
-def capacity_context(shape: ModelShape, hw, w_p: float = 2, w_kv: float = 2, batch: int = 1,
-                     devices: int = 1) -> float | None:
-    """s_cap = (M - P w_p) / (b K): the longest context whose cache fits beside the weights
-    (KV Cache Memory Wall, 2026, Eq. 13, appendix B.3). None where the weights alone do not fit (M <= P w_p).
+def capacity_context(
+    shape: ModelShape, hw, w_p: float = 2, w_kv: float = 2, batch: int = 1, devices: int = 1
+) -> float | None:
+    """s_cap = (M - P w_p) / (b K): the longest context whose cache fits beside the weights (KV
+    Cache Memory Wall, 2026, Eq. 13, appendix B.3). None where the weights alone do not fit (M <= P
+    w_p).
 
     For a sliding-window shape whose whole window fits, every context fits: returns ``math.inf``.
     """
@@ -280,18 +330,22 @@ def capacity_context(shape: ModelShape, hw, w_p: float = 2, w_kv: float = 2, bat
 
 
 def free_beside_weights(shape: ModelShape, hw, w_p: float = 2, devices: int = 1) -> float:
-    """M - P w_p: bytes left for the cache once the weights are loaded (negative when they do not fit).
-    The margin behind s_cap (KV Cache Memory Wall, 2026, Eq. 13). Pass ``hardware.exposed_memory(hw)`` for the memory
-    the driver really reports, or a shape with ``params=shape.counted_params()`` for unrounded weights.
+    """M - P w_p: bytes left for the cache once the weights are loaded (negative when they do not
+    fit). The margin behind s_cap (KV Cache Memory Wall, 2026, Eq. 13). Pass
+    ``hardware.exposed_memory(hw)`` for the memory the driver really reports, or a shape with
+    ``params=shape.counted_params()`` for unrounded weights.
     """
     hw = accelerator(hw)
     devices = integer("devices", devices)
     return devices * hw.hbm_bytes - model_shape(shape).params * positive("w_p", w_p)
 
 
-def max_batch(shape: ModelShape, hw, context: int, w_p: float = 2, w_kv: float = 2, devices: int = 1) -> int:
+def max_batch(
+    shape: ModelShape, hw, context: int, w_p: float = 2, w_kv: float = 2, devices: int = 1
+) -> int:
     """The largest batch b of ``context``-token sequences with P w_p + b s K <= M: what admission
-    allows (Decode and KV Cache chapter, 2026, 9.3; KV Cache Memory Wall, 2026, Eq. 13 solved for b). 0 when not even one sequence fits.
+    allows (Decode and KV Cache chapter, 2026, 9.3; KV Cache Memory Wall, 2026, Eq. 13 solved for
+    b). 0 when not even one sequence fits.
     """
     context = integer("context", context)
     free = free_beside_weights(shape, hw, w_p, devices)
@@ -311,27 +365,34 @@ class AdmittedRate:
     tokens_per_s: float | None
 
 
-def admitted_rate(shape: ModelShape, hw, context: int, w_p: float = 2, w_kv: float = 2,
-                  devices: int = 1) -> AdmittedRate:
+def admitted_rate(
+    shape: ModelShape, hw, context: int, w_p: float = 2, w_kv: float = 2, devices: int = 1
+) -> AdmittedRate:
     """Decode at the largest admitted batch: ``max_batch`` and its ``step_time_floor``.
 
-    This is where KV compression pays in the weight-bound regime (the scope of the KV Cache Memory Wall's design
-    rule 3): at a fixed batch, dividing KV bytes barely shortens a step when s < s*, but where
-    capacity binds it admits a larger batch at about the same step floor. Llama-3-70B on a B200 at
-    128k: 1 sequence in bf16, 4 with a 4-bit cache, hence about 4x the tokens/s.
+    This is where KV compression pays in the weight-bound regime (the scope of the KV Cache Memory
+    Wall's design rule 3): at a fixed batch, dividing KV bytes barely shortens a step when s < s*,
+    but where capacity binds it admits a larger batch at about the same step floor. Llama-3-70B on a
+    B200 at 128k: 1 sequence in bf16, 4 with a 4-bit cache, hence about 4x the tokens/s.
     """
     batch = max_batch(shape, hw, context, w_p, w_kv, devices)
     if batch == 0:
         return AdmittedRate(0, None, None)
     hw = accelerator(hw)
     if devices > 1:  # the step's bytes are read by all devices' HBM together
-        hw = dataclasses.replace(hw, hbm_bytes_per_s=devices * hw.hbm_bytes_per_s,
-                                 die_bytes_per_s=devices * hw.die_bytes_per_s, bf16_flops=devices * hw.bf16_flops)
+        hw = dataclasses.replace(
+            hw,
+            hbm_bytes_per_s=devices * hw.hbm_bytes_per_s,
+            die_bytes_per_s=devices * hw.die_bytes_per_s,
+            bf16_flops=devices * hw.bf16_flops,
+        )
     step = step_time_floor(shape, hw, batch, context, w_p, w_kv)
     return AdmittedRate(batch, step, batch / step)
 
 
-def kv_fraction(shape: ModelShape, context: int, batch: int, w_p: float = 2, w_kv: float = 2) -> float:
+def kv_fraction(
+    shape: ModelShape, context: int, batch: int, w_p: float = 2, w_kv: float = 2
+) -> float:
     """eta(s, b) = b s K / B(s, b), the KV share of step bytes; equals s / (s + s*(b))
     (KV Cache Memory Wall, 2026, Prop. 3.3(i)).
     """
@@ -358,18 +419,19 @@ def compression_speedup(c: float, context: int, s_star: float) -> float:
 
 
 def effective_bandwidth(hw, placement: str = "striped") -> float:
-    """beta_eff of KV reads under a page placement (KV Cache Memory Wall, 2026, Eq. 10, Prop. 3.6, appendix A.4).
+    """beta_eff of KV reads under a page placement (KV Cache Memory Wall, 2026, Eq. 10, Prop. 3.6,
+    appendix A.4).
 
     A read with local fraction gamma takes max(gamma x / beta_p, (1 - gamma) x / beta_f):
     ``"pinned"`` (gamma = 1) gives the per-die beta_p; ``"striped"`` (gamma = 1 / D) gives
     min(beta_agg, D / (D - 1) beta_f). An undisclosed fabric rate (MI300X) is taken not to bind
     (Remark 3.7). A single-die package reaches beta_agg either way.
 
-    The choice is the memory-wall paper's model, not an engine's: in their default modes a B200 and an MI300X
-    interleave physical addresses across all HBM stacks, so every allocation is striped and a block
-    manager cannot pin a page to one die. Only partitioned modes (MI300X's NPS4 memory partitions
-    with CPX compute partitions) make memory local to a part of the package, and each part
-    is then a separate device with its share of the bandwidth.
+    The choice is the memory-wall paper's model, not an engine's: in their default modes a B200 and
+    an MI300X interleave physical addresses across all HBM stacks, so every allocation is striped
+    and a block manager cannot pin a page to one die. Only partitioned modes (MI300X's NPS4 memory
+    partitions with CPX compute partitions) make memory local to a part of the package, and each
+    part is then a separate device with its share of the bandwidth.
     """
     hw, placement = accelerator(hw), one_of("placement", placement, PLACEMENTS)
     if hw.dies == 1:
@@ -393,7 +455,8 @@ def rate_ceiling(shape: ModelShape, hw, placement: str = "striped", w_kv: float 
 
 def sharing_factor(prefix_tokens: int, suffix_tokens: int, requests: int) -> float:
     """sigma = n (p + u) / (p + n u) for n requests sharing one p-token prefix, each with its own
-    u-token suffix: unshared bytes over shared bytes (KV Cache Memory Wall, 2026, section 2.6, appendix B.5).
+    u-token suffix: unshared bytes over shared bytes (KV Cache Memory Wall, 2026, section 2.6,
+    appendix B.5).
     """
     p = integer("prefix_tokens", prefix_tokens, 0)
     u = integer("suffix_tokens", suffix_tokens, 0)
@@ -421,10 +484,16 @@ def prefill_flops(shape: ModelShape, tokens: int, hit_rate: float = 0.0) -> floa
     return weights + attention
 
 
-def prefill_time(shape: ModelShape, hw, tokens: int, mfu: float = 0.7, hit_rate: float = 0.0,
-                 prefix_tokens: int = 0) -> float:
-    """Time to first token, prefill_flops / (mu * peak) in seconds, at model FLOP utilization mu
-    (KV Cache Memory Wall, 2026, appendix A.3 and C.4 (iii): mu = 0.70). Give the cached share either as
+def prefill_time(
+    shape: ModelShape,
+    hw,
+    tokens: int,
+    mfu: float = 0.7,
+    hit_rate: float = 0.0,
+    prefix_tokens: int = 0,
+) -> float:
+    """Time to first token, prefill_flops / (mu * peak) in seconds, at model FLOP utilization mu (KV
+    Cache Memory Wall, 2026, appendix A.3 and C.4 (iii): mu = 0.70). Give the cached share either as
     ``hit_rate`` h or as ``prefix_tokens`` (h = prefix_tokens / tokens), not both.
     """
     hw = accelerator(hw)
@@ -441,6 +510,9 @@ def prefill_time(shape: ModelShape, hw, tokens: int, mfu: float = 0.7, hit_rate:
 
 def transfer_time(nbytes: float, link_bytes_per_s: float, codec: float = 1.0) -> float:
     """Seconds to move ``nbytes`` over a link, x / (codec * beta_link), where ``codec`` is the
-    transport codec's size reduction (KV Cache Memory Wall, 2026, section 2.7, appendix B.5; CacheGen's is about 4).
+    transport codec's size reduction (KV Cache Memory Wall, 2026, section 2.7, appendix B.5;
+    CacheGen's is about 4).
     """
-    return positive("nbytes", nbytes) / (positive("codec", codec) * positive("link_bytes_per_s", link_bytes_per_s))
+    return positive("nbytes", nbytes) / (
+        positive("codec", codec) * positive("link_bytes_per_s", link_bytes_per_s)
+    )

@@ -22,8 +22,9 @@ class Accelerator:
 
     ``hbm_bytes`` is the vendor's marketed capacity read as decimal bytes (80 GB = 80e9), as the
     seeds compute. ``hbm_bytes_exposed`` is what the driver reports as total memory, where known
-    (None otherwise): the marketed figures are binary-ish, so the two differ (see ``exposed_memory``).
-    ``host_link`` is the ``LINKS`` key of the link to host memory (swap and offload cross it).
+    (None otherwise): the marketed figures are binary-ish, so the two differ (see
+    ``exposed_memory``). ``host_link`` is the ``LINKS`` key of the link to host memory (swap and
+    offload cross it).
     """
 
     name: str
@@ -47,8 +48,12 @@ class Accelerator:
             if getattr(self, name) is not None:
                 positive(name, getattr(self, name))
         integer("dies", self.dies)
-        if self.host_link is not None and (not isinstance(self.host_link, str) or self.host_link not in LINKS):
-            raise ValueError(f"host_link must be None or one of {', '.join(LINKS)}, got {self.host_link!r}")
+        if self.host_link is not None and (
+            not isinstance(self.host_link, str) or self.host_link not in LINKS
+        ):
+            raise ValueError(
+                f"host_link must be None or one of {', '.join(LINKS)}, got {self.host_link!r}"
+            )
 
     @property
     def ridge_point(self) -> float:
@@ -60,9 +65,9 @@ class Accelerator:
 class Link:
     """An interconnect, by its rate in ONE direction (bytes/s, SI units).
 
-    NVIDIA's datasheets quote both NVLink and PCIe as the total of the two directions (H100: "NVLink:
-    900 GB/s", "PCIe Gen5: 128 GB/s"); PCI-SIG 2019 gives PCIe's per-direction rate. A one-way copy (a
-    swap-out, a KV fetch) gets only ``bytes_per_s_each_way``.
+    NVIDIA's datasheets quote both NVLink and PCIe as the total of the two directions (H100:
+    "NVLink: 900 GB/s", "PCIe Gen5: 128 GB/s"); PCI-SIG 2019 gives PCIe's per-direction rate. A
+    one-way copy (a swap-out, a KV fetch) gets only ``bytes_per_s_each_way``.
     """
 
     name: str
@@ -78,12 +83,24 @@ class Link:
 
 
 LINKS: dict[str, Link] = {
-    "pcie3-x16": Link("PCIe Gen3 x16", 16e9, "PCI-SIG: 8 GT/s x 16 lanes, about 16 GB/s per direction"),
-    "pcie4-x16": Link("PCIe Gen4 x16", 32e9, "PCI-SIG: 16 GT/s x 16 lanes, about 32 GB/s per direction"),
-    "pcie5-x16": Link("PCIe Gen5 x16", 64e9,
-                      "PCI-SIG: 32 GT/s x 16 lanes, about 64 GB/s per direction (KV Cache Memory Wall, 2026, section 2.7)"),
-    "nvlink4": Link("NVLink 4 (H100/H200)", 450e9,
-                    "NVIDIA H100 datasheet: 900 GB/s total, i.e. 450 GB/s each way (the KV Cache Memory Wall, 2026, quotes the 900)"),
+    "pcie3-x16": Link(
+        "PCIe Gen3 x16", 16e9, "PCI-SIG: 8 GT/s x 16 lanes, about 16 GB/s per direction"
+    ),
+    "pcie4-x16": Link(
+        "PCIe Gen4 x16", 32e9, "PCI-SIG: 16 GT/s x 16 lanes, about 32 GB/s per direction"
+    ),
+    "pcie5-x16": Link(
+        "PCIe Gen5 x16",
+        64e9,
+        "PCI-SIG: 32 GT/s x 16 lanes, about 64 GB/s per direction (KV Cache Memory Wall, 2026,"
+        " section 2.7)",
+    ),
+    "nvlink4": Link(
+        "NVLink 4 (H100/H200)",
+        450e9,
+        "NVIDIA H100 datasheet: 900 GB/s total, i.e. 450 GB/s each way (the KV Cache Memory Wall,"
+        " 2026, quotes the 900)",
+    ),
 }
 
 # Total memory the driver reports (nvidia-smi "memory.total"), in MiB: the marketed "80 GB" and
@@ -91,39 +108,94 @@ LINKS: dict[str, Link] = {
 _MIB = 2**20
 _EXPOSED = "nvidia-smi memory.total: {} MiB"
 
-_H100 = "NVIDIA H100 Tensor Core GPU datasheet (2023), as quoted in KV Cache Memory Wall, 2026, Table 3 and section 1.1"
+_H100 = (
+    "NVIDIA H100 Tensor Core GPU datasheet (2023), as quoted in KV Cache Memory Wall, 2026, Table 3"
+    " and section 1.1"
+)
 SPECS: dict[str, Accelerator] = {
-    "h100-sxm": Accelerator("NVIDIA H100 SXM", 80e9, 3.35e12, 989.5e12, 1, 3.35e12, None,
-                            _H100 + "; " + _EXPOSED.format(81559), 81559 * _MIB, "pcie5-x16"),
+    "h100-sxm": Accelerator(
+        "NVIDIA H100 SXM",
+        80e9,
+        3.35e12,
+        989.5e12,
+        1,
+        3.35e12,
+        None,
+        _H100 + "; " + _EXPOSED.format(81559),
+        81559 * _MIB,
+        "pcie5-x16",
+    ),
     "h200": Accelerator(
-        "NVIDIA H200 SXM", 141e9, 4.8e12, 989.5e12, 1, 4.8e12, None,
-        "NVIDIA H200 Tensor Core GPU datasheet (2024): 141 GB HBM3e at 4.8 TB/s; bf16 rate as the H100 SXM; "
-        + _EXPOSED.format(143771), 143771 * _MIB, "pcie5-x16",
+        "NVIDIA H200 SXM",
+        141e9,
+        4.8e12,
+        989.5e12,
+        1,
+        4.8e12,
+        None,
+        "NVIDIA H200 Tensor Core GPU datasheet (2024): 141 GB HBM3e at 4.8 TB/s; bf16 rate as the"
+        " H100 SXM; " + _EXPOSED.format(143771),
+        143771 * _MIB,
+        "pcie5-x16",
     ),
     "b200": Accelerator(
-        "NVIDIA B200", 192e9, 8.0e12, 2250e12, 2, 4.0e12, 10e12,
-        "NVIDIA Blackwell B200 datasheet (2024), as quoted in KV Cache Memory Wall, 2026, Table 3 and appendix B.3 (NV-HBI 10 TB/s)",
+        "NVIDIA B200",
+        192e9,
+        8.0e12,
+        2250e12,
+        2,
+        4.0e12,
+        10e12,
+        "NVIDIA Blackwell B200 datasheet (2024), as quoted in KV Cache Memory Wall, 2026, Table 3"
+        " and appendix B.3 (NV-HBI 10 TB/s)",
         host_link="pcie5-x16",
     ),
     "mi300x": Accelerator(
-        "AMD Instinct MI300X", 192e9, 5.3e12, 1307e12, 8, 0.66e12, None,
-        "AMD Instinct MI300X datasheet (2024), as quoted in KV Cache Memory Wall, 2026, Table 3 and appendix B.3 "
-        "(on-package fabric rate not disclosed)",
+        "AMD Instinct MI300X",
+        192e9,
+        5.3e12,
+        1307e12,
+        8,
+        0.66e12,
+        None,
+        "AMD Instinct MI300X datasheet (2024), as quoted in KV Cache Memory Wall, 2026, Table 3 and"
+        " appendix B.3 (on-package fabric rate not disclosed)",
         host_link="pcie5-x16",
     ),
     "a100-80gb": Accelerator(
-        "NVIDIA A100 80GB SXM", 80e9, 2.039e12, 312e12, 1, 2.039e12, None,
-        "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM 80 GB: 2,039 GB/s, 312 TFLOP/s dense bf16",
+        "NVIDIA A100 80GB SXM",
+        80e9,
+        2.039e12,
+        312e12,
+        1,
+        2.039e12,
+        None,
+        "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM 80 GB: 2,039 GB/s, 312 TFLOP/s dense"
+        " bf16",
         host_link="pcie4-x16",
     ),
     "l4": Accelerator(
-        "NVIDIA L4", 24e9, 300e9, 121e12, 1, 300e9, None,
-        "NVIDIA L4 datasheet (2023): 24 GB GDDR6 at 300 GB/s, 121 TFLOP/s dense bf16 (242 with sparsity)",
+        "NVIDIA L4",
+        24e9,
+        300e9,
+        121e12,
+        1,
+        300e9,
+        None,
+        "NVIDIA L4 datasheet (2023): 24 GB GDDR6 at 300 GB/s, 121 TFLOP/s dense bf16 (242 with"
+        " sparsity)",
         host_link="pcie4-x16",
     ),
     "t4": Accelerator(
-        "NVIDIA T4", 16e9, 320e9, 65e12, 1, 320e9, None,
-        "NVIDIA T4 datasheet (2018): 16 GB GDDR6 at 320 GB/s; no bf16 units, 65 TFLOP/s is its fp16 tensor rate",
+        "NVIDIA T4",
+        16e9,
+        320e9,
+        65e12,
+        1,
+        320e9,
+        None,
+        "NVIDIA T4 datasheet (2018): 16 GB GDDR6 at 320 GB/s; no bf16 units, 65 TFLOP/s is its fp16"
+        " tensor rate",
         host_link="pcie3-x16",
     ),
 }
@@ -134,7 +206,9 @@ def spec(key: str) -> Accelerator:
     try:
         return SPECS[key]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown device {key!r} (key must be one of {', '.join(SPECS)})") from None
+        raise ValueError(
+            f"unknown device {key!r} (key must be one of {', '.join(SPECS)})"
+        ) from None
 
 
 def link(key: str) -> Link:
@@ -146,24 +220,32 @@ def link(key: str) -> Link:
 
 
 def accelerator(hw) -> Accelerator:
-    """``hw`` itself if it is an ``Accelerator``, else the ``SPECS`` entry of its key (``"b200"``)."""
+    """``hw`` itself if it is an ``Accelerator``, else the ``SPECS`` entry of its key
+    (``"b200"``)."""
     if isinstance(hw, Accelerator):
         return hw
     if isinstance(hw, str) and hw in SPECS:
         return SPECS[hw]
     if isinstance(hw, str):
-        raise ValueError(f"unknown device {hw!r} (hw must be an Accelerator or one of {', '.join(SPECS)})")
-    raise TypeError(f"hw must be an Accelerator or one of {', '.join(SPECS)}, got {type(hw).__name__}")
+        raise ValueError(
+            f"unknown device {hw!r} (hw must be an Accelerator or one of {', '.join(SPECS)})"
+        )
+    raise TypeError(
+        f"hw must be an Accelerator or one of {', '.join(SPECS)}, got {type(hw).__name__}"
+    )
 
 
 def as_link(value) -> Link:
-    """``value`` itself if it is a ``Link``, else the ``LINKS`` entry of its key (``"pcie5-x16"``)."""
+    """``value`` itself if it is a ``Link``, else the ``LINKS`` entry of its key
+    (``"pcie5-x16"``)."""
     if isinstance(value, Link):
         return value
     if isinstance(value, str) and value in LINKS:
         return LINKS[value]
     if isinstance(value, str):
-        raise ValueError(f"unknown link {value!r} (link must be a Link or one of {', '.join(LINKS)})")
+        raise ValueError(
+            f"unknown link {value!r} (link must be a Link or one of {', '.join(LINKS)})"
+        )
     raise TypeError(f"link must be a Link or one of {', '.join(LINKS)}, got {type(value).__name__}")
 
 
@@ -178,5 +260,8 @@ def exposed_memory(hw) -> Accelerator:
     hw = accelerator(hw)
     if hw.hbm_bytes_exposed is None:
         known = [k for k, a in SPECS.items() if a.hbm_bytes_exposed is not None]
-        raise ValueError(f"the driver-reported memory of {hw.name} is not recorded; known for: {', '.join(known)}")
+        raise ValueError(
+            f"the driver-reported memory of {hw.name} is not recorded; known for:"
+            f" {', '.join(known)}"
+        )
     return dataclasses.replace(hw, name=f"{hw.name} (as exposed)", hbm_bytes=hw.hbm_bytes_exposed)

@@ -4,9 +4,9 @@
   h_t = a_t h_{t-1} + b_t over s tokens in each order ``kvlab.cache.scan.affine_scan`` implements:
   sequential (the decode path), Hillis-Steele parallel (Hillis and Steele 1986), chunked, Blelloch's
   work-efficient scan (Blelloch 1990) and the two-level scan;
-- ``scan_time``, ``usable_fit``, ``fastest_order`` and ``parallel_break_even``: the scan cost model of section 9.6,
-  t = tau * rounds + gamma * compositions * E, and the round cost at which the parallel scan starts
-  to beat the sequential one;
+- ``scan_time``, ``usable_fit``, ``fastest_order`` and ``parallel_break_even``: the scan cost model
+  of section 9.6, t = tau * rounds + gamma * compositions * E, and the round cost at which the
+  parallel scan starts to beat the sequential one;
 - ``attention_step_slope``, ``SLOPE_TOLERANCE`` and ``is_flat``: how much an attention decode step
   grows per token of context, and when a fixed state's step counts as not growing;
 - ``recall_bound``, ``at_recall_bound``, ``sampled_agrees`` and ``lookup_exact``: what a fixed state
@@ -33,17 +33,21 @@ CHUNKED_ORDERS = ("chunked", "two-level")
 DEFAULT_CHUNK_SIZE = 64
 
 
-# --- the orders and their cost -----------------------------------------------------------------------
+# --- the orders and their cost
+# -----------------------------------------------------------------------
+
 
 def scan_chunk_size(method, chunk_size, allowed=SCAN_ORDERS):
-    """The chunk size a scan of ``method`` uses: ``chunk_size``, or ``DEFAULT_CHUNK_SIZE`` for a chunked
-    order given None; None for the unchunked orders. Refuses an unknown method, and a chunk size
-    given to an order that does not chunk."""
+    """The chunk size a scan of ``method`` uses: ``chunk_size``, or ``DEFAULT_CHUNK_SIZE`` for a
+    chunked order given None; None for the unchunked orders. Refuses an unknown method, and a chunk
+    size given to an order that does not chunk."""
     one_of("method", method, allowed)
     if chunk_size is not None:
         if method not in CHUNKED_ORDERS:
-            raise ValueError(f"chunk_size applies to method in {CHUNKED_ORDERS} only, got chunk_size={chunk_size!r} "
-                             f"with method={method!r}")
+            raise ValueError(
+                f"chunk_size applies to method in {CHUNKED_ORDERS} only, got"
+                f" chunk_size={chunk_size!r} with method={method!r}"
+            )
         integer("chunk_size", chunk_size, 1)
     return DEFAULT_CHUNK_SIZE if (method in CHUNKED_ORDERS and chunk_size is None) else chunk_size
 
@@ -103,10 +107,18 @@ def scan_depth(length: int, method: str, chunk_size: int | None = None) -> int:
     return rounds + (math.ceil(math.log2(rest)) + 1 if rest else 0)
 
 
-# --- the cost model: rounds and compositions --------------------------------------------------------
+# --- the cost model: rounds and compositions
+# --------------------------------------------------------
 
-def scan_time(length: int, method: str, chunk_size: int | None, round_s: float, element_s: float,
-              elements: int) -> float:
+
+def scan_time(
+    length: int,
+    method: str,
+    chunk_size: int | None,
+    round_s: float,
+    element_s: float,
+    elements: int,
+) -> float:
     """Predicted seconds of a scan (section 9.6): t = tau * rounds + gamma * compositions * E.
 
     ``round_s`` (tau) is the fixed cost of one dependent round (Python and kernel dispatch),
@@ -117,28 +129,39 @@ def scan_time(length: int, method: str, chunk_size: int | None, round_s: float, 
     positive("round_s", round_s)
     positive("element_s", element_s)
     integer("elements", elements, 1)
-    return (round_s * scan_depth(length, method, chunk_size)
-            + element_s * scan_work(length, method, chunk_size) * elements)
+    return (
+        round_s * scan_depth(length, method, chunk_size)
+        + element_s * scan_work(length, method, chunk_size) * elements
+    )
 
 
-# The fitted cost model explains a measured ratio of two orders' times when it predicts the same winner
-# and a ratio within this factor of the measured one.
+# The fitted cost model explains a measured ratio of two orders' times when it predicts the same
+# winner and a ratio within this factor of the measured one.
 SCAN_TOLERANCE = 1.25
 
 
 def usable_fit(round_s: float, element_s: float) -> bool:
-    """Whether a least-squares fit of ``scan_time`` to measured points told its two terms apart: both
-    costs came out positive. A zero or negative one means the points could not separate them."""
+    """Whether a least-squares fit of ``scan_time`` to measured points told its two terms apart:
+    both costs came out positive. A zero or negative one means the points could not separate
+    them."""
     return real("round_s", round_s) > 0 and real("element_s", element_s) > 0
 
 
-def fastest_order(length: int, round_s: float, element_s: float, elements: int, chunk_size: int | None = None,
-                  methods=METHODS) -> str:
+def fastest_order(
+    length: int,
+    round_s: float,
+    element_s: float,
+    elements: int,
+    chunk_size: int | None = None,
+    methods=METHODS,
+) -> str:
     """The order of ``methods`` that ``scan_time`` predicts to be fastest at ``length`` tokens
     (``chunk_size`` applies to the chunked orders only)."""
+
     def predicted(method):
         c = chunk_size if method in CHUNKED_ORDERS else None
         return scan_time(length, method, c, round_s, element_s, elements)
+
     return min(methods, key=predicted)
 
 
@@ -146,10 +169,10 @@ def parallel_break_even(length: int) -> float:
     """The round cost, in units of one sequential round's elementwise work (tau / (gamma E)), above
     which ``scan_time`` predicts the parallel scan to beat the sequential one (section 9.6).
 
-    Equal times, tau s + gamma E s = tau D + gamma E W, give tau / (gamma E) = (W - s) / (s - D), with
-    the parallel scan's D = ceil(log2 s) rounds and W = ``scan_work`` compositions per element: about
-    (s log2 s - s) / (s - log2 s), nearly log2 s - 1 for long prompts (0 for one token, where both
-    orders do the same single step).
+    Equal times, tau s + gamma E s = tau D + gamma E W, give tau / (gamma E) = (W - s) / (s - D),
+    with the parallel scan's D = ceil(log2 s) rounds and W = ``scan_work`` compositions per element:
+    about (s log2 s - s) / (s - log2 s), nearly log2 s - 1 for long prompts (0 for one token, where
+    both orders do the same single step).
     """
     integer("length", length, 1)
     rounds = scan_depth(length, "parallel")  # ceil(log2 s) < s for every s >= 1
@@ -157,10 +180,10 @@ def parallel_break_even(length: int) -> float:
 
 
 def attention_step_slope(kv_bytes_per_token: float, bandwidth: float, passes: int = 3) -> float:
-    """Seconds an attention decode step grows per token of context: ``passes`` passes over each cached
-    token's ``kv_bytes_per_token`` at ``bandwidth`` bytes/s (section 9.6). transformers' ``DynamicCache``
-    makes three: attention reads the history once, and ``torch.cat`` reads and writes it again to
-    append a token. A fixed SSM state grows by nothing."""
+    """Seconds an attention decode step grows per token of context: ``passes`` passes over each
+    cached token's ``kv_bytes_per_token`` at ``bandwidth`` bytes/s (section 9.6). transformers'
+    ``DynamicCache`` makes three: attention reads the history once, and ``torch.cat`` reads and
+    writes it again to append a token. A fixed SSM state grows by nothing."""
     positive("kv_bytes_per_token", kv_bytes_per_token)
     positive("bandwidth", bandwidth)
     integer("passes", passes, 1)
@@ -175,43 +198,46 @@ FLAT_SHARE = 0.2
 
 
 def is_flat(slope: float, attention_slope: float) -> bool:
-    """Whether a step's measured ``slope`` (seconds per token of context) is flat next to an attention
-    step's predicted ``attention_slope``: |slope| <= ``FLAT_SHARE`` * attention_slope."""
+    """Whether a step's measured ``slope`` (seconds per token of context) is flat next to an
+    attention step's predicted ``attention_slope``: |slope| <= ``FLAT_SHARE`` * attention_slope."""
     real("slope", slope)
     positive("attention_slope", attention_slope)
     return abs(slope) <= FLAT_SHARE * attention_slope
 
 
-# --- what a fixed state can recall -------------------------------------------------------------------
+# --- what a fixed state can recall
+# -------------------------------------------------------------------
 
 # A mean recall error this close to 1 - n/s is the bound (the state uses all n of its numbers); fp64
 # rank decisions are far finer than this.
 RANK_TOLERANCE = 1e-6
-# An attention lookup whose error stays under this recovers every position, up to rounding: the hand-
-# built head's softmax puts a weight of about (s - 1) e^-50 on the wrong positions.
+# An attention lookup whose error stays under this recovers every position, up to rounding: the
+# hand- built head's softmax puts a weight of about (s - 1) e^-50 on the wrong positions.
 LOOKUP_TOLERANCE = 1e-6
 
 
 def recall_bound(state_size: int, context: int) -> float:
-    """The least mean recall error a linear state of ``state_size`` numbers can have after ``context``
-    tokens of independent unit-variance inputs: max(0, 1 - n / s) (section 9.6)."""
+    """The least mean recall error a linear state of ``state_size`` numbers can have after
+    ``context`` tokens of independent unit-variance inputs: max(0, 1 - n / s) (section 9.6)."""
     integer("state_size", state_size, 1)
     integer("context", context, 1)
     return max(0.0, 1 - state_size / context)
 
 
 def at_recall_bound(mean_error: float, state_size: int, context: int) -> bool:
-    """Whether ``mean_error`` (the exact mean over positions, ``kvlab.lab.recall.linear_recall_error``)
-    equals ``recall_bound`` to within ``RANK_TOLERANCE``: the state's input map has full rank n."""
+    """Whether ``mean_error`` (the exact mean over positions,
+    ``kvlab.lab.recall.linear_recall_error``) equals ``recall_bound`` to within ``RANK_TOLERANCE``:
+    the state's input map has full rank n."""
     return abs(real("mean_error", mean_error) - recall_bound(state_size, context)) <= RANK_TOLERANCE
 
 
 def sampling_tolerance(samples: int, state_size: int) -> float:
-    """How far a recall error estimated from ``samples`` random sequences may land from the exact one.
+    """How far a recall error estimated from ``samples`` random sequences may land from the exact
+    one.
 
     Each position's error is a mean of ``samples`` squared residuals, whose relative standard error
-    is sqrt(2 / samples) for Gaussian inputs; three of those, plus the state_size / samples by which a
-    readout fitted on the same samples flatters itself, bound the gap.
+    is sqrt(2 / samples) for Gaussian inputs; three of those, plus the state_size / samples by which
+    a readout fitted on the same samples flatters itself, bound the gap.
     """
     integer("samples", samples, 1)
     integer("state_size", state_size, 1)
@@ -219,17 +245,22 @@ def sampling_tolerance(samples: int, state_size: int) -> float:
 
 
 def sampled_agrees(sampled: float, exact: float, samples: int, state_size: int) -> bool:
-    """Whether a recall error fitted on ``samples`` sequences lands within ``sampling_tolerance`` of the
-    exact one."""
-    return abs(real("sampled", sampled) - real("exact", exact)) <= sampling_tolerance(samples, state_size)
+    """Whether a recall error fitted on ``samples`` sequences lands within ``sampling_tolerance`` of
+    the exact one."""
+    return abs(real("sampled", sampled) - real("exact", exact)) <= sampling_tolerance(
+        samples, state_size
+    )
 
 
 def lookup_exact(max_error: float) -> bool:
-    """Whether an attention lookup's largest recall error is rounding only (``LOOKUP_TOLERANCE``)."""
+    """Whether an attention lookup's largest recall error is rounding only
+    (``LOOKUP_TOLERANCE``)."""
     return real("max_error", max_error) <= LOOKUP_TOLERANCE
 
 
-# --- cache bytes: attention records against a fixed state -----------------------------------------------
+# --- cache bytes: attention records against a fixed state
+# -----------------------------------------------
+
 
 def attention_kv_bytes(context: int, kv_width: int, bytes_per_element: float = 2) -> float:
     """Bytes one attention layer keeps for one sequence: a key and a value of ``kv_width`` elements
@@ -247,9 +278,16 @@ def breakeven_context(kv_bytes_per_token: float, state_bytes: float) -> float:
     return state_bytes / kv_bytes_per_token
 
 
-def hybrid_cache_bytes(context: int, layers: int, attention_layers: int, kv_bytes_per_token: float,
-                       state_bytes: float, batch: int = 1) -> float:
-    """Cache bytes of a hybrid with ``attention_layers`` attention layers out of ``layers`` (section 9.6).
+def hybrid_cache_bytes(
+    context: int,
+    layers: int,
+    attention_layers: int,
+    kv_bytes_per_token: float,
+    state_bytes: float,
+    batch: int = 1,
+) -> float:
+    """Cache bytes of a hybrid with ``attention_layers`` attention layers out of ``layers`` (section
+    9.6).
 
     ``kv_bytes_per_token`` and ``state_bytes`` are per layer and per sequence:
     batch * (k * context * kv_bytes_per_token + (L - k) * state_bytes). k = L is a transformer,
@@ -260,7 +298,11 @@ def hybrid_cache_bytes(context: int, layers: int, attention_layers: int, kv_byte
     integer("attention_layers", attention_layers, 0)
     integer("batch", batch, 1)
     if attention_layers > layers:
-        raise ValueError(f"attention_layers must be in [0, layers={layers}], got {attention_layers}")
+        raise ValueError(
+            f"attention_layers must be in [0, layers={layers}], got {attention_layers}"
+        )
     positive("kv_bytes_per_token", kv_bytes_per_token)
     positive("state_bytes", state_bytes)
-    return batch * (attention_layers * context * kv_bytes_per_token + (layers - attention_layers) * state_bytes)
+    return batch * (
+        attention_layers * context * kv_bytes_per_token + (layers - attention_layers) * state_bytes
+    )

@@ -1,8 +1,8 @@
 """Every notebook: how a quantity is written with a decimal SI prefix, below the presentation layer.
 
 ``si(3.35e12, "B/s") == "3.35 TB/s"`` and ``sig(x)`` live here, in the theory layer, so that the
-formulas' own messages (``kvlab.theory.roofline.Admission``: "needs 7.66 MB, 16.6 MB available") pick
-their units the way the book's prose does; ``kvlab.show.format`` re-exports both. Pure Python.
+formulas' own messages (``kvlab.theory.roofline.Admission``: "needs 7.66 MB, 16.6 MB available")
+pick their units the way the book's prose does; ``kvlab.show.format`` re-exports both. Pure Python.
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ def si(value: float, unit: str, digits: int = 3) -> str:
     """
     value, digits = _number("value", value), integer("digits", digits, 1, MAX_DIGITS + 1)
     if not isinstance(unit, str):
-        raise TypeError(f"unit must be a str such as 'B/s' or 's', got {type(unit).__name__} {unit!r}")
+        raise TypeError(
+            f"unit must be a str such as 'B/s' or 's', got {type(unit).__name__} {unit!r}"
+        )
     if not math.isfinite(value) or value == 0:
         return f"{value:g} {unit}".rstrip()
     sign = "-" if value < 0 else ""

@@ -2,8 +2,8 @@
 
 - ``positions_processed`` and ``attention_work``: the token positions and query-key pairs the
   naive and the cached loop of section 9.1 process to generate G tokens after a P-token prompt;
-- ``pass_time`` and ``request_time``: the two-pass model of a request's time, t(n) = a + b n per pass
-  (section 9.2), with the tolerances its readings use;
+- ``pass_time`` and ``request_time``: the two-pass model of a request's time, t(n) = a + b n per
+  pass (section 9.2), with the tolerances its readings use;
 - ``break_even_tokens``: after how many tokens a one-time compilation is repaid by a cheaper step
   (section 9.2);
 - ``step_work``: the bytes and FLOPs of one decode step of each loop that notebook 09 diagnoses
@@ -25,6 +25,7 @@ STEP_METHODS = ("naive", "cached", "static", "paged")
 
 
 # --- section 9.1: positions and pairs -------------------------------------------------------------
+
 
 def _check_pg(P, G, cached=False):
     integer("P", P, 1)
@@ -60,11 +61,13 @@ def attention_work(P: int, G: int, cached: bool = False) -> int:
     return G * P * P + P * G * (G - 1) + G * (G - 1) * (2 * G - 1) // 6
 
 
-# --- section 9.2: a request's time from the cost of one pass ---------------------------------------
+# --- section 9.2: a request's time from the cost of one pass
+# ---------------------------------------
 
-# How far a measured request time (or a ratio of two) may sit from the two-pass model and still follow
-# it; a ratio of time against the positions ratio; and the naive loop's factor when G doubles, which
-# the model confines to a narrow range (between 2 and the positions' factor), so its band is narrow.
+# How far a measured request time (or a ratio of two) may sit from the two-pass model and still
+# follow it; a ratio of time against the positions ratio; and the naive loop's factor when G
+# doubles, which the model confines to a narrow range (between 2 and the positions' factor), so its
+# band is narrow.
 REQUEST_TOLERANCE = 1.5
 POSITIONS_TOLERANCE = 1.25
 DOUBLING_TOLERANCE = 1.15
@@ -72,7 +75,9 @@ DOUBLING_TOLERANCE = 1.15
 
 def pass_time(tokens, a: float, b: float) -> float:
     """The two-pass line of section 9.2, t(n) = a + b n: one forward pass over n tokens without a
-    cache, from a fixed cost a and a cost b per position (fitted through a one-token and a long pass)."""
+    cache, from a fixed cost a and a cost b per position (fitted through a one-token and a long
+    pass).
+    """
     return a + b * tokens
 
 
@@ -85,7 +90,9 @@ def request_time(P: int, G: int, a: float, b: float, cached: bool = False) -> fl
     return G * a + b * positions_processed(P, G, cached)
 
 
-# --- section 9.2: compilation against its per-step gain --------------------------------------------
+# --- section 9.2: compilation against its per-step gain
+# --------------------------------------------
+
 
 def break_even_tokens(compile_seconds: float, step_gain: float) -> float:
     """Output tokens after which a one-time cost of ``compile_seconds`` is repaid by saving
@@ -93,7 +100,10 @@ def break_even_tokens(compile_seconds: float, step_gain: float) -> float:
     the compiled step is not faster. Seconds of compilation against milliseconds per step give
     thousands of tokens, which is why engines compile once at start-up, not per request.
     """
-    compile_seconds, step_gain = real("compile_seconds", compile_seconds, 0), real("step_gain", step_gain)
+    compile_seconds, step_gain = (
+        real("compile_seconds", compile_seconds, 0),
+        real("step_gain", step_gain),
+    )
     return compile_seconds / step_gain if step_gain > 0 else float("inf")
 
 
@@ -103,11 +113,14 @@ def compile_repaid(compile_seconds: float, step_gain: float, tokens: int) -> boo
     return tokens >= break_even_tokens(compile_seconds, step_gain)
 
 
-# --- section 9.8: the bytes and FLOPs of one step --------------------------------------------------
+# --- section 9.8: the bytes and FLOPs of one step
+# --------------------------------------------------
+
 
 @dataclass(frozen=True)
 class StepWork:
-    """Bytes one decode step must move and FLOPs it does, from :mod:`kvlab.theory.roofline` (section 9.3)."""
+    """Bytes one decode step must move and FLOPs it does, from :mod:`kvlab.theory.roofline` (section
+    9.3)."""
 
     weights_read: float
     kv_read: float
@@ -141,21 +154,28 @@ def _window_sum(n: int, window: int | None) -> int:
     return window * (window + 1) // 2 + (n - window) * window
 
 
-def step_work(shape, batch: int, context: int, method: str = "cached", w_p: float = 2, w_kv: float = 2) -> StepWork:
+def step_work(
+    shape, batch: int, context: int, method: str = "cached", w_p: float = 2, w_kv: float = 2
+) -> StepWork:
     """Bytes and FLOPs of one decode step of ``method`` with ``context`` tokens already cached.
 
     Cached, static and paged steps: weights read once (P w_p), the cache read once
     (``roofline.step_bytes(...).kv`` = b s K), one new token's keys and values written (b K), and
-    ``roofline.step_flops(...)`` = b (2P + A s). A naive step keeps no cache: it reruns all
-    n = context + 1 positions, reading the weights once and doing b (2P n + A sum_i min(i, W)) FLOPs.
+    ``roofline.step_flops(...)`` = b (2P + A s). A naive step keeps no cache: it reruns all n =
+    context + 1 positions, reading the weights once and doing b (2P n + A sum_i min(i, W)) FLOPs.
     """
     check_method(method)
     batch, context = integer("batch", batch), integer("context", context)
     read = roofline.step_bytes(shape, batch, context, w_p, w_kv)
     if method == "naive":
         n = context + 1
-        flops = (roofline.step_flops(shape, batch, context).weights * n
-                 + batch * roofline.attention_flops_per_token(shape) * _window_sum(n, shape.window))
+        flops = roofline.step_flops(
+            shape, batch, context
+        ).weights * n + batch * roofline.attention_flops_per_token(shape) * _window_sum(
+            n, shape.window
+        )
         return StepWork(read.weights, 0.0, 0.0, float(flops))
     written = roofline.step_bytes(shape, batch, 1, w_p, w_kv).kv
-    return StepWork(read.weights, read.kv, written, roofline.step_flops(shape, batch, context).total)
+    return StepWork(
+        read.weights, read.kv, written, roofline.step_flops(shape, batch, context).total
+    )

@@ -1,28 +1,39 @@
-"""kvlab.cache.addresses: each layout's offsets against torch's own strides and an independent construction.
-"""
+"""kvlab.cache.addresses: each layout's offsets against torch's own strides and an independent
+construction."""
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvlab.cache.addresses import KVGeometry, locate
 
 
 def codes(layers, batch, tokens, heads, dim):
-    """Canonical [layer, seq, token, head, dim] tensor whose value is the element's row-major index."""
-    return torch.arange(layers * batch * tokens * heads * dim, dtype=torch.int64).view(layers, batch, tokens, heads,
-                                                                                       dim)
+    """Canonical [layer, seq, token, head, dim] tensor whose value is the element's row-major
+    index."""
+    return torch.arange(layers * batch * tokens * heads * dim, dtype=torch.int64).view(
+        layers, batch, tokens, heads, dim
+    )
 
 
 def contiguous_oracle(layout, canonical):
-    return canonical.permute(0, 1, 3, 2, 4).contiguous() if layout == "BHTD" else canonical.contiguous()
+    return (
+        canonical.permute(0, 1, 3, 2, 4).contiguous()
+        if layout == "BHTD"
+        else canonical.contiguous()
+    )
 
 
 def paged_oracle(layout, canonical, table, num_blocks, block_size):
-    """The pool built block by block with a loop: token j*S+o of sequence b at block table[b][j], slot o."""
+    """The pool built block by block with a loop: token j*S+o of sequence b at block table[b][j],
+    slot o."""
     layers, batch, tokens, heads, dim = canonical.shape
-    shape = (layers, num_blocks, block_size, heads, dim) if layout == "NHD" else (layers, num_blocks, heads,
-                                                                                   block_size, dim)
+    shape = (
+        (layers, num_blocks, block_size, heads, dim)
+        if layout == "NHD"
+        else (layers, num_blocks, heads, block_size, dim)
+    )
     pool = torch.full(shape, -1, dtype=torch.int64)
     for b in range(batch):
         for t in range(tokens):
@@ -41,26 +52,40 @@ def same_strides(geometry, tensor):
 
 def random_table(batch, per_seq, num_blocks, seed):
     g = torch.Generator().manual_seed(seed)
-    return torch.randperm(num_blocks, generator=g)[: batch * per_seq].view(batch, per_seq).to(torch.int32)
+    return (
+        torch.randperm(num_blocks, generator=g)[: batch * per_seq]
+        .view(batch, per_seq)
+        .to(torch.int32)
+    )
 
 
 def all_coords(layers, batch, tokens, heads, dim):
-    grids = torch.meshgrid(*(torch.arange(n) for n in (layers, batch, tokens, heads, dim)), indexing="ij")
+    grids = torch.meshgrid(
+        *(torch.arange(n) for n in (layers, batch, tokens, heads, dim)), indexing="ij"
+    )
     return [g.flatten() for g in grids]
 
 
-sizes = st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(1, 40), st.integers(1, 5), st.integers(1, 9))
+sizes = st.tuples(
+    st.integers(1, 3), st.integers(1, 4), st.integers(1, 40), st.integers(1, 5), st.integers(1, 9)
+)
 
 
 @settings(max_examples=30, deadline=None)
-@given(sizes=sizes, layout=st.sampled_from(["BHTD", "BTHD"]), spare=st.integers(0, 5), seed=st.integers(0, 99))
+@given(
+    sizes=sizes,
+    layout=st.sampled_from(["BHTD", "BTHD"]),
+    spare=st.integers(0, 5),
+    seed=st.integers(0, 99),
+)
 def test_contiguous_address_finds_the_element_torch_stores_there(sizes, layout, spare, seed):
     layers, batch, tokens, heads, dim = sizes
     capacity = tokens + spare
     canonical = codes(layers, batch, capacity, heads, dim)
     tensor = contiguous_oracle(layout, canonical)
-    geometry = KVGeometry.contiguous(layout, layers=layers, batch=batch, max_tokens=capacity, kv_heads=heads,
-                                       head_dim=dim)
+    geometry = KVGeometry.contiguous(
+        layout, layers=layers, batch=batch, max_tokens=capacity, kv_heads=heads, head_dim=dim
+    )
     assert geometry.shape == tuple(tensor.shape)
     assert same_strides(geometry, tensor)
     l, b, t, h, d = all_coords(layers, batch, capacity, heads, dim)
@@ -68,17 +93,29 @@ def test_contiguous_address_finds_the_element_torch_stores_there(sizes, layout, 
     assert torch.equal(tensor.flatten()[offsets], canonical[l, b, t, h, d])
     # One element as plain ints: an int offset, the dot product of its index with torch's strides.
     g = torch.Generator().manual_seed(seed)
-    point = [int(torch.randint(n, (1,), generator=g)) for n in (layers, batch, capacity, heads, dim)]
+    point = [
+        int(torch.randint(n, (1,), generator=g)) for n in (layers, batch, capacity, heads, dim)
+    ]
     offset = geometry.address(*point)
     assert isinstance(offset, int)
-    index = {"layer": point[0], "seq": point[1], "token": point[2], "head": point[3], "dim": point[4]}
+    index = {
+        "layer": point[0],
+        "seq": point[1],
+        "token": point[2],
+        "head": point[3],
+        "dim": point[4],
+    }
     assert offset == sum(index[a] * s for a, s in zip(geometry.axes, tensor.stride()))
     assert int(tensor.flatten()[offset]) == int(canonical[tuple(point)])
 
 
 @settings(max_examples=30, deadline=None)
-@given(sizes=sizes, layout=st.sampled_from(["NHD", "HND"]), block_size=st.sampled_from([1, 2, 3, 8, 16]),
-       seed=st.integers(0, 999))
+@given(
+    sizes=sizes,
+    layout=st.sampled_from(["NHD", "HND"]),
+    block_size=st.sampled_from([1, 2, 3, 8, 16]),
+    seed=st.integers(0, 999),
+)
 def test_paged_address_follows_a_random_permuted_block_table(sizes, layout, block_size, seed):
     layers, batch, tokens, heads, dim = sizes
     per_seq = -(-tokens // block_size)
@@ -86,8 +123,14 @@ def test_paged_address_follows_a_random_permuted_block_table(sizes, layout, bloc
     table = random_table(batch, per_seq, num_blocks, seed)
     canonical = codes(layers, batch, tokens, heads, dim)
     pool = paged_oracle(layout, canonical, table.tolist(), num_blocks, block_size)
-    geometry = KVGeometry.paged(layout, layers=layers, num_blocks=num_blocks, block_size=block_size,
-                                  kv_heads=heads, head_dim=dim)
+    geometry = KVGeometry.paged(
+        layout,
+        layers=layers,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        kv_heads=heads,
+        head_dim=dim,
+    )
     assert geometry.shape == tuple(pool.shape) and same_strides(geometry, pool)
     l, b, t, h, d = all_coords(layers, batch, tokens, heads, dim)
     offsets = geometry.address(l, b, t, h, d, block_table=table)
@@ -99,7 +142,8 @@ def test_paged_address_follows_a_random_permuted_block_table(sizes, layout, bloc
 
 
 def test_seed_block_lookup_example():
-    # Seed 000, section 9.5: request A maps logical blocks [0, 1, 2] to physical blocks [7, 2, 15], 16 tokens each.
+    # Seed 000, section 9.5: request A maps logical blocks [0, 1, 2] to physical blocks [7, 2, 15],
+    # 16 tokens each.
     table = [7, 2, 15]
     assert [locate(16 * j, table, 16)[0] for j in range(3)] == table
     assert locate(37, table, 16) == (15, 5)
@@ -151,7 +195,9 @@ def test_bad_addresses_are_rejected():
         p.address(0, 0, 4, 0, 0, block_table=[[0, 1]])
     with pytest.raises(ValueError, match=r"seq must be an int in \[0, 1\)"):
         p.address(0, 1, 0, 0, 0, block_table=[[0, 1]])
-    with pytest.raises(ValueError, match=r"physical block of sequence 0\) must be in \[0, 4\), got 9"):
+    with pytest.raises(
+        ValueError, match=r"physical block of sequence 0\) must be in \[0, 4\), got 9"
+    ):
         p.address(0, 0, 3, 0, 0, block_table=[[0, 9]])
     with pytest.raises(ValueError, match="block_table must be 2-D"):
         p.address(0, 0, 0, 0, 0, block_table=[0, 1])
@@ -161,8 +207,11 @@ def test_bad_addresses_are_rejected():
 
 # name: (call, error, a regex the message must match: the argument's name and what is allowed)
 BAD_CALLS = {
-    "layout locate negative block": (lambda: locate(1, [-1, 2], 4), ValueError,
-                                     r"block_table_row\[0\] must be an int >= 0, got -1"),
+    "layout locate negative block": (
+        lambda: locate(1, [-1, 2], 4),
+        ValueError,
+        r"block_table_row\[0\] must be an int >= 0, got -1",
+    )
 }
 
 

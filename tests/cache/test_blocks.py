@@ -13,16 +13,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-import kvlab.cache.blocks
 import kvlab.cache.block_manager
+import kvlab.cache.blocks
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.blocks import BlockAllocator, BlockTable, OutOfBlocksError, block_hashes
 
 
 def state(m: BlockManager):
     """Everything a failed call must leave alone."""
-    seqs = {s: (m.block_table(s), m.tokens(s), m.num_computed(s), m.state(s)) for s in m.sequences()}
-    return m.free_order(), [m.ref_count(b) for b in range(m.num_blocks)], m.cached_blocks(), seqs, repr(m.stats)
+    seqs = {
+        s: (m.block_table(s), m.tokens(s), m.num_computed(s), m.state(s)) for s in m.sequences()
+    }
+    return (
+        m.free_order(),
+        [m.ref_count(b) for b in range(m.num_blocks)],
+        m.cached_blocks(),
+        seqs,
+        repr(m.stats),
+    )
 
 
 def written(m: BlockManager, tokens, salt=None):
@@ -59,12 +67,17 @@ class AllocatorMachine(RuleBasedStateMachine):
     def allocate(self, count):
         free_before = self.pool.num_free
         if count > free_before:
-            self._fails(lambda: self.pool.allocate(count), OutOfBlocksError,
-                        f"need {count} .* only {free_before} of 8 are free")
+            self._fails(
+                lambda: self.pool.allocate(count),
+                OutOfBlocksError,
+                f"need {count} .* only {free_before} of 8 are free",
+            )
             return
         front = self.pool.free_order()[:count]
         blocks = self.pool.allocate(count)
-        assert blocks == front and not set(blocks) & set(self.holders)  # never a block someone holds
+        assert blocks == front and not set(blocks) & set(
+            self.holders
+        )  # never a block someone holds
         self.holders.update(dict.fromkeys(blocks, 1))
 
     @precondition(lambda self: self.holders)
@@ -92,18 +105,31 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.pool.reclaim(block)
         self.holders[block] = 1
 
-    @rule(bad=st.sampled_from([-1, 8, 1.0, "0", None, True]), action=st.sampled_from(["free", "incref", "ref_count"]))
+    @rule(
+        bad=st.sampled_from([-1, 8, 1.0, "0", None, True]),
+        action=st.sampled_from(["free", "incref", "ref_count"]),
+    )
     def bad_block(self, bad, action):
-        self._fails(lambda: getattr(self.pool, action)(bad), (TypeError, ValueError), r"block must be an int in \[0, 8\)")
+        self._fails(
+            lambda: getattr(self.pool, action)(bad),
+            (TypeError, ValueError),
+            r"block must be an int in \[0, 8\)",
+        )
 
     @rule(bad=st.sampled_from([-1, 2.0, "1", None]))
     def bad_count(self, bad):
-        self._fails(lambda: self.pool.allocate(bad), (TypeError, ValueError), "count must be an int")
+        self._fails(
+            lambda: self.pool.allocate(bad), (TypeError, ValueError), "count must be an int"
+        )
 
     @rule(block=st.integers(0, 7))
     def misuse(self, block):
         if block in self.holders:
-            self._fails(lambda: self.pool.reclaim(block), ValueError, f"cannot reclaim block {block}: it is held")
+            self._fails(
+                lambda: self.pool.reclaim(block),
+                ValueError,
+                f"cannot reclaim block {block}: it is held",
+            )
         else:
             for action in (self.pool.free, self.pool.incref):
                 self._fails(lambda: action(block), ValueError, f"block {block}: it is free")
@@ -112,7 +138,9 @@ class AllocatorMachine(RuleBasedStateMachine):
     def counts_match_holders(self):
         for block in range(8):
             assert self.pool.ref_count(block) == self.holders.get(block, 0)
-        assert self.pool.num_free + len(self.holders) == 8 == self.pool.num_free + self.pool.num_used
+        assert (
+            self.pool.num_free + len(self.holders) == 8 == self.pool.num_free + self.pool.num_used
+        )
         assert sorted(self.pool.free_order()) == sorted(set(range(8)) - set(self.holders))
 
     def teardown(self):
@@ -131,14 +159,22 @@ def test_every_block_allocated_exactly_once(num_blocks):
     pool = BlockAllocator(num_blocks)
     blocks = pool.allocate(num_blocks)
     assert sorted(blocks) == list(range(num_blocks)) and pool.num_free == 0
-    with pytest.raises(OutOfBlocksError, match=f"need 1 KV-cache block\\(s\\) but only 0 of {num_blocks}"):
+    with pytest.raises(
+        OutOfBlocksError, match=f"need 1 KV-cache block\\(s\\) but only 0 of {num_blocks}"
+    ):
         pool.allocate(1)
 
 
-@pytest.mark.parametrize("num_blocks, error, match", [
-    (0, ValueError, "num_blocks must be"), (-3, ValueError, "num_blocks must be"), (2.0, TypeError, "num_blocks"),
-    (10**12, ValueError, r"num_blocks must be an int in \[1, 2147483648\)"),
-    (2**31 - 1, MemoryError, r"bytes but only .* bytes are free")])
+@pytest.mark.parametrize(
+    "num_blocks, error, match",
+    [
+        (0, ValueError, "num_blocks must be"),
+        (-3, ValueError, "num_blocks must be"),
+        (2.0, TypeError, "num_blocks"),
+        (10**12, ValueError, r"num_blocks must be an int in \[1, 2147483648\)"),
+        (2**31 - 1, MemoryError, r"bytes but only .* bytes are free"),
+    ],
+)
 def test_bad_pool_size_is_refused(num_blocks, error, match):
     with pytest.raises(error, match=match):
         BlockAllocator(num_blocks)
@@ -150,13 +186,23 @@ def test_out_of_blocks_says_bytes_when_it_knows_them():
     assert "12,288 bytes needed, 4,096 bytes free, 4,096 bytes per block" in str(error)
 
 
-# --------------------------------------------------------------------------- block tables and hashes
+# --------------------------------------------------------------------------- block tables and
+# hashes
 
 
 def test_seed_lookup_example():
-    """Seed 000, section 9.5: request A maps logical [0, 1, 2] to physical [7, 2, 15], block size 16."""
+    """Seed 000, section 9.5: request A maps logical [0, 1, 2] to physical [7, 2, 15], block size
+    16."""
     table = BlockTable(16, [7, 2, 15], num_tokens=48)
-    expected = {0: (7, 0), 15: (7, 15), 16: (2, 0), 17: (2, 1), 31: (2, 15), 32: (15, 0), 47: (15, 15)}
+    expected = {
+        0: (7, 0),
+        15: (7, 15),
+        16: (2, 0),
+        17: (2, 1),
+        31: (2, 15),
+        32: (15, 0),
+        47: (15, 15),
+    }
     for token, location in expected.items():
         assert table.physical_location(token) == location
     assert table.slots(15, 18) == [7 * 16 + 15, 2 * 16 + 0, 2 * 16 + 1]
@@ -164,13 +210,21 @@ def test_seed_lookup_example():
         table.physical_location(48)
 
 
-@pytest.mark.parametrize("call, error, match", [
-    (lambda: BlockTable(4, ["a"]), TypeError, r"blocks\[0\] must be an int"),
-    (lambda: BlockTable(4, [None]), TypeError, r"blocks\[0\] must be an int"),
-    (lambda: BlockTable(4, [-1]), ValueError, r"blocks\[0\] must be an int in \[0, "),
-    (lambda: BlockTable(4, [1], num_tokens=5), ValueError, r"num_tokens must be in \[0, 4\]"),
-    (lambda: BlockTable(0), ValueError, "block_size must be"),
-    (lambda: BlockTable(4, [1]).physical_location(4), ValueError, r"token must be an int in \[0, 4\)")])
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: BlockTable(4, ["a"]), TypeError, r"blocks\[0\] must be an int"),
+        (lambda: BlockTable(4, [None]), TypeError, r"blocks\[0\] must be an int"),
+        (lambda: BlockTable(4, [-1]), ValueError, r"blocks\[0\] must be an int in \[0, "),
+        (lambda: BlockTable(4, [1], num_tokens=5), ValueError, r"num_tokens must be in \[0, 4\]"),
+        (lambda: BlockTable(0), ValueError, "block_size must be"),
+        (
+            lambda: BlockTable(4, [1]).physical_location(4),
+            ValueError,
+            r"token must be an int in \[0, 4\)",
+        ),
+    ],
+)
 def test_block_table_refuses_bad_input(call, error, match):
     with pytest.raises(error, match=match):
         call()
@@ -180,7 +234,9 @@ def test_block_hashes_chain_the_whole_prefix():
     a = block_hashes([1, 2, 3, 4, 5, 6, 7], 2)
     b = block_hashes([1, 2, 3, 9, 5, 6], 2)
     assert len(a) == 3 and len(b) == 3  # a partial last block has no hash
-    assert a[0] == b[0] and a[1] != b[1] and a[2] != b[2]  # block 2's tokens match, its prefix does not
+    assert (
+        a[0] == b[0] and a[1] != b[1] and a[2] != b[2]
+    )  # block 2's tokens match, its prefix does not
     assert block_hashes([1, 2, 3, 4, 5, 6, 7], 2) == a and block_hashes([3], 4) == []
     salted = {s: block_hashes(list(range(9)), 4, salt=s) for s in (None, "a", b"a", 7, "7")}
     assert len({h[0] for h in salted.values()}) == 5
@@ -209,7 +265,9 @@ def test_a_reserved_block_is_a_hit_only_once_written():
 def test_prefix_caching_off_never_registers():
     m = BlockManager(8, 2)
     written(m, [1, 2, 3, 4, 5])
-    assert m.num_cached == 0 and m.lookup([1, 2, 3, 4, 5]) == 0 and written(m, [1, 2, 3, 4, 5])[1] == 0
+    assert (
+        m.num_cached == 0 and m.lookup([1, 2, 3, 4, 5]) == 0 and written(m, [1, 2, 3, 4, 5])[1] == 0
+    )
 
 
 def test_divergence_inside_a_block_shares_only_the_blocks_before_it():
@@ -289,7 +347,11 @@ def test_freed_blocks_stay_cached_and_a_hit_takes_them_off_the_free_list():
     m.free(a)
     assert m.num_free == 6 and m.num_cached == 2 and all(m.ref_count(b) == 0 for b in blocks)
     b, cached = m.admit([1, 2, 3, 4, 9])
-    assert cached == 4 and m.block_table(b)[:2] == blocks[:2] and not set(blocks[:2]) & set(m.free_order())
+    assert (
+        cached == 4
+        and m.block_table(b)[:2] == blocks[:2]
+        and not set(blocks[:2]) & set(m.free_order())
+    )
     assert m.num_free == 3 and m.stats.evictions == 0
 
 
@@ -306,7 +368,11 @@ def test_lru_evicts_least_recently_freed_and_chain_tail_first():
     assert m.stats.evictions == 1
     assert m.lookup([1, 2, 3, 4, 5, 6, 7]) == 4 and m.lookup([10, 11, 12, 13, 14]) == 4
     w, _ = m.admit(list(range(200, 202)))
-    assert m.lookup([1, 2, 3, 4, 5, 6, 7]) == 2 and m.stats.evictions == 2 and m.block_table(w) == [tx[1]]
+    assert (
+        m.lookup([1, 2, 3, 4, 5, 6, 7]) == 2
+        and m.stats.evictions == 2
+        and m.block_table(w) == [tx[1]]
+    )
 
 
 def test_shared_block_is_freed_only_by_its_last_holder():
@@ -346,7 +412,9 @@ def test_preempt_and_resume_reuse_the_sequences_own_cached_blocks(mode):
     assert m.num_computed(seq) == (5 if mode == "swap" else 0) and m.num_cached == 2
     with pytest.raises(ValueError, match="is preempted"):
         m.reserve(seq, [1])
-    assert m.blocks_to_resume(seq) == 4 and m.resume(seq) == 4  # the two written blocks come back as hits
+    assert (
+        m.blocks_to_resume(seq) == 4 and m.resume(seq) == 4
+    )  # the two written blocks come back as hits
     assert m.state(seq) == "resident" and m.num_computed(seq) == (5 if mode == "swap" else 4)
     with pytest.raises(ValueError, match="is not preempted"):
         m.resume(seq)
@@ -359,9 +427,13 @@ def test_failed_admission_and_reservation_change_nothing():
     m.free(a)  # all 4 free, 2 of them cached
     keep, _ = m.admit([7])
     before = state(m)
-    with pytest.raises(OutOfBlocksError, match="need 4 KV-cache block.* only 3 of 4 are free") as info:
+    with pytest.raises(
+        OutOfBlocksError, match="need 4 KV-cache block.* only 3 of 4 are free"
+    ) as info:
         m.admit([1, 2, 3, 4, 5, 6, 7, 8])  # would take the two cached blocks back and 2 new ones
-    assert (info.value.needed, info.value.free, info.value.total) == (4, 3, 4) and state(m) == before
+    assert (info.value.needed, info.value.free, info.value.total) == (4, 3, 4) and state(
+        m
+    ) == before
     b, _ = m.admit([1, 2, 3, 4, 5])
     m.commit(b, 5)
     before = state(m)
@@ -385,7 +457,9 @@ def test_restore_keeps_an_eviction_the_failed_call_made():
     assert sorted(free) == sorted(before[0]) and m.lookup([1, 2, 3, 4, 5]) == 0
     m.check()
     c, _ = m.admit([1, 2, 3, 4, 5])
-    assert m.num_computed(c) == 0  # computed again, never read from a block that may hold other K and V
+    assert (
+        m.num_computed(c) == 0
+    )  # computed again, never read from a block that may hold other K and V
 
 
 def test_bad_arguments():
@@ -397,14 +471,21 @@ def test_bad_arguments():
     a, _ = m.admit([1, 2, 3])
     before = state(m)
     for call, error, match in [
-        (lambda: m.admit([]), ValueError, "at least one token"), (lambda: m.admit("hello"), TypeError, "tokenize"),
-        (lambda: m.admit([1, -1]), ValueError, r"token_ids\[1\].*-1"), (lambda: m.admit([1.5]), TypeError, r"\[0\]"),
-        (lambda: m.admit([1, 2**63]), ValueError, r"2\*\*63"), (lambda: m.admit([1], salt=[1]), TypeError, "salt"),
+        (lambda: m.admit([]), ValueError, "at least one token"),
+        (lambda: m.admit("hello"), TypeError, "tokenize"),
+        (lambda: m.admit([1, -1]), ValueError, r"token_ids\[1\].*-1"),
+        (lambda: m.admit([1.5]), TypeError, r"\[0\]"),
+        (lambda: m.admit([1, 2**63]), ValueError, r"2\*\*63"),
+        (lambda: m.admit([1], salt=[1]), TypeError, "salt"),
         (lambda: m.reserve(99, [1]), ValueError, "seq_id 99 is not a live sequence"),
-        (lambda: m.free(99), ValueError, "seq_id 99"), (lambda: m.block_table(99), ValueError, "seq_id 99"),
-        (lambda: m.reserve(a, [-3]), ValueError, "token_ids"), (lambda: m.ref_count(4), ValueError, "block"),
-        (lambda: m.commit(a, 4), ValueError, "num_computed"), (lambda: m.preempt(a, "drop"), ValueError, "mode"),
-        (lambda: m.blocks_to_append(a, -1), ValueError, "num_tokens"), (lambda: m.resume(a), ValueError, "not"),
+        (lambda: m.free(99), ValueError, "seq_id 99"),
+        (lambda: m.block_table(99), ValueError, "seq_id 99"),
+        (lambda: m.reserve(a, [-3]), ValueError, "token_ids"),
+        (lambda: m.ref_count(4), ValueError, "block"),
+        (lambda: m.commit(a, 4), ValueError, "num_computed"),
+        (lambda: m.preempt(a, "drop"), ValueError, "mode"),
+        (lambda: m.blocks_to_append(a, -1), ValueError, "num_tokens"),
+        (lambda: m.resume(a), ValueError, "not"),
     ]:
         with pytest.raises(error, match=match):
             call()
@@ -433,14 +514,15 @@ def test_check_catches_a_broken_count():
 
 
 def identity(salt, tokens, k, block_size):
-    """What block ``k`` of a sequence holds, by definition: the salt and every token up to its end."""
+    """What block ``k`` of a sequence holds, by definition: the salt and every token up to its
+    end."""
     return (salt, tuple(tokens[: (k + 1) * block_size]))
 
 
 class ManagerMachine(RuleBasedStateMachine):
-    """Random admit / reserve / commit / fork / preempt / resume / free, and failing calls restored from
-    a snapshot, on a small pool with a small alphabet so that prefixes collide. The shadow model knows
-    each sequence's salt and tokens, and what each block held when last seen written."""
+    """Random admit / reserve / commit / fork / preempt / resume / free, and failing calls restored
+    from a snapshot, on a small pool with a small alphabet so that prefixes collide. The shadow
+    model knows each sequence's salt and tokens, and what each block held when last seen written."""
 
     block_size = 2
 
@@ -460,14 +542,21 @@ class ManagerMachine(RuleBasedStateMachine):
     def admit(self, tokens, salt):
         bs = self.block_size
         registered = {self.content[b] for b in self.m.cached_blocks().values()}
-        expected = 0  # the oracle: leading full blocks whose written identity a registered block holds
-        while expected < (len(tokens) - 1) // bs and identity(salt, tokens, expected, bs) in registered:
+        # the oracle: leading full blocks whose written identity a registered block holds
+        expected = 0
+        while (
+            expected < (len(tokens) - 1) // bs
+            and identity(salt, tokens, expected, bs) in registered
+        ):
             expected += 1
         before, needed = state(self.m), self.m.blocks_to_admit(tokens, salt)
         try:
             seq, cached = self.m.admit(tokens, salt)
         except OutOfBlocksError as error:
-            assert needed > self.m.num_free and (error.needed, error.free) == (needed, self.m.num_free)
+            assert needed > self.m.num_free and (error.needed, error.free) == (
+                needed,
+                self.m.num_free,
+            )
             assert state(self.m) == before
             return
         assert cached == expected * bs == self.m.num_computed(seq)
@@ -523,7 +612,8 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @rule(tokens=tokens)
     def failed_call(self, tokens):
-        """A model step that failed after admitting (and maybe evicting): restored from its snapshot."""
+        """A model step that failed after admitting (and maybe evicting): restored from its
+        snapshot."""
         before, snapshot = state(self.m), self.m.snapshot()
         try:
             self.m.admit(tokens)
@@ -561,7 +651,12 @@ class ManagerMachineBlockThree(ManagerMachine):
     block_size = 3
 
 
-_settings = settings(max_examples=80, stateful_step_count=35, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_settings = settings(
+    max_examples=80,
+    stateful_step_count=35,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 TestManagerMachine = ManagerMachine.TestCase
 TestManagerMachine.settings = _settings
 TestManagerMachineBlockOne = ManagerMachineBlockOne.TestCase
@@ -571,11 +666,13 @@ TestManagerMachineBlockThree.settings = _settings
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 60), st.integers(0, 70), st.sampled_from([1, 2, 4, 16]), st.integers(0, 10_000))
+@given(
+    st.integers(1, 60), st.integers(0, 70), st.sampled_from([1, 2, 4, 16]), st.integers(0, 10_000)
+)
 def test_reusable_tokens_is_what_the_block_manager_serves(length, first, block_size, seed):
-    """The block rule against the block manager: a cache holding a reference serves a variant that first
-    differs at ``first`` exactly ``reusable_tokens(first, ...)``, a partial block never, and never the
-    variant's last token."""
+    """The block rule against the block manager: a cache holding a reference serves a variant that
+    first differs at ``first`` exactly ``reusable_tokens(first, ...)``, a partial block never, and
+    never the variant's last token."""
     from kvlab.cache.blocks import reusable_tokens
 
     rng = np.random.default_rng(seed)
@@ -593,30 +690,52 @@ def test_reusable_tokens_is_what_the_block_manager_serves(length, first, block_s
 def test_reusable_tokens_refuses_bad_input():
     from kvlab.cache.blocks import reusable_tokens
 
-    for args, match in [((-1, 10, 4), "first_difference"), ((None, 0, 4), "num_tokens"), ((None, 10, 0), "block_size")]:
+    for args, match in [
+        ((-1, 10, 4), "first_difference"),
+        ((None, 0, 4), "num_tokens"),
+        ((None, 10, 0), "block_size"),
+    ]:
         with pytest.raises(ValueError, match=match):
             reusable_tokens(*args)
+
+
 def _manager_with_one():
     m = BlockManager(8, 4, prefix_caching=True)
     seq, _ = m.admit([1, 2, 3])
     return m, seq
 
 
-# issue 22's bad calls of the block manager: each refused with the argument named, the manager unchanged
-@pytest.mark.parametrize("call, error, match", [
-    (lambda m, s: m.admit([1.5, -2]), TypeError, r"token_ids\[0\] must be a token id"),
-    (lambda m, s: m.admit([-2]), ValueError, r"token_ids\[0\] must be a token id in \[0, "),
-    (lambda m, s: m.admit("abcd"), TypeError, "tokenize the text first"),
-    (lambda m, s: m.admit(7), TypeError, "token_ids must be a list of token ids"),
-    (lambda m, s: m.admit([True, 2]), TypeError, r"token_ids\[0\]"),
-    (lambda m, s: m.admit([]), ValueError, "at least one token id"),
-    (lambda m, s: m.free(True), TypeError, "seq_id must be an int"),  # never sequence 1
-    (lambda m, s: m.free(99), ValueError, "seq_id 99 is not a live sequence"),  # not a bare KeyError
-    (lambda m, s: m.reserve(s, [1.0]), TypeError, r"token_ids\[0\]"),
-    (lambda m, s: m.preempt(s, "drop"), ValueError, "mode must be one of"),
-    (lambda m, s: BlockManager(8, 4, prefix_caching="no"), TypeError, "prefix_caching must be True or False"),
-    (lambda m, s: BlockManager(8, 4, bytes_per_block=1.5), TypeError, "bytes_per_block must be an int"),
-])
+# issue 22's bad calls of the block manager: each refused with the argument named, the manager
+# unchanged
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda m, s: m.admit([1.5, -2]), TypeError, r"token_ids\[0\] must be a token id"),
+        (lambda m, s: m.admit([-2]), ValueError, r"token_ids\[0\] must be a token id in \[0, "),
+        (lambda m, s: m.admit("abcd"), TypeError, "tokenize the text first"),
+        (lambda m, s: m.admit(7), TypeError, "token_ids must be a list of token ids"),
+        (lambda m, s: m.admit([True, 2]), TypeError, r"token_ids\[0\]"),
+        (lambda m, s: m.admit([]), ValueError, "at least one token id"),
+        (lambda m, s: m.free(True), TypeError, "seq_id must be an int"),  # never sequence 1
+        (
+            lambda m, s: m.free(99),
+            ValueError,
+            "seq_id 99 is not a live sequence",
+        ),  # not a bare KeyError
+        (lambda m, s: m.reserve(s, [1.0]), TypeError, r"token_ids\[0\]"),
+        (lambda m, s: m.preempt(s, "drop"), ValueError, "mode must be one of"),
+        (
+            lambda m, s: BlockManager(8, 4, prefix_caching="no"),
+            TypeError,
+            "prefix_caching must be True or False",
+        ),
+        (
+            lambda m, s: BlockManager(8, 4, bytes_per_block=1.5),
+            TypeError,
+            "bytes_per_block must be an int",
+        ),
+    ],
+)
 def test_block_manager_refuses_bad_input_and_changes_nothing(call, error, match):
     m, seq = _manager_with_one()
     before = state(m)
@@ -626,12 +745,27 @@ def test_block_manager_refuses_bad_input_and_changes_nothing(call, error, match)
     m.check()
 
 
-@pytest.mark.parametrize("call, error, match", [
-    (lambda: kvlab.cache.blocks.chain_hash(b"x", [1.5]), TypeError, r"block_tokens\[0\] must be a token id"),
-    (lambda: kvlab.cache.blocks.chain_hash(b"x", [-1]), ValueError, r"block_tokens\[0\] must be a token id"),
-    (lambda: kvlab.cache.blocks.chain_hash("x", [1]), TypeError, "parent must be the bytes of a hash"),
-    (lambda: kvlab.cache.blocks.root_hash([1]), TypeError, "salt must be"),
-])
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (
+            lambda: kvlab.cache.blocks.chain_hash(b"x", [1.5]),
+            TypeError,
+            r"block_tokens\[0\] must be a token id",
+        ),
+        (
+            lambda: kvlab.cache.blocks.chain_hash(b"x", [-1]),
+            ValueError,
+            r"block_tokens\[0\] must be a token id",
+        ),
+        (
+            lambda: kvlab.cache.blocks.chain_hash("x", [1]),
+            TypeError,
+            "parent must be the bytes of a hash",
+        ),
+        (lambda: kvlab.cache.blocks.root_hash([1]), TypeError, "salt must be"),
+    ],
+)
 def test_hashes_refuse_what_is_not_a_block(call, error, match):
     with pytest.raises(error, match=match):
         call()

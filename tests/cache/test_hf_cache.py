@@ -1,9 +1,9 @@
-"""kvlab.cache.hf_cache and the layers built on it: a failed update changes nothing.
-"""
+"""kvlab.cache.hf_cache and the layers built on it: a failed update changes nothing."""
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvlab.cache.latent import LatentLayer
 from kvlab.cache.quantized import QuantizedLayer, QuantizedTensor
@@ -13,7 +13,16 @@ from kvlab.cache.window import BoundedLayer
 def _layer_state(layer) -> list:
     """Every tensor and count a cache layer holds, flattened (QuantizedTensor fields included)."""
     out = []
-    for name in ("keys", "values", "positions", "seen", "qkeys", "qvalues", "latent", "is_initialized"):
+    for name in (
+        "keys",
+        "values",
+        "positions",
+        "seen",
+        "qkeys",
+        "qvalues",
+        "latent",
+        "is_initialized",
+    ):
         value = getattr(layer, name, None)
         if isinstance(value, QuantizedTensor):
             out += [value.codes, value.scale, value.zero]
@@ -23,16 +32,21 @@ def _layer_state(layer) -> list:
 
 
 def _same_layer_state(a, b) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b)
+    )
 
 
-_ORTHONORMAL_32 = torch.linalg.qr(torch.randn(32, 32, generator=torch.Generator().manual_seed(0)))[0]
+_ORTHONORMAL_32 = torch.linalg.qr(torch.randn(32, 32, generator=torch.Generator().manual_seed(0)))[
+    0
+]
 
 LAYER_KINDS = {
     "sink": lambda: BoundedLayer(num_sink=2, window=5),
     "kivi": lambda: QuantizedLayer(bits=4, group_size=4, residual=3),
-    "latent": lambda: LatentLayer(_ORTHONORMAL_32, torch.zeros(32), 1.0 / 10000 ** (torch.arange(0, 8, 2) / 8),
-                                          1.0),  # full rank: 2 heads x head_dim 8 x (K and V)
+    "latent": lambda: LatentLayer(
+        _ORTHONORMAL_32, torch.zeros(32), 1.0 / 10000 ** (torch.arange(0, 8, 2) / 8), 1.0
+    ),  # full rank: 2 heads x head_dim 8 x (K and V)
 }
 
 
@@ -45,7 +59,10 @@ def test_cache_layer_update_is_all_or_nothing(kind, steps):
     clean, faulty = LAYER_KINDS[kind](), LAYER_KINDS[kind]()
     gen = torch.Generator().manual_seed(len(steps))
     for count, fail_first in steps:
-        k, v = torch.randn(1, 2, count, 8, generator=gen), torch.randn(1, 2, count, 8, generator=gen)
+        k, v = (
+            torch.randn(1, 2, count, 8, generator=gen),
+            torch.randn(1, 2, count, 8, generator=gen),
+        )
         if fail_first and faulty.is_initialized:
             before = _layer_state(faulty)
             with pytest.raises(RuntimeError):

@@ -1,5 +1,4 @@
-"""kvlab.cache.latent: mean-pooled GQA and the MLA-style latent cache, exact at full rank.
-"""
+"""kvlab.cache.latent: mean-pooled GQA and the MLA-style latent cache, exact at full rank."""
 
 import pytest
 import torch
@@ -7,7 +6,6 @@ import torch
 import kvlab
 from kvlab.cache.latent import LatentKVCache, gqa_from_mha, kv_basis
 from kvlab.decode import cached_decode
-
 
 SMALL = dict(layers=2, hidden=64, q_heads=4, kv_heads=2, intermediate=128, vocab=512)
 
@@ -22,19 +20,26 @@ def _ids(batch, length, seed=0, vocab=512):
 
 
 def test_gqa_pooling_of_identical_heads_is_exact():
-    mha = kvlab.tiny_model("llama", layers=2, hidden=64, q_heads=4, kv_heads=4, intermediate=128, vocab=512)
+    mha = kvlab.tiny_model(
+        "llama", layers=2, hidden=64, q_heads=4, kv_heads=4, intermediate=128, vocab=512
+    )
     with torch.no_grad():
         for layer in mha.model.layers:
             for proj in (layer.self_attn.k_proj, layer.self_attn.v_proj):
                 w = proj.weight.view(4, 16, 64)
-                w[1], w[3] = w[0].clone(), w[2].clone()  # pairs of identical heads: pooling loses nothing
+                w[1], w[3] = (
+                    w[0].clone(),
+                    w[2].clone(),
+                )  # pairs of identical heads: pooling loses nothing
     gqa = gqa_from_mha(mha, 2)
     assert gqa.config.num_key_value_heads == 2
     ids = _ids(1, 10)
     with torch.inference_mode():
         assert torch.allclose(mha(ids).logits, gqa(ids).logits, atol=1e-5)
     w = mha.model.layers[0].self_attn.k_proj.weight.view(4, 16, 64)
-    assert torch.allclose(gqa.model.layers[0].self_attn.k_proj.weight.view(2, 16, 64)[1], (w[2] + w[3]) / 2)
+    assert torch.allclose(
+        gqa.model.layers[0].self_attn.k_proj.weight.view(2, 16, 64)[1], (w[2] + w[3]) / 2
+    )
     with pytest.raises(ValueError, match="kv_heads"):
         gqa_from_mha(mha, 3)
 
@@ -66,13 +71,33 @@ def test_latent_reconstruction_error_falls_with_rank(llama):
 
 
 def test_a_latent_cache_from_another_model_is_refused(llama):
-    other = kvlab.tiny_model("llama", layers=3, hidden=64, q_heads=4, kv_heads=4, vocab=128, intermediate=128,
-                             device="cpu", dtype=torch.float32)
+    other = kvlab.tiny_model(
+        "llama",
+        layers=3,
+        hidden=64,
+        q_heads=4,
+        kv_heads=4,
+        vocab=128,
+        intermediate=128,
+        device="cpu",
+        dtype=torch.float32,
+    )
     with pytest.raises(ValueError, match="cache has 3 layers but the model has 2"):
         cached_decode(llama, torch.tensor([[1, 2]]), 1, cache=LatentKVCache(other, 8))
-    wider = kvlab.tiny_model("llama", layers=2, hidden=64, q_heads=4, kv_heads=4, vocab=128, intermediate=128,
-                             device="cpu", dtype=torch.float32)
-    with pytest.raises(ValueError, match="built for \\[K; V\\] of 128 elements per token, but the model writes 64"):
+    wider = kvlab.tiny_model(
+        "llama",
+        layers=2,
+        hidden=64,
+        q_heads=4,
+        kv_heads=4,
+        vocab=128,
+        intermediate=128,
+        device="cpu",
+        dtype=torch.float32,
+    )
+    with pytest.raises(
+        ValueError, match="built for \\[K; V\\] of 128 elements per token, but the model writes 64"
+    ):
         cached_decode(llama, torch.tensor([[1, 2]]), 1, cache=LatentKVCache(wider, 8))
 
 
@@ -84,7 +109,9 @@ def test_latent_cache_from_shared_bases_equals_its_own_svd(llama):
     ids = _ids(1, 9)
     for rank in (8, 64):
         expected = cached_decode(llama, ids, 5, cache=LatentKVCache(llama, rank))
-        assert torch.equal(cached_decode(llama, ids, 5, cache=LatentKVCache(llama, rank, bases=bases)), expected)
+        assert torch.equal(
+            cached_decode(llama, ids, 5, cache=LatentKVCache(llama, rank, bases=bases)), expected
+        )
     with pytest.raises(ValueError, match="rank must be <= 64"):
         LatentKVCache(llama, 65, bases=bases)
     with pytest.raises(ValueError, match="bases must be kv_bases"):

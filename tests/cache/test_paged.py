@@ -1,10 +1,12 @@
-"""The paged KV cache (notebooks 05, 06, 11): pools over one block manager, prefix caching on and off.
+"""The paged KV cache (notebooks 05, 06, 11): pools over one block manager, prefix caching on and
+off.
 
 The K and V written here are a deterministic function of what a model would see (the salt, every
 token up to a position, the layer), so that the state machine can check, after every call, that each
 sequence reads back its own K and V and that every registered block holds exactly what a fresh
-computation of its tokens gives, through admit with prefix hits, chunked writes, fork (copy-on-write),
-preemption by recompute and by swap, resume, free and failing calls of every kind."""
+computation of its tokens gives, through admit with prefix hits, chunked writes, fork
+(copy-on-write), preemption by recompute and by swap, resume, free and failing calls of every
+kind."""
 
 import math
 from dataclasses import replace
@@ -24,15 +26,18 @@ LAYERS, HEADS, DIM, BLOCK = 2, 2, 4, 2
 
 
 def kv_of(salt, tokens, position: int, layer: int) -> torch.Tensor:
-    """What a model would store for ``tokens[position]``: a function of the salt, every token up to it
-    and the layer, exact in fp32. ``[HEADS, DIM]``; V is its negation."""
+    """What a model would store for ``tokens[position]``: a function of the salt, every token up to
+    it and the layer, exact in fp32. ``[HEADS, DIM]``; V is its negation."""
     h = hash((salt, tuple(tokens[: position + 1]), layer)) % 10_007
     return torch.tensor([[h, layer, position, 1.0], [-h, 1.0, 2.0, float(layer)]])
 
 
 def rows(salt, tokens, start, end, layer):
-    return torch.stack([kv_of(salt, tokens, p, layer) for p in range(start, end)]) if end > start else \
-        torch.empty(0, HEADS, DIM)
+    return (
+        torch.stack([kv_of(salt, tokens, p, layer) for p in range(start, end)])
+        if end > start
+        else torch.empty(0, HEADS, DIM)
+    )
 
 
 class FlakyStore:
@@ -51,20 +56,31 @@ class FlakyStore:
 
 
 def snapshot(cache: PagedKVCache) -> tuple:
-    """Everything a caller can observe: the manager's bookkeeping, each layer's count, resident K and V."""
+    """Everything a caller can observe: the manager's bookkeeping, each layer's count, resident K
+    and V."""
     m = cache.manager
     seqs = {}
     for s in m.sequences():
         resident = m.state(s) == "resident"
-        counts = [int(cache.seq_lens([s], layer)[0]) for layer in range(cache.num_layers)] if resident else None
+        counts = (
+            [int(cache.seq_lens([s], layer)[0]) for layer in range(cache.num_layers)]
+            if resident
+            else None
+        )
         data = [cache.gather(s, layer) for layer in range(cache.num_layers)] if resident else None
         seqs[s] = (m.block_table(s), m.tokens(s), m.num_computed(s), m.state(s), counts, data)
-    return m.free_order(), [m.ref_count(b) for b in range(m.num_blocks)], m.cached_blocks(), replace(m.stats), seqs
+    return (
+        m.free_order(),
+        [m.ref_count(b) for b in range(m.num_blocks)],
+        m.cached_blocks(),
+        replace(m.stats),
+        seqs,
+    )
 
 
 def same(a, b, evicts: bool = False) -> bool:
-    """``b`` equals ``a``; with ``evicts``, except for the manager's rollback rule: a call that took a
-    free block may leave its registered hash evicted (counted in the stats), nothing else."""
+    """``b`` equals ``a``; with ``evicts``, except for the manager's rollback rule: a call that took
+    a free block may leave its registered hash evicted (counted in the stats), nothing else."""
     if evicts and set(b[2].items()) <= set(a[2].items()):
         a = (*a[:2], b[2], replace(a[3], evictions=a[3].evictions + len(a[2]) - len(b[2])), a[4])
     if a[:4] != b[:4] or a[4].keys() != b[4].keys():
@@ -73,7 +89,9 @@ def same(a, b, evicts: bool = False) -> bool:
         new = b[4][s]
         if old[:5] != new[:5]:
             return False
-        if old[5] is not None and not all(torch.equal(x, y) for p, q in zip(old[5], new[5]) for x, y in zip(p, q)):
+        if old[5] is not None and not all(
+            torch.equal(x, y) for p, q in zip(old[5], new[5]) for x, y in zip(p, q)
+        ):
             return False
     return True
 
@@ -90,15 +108,25 @@ def fails_cleanly(cache, call, error, match=None, evicts=False):
 
 
 class PagedMachine(RuleBasedStateMachine):
-    """See the module docstring. ``self.salt`` and the manager's token lists are the shadow model."""
+    """See the module docstring. ``self.salt`` and the manager's token lists are the shadow
+    model."""
 
     prefix_caching = True
 
     def __init__(self):
         super().__init__()
         self.store = FlakyStore()
-        self.cache = PagedKVCache(LAYERS, 6, BLOCK, HEADS, DIM, torch.float32, "cpu", store=self.store,
-                                  prefix_caching=self.prefix_caching)
+        self.cache = PagedKVCache(
+            LAYERS,
+            6,
+            BLOCK,
+            HEADS,
+            DIM,
+            torch.float32,
+            "cpu",
+            store=self.store,
+            prefix_caching=self.prefix_caching,
+        )
         self.salt = {}
         self.content = {}  # block -> (salt, tokens) of the written full block it holds
 
@@ -117,8 +145,11 @@ class PagedMachine(RuleBasedStateMachine):
                 fails_cleanly(c, lambda: c.append(seq, layer, k, -k), RuntimeError, "injected")
             c.append(seq, layer, k, -k)
 
-    @rule(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=8), salt=st.sampled_from([None, "t"]),
-          chunk=st.integers(0, 8))
+    @rule(
+        tokens=st.lists(st.integers(0, 2), min_size=1, max_size=8),
+        salt=st.sampled_from([None, "t"]),
+        chunk=st.integers(0, 8),
+    )
     def admit(self, tokens, salt, chunk):
         c = self.cache
         if c.blocks_to_admit(tokens, salt) > c.num_free:
@@ -127,12 +158,17 @@ class PagedMachine(RuleBasedStateMachine):
         seq, cached = c.admit(tokens, salt)
         assert c.num_computed(seq) == cached < len(tokens)
         self.salt[seq] = salt
-        self._write(seq, min(chunk, len(tokens) - cached))  # the first chunk of its prefill, maybe empty
+        self._write(
+            seq, min(chunk, len(tokens) - cached)
+        )  # the first chunk of its prefill, maybe empty
 
-    @rule(tokens=st.lists(st.integers(0, 2), min_size=2, max_size=10), salt=st.sampled_from([None, "t"]))
+    @rule(
+        tokens=st.lists(st.integers(0, 2), min_size=2, max_size=10),
+        salt=st.sampled_from([None, "t"]),
+    )
     def failed_prefill(self, tokens, salt):
-        """A model call that admits a prompt, writes layer 0, then fails: restored, except that what the
-        admission evicted stays evicted (it may now hold this prompt's K and V)."""
+        """A model call that admits a prompt, writes layer 0, then fails: restored, except that what
+        the admission evicted stays evicted (it may now hold this prompt's K and V)."""
         c = self.cache
         if c.blocks_to_admit(tokens, salt) > c.num_free:
             return
@@ -141,19 +177,27 @@ class PagedMachine(RuleBasedStateMachine):
             with c.all_or_nothing():
                 seq, cached = c.admit(tokens, salt)
                 self.salt[seq] = salt
-                c.append(seq, 0, rows(salt, tokens, cached, len(tokens), 0), torch.zeros(len(tokens) - cached,
-                                                                                      HEADS, DIM))
+                c.append(
+                    seq,
+                    0,
+                    rows(salt, tokens, cached, len(tokens), 0),
+                    torch.zeros(len(tokens) - cached, HEADS, DIM),
+                )
                 raise RuntimeError("the model failed")
         del self.salt[seq]
         after = snapshot(c)
         assert after[1] == before[1] and sorted(after[0]) == sorted(before[0])
-        assert set(after[2].items()) <= set(before[2].items()) and after[4].keys() == before[4].keys()
+        assert (
+            set(after[2].items()) <= set(before[2].items()) and after[4].keys() == before[4].keys()
+        )
 
     @rule(data=st.data(), chunk=st.integers(1, 4), fail=st.sampled_from([None, 0, 1]))
     def prefill_chunk(self, data, chunk, fail):
         seq = self._pick(data)
         if seq is not None and self.cache.num_computed(seq) < self.cache.num_tokens(seq):
-            self._write(seq, min(chunk, self.cache.num_tokens(seq) - self.cache.num_computed(seq)), fail)
+            self._write(
+                seq, min(chunk, self.cache.num_tokens(seq) - self.cache.num_computed(seq)), fail
+            )
 
     @rule(data=st.data(), token=st.integers(0, 2), fail=st.sampled_from([None, 0, 1]))
     def decode(self, data, token, fail):
@@ -161,13 +205,21 @@ class PagedMachine(RuleBasedStateMachine):
         seq = self._pick(data)
         if seq is None or c.num_computed(seq) != c.num_tokens(seq):
             return
-        k = rows(self.salt[seq], c.tokens(seq) + [token], c.num_tokens(seq), c.num_tokens(seq) + 1, 0)
+        k = rows(
+            self.salt[seq], c.tokens(seq) + [token], c.num_tokens(seq), c.num_tokens(seq) + 1, 0
+        )
         if c.blocks_to_append(seq) > c.num_free:
             fails_cleanly(c, lambda: c.append(seq, 0, k, -k, token_ids=[token]), OutOfBlocksError)
             return
         if fail == 0:  # the store fails after layer 0 reserved (maybe copying a shared block first)
             self.store.armed = True
-            fails_cleanly(c, lambda: c.append(seq, 0, k, -k, token_ids=[token]), RuntimeError, "injected", evicts=True)
+            fails_cleanly(
+                c,
+                lambda: c.append(seq, 0, k, -k, token_ids=[token]),
+                RuntimeError,
+                "injected",
+                evicts=True,
+            )
         c.append(seq, 0, k, -k, token_ids=[token])
         k1 = rows(self.salt[seq], c.tokens(seq), c.num_tokens(seq) - 1, c.num_tokens(seq), 1)
         if fail == 1:
@@ -224,12 +276,30 @@ class PagedMachine(RuleBasedStateMachine):
             self.cache.free(seq)
             del self.salt[seq]
 
-    @rule(data=st.data(), kind=st.sampled_from(["meta", "shape", "int dtype", "layer -1", "layer bool",
-                                                 "unknown seq", "layer 1 ahead", "not a tensor", "token ids",
-                                                 "preempted"]))
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(
+            [
+                "meta",
+                "shape",
+                "int dtype",
+                "layer -1",
+                "layer bool",
+                "unknown seq",
+                "layer 1 ahead",
+                "not a tensor",
+                "token ids",
+                "preempted",
+            ]
+        ),
+    )
     def bad_append(self, data, kind):
         c = self.cache
-        seq = self._pick(data, ("resident",)) if kind != "preempted" else self._pick(data, ("recompute", "swap"))
+        seq = (
+            self._pick(data, ("resident",))
+            if kind != "preempted"
+            else self._pick(data, ("recompute", "swap"))
+        )
         if seq is None:
             return
         k, layer, error, ids = torch.zeros(1, HEADS, DIM), 0, ValueError, None
@@ -268,19 +338,29 @@ class PagedMachine(RuleBasedStateMachine):
                 assert torch.equal(k, expected) and torch.equal(v, -expected)
             for b in range(c.num_computed(seq) // BLOCK):
                 self.content[table[b]] = (salt, tuple(tokens[: (b + 1) * BLOCK]))
-        for h, block in c.manager.cached_blocks().items():  # registered: equal to a fresh computation
+        for (
+            h,
+            block,
+        ) in c.manager.cached_blocks().items():  # registered: equal to a fresh computation
             salt, tokens = self.content[block]
             assert block_hashes(list(tokens), BLOCK, salt)[-1] == h
             start = len(tokens) - BLOCK
             for layer in range(LAYERS):
-                assert torch.equal(c.k_pools[layer][block], rows(salt, tokens, start, len(tokens), layer))
+                assert torch.equal(
+                    c.k_pools[layer][block], rows(salt, tokens, start, len(tokens), layer)
+                )
 
 
 class PagedMachineNoPrefixCaching(PagedMachine):
     prefix_caching = False
 
 
-_settings = settings(max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_settings = settings(
+    max_examples=40,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 TestPagedMachine = PagedMachine.TestCase
 TestPagedMachine.settings = _settings
 TestPagedMachineNoPrefixCaching = PagedMachineNoPrefixCaching.TestCase
@@ -295,7 +375,8 @@ def _tokens(gen, n):
 
 
 def test_copy_on_write_with_the_store_kernel():
-    """Through the Triton store_kv: a fork shares blocks; appending to either side copies the shared last block."""
+    """Through the Triton store_kv: a fork shares blocks; appending to either side copies the shared
+    last block."""
     gen = torch.Generator().manual_seed(1)
     cache = PagedKVCache(LAYERS, 8, 4, HEADS, DIM, torch.float32, "cpu")
     parent = cache.new_sequence()
@@ -304,7 +385,9 @@ def test_copy_on_write_with_the_store_kernel():
         cache.append(parent, layer, k, v)
     child = cache.fork(parent)
     shared = cache.block_table(parent)
-    assert cache.block_table(child) == shared and all(cache.manager.ref_count(b) == 2 for b in shared)
+    assert cache.block_table(child) == shared and all(
+        cache.manager.ref_count(b) == 2 for b in shared
+    )
     extra = [_tokens(gen, 3) for _ in range(LAYERS)]
     for layer, (k, v) in enumerate(extra):
         cache.append(child, layer, k, v)
@@ -312,7 +395,9 @@ def test_copy_on_write_with_the_store_kernel():
     assert cache.manager.ref_count(shared[1]) == 1  # the parent keeps the original
     for layer in range(LAYERS):
         assert torch.equal(cache.gather(parent, layer)[0], prompt[layer][0])
-        assert torch.equal(cache.gather(child, layer)[1], torch.cat([prompt[layer][1], extra[layer][1]]))
+        assert torch.equal(
+            cache.gather(child, layer)[1], torch.cat([prompt[layer][1], extra[layer][1]])
+        )
     tables = cache.block_tables([parent, child])
     assert tables.dtype == torch.int32 and tables.shape == (2, 3)
     assert cache.seq_lens([parent, child]).tolist() == [6, 9]
@@ -332,7 +417,10 @@ def test_layers_follow_layer_zero_and_errors_name_the_problem():
     with pytest.raises(ValueError, match="mid-step"):
         cache.fork(seq)
     per_block = 2 * LAYERS * 4 * HEADS * DIM * 4
-    with pytest.raises(OutOfBlocksError, match=f"need 1 KV-cache .* only 0 of 2 .*{per_block:,} bytes needed, 0 bytes"):
+    with pytest.raises(
+        OutOfBlocksError,
+        match=f"need 1 KV-cache .* only 0 of 2 .*{per_block:,} bytes needed, 0 bytes",
+    ):
         cache.append(seq, 0, *_tokens(gen, 4))
     with pytest.raises(ValueError, match="not a live sequence"):
         cache.free(99)
@@ -341,7 +429,9 @@ def test_layers_follow_layer_zero_and_errors_name_the_problem():
 
 
 def test_prefix_caching_needs_token_ids_for_new_slots():
-    cache = PagedKVCache(1, 4, 2, HEADS, DIM, torch.float32, "cpu", store=store_kv_ref, prefix_caching=True)
+    cache = PagedKVCache(
+        1, 4, 2, HEADS, DIM, torch.float32, "cpu", store=store_kv_ref, prefix_caching=True
+    )
     seq, _ = cache.admit([5, 6, 7])
     k = rows(None, [5, 6, 7, 8], 0, 4, 0)
     with pytest.raises(ValueError, match="token_ids is required"):
@@ -379,15 +469,23 @@ def test_copy_on_write_rolls_back_when_the_store_fails():
     cache.append(child, 0, k, k)
     cache.append(parent, 0, k, k)
     cache.check()
-    assert cache.manager.ref_count(0) == 1  # the child wrote into a private copy; the parent keeps block 0
+    assert (
+        cache.manager.ref_count(0) == 1
+    )  # the child wrote into a private copy; the parent keeps block 0
 
 
 @settings(max_examples=30, deadline=None)
-@given(value=st.one_of(st.integers(max_value=0), st.sampled_from([0.5, 2.0, "3", None, True, float("nan")])))
+@given(
+    value=st.one_of(
+        st.integers(max_value=0), st.sampled_from([0.5, 2.0, "3", None, True, float("nan")])
+    )
+)
 def test_sizes_must_be_positive_ints(value):
     error = TypeError if isinstance(value, (float, str, bool)) or value is None else ValueError
     for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim"):
-        args = dict(num_layers=1, num_blocks=2, block_size=4, num_kv_heads=1, head_dim=16, device="cpu")
+        args = dict(
+            num_layers=1, num_blocks=2, block_size=4, num_kv_heads=1, head_dim=16, device="cpu"
+        )
         args[name] = value
         with pytest.raises(error, match=name):
             PagedKVCache(**args)
@@ -403,24 +501,73 @@ def _valid_cache():
 
 
 BAD_CALLS = {
-    "dtype": (lambda: PagedKVCache(1, 2, 4, 1, 16, torch.int32, "cpu"), TypeError, "dtype must be a floating"),
-    "store": (lambda: PagedKVCache(1, 2, 4, 1, 16, device="cpu", store="triton"), TypeError, "store must be"),
+    "dtype": (
+        lambda: PagedKVCache(1, 2, 4, 1, 16, torch.int32, "cpu"),
+        TypeError,
+        "dtype must be a floating",
+    ),
+    "store": (
+        lambda: PagedKVCache(1, 2, 4, 1, 16, device="cpu", store="triton"),
+        TypeError,
+        "store must be",
+    ),
     "device": (lambda: PagedKVCache(1, 2, 4, 1, 16, device="gpu0"), ValueError, "device must be"),
-    "missing GPU": (lambda: PagedKVCache(1, 2, 4, 1, 16, device="cuda:7"), ValueError, "not available on this machine"),
-    "meta device": (lambda: PagedKVCache(1, 2, 4, 1, 16, device="meta"), ValueError, "device must hold data"),
-    "beyond memory": (lambda: PagedKVCache(80, 10**5, 16, 8, 128, device="cpu"), MemoryError,
-                      r"K and V pools .* bytes but only"),
-    "gather layer -1": (lambda: _valid_cache()[0].gather(0, -1), ValueError, r"layer must be an int in \[0, 2\)"),
-    "gather unknown seq": (lambda: _valid_cache()[0].gather(7, 0), ValueError, r"seq_id 7 is not a live sequence"),
-    "seq_lens layer": (lambda: _valid_cache()[0].seq_lens([0], 2), ValueError, r"layer must be an int in \[0, 2\)"),
-    "blocks_to_append negative": (lambda: _valid_cache()[0].blocks_to_append(0, -1), ValueError, "num_tokens"),
-    "preempt mode": (lambda: _valid_cache()[0].preempt(0, "drop"), ValueError, r"mode must be one of"),
+    "missing GPU": (
+        lambda: PagedKVCache(1, 2, 4, 1, 16, device="cuda:7"),
+        ValueError,
+        "not available on this machine",
+    ),
+    "meta device": (
+        lambda: PagedKVCache(1, 2, 4, 1, 16, device="meta"),
+        ValueError,
+        "device must hold data",
+    ),
+    "beyond memory": (
+        lambda: PagedKVCache(80, 10**5, 16, 8, 128, device="cpu"),
+        MemoryError,
+        r"K and V pools .* bytes but only",
+    ),
+    "gather layer -1": (
+        lambda: _valid_cache()[0].gather(0, -1),
+        ValueError,
+        r"layer must be an int in \[0, 2\)",
+    ),
+    "gather unknown seq": (
+        lambda: _valid_cache()[0].gather(7, 0),
+        ValueError,
+        r"seq_id 7 is not a live sequence",
+    ),
+    "seq_lens layer": (
+        lambda: _valid_cache()[0].seq_lens([0], 2),
+        ValueError,
+        r"layer must be an int in \[0, 2\)",
+    ),
+    "blocks_to_append negative": (
+        lambda: _valid_cache()[0].blocks_to_append(0, -1),
+        ValueError,
+        "num_tokens",
+    ),
+    "preempt mode": (
+        lambda: _valid_cache()[0].preempt(0, "drop"),
+        ValueError,
+        r"mode must be one of",
+    ),
     "resume resident": (lambda: _valid_cache()[0].resume(0), ValueError, "is not preempted"),
-    "tokens_in_budget nan": (lambda: tokens_in_budget(float("nan"), SHAPES["llama-3-8b"]), ValueError,
-                             "budget_bytes must be a finite number"),
-    "tokens_in_budget width": (lambda: tokens_in_budget(1e9, SHAPES["llama-3-8b"], None), TypeError,
-                               "bytes_per_element must be"),
-    "tokens_in_budget shape": (lambda: tokens_in_budget(1e9, "llama"), TypeError, "shape must be a kvlab ModelShape"),
+    "tokens_in_budget nan": (
+        lambda: tokens_in_budget(float("nan"), SHAPES["llama-3-8b"]),
+        ValueError,
+        "budget_bytes must be a finite number",
+    ),
+    "tokens_in_budget width": (
+        lambda: tokens_in_budget(1e9, SHAPES["llama-3-8b"], None),
+        TypeError,
+        "bytes_per_element must be",
+    ),
+    "tokens_in_budget shape": (
+        lambda: tokens_in_budget(1e9, "llama"),
+        TypeError,
+        "shape must be a kvlab ModelShape",
+    ),
 }
 
 
@@ -432,7 +579,9 @@ def test_bad_call_raises_a_clear_error(name):
 
 
 def test_tokens_in_budget_uses_the_model_shape():
-    shape = SHAPES["llama-3-8b"]  # 2 * 32 layers * 8 KV heads * 128 dims * 2 bytes = 131,072 bytes per token
+    shape = SHAPES[
+        "llama-3-8b"
+    ]  # 2 * 32 layers * 8 KV heads * 128 dims * 2 bytes = 131,072 bytes per token
     assert shape.kv_bytes_per_token(2) == 131072
     assert tokens_in_budget(16 * 2**30, shape) == 131072
     assert math.isclose(tokens_in_budget(1e9, shape, 1), 1e9 // 65536)

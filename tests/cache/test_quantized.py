@@ -1,16 +1,16 @@
-"""kvlab.cache.quantized: the half-step bound, the bytes held, KIVI's layout and its residual window.
-"""
+"""kvlab.cache.quantized: the half-step bound, the bytes held, KIVI's layout and its residual
+window."""
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kvlab
 from kvlab.cache.quantized import QuantizedKVCache, quantize
 from kvlab.decode import cached_decode
 from kvlab.lab.cache_quality import outlier_keys
 from kvlab.theory.cache_sizes import kivi_nbytes, quantized_nbytes
-
 
 SMALL = dict(layers=2, hidden=64, q_heads=4, kv_heads=2, intermediate=128, vocab=512)
 
@@ -25,13 +25,21 @@ def _ids(batch, length, seed=0, vocab=512):
 
 
 @settings(max_examples=60, deadline=None)
-@given(bits=st.sampled_from([2, 4, 8]), group=st.sampled_from([1, 2, 3, 4, 5, 8]), rows=st.integers(1, 6),
-       groups=st.integers(1, 5), axis=st.sampled_from([0, 1, -1]), seed=st.integers(0, 10_000),
-       spread=st.sampled_from([1e-3, 1.0, 50.0]))
+@given(
+    bits=st.sampled_from([2, 4, 8]),
+    group=st.sampled_from([1, 2, 3, 4, 5, 8]),
+    rows=st.integers(1, 6),
+    groups=st.integers(1, 5),
+    axis=st.sampled_from([0, 1, -1]),
+    seed=st.integers(0, 10_000),
+    spread=st.sampled_from([1e-3, 1.0, 50.0]),
+)
 def test_dequantization_error_is_at_most_half_a_step(bits, group, rows, groups, axis, seed, spread):
     g = torch.Generator().manual_seed(seed)
     shape = [rows, group * groups] if axis != 0 else [group * groups, rows]
-    x = torch.randn(*shape, generator=g, dtype=torch.float64) * spread + torch.randn(1, generator=g, dtype=torch.float64)
+    x = torch.randn(*shape, generator=g, dtype=torch.float64) * spread + torch.randn(
+        1, generator=g, dtype=torch.float64
+    )
     x = x
     q = quantize(x, bits, group, axis)
     err = (q.dequantize() - x).abs()
@@ -66,10 +74,16 @@ def test_per_channel_keys_beat_per_token_on_outlier_channels():
         assert per_channel < per_token
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(bits=3), "bits"), (dict(bits=16), "bits"), (dict(group_size=5), "group_size"),
-    (dict(group_size=0), "group_size"), (dict(axis=4), "axis"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(bits=3), "bits"),
+        (dict(bits=16), "bits"),
+        (dict(group_size=5), "group_size"),
+        (dict(group_size=0), "group_size"),
+        (dict(axis=4), "axis"),
+    ],
+)
 def test_quantize_rejects_bad_arguments(bad, match):
     args = dict(x=torch.randn(4, 32), bits=4, group_size=8, axis=-1)
     args.update(bad)
@@ -97,18 +111,21 @@ def test_quantized_cache_rejects_bad_arguments():
         cached_decode(_tiny(), _ids(1, 4), 3, cache=QuantizedKVCache(bits=4, group_size=12))
 
 
-@pytest.mark.parametrize("bits, group, residual, chunks", [
-    (2, 8, 5, [23, 1, 1, 1, 9, 1]), (4, 4, 0, [1] * 13), (8, 16, 20, [7, 30, 1, 1]),
-])
+@pytest.mark.parametrize(
+    "bits, group, residual, chunks",
+    [(2, 8, 5, [23, 1, 1, 1, 9, 1]), (4, 4, 0, [1] * 13), (8, 16, 20, [7, 30, 1, 1])],
+)
 def test_kivi_cache_residual_exact_and_bytes(bits, group, residual, chunks):
     cache = QuantizedKVCache(bits=bits, group_size=group, residual=residual)
     b, h, d = 2, 3, 16
     g = torch.Generator().manual_seed(bits)
-    keys = torch.randn(b, h, sum(chunks), d, generator=g) * torch.linspace(0.1, 30, d)  # outlier-ish channels
+    keys = torch.randn(b, h, sum(chunks), d, generator=g) * torch.linspace(
+        0.1, 30, d
+    )  # outlier-ish channels
     values = torch.randn(b, h, sum(chunks), d, generator=g)
     n = 0
     for count in chunks:
-        k_out, v_out = cache.update(keys[..., n: n + count, :], values[..., n: n + count, :], 0)
+        k_out, v_out = cache.update(keys[..., n : n + count, :], values[..., n : n + count, :], 0)
         n += count
         layer = cache.layers[0]
         quantized = max(0, (n - residual) // group * group)
@@ -118,10 +135,18 @@ def test_kivi_cache_residual_exact_and_bytes(bits, group, residual, chunks):
         assert torch.equal(k_out[..., quantized:, :], keys[..., quantized:n, :])
         assert torch.equal(v_out[..., quantized:, :], values[..., quantized:n, :])
         if quantized:
-            assert bool(((k_out[..., :quantized, :] - keys[..., :quantized, :]).abs()
-                         <= layer.qkeys.step / 2 + 1e-5).all())
-            assert bool(((v_out[..., :quantized, :] - values[..., :quantized, :]).abs()
-                         <= layer.qvalues.step / 2 + 1e-5).all())
+            assert bool(
+                (
+                    (k_out[..., :quantized, :] - keys[..., :quantized, :]).abs()
+                    <= layer.qkeys.step / 2 + 1e-5
+                ).all()
+            )
+            assert bool(
+                (
+                    (v_out[..., :quantized, :] - values[..., :quantized, :]).abs()
+                    <= layer.qvalues.step / 2 + 1e-5
+                ).all()
+            )
         codes = 2 * quantized * b * h * d * bits // 8
         meta = 2 * 2 * (b * h * d * quantized // group) * 4  # keys and values; scale and zero; fp32
         exact = 2 * (n - quantized) * b * h * d * 4
@@ -132,12 +157,16 @@ def test_kivi_cache_decodes(llama):
     ids = _ids(2, 12)
     expected = cached_decode(llama, ids, 12)
     # Eight bits with a residual longer than the request: nothing is quantized, tokens are exact.
-    assert torch.equal(cached_decode(llama, ids, 12, cache=QuantizedKVCache(8, 16, residual=64)), expected)
+    assert torch.equal(
+        cached_decode(llama, ids, 12, cache=QuantizedKVCache(8, 16, residual=64)), expected
+    )
     cache = QuantizedKVCache(8, 4, residual=2)
     out = cached_decode(llama, ids, 12, cache=cache)
     assert out.shape == expected.shape
     assert cache.get_seq_length() == 12 + 11
-    assert (out == expected).float().mean() > 0.5  # 8-bit keys and values barely move a random model
+    assert (
+        out == expected
+    ).float().mean() > 0.5  # 8-bit keys and values barely move a random model
 
 
 def test_per_token_key_groups_quantize_each_token_on_its_own():
@@ -146,11 +175,15 @@ def test_per_token_key_groups_quantize_each_token_on_its_own():
     values = torch.randn(1, 2, 24, 16)
     k_out, v_out = cache.update(keys, values, 0)
     # Independent oracle: quantize 8-token blocks of keys with groups along the channel axis.
-    expected = torch.cat([quantize(keys[..., i: i + 8, :], 4, 8, axis=-1).dequantize() for i in range(0, 24, 8)], -2)
+    expected = torch.cat(
+        [quantize(keys[..., i : i + 8, :], 4, 8, axis=-1).dequantize() for i in range(0, 24, 8)], -2
+    )
     assert torch.allclose(k_out, expected)
     per_channel = QuantizedKVCache(bits=4, group_size=8, residual=0).update(keys, values, 0)[0]
     assert not torch.allclose(k_out, per_channel)
-    assert torch.equal(v_out, QuantizedKVCache(bits=4, group_size=8, residual=0).update(keys, values, 0)[1])
+    assert torch.equal(
+        v_out, QuantizedKVCache(bits=4, group_size=8, residual=0).update(keys, values, 0)[1]
+    )
     with pytest.raises(ValueError, match="key_groups"):
         QuantizedKVCache(key_groups="head")
 
@@ -162,22 +195,33 @@ def test_kivi_nbytes_matches_the_cache_and_explains_the_short_saving():
     k = torch.randn(1, 2, 128, 32)
     cache.update(k, torch.randn_like(k), 0)
     elements = 2 * 2 * 32  # keys and values, one layer, 2 heads of 32
-    held = kivi_nbytes(128, elements, bits=2, group_size=32, residual=32, element_bytes=4, meta_bytes=4)
+    held = kivi_nbytes(
+        128, elements, bits=2, group_size=32, residual=32, element_bytes=4, meta_bytes=4
+    )
     assert held == cache.nbytes
     # 96 tokens quantized, 32 residual: the saving is far below the codes' own ratio
     full = 128 * elements * 4
     codes_only = elements * 4 / (quantized_nbytes(elements, 2, 32, 4))
     assert full / held < codes_only / 2
     long = 1 << 16
-    assert full / held < long * elements * 4 / kivi_nbytes(long, elements, 2, 32, 32, 4, 4) < codes_only
+    assert (
+        full / held
+        < long * elements * 4 / kivi_nbytes(long, elements, 2, 32, 32, 4, 4)
+        < codes_only
+    )
     assert kivi_nbytes(40, elements, 2, 32, 32, 4, 4) == 40 * elements * 4  # nothing quantized yet
     with pytest.raises(ValueError, match="residual"):
         kivi_nbytes(10, elements, 2, 32, -1)
 
 
-@pytest.mark.parametrize("kwargs, error, match", [(dict(bits=4.0), ValueError, r"bits must be one of \(2, 4, 8\)"),
-                                                  (dict(bits=True), ValueError, "bits must be one of"),
-                                                  (dict(bits=3), ValueError, "bits must be one of")])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(bits=4.0), ValueError, r"bits must be one of \(2, 4, 8\)"),
+        (dict(bits=True), ValueError, "bits must be one of"),
+        (dict(bits=3), ValueError, "bits must be one of"),
+    ],
+)
 def test_quantized_cache_refuses_bad_bits(kwargs, error, match):
     """issue 22: 4.0 is not the integer 4 (nor True the 1) to a choice of bit widths."""
     with pytest.raises(error, match=match):

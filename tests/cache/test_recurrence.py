@@ -1,11 +1,16 @@
-"""kvlab.cache.recurrence: the chapter's two-token recurrence, exactly.
-"""
+"""kvlab.cache.recurrence: the chapter's two-token recurrence, exactly."""
 
 import math
 
 import pytest
 
-from kvlab.cache.recurrence import DiagonalRecurrence, SEED_INPUTS, SEED_OUTPUTS, SEED_RECURRENCE, SEED_STATES
+from kvlab.cache.recurrence import (
+    SEED_INPUTS,
+    SEED_OUTPUTS,
+    SEED_RECURRENCE,
+    SEED_STATES,
+    DiagonalRecurrence,
+)
 from kvlab.lab.recall import spread_recurrence
 
 
@@ -28,8 +33,11 @@ def test_recurrence_rejects_mismatched_sizes():
 
 # name: (call, error, a regex the message must match: the argument's name and what is allowed)
 BAD_CALLS = {
-    "recurrence nan input": (lambda: spread_recurrence(2).step((0.0, 0.0), math.nan), ValueError,
-                             "x must be a finite number"),
+    "recurrence nan input": (
+        lambda: spread_recurrence(2).step((0.0, 0.0), math.nan),
+        ValueError,
+        "x must be a finite number",
+    )
 }
 
 

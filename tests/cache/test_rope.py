@@ -1,9 +1,9 @@
-"""kvlab.cache.rope: rotations compose, and match Hugging Face's RoPE.
-"""
+"""kvlab.cache.rope: rotations compose, and match Hugging Face's RoPE."""
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kvlab
 from kvlab.cache.rope import rotary_of, rotate
@@ -40,8 +40,11 @@ def test_rotate_matches_hf_rope(llama):
 
 # name: (call, error, a regex the message must match: the argument's name and what is allowed)
 BAD_CALLS = {
-    "rotate positions": (lambda: rotate(torch.rand(1, 1, 4, 8), torch.arange(3), torch.rand(4)), ValueError,
-                         r"positions must be \[n\] or \[batch, n\] with n = 4"),
+    "rotate positions": (
+        lambda: rotate(torch.rand(1, 1, 4, 8), torch.arange(3), torch.rand(4)),
+        ValueError,
+        r"positions must be \[n\] or \[batch, n\] with n = 4",
+    )
 }
 
 

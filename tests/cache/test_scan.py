@@ -1,9 +1,9 @@
-"""kvlab.cache.scan: every order of the affine scan gives the sequential scan's states.
-"""
+"""kvlab.cache.scan: every order of the affine scan gives the sequential scan's states."""
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvlab.cache.recurrence import SEED_INPUTS, SEED_RECURRENCE
 from kvlab.cache.scan import affine_scan
@@ -29,14 +29,18 @@ def test_new_scan_orders_match_the_sequential_scan(length, chunk, seed):
     h = torch.randn(3, 2, generator=g, dtype=torch.float64)
     ref = affine_scan(a, b, h, "sequential")
     torch.testing.assert_close(affine_scan(a, b, h, "blelloch"), ref, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(affine_scan(a, b, h, "two-level", chunk_size=chunk), ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        affine_scan(a, b, h, "two-level", chunk_size=chunk), ref, rtol=1e-12, atol=1e-12
+    )
 
 
 # name: (call, error, a regex the message must match: the argument's name and what is allowed)
 BAD_CALLS = {
-    "affine_scan int": (lambda: affine_scan(torch.ones(3, 2, dtype=torch.long),
-                                                      torch.ones(3, 2, dtype=torch.long)),
-                        TypeError, "floating dtype"),
+    "affine_scan int": (
+        lambda: affine_scan(torch.ones(3, 2, dtype=torch.long), torch.ones(3, 2, dtype=torch.long)),
+        TypeError,
+        "floating dtype",
+    )
 }
 
 

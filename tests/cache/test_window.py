@@ -1,16 +1,16 @@
-"""kvlab.cache.window: sliding-window and sink caches against Hugging Face's Mistral, a banded fp64 mask and
-their own bound, in both RoPE conventions.
+"""kvlab.cache.window: sliding-window and sink caches against Hugging Face's Mistral, a banded fp64
+mask and their own bound, in both RoPE conventions.
 """
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kvlab
 from kvlab.cache.rope import rotary_of, rotate
 from kvlab.cache.window import BoundedLayer, SinkCache, SlidingWindowCache
 from kvlab.decode import cached_decode
-
 
 SMALL = dict(layers=2, hidden=64, q_heads=4, kv_heads=2, intermediate=128, vocab=512)
 
@@ -28,8 +28,14 @@ def test_window_at_least_the_sequence_is_full_attention(llama):
     ids = _ids(2, 9)
     expected = llama.generate(ids, max_new_tokens=15, do_sample=False)[:, 9:]
     assert torch.equal(cached_decode(llama, ids, 15), expected)
-    for cache in (SlidingWindowCache(24), SlidingWindowCache(100), SinkCache(4, 20), SinkCache(0, 24),
-                  SlidingWindowCache(24, rope="cache", model=llama), SinkCache(3, 21, rope="cache", model=llama)):
+    for cache in (
+        SlidingWindowCache(24),
+        SlidingWindowCache(100),
+        SinkCache(4, 20),
+        SinkCache(0, 24),
+        SlidingWindowCache(24, rope="cache", model=llama),
+        SinkCache(3, 21, rope="cache", model=llama),
+    ):
         assert torch.equal(cached_decode(llama, ids, 15, cache=cache), expected), cache
 
 
@@ -64,8 +70,12 @@ def _banded_oracle(model, ids, new, num_sink, window):
         i = torch.arange(n)[:, None]
         j = torch.arange(n)[None, :]
         allowed = (j <= i) & ((i < prompt) | (j < num_sink) | (i - j < window))
-        mask = torch.zeros(n, n, dtype=torch.float64).masked_fill(~allowed, torch.finfo(torch.float64).min)
-        logits = model(seq, attention_mask=mask[None, None].expand(seq.shape[0], 1, n, n), use_cache=False).logits
+        mask = torch.zeros(n, n, dtype=torch.float64).masked_fill(
+            ~allowed, torch.finfo(torch.float64).min
+        )
+        logits = model(
+            seq, attention_mask=mask[None, None].expand(seq.shape[0], 1, n, n), use_cache=False
+        ).logits
         token = logits[:, -1].argmax(-1, keepdim=True)
         out.append(token)
         seq = torch.cat([seq, token], dim=1)
@@ -81,11 +91,18 @@ def test_eviction_matches_a_banded_fp64_mask(num_sink, window):
     cache = SinkCache(num_sink, window)
     assert torch.equal(cached_decode(model, ids, 20, cache=cache), expected)
     if num_sink == 0:
-        assert torch.equal(cached_decode(model, ids, 20, cache=SlidingWindowCache(window)), expected)
+        assert torch.equal(
+            cached_decode(model, ids, 20, cache=SlidingWindowCache(window)), expected
+        )
 
 
 @settings(max_examples=15, deadline=None)
-@given(num_sink=st.integers(0, 5), window=st.integers(1, 12), prompt=st.integers(1, 20), new=st.integers(1, 25))
+@given(
+    num_sink=st.integers(0, 5),
+    window=st.integers(1, 12),
+    prompt=st.integers(1, 20),
+    new=st.integers(1, 25),
+)
 def test_cache_never_holds_more_than_sinks_plus_window(num_sink, window, prompt, new):
     model = _tiny()
     cache = SinkCache(num_sink, window)
@@ -123,7 +140,7 @@ def test_in_cache_rope_rotates_keys_at_their_slots(llama):
     raw = torch.randn(1, 2, total, 16, dtype=torch.float64)
     layer = BoundedLayer(num_sink, window, rope="cache", inv_freq=inv_freq[:8])
     for t in range(total):
-        k = rotate(raw[:, :, t: t + 1], [t], inv_freq[:8])
+        k = rotate(raw[:, :, t : t + 1], [t], inv_freq[:8])
         keys, _ = layer.update(k, k, kwargs={"position_ids": torch.tensor([[t]])})
     kept = [0, 1, 6, 7, 8]
     slots = torch.arange(len(kept)) + total - len(kept)
@@ -145,5 +162,11 @@ def test_bounded_caches_reject_bad_arguments(llama):
     with pytest.raises(ValueError, match="model="):
         SinkCache(4, 8, rope="cache")
     with pytest.raises(ValueError, match="rotary"):
-        SinkCache(4, 8, rope="cache", model=kvlab.tiny_model("gpt2", layers=1, hidden=32, q_heads=2,
-                                                             intermediate=64, vocab=64))
+        SinkCache(
+            4,
+            8,
+            rope="cache",
+            model=kvlab.tiny_model(
+                "gpt2", layers=1, hidden=32, q_heads=2, intermediate=64, vocab=64
+            ),
+        )

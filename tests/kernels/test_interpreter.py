@@ -21,28 +21,42 @@ print(kernels.paged_decode_attention(q, k, k, torch.tensor([[0, 1]], dtype=torch
 def _run(code: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="without CUDA only: the interpreter's switch")
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="without CUDA only: the interpreter's switch"
+)
 
 
 def test_importing_kvlab_and_its_kernels_package_switches_nothing():
-    run = _run("import os, sys, kvlab, kvlab.kernels, kvlab.serving.engine, kvlab.cache.paged\n"
-               "print(os.environ.get('TRITON_INTERPRET'), 'triton' in sys.modules)")
+    run = _run(
+        "import os, sys, kvlab, kvlab.kernels, kvlab.serving.engine, kvlab.cache.paged\n"
+        "print(os.environ.get('TRITON_INTERPRET'), 'triton' in sys.modules)"
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["None", "False"]
 
 
 def test_use_interpreter_first_then_the_kernels_run_on_a_cpu():
-    run = _run("import triton, transformers\nfrom kvlab import kernels\nassert kernels.use_interpreter()\n" + LAUNCH)
-    assert run.returncode == 0, run.stderr  # triton imported before: its modules reload with the switch on
+    run = _run(
+        "import triton, transformers\nfrom kvlab import kernels\nassert kernels.use_interpreter()\n"
+        + LAUNCH
+    )
+    assert run.returncode == 0, (
+        run.stderr
+    )  # triton imported before: its modules reload with the switch on
     assert "torch.Size([1, 4, 16])" in run.stdout
 
 
 def test_a_kernel_imported_without_the_interpreter_refuses_a_cpu_tensor_by_name():
     run = _run("from kvlab import kernels\nkernels.paged_decode_attention\n" + LAUNCH)
     assert run.returncode != 0
-    assert "paged_decode_attention got tensors on cpu" in run.stderr and "use_interpreter()" in run.stderr
+    assert (
+        "paged_decode_attention got tensors on cpu" in run.stderr
+        and "use_interpreter()" in run.stderr
+    )
     late = _run("from kvlab import kernels\nkernels.store_kv\nkernels.use_interpreter()")
     assert late.returncode != 0 and "must run before the kernels are imported" in late.stderr

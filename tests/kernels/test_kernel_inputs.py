@@ -7,7 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvlab
-from kvlab.kernels import merge_partials, paged_decode_attention, paged_decode_attention_gather, paged_decode_attention_ref, store_kv, store_kv_ref
+from kvlab.kernels import (
+    merge_partials,
+    paged_decode_attention,
+    paged_decode_attention_gather,
+    paged_decode_attention_ref,
+    store_kv,
+    store_kv_ref,
+)
 
 INTERPRETED = not torch.cuda.is_available()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -20,10 +27,13 @@ def _attention_args(batch=2, lens=(3, 9), block_size=4, dtype=torch.float32):
     per_seq = max(-(-n // block_size) for n in lens)
     table = torch.arange(batch * per_seq, dtype=torch.int32).reshape(batch, per_seq)
     shape = (batch * per_seq, block_size, 2, 16)
-    return dict(q=torch.randn(batch, 4, 16, generator=gen).to(DEVICE, dtype),
-                k_cache=torch.randn(shape, generator=gen).to(DEVICE, dtype),
-                v_cache=torch.randn(shape, generator=gen).to(DEVICE, dtype),
-                block_table=table.to(DEVICE), seq_lens=torch.tensor(lens, dtype=torch.int32, device=DEVICE))
+    return dict(
+        q=torch.randn(batch, 4, 16, generator=gen).to(DEVICE, dtype),
+        k_cache=torch.randn(shape, generator=gen).to(DEVICE, dtype),
+        v_cache=torch.randn(shape, generator=gen).to(DEVICE, dtype),
+        block_table=table.to(DEVICE),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=DEVICE),
+    )
 
 
 def _oracle_attention(args):
@@ -41,26 +51,60 @@ def _oracle_attention(args):
 
 
 BAD_CALLS = {
-    "num_splits beyond tiles": (lambda: paged_decode_attention_ref(**_attention_args(), num_splits=65535),
-                                ValueError, r"num_splits must be in \[1, 256\]"),
-    "store_kv slot twice": (lambda: store_kv_ref(_K.expand(2, 2, 16), _K.expand(2, 2, 16), torch.zeros(2, 4, 2, 16),
-                                                 torch.zeros(2, 4, 2, 16), torch.tensor([1, 1])),
-                            ValueError, "writes slot 1 more than once"),
-    "store_kv one pool for k and v": (lambda: store_kv_ref(_K, _K, *(2 * [torch.zeros(2, 4, 2, 16)]),
-                                                           torch.tensor([1])),
-                                      ValueError, "k_cache and v_cache share memory"),
-    "store_kv expanded cache": (lambda: store_kv_ref(_K, _K, torch.zeros(1, 4, 2, 16).expand(2, -1, -1, -1),
-                                                     torch.zeros(2, 4, 2, 16), torch.tensor([1])),
-                                ValueError, "k_cache has overlapping elements"),
-    "store_kv k inside the pool": (lambda: (lambda c: store_kv_ref(c[0, :2], c[0, :2], c, torch.zeros_like(c),
-                                                                    torch.tensor([6, 7])))(torch.rand(3, 4, 2, 16)),
-                                   ValueError, "k and k_cache share memory"),
-    "merge_partials shapes": (lambda: merge_partials(torch.rand(2, 3, 4), torch.rand(3, 3)), ValueError,
-                              "same leading shape"),
-    "merge_partials no parts": (lambda: merge_partials(torch.rand(0, 3, 4), torch.rand(0, 3)), ValueError,
-                                "num_parts >= 1"),
-    "choose_num_splits negative": (lambda: kvlab.kernels.choose_num_splits(-1, 2, 100, 4), ValueError,
-                                   "batch must be an int >= 1"),
+    "num_splits beyond tiles": (
+        lambda: paged_decode_attention_ref(**_attention_args(), num_splits=65535),
+        ValueError,
+        r"num_splits must be in \[1, 256\]",
+    ),
+    "store_kv slot twice": (
+        lambda: store_kv_ref(
+            _K.expand(2, 2, 16),
+            _K.expand(2, 2, 16),
+            torch.zeros(2, 4, 2, 16),
+            torch.zeros(2, 4, 2, 16),
+            torch.tensor([1, 1]),
+        ),
+        ValueError,
+        "writes slot 1 more than once",
+    ),
+    "store_kv one pool for k and v": (
+        lambda: store_kv_ref(_K, _K, *(2 * [torch.zeros(2, 4, 2, 16)]), torch.tensor([1])),
+        ValueError,
+        "k_cache and v_cache share memory",
+    ),
+    "store_kv expanded cache": (
+        lambda: store_kv_ref(
+            _K,
+            _K,
+            torch.zeros(1, 4, 2, 16).expand(2, -1, -1, -1),
+            torch.zeros(2, 4, 2, 16),
+            torch.tensor([1]),
+        ),
+        ValueError,
+        "k_cache has overlapping elements",
+    ),
+    "store_kv k inside the pool": (
+        lambda: (
+            lambda c: store_kv_ref(c[0, :2], c[0, :2], c, torch.zeros_like(c), torch.tensor([6, 7]))
+        )(torch.rand(3, 4, 2, 16)),
+        ValueError,
+        "k and k_cache share memory",
+    ),
+    "merge_partials shapes": (
+        lambda: merge_partials(torch.rand(2, 3, 4), torch.rand(3, 3)),
+        ValueError,
+        "same leading shape",
+    ),
+    "merge_partials no parts": (
+        lambda: merge_partials(torch.rand(0, 3, 4), torch.rand(0, 3)),
+        ValueError,
+        "num_parts >= 1",
+    ),
+    "choose_num_splits negative": (
+        lambda: kvlab.kernels.choose_num_splits(-1, 2, 100, 4),
+        ValueError,
+        "batch must be an int >= 1",
+    ),
 }
 
 
@@ -71,7 +115,9 @@ def test_bad_call_raises_a_clear_error(name):
         call()
 
 
-@pytest.mark.skipif(not INTERPRETED, reason="on a GPU bf16 is computed (tests/kernels/test_paged_attention.py)")
+@pytest.mark.skipif(
+    not INTERPRETED, reason="on a GPU bf16 is computed (tests/kernels/test_paged_attention.py)"
+)
 def test_bf16_attention_is_refused_under_the_interpreter():
     with pytest.raises(TypeError, match="bfloat16.*interpreter"):
         paged_decode_attention(**_attention_args(dtype=torch.bfloat16))
@@ -79,14 +125,24 @@ def test_bf16_attention_is_refused_under_the_interpreter():
 
 def test_kernel_attention_matches_the_oracle_where_it_accepts():
     args = _attention_args()
-    torch.testing.assert_close(paged_decode_attention(**args).double().cpu(), _oracle_attention(args),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        paged_decode_attention(**args).double().cpu(), _oracle_attention(args), atol=1e-5, rtol=1e-5
+    )
 
 
 GATHER_CASES = {
-    "one-row table for a batch of two": (lambda a: a.update(block_table=a["block_table"][:1]), "batch size"),
-    "length over capacity": (lambda a: a["seq_lens"].__setitem__(0, 99), r"seq_lens\[0\] = 99 is outside"),
-    "block id -1": (lambda a: a["block_table"].__setitem__((1, 0), -1), r"block_table\[1, 0\] = -1 is outside"),
+    "one-row table for a batch of two": (
+        lambda a: a.update(block_table=a["block_table"][:1]),
+        "batch size",
+    ),
+    "length over capacity": (
+        lambda a: a["seq_lens"].__setitem__(0, 99),
+        r"seq_lens\[0\] = 99 is outside",
+    ),
+    "block id -1": (
+        lambda a: a["block_table"].__setitem__((1, 0), -1),
+        r"block_table\[1, 0\] = -1 is outside",
+    ),
     "length 0": (lambda a: a["seq_lens"].__setitem__(1, 0), r"seq_lens\[1\] = 0 is outside \[1, "),
 }
 PATHS = [paged_decode_attention_gather, paged_decode_attention_ref, paged_decode_attention]
@@ -102,28 +158,38 @@ def test_every_attention_path_refuses_what_the_kernel_refuses(fn, case):
         fn(**args)
 
 
-@pytest.mark.parametrize("fn, examples", list(zip(PATHS, (25, 25, 6))), ids=["gather", "ref", "kernel"])
+@pytest.mark.parametrize(
+    "fn, examples", list(zip(PATHS, (25, 25, 6))), ids=["gather", "ref", "kernel"]
+)
 def test_attention_is_right_or_refuses(fn, examples):
     """Random lengths (0 and past capacity included) and block ids (negative and past the pool
-    included): every path either raises ValueError or matches the fp64 oracle. Never a wrong number."""
+    included): every path either raises ValueError or matches the fp64 oracle. Never a wrong number.
+    """
 
     @settings(max_examples=examples, deadline=None)
-    @given(lens=st.lists(st.integers(-1, 14), min_size=2, max_size=2),
-           ids=st.lists(st.integers(-2, 8), min_size=6, max_size=6))
+    @given(
+        lens=st.lists(st.integers(-1, 14), min_size=2, max_size=2),
+        ids=st.lists(st.integers(-2, 8), min_size=6, max_size=6),
+    )
     def check(lens, ids):
         args = _attention_args()  # 2 sequences, 3 table entries of 4 tokens each, 6 blocks
         args["seq_lens"] = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
         args["block_table"] = torch.tensor(ids, dtype=torch.int32, device=DEVICE).reshape(2, 3)
         used = [-(-n // 4) for n in lens]
         valid = all(1 <= n <= 12 for n in lens) and all(
-            0 <= ids[3 * b + j] < 6 for b in range(2) for j in range(used[b]))
+            0 <= ids[3 * b + j] < 6 for b in range(2) for j in range(used[b])
+        )
         if not valid:
             with pytest.raises(ValueError):
                 fn(**args)
             return
         out = fn(**args)
-        safe = dict(args, block_table=args["block_table"].clamp(0, 5))  # unused entries: any valid id
-        torch.testing.assert_close(out.double().cpu(), _oracle_attention(safe), atol=1e-5, rtol=1e-5)
+        safe = dict(
+            args, block_table=args["block_table"].clamp(0, 5)
+        )  # unused entries: any valid id
+        torch.testing.assert_close(
+            out.double().cpu(), _oracle_attention(safe), atol=1e-5, rtol=1e-5
+        )
 
     check()
 
@@ -158,15 +224,27 @@ def test_store_kv_is_right_or_refuses(fn, examples):
 
 
 def test_gather_path_takes_any_block_size_and_head_dim():
-    """Only the kernel (and the reference, which checks as it does) needs a power-of-two block size and a
-    listed head_dim; the gather path computes the same attention for others (block 3, head_dim 12)."""
+    """Only the kernel (and the reference, which checks as it does) needs a power-of-two block size
+    and a listed head_dim; the gather path computes the same attention for others (block 3, head_dim
+    12).
+    """
     gen = torch.Generator().manual_seed(2)
     table = torch.tensor([[2, 0, 1], [3, 4, 5]], dtype=torch.int32)
-    k_cache, v_cache = torch.randn(6, 3, 2, 12, generator=gen), torch.randn(6, 3, 2, 12, generator=gen)
-    args = dict(q=torch.randn(2, 4, 12, generator=gen), k_cache=k_cache, v_cache=v_cache, block_table=table,
-                seq_lens=torch.tensor([7, 9], dtype=torch.int32))
+    k_cache, v_cache = (
+        torch.randn(6, 3, 2, 12, generator=gen),
+        torch.randn(6, 3, 2, 12, generator=gen),
+    )
+    args = dict(
+        q=torch.randn(2, 4, 12, generator=gen),
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_table=table,
+        seq_lens=torch.tensor([7, 9], dtype=torch.int32),
+    )
     out = paged_decode_attention_gather(**args, scale=0.25)
-    torch.testing.assert_close(out.double(), _oracle_attention(dict(args, scale=0.25)), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out.double(), _oracle_attention(dict(args, scale=0.25)), atol=1e-5, rtol=1e-5
+    )
     with pytest.raises(ValueError, match="head_dim must be one of"):
         paged_decode_attention_ref(**args)
 

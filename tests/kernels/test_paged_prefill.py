@@ -17,7 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.kernels import paged_attention, paged_prefill
-from kvlab.kernels.paged_prefill import paged_prefill_attention, paged_prefill_attention_ref, paged_prefill_launcher, paged_prefill_work, plan_query_tiles, query_tokens_per_tile
+from kvlab.kernels.paged_prefill import (
+    paged_prefill_attention,
+    paged_prefill_attention_ref,
+    paged_prefill_launcher,
+    paged_prefill_work,
+    plan_query_tiles,
+    query_tokens_per_tile,
+)
 from kvlab.theory import roofline
 from kvlab.theory.prefill_attention import prefill_attention_work, tile_keys, visible_pairs
 from kvlab.theory.shapes import ModelShape
@@ -31,7 +38,8 @@ NUM_KV_HEADS = 2
 
 
 def oracle_fp64(q, k_cache, v_cache, block_table, cu_query_lens, context_lens, scale):
-    """Query i of sequence b's chunk of n tokens sits at position c - n + i and sees keys 0 ... c - n + i."""
+    """Query i of sequence b's chunk of n tokens sits at position c - n + i and sees keys 0 ... c -
+    n + i."""
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q.shape[1] // num_kv_heads
     q, k_cache, v_cache = q.cpu().double(), k_cache.cpu().double(), v_cache.cpu().double()
@@ -68,8 +76,12 @@ def make_step(chunks, block_size, group, head_dim, dtype, seed):
             if t % block_size == 0:
                 table[b, t // block_size] = pool.pop()
             block = int(table[b, t // block_size])
-            k_cache[block, t % block_size] = torch.randn(NUM_KV_HEADS, head_dim, generator=gen).to(dtype)
-            v_cache[block, t % block_size] = torch.randn(NUM_KV_HEADS, head_dim, generator=gen).to(dtype)
+            k_cache[block, t % block_size] = torch.randn(NUM_KV_HEADS, head_dim, generator=gen).to(
+                dtype
+            )
+            v_cache[block, t % block_size] = torch.randn(NUM_KV_HEADS, head_dim, generator=gen).to(
+                dtype
+            )
     cu = torch.tensor([0, *itertools.accumulate(new for _, new in chunks)], dtype=torch.int32)
     q = torch.randn(int(cu[-1]), group * NUM_KV_HEADS, head_dim, generator=gen).to(dtype)
     context_lens = torch.tensor(contexts, dtype=torch.int32)
@@ -77,12 +89,19 @@ def make_step(chunks, block_size, group, head_dim, dtype, seed):
 
 
 def awkward_chunks(block_size, group, rng):
-    """In one step: an empty cached prefix; chunks that start and end inside a block; a one-token chunk
-    on a block boundary; a sequence with no new tokens; a chunk of more than one query tile; and one
-    of random sizes."""
+    """In one step: an empty cached prefix; chunks that start and end inside a block; a one-token
+    chunk on a block boundary; a sequence with no new tokens; a chunk of more than one query tile;
+    and one of random sizes."""
     bs, tile = block_size, query_tokens_per_tile(group)
-    return [(0, bs + 3), (bs + 3, max(1, bs - 2)), (2 * bs, 1), (5, 0), (1, tile + 2), (3 * bs - 1, 2),
-            (rng.randint(0, 40), rng.randint(1, 30))]
+    return [
+        (0, bs + 3),
+        (bs + 3, max(1, bs - 2)),
+        (2 * bs, 1),
+        (5, 0),
+        (1, tile + 2),
+        (3 * bs - 1, 2),
+        (rng.randint(0, 40), rng.randint(1, 30)),
+    ]
 
 
 def relative_error(out, ref):
@@ -114,7 +133,7 @@ def _check_against_oracle(fn, case, seed):
     chunks = awkward_chunks(block_size, group, random.Random(seed))
     step = make_step(chunks, block_size, group, head_dim, dtype, seed)
     out = fn(*step)
-    ref = oracle_fp64(*step, head_dim ** -0.5)
+    ref = oracle_fp64(*step, head_dim**-0.5)
     assert out.shape == step[0].shape and out.dtype == dtype
     assert torch.isfinite(out).all()
     assert relative_error(out, ref) < TOLERANCE[dtype]
@@ -131,8 +150,12 @@ def test_reference_matches_fp64_oracle(case):
 
 
 @settings(max_examples=25, deadline=None)
-@given(chunks=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 12)), min_size=1, max_size=4),
-       group=st.sampled_from([1, 2, 4, 8]), block_size=st.sampled_from([1, 4, 16]), seed=st.integers(0, 2**16))
+@given(
+    chunks=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 12)), min_size=1, max_size=4),
+    group=st.sampled_from([1, 2, 4, 8]),
+    block_size=st.sampled_from([1, 4, 16]),
+    seed=st.integers(0, 2**16),
+)
 def test_reference_matches_oracle_on_random_steps(chunks, group, block_size, seed):
     step = make_step(chunks, block_size, group, 16, torch.float32, seed)
     out = paged_prefill_attention_ref(*step)
@@ -149,7 +172,9 @@ def test_kernel_bf16_on_gpu(group):
 def test_one_token_chunks_equal_the_decode_kernel():
     step = make_step([(0, 1), (16, 1), (40, 1)], 8, 4, 32, torch.float32, seed=5)
     q, k_cache, v_cache, table, _, context_lens = step
-    decode = paged_attention.paged_decode_attention(q, k_cache, v_cache, table, context_lens, num_splits=1)
+    decode = paged_attention.paged_decode_attention(
+        q, k_cache, v_cache, table, context_lens, num_splits=1
+    )
     torch.testing.assert_close(paged_prefill_attention(*step), decode, rtol=1e-5, atol=1e-5)
 
 
@@ -158,15 +183,21 @@ def test_kernel_accepts_strided_inputs_and_explicit_scale():
     q, k_cache, v_cache, table, cu, context_lens = step
     q_strided = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=DEVICE).transpose(1, 2)
     q_strided.copy_(q)
-    table_strided = torch.empty(table.shape[1], table.shape[0], dtype=torch.int32, device=DEVICE).t()
+    table_strided = torch.empty(
+        table.shape[1], table.shape[0], dtype=torch.int32, device=DEVICE
+    ).t()
     table_strided.copy_(table)
     lens_strided = torch.stack([context_lens, context_lens], dim=1)[:, 0]
-    out = paged_prefill_attention(q_strided, k_cache, v_cache, table_strided, cu, lens_strided, scale=0.3)
+    out = paged_prefill_attention(
+        q_strided, k_cache, v_cache, table_strided, cu, lens_strided, scale=0.3
+    )
     assert relative_error(out, oracle_fp64(*step, 0.3)) < 1e-5
 
 
 def test_a_step_without_new_tokens_gives_empty_output():
-    q, k_cache, v_cache, table, cu, context_lens = make_step([(5, 0), (9, 0)], 4, 4, 32, torch.float32, seed=1)
+    q, k_cache, v_cache, table, cu, context_lens = make_step(
+        [(5, 0), (9, 0)], 4, 4, 32, torch.float32, seed=1
+    )
     assert paged_prefill_attention(q, k_cache, v_cache, table, cu, context_lens).shape == (0, 8, 32)
     empty = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     out = paged_prefill_attention(q, k_cache, v_cache, table[:0], empty, context_lens[:0])
@@ -177,18 +208,29 @@ def test_the_unchecked_launch_of_a_planned_step_equals_the_checked_call():
     step = make_step([(7, 5), (0, 12)], 4, 8, 32, torch.float16, seed=2)
     q, k_cache, v_cache, table, cu, context_lens = step
     tiles = plan_query_tiles([5, 12], [12, 12], group=8, device=DEVICE)
-    unchecked = paged_prefill.paged_prefill_unchecked(q, k_cache, v_cache, table, cu, context_lens, 32 ** -0.5, tiles)
+    unchecked = paged_prefill.paged_prefill_unchecked(
+        q, k_cache, v_cache, table, cu, context_lens, 32**-0.5, tiles
+    )
     launch = paged_prefill_launcher(*step)
-    assert torch.equal(unchecked, launch()) and torch.equal(launch(), paged_prefill_attention(*step))
+    assert torch.equal(unchecked, launch()) and torch.equal(
+        launch(), paged_prefill_attention(*step)
+    )
 
 
 def test_the_tiles_cover_every_query_once_heaviest_first():
     query_lens, context_lens, group = [0, 70, 3, 17], [4, 90, 3, 17], 4
     tiles = plan_query_tiles(query_lens, context_lens, group).tolist()
     per_tile = query_tokens_per_tile(group)
-    covered = sorted((seq, start + i) for seq, start in tiles for i in range(per_tile) if start + i < query_lens[seq])
+    covered = sorted(
+        (seq, start + i)
+        for seq, start in tiles
+        for i in range(per_tile)
+        if start + i < query_lens[seq]
+    )
     assert covered == [(seq, i) for seq, n in enumerate(query_lens) for i in range(n)]
-    keys = [context_lens[s] - query_lens[s] + min(start + per_tile, query_lens[s]) for s, start in tiles]
+    keys = [
+        context_lens[s] - query_lens[s] + min(start + per_tile, query_lens[s]) for s, start in tiles
+    ]
     assert keys == sorted(keys, reverse=True)
     assert plan_query_tiles([0, 0], [1, 2], 1).shape == (0, 2)
     with pytest.raises(ValueError, match=r"context_lens\[1\] must be an int >= 3, got 2"):
@@ -219,23 +261,66 @@ BAD = [
     ("dtype", lambda s: s[0].double(), TypeError, "q must have dtype in"),
     ("mixed", lambda s: s[0].half(), TypeError, "must share one dtype"),
     ("cu dtype", lambda s: s[4].long(), TypeError, "cu_query_lens must have dtype in \\(int32\\)"),
-    ("batch", lambda s: s[4][:2], ValueError, r"cu_query_lens must have batch \+ 1 = 3 entries, got 2"),
-    ("cu start", lambda s: s[4] + 1, ValueError, "cu_query_lens must start at 0 and end at num_tokens"),
-    ("cu order", lambda s: torch.tensor([0, 7, 6], dtype=torch.int32), ValueError,
-     r"must not decrease, got cu_query_lens\[1\] = 7 > cu_query_lens\[2\] = 6"),
-    ("short context", lambda s: torch.tensor([1, 4], dtype=torch.int32), ValueError,
-     r"context_lens\[0\] = 1 is outside \[2, 12\]"),
-    ("long context", lambda s: torch.tensor([5, 13], dtype=torch.int32), ValueError,
-     r"context_lens\[1\] = 13 is outside \[4, 12\]"),
-    ("block id", lambda s: s[3].clone().fill_(9), ValueError, r"block_table\[0, 0\] = 9 is outside \[0, 9\)"),
+    (
+        "batch",
+        lambda s: s[4][:2],
+        ValueError,
+        r"cu_query_lens must have batch \+ 1 = 3 entries, got 2",
+    ),
+    (
+        "cu start",
+        lambda s: s[4] + 1,
+        ValueError,
+        "cu_query_lens must start at 0 and end at num_tokens",
+    ),
+    (
+        "cu order",
+        lambda s: torch.tensor([0, 7, 6], dtype=torch.int32),
+        ValueError,
+        r"must not decrease, got cu_query_lens\[1\] = 7 > cu_query_lens\[2\] = 6",
+    ),
+    (
+        "short context",
+        lambda s: torch.tensor([1, 4], dtype=torch.int32),
+        ValueError,
+        r"context_lens\[0\] = 1 is outside \[2, 12\]",
+    ),
+    (
+        "long context",
+        lambda s: torch.tensor([5, 13], dtype=torch.int32),
+        ValueError,
+        r"context_lens\[1\] = 13 is outside \[4, 12\]",
+    ),
+    (
+        "block id",
+        lambda s: s[3].clone().fill_(9),
+        ValueError,
+        r"block_table\[0, 0\] = 9 is outside \[0, 9\)",
+    ),
     ("block size", lambda s: s[1][:, :3], ValueError, "must have equal shapes"),
 ]
-INDEX = {"q": 0, "q rank": 0, "cu rank": 4, "head_dim": 0, "group": 0, "dtype": 0, "mixed": 0, "cu dtype": 4,
-         "batch": 4, "cu start": 4, "cu order": 4, "short context": 5, "long context": 5, "block id": 3,
-         "block size": 1}
+INDEX = {
+    "q": 0,
+    "q rank": 0,
+    "cu rank": 4,
+    "head_dim": 0,
+    "group": 0,
+    "dtype": 0,
+    "mixed": 0,
+    "cu dtype": 4,
+    "batch": 4,
+    "cu start": 4,
+    "cu order": 4,
+    "short context": 5,
+    "long context": 5,
+    "block id": 3,
+    "block size": 1,
+}
 
 
-@pytest.mark.parametrize("fn", [paged_prefill_attention, paged_prefill_attention_ref], ids=["kernel", "ref"])
+@pytest.mark.parametrize(
+    "fn", [paged_prefill_attention, paged_prefill_attention_ref], ids=["kernel", "ref"]
+)
 @pytest.mark.parametrize("name,value,error,match", BAD, ids=[b[0] for b in BAD])
 def test_bad_input_is_refused_naming_the_argument(fn, name, value, error, match):
     with pytest.raises(error, match=match):
@@ -261,7 +346,9 @@ def test_the_wrapper_asks_whether_the_kernel_fits_before_it_launches(monkeypatch
         raise ValueError("refused")
 
     monkeypatch.setattr(paged_prefill, "require_fits", refuse)
-    monkeypatch.setattr(paged_prefill, "paged_prefill_unchecked", lambda *a: pytest.fail("launched"))
+    monkeypatch.setattr(
+        paged_prefill, "paged_prefill_unchecked", lambda *a: pytest.fail("launched")
+    )
     with pytest.raises(ValueError, match="refused"):
         paged_prefill_attention(*_good())
     assert asked == [("paged_prefill", torch.float32, dict(head_dim=32, group=4))]
@@ -281,11 +368,20 @@ def test_pair_and_key_counts_equal_a_count_of_the_mask(cached, new, per_tile):
 
 
 def test_a_decode_launch_has_the_roofline_decode_attention_work():
-    shape = ModelShape("one layer", layers=1, q_heads=32, kv_heads=8, head_dim=128, hidden=4096, params=1e9,
-                       vocab=1000)
+    shape = ModelShape(
+        "one layer",
+        layers=1,
+        q_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        hidden=4096,
+        params=1e9,
+        vocab=1000,
+    )
     contexts = [100, 4096, 7]
-    work = prefill_attention_work([1, 1, 1], contexts, 32, 8, 128, element_bytes=2, block_size=16,
-                                  tokens_per_tile=8)
+    work = prefill_attention_work(
+        [1, 1, 1], contexts, 32, 8, 128, element_bytes=2, block_size=16, tokens_per_tile=8
+    )
     assert work.flops == roofline.attention_flops_per_token(shape) * sum(contexts)
     cache = roofline.kv_bytes_per_token(shape, 2) * sum(contexts)
     q_and_out, metadata = 2 * 3 * 32 * 128 * 2, 4 * (7 + 7 + 256 + 1)
@@ -297,13 +393,19 @@ def test_query_tiles_reread_the_keys():
     four_tiles = prefill_attention_work([64], [64], 8, 8, 64, tokens_per_tile=16)
     assert one_tile.tile_bytes == one_tile.bytes == four_tiles.bytes < four_tiles.tile_bytes
     assert one_tile.flops == four_tiles.flops == 4 * 8 * 64 * (64 * 65 // 2)
-    assert prefill_attention_work([0], [10], 1, 1, 16).bytes == 4 * 3  # lengths only: nothing is read
+    assert (
+        prefill_attention_work([0], [10], 1, 1, 16).bytes == 4 * 3
+    )  # lengths only: nothing is read
 
 
 def test_the_kernel_work_uses_its_dtype_and_tile():
-    q, k_cache, _, _, cu, context_lens = make_step([(3, 70), (0, 5)], 4, 1, 32, torch.float16, seed=0)
+    q, k_cache, _, _, cu, context_lens = make_step(
+        [(3, 70), (0, 5)], 4, 1, 32, torch.float16, seed=0
+    )
     work = paged_prefill_work(q, k_cache, cu, context_lens)
-    assert work == prefill_attention_work([70, 5], [73, 5], 2, 2, 32, 2, 4, query_tokens_per_tile(1))
+    assert work == prefill_attention_work(
+        [70, 5], [73, 5], 2, 2, 32, 2, 4, query_tokens_per_tile(1)
+    )
     assert work.tile_bytes > work.bytes  # 70 new tokens are two tiles of 64
 
 

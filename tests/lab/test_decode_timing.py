@@ -1,13 +1,17 @@
-"""kvlab.lab.decode_timing: profile_decode times the tokens the loop produces; compile break-even from profiles.
-"""
+"""kvlab.lab.decode_timing: profile_decode times the tokens the loop produces; compile break-even
+from profiles."""
 
 import pytest
 import torch
 
 import kvlab
 from kvlab.decode import cached_decode, naive_decode, static_decode
-from kvlab.lab.decode_timing import CompileBreakEven, DecodeProfile, compile_break_even, profile_decode
-
+from kvlab.lab.decode_timing import (
+    CompileBreakEven,
+    DecodeProfile,
+    compile_break_even,
+    profile_decode,
+)
 
 DECODERS = {"naive": naive_decode, "cached": cached_decode, "static": static_decode}
 
@@ -17,8 +21,15 @@ PROMPT, NEW = 7, 10
 @pytest.fixture(scope="module", params=kvlab.lab.models.ARCHITECTURES)
 def model(request):
     # Small enough for a fast test, big enough to have GQA (llama, qwen2, mistral) or MHA (gpt2).
-    return kvlab.tiny_model(request.param, layers=2, hidden=64, q_heads=4, intermediate=128, vocab=512,
-                            **({} if request.param == "gpt2" else {"kv_heads": 2}))
+    return kvlab.tiny_model(
+        request.param,
+        layers=2,
+        hidden=64,
+        q_heads=4,
+        intermediate=128,
+        vocab=512,
+        **({} if request.param == "gpt2" else {"kv_heads": 2}),
+    )
 
 
 def _prompt(batch, padded, seed=0):
@@ -45,7 +56,9 @@ def test_profile_decode_times_the_same_tokens(model):
 
 
 def _profile(steps):
-    return DecodeProfile("static", 1, 8, len(steps) + 1, 0.01, tuple(steps), torch.zeros(1, len(steps) + 1))
+    return DecodeProfile(
+        "static", 1, 8, len(steps) + 1, 0.01, tuple(steps), torch.zeros(1, len(steps) + 1)
+    )
 
 
 def test_compile_break_even_from_profiles():
@@ -58,8 +71,12 @@ def test_compile_break_even_from_profiles():
     # the two runs' cumulative times, extrapolated at their steady steps, cross at the break-even
     n = r.tokens
     assert 0.09 + (n - 21) * 0.004 == pytest.approx(2.528 + (n - 21) * 0.001, rel=1e-9)
-    assert compile_break_even(eager, compiled, warm=8).compile_seconds == pytest.approx(r.compile_seconds)
-    assert r.step_gain == pytest.approx(0.003) and r.tokens == pytest.approx(r.compile_seconds / 0.003)
+    assert compile_break_even(eager, compiled, warm=8).compile_seconds == pytest.approx(
+        r.compile_seconds
+    )
+    assert r.step_gain == pytest.approx(0.003) and r.tokens == pytest.approx(
+        r.compile_seconds / 0.003
+    )
     with pytest.raises(ValueError, match="warm"):
         compile_break_even(eager, _profile([0.001] * 3), warm=4)
     with pytest.raises(TypeError, match="DecodeProfile"):

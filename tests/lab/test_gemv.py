@@ -1,5 +1,5 @@
-"""kvlab.lab.gemv: the GEMV sweep and the decode-step profile of section 9.3 (shapes and units, never timings).
-"""
+"""kvlab.lab.gemv: the GEMV sweep and the decode-step profile of section 9.3 (shapes and units,
+never timings)."""
 
 import dataclasses
 import math
@@ -12,10 +12,11 @@ from kvlab.lab import gemv
 from kvlab.lab.hardware import Calibration
 from kvlab.theory.matmul import batch_at_intensity
 
-
 SMALL = dict(layers=2, hidden=128, q_heads=4, kv_heads=2, intermediate=256, vocab=512)
 
-CAL = Calibration(copy_bytes_per_s=20e9, matmul_flops=60e9, matmul_dtype="float32", device="test CPU")
+CAL = Calibration(
+    copy_bytes_per_s=20e9, matmul_flops=60e9, matmul_dtype="float32", device="test CPU"
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,9 @@ def test_sweep_knee(small_sweep):
 
 @pytest.mark.parametrize("bf16, half", [(True, "bfloat16"), (False, "float16")])
 def test_default_sizes(monkeypatch, bf16, half):
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0) if bf16 else (7, 5))
+    monkeypatch.setattr(
+        torch.cuda, "get_device_capability", lambda device=None: (8, 0) if bf16 else (7, 5)
+    )
     cpu, gpu = gemv.default_sizes(gpu=False), gemv.default_sizes(gpu=True)
     assert cpu["ns"][0] == 1 and cpu["ns"][-1] == 512 and cpu["dtype"] == "float32"
     assert gpu["ns"][0] == 1 and gpu["ns"][-1] == 4096 and gpu["dtype"] == half
@@ -106,13 +109,23 @@ def test_step_time_is_a_timing(small_model):
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_profile_step_parts_add_up(arch):
-    overrides = dict(SMALL) if arch == "llama" else dict(layers=2, hidden=64, q_heads=4, intermediate=128, vocab=256)
+    overrides = (
+        dict(SMALL)
+        if arch == "llama"
+        else dict(layers=2, hidden=64, q_heads=4, intermediate=128, vocab=256)
+    )
     m = kvlab.tiny_model(arch, device="cpu", **overrides)
     p = gemv.profile_step(m, batch=2, context=24, warmup=1, reps=2, calibration=CAL)
-    # one row per weight matrix: q, k, v, o, gate, up, down per layer, plus the head (GPT-2's Conv1D: 4 per layer)
+    # one row per weight matrix: q, k, v, o, gate, up, down per layer, plus the head (GPT-2's
+    # Conv1D: 4 per layer)
     per_layer = 7 if arch == "llama" else 4
     assert len(p.modules) == per_layer * m.shape.layers + 1
-    assert {r.part for r in p.modules} <= {"attention projections", "MLP", "output head", "other matrices"}
+    assert {r.part for r in p.modules} <= {
+        "attention projections",
+        "MLP",
+        "output head",
+        "other matrices",
+    }
     assert sum(r.weight_bytes for r in p.modules) <= p.weight_bytes
     assert (p.batch, p.context, p.dtype) == (2, 24, "float32")
     assert p.kv_bytes == 2 * 24 * m.shape.kv_bytes_per_token(4)
@@ -134,10 +147,15 @@ def test_bench_rows(small_sweep):
     assert by["GEMV bandwidth, batch 1"].unit == "GB/s"
     assert by["GEMV bandwidth, batch 1"].value == one.bytes_per_s / 1e9
     assert by["GEMV / copy bandwidth"].value == one.bytes_per_s / 20e9
-    assert by["ridge point, calibrated"].value == 3.0 and by["ridge point, calibrated"].unit == "FLOP/B"
+    assert (
+        by["ridge point, calibrated"].value == 3.0
+        and by["ridge point, calibrated"].unit == "FLOP/B"
+    )
     assert by["ridge batch, calibrated"].value == batch_at_intensity(3.0, 64, 96, 4)
-    for name, value in (("ridge batch, measured", small_sweep.knee_batch),
-                        ("ridge point, measured", small_sweep.knee_intensity)):
+    for name, value in (
+        ("ridge batch, measured", small_sweep.knee_batch),
+        ("ridge point, measured", small_sweep.knee_intensity),
+    ):
         assert by[name].value == pytest.approx(value, nan_ok=True)
     assert all(isinstance(r.value, float) and r.note for r in rows)
     assert dataclasses.is_dataclass(rows[0])
@@ -147,20 +165,29 @@ def test_bench_rows_say_what_the_fit_found(small_sweep):
     """The measured ridge's note names a knee only where the fit has one: a sweep cut to two points
     cannot reach both regimes."""
     for s in (small_sweep, dataclasses.replace(small_sweep, points=small_sweep.points[:2])):
-        note = {r.name: r for r in gemv.bench_rows(s, calibration=CAL)}["ridge point, measured"].note
+        note = {r.name: r for r in gemv.bench_rows(s, calibration=CAL)}[
+            "ridge point, measured"
+        ].note
         assert ("no knee" in note) == math.isnan(s.knee_intensity), note
         assert "nan" not in note
 
 
-@pytest.mark.parametrize("call, kind, words", [
-    (lambda: gemv.sweep(ns=[0], K=8, N=8, device="cpu"), ValueError, "n must be an int >= 1"),
-    (lambda: gemv.sweep(ns=[], K=8, N=8, device="cpu"), ValueError, "at least one n"),
-    (lambda: gemv.sweep(ns=4, K=8, N=8, device="cpu"), TypeError, "ns must be a sequence"),
-    (lambda: gemv.sweep(ns=[1], K=0, N=8, device="cpu"), ValueError, "K must be"),
-    (lambda: gemv.sweep(ns=[1], K=8, N=8, dtype="float99", device="cpu"), ValueError, "dtype"),
-    (lambda: gemv.sweep(ns=[1], K=8, N=8, dtype=torch.int32, device="cpu"), ValueError, "floating-point"),
-    (lambda: gemv.sweep(ns=[1], K=8, N=8, copies=0, device="cpu"), ValueError, "copies"),
-])
+@pytest.mark.parametrize(
+    "call, kind, words",
+    [
+        (lambda: gemv.sweep(ns=[0], K=8, N=8, device="cpu"), ValueError, "n must be an int >= 1"),
+        (lambda: gemv.sweep(ns=[], K=8, N=8, device="cpu"), ValueError, "at least one n"),
+        (lambda: gemv.sweep(ns=4, K=8, N=8, device="cpu"), TypeError, "ns must be a sequence"),
+        (lambda: gemv.sweep(ns=[1], K=0, N=8, device="cpu"), ValueError, "K must be"),
+        (lambda: gemv.sweep(ns=[1], K=8, N=8, dtype="float99", device="cpu"), ValueError, "dtype"),
+        (
+            lambda: gemv.sweep(ns=[1], K=8, N=8, dtype=torch.int32, device="cpu"),
+            ValueError,
+            "floating-point",
+        ),
+        (lambda: gemv.sweep(ns=[1], K=8, N=8, copies=0, device="cpu"), ValueError, "copies"),
+    ],
+)
 def test_bad_input_names_the_argument(call, kind, words):
     with pytest.raises(kind) as info:
         call()
@@ -169,8 +196,11 @@ def test_bad_input_names_the_argument(call, kind, words):
 
 # name: (call, error, a regex the message must match: the argument's name and what is allowed)
 BAD_CALLS = {
-    "gemv sweep beyond memory": (lambda: gemv.sweep(ns=[1], K=10**6, N=10**6, reps=1), MemoryError,
-                                 "bytes but only"),
+    "gemv sweep beyond memory": (
+        lambda: gemv.sweep(ns=[1], K=10**6, N=10**6, reps=1),
+        MemoryError,
+        "bytes but only",
+    ),
     "gemv weight bytes of None": (lambda: gemv.weight_read_bytes(None), TypeError, "model must be"),
 }
 

@@ -1,11 +1,17 @@
-"""kvlab.lab.hardware: the device, the calibration, the stamp, and the calibrated Accelerator.
-"""
+"""kvlab.lab.hardware: the device, the calibration, the stamp, and the calibrated Accelerator."""
 
 import pytest
 import torch
 
 import kvlab
-from kvlab.lab.hardware import Calibration, calibrate, calibrated_device, memory_bytes, stamp, stamp_line
+from kvlab.lab.hardware import (
+    Calibration,
+    calibrate,
+    calibrated_device,
+    memory_bytes,
+    stamp,
+    stamp_line,
+)
 from kvlab.theory import roofline as rf
 from kvlab.theory.specs import Accelerator
 
@@ -17,14 +23,28 @@ def test_stamp_names_device_and_versions():
     assert s["device"] in stamp_line(s)
 
 
-@pytest.mark.parametrize("capability, want", [((7, 0), torch.float16), ((7, 5), torch.float16),
-                                              ((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16)])
+@pytest.mark.parametrize(
+    "capability, want",
+    [
+        ((7, 0), torch.float16),
+        ((7, 5), torch.float16),
+        ((8, 0), torch.bfloat16),
+        ((9, 0), torch.bfloat16),
+    ],
+)
 def test_gpu_dtype_is_bf16_only_with_bf16_units(monkeypatch, capability, want):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU that exists, as device() requires
+    monkeypatch.setattr(
+        torch.cuda, "is_available", lambda: True
+    )  # a GPU that exists, as device() requires
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert kvlab.devices.device_and_dtype("cuda") == (torch.device("cuda"), want)  # V100, T4, A100, H100
-    assert kvlab.devices.device_and_dtype("cuda", torch.float32)[1] == torch.float32  # asked for: kept
+    assert kvlab.devices.device_and_dtype("cuda") == (
+        torch.device("cuda"),
+        want,
+    )  # V100, T4, A100, H100
+    assert (
+        kvlab.devices.device_and_dtype("cuda", torch.float32)[1] == torch.float32
+    )  # asked for: kept
     assert kvlab.devices.device_and_dtype("cpu")[1] == torch.float32
 
 
@@ -34,7 +54,9 @@ def test_calibrate_measures_positive_ceilings():
     assert calibrate() is c  # once per process
 
 
-CAL = Calibration(copy_bytes_per_s=20e9, matmul_flops=60e9, matmul_dtype="float32", device="test CPU")
+CAL = Calibration(
+    copy_bytes_per_s=20e9, matmul_flops=60e9, matmul_dtype="float32", device="test CPU"
+)
 
 
 def test_calibrated_device_feeds_the_roofline():
@@ -49,8 +71,13 @@ def test_calibrated_device_feeds_the_roofline():
 
 # name: (call, error, a regex the message must match: the argument's name and what is allowed)
 BAD_CALLS = {
-    "gemv negative memory": (lambda: calibrated_device(kvlab.lab.hardware.Calibration.__new__(
-        kvlab.lab.hardware.Calibration), memory=-1), ValueError, "memory must be a finite number > 0"),
+    "gemv negative memory": (
+        lambda: calibrated_device(
+            kvlab.lab.hardware.Calibration.__new__(kvlab.lab.hardware.Calibration), memory=-1
+        ),
+        ValueError,
+        "memory must be a finite number > 0",
+    )
 }
 
 
@@ -80,19 +107,35 @@ def test_cpu_threads_sets_and_restores_and_calibrates_per_count():
         with cpu_threads(0):
             pass
     assert torch.get_num_threads() == before
-@pytest.mark.parametrize("call, error, match", [
-    (lambda: stamp_line({}), ValueError, "s must be a stamp"),  # not this machine's stamp in its place
-    (lambda: kvlab.devices.device_and_dtype("cpu", "fp16"), TypeError, "dtype must be a torch.dtype"),
-    (lambda: kvlab.devices.device_and_dtype("cpu", torch.int8), TypeError, "floating-point"),
-    (lambda: kvlab.devices.device_and_dtype("meta"), ValueError, "device must hold data"),
-    (lambda: kvlab.devices.device_and_dtype(3), TypeError, "device must be a torch.device"),
-])
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (
+            lambda: stamp_line({}),
+            ValueError,
+            "s must be a stamp",
+        ),  # not this machine's stamp in its place
+        (
+            lambda: kvlab.devices.device_and_dtype("cpu", "fp16"),
+            TypeError,
+            "dtype must be a torch.dtype",
+        ),
+        (lambda: kvlab.devices.device_and_dtype("cpu", torch.int8), TypeError, "floating-point"),
+        (lambda: kvlab.devices.device_and_dtype("meta"), ValueError, "device must hold data"),
+        (lambda: kvlab.devices.device_and_dtype(3), TypeError, "device must be a torch.device"),
+    ],
+)
 def test_bad_devices_and_stamps_are_refused(call, error, match):
     with pytest.raises(error, match=match):
         call()
 
 
 def test_a_gpu_that_is_not_there_is_refused_by_name():
-    """Not torch's "Torch not compiled with CUDA enabled": the argument and what this machine has."""
-    with pytest.raises(ValueError, match=r"device 'cuda:7' is not available on this machine \(\d+ CUDA device"):
+    """Not torch's "Torch not compiled with CUDA enabled": the argument and what this machine
+    has."""
+    with pytest.raises(
+        ValueError, match=r"device 'cuda:7' is not available on this machine \(\d+ CUDA device"
+    ):
         kvlab.devices.device_and_dtype("cuda:7")

@@ -1,7 +1,7 @@
-"""Notebook 11's measurements: the request trace and the chat requests, padded ``generate`` batches with
-stop tokens (what they carry), transformers' continuous batching, and the engine against all of them on
-one trace (the tokens must agree; timings are never asserted). The models the readings decide by are
-tested in tests/theory/test_serving_models.py."""
+"""Notebook 11's measurements: the request trace and the chat requests, padded ``generate`` batches
+with stop tokens (what they carry), transformers' continuous batching, and the engine against all of
+them on one trace (the tokens must agree; timings are never asserted). The models the readings
+decide by are tested in tests/theory/test_serving_models.py."""
 
 import math
 
@@ -10,19 +10,44 @@ import torch
 
 import kvlab
 from kvlab.lab import engine as lab
-from kvlab.lab.engine import compare_serving, continuous_batching, latency_throughput, make_requests, static_generate
+from kvlab.lab.engine import (
+    compare_serving,
+    continuous_batching,
+    latency_throughput,
+    make_requests,
+    static_generate,
+)
 from kvlab.serving.engine import Engine
 
 
 @pytest.fixture(scope="module")
 def model():
-    return kvlab.tiny_model("llama", layers=2, hidden=128, q_heads=4, kv_heads=2, vocab=512, intermediate=256,
-                            device="cpu", dtype=torch.float32, seed=3)
+    return kvlab.tiny_model(
+        "llama",
+        layers=2,
+        hidden=128,
+        q_heads=4,
+        kv_heads=2,
+        vocab=512,
+        intermediate=256,
+        device="cpu",
+        dtype=torch.float32,
+        seed=3,
+    )
 
 
 def test_make_requests_shares_system_prompts():
-    prompts, news = make_requests(12, mean_prompt=8, mean_output=4, max_len=32, shared_prompts=2, shared_len=6,
-                                  shared_fraction=1.0, vocab=100, seed=1)
+    prompts, news = make_requests(
+        12,
+        mean_prompt=8,
+        mean_output=4,
+        max_len=32,
+        shared_prompts=2,
+        shared_len=6,
+        shared_fraction=1.0,
+        vocab=100,
+        seed=1,
+    )
     assert len(prompts) == len(news) == 12 and len({tuple(p[:6]) for p in prompts}) <= 2
     assert all(0 <= t < 100 for p in prompts for t in p) and all(n >= 1 for n in news)
     assert make_requests(12, vocab=100, seed=1) == make_requests(12, vocab=100, seed=1)
@@ -39,8 +64,12 @@ def test_padded_generate_counts_what_it_carries(model):
     assert free.carried_rows == sum(max(b) - n for b in batches for n in b)
     assert free.forward_passes == sum(max(b) for b in batches)
     widths = [max(len(p) for p in prompts[:3]), max(len(p) for p in prompts[3:])]
-    assert free.prefill_rows == 3 * sum(widths) and free.padding_tokens == free.prefill_rows - sum(map(len, prompts))
-    stop = {free.outputs[0][1]}  # request 0 now ends at its second token, the others wherever they meet it
+    assert free.prefill_rows == 3 * sum(widths) and free.padding_tokens == free.prefill_rows - sum(
+        map(len, prompts)
+    )
+    stop = {
+        free.outputs[0][1]
+    }  # request 0 now ends at its second token, the others wherever they meet it
     stopped = static_generate(model, prompts, [max(news)] * 6, batch_size=3, stop=stop)
     assert stopped.outputs[0] == free.outputs[0][:2]
     assert all(o[-1] in stop or len(o) == max(news) for o in stopped.outputs)
@@ -50,13 +79,35 @@ def test_padded_generate_counts_what_it_carries(model):
 
 @pytest.mark.parametrize("sharing", [True, False])
 def test_transformers_continuous_batching_gives_the_engines_tokens(model, sharing):
-    prompts, news = make_requests(5, mean_prompt=8, mean_output=4, max_len=32, shared_fraction=1.0, shared_len=8,
-                                  vocab=512, seed=4)
+    prompts, news = make_requests(
+        5,
+        mean_prompt=8,
+        mean_output=4,
+        max_len=32,
+        shared_fraction=1.0,
+        shared_len=8,
+        vocab=512,
+        seed=4,
+    )
     stop = {7, 11}
-    expected = Engine(model, num_blocks=64, block_size=4, eos_token_id=None).generate(prompts, news, stop=stop)
+    expected = Engine(model, num_blocks=64, block_size=4, eos_token_id=None).generate(
+        prompts, news, stop=stop
+    )
     attn = model.config._attn_implementation
-    assert continuous_batching(model, prompts, news, stop, block_size=4, num_blocks=64, max_batch_tokens=64,
-                               block_sharing=sharing, max_requests=4) == expected
+    assert (
+        continuous_batching(
+            model,
+            prompts,
+            news,
+            stop,
+            block_size=4,
+            num_blocks=64,
+            max_batch_tokens=64,
+            block_sharing=sharing,
+            max_requests=4,
+        )
+        == expected
+    )
     assert model.config._attn_implementation == attn
 
 
@@ -64,8 +115,13 @@ def test_compare_serving_checks_tokens_and_times_every_contender(model):
     prompts, news = make_requests(6, mean_prompt=8, mean_output=4, max_len=32, vocab=512, seed=2)
     result = compare_serving(model, prompts, news, max_batch=3, block_size=4, reps=2)
     assert all(result.same_tokens.values()) and set(result.seconds) == set(lab.CONTENDERS)
-    assert all(len(s) == 2 for s in result.seconds.values()) and result.generated_tokens == sum(news)
-    assert result.engine_metrics[lab.ENGINE]["requests"] == 6 and result.speedup(lab.ENGINE, lab.GENERATE).median > 0
+    assert all(len(s) == 2 for s in result.seconds.values()) and result.generated_tokens == sum(
+        news
+    )
+    assert (
+        result.engine_metrics[lab.ENGINE]["requests"] == 6
+        and result.speedup(lab.ENGINE, lab.GENERATE).median > 0
+    )
     rows = lab.peer_rows(result, "here")
     assert rows[0].unit == "bool" and any("target >= 1.5" in r.note for r in rows)
     with pytest.raises(ValueError, match="contenders"):
@@ -74,16 +130,36 @@ def test_compare_serving_checks_tokens_and_times_every_contender(model):
     assert [p.max_batch for p in points] == [1, 3] and all(p.tokens_per_s > 0 for p in points)
 
 
-# issue 22's bad calls of this module: (call on the fixture's model, error, a pattern naming the argument)
+# issue 22's bad calls of this module: (call on the fixture's model, error, a pattern naming the
+# argument)
 BAD_CALLS = {
-    "mean_output inf": (lambda m: make_requests(4, mean_output=math.inf), ValueError, "mean_output must be a finite"),
+    "mean_output inf": (
+        lambda m: make_requests(4, mean_output=math.inf),
+        ValueError,
+        "mean_output must be a finite",
+    ),
     "vocab 1.5": (lambda m: make_requests(4, vocab=1.5), TypeError, "vocab must be an int"),
     "n True": (lambda m: make_requests(True), TypeError, "n must be an int"),
-    "batch_size -1": (lambda m: static_generate(m, [[1, 2, 3]], [2], -1), ValueError, "batch_size must be an int >= 1"),
-    "one count for two prompts": (lambda m: static_generate(m, [[1, 2], [3, 4]], [2], 1), ValueError,
-                                  "max_new_tokens must hold one count per prompt"),
-    "token past the vocabulary": (lambda m: static_generate(m, [[1, 512]], [2], 1), ValueError, r"512"),
-    "compare float tokens": (lambda m: compare_serving(m, [[1.0, 2]], [2]), TypeError, r"prompts\[0\]\[0\]"),
+    "batch_size -1": (
+        lambda m: static_generate(m, [[1, 2, 3]], [2], -1),
+        ValueError,
+        "batch_size must be an int >= 1",
+    ),
+    "one count for two prompts": (
+        lambda m: static_generate(m, [[1, 2], [3, 4]], [2], 1),
+        ValueError,
+        "max_new_tokens must hold one count per prompt",
+    ),
+    "token past the vocabulary": (
+        lambda m: static_generate(m, [[1, 512]], [2], 1),
+        ValueError,
+        r"512",
+    ),
+    "compare float tokens": (
+        lambda m: compare_serving(m, [[1.0, 2]], [2]),
+        TypeError,
+        r"prompts\[0\]\[0\]",
+    ),
 }
 
 

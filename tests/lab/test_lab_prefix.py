@@ -1,5 +1,5 @@
-"""Notebook 06's measurements: the chat trace, its replay through the block manager against an oracle
-that never forgets, and the time-to-first-token helpers (never a timing asserted)."""
+"""Notebook 06's measurements: the chat trace, its replay through the block manager against an
+oracle that never forgets, and the time-to-first-token helpers (never a timing asserted)."""
 
 import math
 
@@ -7,24 +7,51 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.lab.prefix import REPLAY_POLICIES, compute_shape, make_chat_trace, measure_decode_after_prefix, measure_ttft, replay
+from kvlab.lab.prefix import (
+    REPLAY_POLICIES,
+    compute_shape,
+    make_chat_trace,
+    measure_decode_after_prefix,
+    measure_ttft,
+    replay,
+)
 
 
 @pytest.fixture(scope="module")
 def llama():
-    return kvlab.tiny_model("llama", layers=2, hidden=128, q_heads=4, kv_heads=2, vocab=512, intermediate=256,
-                            device="cpu", dtype=torch.float32, seed=5)
+    return kvlab.tiny_model(
+        "llama",
+        layers=2,
+        hidden=128,
+        q_heads=4,
+        kv_heads=2,
+        vocab=512,
+        intermediate=256,
+        device="cpu",
+        dtype=torch.float32,
+        seed=5,
+    )
 
 
 def test_chat_trace_resends_history():
-    trace = make_chat_trace(num_system_prompts=2, num_users=5, turns=3, system_tokens=20, user_tokens=4,
-                            reply_tokens=3, seed=1)
+    trace = make_chat_trace(
+        num_system_prompts=2,
+        num_users=5,
+        turns=3,
+        system_tokens=20,
+        user_tokens=4,
+        reply_tokens=3,
+        seed=1,
+    )
     assert len(trace) == 15
     last = {}
     for r in trace:
         if r.user in last:
             prev = last[r.user]
-            assert r.turn == prev.turn + 1 and r.prompt[: len(prev.prompt) + 3] == prev.prompt + prev.reply
+            assert (
+                r.turn == prev.turn + 1
+                and r.prompt[: len(prev.prompt) + 3] == prev.prompt + prev.reply
+            )
             assert len(r.prompt) == len(prev.prompt) + 3 + 4
         else:
             assert r.turn == 0 and len(r.prompt) == 24
@@ -44,14 +71,24 @@ def unbounded_oracle(trace, block_size):
             k -= 1
         out.append(k * block_size)
         stream = r.prompt + r.reply[:-1]
-        seen.update(tuple(stream[: j * block_size]) for j in range(1, len(stream) // block_size + 1))
+        seen.update(
+            tuple(stream[: j * block_size]) for j in range(1, len(stream) // block_size + 1)
+        )
     return out
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_replay_with_room_for_everything_matches_the_oracle(block_size):
-    trace = make_chat_trace(num_system_prompts=2, num_users=6, turns=3, system_tokens=30, user_tokens=5,
-                            reply_tokens=6, vocab=50, seed=2)
+    trace = make_chat_trace(
+        num_system_prompts=2,
+        num_users=6,
+        turns=3,
+        system_tokens=30,
+        user_tokens=5,
+        reply_tokens=6,
+        vocab=50,
+        seed=2,
+    )
     total = sum(-(-(len(r.prompt) + len(r.reply)) // block_size) for r in trace)
     expected = unbounded_oracle(trace, block_size)
     for policy in ("lru", "reserve"):
@@ -68,7 +105,8 @@ def test_replay_small_cache():
     assert reserve.peak_cached <= 4
     assert 0 < reserve.hit_rate and 0 < lru.hit_rate < 1
     assert lru.mean_ttft(lambda p, c: p - c) == pytest.approx(
-        sum(p - c for p, c in zip(lru.prompt_tokens, lru.cached_tokens)) / len(trace))
+        sum(p - c for p, c in zip(lru.prompt_tokens, lru.cached_tokens)) / len(trace)
+    )
     with pytest.raises(ValueError, match=f"num_blocks must be >= {longest}"):
         replay(trace, longest - 1, 16)
     with pytest.raises(ValueError, match="policy must be one of"):
@@ -95,8 +133,11 @@ def test_decode_after_a_prefix_hit(llama):
 
 def test_compute_shape_leaves_out_embeddings(llama):
     shape = compute_shape(llama)
-    matrices = sum(p.numel() for n, p in llama.named_parameters() if p.dim() == 2 and "embed" not in n
-                   and "lm_head" not in n)
+    matrices = sum(
+        p.numel()
+        for n, p in llama.named_parameters()
+        if p.dim() == 2 and "embed" not in n and "lm_head" not in n
+    )
     assert shape.params == matrices
 
 
@@ -109,7 +150,9 @@ def test_prefix_reuse_against_transformers_copied_cache(llama):
     assert lab.shared_prefix(prompts) == 37
     result = lab.compare_prefix_reuse(llama, prompts, block_size=8, reps=2)
     assert result.same_first_tokens and result.shared == 37 and result.cached == [32, 32, 32]
-    assert all(len(s) == 2 for s in result.seconds.values()) and set(result.seconds) == set(lab.REUSE_CONTENDERS)
+    assert all(len(s) == 2 for s in result.seconds.values()) and set(result.seconds) == set(
+        lab.REUSE_CONTENDERS
+    )
     assert result.hit_rate == pytest.approx(96 / sum(map(len, prompts)))
     median, low, high = result.speedup(lab.KVLAB_CACHED, lab.HF_REUSED)
     assert low <= median <= high
@@ -125,19 +168,57 @@ def test_prefill_attention_cost():
 
     cost = lab.prefill_attention_cost(SHAPES["llama-3-8b"], "h100-sxm", [512, 1], [4096, 300])
     assert cost.tokens_per_tile == 64 // 4 and cost.layers == 32
-    assert cost.rows.tile_bytes > cost.kernel.tile_bytes > cost.kernel.bytes and cost.rows.flops == cost.kernel.flops
-# issue 22's bad calls of this module: (call on the fixture's model, error, a pattern naming the argument)
+    assert (
+        cost.rows.tile_bytes > cost.kernel.tile_bytes > cost.kernel.bytes
+        and cost.rows.flops == cost.kernel.flops
+    )
+
+
+# issue 22's bad calls of this module: (call on the fixture's model, error, a pattern naming the
+# argument)
 BAD_CALLS = {
-    "think_time inf": (lambda m: make_chat_trace(think_time=math.inf), ValueError, "think_time must be a finite"),
+    "think_time inf": (
+        lambda m: make_chat_trace(think_time=math.inf),
+        ValueError,
+        "think_time must be a finite",
+    ),
     "turns True": (lambda m: make_chat_trace(turns=True), TypeError, "turns must be an int"),
-    "replay policy": (lambda m: replay(make_chat_trace(), 8, 4, policy="fifo"), ValueError, "policy must be one of"),
-    "ttft warmup -1": (lambda m: measure_ttft(m, 32, [0], warmup=-1), ValueError, "warmup must be an int"),
+    "replay policy": (
+        lambda m: replay(make_chat_trace(), 8, 4, policy="fifo"),
+        ValueError,
+        "policy must be one of",
+    ),
+    "ttft warmup -1": (
+        lambda m: measure_ttft(m, 32, [0], warmup=-1),
+        ValueError,
+        "warmup must be an int",
+    ),
     "ttft reps 0": (lambda m: measure_ttft(m, 32, [0], reps=0), ValueError, "reps must be an int"),
-    "ttft attention": (lambda m: measure_ttft(m, 32, [0], attention="flash"), ValueError, "attention must be one of"),
-    "ttft seed str": (lambda m: measure_ttft(m, 32, [0], seed="1"), TypeError, "seed must be an int"),
-    "ttft block_size 3.0": (lambda m: measure_ttft(m, 32, [0], block_size=3.0), TypeError, "block_size must be an int"),
-    "decode steps True": (lambda m: measure_decode_after_prefix(m, 32, steps=True), TypeError, "steps must be an int"),
-    "decode attention": (lambda m: measure_decode_after_prefix(m, 32, attention=1), ValueError, "attention must be one of"),
+    "ttft attention": (
+        lambda m: measure_ttft(m, 32, [0], attention="flash"),
+        ValueError,
+        "attention must be one of",
+    ),
+    "ttft seed str": (
+        lambda m: measure_ttft(m, 32, [0], seed="1"),
+        TypeError,
+        "seed must be an int",
+    ),
+    "ttft block_size 3.0": (
+        lambda m: measure_ttft(m, 32, [0], block_size=3.0),
+        TypeError,
+        "block_size must be an int",
+    ),
+    "decode steps True": (
+        lambda m: measure_decode_after_prefix(m, 32, steps=True),
+        TypeError,
+        "steps must be an int",
+    ),
+    "decode attention": (
+        lambda m: measure_decode_after_prefix(m, 32, attention=1),
+        ValueError,
+        "attention must be one of",
+    ),
 }
 
 

@@ -1,5 +1,5 @@
-"""kvlab.lab.models: random-weight Hugging Face models of the published shapes, Mamba and Jamba included.
-"""
+"""kvlab.lab.models: random-weight Hugging Face models of the published shapes, Mamba and Jamba
+included."""
 
 import dataclasses
 
@@ -8,20 +8,28 @@ import torch
 
 import kvlab
 from kvlab.lab.models import load_model, tiny_hybrid, tiny_model
-from kvlab.theory.shapes import ModelShape, SHAPES
+from kvlab.theory.shapes import SHAPES, ModelShape
 
 
-@pytest.mark.parametrize("key, arch", [("llama-3.2-1b", "llama"), ("qwen2.5-0.5b", "qwen2"),
-                                       ("smollm2-135m", "llama"), ("llama-3-8b", "llama")])
+@pytest.mark.parametrize(
+    "key, arch",
+    [
+        ("llama-3.2-1b", "llama"),
+        ("qwen2.5-0.5b", "qwen2"),
+        ("smollm2-135m", "llama"),
+        ("llama-3-8b", "llama"),
+    ],
+)
 def test_from_config_recovers_published_shapes(key, arch):
-    # Build only the config (a real-shape model would be gigabytes): the shape must survive the round trip,
-    # and the parameter count from the config must be within 2% of the published one.
+    # Build only the config (a real-shape model would be gigabytes): the shape must survive the
+    # round trip, and the parameter count from the config must be within 2% of the published one.
     from kvlab.lab.models import _config
 
     shape = SHAPES[key]
     config = _config(arch, shape, 4096)
     if key in ("llama-3.2-1b", "smollm2-135m", "qwen2.5-0.5b"):
-        config.tie_word_embeddings = True  # these checkpoints share the embedding and the output head
+        # these checkpoints share the embedding and the output head
+        config.tie_word_embeddings = True
     back = ModelShape.from_config(config, name=shape.name)
     for field in ("layers", "q_heads", "kv_heads", "head_dim", "hidden", "vocab"):
         assert getattr(back, field) == getattr(shape, field), field
@@ -81,7 +89,9 @@ def test_tiny_mamba_sizes_and_errors():
 def test_tiny_hybrid_places_attention_layers_and_checks_k():
     model = tiny_hybrid(layers=4, attention_layers=1, hidden=16, heads=2, state_size=2, vocab=32)
     # transformers 5.13 renamed Jamba's Mamba layers "linear_attention" (before: "mamba")
-    assert [kind in ("mamba", "linear_attention") for kind in model.config.layer_types] == [True] * 3 + [False]
+    assert [kind in ("mamba", "linear_attention") for kind in model.config.layer_types] == [
+        True
+    ] * 3 + [False]
     for bad in (0, 3, 5):
         with pytest.raises(ValueError, match="attention_layers"):
             tiny_hybrid(layers=4, attention_layers=bad)
@@ -89,17 +99,40 @@ def test_tiny_hybrid_places_attention_layers_and_checks_k():
 
 # name: (call, error, a regex the message must match: the argument's name and what is allowed)
 BAD_CALLS = {
-    "tiny_model unknown shape": (lambda: kvlab.tiny_model("llama", shape="unknown"), ValueError,
-                                 r"shape must be a ModelShape or one of"),
-    "tiny_model beyond memory": (lambda: kvlab.tiny_model("llama", shape="llama-3.1-405b", device="cpu",
-                                                          dtype=torch.float32), MemoryError, "bytes but only"),
+    "tiny_model unknown shape": (
+        lambda: kvlab.tiny_model("llama", shape="unknown"),
+        ValueError,
+        r"shape must be a ModelShape or one of",
+    ),
+    "tiny_model beyond memory": (
+        lambda: kvlab.tiny_model(
+            "llama", shape="llama-3.1-405b", device="cpu", dtype=torch.float32
+        ),
+        MemoryError,
+        "bytes but only",
+    ),
     "load_model None": (lambda: kvlab.load_model(None), TypeError, "name must be"),
-    "max_positions 0": (lambda: tiny_model("llama", max_positions=0), ValueError, "max_positions must be an int"),
+    "max_positions 0": (
+        lambda: tiny_model("llama", max_positions=0),
+        ValueError,
+        "max_positions must be an int",
+    ),
     "layers True": (lambda: tiny_model("llama", layers=True), TypeError, "layers must be an int"),
     "hybrid heads 3": (lambda: tiny_hybrid(heads=3), ValueError, "heads must divide hidden"),
-    "tiny_model dtype str": (lambda: tiny_model("llama", dtype="fp16"), TypeError, "dtype must be a torch.dtype"),
-    "tiny_model cuda": (lambda: tiny_model("llama", device="cuda") if not torch.cuda.is_available() else
-                        tiny_model("llama", device="cuda:99"), ValueError, "is not available on this machine"),
+    "tiny_model dtype str": (
+        lambda: tiny_model("llama", dtype="fp16"),
+        TypeError,
+        "dtype must be a torch.dtype",
+    ),
+    "tiny_model cuda": (
+        lambda: (
+            tiny_model("llama", device="cuda")
+            if not torch.cuda.is_available()
+            else tiny_model("llama", device="cuda:99")
+        ),
+        ValueError,
+        "is not available on this machine",
+    ),
 }
 
 

@@ -1,12 +1,17 @@
-"""kvlab.lab.recall: what a fixed state can recall, exactly and sampled, against attention's lookup.
-"""
+"""kvlab.lab.recall: what a fixed state can recall, exactly and sampled, against attention's
+lookup."""
 
 import math
 
 import pytest
 import torch
 
-from kvlab.lab.recall import attention_recall, linear_recall_error, linear_recall_errors, spread_recurrence
+from kvlab.lab.recall import (
+    attention_recall,
+    linear_recall_error,
+    linear_recall_errors,
+    spread_recurrence,
+)
 
 
 @pytest.mark.parametrize("n, length", [(1, 1), (2, 5), (4, 4), (4, 12), (6, 3)])
@@ -29,8 +34,8 @@ def test_recall_error_matches_sampled_least_squares():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(20000, length, generator=g, dtype=torch.float64)
     h = x @ r.input_map(length).T
-    readout = torch.linalg.lstsq(h, x[:, p:p + 1]).solution
-    sampled = ((x[:, p:p + 1] - h @ readout) ** 2).mean() / (x[:, p] ** 2).mean()
+    readout = torch.linalg.lstsq(h, x[:, p : p + 1]).solution
+    sampled = ((x[:, p : p + 1] - h @ readout) ** 2).mean() / (x[:, p] ** 2).mean()
     assert float(sampled) == pytest.approx(linear_recall_error(r, length, p), abs=0.02)
 
 
@@ -45,10 +50,21 @@ def test_attention_lookup_recalls_any_position():
 
 # name: (call, error, a regex the message must match: the argument's name and what is allowed)
 BAD_CALLS = {
-    "ssm recurrence None": (lambda: spread_recurrence(4, fastest=None), TypeError, "fastest must be"),
-    "attention_recall sharpness": (lambda: attention_recall(torch.rand(5), sharpness=-1.0), ValueError,
-                                   "sharpness must be a finite number > 0"),
-    "attention_recall nan": (lambda: attention_recall(torch.tensor([1.0, math.nan])), ValueError, "NaN"),
+    "ssm recurrence None": (
+        lambda: spread_recurrence(4, fastest=None),
+        TypeError,
+        "fastest must be",
+    ),
+    "attention_recall sharpness": (
+        lambda: attention_recall(torch.rand(5), sharpness=-1.0),
+        ValueError,
+        "sharpness must be a finite number > 0",
+    ),
+    "attention_recall nan": (
+        lambda: attention_recall(torch.tensor([1.0, math.nan])),
+        ValueError,
+        "NaN",
+    ),
 }
 
 

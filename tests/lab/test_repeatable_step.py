@@ -1,5 +1,5 @@
-"""kvlab.lab.repeatable_step: every loop's repeatable step decodes what generate decodes, and cleans up.
-"""
+"""kvlab.lab.repeatable_step: every loop's repeatable step decodes what generate decodes, and cleans
+up."""
 
 import pytest
 import torch
@@ -12,8 +12,16 @@ from kvlab.theory.work import STEP_METHODS
 
 @pytest.fixture(scope="module")
 def small():
-    return kvlab.tiny_model("llama", layers=2, hidden=64, q_heads=4, kv_heads=2, intermediate=128, vocab=256,
-                            device="cpu")
+    return kvlab.tiny_model(
+        "llama",
+        layers=2,
+        hidden=64,
+        q_heads=4,
+        kv_heads=2,
+        intermediate=128,
+        vocab=256,
+        device="cpu",
+    )
 
 
 def _ids(model, batch, length, seed=0):
@@ -25,7 +33,9 @@ def _ids(model, batch, length, seed=0):
 def test_repeatable_step_decodes_what_generate_decodes(small, method):
     ids = tile_prompt(_ids(small, 2, 5, seed=3), 11)
     fed = torch.cat([ids, ids[:, -1:]], dim=1)  # the step feeds the last token once more
-    expected = small.generate(fed, attention_mask=torch.ones_like(fed), max_new_tokens=1, do_sample=False)[:, -1]
+    expected = small.generate(
+        fed, attention_mask=torch.ones_like(fed), max_new_tokens=1, do_sample=False
+    )[:, -1]
     stepper = RepeatableStep(small, ids, method)
     try:
         for _ in range(3):  # reset() puts the cache back: every repeat gives the same token

@@ -1,5 +1,5 @@
-"""kvlab.lab.step_trace: the trace reports kvlab.theory's work for the model, and round-trips through JSON.
-"""
+"""kvlab.lab.step_trace: the trace reports kvlab.theory's work for the model, and round-trips
+through JSON."""
 
 import dataclasses
 import json
@@ -14,8 +14,16 @@ from kvlab.theory.work import STEP_METHODS, step_work
 
 @pytest.fixture(scope="module")
 def small():
-    return kvlab.tiny_model("llama", layers=2, hidden=64, q_heads=4, kv_heads=2, intermediate=128, vocab=256,
-                            device="cpu")
+    return kvlab.tiny_model(
+        "llama",
+        layers=2,
+        hidden=64,
+        q_heads=4,
+        kv_heads=2,
+        intermediate=128,
+        vocab=256,
+        device="cpu",
+    )
 
 
 def _ids(model, batch, length, seed=0):
@@ -41,8 +49,10 @@ def test_paged_trace_leaves_the_model_as_it_was(small):
     trace_step(small, _ids(small, 1, 6), method="paged", warmup=0, reps=1)
     assert small.config._attn_implementation == before
     ids = _ids(small, 1, 6)
-    assert torch.equal(kvlab.cached_decode(small, ids, 4),
-                       small.generate(ids, max_new_tokens=4, do_sample=False)[:, 6:])
+    assert torch.equal(
+        kvlab.cached_decode(small, ids, 4),
+        small.generate(ids, max_new_tokens=4, do_sample=False)[:, 6:],
+    )
 
 
 def test_trace_round_trips_through_json(small):

@@ -1,5 +1,4 @@
-"""kvlab.lab.timing: measure counts its calls and refuses bad repeats.
-"""
+"""kvlab.lab.timing: measure counts its calls and refuses bad repeats."""
 
 import pytest
 

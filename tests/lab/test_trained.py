@@ -1,6 +1,8 @@
 """The trained model shipped with the book (section 9.7): it loads with the network unavailable
-(HF_HUB_OFFLINE=1, proxies closed), its tokenizer round-trips text, its held-out perplexity and greedy
-output match the model card, its weights match the pinned checksum, and scripts/train_tiny.py trains."""
+(HF_HUB_OFFLINE=1, proxies closed), its tokenizer round-trips text, its held-out perplexity and
+greedy output match the model card, its weights match the pinned checksum, and scripts/train_tiny.py
+trains.
+"""
 
 import os
 import re
@@ -48,7 +50,32 @@ def test_heldout_text_is_whole_books_not_in_training():
 # update these on purpose, never by accident.
 WEIGHTS_SHA256 = "0d54ae0160f374571bc2de4a4a4e604619171b3bc7d277f2b5edd584e2f38cca"
 PROMPT = "In the beginning"
-GREEDY_IDS = [270, 260, 343, 13, 269, 260, 343, 13, 269, 260, 343, 13, 269, 260, 343, 13, 269, 260, 343, 13, 269, 260, 343, 13]
+GREEDY_IDS = [
+    270,
+    260,
+    343,
+    13,
+    269,
+    260,
+    343,
+    13,
+    269,
+    260,
+    343,
+    13,
+    269,
+    260,
+    343,
+    13,
+    269,
+    260,
+    343,
+    13,
+    269,
+    260,
+    343,
+    13,
+]
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +92,22 @@ def test_weights_checksum_is_pinned():
 
 def test_model_loads_with_the_network_unavailable():
     # A fresh interpreter with the hub switched off and every proxy pointing at a closed port.
-    code = ("import kvlab; m, t = kvlab.trained_model(); "
-            "print(t.decode(kvlab.cached_decode(m, t('In the beginning', return_tensors='pt').input_ids, 5)[0]))")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HTTPS_PROXY="http://127.0.0.1:9",
-               HTTP_PROXY="http://127.0.0.1:9", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    code = (
+        "import kvlab; m, t = kvlab.trained_model(); print(t.decode(kvlab.cached_decode(m, t('In"
+        " the beginning', return_tensors='pt').input_ids, 5)[0]))"
+    )
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HTTPS_PROXY="http://127.0.0.1:9",
+        HTTP_PROXY="http://127.0.0.1:9",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(ROOT),
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip()
 
@@ -100,8 +138,10 @@ def test_greedy_generation_from_a_fixed_prompt(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
     out = model.generate(ids, max_new_tokens=len(GREEDY_IDS), do_sample=False)
-    assert out[0, ids.shape[1]:].tolist() == GREEDY_IDS
-    assert torch.equal(kvlab.cached_decode(model, ids, len(GREEDY_IDS))[0], torch.tensor(GREEDY_IDS))
+    assert out[0, ids.shape[1] :].tolist() == GREEDY_IDS
+    assert torch.equal(
+        kvlab.cached_decode(model, ids, len(GREEDY_IDS))[0], torch.tensor(GREEDY_IDS)
+    )
 
 
 def test_heldout_perplexity_rejects_bad_context(model_and_tokenizer):
@@ -112,19 +152,31 @@ def test_heldout_perplexity_rejects_bad_context(model_and_tokenizer):
 
 def test_train_script_check_mode_loss_falls():
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_tiny.py"), "--check"],
-                            capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train_tiny.py"), "--check"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     first, last = map(float, re.search(r"check: loss ([\d.]+) -> ([\d.]+)", result.stdout).groups())
     assert last < first - 1.0
 
 
-@pytest.mark.skipif(__import__("shutil").which("bible") is None,
-                    reason="needs Debian's bible-kjv package (apt-get install bible-kjv) for the corpus")
+@pytest.mark.skipif(
+    __import__("shutil").which("bible") is None,
+    reason="needs Debian's bible-kjv package (apt-get install bible-kjv) for the corpus",
+)
 def test_train_script_reproduces_the_shipped_run():
     # Corpus, tokenizer and the first training steps, rebuilt from nothing, match what is committed.
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_tiny.py"), "--replay", "2"],
-                            capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train_tiny.py"), "--replay", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "tokenizer identical" in result.stdout

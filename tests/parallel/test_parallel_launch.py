@@ -50,7 +50,9 @@ def test_one_call_returns_each_rank_result():
 
 def test_a_failing_rank_stops_every_rank_with_a_clear_error():
     start = time.monotonic()
-    with pytest.raises(launch.WorkerError, match="rank 1 failed:(.|\n)*injected failure on rank 1") as info:
+    with pytest.raises(
+        launch.WorkerError, match="rank 1 failed:(.|\n)*injected failure on rank 1"
+    ) as info:
         launch.run(rank_one_fails_while_rank_zero_waits, 2, timeout=120)
     assert info.value.rank == 1
     assert time.monotonic() - start < FAILURE_LIMIT_S
@@ -84,49 +86,122 @@ def _model(arch="llama", **extra):
 
 
 BAD = {
-    "world size not dividing the KV heads": (lambda: tensor_parallel_decode(_model(), torch.ones(1, 3, dtype=torch.long), 2, world_size=3),
-                                            ValueError, r"world_size=3 must divide the KV heads .*\(2\)"),
-    "a model kvlab cannot split": (lambda: tensor_parallel_decode(_model("gpt2", kv_heads=4), torch.ones(1, 3, dtype=torch.long), 2),
-                                   ValueError, "cannot split a GPT2LMHeadModel"),
-    "an SSM": (lambda: check_splittable(kvlab.tiny_model("mamba", layers=1, hidden=32, vocab=64), 2),
-               ValueError, "cannot split a MambaForCausalLM"),
-    "nccl without GPUs": (lambda: tensor_parallel_decode(_model(), torch.ones(1, 3, dtype=torch.long), 2, backend="nccl"),
-                          ValueError, "backend='nccl' needs device='cuda'"),
-    "an unknown backend": (lambda: launch.Workers(2, backend="mpi"), ValueError, "backend must be one of"),
-    "cuda without a GPU": (lambda: launch.check_launch(2, device="cuda"), ValueError, "no CUDA device"),
+    "world size not dividing the KV heads": (
+        lambda: tensor_parallel_decode(
+            _model(), torch.ones(1, 3, dtype=torch.long), 2, world_size=3
+        ),
+        ValueError,
+        r"world_size=3 must divide the KV heads .*\(2\)",
+    ),
+    "a model kvlab cannot split": (
+        lambda: tensor_parallel_decode(
+            _model("gpt2", kv_heads=4), torch.ones(1, 3, dtype=torch.long), 2
+        ),
+        ValueError,
+        "cannot split a GPT2LMHeadModel",
+    ),
+    "an SSM": (
+        lambda: check_splittable(kvlab.tiny_model("mamba", layers=1, hidden=32, vocab=64), 2),
+        ValueError,
+        "cannot split a MambaForCausalLM",
+    ),
+    "nccl without GPUs": (
+        lambda: tensor_parallel_decode(
+            _model(), torch.ones(1, 3, dtype=torch.long), 2, backend="nccl"
+        ),
+        ValueError,
+        "backend='nccl' needs device='cuda'",
+    ),
+    "an unknown backend": (
+        lambda: launch.Workers(2, backend="mpi"),
+        ValueError,
+        "backend must be one of",
+    ),
+    "cuda without a GPU": (
+        lambda: launch.check_launch(2, device="cuda"),
+        ValueError,
+        "no CUDA device",
+    ),
     "world size 0": (lambda: launch.Workers(0), ValueError, "world_size"),
-    "a prefill rank out of range": (lambda: disaggregated_generate(_model(), [1, 2], 2, prefill_rank=2),
-                                    ValueError, r"prefill_rank must be an int in \[0, 2\), got 2"),
-    "a decode rank out of range": (lambda: disaggregated_generate(_model(), [1, 2], 2, decode_rank=-1),
-                                   ValueError, r"decode_rank must be an int in \[0, 2\), got -1"),
-    "the same rank for both": (lambda: disaggregated_generate(_model(), [1, 2], 2, decode_rank=0),
-                               ValueError, "must differ"),
-    "one rank for a handoff": (lambda: disaggregated_generate(_model(), [1, 2], 2, world_size=1),
-                               ValueError, "world_size"),
-    "a token outside the vocabulary": (lambda: disaggregated_generate(_model(), [1, 512], 2),
-                                       ValueError, r"prompt\[1\]"),
+    "a prefill rank out of range": (
+        lambda: disaggregated_generate(_model(), [1, 2], 2, prefill_rank=2),
+        ValueError,
+        r"prefill_rank must be an int in \[0, 2\), got 2",
+    ),
+    "a decode rank out of range": (
+        lambda: disaggregated_generate(_model(), [1, 2], 2, decode_rank=-1),
+        ValueError,
+        r"decode_rank must be an int in \[0, 2\), got -1",
+    ),
+    "the same rank for both": (
+        lambda: disaggregated_generate(_model(), [1, 2], 2, decode_rank=0),
+        ValueError,
+        "must differ",
+    ),
+    "one rank for a handoff": (
+        lambda: disaggregated_generate(_model(), [1, 2], 2, world_size=1),
+        ValueError,
+        "world_size",
+    ),
+    "a token outside the vocabulary": (
+        lambda: disaggregated_generate(_model(), [1, 512], 2),
+        ValueError,
+        r"prompt\[1\]",
+    ),
     "an empty prompt": (lambda: disaggregated_generate(_model(), [], 2), ValueError, "prompt"),
-    "tp ids not a tensor": (lambda: tensor_parallel_decode(_model(), [[1, 2]], 2), TypeError, "input_ids"),
-    "tp ids outside the vocabulary": (lambda: tensor_parallel_decode(_model(), torch.tensor([[1, 600]]), 2),
-                                      ValueError, "input_ids"),
-    "tp no new tokens": (lambda: tensor_parallel_decode(_model(), torch.ones(1, 3, dtype=torch.long), 0),
-                         ValueError, "max_new_tokens"),
-    "uneven cuts": (lambda: context_parallel_decode_attention(torch.randn(1, 4, 8), *torch.randn(2, 1, 2, 5, 8), cuts=[4, 1],
-                                                              world_size=3), ValueError, "cuts"),
-    "a cut past the end": (lambda: context_parallel_decode_attention(torch.randn(1, 4, 8), *torch.randn(2, 1, 2, 5, 8), cuts=[6]),
-                           ValueError, r"cuts\[0\]"),
-    "query heads not a multiple": (lambda: context_parallel_decode_attention(torch.randn(1, 3, 8), *torch.randn(2, 1, 2, 5, 8)),
-                                   ValueError, "multiple of the KV heads"),
+    "tp ids not a tensor": (
+        lambda: tensor_parallel_decode(_model(), [[1, 2]], 2),
+        TypeError,
+        "input_ids",
+    ),
+    "tp ids outside the vocabulary": (
+        lambda: tensor_parallel_decode(_model(), torch.tensor([[1, 600]]), 2),
+        ValueError,
+        "input_ids",
+    ),
+    "tp no new tokens": (
+        lambda: tensor_parallel_decode(_model(), torch.ones(1, 3, dtype=torch.long), 0),
+        ValueError,
+        "max_new_tokens",
+    ),
+    "uneven cuts": (
+        lambda: context_parallel_decode_attention(
+            torch.randn(1, 4, 8), *torch.randn(2, 1, 2, 5, 8), cuts=[4, 1], world_size=3
+        ),
+        ValueError,
+        "cuts",
+    ),
+    "a cut past the end": (
+        lambda: context_parallel_decode_attention(
+            torch.randn(1, 4, 8), *torch.randn(2, 1, 2, 5, 8), cuts=[6]
+        ),
+        ValueError,
+        r"cuts\[0\]",
+    ),
+    "query heads not a multiple": (
+        lambda: context_parallel_decode_attention(
+            torch.randn(1, 3, 8), *torch.randn(2, 1, 2, 5, 8)
+        ),
+        ValueError,
+        "multiple of the KV heads",
+    ),
     "a lambda": (lambda: launch.run(lambda r, w: r, 2), ValueError, "module-level function"),
-    "workers of another kind": (lambda: tensor_parallel_decode(_model(), torch.ones(1, 3, dtype=torch.long), 2, workers="2"),
-                                TypeError, "workers"),
+    "workers of another kind": (
+        lambda: tensor_parallel_decode(
+            _model(), torch.ones(1, 3, dtype=torch.long), 2, workers="2"
+        ),
+        TypeError,
+        "workers",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", BAD)
 def test_bad_input_is_refused_before_any_process_starts(case, monkeypatch):
     started = []
-    monkeypatch.setattr(launch.mp, "start_processes", lambda *a, **k: started.append(a) or pytest.fail("started"))
+    monkeypatch.setattr(
+        launch.mp, "start_processes", lambda *a, **k: started.append(a) or pytest.fail("started")
+    )
     call, error, pattern = BAD[case]
     with pytest.raises(error, match=pattern):
         call()

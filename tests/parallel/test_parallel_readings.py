@@ -19,7 +19,11 @@ def clean(text):
 
 def test_tensor_parallel_reading_names_what_the_plan_splits():
     on = clean(rd.tensor_parallel_reading("5.24.0", 2, 24, 1, 2, 111_000, True))
-    assert "**1 of the 2 KV heads**" in on and "1/2 of one device's cache" in on and "by vocabulary" in on
+    assert (
+        "**1 of the 2 KV heads**" in on
+        and "1/2 of one device's cache" in on
+        and "by vocabulary" in on
+    )
     off = rd.tensor_parallel_reading("5.5.0", 2, 24, 1, 2, 111_000, False)
     assert "whole on every rank" in off and "5.5.0" in off
 
@@ -32,19 +36,29 @@ def test_link_reading_says_it_is_not_nvlink():
 
 def test_collective_reading_both_ways():
     sizes = (KIB, 64 * KIB, KIB * KIB)
-    good = clean(rd.collective_reading("all_reduce", sizes, (2e-4, 3e-4, 1e-3), (1.5e-4, 2e-4, 8e-4)))
+    good = clean(
+        rd.collective_reading("all_reduce", sizes, (2e-4, 3e-4, 1e-3), (1.5e-4, 2e-4, 8e-4))
+    )
     assert "within a factor of 2" in good and "all-reduce" in good
-    bad = clean(rd.collective_reading("all_gather", sizes, (2e-4, 3e-4, 9e-3), (1.5e-4, 2e-4, 1e-3)))
-    assert "at 1 MiB the measurement is 9 times the prediction (slower)" in bad and "share the cores" in bad
+    bad = clean(
+        rd.collective_reading("all_gather", sizes, (2e-4, 3e-4, 9e-3), (1.5e-4, 2e-4, 1e-3))
+    )
+    assert (
+        "at 1 MiB the measurement is 9 times the prediction (slower)" in bad
+        and "share the cores" in bad
+    )
     fast = rd.collective_reading("all_gather", sizes, (2e-5, 3e-4, 1e-3), (1.5e-4, 2e-4, 1e-3))
     assert "(faster)" in fast
 
 
-@pytest.mark.parametrize("split, expected, phrases", [
-    (4e-3, 6e-3, ["The split paid", "within a factor of 1.5"]),
-    (30e-3, 8e-3, ["did not pay", "3.8 times that"]),
-    (12e-3, 11e-3, ["did not pay", "within a factor of 1.5"]),
-])
+@pytest.mark.parametrize(
+    "split, expected, phrases",
+    [
+        (4e-3, 6e-3, ["The split paid", "within a factor of 1.5"]),
+        (30e-3, 8e-3, ["did not pay", "3.8 times that"]),
+        (12e-3, 11e-3, ["did not pay", "within a factor of 1.5"]),
+    ],
+)
 def test_step_reading_all_outcomes(split, expected, phrases):
     t = clean(rd.step_reading(10e-3, split, expected, 2, 8, 2048, 300e-6, 80e6))
     assert "40 MB of the 80 MB" in t and "8 all-reduces of 2.05 kB" in t
@@ -53,9 +67,16 @@ def test_step_reading_all_outcomes(split, expected, phrases):
 
 
 def test_crossing_reading_covers_each_direction():
-    tp = {"NVLink": Crossing("batch", None, True, 1, 512), "PCIe": Crossing("batch", 92, True, 1, 512),
-          "slow": Crossing("batch", 7, False, 1, 512), "never": Crossing("batch", None, False, 1, 512)}
-    cp = {"NVLink": Crossing("context", 46_962, False, 1, 10**6), "window": Crossing("context", None, False, 1, 10**6)}
+    tp = {
+        "NVLink": Crossing("batch", None, True, 1, 512),
+        "PCIe": Crossing("batch", 92, True, 1, 512),
+        "slow": Crossing("batch", 7, False, 1, 512),
+        "never": Crossing("batch", None, False, 1, 512),
+    }
+    cp = {
+        "NVLink": Crossing("context", 46_962, False, 1, 10**6),
+        "window": Crossing("context", None, False, 1, 10**6),
+    }
     t = clean(rd.crossing_reading("Llama-3.2-1B", 8192, 10e-6, tp, cp, 30, 60))
     assert "pays at every batch from 1 to 512" in t and "stops paying at batch **92**" in t
     assert "starts paying at batch **7**" in t and "never pays from batch 1 to 512" in t
@@ -67,7 +88,12 @@ def test_crossing_reading_covers_each_direction():
 
 def test_handoff_readings_both_ways():
     t = clean(rd.handoff_reading(851_968, 851_968.0, 852_044, 6e-4, 7e-4, 200, 16, 2e-6, 1.3e-5))
-    assert "**851,968 bytes**" in t and "exactly" in t and "within a factor of 2" in t and "76 bytes" in t
+    assert (
+        "**851,968 bytes**" in t
+        and "exactly" in t
+        and "within a factor of 2" in t
+        and "76 bytes" in t
+    )
     off = rd.handoff_reading(851_968, 800_000.0, 852_044, 6e-3, 7e-4, 200, 16, 2e-6, 1.3e-5)
     assert "the formula" in off and "not the sequence's blocks" in off and "8.6 times" in off
     grown = rd.handoff_tables_reading(8, [3, 0, 1], [0, 1, 2, 4])
@@ -92,12 +118,22 @@ def test_exercise_solutions():
     assert "**8 query heads and 1 KV head**" in t and "41 kB" in t and "328 kB" in t
     t = folded(rd.exercise_latency("Llama-3.2-1B", 8192, 177e-6, 0.3e-6, 32, 5.52e-6), 2)
     assert "**5.52 µs**" in t and "32" in t
-    t = folded(rd.exercise_handoff("Llama-3-8B", 32_000, 4.19e9, {"NVLink 4": 9.3e-3, "PCIe": 65e-3}, 1.13), 3)
+    t = folded(
+        rd.exercise_handoff(
+            "Llama-3-8B", 32_000, 4.19e9, {"NVLink 4": 9.3e-3, "PCIe": 65e-3}, 1.13
+        ),
+        3,
+    )
     assert "| NVLink 4 | 9.3 ms | 122 |" in t and "4.19 GB" in t
 
 
 def test_binary_bytes():
-    assert [rd.binary_bytes(n) for n in (512, KIB, 4 * KIB * KIB, 3 * 2**30)] == ["512 B", "1 KiB", "4 MiB", "3 GiB"]
+    assert [rd.binary_bytes(n) for n in (512, KIB, 4 * KIB * KIB, 3 * 2**30)] == [
+        "512 B",
+        "1 KiB",
+        "4 MiB",
+        "3 GiB",
+    ]
 
 
 def test_fit_line_recovers_a_line_and_refuses_a_flat_one():
@@ -112,14 +148,24 @@ def test_fit_line_recovers_a_line_and_refuses_a_flat_one():
 def test_recorded_rows_keeps_gpu_records_of_this_page():
     row = {"name": "link rate (one way)", "value": 300.0, "unit": "GB/s", "note": ""}
     records = [
-        {"stamp": {"device": "CPU: AMD EPYC (2 logical cores)", "date": "d"}, "results": {lab.SECTION: [row]}},
-        {"stamp": {"device": "NVIDIA H200", "date": "2027-01-01"}, "results": {"9.2 decode loops": [row]}},
+        {
+            "stamp": {"device": "CPU: AMD EPYC (2 logical cores)", "date": "d"},
+            "results": {lab.SECTION: [row]},
+        },
+        {
+            "stamp": {"device": "NVIDIA H200", "date": "2027-01-01"},
+            "results": {"9.2 decode loops": [row]},
+        },
         {"stamp": {"device": "NVIDIA H200", "date": "2027-01-02"}, "results": {lab.SECTION: [row]}},
     ]
-    assert lab.recorded_rows(records) == {"NVIDIA H200, 2027-01-02": [("link rate (one way)", 300.0, "GB/s")]}
+    assert lab.recorded_rows(records) == {
+        "NVIDIA H200, 2027-01-02": [("link rate (one way)", 300.0, "GB/s")]
+    }
 
 
-@pytest.mark.skipif(__import__("torch").cuda.device_count() >= 2, reason="two or more GPUs: NCCL ranks")
+@pytest.mark.skipif(
+    __import__("torch").cuda.device_count() >= 2, reason="two or more GPUs: NCCL ranks"
+)
 def test_ranks_here_on_a_cpu():
     assert lab.ranks_here() == (2, "cpu")
     with pytest.raises(ValueError, match="world_size"):

@@ -36,9 +36,13 @@ def test_ring_steps():
 
 
 def test_collective_time_is_latency_plus_bytes_at_the_one_way_rate():
-    assert par.collective_time("all_reduce", 9e6, 4, "nvlink4", latency=7e-6) == pytest.approx(7e-6 + 1.5 * 9e6 / 450e9)
+    assert par.collective_time("all_reduce", 9e6, 4, "nvlink4", latency=7e-6) == pytest.approx(
+        7e-6 + 1.5 * 9e6 / 450e9
+    )
     assert par.collective_time("all_gather", 1e6, 2, "pcie5-x16") == pytest.approx(1e6 / 64e9)
-    assert par.collective_time("all_reduce", 1e6, 1, "pcie5-x16", latency=1.0) == 0.0  # nothing to talk to
+    assert (
+        par.collective_time("all_reduce", 1e6, 1, "pcie5-x16", latency=1.0) == 0.0
+    )  # nothing to talk to
 
 
 @pytest.mark.parametrize("shape", [L70, L1B, QWEN], ids=lambda s: s.name)
@@ -50,7 +54,8 @@ def test_tensor_parallel_step_by_hand(shape, world, link):
     batch, context, alpha = 8, 4096, 5e-6
     step = par.tensor_parallel_step(shape, "h200", batch, context, world, link, latency=alpha)
     rate = LINKS[link].bytes_per_s_each_way
-    # Memory bound at this batch: bytes / HBM bandwidth. Embedding and head read whole by each device.
+    # Memory bound at this batch: bytes / HBM bandwidth. Embedding and head read whole by each
+    # device.
     vocab = 2 * shape.vocab * shape.hidden * 2
     kv = batch * context * 2 * shape.layers * shape.kv_heads * shape.head_dim * 2
     one = (shape.params * 2 + kv) / H200.hbm_bytes_per_s
@@ -67,7 +72,9 @@ def test_tensor_parallel_step_by_hand(shape, world, link):
 
 def test_vocabulary_sharded_plan_adds_an_all_reduce_and_a_logit_gather():
     plain = par.tensor_parallel_step(L1B, "h200", 4, 1024, 2, "nvlink4", latency=3e-6)
-    sharded = par.tensor_parallel_step(L1B, "h200", 4, 1024, 2, "nvlink4", latency=3e-6, vocab_sharded=True)
+    sharded = par.tensor_parallel_step(
+        L1B, "h200", 4, 1024, 2, "nvlink4", latency=3e-6, vocab_sharded=True
+    )
     assert sharded.calls == plain.calls + 2
     extra = 2 * 3e-6 + (4 * L1B.hidden * 2 + 4 * L1B.vocab / 2 * 2) / NVLINK
     assert sharded.communication - plain.communication == pytest.approx(extra)
@@ -98,8 +105,12 @@ def test_context_parallel_crossing_matches_the_closed_form():
     comm = L70.layers * (alpha + part / PCIE)
     s_star = comm * H200.hbm_bytes_per_s / ((1 - 1 / world) * batch * 327_680)
     assert crossing.at == math.floor(s_star) + 1 and not crossing.pays_at_low
-    assert par.context_parallel_step(L70, "h200", batch, crossing.at, world, "pcie5-x16", alpha).pays
-    assert not par.context_parallel_step(L70, "h200", batch, crossing.at - 1, world, "pcie5-x16", alpha).pays
+    assert par.context_parallel_step(
+        L70, "h200", batch, crossing.at, world, "pcie5-x16", alpha
+    ).pays
+    assert not par.context_parallel_step(
+        L70, "h200", batch, crossing.at - 1, world, "pcie5-x16", alpha
+    ).pays
 
 
 def test_a_window_can_keep_context_parallelism_from_ever_paying():
@@ -115,7 +126,8 @@ def test_tensor_parallel_crossing_in_both_directions():
     assert par.tensor_parallel_step(L1B, "h200", starts.at, 4096, 2, "nvlink4", 10e-6).pays
     assert not par.tensor_parallel_step(L1B, "h200", starts.at - 1, 4096, 2, "nvlink4", 10e-6).pays
     # A large model at short context over PCIe Gen3: pays at batch 1, but each sequence adds more
-    # all-reduce time (2L h w_a / 16 GB/s, 164 us) than the cache reads it saves, so a large batch stops paying.
+    # all-reduce time (2L h w_a / 16 GB/s, 164 us) than the cache reads it saves, so a large batch
+    # stops paying.
     stops = par.tensor_parallel_crossing(L70, "h200", 256, 2, "pcie3-x16", latency=0.0)
     assert stops.pays_at_low and stops.at is not None
     assert not par.tensor_parallel_step(L70, "h200", stops.at, 256, 2, "pcie3-x16").pays
@@ -146,8 +158,9 @@ def test_section_5_3_and_b5_handoff_figures():
 
 def test_link_table_covers_each_splittable_shape_on_each_link():
     rows = par.link_table([L70, L1B, QWEN], "h200", 1, 4096, 4)
-    assert [(r.shape, r.link) for r in rows] == [(s.name, LINKS[k].name) for s in (L70, L1B)
-                                                 for k in ("nvlink4", "pcie5-x16")]  # Qwen's 14 heads: not by 4
+    assert [(r.shape, r.link) for r in rows] == [
+        (s.name, LINKS[k].name) for s in (L70, L1B) for k in ("nvlink4", "pcie5-x16")
+    ]  # Qwen's 14 heads: not by 4
 
 
 def test_heads_per_device():
@@ -156,23 +169,51 @@ def test_heads_per_device():
 
 
 BAD = [
-    (lambda: par.tensor_parallel_heads(L70, 3), ValueError, r"world=3 must divide the KV heads .*allowed world sizes: \[1, 2, 4, 8\]"),
+    (
+        lambda: par.tensor_parallel_heads(L70, 3),
+        ValueError,
+        r"world=3 must divide the KV heads .*allowed world sizes: \[1, 2, 4, 8\]",
+    ),
     (lambda: par.tensor_parallel_heads(L70, 0), ValueError, "world"),
     (lambda: par.tensor_parallel_heads(L70, 2.0), TypeError, "world"),
     (lambda: par.tensor_parallel_heads("llama", 2), TypeError, "shape"),
     (lambda: par.tensor_parallel_step(L70, "h200", 1, 100, 16, "nvlink4"), ValueError, "world=16"),
     (lambda: par.tensor_parallel_step(L70, "h200", 0, 100, 2, "nvlink4"), ValueError, "batch"),
-    (lambda: par.tensor_parallel_step(L70, "h200", 1, 100, 2, "carrier-pigeon"), ValueError, "unknown link"),
+    (
+        lambda: par.tensor_parallel_step(L70, "h200", 1, 100, 2, "carrier-pigeon"),
+        ValueError,
+        "unknown link",
+    ),
     (lambda: par.tensor_parallel_step(L70, "h200", 1, 100, 2, 64e9), TypeError, "link"),
-    (lambda: par.tensor_parallel_step(L70, "h200", 1, 100, 2, "nvlink4", latency=-1), ValueError, "latency"),
-    (lambda: par.tensor_parallel_step(L70, "h201", 1, 100, 2, "nvlink4"), ValueError, "unknown device"),
+    (
+        lambda: par.tensor_parallel_step(L70, "h200", 1, 100, 2, "nvlink4", latency=-1),
+        ValueError,
+        "latency",
+    ),
+    (
+        lambda: par.tensor_parallel_step(L70, "h201", 1, 100, 2, "nvlink4"),
+        ValueError,
+        "unknown device",
+    ),
     (lambda: par.context_parallel_step(L70, "h200", 1, 0, 2, "nvlink4"), ValueError, "context"),
     (lambda: par.context_parallel_step(L70, "h200", 1, 10, 2, "nvlink4", w_a=0), ValueError, "w_a"),
     (lambda: par.collective_bytes("broadcast", 1, 2), ValueError, "kind"),
     (lambda: par.collective_bytes("all_reduce", 0, 2), ValueError, "nbytes"),
-    (lambda: par.collective_time("all_reduce", 1, 2, "nvlink4", latency=math.inf), ValueError, "latency"),
-    (lambda: par.tensor_parallel_crossing(L70, "h200", 10, 2, "nvlink4", max_batch=0), ValueError, "max_batch"),
-    (lambda: par.context_parallel_crossing(L70, "h200", 1, 2, "nvlink4", max_context=1), ValueError, "max_context"),
+    (
+        lambda: par.collective_time("all_reduce", 1, 2, "nvlink4", latency=math.inf),
+        ValueError,
+        "latency",
+    ),
+    (
+        lambda: par.tensor_parallel_crossing(L70, "h200", 10, 2, "nvlink4", max_batch=0),
+        ValueError,
+        "max_batch",
+    ),
+    (
+        lambda: par.context_parallel_crossing(L70, "h200", 1, 2, "nvlink4", max_context=1),
+        ValueError,
+        "max_context",
+    ),
     (lambda: par.kv_transfer_bytes(L70, 0), ValueError, "tokens"),
     (lambda: par.kv_transfer_bytes(L70, 10, block_size=0), ValueError, "block_size"),
     (lambda: par.handoff(L70, "h200", 10, "nvlink4", codec=0), ValueError, "codec"),

@@ -1,9 +1,9 @@
 """The one attention function and its per-step metadata (notebooks 05, 06, 11), without a model: a
-step that mixes a decode token, a prefill chunk that continues a sequence and a fresh prefill, through
-each path, against fp64 attention written from the definition; the kernel path (the paged decode and
-prefill kernels, interpreted on a CPU) against the reference path on mixed steps in fp32 and fp16,
-GQA groups 1, 4 and 8, chunks that start and end inside a block, and an empty cached prefix; and the
-step checks."""
+step that mixes a decode token, a prefill chunk that continues a sequence and a fresh prefill,
+through each path, against fp64 attention written from the definition; the kernel path (the paged
+decode and prefill kernels, interpreted on a CPU) against the reference path on mixed steps in fp32
+and fp16, GQA groups 1, 4 and 8, chunks that start and end inside a block, and an empty cached
+prefix; and the step checks."""
 
 import types
 
@@ -18,7 +18,8 @@ HEADS, KV_HEADS, DIM, BLOCK = 4, 2, 16, 4
 
 
 def _cache():
-    """A decodes its 10th token, B prefills 5 more after 6 written ones, C prefills all 7 of its prompt."""
+    """A decodes its 10th token, B prefills 5 more after 6 written ones, C prefills all 7 of its
+    prompt."""
     gen = torch.Generator().manual_seed(0)
     cache = PagedKVCache(1, 16, BLOCK, KV_HEADS, DIM, torch.float32, "cpu", store=store_kv_ref)
     seqs = []
@@ -33,11 +34,15 @@ def _cache():
 
 
 def _oracle(cache_before, seqs, chunks, q, k, v, scale):
-    """fp64: each new token of a chunk attends to its sequence's written tokens and the chunk up to itself."""
+    """fp64: each new token of a chunk attends to its sequence's written tokens and the chunk up to
+    itself."""
     out, t = [], 0
     for seq, count in chunks:
         old_k, old_v = cache_before[seq]
-        keys, values = torch.cat([old_k, k[t:t + count]]).double(), torch.cat([old_v, v[t:t + count]]).double()
+        keys, values = (
+            torch.cat([old_k, k[t : t + count]]).double(),
+            torch.cat([old_v, v[t : t + count]]).double(),
+        )
         for i in range(count):
             n = old_k.shape[0] + i + 1
             kk = keys[:n].repeat_interleave(HEADS // KV_HEADS, dim=1)
@@ -55,18 +60,32 @@ def test_a_mixed_step_matches_fp64_attention_and_stores_every_token(path):
     before = {s: cache.gather(s, 0) for s in seqs}
     total = sum(n for _, n in chunks)
     q = torch.randn(total, HEADS, DIM, generator=gen)
-    k, v = torch.randn(total, KV_HEADS, DIM, generator=gen), torch.randn(total, KV_HEADS, DIM, generator=gen)
+    k, v = (
+        torch.randn(total, KV_HEADS, DIM, generator=gen),
+        torch.randn(total, KV_HEADS, DIM, generator=gen),
+    )
     meta = build_step(cache, chunks, path, group=HEADS // KV_HEADS)
     assert meta.num_decode == 1 and meta.slots.shape == (total,)
-    out, none = paged_attention(types.SimpleNamespace(layer_idx=0), q.transpose(0, 1)[None],
-                                k.transpose(0, 1)[None], v.transpose(0, 1)[None], None, scaling=0.3, kvlab_step=meta)
+    out, none = paged_attention(
+        types.SimpleNamespace(layer_idx=0),
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        None,
+        scaling=0.3,
+        kvlab_step=meta,
+    )
     assert none is None and out.shape == (1, total, HEADS, DIM)
-    torch.testing.assert_close(out[0].double(), _oracle(before, seqs, chunks, q, k, v, 0.3), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out[0].double(), _oracle(before, seqs, chunks, q, k, v, 0.3), atol=1e-5, rtol=1e-5
+    )
     t = 0
     for seq, count in chunks:  # the new K and V are in the pool at the reserved slots
         cache.commit(seq, cache.num_tokens(seq))
         got_k, got_v = cache.gather(seq, 0)
-        assert torch.equal(got_k[-count:], k[t:t + count]) and torch.equal(got_v[-count:], v[t:t + count])
+        assert torch.equal(got_k[-count:], k[t : t + count]) and torch.equal(
+            got_v[-count:], v[t : t + count]
+        )
         t += count
 
 
@@ -75,10 +94,14 @@ def test_the_step_is_checked_once_and_names_the_problem():
     d = cache.admit([3] * 5)[0]
     cache.preempt(d, "recompute")
     for chunks, error, match in [
-        ([(a, 2)], ValueError, "has 1 reserved token"), ([(a, 0)], ValueError, "got a chunk of 0"),
-        ([(b, 1), (b, 1)], ValueError, "appears twice"), ([(b, 5), (a, 1)], ValueError, "must come before"),
-        ([(99, 1)], ValueError, "not a live sequence"), ([(d, 1)], ValueError, "is preempted"),
-        ([], ValueError, "at least one"), ("ab", TypeError, "chunks must be a list"),
+        ([(a, 2)], ValueError, "has 1 reserved token"),
+        ([(a, 0)], ValueError, "got a chunk of 0"),
+        ([(b, 1), (b, 1)], ValueError, "appears twice"),
+        ([(b, 5), (a, 1)], ValueError, "must come before"),
+        ([(99, 1)], ValueError, "not a live sequence"),
+        ([(d, 1)], ValueError, "is preempted"),
+        ([], ValueError, "at least one"),
+        ("ab", TypeError, "chunks must be a list"),
     ]:
         with pytest.raises(error, match=match):
             build_step(cache, chunks, "gather")
@@ -86,7 +109,9 @@ def test_the_step_is_checked_once_and_names_the_problem():
         build_step(cache, [(a, 1)], "flash")
     two = PagedKVCache(2, 4, BLOCK, KV_HEADS, DIM, torch.float32, "cpu", store=store_kv_ref)
     f = two.new_sequence()
-    two.append(f, 0, torch.zeros(2, KV_HEADS, DIM), torch.zeros(2, KV_HEADS, DIM))  # layer 1 not yet
+    two.append(
+        f, 0, torch.zeros(2, KV_HEADS, DIM), torch.zeros(2, KV_HEADS, DIM)
+    )  # layer 1 not yet
     with pytest.raises(ValueError, match="mid-step"):
         build_step(two, [(f, 1)], "gather")
 
@@ -97,9 +122,10 @@ def test_the_attention_function_needs_its_metadata():
 
 
 def _mixed_cache(dtype, group, seed):
-    """Five sequences in blocks of 4: two decoding (9 and 4 tokens written), one continuing its prefill
-    from token 6 to 11 (a chunk that starts and ends inside a block), one with nothing cached (an empty
-    prefix, 7 new tokens) and one with a long cached prefix and a 3-token chunk (13 -> 16)."""
+    """Five sequences in blocks of 4: two decoding (9 and 4 tokens written), one continuing its
+    prefill from token 6 to 11 (a chunk that starts and ends inside a block), one with nothing
+    cached (an empty prefix, 7 new tokens) and one with a long cached prefix and a 3-token chunk (13
+    -> 16)."""
     gen = torch.Generator().manual_seed(seed)
     cache = PagedKVCache(1, 40, BLOCK, KV_HEADS, DIM, dtype, "cpu", store=store_kv_ref)
     chunks = []
@@ -119,29 +145,44 @@ def _mixed_cache(dtype, group, seed):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("group", [1, 4, 8])
 def test_the_kernel_path_equals_the_reference_on_a_mixed_step(dtype, group):
-    """Decode rows through the decode kernel and every longer chunk through the paged prefill kernel, in
-    one step, against the fp64 reference path on the same cache."""
+    """Decode rows through the decode kernel and every longer chunk through the paged prefill
+    kernel, in one step, against the fp64 reference path on the same cache."""
     cache, chunks, q, k, v = _mixed_cache(dtype, group, seed=group)
     outputs = {}
     for path in ("reference", "kernel"):  # both store the same K and V at the same slots
         meta = build_step(cache, chunks, path, group=group)
-        out, _ = paged_attention(types.SimpleNamespace(layer_idx=0), q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                 v.transpose(0, 1)[None], None, scaling=DIM ** -0.5, kvlab_step=meta)
+        out, _ = paged_attention(
+            types.SimpleNamespace(layer_idx=0),
+            q.transpose(0, 1)[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            None,
+            scaling=DIM**-0.5,
+            kvlab_step=meta,
+        )
         outputs[path] = out[0]
     kernel_meta = build_step(cache, chunks, "kernel", group=group)
     assert kernel_meta.num_decode == 2 and kernel_meta.cu_query_lens.tolist() == [0, 5, 12, 15]
     assert kernel_meta.context_lens.tolist() == [11, 7, 16] and kernel_meta.tiles.shape[1] == 2
     tolerance = 1e-5 if dtype == torch.float32 else 2e-3
     assert outputs["kernel"].dtype == dtype
-    torch.testing.assert_close(outputs["kernel"].float(), outputs["reference"].float(), atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(
+        outputs["kernel"].float(), outputs["reference"].float(), atol=tolerance, rtol=tolerance
+    )
 
 
 def test_a_step_built_for_another_group_is_refused():
     cache, chunks, q, k, v = _mixed_cache(torch.float32, 4, seed=0)
     meta = build_step(cache, chunks, "kernel", group=2)
     with pytest.raises(ValueError, match="built for 2 query head"):
-        paged_attention(types.SimpleNamespace(layer_idx=0), q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                        v.transpose(0, 1)[None], None, kvlab_step=meta)
+        paged_attention(
+            types.SimpleNamespace(layer_idx=0),
+            q.transpose(0, 1)[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            None,
+            kvlab_step=meta,
+        )
     for bad in (0, True, 1.5):
         with pytest.raises((ValueError, TypeError), match="group must be an int >= 1"):
             build_step(cache, chunks, "gather", group=bad)

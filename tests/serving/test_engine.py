@@ -1,4 +1,5 @@
-"""The continuous-batching engine (notebook 11) against Hugging Face ``generate``, one request at a time.
+"""The continuous-batching engine (notebook 11) against Hugging Face ``generate``, one request at a
+time.
 
 The oracle is ``model.generate`` (greedy, its own cache and SDPA) on each prompt alone, with an
 explicit all-ones attention mask (the tiny models' pad token is 0, which a random prompt may hold).
@@ -25,17 +26,30 @@ ARCHS = ("llama", "qwen2", "mistral")
 
 @functools.lru_cache(maxsize=None)
 def _model(arch: str):
-    return kvlab.tiny_model(arch, layers=2, hidden=128, q_heads=4, kv_heads=2, vocab=VOCAB, intermediate=256,
-                            device="cpu", dtype=torch.float32, seed=3)
+    return kvlab.tiny_model(
+        arch,
+        layers=2,
+        hidden=128,
+        q_heads=4,
+        kv_heads=2,
+        vocab=VOCAB,
+        intermediate=256,
+        device="cpu",
+        dtype=torch.float32,
+        seed=3,
+    )
 
 
 def _trace(seed: int, block_size: int, n: int = 10, max_new: int | None = None):
     """Prompts of 1 to ~3 blocks, half behind one of two shared system prompts, the last a repeat;
-    up to ``max_new`` new tokens each (default two blocks' worth, so that decoding crosses blocks)."""
+    up to ``max_new`` new tokens each (default two blocks' worth, so that decoding crosses blocks).
+    """
     rng = random.Random(seed)
     unit = max(block_size, 4)
     max_new = max_new or 2 * unit
-    systems = [[rng.randrange(VOCAB) for _ in range(rng.randint(unit, 2 * unit + 3))] for _ in range(2)]
+    systems = [
+        [rng.randrange(VOCAB) for _ in range(rng.randint(unit, 2 * unit + 3))] for _ in range(2)
+    ]
     prompts = []
     for i in range(n - 1):
         own = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 3 * unit))]
@@ -52,8 +66,10 @@ def _expected(arch: str, seed: int, block_size: int) -> list:
     out = []
     for prompt, new in zip(prompts, news):
         ids = torch.tensor([prompt])
-        tokens = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)
-        out.append(tokens[0, len(prompt):].tolist())
+        tokens = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False
+        )
+        out.append(tokens[0, len(prompt) :].tolist())
     return out
 
 
@@ -79,9 +95,16 @@ def _run(engine: Engine, prompts, news):
 @pytest.mark.parametrize("prefix_caching", [True, False])
 def test_tokens_equal_generate_under_preemption(arch, block_size, preemption, prefix_caching):
     prompts, news = _trace(1, block_size)
-    engine = Engine(_model(arch), num_blocks=_tight_pool(prompts, news, block_size), block_size=block_size,
-                    max_batch=8, max_batched_tokens=48, prefix_caching=prefix_caching, preemption=preemption,
-                    debug=True)
+    engine = Engine(
+        _model(arch),
+        num_blocks=_tight_pool(prompts, news, block_size),
+        block_size=block_size,
+        max_batch=8,
+        max_batched_tokens=48,
+        prefix_caching=prefix_caching,
+        preemption=preemption,
+        debug=True,
+    )
     assert _run(engine, prompts, news) == _expected(arch, 1, block_size)
     assert engine.metrics()["preemptions"] >= 1
     assert any(e.kind == "preempt" and e.detail == preemption for e in engine.events)
@@ -90,22 +113,31 @@ def test_tokens_equal_generate_under_preemption(arch, block_size, preemption, pr
 
 @pytest.mark.parametrize("seed", range(6))
 def test_random_engine_settings(seed):
-    """Random budgets, batch limits and pools on the llama: chunked prefill, waits and preemption mixed."""
+    """Random budgets, batch limits and pools on the llama: chunked prefill, waits and preemption
+    mixed."""
     rng = random.Random(100 + seed)
     block_size = rng.choice([1, 2, 4, 16])
     prompts, news = _trace(seed, block_size)
     max_batch = rng.randint(1, 6)
     pool = _tight_pool(prompts, news, block_size) + rng.randint(0, 20)
-    engine = Engine(_model("llama"), num_blocks=pool, block_size=block_size, max_batch=max_batch,
-                    max_batched_tokens=rng.randint(max_batch, 40), prefix_caching=rng.random() < 0.5,
-                    preemption=rng.choice(["recompute", "swap"]), debug=True)
+    engine = Engine(
+        _model("llama"),
+        num_blocks=pool,
+        block_size=block_size,
+        max_batch=max_batch,
+        max_batched_tokens=rng.randint(max_batch, 40),
+        prefix_caching=rng.random() < 0.5,
+        preemption=rng.choice(["recompute", "swap"]),
+        debug=True,
+    )
     assert _run(engine, prompts, news) == _expected("llama", seed, block_size)
     assert max(engine.stats.batch_sizes) <= max_batch
 
 
 @pytest.mark.parametrize("attention", ["kernel", "reference"])
 def test_decode_attention_paths(attention):
-    """The Triton kernel (interpreted on a CPU) and the per-sequence reference give the same tokens."""
+    """The Triton kernel (interpreted on a CPU) and the per-sequence reference give the same
+    tokens."""
     prompts, news = _trace(2, 16, n=4, max_new=4)
     engine = Engine(_model("llama"), num_blocks=64, block_size=16, attention=attention, debug=True)
     assert _run(engine, prompts, news) == _expected_small(2)
@@ -116,20 +148,29 @@ def _expected_small(seed):
     model = _model("llama")
     model.set_attn_implementation("sdpa")
     prompts, news = _trace(seed, 16, n=4, max_new=4)
-    return [model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                           max_new_tokens=n, do_sample=False)[0, len(p):].tolist() for p, n in zip(prompts, news)]
+    return [
+        model.generate(
+            torch.tensor([p]),
+            attention_mask=torch.ones(1, len(p), dtype=torch.long),
+            max_new_tokens=n,
+            do_sample=False,
+        )[0, len(p) :].tolist()
+        for p, n in zip(prompts, news)
+    ]
 
 
 def test_a_prefix_hit_is_only_ever_on_written_blocks():
     """Two identical 3-block prompts. Admitted in one step, nothing of the first is written when the
-    second is admitted: the second finds no hit and computes its own (nobody waits for a block another
-    request is filling). With a budget of 5 tokens a step, the second is admitted only after some of the
-    first's chunks are written, and reuses the blocks they filled."""
+    second is admitted: the second finds no hit and computes its own (nobody waits for a block
+    another request is filling). With a budget of 5 tokens a step, the second is admitted only after
+    some of the first's chunks are written, and reuses the blocks they filled."""
     model = _model("llama")
     prompt = [random.Random(7).randrange(VOCAB) for _ in range(12)]
     expected = _generate_one(model, prompt, 3)
     for budget, hit in ((24, 0), (5, 8)):
-        engine = Engine(model, num_blocks=16, block_size=4, max_batch=4, max_batched_tokens=budget, debug=True)
+        engine = Engine(
+            model, num_blocks=16, block_size=4, max_batch=4, max_batched_tokens=budget, debug=True
+        )
         first, second = engine.add_request(prompt, 3), engine.add_request(list(prompt), 3)
         while engine.has_work():
             engine.step()
@@ -144,25 +185,40 @@ def test_a_request_preempted_in_the_middle_of_its_prefill_still_gets_generates_t
     rng = random.Random(8)
     prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (6, 14)]
     for mode in ("recompute", "swap"):
-        engine = Engine(model, num_blocks=6, block_size=4, max_batch=2, max_batched_tokens=4, preemption=mode,
-                        watermark=0.0, debug=True)
+        engine = Engine(
+            model,
+            num_blocks=6,
+            block_size=4,
+            max_batch=2,
+            max_batched_tokens=4,
+            preemption=mode,
+            watermark=0.0,
+            debug=True,
+        )
         first, second = (engine.add_request(p, n) for p, n in zip(prompts, (9, 3)))
         mid_prefill = False
         while engine.has_work():
             seen, prefilling = len(engine.events), second.state == "running" and not second.output
             engine.step()
-            mid_prefill |= prefilling and any(e.kind == "preempt" and e.request == second.id
-                                              for e in engine.events[seen:])
+            mid_prefill |= prefilling and any(
+                e.kind == "preempt" and e.request == second.id for e in engine.events[seen:]
+            )
         assert mid_prefill, mode  # the newest request lost its blocks before its prefill was done
-        assert first.output == _generate_one(model, prompts[0], 9) and second.output == _generate_one(model, prompts[1], 3)
+        assert first.output == _generate_one(
+            model, prompts[0], 9
+        ) and second.output == _generate_one(model, prompts[1], 3)
 
 
 def test_a_failed_step_leaves_the_engine_consistent_and_the_next_step_goes_on():
-    """A layer that raises once, in a step that mixes decodes and a prefill chunk: the error reaches the
-    caller, the invariants hold, nothing unwritten is cached, and the run ends with generate's tokens."""
+    """A layer that raises once, in a step that mixes decodes and a prefill chunk: the error reaches
+    the caller, the invariants hold, nothing unwritten is cached, and the run ends with generate's
+    tokens.
+    """
     model = _model("llama")
     prompts, news = _trace(3, 4, n=5, max_new=6)
-    engine = Engine(model, num_blocks=40, block_size=4, max_batch=4, max_batched_tokens=10, debug=True)
+    engine = Engine(
+        model, num_blocks=40, block_size=4, max_batch=4, max_batched_tokens=10, debug=True
+    )
     for p, n in zip(prompts, news):
         engine.add_request(p, n)
     engine.step()
@@ -182,14 +238,17 @@ def test_a_failed_step_leaves_the_engine_consistent_and_the_next_step_goes_on():
     while engine.has_work():
         engine.step()
     model.set_attn_implementation("sdpa")
-    assert [r.output for r in engine.requests.values()] == [_generate_one(model, p, n) for p, n in zip(prompts, news)]
+    assert [r.output for r in engine.requests.values()] == [
+        _generate_one(model, p, n) for p, n in zip(prompts, news)
+    ]
 
 
 def _generate_one(model, prompt, new):
     model.set_attn_implementation("sdpa")
     ids = torch.tensor([prompt])
-    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)[
-        0, len(prompt):].tolist()
+    return model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False
+    )[0, len(prompt) :].tolist()
 
 
 def test_prefix_cache_serves_a_later_request():
@@ -206,48 +265,91 @@ def test_prefix_cache_serves_a_later_request():
 
 
 def test_life_of_a_request_in_the_event_log():
-    engine = Engine(_model("llama"), num_blocks=8, block_size=4, max_batched_tokens=6, max_batch=2, debug=True)
+    engine = Engine(
+        _model("llama"), num_blocks=8, block_size=4, max_batched_tokens=6, max_batch=2, debug=True
+    )
     request = engine.add_request(list(range(1, 11)), 4)
     engine.step()
-    assert request.state == "running" and engine.cache.num_computed(request.seq) == 6 and not request.output
+    assert (
+        request.state == "running"
+        and engine.cache.num_computed(request.seq) == 6
+        and not request.output
+    )
     while engine.has_work():
         engine.step()
     kinds = [e.kind for e in engine.events if e.request == request.id]
-    assert kinds == ["arrive", "admit", "prefill", "prefill", "decode", "decode", "decode", "finish"]
-    assert request.state == "finished" and len(request.output) == 4 and engine.stats.generated_tokens == 4
+    assert kinds == [
+        "arrive",
+        "admit",
+        "prefill",
+        "prefill",
+        "decode",
+        "decode",
+        "decode",
+        "finish",
+    ]
+    assert (
+        request.state == "finished"
+        and len(request.output) == 4
+        and engine.stats.generated_tokens == 4
+    )
     assert 0 < request.ttft <= request.finish_time - request.arrival and request.tpot > 0
     metrics = engine.metrics()
-    assert metrics["requests"] == 1 and metrics["generated_tokens"] == 4 and metrics["steps"] == engine.stats.steps
+    assert (
+        metrics["requests"] == 1
+        and metrics["generated_tokens"] == 4
+        and metrics["steps"] == engine.stats.steps
+    )
 
 
 def test_impossible_request_rejected_while_the_others_complete():
     model = _model("mistral")
     prompts = [[3, 4, 5], [6] * 10, [7, 8]]
     engine = Engine(model, num_blocks=4, block_size=4, debug=True)
-    with pytest.warns(RuntimeWarning, match=r"needs 5 blocks \(.* bytes.*pool has 4 blocks \(.* bytes\)"):
+    with pytest.warns(
+        RuntimeWarning, match=r"needs 5 blocks \(.* bytes.*pool has 4 blocks \(.* bytes\)"
+    ):
         out = engine.generate(prompts, [4, 10, 4])
-    assert out[1] is None and engine.requests[1].state == "rejected" and "bytes" in engine.requests[1].error
-    assert out[0] == _generate_one(model, prompts[0], 4) and out[2] == _generate_one(model, prompts[2], 4)
+    assert (
+        out[1] is None
+        and engine.requests[1].state == "rejected"
+        and "bytes" in engine.requests[1].error
+    )
+    assert out[0] == _generate_one(model, prompts[0], 4) and out[2] == _generate_one(
+        model, prompts[2], 4
+    )
     assert engine.all_blocks_free_or_cached()
 
 
 def test_bad_input_raises_before_any_work():
     model = _model("llama")
-    for kwargs, match in [(dict(block_size=0), "block_size"), (dict(max_batch=0), "max_batch"),
-                          (dict(num_blocks=0), "num_blocks"), (dict(max_batch=8, max_batched_tokens=4),
-                                                               "max_batched_tokens"),
-                          (dict(preemption="drop"), "preemption"), (dict(attention="fast"), "attention"),
-                          (dict(kv_budget_bytes=10), "kv_budget_bytes"), (dict(block_size=3, attention="kernel"),
-                                                                          "power of two")]:
+    for kwargs, match in [
+        (dict(block_size=0), "block_size"),
+        (dict(max_batch=0), "max_batch"),
+        (dict(num_blocks=0), "num_blocks"),
+        (dict(max_batch=8, max_batched_tokens=4), "max_batched_tokens"),
+        (dict(preemption="drop"), "preemption"),
+        (dict(attention="fast"), "attention"),
+        (dict(kv_budget_bytes=10), "kv_budget_bytes"),
+        (dict(block_size=3, attention="kernel"), "power of two"),
+    ]:
         with pytest.raises((ValueError, TypeError), match=match):
             Engine(model, **kwargs)
     with pytest.raises(ValueError, match="architectures"):
-        Engine(kvlab.tiny_model("gpt2", layers=1, hidden=64, q_heads=2, vocab=64, intermediate=64, device="cpu"))
+        Engine(
+            kvlab.tiny_model(
+                "gpt2", layers=1, hidden=64, q_heads=2, vocab=64, intermediate=64, device="cpu"
+            )
+        )
     engine = Engine(model, num_blocks=4, block_size=4)
-    for prompts, new, match in [([[1, 2], []], 2, r"prompts\[1\] is empty"),
-                                ([[1, 2], list(range(17))], 2, r"prompts\[1\] has 17 tokens.*bytes.*pool holds"),
-                                ([[1, 2]], 0, "max_new_tokens"), ([[1, 2]], [1, 2], "2 entries for 1 prompts"),
-                                ([[1, VOCAB]], 2, r"prompts\[0\]\[1\]"), ([], 2, "non-empty")]:
+    for prompts, new, match in [
+        ([[1, 2], []], 2, r"prompts\[1\] is empty"),
+        ([[1, 2], list(range(17))], 2, r"prompts\[1\] has 17 tokens.*bytes.*pool holds"),
+        ([[1, 2]], 0, "max_new_tokens"),
+        ([[1, 2]], [1, 2], "2 entries for 1 prompts"),
+        ([[1, VOCAB]], 2, r"prompts\[0\]\[1\]"),
+        ([], 2, "non-empty"),
+    ]:
         with pytest.raises((ValueError, TypeError), match=match):
             engine.generate(prompts, new)
     assert not engine.requests and engine.stats.steps == 0 and not engine.events
@@ -269,7 +371,11 @@ def test_model_keeps_its_attention_and_default_pool():
     model = _model("llama")
     model.set_attn_implementation("sdpa")
     engine = Engine(model)  # the CPU pool from its stated budget
-    assert engine.pool_bytes <= engine_module.CPU_KV_BUDGET_BYTES < engine.pool_bytes + engine.bytes_per_block
+    assert (
+        engine.pool_bytes
+        <= engine_module.CPU_KV_BUDGET_BYTES
+        < engine.pool_bytes + engine.bytes_per_block
+    )
     engine.generate([[1, 2, 3]], 2)
     assert model.config._attn_implementation == "sdpa"
     with pytest.raises(ValueError, match="kvlab_step"):
@@ -291,28 +397,51 @@ def test_invariant_hook_catches_a_broken_allocator():
     engine.step()
     engine.check_invariants()
     (request,) = engine.scheduler.running
-    engine.cache.manager.allocator.incref(engine.cache.block_table(request.seq)[0])  # a holder nobody accounts for
+    engine.cache.manager.allocator.incref(
+        engine.cache.block_table(request.seq)[0]
+    )  # a holder nobody accounts for
     with pytest.raises(AssertionError, match="reference count 2, holders 1"):
         engine.check_invariants()
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the compiled kernel need a CUDA GPU")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA graphs and the compiled kernel need a CUDA GPU"
+)
 def test_cuda_graph_decode_matches_generate(monkeypatch):
-    """On a GPU: decode steps replay captured CUDA graphs (padded batches) and the tokens still match."""
-    model = kvlab.tiny_model("llama", layers=2, hidden=128, q_heads=4, kv_heads=2, vocab=VOCAB, intermediate=256,
-                             device="cuda", dtype=torch.float32, seed=3)
+    """On a GPU: decode steps replay captured CUDA graphs (padded batches) and the tokens still
+    match."""
+    model = kvlab.tiny_model(
+        "llama",
+        layers=2,
+        hidden=128,
+        q_heads=4,
+        kv_heads=2,
+        vocab=VOCAB,
+        intermediate=256,
+        device="cuda",
+        dtype=torch.float32,
+        seed=3,
+    )
     replays = []
     original = runner_module.CudaGraphs.run
-    monkeypatch.setattr(runner_module.CudaGraphs, "run", lambda self, *a: replays.append(1) or original(self, *a))
+    monkeypatch.setattr(
+        runner_module.CudaGraphs, "run", lambda self, *a: replays.append(1) or original(self, *a)
+    )
     prompts, news = _trace(4, 16, n=6, max_new=12)
     engine = Engine(model, num_blocks=64, block_size=16, max_batch=6, debug=True)
     assert engine.runner.graphs is not None and engine.runner.attention == "kernel"
     out = engine.generate(prompts, news)
     model.set_attn_implementation("sdpa")
-    expected = [model.generate(torch.tensor([p], device="cuda"), attention_mask=torch.ones(1, len(p), dtype=torch.long,
-                                                                                             device="cuda"),
-                               max_new_tokens=n, do_sample=False)[0, len(p):].tolist() for p, n in zip(prompts, news)]
+    expected = [
+        model.generate(
+            torch.tensor([p], device="cuda"),
+            attention_mask=torch.ones(1, len(p), dtype=torch.long, device="cuda"),
+            max_new_tokens=n,
+            do_sample=False,
+        )[0, len(p) :].tolist()
+        for p, n in zip(prompts, news)
+    ]
     assert out == expected and replays
 
 
@@ -323,9 +452,15 @@ def _generate_until(model, prompt, new, stop):
     """``generate``'s greedy tokens for one prompt, ending at the first of ``stop`` (kept)."""
     model.set_attn_implementation("sdpa")
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                         eos_token_id=list(stop), pad_token_id=0)[0, len(prompt):].tolist()
-    return out[:next((i + 1 for i, t in enumerate(out) if t in stop), len(out))]
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new,
+        do_sample=False,
+        eos_token_id=list(stop),
+        pad_token_id=0,
+    )[0, len(prompt) :].tolist()
+    return out[: next((i + 1 for i, t in enumerate(out) if t in stop), len(out))]
 
 
 def test_stop_tokens_end_requests_at_different_steps_and_free_their_blocks_in_that_step():
@@ -336,14 +471,20 @@ def test_stop_tokens_end_requests_at_different_steps_and_free_their_blocks_in_th
     prompts, _ = _trace(5, 4, n=4)
     free_running = [_generate_one(model, p, 10) for p in prompts]
     stops = [[out[k]] for out, k in zip(free_running, (2, 5, 8, 0))]
-    stops[3] = [VOCAB - 1] if VOCAB - 1 not in free_running[3] else [free_running[3][9]]  # never (or last) emitted
+    stops[3] = (
+        [VOCAB - 1] if VOCAB - 1 not in free_running[3] else [free_running[3][9]]
+    )  # never (or last) emitted
     engine = Engine(model, num_blocks=40, block_size=4, max_batch=4, debug=True, eos_token_id=None)
     requests = [engine.add_request(p, 10, stop=s) for p, s in zip(prompts, stops)]
     while engine.has_work():
         held = {r.id: r.seq for r in requests if r.seq is not None}
-        for request in engine.step():  # freed in the step it stopped: the cache no longer holds its sequence
+        for (
+            request
+        ) in engine.step():  # freed in the step it stopped: the cache no longer holds its sequence
             assert request.seq is None and held.get(request.id) not in engine.cache.sequences()
-        assert sorted(engine.cache.sequences()) == sorted(r.seq for r in requests if r.seq is not None)
+        assert sorted(engine.cache.sequences()) == sorted(
+            r.seq for r in requests if r.seq is not None
+        )
     for request, prompt, stop in zip(requests, prompts, stops):
         assert request.output == _generate_until(model, prompt, 10, stop)
         assert request.finish_reason == ("stop" if request.output[-1] in stop else "length")
@@ -353,22 +494,28 @@ def test_stop_tokens_end_requests_at_different_steps_and_free_their_blocks_in_th
 
 
 def test_the_engine_stops_where_generate_does_by_default():
-    """``eos_token_id="auto"`` is the model's ``generation_config.eos_token_id``, the ids generate uses."""
+    """``eos_token_id="auto"`` is the model's ``generation_config.eos_token_id``, the ids generate
+    uses."""
     model = _model("llama")
     prompt = _trace(6, 4, n=2)[0][0]
     first = _generate_one(model, prompt, 6)
     model.generation_config.eos_token_id = first[3]
     try:
         assert Engine(model, num_blocks=16, block_size=4).generate([prompt], 6) == [first[:4]]
-        assert Engine(model, num_blocks=16, block_size=4, eos_token_id=None).generate([prompt], 6) == [first]
+        assert Engine(model, num_blocks=16, block_size=4, eos_token_id=None).generate(
+            [prompt], 6
+        ) == [first]
     finally:
         model.generation_config.eos_token_id = None
 
 
 def test_bad_stop_tokens_are_refused_before_anything_is_queued():
     model = _model("llama")
-    for kwargs, match in [(dict(eos_token_id=VOCAB), "eos_token_id"), (dict(eos_token_id="end"), "eos_token_id"),
-                          (dict(eos_token_id=[1, -1]), r"eos_token_id\[1\]")]:
+    for kwargs, match in [
+        (dict(eos_token_id=VOCAB), "eos_token_id"),
+        (dict(eos_token_id="end"), "eos_token_id"),
+        (dict(eos_token_id=[1, -1]), r"eos_token_id\[1\]"),
+    ]:
         with pytest.raises((ValueError, TypeError), match=match):
             Engine(model, num_blocks=4, block_size=4, **kwargs)
     engine = Engine(model, num_blocks=4, block_size=4)
@@ -378,16 +525,26 @@ def test_bad_stop_tokens_are_refused_before_anything_is_queued():
         with pytest.raises((ValueError, TypeError), match=match):
             engine.generate([[1, 2]], 2, stop=stop)
     assert not engine.requests and not engine.events
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(cuda_graphs="yes"), TypeError, "cuda_graphs must be True or False"),
-    (dict(debug="no"), TypeError, "debug must be True or False"),
-    (dict(prefix_caching=1), TypeError, "prefix_caching must be True or False"),
-    (dict(num_blocks=True), TypeError, "num_blocks must be an int"),
-    (dict(block_size=16.0), TypeError, "block_size must be an int"),
-    (dict(num_blocks=8, kv_budget_bytes=10), ValueError, "num_blocks .* or kv_budget_bytes .*, not both"),
-])
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(cuda_graphs="yes"), TypeError, "cuda_graphs must be True or False"),
+        (dict(debug="no"), TypeError, "debug must be True or False"),
+        (dict(prefix_caching=1), TypeError, "prefix_caching must be True or False"),
+        (dict(num_blocks=True), TypeError, "num_blocks must be an int"),
+        (dict(block_size=16.0), TypeError, "block_size must be an int"),
+        (
+            dict(num_blocks=8, kv_budget_bytes=10),
+            ValueError,
+            "num_blocks .* or kv_budget_bytes .*, not both",
+        ),
+    ],
+)
 def test_engine_refuses_bad_settings(kwargs, error, match):
-    """issue 22: strings as flags, bools and floats as sizes, and two arguments that both size the pool."""
+    """issue 22: strings as flags, bools and floats as sizes, and two arguments that both size the
+    pool."""
     with pytest.raises(error, match=match):
         Engine(_model("llama"), **kwargs)
 
@@ -407,16 +564,35 @@ def test_metrics_refuse_duplicates_and_other_engines_requests():
 def test_a_step_on_a_model_changed_behind_the_engine_fails_before_admitting():
     """issue 22: the model's dtype changed after the engine was built; the step refuses it before it
     admits a request, takes a block or counts a step, and works again once the model is put back."""
-    model = kvlab.tiny_model("llama", layers=2, hidden=128, q_heads=4, kv_heads=2, vocab=VOCAB, intermediate=256,
-                             device="cpu", dtype=torch.float32, seed=3)
+    model = kvlab.tiny_model(
+        "llama",
+        layers=2,
+        hidden=128,
+        q_heads=4,
+        kv_heads=2,
+        vocab=VOCAB,
+        intermediate=256,
+        device="cpu",
+        dtype=torch.float32,
+        seed=3,
+    )
     engine = Engine(model, num_blocks=16, block_size=4)
     engine.add_request([1, 2, 3, 4, 5], 2)
-    before = (engine.stats.steps, engine.cache.num_free, [r.state for r in engine.requests.values()], len(engine.events))
+    before = (
+        engine.stats.steps,
+        engine.cache.num_free,
+        [r.state for r in engine.requests.values()],
+        len(engine.events),
+    )
     model.to(torch.float16)
     with pytest.raises((TypeError, ValueError), match="dtype"):
         engine.step()
-    assert (engine.stats.steps, engine.cache.num_free, [r.state for r in engine.requests.values()],
-            len(engine.events)) == before
+    assert (
+        engine.stats.steps,
+        engine.cache.num_free,
+        [r.state for r in engine.requests.values()],
+        len(engine.events),
+    ) == before
     model.to(torch.float32)
     while engine.has_work():
         engine.step()

@@ -1,4 +1,5 @@
-"""A Hugging Face Llama decoding on the paged KV cache through the one attention function (notebook 05).
+"""A Hugging Face Llama decoding on the paged KV cache through the one attention function (notebook
+05).
 
 The oracle is Hugging Face's own ``generate`` (greedy, its own cache and attention), run on each
 prompt alone. The paged run batches prompts of different lengths without padding; ``prefill`` and
@@ -17,15 +18,31 @@ import kvlab
 from kvlab.cache.blocks import OutOfBlocksError
 from kvlab.cache.paged import PagedKVCache
 from kvlab.serving.attention import ATTN_NAME
-from kvlab.serving.paged_decode import cache_for, decode_step, paged_generate, prefill, use_paged_attention
+from kvlab.serving.paged_decode import (
+    cache_for,
+    decode_step,
+    paged_generate,
+    prefill,
+    use_paged_attention,
+)
 
 NEW_TOKENS = 6
 
 
 @functools.lru_cache(maxsize=None)
 def _model():
-    return kvlab.tiny_model("llama", layers=2, hidden=128, q_heads=4, kv_heads=2, vocab=512, intermediate=256,
-                            device="cpu", dtype=torch.float32, seed=3)
+    return kvlab.tiny_model(
+        "llama",
+        layers=2,
+        hidden=128,
+        q_heads=4,
+        kv_heads=2,
+        vocab=512,
+        intermediate=256,
+        device="cpu",
+        dtype=torch.float32,
+        seed=3,
+    )
 
 
 @pytest.fixture
@@ -42,8 +59,15 @@ def _prompts(lengths, seed=0):
 
 def _generate_each(model, prompts, new_tokens):
     model.set_attn_implementation("sdpa")
-    return [model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                           max_new_tokens=new_tokens, do_sample=False)[0, len(p):].tolist() for p in prompts]
+    return [
+        model.generate(
+            torch.tensor([p]),
+            attention_mask=torch.ones(1, len(p), dtype=torch.long),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+        )[0, len(p) :].tolist()
+        for p in prompts
+    ]
 
 
 @pytest.mark.parametrize("lengths", [[7], [5, 17, 3]])
@@ -59,9 +83,17 @@ def test_paged_decode_matches_generate(model, lengths):
 def test_preemption_keeps_the_tokens(model, preemption):
     prompts = _prompts([7, 7, 3], seed=1)
     expected = _generate_each(model, prompts, NEW_TOKENS)
-    # 5 blocks of 4 admit all three (2 + 2 + 1 blocks), but they grow to 3 + 3 + 3: someone is preempted.
-    run = paged_generate(model, prompts, NEW_TOKENS, block_size=4, num_blocks=5, preemption=preemption,
-                         attention="gather")
+    # 5 blocks of 4 admit all three (2 + 2 + 1 blocks), but they grow to 3 + 3 + 3: someone is
+    # preempted.
+    run = paged_generate(
+        model,
+        prompts,
+        NEW_TOKENS,
+        block_size=4,
+        num_blocks=5,
+        preemption=preemption,
+        attention="gather",
+    )
     assert run.tokens == expected
     assert run.preemptions >= 1 and run.peak_blocks <= 5
     assert (run.recomputed_tokens > 0) == (preemption == "recompute")
@@ -69,8 +101,8 @@ def test_preemption_keeps_the_tokens(model, preemption):
 
 
 def test_chunked_prefill_and_a_forked_decode_give_generates_tokens(model):
-    """The plain loop by hand: a prompt prefilled 3 tokens at a time, then a fork that decodes on its own
-    (its first token copies the shared, partly filled last block)."""
+    """The plain loop by hand: a prompt prefilled 3 tokens at a time, then a fork that decodes on
+    its own (its first token copies the shared, partly filled last block)."""
     prompt = _prompts([10], seed=2)[0]
     expected = _generate_each(model, [prompt], 4)[0]
     cache = cache_for(model, 8, 4)
@@ -108,17 +140,35 @@ def test_bad_arguments(model):
 
 
 def _cache(num_blocks=16, block_size=4, **changes):
-    args = dict(num_layers=2, num_blocks=num_blocks, block_size=block_size, num_kv_heads=2, head_dim=32,
-                dtype=torch.float32, device="cpu")
+    args = dict(
+        num_layers=2,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        num_kv_heads=2,
+        head_dim=32,
+        dtype=torch.float32,
+        device="cpu",
+    )
     args.update(changes)
     return PagedKVCache(**args)
 
 
 def snapshot(cache):
     m = cache.manager
-    seqs = {s: (m.block_table(s), m.tokens(s), m.num_computed(s), m.state(s),
-                [cache.gather(s, l) for l in range(cache.num_layers)] if m.state(s) == "resident" else None)
-            for s in m.sequences()}
+    seqs = {
+        s: (
+            m.block_table(s),
+            m.tokens(s),
+            m.num_computed(s),
+            m.state(s),
+            (
+                [cache.gather(s, l) for l in range(cache.num_layers)]
+                if m.state(s) == "resident"
+                else None
+            ),
+        )
+        for s in m.sequences()
+    }
     return m.free_order(), [m.ref_count(b) for b in range(m.num_blocks)], m.cached_blocks(), seqs
 
 
@@ -127,7 +177,9 @@ def assert_same(a, b):
     for s in a[3]:
         assert a[3][s][:4] == b[3][s][:4]
         if a[3][s][4] is not None:
-            assert all(torch.equal(x, y) for p, q in zip(a[3][s][4], b[3][s][4]) for x, y in zip(p, q))
+            assert all(
+                torch.equal(x, y) for p, q in zip(a[3][s][4], b[3][s][4]) for x, y in zip(p, q)
+            )
 
 
 def fails_cleanly(cache, call, error, match=None):
@@ -139,7 +191,8 @@ def fails_cleanly(cache, call, error, match=None):
 
 
 class failing_layer:
-    """While active, decoder layer ``index``'s MLP raises: the layers before it have stored K and V."""
+    """While active, decoder layer ``index``'s MLP raises: the layers before it have stored K and
+    V."""
 
     def __init__(self, model, index):
         self.mlp = model.model.layers[index].mlp
@@ -155,11 +208,17 @@ class failing_layer:
 
 
 MISMATCHED_CACHES = {  # a cache built for another model: refused before any layer writes
-    "dtype": (dict(dtype=torch.float16), r"cache.dtype is torch.float16 but the model needs torch.float32"),
+    "dtype": (
+        dict(dtype=torch.float16),
+        r"cache.dtype is torch.float16 but the model needs torch.float32",
+    ),
     "layers": (dict(num_layers=3), r"cache.num_layers is 3 but the model needs 2"),
     "kv heads": (dict(num_kv_heads=4), r"cache.num_kv_heads is 4 but the model needs 2"),
     "head dim": (dict(head_dim=16), r"cache.head_dim is 16 but the model needs 32"),
-    "block size": (dict(block_size=3), r"block_size must be a power of two for attention='kernel', got 3"),
+    "block size": (
+        dict(block_size=3),
+        r"block_size must be a power of two for attention='kernel', got 3",
+    ),
 }
 
 
@@ -168,19 +227,44 @@ def test_a_cache_that_does_not_fit_the_model_is_refused_first(model, case):
     changes, message = MISMATCHED_CACHES[case]
     cache = _cache(**changes)
     seq = cache.new_sequence()
-    fails_cleanly(cache, lambda: prefill(model, cache, seq, [1, 2, 3], attention="kernel"), ValueError, message)
-    fails_cleanly(cache, lambda: decode_step(model, cache, [seq], [1], attention="kernel"), ValueError, message)
+    fails_cleanly(
+        cache,
+        lambda: prefill(model, cache, seq, [1, 2, 3], attention="kernel"),
+        ValueError,
+        message,
+    )
+    fails_cleanly(
+        cache,
+        lambda: decode_step(model, cache, [seq], [1], attention="kernel"),
+        ValueError,
+        message,
+    )
 
 
-@pytest.mark.parametrize("case", ["attention name", "token out of vocab", "unfinished prefill", "out of blocks",
-                                  "layer 0 fails", "layer 1 fails", "not a cache", "duplicate", "unknown seq"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "attention name",
+        "token out of vocab",
+        "unfinished prefill",
+        "out of blocks",
+        "layer 0 fails",
+        "layer 1 fails",
+        "not a cache",
+        "duplicate",
+        "unknown seq",
+    ],
+)
 def test_decode_step_fails_cleanly(model, case):
     cache = _cache()
     seq = cache.new_sequence()
     prefill(model, cache, seq, [1, 2, 3], attention="gather")
     attention, seqs, tokens, error, match, layer = "gather", [seq], [4], ValueError, None, None
     if case == "attention name":
-        attention, match = "flash", r"attention must be one of \('kernel', 'gather', 'reference'\), got 'flash'"
+        attention, match = (
+            "flash",
+            r"attention must be one of \('kernel', 'gather', 'reference'\), got 'flash'",
+        )
     elif case == "token out of vocab":
         tokens, match = [512], r"tokens\[0\] must be a token id in \[0, 512\)"
     elif case == "unfinished prefill":
@@ -189,7 +273,9 @@ def test_decode_step_fails_cleanly(model, case):
     elif case == "out of blocks":
         while cache.num_free:
             prefill(model, cache, cache.new_sequence(), [1], attention="gather")
-        decode_step(model, cache, [seq], [4], attention="gather")  # seq's block is now full: the next needs one
+        decode_step(
+            model, cache, [seq], [4], attention="gather"
+        )  # seq's block is now full: the next needs one
         error, match = OutOfBlocksError, "bytes needed"
     elif case.startswith("layer"):
         layer, error, match = int(case[6]), RuntimeError, "injected"
@@ -203,10 +289,20 @@ def test_decode_step_fails_cleanly(model, case):
     elif case == "unknown seq":
         seqs, match = [10**6], "not a live sequence"
     if layer is None:
-        fails_cleanly(cache, lambda: decode_step(model, cache, seqs, tokens, attention=attention), error, match)
+        fails_cleanly(
+            cache,
+            lambda: decode_step(model, cache, seqs, tokens, attention=attention),
+            error,
+            match,
+        )
         return
     with failing_layer(model, layer):
-        fails_cleanly(cache, lambda: decode_step(model, cache, seqs, tokens, attention=attention), error, match)
+        fails_cleanly(
+            cache,
+            lambda: decode_step(model, cache, seqs, tokens, attention=attention),
+            error,
+            match,
+        )
 
 
 def test_failed_prefill_and_decode_step_retried_give_the_first_success(model):
@@ -215,11 +311,19 @@ def test_failed_prefill_and_decode_step_retried_give_the_first_success(model):
         cache.new_sequence()
     expected = prefill(model, clean, 0, [5, 6, 7, 8, 9], attention="gather")
     with failing_layer(model, 1):
-        fails_cleanly(flaky, lambda: prefill(model, flaky, 0, [5, 6, 7, 8, 9], attention="gather"), RuntimeError)
+        fails_cleanly(
+            flaky,
+            lambda: prefill(model, flaky, 0, [5, 6, 7, 8, 9], attention="gather"),
+            RuntimeError,
+        )
     assert prefill(model, flaky, 0, [5, 6, 7, 8, 9], attention="gather") == expected
     step = decode_step(model, clean, [0], [expected], attention="gather")
     with failing_layer(model, 1):
-        fails_cleanly(flaky, lambda: decode_step(model, flaky, [0], [expected], attention="gather"), RuntimeError)
+        fails_cleanly(
+            flaky,
+            lambda: decode_step(model, flaky, [0], [expected], attention="gather"),
+            RuntimeError,
+        )
     assert decode_step(model, flaky, [0], [expected], attention="gather") == step
     assert_same(snapshot(clean), snapshot(flaky))
 
@@ -227,17 +331,31 @@ def test_failed_prefill_and_decode_step_retried_give_the_first_success(model):
 def test_prefill_refuses_what_it_cannot_run(model):
     cache = _cache()
     seq = cache.new_sequence()
-    fails_cleanly(cache, lambda: prefill(model, cache, seq, [], attention="gather"), ValueError, "no token left")
-    fails_cleanly(cache, lambda: prefill(model, cache, seq, [1, -2], attention="gather"), ValueError,
-                  r"token_ids\[1\] must be a token id in \[0, 512\)")
-    fails_cleanly(cache, lambda: prefill(model, cache, seq, [1], attention="gather", max_tokens=0), ValueError,
-                  "max_tokens must be an int >= 1")
+    fails_cleanly(
+        cache,
+        lambda: prefill(model, cache, seq, [], attention="gather"),
+        ValueError,
+        "no token left",
+    )
+    fails_cleanly(
+        cache,
+        lambda: prefill(model, cache, seq, [1, -2], attention="gather"),
+        ValueError,
+        r"token_ids\[1\] must be a token id in \[0, 512\)",
+    )
+    fails_cleanly(
+        cache,
+        lambda: prefill(model, cache, seq, [1], attention="gather", max_tokens=0),
+        ValueError,
+        "max_tokens must be an int >= 1",
+    )
 
 
 class DecodeWithFailures(RuleBasedStateMachine):
-    """Prefill and decode steps of a real model on two caches: ``clean`` sees every valid call, ``faulty``
-    also a failing call of every kind between them. The two must stay identical (snapshots), so each
-    failed call changed nothing and the valid call after it is a first success; tokens agree too."""
+    """Prefill and decode steps of a real model on two caches: ``clean`` sees every valid call,
+    ``faulty`` also a failing call of every kind between them. The two must stay identical
+    (snapshots), so each failed call changed nothing and the valid call after it is a first success;
+    tokens agree too."""
 
     def __init__(self):
         super().__init__()
@@ -255,15 +373,24 @@ class DecodeWithFailures(RuleBasedStateMachine):
     def admit(self, prompt, fail_first):
         seq = self._both(lambda c: c.new_sequence())
         if self.clean.blocks_to_append(seq, len(prompt)) > self.clean.num_free:
-            fails_cleanly(self.faulty, lambda: prefill(self.model, self.faulty, seq, prompt, attention="gather"),
-                          OutOfBlocksError)
+            fails_cleanly(
+                self.faulty,
+                lambda: prefill(self.model, self.faulty, seq, prompt, attention="gather"),
+                OutOfBlocksError,
+            )
             self._both(lambda c: c.free(seq))
             return
         if fail_first:  # the prefill fails in its last layer, after layer 0 stored its K and V
             with failing_layer(self.model, 1):
-                fails_cleanly(self.faulty, lambda: prefill(self.model, self.faulty, seq, prompt, attention="gather"),
-                              RuntimeError, "injected")
-        self.running[seq] = self._both(lambda c: prefill(self.model, c, seq, prompt, attention="gather"))
+                fails_cleanly(
+                    self.faulty,
+                    lambda: prefill(self.model, self.faulty, seq, prompt, attention="gather"),
+                    RuntimeError,
+                    "injected",
+                )
+        self.running[seq] = self._both(
+            lambda c: prefill(self.model, c, seq, prompt, attention="gather")
+        )
 
     @precondition(lambda self: self.running)
     @rule(fail=st.sampled_from([None, 0, 1]))
@@ -271,18 +398,28 @@ class DecodeWithFailures(RuleBasedStateMachine):
         seqs = sorted(self.running)
         tokens = [self.running[s] for s in seqs]
         if sum(self.clean.blocks_to_append(s) for s in seqs) > self.clean.num_free:
-            fails_cleanly(self.faulty, lambda: decode_step(self.model, self.faulty, seqs, tokens, attention="gather"),
-                          OutOfBlocksError)
+            fails_cleanly(
+                self.faulty,
+                lambda: decode_step(self.model, self.faulty, seqs, tokens, attention="gather"),
+                OutOfBlocksError,
+            )
             self._both(lambda c: c.free(seqs[-1]))
             del self.running[seqs[-1]]
             return
         if fail is not None:
             with failing_layer(self.model, fail):
-                fails_cleanly(self.faulty,
-                              lambda: decode_step(self.model, self.faulty, seqs, tokens, attention="gather"),
-                              RuntimeError, "injected")
-        self.running.update(zip(seqs, self._both(
-            lambda c: decode_step(self.model, c, seqs, tokens, attention="gather"))))
+                fails_cleanly(
+                    self.faulty,
+                    lambda: decode_step(self.model, self.faulty, seqs, tokens, attention="gather"),
+                    RuntimeError,
+                    "injected",
+                )
+        self.running.update(
+            zip(
+                seqs,
+                self._both(lambda c: decode_step(self.model, c, seqs, tokens, attention="gather")),
+            )
+        )
 
     @invariant()
     def caches_agree(self):
@@ -291,8 +428,12 @@ class DecodeWithFailures(RuleBasedStateMachine):
 
 
 TestDecodeWithFailures = DecodeWithFailures.TestCase
-TestDecodeWithFailures.settings = settings(max_examples=10, stateful_step_count=12, deadline=None,
-                                           suppress_health_check=[HealthCheck.too_slow])
+TestDecodeWithFailures.settings = settings(
+    max_examples=10,
+    stateful_step_count=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 def test_model_geometry_names_a_missing_model():

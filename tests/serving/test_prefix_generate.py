@@ -1,6 +1,8 @@
 """Prefix caching behind a real model (notebook 06): a request whose prefix is cached runs only its
 suffix, and still produces Hugging Face ``generate``'s greedy tokens on its whole prompt. The first
-request of each test runs the plain-PyTorch paths; the second the Triton kernels (interpreted on a CPU)."""
+request of each test runs the plain-PyTorch paths; the second the Triton kernels (interpreted on a
+CPU).
+"""
 
 import pytest
 import torch
@@ -14,8 +16,18 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _model(arch):
-    return kvlab.tiny_model(arch, layers=2, hidden=128, q_heads=4, kv_heads=2, vocab=VOCAB, intermediate=256,
-                            device=DEVICE, dtype=torch.float32, seed=5)
+    return kvlab.tiny_model(
+        arch,
+        layers=2,
+        hidden=128,
+        q_heads=4,
+        kv_heads=2,
+        vocab=VOCAB,
+        intermediate=256,
+        device=DEVICE,
+        dtype=torch.float32,
+        seed=5,
+    )
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -35,14 +47,21 @@ def _tokens(n, seed):
 def _expected(model, prompt, new_tokens):
     model.set_attn_implementation("sdpa")
     ids = torch.tensor([prompt], device=model.device)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def _state(cache):
     m = cache.manager
-    return (m.free_order(), [m.ref_count(b) for b in range(m.num_blocks)], m.cached_blocks(), repr(m.stats),
-            {s: (m.block_table(s), m.tokens(s), m.num_computed(s)) for s in m.sequences()})
+    return (
+        m.free_order(),
+        [m.ref_count(b) for b in range(m.num_blocks)],
+        m.cached_blocks(),
+        repr(m.stats),
+        {s: (m.block_table(s), m.tokens(s), m.num_computed(s)) for s in m.sequences()},
+    )
 
 
 @pytest.mark.parametrize("block_size", [1, 16, 32])
@@ -85,7 +104,9 @@ def test_salt_and_batched_decode(llama):
         out.append([prefill(llama, cache, seq, attention="gather")])
         assert cached == (8 if len(seqs) == 3 else 0)
     for _ in range(3):
-        for o, t in zip(out, decode_step(llama, cache, seqs, [o[-1] for o in out], attention="gather")):
+        for o, t in zip(
+            out, decode_step(llama, cache, seqs, [o[-1] for o in out], attention="gather")
+        ):
             o.append(t)
     assert out[0] == out[1] == out[2] == _expected(llama, prompt, 4)
 
@@ -97,9 +118,13 @@ def test_out_of_blocks_changes_nothing(llama):
     before = _state(cache)
     with pytest.raises(OutOfBlocksError, match="needs 2 KV-cache block.* bytes needed") as info:
         generate(llama, cache, _tokens(7, seed=9), 2)
-    assert (info.value.needed, info.value.free, info.value.total) == (2, 1, 4) and _state(cache) == before
+    assert (info.value.needed, info.value.free, info.value.total) == (2, 1, 4) and _state(
+        cache
+    ) == before
     decode_step(llama, cache, [s], [token], attention="gather")
-    decode_step(llama, cache, [s], [token], attention="gather")  # 12 tokens: the third block is full
+    decode_step(
+        llama, cache, [s], [token], attention="gather"
+    )  # 12 tokens: the third block is full
     before = _state(cache)
     with pytest.raises(OutOfBlocksError):
         generate(llama, cache, _tokens(5, seed=10), 2)
@@ -108,8 +133,8 @@ def test_out_of_blocks_changes_nothing(llama):
 
 def test_failed_prefill_is_undone_and_registers_nothing(llama):
     """A prefill that fails in its last layer: the admission is undone, and since a block's hash is
-    registered only once its K and V are written, no hash claims K and V that were never written; the
-    next request with the same prompt computes it again."""
+    registered only once its K and V are written, no hash claims K and V that were never written;
+    the next request with the same prompt computes it again."""
     cache = cache_for(llama, 16, 4, prefix_caching=True)
     prompt = _tokens(14, seed=11)
     before = _state(cache)
@@ -146,11 +171,14 @@ def test_bad_calls(llama):
 
 
 def test_trained_model_continues_a_cached_opening_like_generate():
-    """The book's trained Llama: a question after a cached opening, its suffix through the kernel."""
+    """The book's trained Llama: a question after a cached opening, its suffix through the
+    kernel."""
     model, tok = kvlab.trained_model(device=DEVICE)
     cache = cache_for(model, 16, 16, prefix_caching=True)
-    opening = tok("And God said, Let there be light: and there was light. And God saw the light, that it was "
-                  "good: and God divided the light from the darkness.")["input_ids"]
+    opening = tok(
+        "And God said, Let there be light: and there was light. And God saw the light, that it was "
+        "good: and God divided the light from the darkness."
+    )["input_ids"]
     generate(model, cache, opening + [5], 1, attention="reference")
     asked = opening + tok(" And God called", add_special_tokens=False)["input_ids"]
     run = generate(model, cache, asked, 4, attention="kernel")
@@ -159,13 +187,15 @@ def test_trained_model_continues_a_cached_opening_like_generate():
 
 def test_issue_22_hash_before_write_classes_are_gone(llama):
     """The prefix-cache bugs of issue 22, in the one serving stack (a hash registered only once its
-    block's K and V are written): (1) a failed prefill whose admission evicted a freed prompt's cached
-    blocks, and whose layer 0 then overwrote them, leaves no hash behind, so a later request of that
-    prompt decodes generate's tokens; (2) a prompt admitted but never prefilled offers no hit to a
-    longer prompt that starts with it."""
+    block's K and V are written): (1) a failed prefill whose admission evicted a freed prompt's
+    cached blocks, and whose layer 0 then overwrote them, leaves no hash behind, so a later request
+    of that prompt decodes generate's tokens; (2) a prompt admitted but never prefilled offers no
+    hit to a longer prompt that starts with it."""
     cache = cache_for(llama, 5, 4, prefix_caching=True)
     prompt, other = _tokens(12, seed=21), _tokens(13, seed=22)
-    assert generate(llama, cache, prompt, 2, attention="gather").tokens == _expected(llama, prompt, 2)
+    assert generate(llama, cache, prompt, 2, attention="gather").tokens == _expected(
+        llama, prompt, 2
+    )
     assert cache.manager.num_cached == 3  # the prompt's 3 full blocks, freed and cached
     mlp = llama.model.layers[-1].mlp
 

@@ -33,26 +33,37 @@ def test_decode_loop_solutions():
 
 
 def test_decode_loop_static_follows_the_growth_model_on_both_sides():
-    """The cached steps' growth from the page's model (3k(G-1)/beta), against a spread solved from that
-    growth: at 0.9x of it the growth stands out, at 1.1x it does not; the static steps likewise."""
+    """The cached steps' growth from the page's model (3k(G-1)/beta), against a spread solved from
+    that growth: at 0.9x of it the growth stands out, at 1.1x it does not; the static steps
+    likewise."""
     from kvlab.theory.decode_step import predicted_step_growth
 
     growth = predicted_step_growth(kv_bytes_per_token=65_536, tokens=31, bandwidth=10e9)
     first = 20e-3
     threshold = growth / first  # the spread at which the growth just stands out
-    shows = folded(ex.decode_loop_static(256, 32, 30e-3, 30e-3, first, first + growth, growth, 0.9 * threshold), 3)
+    shows = folded(
+        ex.decode_loop_static(
+            256, 32, 30e-3, 30e-3, first, first + growth, growth, 0.9 * threshold
+        ),
+        3,
+    )
     assert "this run can show it" in shows and "flat, as predicted" in shows
-    hidden = folded(ex.decode_loop_static(256, 32, 30e-3, 30e-3, first, 0.8 * first, growth, 1.1 * threshold), 3)
+    hidden = folded(
+        ex.decode_loop_static(256, 32, 30e-3, 30e-3, first, 0.8 * first, growth, 1.1 * threshold), 3
+    )
     assert "cannot show it" in hidden and "not the history" in hidden
-    moved = ex.decode_loop_static(256, 32, 30e-3, 30e-3 * (1 + 1.1 * threshold), first, first, growth, threshold)
+    moved = ex.decode_loop_static(
+        256, 32, 30e-3, 30e-3 * (1 + 1.1 * threshold), first, first, growth, threshold
+    )
     assert "more than the spread" in moved
-    still = ex.decode_loop_static(256, 32, 30e-3, 30e-3 * (1 + 0.9 * threshold), first, first, growth, threshold)
+    still = ex.decode_loop_static(
+        256, 32, 30e-3, 30e-3 * (1 + 0.9 * threshold), first, first, growth, threshold
+    )
     assert "flat, as predicted" in still
 
 
 def test_cache_reuse_solutions_and_corrections():
     from kvlab.show.readings import cache_reuse
-
     from kvlab.theory.agreement import edges
     from kvlab.theory.work import DOUBLING_TOLERANCE, request_time
 
@@ -64,30 +75,39 @@ def test_cache_reuse_solutions_and_corrections():
     for factor in (0.9 * low, 1.1 * high):
         off = folded(ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * factor), 1)
         assert "does not hold in this run" in off and "holds." not in off
-    # Both boundaries from their models: the recompilation model's edge, and the later steps' spread.
-    from kvlab.theory.decode_step import step_spread
+    # Both boundaries from their models: the recompilation model's edge, and the later steps'
+    # spread.
     from kvlab.theory.agreement import edges
+    from kvlab.theory.decode_step import step_spread
 
     steady, first, later = 0.001, 5.0, [0.00095, 0.001, 0.001, 0.00105, 0.001]
     from kvlab.show.readings.exercises.cache_reuse import RECOMPILE_TOLERANCE
 
     low, _ = edges(first - steady, RECOMPILE_TOLERANCE)
-    w = folded(ex.cache_reuse_warm({2: 10.0, 8: 10.5}, [first, steady + 1.1 * low] + later, steady), 2)
+    w = folded(
+        ex.cache_reuse_warm({2: 10.0, 8: 10.5}, [first, steady + 1.1 * low] + later, steady), 2
+    )
     assert "| 8 | 10.5 s |" in w and "a second compilation" in w
     work = ex.cache_reuse_warm({2: 10.0}, [first, steady + 0.9 * low] + later, steady)
     assert "one-time work remains" in work and "a second compilation" not in work
     noise = step_spread(later) * steady
-    assert "one-time work remains" in ex.cache_reuse_warm({2: 10.0}, [first, steady + 1.1 * noise] + later, steady)
-    assert "already steady" in ex.cache_reuse_warm({2: 10.0}, [first, steady + 0.9 * noise] + later, steady)
+    assert "one-time work remains" in ex.cache_reuse_warm(
+        {2: 10.0}, [first, steady + 1.1 * noise] + later, steady
+    )
+    assert "already steady" in ex.cache_reuse_warm(
+        {2: 10.0}, [first, steady + 0.9 * noise] + later, steady
+    )
     # the positions ratio is no bound: the reading names the pairs ratio either way
-    tt, tp = {"naive": 0.07, "cached": 0.07, "static": 0.08}, {"naive": 0.08, "cached": 0.02, "static": 0.02}
+    tt, tp = (
+        {"naive": 0.07, "cached": 0.07, "static": 0.08},
+        {"naive": 0.08, "cached": 0.02, "static": 0.02},
+    )
     above = cache_reuse.explore_reading(512, 512, 1, "cpu", tt, tp, 9.0, 7.0)
     assert "pairs ratio, 477.8 here" in above  # against a positions ratio of 384 at P = G = 512
 
 
 def test_gemv_solutions_and_capacity_readings():
     from kvlab.show.readings import capacity
-
     from kvlab.theory import matmul
     from kvlab.theory.agreement import edges
 
@@ -107,8 +127,15 @@ def test_gemv_solutions_and_capacity_readings():
     real = capacity.largest_batch_reading(2048)
     assert "**258** instead of 238" in real and "79.6 GiB" in real
     margin = capacity.h200_margin_reading(3052)
-    assert "**1 GB**" in margin and "**9.7 GB**" in margin and "140.4 GiB" in margin and "70.55e9" in margin
-    short = capacity.largest_batch_reading(1024)  # half the context: twice the batch, past the ridge batch
+    assert (
+        "**1 GB**" in margin
+        and "**9.7 GB**" in margin
+        and "140.4 GiB" in margin
+        and "70.55e9" in margin
+    )
+    short = capacity.largest_batch_reading(
+        1024
+    )  # half the context: twice the batch, past the ridge batch
     assert "That reaches the ridge batch of 295" in short
 
 
@@ -117,7 +144,12 @@ def _layout_reads():
     at a time chosen against the bytes model: ``read(batch, factor, block)`` times a read at
     ``factor`` times its ``predicted_s``."""
     from kvlab.cache.layout import new_cache
-    from kvlab.lab.layout_timing import AppendMeasurement, ReadMeasurement, append_traffic, read_traffic
+    from kvlab.lab.layout_timing import (
+        AppendMeasurement,
+        ReadMeasurement,
+        append_traffic,
+        read_traffic,
+    )
     from kvlab.lab.timing import Timing
 
     beta = 8e9
@@ -128,12 +160,25 @@ def _layout_reads():
     def read(batch=2, factor=1.0, layout="BHTD", block=16):
         kv, moved = read_traffic(cache(layout, batch, block))
         t = factor * moved / beta
-        return ReadMeasurement(layout, batch, 256, 8, 4, 16, "float32", Timing(t, t, t, (t,)), kv, moved, beta)
+        return ReadMeasurement(
+            layout, batch, 256, 8, 4, 16, "float32", Timing(t, t, t, (t,)), kv, moved, beta
+        )
 
     def append(method, seconds, batch=2):
         new, moved = append_traffic(cache("BHTD", batch, 16), method)
-        return AppendMeasurement("BHTD", method, batch, 256, 4, 16, "float32", Timing(seconds, seconds, seconds, (seconds,)),
-                                 new, moved, beta)
+        return AppendMeasurement(
+            "BHTD",
+            method,
+            batch,
+            256,
+            4,
+            16,
+            "float32",
+            Timing(seconds, seconds, seconds, (seconds,)),
+            new,
+            moved,
+            beta,
+        )
 
     return read, append
 
@@ -153,15 +198,23 @@ def test_kv_layout_solutions():
     off = folded(ex.kv_layout_batch(fast_lo, hi, a_lo, a_hi, (lo.kv_bytes + hi.kv_bytes) // 2), 1)
     assert "grew more than its bytes" in off
     slow_lo = read(2, factor=1.1 * high)
-    resident = folded(ex.kv_layout_batch(slow_lo, hi, a_lo, a_hi, (lo.kv_bytes + hi.kv_bytes) // 2), 1)
+    resident = folded(
+        ex.kv_layout_batch(slow_lo, hi, a_lo, a_hi, (lo.kv_bytes + hi.kv_bytes) // 2), 1
+    )
     assert "last-level cache" in resident and "grew less than its bytes" in resident
     assert "same side" in ex.kv_layout_batch(slow_lo, hi, a_lo, a_hi, None)
     runs1, runs16 = {"HND": 256, "NHD": 256}, {"HND": 4096, "NHD": 256}
     g16 = read(2, layout="NHD", block=16)
-    g1_model = read(2, layout="NHD", block=1)  # the bytes model: a longer block table, the same copy
+    g1_model = read(
+        2, layout="NHD", block=1
+    )  # the bytes model: a longer block table, the same copy
     slower = read(2, factor=1.1 * high, layout="NHD", block=1)
-    assert "Slower than its bytes" in folded(ex.kv_layout_block1(64, 4, runs1, runs16, 16, slower, g16), 2)
-    assert "Not slower here" in folded(ex.kv_layout_block1(64, 4, runs1, runs16, 16, g1_model, g16), 2)
+    assert "Slower than its bytes" in folded(
+        ex.kv_layout_block1(64, 4, runs1, runs16, 16, slower, g16), 2
+    )
+    assert "Not slower here" in folded(
+        ex.kv_layout_block1(64, 4, runs1, runs16, 16, g1_model, g16), 2
+    )
     r = read(2)
     cat_pred = append("cat", 1.0).predicted_s
     assert "Close to the byte ratio" in folded(ex.kv_layout_cat(r, append("cat", cat_pred)), 3)
@@ -175,13 +228,16 @@ def test_ssm_solutions():
     assert "**20 tokens**" in t
     from kvlab.theory import ssm
 
-    # The cost model fitted at d = 64, with a round cost 10% past its break-even at d = 8, predicts the
-    # parallel scan; the measurement then agrees with it or not.
+    # The cost model fitted at d = 64, with a round cost 10% past its break-even at d = 8, predicts
+    # the parallel scan; the measurement then agrees with it or not.
     gamma, n, s = 1e-9, 16, 1024
     tau = 1.1 * ssm.parallel_break_even(s) * gamma * 8 * n
     predicted = ssm.fastest_order(s, tau, gamma, 8 * n, 16)
     assert predicted != "sequential"
-    agree = {m: ssm.scan_time(s, m, 16 if m == "chunked" else None, tau, gamma, 8 * n) for m in ssm.METHODS}
+    agree = {
+        m: ssm.scan_time(s, m, 16 if m == "chunked" else None, tau, gamma, 8 * n)
+        for m in ssm.METHODS
+    }
     t = folded(ex.ssm_narrow_scan(64, 8, n, s, 16, tau, gamma, "sequential", agree), 2)
     assert f"predicts the **{predicted}** scan" in t and "as the cost model predicted" in t
     disagree = {**agree, "sequential": min(agree.values()) / 2}
@@ -196,7 +252,6 @@ def test_ssm_solutions():
 
 def test_long_context_solutions_and_kivi_reading():
     from kvlab.show.readings import capacity
-
     from kvlab.theory.long_context import first_eviction
 
     onset = first_eviction(4, 60)
@@ -204,10 +259,16 @@ def test_long_context_solutions_and_kivi_reading():
     assert f"**$t$ = {onset}**" in ex.long_context_onset(4, 64, onset, onset, 512)
     assert "Not where predicted" in ex.long_context_onset(4, 64, onset + 1, onset, 512)
     flat = {"per-channel keys": {"rms": 0.394}, "per-token keys": {"rms": 0.409}}
-    t = folded(ex.long_context_outliers(flat, {"per-channel keys": 0.82, "per-token keys": 0.66}), 2)
+    t = folded(
+        ex.long_context_outliers(flat, {"per-channel keys": 0.82, "per-token keys": 0.66}), 2
+    )
     assert "Per-token wins, as predicted" in t
-    assert "Per-channel still wins" in ex.long_context_outliers(flat, {"per-channel keys": 0.5, "per-token keys": 0.66})
-    assert "Exactly the prediction" in folded(ex.long_context_kivi_bytes(4, 0, 100_000, 100_000, 260_000), 3)
+    assert "Per-channel still wins" in ex.long_context_outliers(
+        flat, {"per-channel keys": 0.5, "per-token keys": 0.66}
+    )
+    assert "Exactly the prediction" in folded(
+        ex.long_context_kivi_bytes(4, 0, 100_000, 100_000, 260_000), 3
+    )
     assert "check the group size" in ex.long_context_kivi_bytes(4, 0, 100_000, 120_000, 260_000)
     from kvlab.theory.long_context import ROUNDING_GAP
 
@@ -215,29 +276,41 @@ def test_long_context_solutions_and_kivi_reading():
     assert "more than rounding" not in ex.long_context_conventions(0.9 * ROUNDING_GAP, 0.074)
     assert "more than rounding" in ex.long_context_conventions(1.1 * ROUNDING_GAP, 0.074)
     k = capacity.kivi_residual_reading(127, 32, 32, 2, 1024, 4, 4, held=127 * 1024 * 4 / 1.8)
-    assert "Why only 1.8 times?" in k and "**63 stay in full precision**" in k and "31 newer ones" in k
+    assert (
+        "Why only 1.8 times?" in k and "**63 stay in full precision**" in k and "31 newer ones" in k
+    )
 
 
 def test_memory_wall_solutions_and_readings():
     import kvlab
     from kvlab import SHAPES
-    from kvlab.theory import roofline as rf
     from kvlab.show.readings import capacity
+    from kvlab.theory import roofline as rf
 
     L70 = SHAPES["llama-3-70b"]
-    t = folded(ex.wall_fixed_point(4, 4, {1: [1.0, 2.0], 4: [4.0, 4.0], 32: [26.0, 5.6]}, [1000, 64000]), 1)
+    t = folded(
+        ex.wall_fixed_point(4, 4, {1: [1.0, 2.0], 4: [4.0, 4.0], 32: [26.0, 5.6]}, [1000, 64000]), 1
+    )
     assert "**4**" in t and "| 32 | 26.00 | 5.60 |" in t
     import dataclasses
 
     from kvlab.theory import memory_wall as mw
 
-    # The band opens where the device holds twice the weights: devices 10% on each side of that memory.
+    # The band opens where the device holds twice the weights: devices 10% on each side of that
+    # memory.
     edge = 2 * L70.params * 2
     for factor, opens in ((1.1, True), (0.9, False)):
         hw = dataclasses.replace(kvlab.SPECS["b200"], hbm_bytes=factor * edge)
         assert mw.kv_bound_regime_exists(L70, hw) is opens
-        text = ex.wall_288(mw.kv_bound_band(L70, hw), mw.kv_bound_regime_exists(L70, hw), 53_406, 320_435,
-                           56_458, 451_660, 4.0)
+        text = ex.wall_288(
+            mw.kv_bound_band(L70, hw),
+            mw.kv_bound_regime_exists(L70, hw),
+            53_406,
+            320_435,
+            56_458,
+            451_660,
+            4.0,
+        )
         assert ("now exists" in text) is opens and ("still no one-device" in text) is not opens
     t = folded(ex.wall_288(1.057, True, 53_406, 320_435, 56_458, 451_660, 4.0), 2)
     assert "now exists" in t and "**320,435 tokens**" in t
@@ -245,22 +318,61 @@ def test_memory_wall_solutions_and_readings():
     assert "**$S(4)$ = 3.12**" in t and "at both batches" in t
     cache = 41_943_040_000
     nv = capacity.nvlink_reading(cache, 4, 25.0)
-    assert "**23.3 ms**" in nv and "450 and 64 GB/s" in nv and "900 GB/s" in nv and "128 GB/s" in nv and "11.7 ms" in nv
-    assert "**38x to 1,073x**" in nv and "2,146x at the top" in nv  # every figure at the one-way rate
+    assert (
+        "**23.3 ms**" in nv
+        and "450 and 64 GB/s" in nv
+        and "900 GB/s" in nv
+        and "128 GB/s" in nv
+        and "11.7 ms" in nv
+    )
+    assert (
+        "**38x to 1,073x**" in nv and "2,146x at the top" in nv
+    )  # every figure at the one-way rate
     links = capacity.w4_links(cache)
     assert [round(t, 4) for t in links.values()] == [0.6554, 0.1638, 0.0233]
     assert all("one way" in k or "codec" in k for k in links)
-    fixes = capacity.seed_corrections_reading({"Llama-3-8B": (4, 4), "Llama-3-70B": (8, 8), "Llama-3.1-405B": (16, 16)},
-                                              2.61, 8.0, 11.3, 8, 2.909, 46.5, 46.56, 56.9, 25.0, cache, 39.06)
-    assert "**38× to 1,073×**" in fixes and "38× to 2,146×" in fixes and "$g = 4$, $g = 8$, $g = 16$" in fixes
+    fixes = capacity.seed_corrections_reading(
+        {"Llama-3-8B": (4, 4), "Llama-3-70B": (8, 8), "Llama-3.1-405B": (16, 16)},
+        2.61,
+        8.0,
+        11.3,
+        8,
+        2.909,
+        46.5,
+        46.56,
+        56.9,
+        25.0,
+        cache,
+        39.06,
+    )
+    assert (
+        "**38× to 1,073×**" in fixes
+        and "38× to 2,146×" in fixes
+        and "$g = 4$, $g = 8$, $g = 16$" in fixes
+    )
     assert fixes.count("\n") == 4 and fixes.startswith("1. ") and "5. **39.0 GiB.**" in fixes
     assert "interleave" in capacity.placement_reading(2.0, 8.0)
-    r3 = capacity.rule3_reading(L70.name, "NVIDIA B200", 128_000, 1.21, rf.admitted_rate(L70, "b200", 128_000),
-                                rf.admitted_rate(L70, "b200", 128_000, w_kv=0.5))
-    assert "**1 sequence in bf16**" in r3 and "**4 with a 4-bit cache**" in r3 and "**4.0 times**" in r3
-    none = capacity.rule3_reading(SHAPES["llama-3.1-405b"].name, "NVIDIA B200", 128_000, 1.0,
-                                  rf.admitted_rate(SHAPES["llama-3.1-405b"], "b200", 128_000),
-                                  rf.admitted_rate(SHAPES["llama-3.1-405b"], "b200", 128_000, w_kv=0.5))
+    r3 = capacity.rule3_reading(
+        L70.name,
+        "NVIDIA B200",
+        128_000,
+        1.21,
+        rf.admitted_rate(L70, "b200", 128_000),
+        rf.admitted_rate(L70, "b200", 128_000, w_kv=0.5),
+    )
+    assert (
+        "**1 sequence in bf16**" in r3
+        and "**4 with a 4-bit cache**" in r3
+        and "**4.0 times**" in r3
+    )
+    none = capacity.rule3_reading(
+        SHAPES["llama-3.1-405b"].name,
+        "NVIDIA B200",
+        128_000,
+        1.0,
+        rf.admitted_rate(SHAPES["llama-3.1-405b"], "b200", 128_000),
+        rf.admitted_rate(SHAPES["llama-3.1-405b"], "b200", 128_000, w_kv=0.5),
+    )
     assert "**0 sequences in bf16**" in none and "tokens/s rises" not in none
 
 
@@ -284,26 +396,41 @@ def test_prefix_caching_and_engine_solutions():
     m = prefix_model.POLICY_MARGIN  # which policy kept more, either side of the replay's margin
     hit = {("lru", 1): 0.74, ("lru", 8): 0.39, ("reserve", 1): 0.66, ("reserve", 8): 0.31 - 1.1 * m}
     assert "**reserve** lost more" in folded(ex.prefix_system_prompts(16, 32, hit), 2)
-    hit_lru = {("lru", 1): 0.74, ("lru", 8): 0.2, ("reserve", 1): 0.66, ("reserve", 8): 0.12 + 1.1 * m}
+    hit_lru = {
+        ("lru", 1): 0.74,
+        ("lru", 8): 0.2,
+        ("reserve", 1): 0.66,
+        ("reserve", 8): 0.12 + 1.1 * m,
+    }
     assert "Here **LRU** lost more" in ex.prefix_system_prompts(16, 32, hit_lru)
     tie = {("lru", 1): 0.74, ("lru", 8): 0.39, ("reserve", 1): 0.66, ("reserve", 8): 0.31 - 0.9 * m}
     assert "about the same" in ex.prefix_system_prompts(16, 32, tie)
     tol = prefix_model.TTFT_TOLERANCE
-    assert "Close to the line" in folded(ex.prefix_ninety(256, 16, 224, 0.04, 0.04 * 0.9 * tol, 0.186), 3)
-    assert "fixed cost of a forward pass" in ex.prefix_ninety(256, 16, 224, 0.04, 0.04 * 1.1 * tol, 0.186)
+    assert "Close to the line" in folded(
+        ex.prefix_ninety(256, 16, 224, 0.04, 0.04 * 0.9 * tol, 0.186), 3
+    )
+    assert "fixed cost of a forward pass" in ex.prefix_ninety(
+        256, 16, 224, 0.04, 0.04 * 1.1 * tol, 0.186
+    )
     assert "Below the line" in ex.prefix_ninety(256, 16, 224, 0.04, 0.04 * 0.9 / tol, 0.186)
     capacity, tol = 1.7, serving_model.CAPACITY_TOLERANCE  # the pool binds (capacity < max_batch)
     assert serving_model.batch_bound(capacity, 8)[0] == "pool"
     assert "as predicted" in folded(ex.engine_half_pool(capacity, 8, 0.9 * tol * capacity, 1), 1)
     assert "short requests take less" in ex.engine_half_pool(capacity, 8, 1.1 * tol * capacity, 0)
     assert "still more than `max_batch` 1" in ex.engine_half_pool(capacity, 1, 1.0, 0)
-    recompute = dict(preempted=[(9, 2, "recompute")], steps=20, readmitted_tokens=17, readmitted_cached=16)
+    recompute = dict(
+        preempted=[(9, 2, "recompute")], steps=20, readmitted_tokens=17, readmitted_cached=16
+    )
     swap = dict(preempted=[(9, 2, "swap")], steps=19, swapped_blocks=4, same_tokens=True)
     t = folded(ex.engine_swap(recompute, swap), 3)
-    assert "16 of the 17 tokens" in t and "computed 1 again" in t and "preempted once" in t and "four blocks" in t
+    assert (
+        "16 of the 17 tokens" in t
+        and "computed 1 again" in t
+        and "preempted once" in t
+        and "four blocks" in t
+    )
     assert "the same either way" in t
     assert "happened not to preempt" in ex.engine_swap(recompute, dict(swap, preempted=[]))
-
 
 
 def test_long_context_sinks_solution():
@@ -319,11 +446,19 @@ def test_long_context_sinks_solution():
         return lc.paired_spread([0.0] * 6, [d + scale * half for d in centred])
 
     t = folded(ex.long_context_sinks(40, 270, spread(0.9), 0, spread(0.9), 64), 5)
-    assert "40 sink heads of 270" in t and "within the noise, as predicted" in t and "no gain beyond the noise, as predicted" in t
+    assert (
+        "40 sink heads of 270" in t
+        and "within the noise, as predicted" in t
+        and "no gain beyond the noise, as predicted" in t
+    )
     t = ex.long_context_sinks(40, 270, spread(-1.1), 0, spread(1.1), 64)
     assert "four are better" in t and "a real gain, although no head meets" in t
     t = ex.long_context_sinks(0, 270, spread(1.1), 2, spread(0.9), 64)
-    assert "no sink head of its 270" in t and "four are worse" in t and "although it has sink heads" in t
+    assert (
+        "no sink head of its 270" in t
+        and "four are worse" in t
+        and "although it has sink heads" in t
+    )
 
 
 def test_diagnosis_solutions():
@@ -346,16 +481,35 @@ def test_diagnosis_solutions():
     assert "did not stay flat" in grew and "4.50 times" in grew
     odd = ex.diagnosis_batch(*args, step_1, 1.1 * high, "weights", "weights")
     assert "beat the flat-step prediction" in odd
-    small = folded(ex.diagnosis_batch(weights, seq, context, beta, step_1, 0.9, 1.0, 1, step_1,
-                                      verdict.flat_step_fraction(1, step_1, weights, seq, beta), "weights", "weights"), 1)
+    small = folded(
+        ex.diagnosis_batch(
+            weights,
+            seq,
+            context,
+            beta,
+            step_1,
+            0.9,
+            1.0,
+            1,
+            step_1,
+            verdict.flat_step_fraction(1, step_1, weights, seq, beta),
+            "weights",
+            "weights",
+        ),
+        1,
+    )
     assert "as far as this page's time allows" not in small
     t = folded(ex.diagnosis_gqa(16, 2, 520, 0.83, 0.39, 0.40, "kv", "overhead"), 2)
     assert "**39.0%**" in t and "lever worked" in t
     assert "verdict stays" in ex.diagnosis_gqa(16, 2, 520, 0.83, 0.55, 0.56, "kv", "kv")
-    assert "did not rest on the cache" in ex.diagnosis_gqa(16, 2, 520, 0.83, 0.39, 0.4, "overhead", "overhead")
+    assert "did not rest on the cache" in ex.diagnosis_gqa(
+        16, 2, 520, 0.83, 0.39, 0.4, "overhead", "overhead"
+    )
     ridge = 20.0  # intensities 10% past the ridge on each side, through verdict.past_ridge
     agree = folded(ex.diagnosis_naive_ridge(ridge, 4, 40, 39, 72, 1.1 * ridge, "compute"), 3)
     assert "**39**" in agree and "past the ridge point" in agree and "agrees" in agree
     assert "agrees" in ex.diagnosis_naive_ridge(ridge, 4, 40, 39, 20, 0.9 * ridge, "weights")
     assert "not compute" in ex.diagnosis_naive_ridge(ridge, 4, 40, 39, 72, 1.1 * ridge, "overhead")
-    assert "tip either way" in ex.diagnosis_naive_ridge(ridge, 4, 40, 39, 20, 0.9 * ridge, "compute")
+    assert "tip either way" in ex.diagnosis_naive_ridge(
+        ridge, 4, 40, 39, 20, 0.9 * ridge, "compute"
+    )

@@ -1,12 +1,17 @@
-"""kvlab.show.readings.cache_reuse: the sentences that depend on a measurement, each fed both outcomes (CONTRIBUTING.md, readings).
-"""
+"""kvlab.show.readings.cache_reuse: the sentences that depend on a measurement, each fed both
+outcomes (CONTRIBUTING.md, readings)."""
 
 import re
 
 from kvlab.show.readings import cache_reuse
 from kvlab.theory.agreement import edges
-from kvlab.theory.work import (POSITIONS_TOLERANCE, REQUEST_TOLERANCE, pass_time, positions_processed,
-                               request_time)
+from kvlab.theory.work import (
+    POSITIONS_TOLERANCE,
+    REQUEST_TOLERANCE,
+    pass_time,
+    positions_processed,
+    request_time,
+)
 
 
 def no_roles(text):
@@ -19,17 +24,22 @@ GROWTHS = dict(naive_growth=pass_time(P + G - 1, A, B) / pass_time(P + 1, A, B),
 
 
 def _speedup(naive_s, cached_s, **growths):
-    return no_roles(cache_reuse.speedup_reading(P, G, A, B, naive_s, cached_s, 0.2, **{**GROWTHS, **growths}))
+    return no_roles(
+        cache_reuse.speedup_reading(P, G, A, B, naive_s, cached_s, 0.2, **{**GROWTHS, **growths})
+    )
 
 
 def test_cache_reuse_speedup_follows_the_two_pass_model_on_both_sides():
-    """Predicted request times from ``request_time``; measured speedups at 0.9x and 1.1x of both edges of
-    ``REQUEST_TOLERANCE``, the gap put on the cached loop (the naive loop's on the other side)."""
+    """Predicted request times from ``request_time``; measured speedups at 0.9x and 1.1x of both
+    edges of ``REQUEST_TOLERANCE``, the gap put on the cached loop (the naive loop's on the other
+    side)."""
     naive, cached = request_time(P, G, A, B), request_time(P, G, A, B, cached=True)
     low, high = edges(naive / cached, REQUEST_TOLERANCE)
     assert "explains most of both loops' time" in _speedup(naive, naive / (1.1 * low))
     assert "explains most of both loops' time" in _speedup(naive, naive / (0.9 * high))
-    assert "request_time" in _speedup(naive, cached) and f"{naive / cached:.1f} times" in _speedup(naive, cached)
+    assert "request_time" in _speedup(naive, cached) and f"{naive / cached:.1f} times" in _speedup(
+        naive, cached
+    )
     slow_cached = _speedup(naive, naive / (0.9 * low))
     assert "cached loop, which took" in slow_cached and "DynamicCache" in slow_cached
     assert "explains" not in slow_cached
@@ -44,22 +54,35 @@ def test_cache_reuse_speedup_follows_the_two_pass_model_on_both_sides():
 def test_cache_reuse_speedup_against_the_positions_ratio_on_both_sides():
     work = positions_processed(P, G) / positions_processed(P, G, cached=True)
     low, high = edges(work, POSITIONS_TOLERANCE)
-    assert "fixed cost $a$" in _speedup(0.9 * low, 1.0) and f"{work:.0f} times as many positions" in _speedup(1, 1)
-    assert "small next to the per-token work" in _speedup(1.1 * low, 1.0) and "It is" not in _speedup(1.1 * low, 1.0)
+    assert "fixed cost $a$" in _speedup(
+        0.9 * low, 1.0
+    ) and f"{work:.0f} times as many positions" in _speedup(1, 1)
+    assert "small next to the per-token work" in _speedup(
+        1.1 * low, 1.0
+    ) and "It is" not in _speedup(1.1 * low, 1.0)
     assert "small next to the per-token work" in _speedup(0.9 * high, 1.0)
     assert "pairs ratio" in _speedup(1.1 * high, 1.0)
 
 
 def test_cache_reuse_step_growth_on_both_sides():
-    """Each loop's last step over its first at 0.9x and 1.1x of the edges around the model's growth."""
+    """Each loop's last step over its first at 0.9x and 1.1x of the edges around the model's
+    growth."""
     naive_low, naive_high = edges(GROWTHS["naive_growth"], REQUEST_TOLERANCE)
     cached_low, cached_high = edges(1.0, REQUEST_TOLERANCE)
     speedup = request_time(P, G, A, B) / request_time(P, G, A, B, cached=True)
-    for growths in (dict(naive_growth=1.1 * naive_low), dict(naive_growth=0.9 * naive_high),
-                    dict(cached_growth=1.1 * cached_low), dict(cached_growth=0.9 * cached_high)):
+    for growths in (
+        dict(naive_growth=1.1 * naive_low),
+        dict(naive_growth=0.9 * naive_high),
+        dict(cached_growth=1.1 * cached_low),
+        dict(cached_growth=0.9 * cached_high),
+    ):
         assert "cached tokens cost about the same" in _speedup(speedup, 1.0, **growths)
-    for growths in (dict(naive_growth=0.9 * naive_low), dict(naive_growth=1.1 * naive_high),
-                    dict(cached_growth=0.9 * cached_low), dict(cached_growth=1.1 * cached_high)):
+    for growths in (
+        dict(naive_growth=0.9 * naive_low),
+        dict(naive_growth=1.1 * naive_high),
+        dict(cached_growth=0.9 * cached_low),
+        dict(cached_growth=1.1 * cached_high),
+    ):
         text = _speedup(speedup, 1.0, **growths)
         assert "One of them is within" in text and "about the same" not in text
     both = _speedup(speedup, 1.0, naive_growth=1.1 * naive_high, cached_growth=1.1 * cached_high)
@@ -67,20 +90,32 @@ def test_cache_reuse_step_growth_on_both_sides():
 
 
 def test_cache_reuse_latency_follows_the_spread_on_both_sides():
-    """The static TPOT against the cached one, with the spread solved from their difference: at 1.1x of
-    it the difference is within the noise, at 0.9x it stands out (slower or faster)."""
+    """The static TPOT against the cached one, with the spread solved from their difference: at 1.1x
+    of it the difference is within the noise, at 0.9x it stands out (slower or faster)."""
     cached = 0.017
     for static, verdict in ((0.019, "slower than the cached loop"), (0.015, "Here it was faster")):
         threshold = abs(static - cached) / cached
-        within = no_roles(cache_reuse.latency_reading(96, 32, 0.07, 0.08, cached, static, 1.1 * threshold))
-        out = no_roles(cache_reuse.latency_reading(96, 32, 0.07, 0.08, cached, static, 0.9 * threshold))
+        within = no_roles(
+            cache_reuse.latency_reading(96, 32, 0.07, 0.08, cached, static, 1.1 * threshold)
+        )
+        out = no_roles(
+            cache_reuse.latency_reading(96, 32, 0.07, 0.08, cached, static, 0.9 * threshold)
+        )
         assert "differ by less than that spread" in within and verdict not in within
         assert verdict in out and "differ by less" not in out
-    # The naive TPOT against the cached one, through the same spread model on both sides of its boundary.
-    for naive, verdict in ((0.025, "because every one of them is a prefill"), (0.012, "slowed the cached run")):
+    # The naive TPOT against the cached one, through the same spread model on both sides of its
+    # boundary.
+    for naive, verdict in (
+        (0.025, "because every one of them is a prefill"),
+        (0.012, "slowed the cached run"),
+    ):
         threshold = abs(naive - cached) / cached
-        within = no_roles(cache_reuse.latency_reading(96, 32, 0.07, naive, cached, 0.0171, 1.1 * threshold))
-        out = no_roles(cache_reuse.latency_reading(96, 32, 0.07, naive, cached, 0.0171, 0.9 * threshold))
+        within = no_roles(
+            cache_reuse.latency_reading(96, 32, 0.07, naive, cached, 0.0171, 1.1 * threshold)
+        )
+        out = no_roles(
+            cache_reuse.latency_reading(96, 32, 0.07, naive, cached, 0.0171, 0.9 * threshold)
+        )
         assert "the fixed cost of a pass hides" in within and verdict not in within
         assert verdict in out and "hides" not in out
     usual = no_roles(cache_reuse.latency_reading(96, 32, 0.07, 0.08, 0.017, 0.018, 0.2))
@@ -88,7 +123,8 @@ def test_cache_reuse_latency_follows_the_spread_on_both_sides():
 
 
 def test_cache_reuse_compile_follows_the_break_even_model():
-    """The break-even from the model itself; requests of 0.9x and 1.1x that many tokens fall on either side."""
+    """The break-even from the model itself; requests of 0.9x and 1.1x that many tokens fall on
+    either side."""
     from kvlab.theory.work import break_even_tokens
 
     cost, eager, compiled = 60.0, 6e-3, 1e-3
@@ -114,17 +150,25 @@ def _peers(speedup_over_hf: float, speedup_over_cached: float):
     from kvlab.theory.peers import GENERATE, GENERATE_COMPILED
 
     base = 1.0
-    times = {GENERATE: (base,), GENERATE_COMPILED: (base,), "cached": (base,),
-             "static, compiled": (base / speedup_over_hf,)}
+    times = {
+        GENERATE: (base,),
+        GENERATE_COMPILED: (base,),
+        "cached": (base,),
+        "static, compiled": (base / speedup_over_hf,),
+    }
     times["cached"] = (times["static, compiled"][0] * speedup_over_cached,)
     return PeerComparison("tiny-llama", "float32", "cpu", 1, 128, 128, times, times, {})
 
 
 def test_cache_reuse_peers_follow_the_targets_on_both_sides():
-    """Ratios at 0.9x and 1.1x of each target (``kvlab.theory.peers.TARGETS``): met above, missed below."""
+    """Ratios at 0.9x and 1.1x of each target (``kvlab.theory.peers.TARGETS``): met above, missed
+    below."""
     from kvlab.theory.peers import GENERATE_COMPILED, TARGETS
 
-    hf, cached = TARGETS["static, compiled", GENERATE_COMPILED], TARGETS["static, compiled", "cached"]
+    hf, cached = (
+        TARGETS["static, compiled", GENERATE_COMPILED],
+        TARGETS["static, compiled", "cached"],
+    )
     met = no_roles(cache_reuse.peers_reading(_peers(1.1 * hf, 1.1 * cached)))
     assert met.count("at least as fast") == 2 and "short of" not in met
     assert "1.10x (one round: 1.10x to 1.10x)" in met and "tiny-llama, float32, P=128" in met
@@ -134,14 +178,22 @@ def test_cache_reuse_peers_follow_the_targets_on_both_sides():
 
 
 def test_cache_reuse_explore_follows_the_positions_ratio_on_both_sides():
-    """The positions ratio from ``positions_processed``; time ratios at 0.9x and 1.1x of both edges."""
-    tt, tp = {"naive": 0.07, "cached": 0.07, "static": 0.08}, {"naive": 0.08, "cached": 0.02, "static": 0.02}
+    """The positions ratio from ``positions_processed``; time ratios at 0.9x and 1.1x of both
+    edges."""
+    tt, tp = (
+        {"naive": 0.07, "cached": 0.07, "static": 0.08},
+        {"naive": 0.08, "cached": 0.02, "static": 0.02},
+    )
     work = positions_processed(32, 8) / positions_processed(32, 8, cached=True)
     low, high = edges(work, POSITIONS_TOLERANCE)
 
     def text(ratio):
         return no_roles(cache_reuse.explore_reading(32, 8, 1, "cpu", tt, tp, ratio, work))
 
-    assert "fixed per-pass cost is paid by both" in text(0.9 * low) and "positions ratio (`kvlab.theory.work.positions_processed`" in text(1)
-    assert "sets both loops' time" in text(1.1 * low) and "sets both loops' time" in text(0.9 * high)
+    assert "fixed per-pass cost is paid by both" in text(
+        0.9 * low
+    ) and "positions ratio (`kvlab.theory.work.positions_processed`" in text(1)
+    assert "sets both loops' time" in text(1.1 * low) and "sets both loops' time" in text(
+        0.9 * high
+    )
     assert "The time ratio is higher" in text(1.1 * high) and "pairs ratio" in text(1.1 * high)

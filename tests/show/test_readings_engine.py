@@ -1,66 +1,171 @@
-"""The readings of notebook 11 (the engine), each outcome-dependent sentence in both of its branches, with
-inputs on both sides of each boundary computed by the model that decides it (the work ratios of padded
-``generate`` against the engine, the flat-step model, the pool model)."""
+"""The readings of notebook 11 (the engine), each outcome-dependent sentence in both of its
+branches, with inputs on both sides of each boundary computed by the model that decides it (the work
+ratios of padded ``generate`` against the engine, the flat-step model, the pool model)."""
 
 import dataclasses
 
 import pytest
 
 from kvlab.lab.engine import CurvePoint, PaddedRun, ServingComparison
-from kvlab.show.readings.engine import comparison_reading, curve_reading, life_reading, number, times
+from kvlab.show.readings.engine import (
+    comparison_reading,
+    curve_reading,
+    life_reading,
+    number,
+    times,
+)
 from kvlab.theory import serving as model
 
 
 def test_counts_read_as_words():
-    assert (number(0), number(3), number(12), times(1), times(2), times(4)) == ("no", "three", "12", "once", "twice",
-                                                                              "four times")
+    assert (number(0), number(3), number(12), times(1), times(2), times(4)) == (
+        "no",
+        "three",
+        "12",
+        "once",
+        "twice",
+        "four times",
+    )
 
 
 def test_life_reading_both_outcomes():
-    busy = life_reading(dict(requests=5, steps=21, chunked=3, preempted=[(9, 2, "recompute")], readmitted_tokens=17,
-                             readmitted_cached=16, stalled=2, cached_tokens=8), 4, 12, 8)
-    calm = life_reading(dict(requests=5, steps=9, chunked=0, preempted=[], readmitted_tokens=0, readmitted_cached=0,
-                             stalled=0, cached_tokens=0), 4, 12, 8)
-    evicted = life_reading(dict(requests=5, steps=21, chunked=0, preempted=[(9, 2, "recompute"), (12, 3, "recompute")],
-                                readmitted_tokens=17, readmitted_cached=0, stalled=0, cached_tokens=0), 4, 12, 8)
-    swapped = life_reading(dict(requests=5, steps=21, chunked=0, preempted=[(9, 2, "swap")], readmitted_tokens=0,
-                                readmitted_cached=0, stalled=0, cached_tokens=0), 4, 12, 8)
+    busy = life_reading(
+        dict(
+            requests=5,
+            steps=21,
+            chunked=3,
+            preempted=[(9, 2, "recompute")],
+            readmitted_tokens=17,
+            readmitted_cached=16,
+            stalled=2,
+            cached_tokens=8,
+        ),
+        4,
+        12,
+        8,
+    )
+    calm = life_reading(
+        dict(
+            requests=5,
+            steps=9,
+            chunked=0,
+            preempted=[],
+            readmitted_tokens=0,
+            readmitted_cached=0,
+            stalled=0,
+            cached_tokens=0,
+        ),
+        4,
+        12,
+        8,
+    )
+    evicted = life_reading(
+        dict(
+            requests=5,
+            steps=21,
+            chunked=0,
+            preempted=[(9, 2, "recompute"), (12, 3, "recompute")],
+            readmitted_tokens=17,
+            readmitted_cached=0,
+            stalled=0,
+            cached_tokens=0,
+        ),
+        4,
+        12,
+        8,
+    )
+    swapped = life_reading(
+        dict(
+            requests=5,
+            steps=21,
+            chunked=0,
+            preempted=[(9, 2, "swap")],
+            readmitted_tokens=0,
+            readmitted_cached=0,
+            stalled=0,
+            cached_tokens=0,
+        ),
+        4,
+        12,
+        8,
+    )
     assert "five requests" in busy and "Three of them" in busy and "ran in chunks" in busy
     assert "ran out once, at step 9, when request 2" in busy and "16 of its 17 tokens" in busy
     assert "only one was computed again" in busy and "vLLM v1 preempts by recompute only" in busy
     assert "8 prompt tokens" in busy
-    assert "no prefill was chunked" in calm and "never ran out" in calm and "prefix cache" not in calm
+    assert (
+        "no prefill was chunked" in calm and "never ran out" in calm and "prefix cache" not in calm
+    )
     assert "ran out twice, first at step 9" in evicted and "paid for its whole prefill" in evicted
-    assert "by swap, copying its blocks to host memory" in swapped and "No request preempted by recompute" in swapped
+    assert (
+        "by swap, copying its blocks to host memory" in swapped
+        and "No request preempted by recompute" in swapped
+    )
 
 
 def _comparison(padding_speedup, caching_speedup, cb_speedup):
-    """A comparison whose measured speed-ups are the given factors; the work ratios come from these runs."""
-    padded = PaddedRun([[1]] * 8, [1.0] * 8, 2.0, prefill_rows=400, decode_rows=300, carried_rows=120,
-                       padding_tokens=80, forward_passes=60)
-    cached = dict(prefill_tokens=200, generated_tokens=200, requests=8, steps=40, prefix_hit_rate=0.5)
+    """A comparison whose measured speed-ups are the given factors; the work ratios come from these
+    runs."""
+    padded = PaddedRun(
+        [[1]] * 8,
+        [1.0] * 8,
+        2.0,
+        prefill_rows=400,
+        decode_rows=300,
+        carried_rows=120,
+        padding_tokens=80,
+        forward_passes=60,
+    )
+    cached = dict(
+        prefill_tokens=200, generated_tokens=200, requests=8, steps=40, prefix_hit_rate=0.5
+    )
     bare = dict(prefill_tokens=320, generated_tokens=200, requests=8, steps=40, prefix_hit_rate=0.0)
-    seconds = {model.GENERATE: (2.0,), model.ENGINE_NO_CACHE: (2.0 / padding_speedup,),
-               model.ENGINE: (2.0 / padding_speedup / caching_speedup,)}
+    seconds = {
+        model.GENERATE: (2.0,),
+        model.ENGINE_NO_CACHE: (2.0 / padding_speedup,),
+        model.ENGINE: (2.0 / padding_speedup / caching_speedup,),
+    }
     seconds[model.CB] = (seconds[model.ENGINE][0] * cb_speedup,)
-    return ServingComparison(8, 200, 8, seconds, {k: True for k in seconds},
-                             {model.ENGINE: cached, model.ENGINE_NO_CACHE: bare}, {model.ENGINE: 0.5, model.GENERATE: 1.0},
-                             padded)
+    return ServingComparison(
+        8,
+        200,
+        8,
+        seconds,
+        {k: True for k in seconds},
+        {model.ENGINE: cached, model.ENGINE_NO_CACHE: bare},
+        {model.ENGINE: 0.5, model.GENERATE: 1.0},
+        padded,
+    )
 
 
 def test_comparison_reading_decides_by_the_work_models():
     probe = _comparison(1.0, 1.0, 1.0)
     ratio = model.work_ratio(probe.padded, probe.engine_metrics[model.ENGINE_NO_CACHE])
     rows = (320 + 200) / (200 + 200)  # prefix caching's row ratio, the steps staying the same
-    assert ratio.steps == pytest.approx(60 / 40) and ratio.rows == pytest.approx((400 + 300) / (320 + 200 - 8))
+    assert ratio.steps == pytest.approx(60 / 40) and ratio.rows == pytest.approx(
+        (400 + 300) / (320 + 200 - 8)
+    )
     tol = model.SPEEDUP_TOLERANCE
-    text = comparison_reading(_comparison(1.1 * ratio.high * tol, 1.1 * rows * tol, 1.1 * tol), on_gpu=False)
-    assert text.count("did better than its work predicts") == 3 and "120 of its 300 decode rows (40%)" in text
-    text = comparison_reading(_comparison(0.9 * ratio.high * tol, 0.9 * rows * tol, 0.9 * tol), on_gpu=True)
+    text = comparison_reading(
+        _comparison(1.1 * ratio.high * tol, 1.1 * rows * tol, 1.1 * tol), on_gpu=False
+    )
+    assert (
+        text.count("did better than its work predicts") == 3
+        and "120 of its 300 decode rows (40%)" in text
+    )
+    text = comparison_reading(
+        _comparison(0.9 * ratio.high * tol, 0.9 * rows * tol, 0.9 * tol), on_gpu=True
+    )
     assert text.count("follows it") == 3 and "CUDA graphs" not in text
-    text = comparison_reading(_comparison(0.9 * ratio.low / tol, 0.9 / tol, 0.9 / tol), on_gpu=False)
+    text = comparison_reading(
+        _comparison(0.9 * ratio.low / tol, 0.9 / tol, 0.9 / tol), on_gpu=False
+    )
     assert text.count("did worse than its work predicts") == 3 and "CUDA graphs" in text
-    assert "80 padding tokens" in text and "50% of admitted tokens" in text and "returns a batch only" in text
+    assert (
+        "80 padding tokens" in text
+        and "50% of admitted tokens" in text
+        and "returns a batch only" in text
+    )
     assert "Times are from one round" in text
 
 
@@ -68,27 +173,41 @@ def test_comparison_reading_says_why_nothing_was_served_from_the_cache():
     probe = _comparison(1.0, 1.0, 1.0)
     probe.engine_metrics[model.ENGINE]["prefix_hit_rate"] = 0.0
     text = comparison_reading(probe, on_gpu=True)
-    assert "served no admitted token from cached blocks" in text and "each compute their own copy" in text
+    assert (
+        "served no admitted token from cached blocks" in text
+        and "each compute their own copy" in text
+    )
     three = dataclasses.replace(probe, seconds={k: v * 3 for k, v in probe.seconds.items()})
     assert "medians of 3 interleaved rounds" in comparison_reading(three, on_gpu=True)
 
 
 def test_curve_reading_decides_by_the_flat_step_and_pool_models():
-    base = [CurvePoint(1, 20.0, 0.05, 1.0, 0, 0.2), CurvePoint(4, 0.0, 0.057, 3.9, 0, 0.2),
-            CurvePoint(8, 1.0, 0.06, 4.4, 2, 0.2)]
+    base = [
+        CurvePoint(1, 20.0, 0.05, 1.0, 0, 0.2),
+        CurvePoint(4, 0.0, 0.057, 3.9, 0, 0.2),
+        CurvePoint(8, 1.0, 0.06, 4.4, 2, 0.2),
+    ]
     predicted = 4.4 * 20.0  # the best point's mean batch times the one-request rate
+
     def at(factor):
         points = [base[0], base[1], CurvePoint(8, factor * predicted, 0.06, 4.4, 2, 0.2)]
         assert model.flat_step_prediction(points) == pytest.approx(predicted)
         return points
+
     tol = model.FLAT_STEP_TOLERANCE
     text = curve_reading(at(0.9 * tol), capacity=4.5, chosen=4)
-    assert "as the model says" in text and "the pool, not `max_batch`, bounds" in text and "preempted twice" in text
+    assert (
+        "as the model says" in text
+        and "the pool, not `max_batch`, bounds" in text
+        and "preempted twice" in text
+    )
     assert "20% of the tokens admitted came from cached" in text
     assert "less than the model predicts" in curve_reading(at(0.9 / tol), capacity=4.5, chosen=4)
     assert "more than the model predicts" in curve_reading(at(1.1 * tol), capacity=4.5, chosen=4)
     bound, _ = model.batch_bound(8.0, 8)
-    assert bound == "max_batch" and "does not bind" in curve_reading(at(1.0), capacity=8.0, chosen=1)
+    assert bound == "max_batch" and "does not bind" in curve_reading(
+        at(1.0), capacity=8.0, chosen=1
+    )
     assert model.batch_bound(8.0 * 0.99, 8)[0] == "pool"
     flat = [CurvePoint(1, 20.0, 0.05, 1.0, 0, 0.0), CurvePoint(4, 21.0, 0.19, 3.9, 0, 0.0)]
     assert "no admission hit" in curve_reading(flat, capacity=20.0, chosen=1)

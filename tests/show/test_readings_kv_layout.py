@@ -25,17 +25,22 @@ def _t(seconds):
 
 
 def read(factor=1.0, layout="BHTD", batch=2, context=256, kv_heads=4, seconds=None):
-    """A read whose time is ``factor`` times the bytes model's prediction for a real cache's traffic."""
+    """A read whose time is ``factor`` times the bytes model's prediction for a real cache's
+    traffic."""
     cache = new_cache(layout, batch=batch, length=context, kv_heads=kv_heads, head_dim=16)
     kv, moved = read_traffic(cache)
     t = factor * moved / BETA if seconds is None else seconds
-    return ReadMeasurement(layout, batch, context, 8, kv_heads, 16, "float32", _t(t), kv, moved, BETA)
+    return ReadMeasurement(
+        layout, batch, context, 8, kv_heads, 16, "float32", _t(t), kv, moved, BETA
+    )
 
 
 def append(method, seconds, layout="BHTD", batch=2, context=256, kv_heads=4):
     cache = new_cache(layout, batch=batch, length=context, kv_heads=kv_heads, head_dim=16)
     new, moved = append_traffic(cache, method)
-    return AppendMeasurement(layout, method, batch, context, kv_heads, 16, "float32", _t(seconds), new, moved, BETA)
+    return AppendMeasurement(
+        layout, method, batch, context, kv_heads, 16, "float32", _t(seconds), new, moved, BETA
+    )
 
 
 def past(tolerance=BYTES_TOLERANCE):
@@ -45,8 +50,12 @@ def past(tolerance=BYTES_TOLERANCE):
 
 
 def test_layout_table_is_a_pipe_table_with_ratios():
-    reads = {"BHTD": read(seconds=0.010), "BTHD": read(seconds=0.016), "NHD": read(seconds=0.027, layout="NHD"),
-             "HND": read(seconds=0.027, layout="HND")}
+    reads = {
+        "BHTD": read(seconds=0.010),
+        "BTHD": read(seconds=0.016),
+        "NHD": read(seconds=0.027, layout="NHD"),
+        "HND": read(seconds=0.027, layout="HND"),
+    }
     text = no_roles(kv_layout.layout_table(reads, 7.4e9, 2, 4096))
     assert "|---|---:|---:|---:|" in text and "| `NHD` (gather) |" in text and "| 1.6 |" in text
     assert "batch 2, context 4,096" in text and "7.4 GB/s" in text
@@ -60,7 +69,10 @@ def test_explore_reading_on_both_sides_of_the_bytes_model():
     fast_not = no_roles(kv_layout.explore_reading("BHTD", 256, below, appends, llc_small))
     on = no_roles(kv_layout.explore_reading("BHTD", 256, within, appends, llc_big))
     slow = no_roles(kv_layout.explore_reading("BHTD", 256, above, appends, None))
-    assert "beat its bytes" in fast_cached and "fit in this device's 1.07 GB last-level cache" in fast_cached
+    assert (
+        "beat its bytes" in fast_cached
+        and "fit in this device's 1.07 GB last-level cache" in fast_cached
+    )
     assert "do not fit" in fast_not and "calibration" in fast_not
     assert "about the copy bandwidth" in on and "bytes model" in on and "index 5 µs" in on
     assert "slower than its bytes" in slow
@@ -71,7 +83,9 @@ def test_gqa_reading_three_ways():
     # Four times fewer KV heads: the model's byte ratio is 4; measured ratios past each edge of it.
     mha = read(1.0, kv_heads=8)
     small_t = mha.timing.median / (mha.predicted_s / read(1.0, kv_heads=2).predicted_s)
-    low, high = edges(small_t, BYTES_TOLERANCE)  # the small read's time at which the outcome changes
+    low, high = edges(
+        small_t, BYTES_TOLERANCE
+    )  # the small read's time at which the outcome changes
     fell_more = read(seconds=0.9 * low, kv_heads=2)
     follows = read(seconds=small_t, kv_heads=2)
     fell_less = read(seconds=1.1 * high, kv_heads=2)
@@ -91,12 +105,26 @@ def test_append_reading_branches():
     # The index append's time at the model's byte ratio, and on both sides of it.
     at_ratio = r.timing.median / (r.predicted_s / index_pred)
     low, high = edges(at_ratio, BYTES_TOLERANCE)
-    usual = no_roles(kv_layout.append_reading(r, append("index", 1.1 * high), append("slot", 9e-5, layout="NHD"),
-                                              append("cat", cat_pred * r.timing.median / r.predicted_s)))
+    usual = no_roles(
+        kv_layout.append_reading(
+            r,
+            append("index", 1.1 * high),
+            append("slot", 9e-5, layout="NHD"),
+            append("cat", cat_pred * r.timing.median / r.predicted_s),
+        )
+    )
     assert "below the byte ratio, as expected" in usual and "As its bytes say" in usual
-    odd = kv_layout.append_reading(r, append("index", 0.9 * low), append("slot", 9e-5, layout="NHD"),
-                                   append("cat", 1.1 * BYTES_TOLERANCE * cat_pred))
+    odd = kv_layout.append_reading(
+        r,
+        append("index", 0.9 * low),
+        append("slot", 9e-5, layout="NHD"),
+        append("cat", 1.1 * BYTES_TOLERANCE * cat_pred),
+    )
     assert "should have kept it below" in odd and "More than its bytes say" in odd
-    less = kv_layout.append_reading(r, append("index", 1.1 * high), append("slot", 9e-5, layout="NHD"),
-                                    append("cat", 0.9 * cat_pred / BYTES_TOLERANCE))
+    less = kv_layout.append_reading(
+        r,
+        append("index", 1.1 * high),
+        append("slot", 9e-5, layout="NHD"),
+        append("cat", 0.9 * cat_pred / BYTES_TOLERANCE),
+    )
     assert "Less than its bytes say" in less

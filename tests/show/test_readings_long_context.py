@@ -1,5 +1,6 @@
-"""kvlab.show.readings.long_context: page 08's readings, each fed both outcomes of the rule that decides
-it (kvlab.theory.long_context), with inputs computed by that rule on both sides of its boundary."""
+"""kvlab.show.readings.long_context: page 08's readings, each fed both outcomes of the rule that
+decides it (kvlab.theory.long_context), with inputs computed by that rule on both sides of its
+boundary."""
 
 import re
 import statistics
@@ -19,7 +20,8 @@ def no_roles(text):
 
 
 def spread(scale: float) -> lc.Spread:
-    """A Spread whose mean is ``scale`` times its own half width: resolved beyond +-1, not within."""
+    """A Spread whose mean is ``scale`` times its own half width: resolved beyond +-1, not
+    within."""
     base = [2.0] * len(NOISE)
     centred = [d - statistics.fmean(NOISE) for d in NOISE]
     half = lc.paired_spread(base, [2.0 + d for d in centred]).half_width
@@ -33,9 +35,18 @@ RESOLVED_UP, RESOLVED_DOWN, NOISY = spread(1.1), spread(-1.1), spread(0.9)
 
 def test_model_and_check_readings_quote_what_they_are_given():
     shape = SimpleNamespace(layers=30, q_heads=9, kv_heads=3, head_dim=64)
-    text = no_roles(r.model_reading("SmolLM2-135M-Instruct", 134_515_008, shape, 8192, 5_000, "float32"))
-    assert "134.5 M parameters" in text and "Q4_1" in text and "8,192" in text and "5,000 tokens" in text
-    assert "agree" not in r.check_reading(2, 16, 48, 3e-6, 18) and "18 tokens" in r.check_reading(2, 16, 48, 3e-6, 18)
+    text = no_roles(
+        r.model_reading("SmolLM2-135M-Instruct", 134_515_008, shape, 8192, 5_000, "float32")
+    )
+    assert (
+        "134.5 M parameters" in text
+        and "Q4_1" in text
+        and "8,192" in text
+        and "5,000 tokens" in text
+    )
+    assert "agree" not in r.check_reading(2, 16, 48, 3e-6, 18) and "18 tokens" in r.check_reading(
+        2, 16, 48, 3e-6, 18
+    )
 
 
 def test_sink_reading_takes_the_rule_on_both_sides():
@@ -53,17 +64,38 @@ def test_sink_reading_takes_the_rule_on_both_sides():
 
 
 def stream_spreads(window_full, window_sinks, sinks_full, recompute_sinks):
-    return {"window - full": window_full, "window - sinks": window_sinks, "sinks - full": sinks_full,
-            "recompute - sinks": recompute_sinks}
+    return {
+        "window - full": window_full,
+        "window - sinks": window_sinks,
+        "sinks - full": sinks_full,
+        "recompute - sinks": recompute_sinks,
+    }
 
 
 def test_stream_reading_both_outcomes():
-    ppl = {"full": 20.0, "window": 60.0, "sinks": 22.0, "recompute": 23.0, "sinks at recompute": 22.5}
-    usual = no_roles(r.stream_reading(4, 64, 512, ppl, stream_spreads(RESOLVED_UP, RESOLVED_UP, NOISY, NOISY), 16))
+    ppl = {
+        "full": 20.0,
+        "window": 60.0,
+        "sinks": 22.0,
+        "recompute": 23.0,
+        "sinks at recompute": 22.5,
+    }
+    usual = no_roles(
+        r.stream_reading(
+            4, 64, 512, ppl, stream_spreads(RESOLVED_UP, RESOLVED_UP, NOISY, NOISY), 16
+        )
+    )
     assert "the collapse StreamingLLM reports" in usual and "buys back" in usual
     assert "within the noise of the full cache" in usual and "as StreamingLLM found" in usual
-    odd = no_roles(r.stream_reading(4, 64, 512, ppl, stream_spreads(NOISY, NOISY, RESOLVED_UP, RESOLVED_DOWN), 16))
-    assert "StreamingLLM expects the window alone to collapse" in odd and "expected to buy that back" in odd
+    odd = no_roles(
+        r.stream_reading(
+            4, 64, 512, ppl, stream_spreads(NOISY, NOISY, RESOLVED_UP, RESOLVED_DOWN), 16
+        )
+    )
+    assert (
+        "StreamingLLM expects the window alone to collapse" in odd
+        and "expected to buy that back" in odd
+    )
     assert "what the evicted middle" in odd and "recomputation is better" in odd
     better = r.stream_reading(4, 64, 512, ppl, stream_spreads(NOISY, NOISY, NOISY, RESOLVED_UP), 16)
     assert "the sinks are better" in better
@@ -76,12 +108,20 @@ def test_sink_count_reading_both_outcomes():
     context = 8192
     inside, beyond = int(0.9 * context), int(1.1 * context)  # either side of lc.unseen_distances
     four_better = no_roles(r.sink_count_reading(64, ppl, RESOLVED_DOWN, NOISY, inside, context, 4))
-    assert "Four sinks beat one" in four_better and f"as expected while the {inside}-token stream" in four_better
+    assert (
+        "Four sinks beat one" in four_better
+        and f"as expected while the {inside}-token stream" in four_better
+    )
     four_worse = r.sink_count_reading(64, ppl, RESOLVED_UP, RESOLVED_UP, inside, context, 4)
-    assert "Four sinks are worse than one" in four_worse and "although no distance here exceeds" in four_worse
+    assert (
+        "Four sinks are worse than one" in four_worse
+        and "although no distance here exceeds" in four_worse
+    )
     same = r.sink_count_reading(64, ppl, NOISY, RESOLVED_UP, beyond, context, 4)
     assert "cannot tell one from four" in same and "only the in-cache positions" in same
-    assert "sinks' large distances did not matter" in r.sink_count_reading(64, ppl, NOISY, NOISY, beyond, context, 4)
+    assert "sinks' large distances did not matter" in r.sink_count_reading(
+        64, ppl, NOISY, NOISY, beyond, context, 4
+    )
 
 
 def test_channel_reading_takes_the_outlier_rule():
@@ -98,17 +138,24 @@ def test_kivi_layout_reading_takes_the_spread():
     text = no_roles(r.kivi_layout_reading(ppl, 20.0, {4: NOISY, 2: RESOLVED_UP}, 8, 64, 32))
     assert "**KIVI's choice, measured**" in text and "**within the spread**" in text
     assert text.index("At 4 bits") < text.index("At 2 bits")
-    assert "KIVI predicts the opposite" in r.kivi_layout_reading(ppl, 20.0, {2: RESOLVED_DOWN}, 8, 64, 32)
+    assert "KIVI predicts the opposite" in r.kivi_layout_reading(
+        ppl, 20.0, {2: RESOLVED_DOWN}, 8, 64, 32
+    )
 
 
 def test_fewer_reading_table_and_both_outcomes():
-    rows = [dict(name="full cache", bytes_per_token=23040, ppl=20.0, kl=0.0),
-            dict(name="GQA, 1 KV head (pooled)", bytes_per_token=7680, ppl=900.0, kl=3.1),
-            dict(name="latent, rank 128", bytes_per_token=7680, ppl=300.0, kl=2.0),
-            dict(name="latent, rank 384", bytes_per_token=23040, ppl=20.0, kl=2e-7)]
+    rows = [
+        dict(name="full cache", bytes_per_token=23040, ppl=20.0, kl=0.0),
+        dict(name="GQA, 1 KV head (pooled)", bytes_per_token=7680, ppl=900.0, kl=3.1),
+        dict(name="latent, rank 128", bytes_per_token=7680, ppl=300.0, kl=2.0),
+        dict(name="latent, rank 384", bytes_per_token=23040, ppl=20.0, kl=2e-7),
+    ]
     names = ("GQA, 1 KV head (pooled)", "latent, rank 128")
     better = no_roles(r.fewer_reading(rows, RESOLVED_DOWN, *names))
-    assert "the latent cache is better" in better and "| latent, rank 384 | 23,040 | 20.0 | 2e-07 |" in better
+    assert (
+        "the latent cache is better" in better
+        and "| latent, rank 384 | 23,040 | 20.0 | 2e-07 |" in better
+    )
     assert "rank 384: KL 2.0e-07" in better
     assert "the pooled GQA cache is better" in r.fewer_reading(rows, RESOLVED_UP, *names)
     assert "within the noise" in r.fewer_reading(rows, NOISY, *names)
@@ -116,8 +163,11 @@ def test_fewer_reading_table_and_both_outcomes():
 
 def test_spread_text_shows_a_narrow_interval_with_more_decimals():
     narrow = lc.Spread(mean=-0.0004, half_width=0.012, n=13, smallest=-0.02, largest=0.02)
-    assert r.spread_text(narrow, "blocks") == "-0.000 nats per token (95% interval -0.012 to +0.012 over 13 blocks)".replace(
-        "-0.000", "±0.000")
+    assert r.spread_text(
+        narrow, "blocks"
+    ) == "-0.000 nats per token (95% interval -0.012 to +0.012 over 13 blocks)".replace(
+        "-0.000", "±0.000"
+    )
     assert r.spread_text(RESOLVED_UP, "windows").startswith(f"+{RESOLVED_UP.mean:.2f} nats")
 
 
@@ -130,28 +180,42 @@ def test_rerotation_and_kivi_readings_quote_their_numbers():
 
 def test_quant_reading_takes_the_rounding_model_on_both_sides():
     cases = [(b, layout) for b in (2, 4) for layout in ("per-channel keys", "per-token keys")]
-    steps = {c: 0.4 for c in cases} | {(2, "per-token keys"): 0.5}  # per-token groups span the outliers
+    steps = {c: 0.4 for c in cases} | {
+        (2, "per-token keys"): 0.5
+    }  # per-token groups span the outliers
     inside = {c: (1 + 0.9 * ROUNDING_TOLERANCE) * rounding_rms(steps[c]) for c in cases}
     outside = inside | {(2, "per-token keys"): (1 + 1.1 * ROUNDING_TOLERANCE) * rounding_rms(0.5)}
     good = no_roles(r.quant_reading(2, 32, 0.1, 0.3, 0.1, 0.3, 0.2, inside, steps, 6.4))
-    assert "only the outlier channels pay" in good and "matches every measured RMS error within 25%" in good
+    assert (
+        "only the outlier channels pay" in good
+        and "matches every measured RMS error within 25%" in good
+    )
     assert "6.4 times fewer bytes than FP16 keys, not 8 times" in good
     odd = no_roles(r.quant_reading(2, 16, 0.3, 0.1, 0.3, 0.1, 0.2, outside, steps, 4.0))
     assert "misses 1 of the 4 measured errors" in odd and "2-bit, per-token keys" in odd
 
 
 def test_quant_reading_orders_the_layouts_by_the_rounding_model():
-    """The order the rounding model predicts from the two steps, on both sides of equal steps, against the
-    measured order: agreeing either way, and contradicted."""
+    """The order the rounding model predicts from the two steps, on both sides of equal steps,
+    against the measured order: agreeing either way, and contradicted."""
     cases = [(b, layout) for b in (2, 4) for layout in ("per-channel keys", "per-token keys")]
     base = {c: 0.4 for c in cases}
     finer_pc = base | {(2, "per-channel keys"): 0.9 * 0.4, (2, "per-token keys"): 1.1 * 0.4}
     finer_pt = base | {(2, "per-channel keys"): 1.1 * 0.4, (2, "per-token keys"): 0.9 * 0.4}
     measured = {c: rounding_rms(v) for c, v in finer_pc.items()}
-    pc, pt = rounding_rms(finer_pc[2, "per-channel keys"]), rounding_rms(finer_pc[2, "per-token keys"])
+    pc, pt = (
+        rounding_rms(finer_pc[2, "per-channel keys"]),
+        rounding_rms(finer_pc[2, "per-token keys"]),
+    )
     agree = no_roles(r.quant_reading(2, 32, pc, pt, 0.1, 0.3, 0.2, measured, finer_pc, 6.4))
-    assert "Per-channel keys are finer, as the uniform-rounding model" in agree and "only the outlier channels pay" in agree
+    assert (
+        "Per-channel keys are finer, as the uniform-rounding model" in agree
+        and "only the outlier channels pay" in agree
+    )
     small = no_roles(r.quant_reading(2, 4, pt, pc, 0.3, 0.1, 0.2, measured, finer_pt, 6.4))
     assert "Per-token keys are finer here, as" in small and "rarely spans an outlier" in small
     against = no_roles(r.quant_reading(2, 32, pc, pt, 0.1, 0.3, 0.2, measured, finer_pt, 6.4))
-    assert "opposite of the order" in against and f"{rounding_rms(1.1 * 0.4):.3f} per-channel" in against
+    assert (
+        "opposite of the order" in against
+        and f"{rounding_rms(1.1 * 0.4):.3f} per-channel" in against
+    )

@@ -1,7 +1,7 @@
-"""The readings and worked solutions of section 9.5, PagedAttention (notebook 05): each outcome-dependent
-sentence in each of its branches, with the inputs on either side of a branch computed by the model that
-decides it (kvlab.theory.paging, kvlab.lab.timing.compare_timings, the fixed-cost model of a copy,
-kvlab.theory.preemption.preemption_per_token), never picked by hand."""
+"""The readings and worked solutions of section 9.5, PagedAttention (notebook 05): each
+outcome-dependent sentence in each of its branches, with the inputs on either side of a branch
+computed by the model that decides it (kvlab.theory.paging, kvlab.lab.timing.compare_timings, the
+fixed-cost model of a copy, kvlab.theory.preemption.preemption_per_token), never picked by hand."""
 
 import re
 from types import SimpleNamespace
@@ -12,8 +12,8 @@ from kvlab.lab.paged_attention import AttentionTiming
 from kvlab.lab.paging import make_trace
 from kvlab.lab.preemption import CachedRecompute, HostCopy, PreemptionCost
 from kvlab.lab.timing import Timing, compare_timings
-from kvlab.show.readings import exercises as ex
 from kvlab.show.format import si
+from kvlab.show.readings import exercises as ex
 from kvlab.show.readings import paged_attention, preemption
 from kvlab.theory.paging import gather_overhead_s, paging_saves, waste_bound
 from kvlab.theory.preemption import preemption_per_token, recompute_or_swap
@@ -36,16 +36,24 @@ def timing(median, spread=0.05):
 
 
 def pair(outcome, base=1e-3):
-    """Two timings (a, b) for which compare_timings gives ``outcome``: a's range 10% clear of b's, or overlapping."""
+    """Two timings (a, b) for which compare_timings gives ``outcome``: a's range 10% clear of b's,
+    or overlapping."""
     b = timing(base)
-    a = {"faster": timing(0.9 * b.min / 1.05), "slower": timing(1.1 * b.max / 0.95), "even": timing(1.02 * base)}[outcome]
+    a = {
+        "faster": timing(0.9 * b.min / 1.05),
+        "slower": timing(1.1 * b.max / 0.95),
+        "even": timing(1.02 * base),
+    }[outcome]
     assert compare_timings(a, b).outcome == outcome
     return a, b
 
 
 def test_compare_timings_flips_where_the_repeats_stop_overlapping():
     b = timing(1.0)
-    for factor, outcome in ((0.9, "faster"), (1.1, "even")):  # a's slowest repeat against b's fastest
+    for factor, outcome in (
+        (0.9, "faster"),
+        (1.1, "even"),
+    ):  # a's slowest repeat against b's fastest
         a = Timing(0.5, 0.4, factor * b.min, (0.5,))
         assert compare_timings(a, b).outcome == outcome
     for factor, outcome in ((1.1, "slower"), (0.9, "even")):
@@ -59,7 +67,11 @@ def test_compare_timings_flips_where_the_repeats_stop_overlapping():
 
 
 def test_event_reading_names_shared_blocks():
-    snap = {"event": "B forks", "tables": {"B": ([3, 4], 11), "B'": ([3, 4], 11)}, "refs": [0, 0, 0, 2, 2] + [0] * 11}
+    snap = {
+        "event": "B forks",
+        "tables": {"B": ([3, 4], 11), "B'": ([3, 4], 11)},
+        "refs": [0, 0, 0, 2, 2] + [0] * 11,
+    }
     text = no_roles(paged_attention.event_reading(snap, 4, 16))
     assert "blocks 3, 4 are shared" in text and "2 of 16" in text
     alone = {"event": "A arrives", "tables": {"A": ([0], 5)}, "refs": [1] + [0] * 15}
@@ -67,24 +79,45 @@ def test_event_reading_names_shared_blocks():
 
 
 def _sim(waste, batch, steps, preemptions=0, meta=120):
-    return SimpleNamespace(waste_fraction=waste, mean_batch=batch, steps=steps, preemptions=preemptions,
-                           peak_metadata_bytes=meta)
+    return SimpleNamespace(
+        waste_fraction=waste,
+        mean_batch=batch,
+        steps=steps,
+        preemptions=preemptions,
+        peak_metadata_bytes=meta,
+    )
 
 
 def test_waste_reading_branches_where_the_formula_stops_predicting_a_saving():
-    trace, max_len = make_trace(30, "uniform", mean_prompt=16, mean_output=24, max_len=64, seed=1), 64
+    trace, max_len = (
+        make_trace(30, "uniform", mean_prompt=16, mean_output=24, max_len=64, seed=1),
+        64,
+    )
     # the formula's boundary: blocks as large as max_len hold what a maximal reservation holds
     assert not paging_saves(trace, max_len, max_len)
     saving, none = int(0.9 * max_len), int(1.1 * max_len)
     assert paging_saves(trace, saving, max_len) and not paging_saves(trace, none, max_len)
     pred = {"reserve-max": 0.6, "paged": 0.04}
-    runs = {"reserve-max": _sim(0.6, 7.1, 300), "reserve-estimate": _sim(0.43, 9, 250),
-            "paged": _sim(0.043, 20.5, 100, preemptions=12)}
-    wins = no_roles(paged_attention.waste_reading(runs, pred, trace, "uniform", saving, 4096, max_len))
-    assert "**4.3%**" in wins and "3.0 times sooner" in wins and "12 preemptions" in wins and "contradicts" not in wins
+    runs = {
+        "reserve-max": _sim(0.6, 7.1, 300),
+        "reserve-estimate": _sim(0.43, 9, 250),
+        "paged": _sim(0.043, 20.5, 100, preemptions=12),
+    }
+    wins = no_roles(
+        paged_attention.waste_reading(runs, pred, trace, "uniform", saving, 4096, max_len)
+    )
+    assert (
+        "**4.3%**" in wins
+        and "3.0 times sooner" in wins
+        and "12 preemptions" in wins
+        and "contradicts" not in wins
+    )
     assert "predicts 60% and 4.0%" in wins
-    odd = no_roles(paged_attention.waste_reading({**runs, "paged": _sim(0.7, 6.0, 320)}, pred, trace, "uniform",
-                                                 saving, 4096, max_len))
+    odd = no_roles(
+        paged_attention.waste_reading(
+            {**runs, "paged": _sim(0.7, 6.0, 320)}, pred, trace, "uniform", saving, 4096, max_len
+        )
+    )
     assert "contradicts the formula" in odd and "no preemption" in odd
     # The saving's boundary from the comparison itself: 10% past the lower edge on each side.
     from kvlab.theory.agreement import edges
@@ -92,23 +125,34 @@ def test_waste_reading_branches_where_the_formula_stops_predicting_a_saving():
     low, _ = edges(pred["reserve-max"] - pred["paged"], paged_attention.SAVING_TOLERANCE)
     for factor, contradicted in ((0.9, True), (1.1, False)):
         sim = {**runs, "paged": _sim(0.6 - factor * low, 20.5, 100)}
-        text = no_roles(paged_attention.waste_reading(sim, pred, trace, "uniform", saving, 4096, max_len))
+        text = no_roles(
+            paged_attention.waste_reading(sim, pred, trace, "uniform", saving, 4096, max_len)
+        )
         assert ("contradicts the formula" in text) is contradicted
-    loses = no_roles(paged_attention.waste_reading({**runs, "paged": _sim(0.7, 6.0, 320)}, pred, trace, "uniform",
-                                                   none, 4096, max_len))
+    loses = no_roles(
+        paged_attention.waste_reading(
+            {**runs, "paged": _sim(0.7, 6.0, 320)}, pred, trace, "uniform", none, 4096, max_len
+        )
+    )
     assert "predicts no saving" in loses and "sooner" not in loses
 
 
 def _attention(outcome, path="gather"):
-    contiguous, paged = pair(outcome)  # compare_timings(contiguous, paged): "faster" = the paged path was slower
+    contiguous, paged = pair(
+        outcome
+    )  # compare_timings(contiguous, paged): "faster" = the paged path was slower
     return AttentionTiming(paged, contiguous, 16_000_000, path)
 
 
 def test_attention_reading_in_each_outcome():
     gap = no_roles(paged_attention.attention_reading(4096, _attention("faster"), 5e9))
     extra = si(gather_overhead_s(16_000_000, 5e9), "s")
-    assert "the gather" in gap and f"{extra} at the copy bandwidth" in gap and "measured gap of" in gap
-    assert "kernel's own efficiency" in paged_attention.attention_reading(4096, _attention("faster", "kernel"), 5e9)
+    assert (
+        "the gather" in gap and f"{extra} at the copy bandwidth" in gap and "measured gap of" in gap
+    )
+    assert "kernel's own efficiency" in paged_attention.attention_reading(
+        4096, _attention("faster", "kernel"), 5e9
+    )
     assert "kept up" in paged_attention.attention_reading(4096, _attention("even"), 5e9)
     assert "beat SDPA" in paged_attention.attention_reading(4096, _attention("slower"), 5e9)
 
@@ -132,10 +176,17 @@ def test_preemption_reading_in_each_outcome():
 def test_crossover_table_and_reading_follow_the_model():
     table = preemption.crossover_table()
     r13 = recompute_or_swap(SHAPES["llama-2-13b"], "b200")
-    assert table.count("\n") == 2 + len(SHAPES) and f"**{r13.ratio:.2f}**" in table and r13.cheaper == "recompute"
+    assert (
+        table.count("\n") == 2 + len(SHAPES)
+        and f"**{r13.ratio:.2f}**" in table
+        and r13.cheaper == "recompute"
+    )
     pairs = [(k, d) for k in SHAPES for d in SPECS]
     wins = sum(recompute_or_swap(SHAPES[k], d).cheaper == "recompute" for k, d in pairs)
-    serial = sum(recompute_or_swap(SHAPES[k], d, overlap_swap_out=False).cheaper == "recompute" for k, d in pairs)
+    serial = sum(
+        recompute_or_swap(SHAPES[k], d, overlap_swap_out=False).cheaper == "recompute"
+        for k, d in pairs
+    )
     text = no_roles(preemption.crossover_reading())
     assert f"**{wins}**" in text and f"cheaper in {serial} pairs" in text and serial > wins
 
@@ -155,12 +206,16 @@ def test_host_copy_reading_flips_where_the_fixed_cost_equals_the_transfer():
         assert small.fixed_cost_s == pytest.approx(factor * small.transfer_s)
         assert small.fixed_cost_dominates is dominates
         text = no_roles(preemption.host_copy_reading([small, big], 8192, 16))
-        assert ("waste most of the link" in text) is dominates and ("keep most of the rate" in text) is not dominates
+        assert ("waste most of the link" in text) is dominates and (
+            "keep most of the rate" in text
+        ) is not dominates
 
 
 def test_decides_reading_flips_at_the_models_break_even():
     params, kv, beta = 1e6, 1e3, 5e9
-    even = preemption_per_token(params, kv, 1.0, beta).break_even_flops_per_link_byte * beta  # F at break-even
+    even = (
+        preemption_per_token(params, kv, 1.0, beta).break_even_flops_per_link_byte * beta
+    )  # F at break-even
     below = 0.9 * even  # swap cheaper by the model
     assert preemption_per_token(params, kv, below, beta).cheaper == "swap"
     assert preemption_per_token(params, kv, 1.1 * even, beta).cheaper == "recompute"
@@ -171,7 +226,9 @@ def test_decides_reading_flips_at_the_models_break_even():
     assert "transfer efficiency decides" in flip
     odd = preemption.decides_reading(params, kv, below, beta, 0.95, _cost("slower"))
     assert "measurement disagrees" in odd and "recompute was cheaper" in odd
-    assert "cannot tell them apart" in preemption.decides_reading(params, kv, below, beta, 0.95, _cost("even"))
+    assert "cannot tell them apart" in preemption.decides_reading(
+        params, kv, below, beta, 0.95, _cost("even")
+    )
 
 
 def test_cached_recompute_reading_both_ways():
@@ -190,13 +247,29 @@ def test_paged_attention_solutions():
     mean, block = 168.0, 128
     bound = waste_bound(block, mean)
     assert bound == pytest.approx(127 / (168 + 127))
-    under = folded(ex.paged_block_size(block, mean, 0.27, SimpleNamespace(waste_fraction=0.9 * bound,
-                                                                          mean_tokens_held=mean), 0.04), 1)
+    under = folded(
+        ex.paged_block_size(
+            block,
+            mean,
+            0.27,
+            SimpleNamespace(waste_fraction=0.9 * bound, mean_tokens_held=mean),
+            0.04,
+        ),
+        1,
+    )
     assert f"**{bound:.0%}**" in under and "stays under the bound" in under
-    over = ex.paged_block_size(block, mean, 0.27, SimpleNamespace(waste_fraction=1.1 * bound, mean_tokens_held=mean), 0.04)
+    over = ex.paged_block_size(
+        block, mean, 0.27, SimpleNamespace(waste_fraction=1.1 * bound, mean_tokens_held=mean), 0.04
+    )
     assert "a bug" in over
-    t = folded(ex.paged_fork_append({"B": [3, 4], "B'": [3, 4]}, {"B": [3, 9], "B'": [3, 4]}, 4, 9), 2)
+    t = folded(
+        ex.paged_fork_append({"B": [3, 4], "B'": [3, 4]}, {"B": [3, 9], "B'": [3, 4]}, 4, 9), 2
+    )
     assert "[3, 9]" in t and "B' stays [3, 4]" in t
-    assert "The same, as predicted" in folded(ex.paged_swap_steps({"recompute": 789, "swap": 789},
-                                                                  {"recompute": 131, "swap": 131}, 9234), 3)
-    assert "They differ by 11" in ex.paged_swap_steps({"recompute": 789, "swap": 800}, {"recompute": 1, "swap": 1}, 9)
+    assert "The same, as predicted" in folded(
+        ex.paged_swap_steps({"recompute": 789, "swap": 789}, {"recompute": 131, "swap": 131}, 9234),
+        3,
+    )
+    assert "They differ by 11" in ex.paged_swap_steps(
+        {"recompute": 789, "swap": 800}, {"recompute": 1, "swap": 1}, 9
+    )

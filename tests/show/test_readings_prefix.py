@@ -1,6 +1,6 @@
-"""Readings of the prefix-caching section, each fed every outcome it distinguishes, with inputs computed
-on both sides of each decision's boundary by the model that decides it (the block rule, prefill FLOPs,
-the replay's margin, equal decode bytes, the roofline of a prefill launch)."""
+"""Readings of the prefix-caching section, each fed every outcome it distinguishes, with inputs
+computed on both sides of each decision's boundary by the model that decides it (the block rule,
+prefill FLOPs, the replay's margin, equal decode bytes, the roofline of a prefill launch)."""
 
 import re
 
@@ -22,9 +22,15 @@ def clean(text):
 
 
 def test_identity_table_against_the_block_rule():
-    rows = [("reference", 40, None, reusable_tokens(None, 40, 16)), ("a space added", 41, 17, reusable_tokens(17, 41, 16))]
+    rows = [
+        ("reference", 40, None, reusable_tokens(None, 40, 16)),
+        ("a space added", 41, 17, reusable_tokens(17, 41, 16)),
+    ]
     text = clean(r.identity_reading(rows, 16))
-    assert "| a space added | 41 | 17 | 16 | 16 | 1 |" in text and "| reference | 40 | none | 32 | 32 | 2 |" in text
+    assert (
+        "| a space added | 41 | 17 | 16 | 16 | 1 |" in text
+        and "| reference | 40 | none | 32 | 32 | 2 |" in text
+    )
     assert "exactly what the rule predicts" in text
     text = clean(r.identity_reading([("reference", 40, None, 16)], 16))
     assert "predicted other counts for: reference (16 served, 32 predicted)" in text
@@ -38,43 +44,81 @@ def _predicted(tokens=2048, cached=1536, shared=None):
     return cold, warm, hf
 
 
-@pytest.mark.parametrize("factor, verdict", [(1.1 * model.TTFT_TOLERANCE, "larger than predicted"),
-                                             (0.9 * model.TTFT_TOLERANCE, "follows the FLOPs"),
-                                             (1.1 / model.TTFT_TOLERANCE, "follows the FLOPs"),
-                                             (0.9 / model.TTFT_TOLERANCE, "smaller than predicted")])
+@pytest.mark.parametrize(
+    "factor, verdict",
+    [
+        (1.1 * model.TTFT_TOLERANCE, "larger than predicted"),
+        (0.9 * model.TTFT_TOLERANCE, "follows the FLOPs"),
+        (1.1 / model.TTFT_TOLERANCE, "follows the FLOPs"),
+        (0.9 / model.TTFT_TOLERANCE, "smaller than predicted"),
+    ],
+)
 def test_ttft_decides_by_prefill_flops(factor, verdict):
     cold_pred, warm_pred, _ = _predicted()
     cold = 1.0
-    warm = cold / (factor * cold_pred / warm_pred)  # the measured saving is factor x the predicted one
-    text = clean(r.ttft_reading(2048, 16, cold, warm, 1536, cold_pred, warm_pred, middle=(1024, 0.5, 0.45)))
+    warm = cold / (
+        factor * cold_pred / warm_pred
+    )  # the measured saving is factor x the predicted one
+    text = clean(
+        r.ttft_reading(2048, 16, cold, warm, 1536, cold_pred, warm_pred, middle=(1024, 0.5, 0.45))
+    )
     assert verdict in text and "2,048-token" in text and "1,536 tokens cached" in text
     assert "With 1,024 tokens cached it took 500 ms against 450 ms predicted (1.1 times)" in text
 
 
-@pytest.mark.parametrize("saving, reuse, verdicts", [
-    (1.1 * model.TTFT_TOLERANCE, 1.1 * model.TTFT_TOLERANCE, ("larger than the FLOPs predict", "copying the whole")),
-    (0.9 * model.TTFT_TOLERANCE, 0.9 * model.TTFT_TOLERANCE, ("follows the FLOPs", "follow their FLOPs")),
-    (0.9 / model.TTFT_TOLERANCE, 0.9 / model.TTFT_TOLERANCE, ("smaller than the FLOPs predict", "kvlab took longer")),
-])
+@pytest.mark.parametrize(
+    "saving, reuse, verdicts",
+    [
+        (
+            1.1 * model.TTFT_TOLERANCE,
+            1.1 * model.TTFT_TOLERANCE,
+            ("larger than the FLOPs predict", "copying the whole"),
+        ),
+        (
+            0.9 * model.TTFT_TOLERANCE,
+            0.9 * model.TTFT_TOLERANCE,
+            ("follows the FLOPs", "follow their FLOPs"),
+        ),
+        (
+            0.9 / model.TTFT_TOLERANCE,
+            0.9 / model.TTFT_TOLERANCE,
+            ("smaller than the FLOPs predict", "kvlab took longer"),
+        ),
+    ],
+)
 def test_chat_decides_by_prefill_flops(saving, reuse, verdicts):
     cold_pred, warm_pred, hf_pred = _predicted()
     cold, cached = 0.5, 0.5 / (saving * cold_pred / warm_pred)
     hf_reused = cached * reuse * hf_pred / warm_pred
-    text = clean(r.chat_reading(120, 16, 4, 0.7, cold, cached, 0.55, hf_reused, cold_pred, warm_pred, hf_pred))
+    text = clean(
+        r.chat_reading(
+            120, 16, 4, 0.7, cold, cached, 0.55, hf_reused, cold_pred, warm_pred, hf_pred
+        )
+    )
     assert all(v in text for v in verdicts) and "**70%**" in text and "120 tokens" in text
 
 
-@pytest.mark.parametrize("gap, verdict", [(1.1 * model.POLICY_MARGIN, "LRU served more"),
-                                          (-1.1 * model.POLICY_MARGIN, "Reserve served more"),
-                                          (0.9 * model.POLICY_MARGIN, "within two percentage points")])
+@pytest.mark.parametrize(
+    "gap, verdict",
+    [
+        (1.1 * model.POLICY_MARGIN, "LRU served more"),
+        (-1.1 * model.POLICY_MARGIN, "Reserve served more"),
+        (0.9 * model.POLICY_MARGIN, "within two percentage points"),
+    ],
+)
 def test_trace_decides_by_the_replay(gap, verdict):
     lru, reserve = 0.5 + gap, 0.5
     text = clean(r.trace_reading(64, 16, 65536, lru, reserve, 0.01, 0.02, 0.05, 3))
     assert verdict in text and f"{100 * lru:.0f}%" in text and "3 system prompts" in text
 
 
-@pytest.mark.parametrize("factor, verdict", [(0.9 * model.DECODE_TOLERANCE, "They did, within noise"),
-                                             (1.1 * model.DECODE_TOLERANCE, "differ by more")])
+@pytest.mark.parametrize(
+    "factor, verdict",
+    [
+        (0.9 * model.DECODE_TOLERANCE, "They did, within noise"),
+        (1.1 * model.DECODE_TOLERANCE, "differ by more"),
+    ],
+)
 def test_decode_decides_by_equal_bytes(factor, verdict):
     text = clean(r.decode_reading(0.01, 0.01 * factor, 256, 240, 1e6))
     assert verdict in text and "240 of its tokens" in text
@@ -82,7 +126,12 @@ def test_decode_decides_by_equal_bytes(factor, verdict):
 
 def test_memory_says_cached_blocks_cost_no_admission_capacity():
     text = clean(r.memory_reading(40, 65536, 0.75, 48, 12, 72, 16, 16))
-    assert "40 free blocks" in text and "75%" in text and "at most 48" in text and "`num_free` counts" in text
+    assert (
+        "40 free blocks" in text
+        and "75%" in text
+        and "at most 48" in text
+        and "`num_free` counts" in text
+    )
     assert "gave up 12 hashes" in text and "all 16 blocks" in text and "evicted 16 hashes" in text
     assert "evicted nothing" in clean(r.memory_reading(40, 65536, 0.75, 48, 0, 72, 16, 16))
 
@@ -92,13 +141,17 @@ def _cost(new, cached=0):
 
 
 def test_prefill_cost_names_the_bound_from_the_roofline():
-    # The compulsory floor turns compute-bound at some chunk length: find it with the model, test either side.
+    # The compulsory floor turns compute-bound at some chunk length: find it with the model, test
+    # either side.
     n = next(n for n in range(1, 1 << 16) if _cost(n).compulsory_floor.bound == "compute")
     below, above = _cost(int(0.9 * n)), _cost(int(1.1 * n) + 1)
     assert below.compulsory_floor.bound == "memory" and above.compulsory_floor.bound == "compute"
     low_text = clean(r.prefill_cost_reading(below, "H100", "one prompt"))
     high_text = clean(r.prefill_cost_reading(above, "H100", "one prompt"))
-    assert "for every byte read once" in low_text and "set by its bytes" in low_text.split("for every byte read once")[1]
+    assert (
+        "for every byte read once" in low_text
+        and "set by its bytes" in low_text.split("for every byte read once")[1]
+    )
     assert "set by its FLOPs" in high_text.split("for every byte read once")[1]
     assert "FlashAttention's varlen" in high_text and "decode rows" in high_text
     assert above.rows.tile_bytes > above.kernel.tile_bytes >= above.kernel.bytes

@@ -32,14 +32,18 @@ def times(tau, ratio_factor=1.0, winner_swap=False):
 
 
 def test_scan_reading_on_both_sides_of_the_break_even():
-    edge = ssm.parallel_break_even(S) * GAMMA * E  # the round cost at which the model changes its winner
+    edge = (
+        ssm.parallel_break_even(S) * GAMMA * E
+    )  # the round cost at which the model changes its winner
     cheap, costly = 0.9 * edge, 1.1 * edge
     seq = no_roles(ssm_state.scan_reading(S, DIM, N, C, times(cheap), cheap, GAMMA))
     par = no_roles(ssm_state.scan_reading(S, DIM, N, C, times(costly), costly, GAMMA))
     assert "predicts the sequential scan to win" in seq and "explains the points" in seq
     assert "predicts the parallel scan to win" in par and "explains the points" in par
     assert f"{ssm.parallel_break_even(S):.3g}" in seq and "ssm.parallel_break_even" in seq
-    wrong = no_roles(ssm_state.scan_reading(S, DIM, N, C, times(cheap, winner_swap=True), cheap, GAMMA))
+    wrong = no_roles(
+        ssm_state.scan_reading(S, DIM, N, C, times(cheap, winner_swap=True), cheap, GAMMA)
+    )
     assert "predicted the sequential scan to win and the parallel scan won" in wrong
     # The winner right but the margin past the tolerance on each side.
     low, high = edges(1.0, ssm.SCAN_TOLERANCE)
@@ -65,12 +69,28 @@ def test_ssm_step_reading_both_sides():
     predicted = ssm.attention_step_slope(k, beta)
     low, high = edges(predicted, ssm.SLOPE_TOLERANCE)
     flat_edge = ssm.FLAT_SHARE * predicted
-    args = dict(llama="L", mamba="M", s0=256, s1=8192, llama_t=(0.034, 0.166), mamba_t=(0.043, 0.050),
-                kv_bytes_per_token=k, bandwidth=beta)
-    near = no_roles(ssm_state.step_reading(slope_llama=predicted, slope_mamba=0.9 * flat_edge, **args))
-    steep = no_roles(ssm_state.step_reading(slope_llama=1.1 * high, slope_mamba=0.9 * flat_edge, **args))
-    shallow = no_roles(ssm_state.step_reading(slope_llama=0.9 * low, slope_mamba=-0.9 * flat_edge, **args))
-    noisy = no_roles(ssm_state.step_reading(slope_llama=predicted, slope_mamba=1.1 * flat_edge, **args))
+    args = dict(
+        llama="L",
+        mamba="M",
+        s0=256,
+        s1=8192,
+        llama_t=(0.034, 0.166),
+        mamba_t=(0.043, 0.050),
+        kv_bytes_per_token=k,
+        bandwidth=beta,
+    )
+    near = no_roles(
+        ssm_state.step_reading(slope_llama=predicted, slope_mamba=0.9 * flat_edge, **args)
+    )
+    steep = no_roles(
+        ssm_state.step_reading(slope_llama=1.1 * high, slope_mamba=0.9 * flat_edge, **args)
+    )
+    shallow = no_roles(
+        ssm_state.step_reading(slope_llama=0.9 * low, slope_mamba=-0.9 * flat_edge, **args)
+    )
+    noisy = no_roles(
+        ssm_state.step_reading(slope_llama=predicted, slope_mamba=1.1 * flat_edge, **args)
+    )
     assert "within a factor of 2" in near and "noise of a shared machine:" in near
     assert "exceeds the prediction" in steep and "below the prediction" in shallow
     assert "Rerun the cell" in noisy and "3k/\\beta" in near
@@ -80,11 +100,28 @@ def test_ssm_recall_both_sides():
     n, s, samples = 8, 64, 2000
     bound = ssm.recall_bound(n, s)
     tol = ssm.sampling_tolerance(samples, n)
-    exact = no_roles(ssm_state.recall_reading(n, s, bound, bound + 0.9 * tol, samples, 0.71, 0.035,
-                                              0.9 * ssm.LOOKUP_TOLERANCE))
-    assert "exactly the bound" in exact and "lands on the exact value" in exact and "recovers every position" in exact
-    off = no_roles(ssm_state.recall_reading(n, s, bound + 10 * ssm.RANK_TOLERANCE, bound + 1.1 * tol, samples,
-                                            0.9, 0.01, 1.1 * ssm.LOOKUP_TOLERANCE))
+    exact = no_roles(
+        ssm_state.recall_reading(
+            n, s, bound, bound + 0.9 * tol, samples, 0.71, 0.035, 0.9 * ssm.LOOKUP_TOLERANCE
+        )
+    )
+    assert (
+        "exactly the bound" in exact
+        and "lands on the exact value" in exact
+        and "recovers every position" in exact
+    )
+    off = no_roles(
+        ssm_state.recall_reading(
+            n,
+            s,
+            bound + 10 * ssm.RANK_TOLERANCE,
+            bound + 1.1 * tol,
+            samples,
+            0.9,
+            0.01,
+            1.1 * ssm.LOOKUP_TOLERANCE,
+        )
+    )
     assert "rank-deficient" in off and "more than the" in off and "not sharp enough" in off
 
 

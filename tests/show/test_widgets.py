@@ -1,4 +1,5 @@
-"""kvlab.show.widgets (static HTML slider and live ipywidgets panel) and kvlab.show.plots helpers."""
+"""kvlab.show.widgets (static HTML slider and live ipywidgets panel) and kvlab.show.plots
+helpers."""
 
 import json
 import re
@@ -15,7 +16,12 @@ pytest.importorskip("ipywidgets")  # a GPU image may lack it; the CPU suite alwa
 from kvlab.show import plots, widgets  # noqa: E402
 from kvlab.show.widgets import explore  # noqa: E402
 
-STAMP = {"device": "Test Accelerator X1", "torch": "9.9", "transformers": "8.8", "date": "2030-01-02"}
+STAMP = {
+    "device": "Test Accelerator X1",
+    "torch": "9.9",
+    "transformers": "8.8",
+    "date": "2030-01-02",
+}
 
 
 def tiny_plot(result, **params):
@@ -60,7 +66,9 @@ def test_static_runs_every_combination_and_stores_each_distinct_image_once():
 
 
 def test_static_defaults_pick_the_initial_frame():
-    ex = explore(by_a, {"a": [1, 2, 3], "b": [10, 20]}, tiny_plot, defaults={"a": 2, "b": 20}, static=True)
+    ex = explore(
+        by_a, {"a": [1, 2, 3], "b": [10, 20]}, tiny_plot, defaults={"a": 2, "b": 20}, static=True
+    )
     assert ex.params == {"a": 2, "b": 20}
     assert ex.result == 2
     page = ex._repr_html_()
@@ -82,7 +90,10 @@ def test_static_html_is_self_contained():
 
 
 def test_two_explorers_have_distinct_ids():
-    pages = [explore(by_a, {"a": [1, 2], "b": [3]}, tiny_plot, static=True)._repr_html_() for _ in range(2)]
+    pages = [
+        explore(by_a, {"a": [1, 2], "b": [3]}, tiny_plot, static=True)._repr_html_()
+        for _ in range(2)
+    ]
     ids = [set(re.findall(r'id="([^"]+)"', p)) for p in pages]
     assert ids[0] and ids[1] and not ids[0] & ids[1]
     for p, own in zip(pages, ids):
@@ -176,7 +187,9 @@ def test_non_figure_from_plot_is_an_error():
 def parity(result, a, b):
     """A reading with both outcomes written, as the notebooks' readings are."""
     kind = "even" if result % 2 == 0 else "odd"
-    return f"At $a = {a}$ the result **{result}** is {kind}.\n\n| a | b |\n|---|---|\n| {a} | {b} |\n"
+    return (
+        f"At $a = {a}$ the result **{result}** is {kind}.\n\n| a | b |\n|---|---|\n| {a} | {b} |\n"
+    )
 
 
 def test_reading_is_markdown_output_and_returns_none(monkeypatch):
@@ -200,16 +213,26 @@ def test_reading_rejects_non_text():
 
 
 def test_markdown_html_renders_tables_and_math_for_mathjax():
-    out = widgets.markdown_html("Time $t$ at $$B$$\n\n| $B$ | $T$ |\n|---|--:|\n| 1 | 2 |\n\n$$\nx < y\n$$\n")
+    out = widgets.markdown_html(
+        "Time $t$ at $$B$$\n\n| $B$ | $T$ |\n|---|--:|\n| 1 | 2 |\n\n$$\nx < y\n$$\n"
+    )
     assert '<table class="table">' in out and "<th>" in out and "|---" not in out
     assert r'<span class="math notranslate nohighlight">\(B\)</span>' in out
     assert '<div class="math notranslate nohighlight">\n\\[x &lt; y\\]\n</div>' in out
-    assert "<script" not in widgets.markdown_html("<script>alert(1)</script>")  # raw HTML is escaped
+    assert "<script" not in widgets.markdown_html(
+        "<script>alert(1)</script>"
+    )  # raw HTML is escaped
 
 
 def test_static_reading_under_the_figure_follows_the_slider():
-    ex = explore(lambda a, b: a, {"a": [1, 2, 3], "b": ["x", "y"]}, tiny_plot, reading=parity,
-                 defaults={"a": 2}, static=True)
+    ex = explore(
+        lambda a, b: a,
+        {"a": [1, 2, 3], "b": ["x", "y"]},
+        tiny_plot,
+        reading=parity,
+        defaults={"a": 2},
+        static=True,
+    )
     assert ex.reading == parity(2, 2, "x")
     assert set(ex.readings) == set(ex.results) and len(ex.readings) == 6
     page = ex._repr_html_()
@@ -219,14 +242,20 @@ def test_static_reading_under_the_figure_follows_the_slider():
     # every state's reading travels once, as HTML, with a frame map from slider indices to it
     data = _script_data(page)
     assert len(data["texts"]) == 6 and data["text_frames"]["0,1"] == data["texts"].index(
-        widgets.markdown_html(parity(1, 1, "y")))
+        widgets.markdown_html(parity(1, 1, "y"))
+    )
     assert all("<table" in t and "|---" not in t for t in data["texts"])
     assert "typesetPromise" in page  # MathJax typesets the math again after a swap
 
 
 def test_static_identical_readings_are_stored_once():
-    ex = explore(lambda a, b: a, {"a": [1, 2], "b": [10, 20, 30]}, tiny_plot,
-                 reading=lambda r, a, b: f"a is {a}", static=True)
+    ex = explore(
+        lambda a, b: a,
+        {"a": [1, 2], "b": [10, 20, 30]},
+        tiny_plot,
+        reading=lambda r, a, b: f"a is {a}",
+        static=True,
+    )
     data = _script_data(ex._repr_html_())
     assert len(data["texts"]) == 2 and len(data["text_frames"]) == 6
 
@@ -239,8 +268,10 @@ def test_reading_that_fails_or_returns_non_text_is_an_error_line():
 
     ex = explore(lambda a: a, {"a": [1, 2, 3]}, tiny_plot, reading=reading, static=True)
     assert ex.readings == {(1,): "fine"}
-    assert ex.errors == {(2,): "ValueError: no reading for a=2",
-                         (3,): "TypeError: reading must return a str of Markdown, got int"}
+    assert ex.errors == {
+        (2,): "ValueError: no reading for a=2",
+        (3,): "TypeError: reading must return a str of Markdown, got int",
+    }
     with pytest.raises(TypeError, match="reading must be a function"):
         explore(lambda a: a, {"a": [1]}, tiny_plot, reading="text", static=True)
 
@@ -251,7 +282,9 @@ def test_no_reading_function_means_no_reading_block():
 
 
 def test_live_reading_is_redrawn_with_the_figure(monkeypatch):
-    monkeypatch.setattr(widgets, "SLOW_RUN_S", float("inf"))  # rerun on change, however loaded the machine
+    monkeypatch.setattr(
+        widgets, "SLOW_RUN_S", float("inf")
+    )  # rerun on change, however loaded the machine
     shown = []
     monkeypatch.setattr(widgets, "_in_ipython", lambda: True)
     import IPython.display
@@ -277,7 +310,9 @@ def _script_data(page: str) -> dict:
 
 def test_bad_default_names_slider_and_allowed_values():
     with pytest.raises(ValueError, match=r"'batch'.*\[1, 2, 4\]"):
-        explore(lambda batch: batch, {"batch": [1, 2, 4]}, tiny_plot, defaults={"batch": 3}, static=True)
+        explore(
+            lambda batch: batch, {"batch": [1, 2, 4]}, tiny_plot, defaults={"batch": 3}, static=True
+        )
 
 
 def test_default_for_unknown_slider():
@@ -358,7 +393,11 @@ def test_live_with_progress_bar_and_no_sliders():
 def test_stamp_corner_writes_device_line():
     fig, ax = plots.new_figure()
     text = plots.stamp_corner(fig, STAMP)
-    assert text in fig.texts and "Test Accelerator X1" in text.get_text() and "2030-01-02" in text.get_text()
+    assert (
+        text in fig.texts
+        and "Test Accelerator X1" in text.get_text()
+        and "2030-01-02" in text.get_text()
+    )
     plots.stamp_corner(fig, STAMP)  # again: replaces, does not stack
     assert sum("Test Accelerator" in t.get_text() for t in fig.texts) == 1
     plt.close(fig)
@@ -371,18 +410,21 @@ def test_stamp_corner_defaults_to_this_machine(monkeypatch):
     plt.close(fig)
 
 
-@pytest.mark.parametrize("value, unit, expected", [
-    (3.35e12, "B/s", "3.35 TB/s"),
-    (0.0051, "s", "5.1 ms"),
-    (2.5e-6, "s", "2.5 µs"),
-    (12, "s", "12 s"),
-    (989.5e12, "FLOP/s", "990 TFLOP/s"),
-    (999.96e9, "B/s", "1 TB/s"),
-    (16e9, "B", "16 GB"),
-    (295.4, "FLOP/B", "295 FLOP/B"),
-    (0, "B", "0 B"),
-    (-2e6, "B", "-2 MB"),
-])
+@pytest.mark.parametrize(
+    "value, unit, expected",
+    [
+        (3.35e12, "B/s", "3.35 TB/s"),
+        (0.0051, "s", "5.1 ms"),
+        (2.5e-6, "s", "2.5 µs"),
+        (12, "s", "12 s"),
+        (989.5e12, "FLOP/s", "990 TFLOP/s"),
+        (999.96e9, "B/s", "1 TB/s"),
+        (16e9, "B", "16 GB"),
+        (295.4, "FLOP/B", "295 FLOP/B"),
+        (0, "B", "0 B"),
+        (-2e6, "B", "-2 MB"),
+    ],
+)
 def test_si(value, unit, expected):
     assert plots.si(value, unit) == expected
 
@@ -390,8 +432,15 @@ def test_si(value, unit, expected):
 def test_new_figure_and_measured_vs_predicted():
     fig, axes = plots.new_figure(ncols=2)
     assert len(axes) == 2 and fig.get_layout_engine() is not None
-    ax = plots.measured_vs_predicted(axes[0], [1, 2, 3], [1.1, 2.0, 2.9], [1, 2, 3], xlabel="x", ylabel="y",
-                                     minmax=([1.0, 1.9, 2.8], [1.2, 2.1, 3.0]))
+    ax = plots.measured_vs_predicted(
+        axes[0],
+        [1, 2, 3],
+        [1.1, 2.0, 2.9],
+        [1, 2, 3],
+        xlabel="x",
+        ylabel="y",
+        minmax=([1.0, 1.9, 2.8], [1.2, 2.1, 3.0]),
+    )
     assert ax.get_xlabel() == "x"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["predicted", "measured"]
     plt.close(fig)

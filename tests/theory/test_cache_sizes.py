@@ -1,15 +1,22 @@
-"""kvlab.theory.cache_sizes: Table 9.3 and its extensions, GQA's cache per grouping, and quantized bytes.
-"""
+"""kvlab.theory.cache_sizes: Table 9.3 and its extensions, GQA's cache per grouping, and quantized
+bytes."""
 
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kvlab
 from kvlab import SHAPES
-from kvlab.theory.cache_sizes import cache_bytes, design_table, gqa_cache_bytes, kivi_nbytes, quantized_nbytes, window_span
-
+from kvlab.theory.cache_sizes import (
+    cache_bytes,
+    design_table,
+    gqa_cache_bytes,
+    kivi_nbytes,
+    quantized_nbytes,
+    window_span,
+)
 
 GIB = 2**30
 
@@ -48,9 +55,10 @@ def test_hybrid_and_mla_rows_add_up():
     assert mla.bytes == 131_072 * 32 * 576 * 2
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(window=0), "window"), (dict(kv_heads=3), "kv_heads"), (dict(tokens=0), "tokens"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [(dict(window=0), "window"), (dict(kv_heads=3), "kv_heads"), (dict(tokens=0), "tokens")],
+)
 def test_cache_bytes_rejects_bad_input(kwargs, match):
     args = dict(shape="llama-3-8b", tokens=10)
     args.update(kwargs)
@@ -71,11 +79,16 @@ def test_gqa_cache_bytes_against_the_seeds():
     for group, row in rows.items():  # bytes fall exactly with the group
         assert row.bytes_per_token * group == rows[1].bytes_per_token
     # Llama-2-13B is multi-head: group 1 is its published cache.
-    assert gqa_cache_bytes(SHAPES["llama-2-13b"], 1, groups=[1])[0].bytes_per_token == 2 * 40 * 40 * 128 * 2
+    assert (
+        gqa_cache_bytes(SHAPES["llama-2-13b"], 1, groups=[1])[0].bytes_per_token
+        == 2 * 40 * 40 * 128 * 2
+    )
 
 
 def test_bad_gqa_arguments_are_rejected():
-    with pytest.raises(ValueError, match=r"group must divide Llama-3-8B's 32 query heads; allowed: \[1, 2, 4"):
+    with pytest.raises(
+        ValueError, match=r"group must divide Llama-3-8B's 32 query heads; allowed: \[1, 2, 4"
+    ):
         gqa_cache_bytes(SHAPES["llama-3-8b"], 1024, groups=[3])
     with pytest.raises(ValueError, match="MLA"):
         gqa_cache_bytes(SHAPES["deepseek-v2"], 1024)
@@ -99,12 +112,26 @@ def test_cache_bytes_full_attention_reads_forwards():
 
 # name: (call, error, a regex the message must match: the argument's name and what is allowed)
 BAD_CALLS = {
-    "cache_bytes negative width": (lambda: cache_bytes("llama-3-8b", 1024, bytes_per_element=-2), ValueError,
-                                   r"bytes_per_element must be a finite number > 0"),
-    "design_table gqa_heads": (lambda: design_table(gqa_heads=3), ValueError,
-                               r"gqa_heads must divide the 32 query heads"),
-    "quantized_nbytes 3 bits": (lambda: quantized_nbytes(64, 3, 8), ValueError, r"bits must be one of"),
-    "quantized_nbytes ragged": (lambda: quantized_nbytes(60, 4, 8), ValueError, "multiple of group_size"),
+    "cache_bytes negative width": (
+        lambda: cache_bytes("llama-3-8b", 1024, bytes_per_element=-2),
+        ValueError,
+        r"bytes_per_element must be a finite number > 0",
+    ),
+    "design_table gqa_heads": (
+        lambda: design_table(gqa_heads=3),
+        ValueError,
+        r"gqa_heads must divide the 32 query heads",
+    ),
+    "quantized_nbytes 3 bits": (
+        lambda: quantized_nbytes(64, 3, 8),
+        ValueError,
+        r"bits must be one of",
+    ),
+    "quantized_nbytes ragged": (
+        lambda: quantized_nbytes(60, 4, 8),
+        ValueError,
+        "multiple of group_size",
+    ),
 }
 
 
@@ -113,6 +140,7 @@ def test_bad_call_raises_a_clear_error(name):
     call, error, message = BAD_CALLS[name]
     with pytest.raises(error, match=message):
         call()
+
 
 # Integer arguments: (a call taking the value, the argument's name, the smallest allowed value)
 INTEGER_ARGUMENTS = {
@@ -123,31 +151,62 @@ INTEGER_ARGUMENTS = {
 
 @pytest.mark.parametrize("name", INTEGER_ARGUMENTS)
 @settings(max_examples=12, deadline=None)
-@given(value=st.one_of(st.integers(max_value=-1), st.sampled_from([0.5, 2.0, "3", None, True, math.nan])))
+@given(
+    value=st.one_of(
+        st.integers(max_value=-1), st.sampled_from([0.5, 2.0, "3", None, True, math.nan])
+    )
+)
 def test_integer_arguments_refuse_what_is_not_an_int_in_range(name, value):
     call, argument, low = INTEGER_ARGUMENTS[name]
     if isinstance(value, int) and not isinstance(value, bool) and value >= low:
         return
-    with pytest.raises(TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError,
-                       match=argument):
+    with pytest.raises(
+        TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError,
+        match=argument,
+    ):
         call(value)
 
 
 def test_rounding_model_explains_within_its_tolerance():
     from kvlab.theory.cache_sizes import ROUNDING_TOLERANCE, rounding_explains, rounding_rms
 
-    assert rounding_rms(1.0) == pytest.approx(1 / 12 ** 0.5)
+    assert rounding_rms(1.0) == pytest.approx(1 / 12**0.5)
     predicted = rounding_rms(0.5)
-    for scale, explained in ((1 + 0.9 * ROUNDING_TOLERANCE, True), (1 + 1.1 * ROUNDING_TOLERANCE, False),
-                             (1 - 0.9 * ROUNDING_TOLERANCE, True), (1 - 1.1 * ROUNDING_TOLERANCE, False)):
+    for scale, explained in (
+        (1 + 0.9 * ROUNDING_TOLERANCE, True),
+        (1 + 1.1 * ROUNDING_TOLERANCE, False),
+        (1 - 0.9 * ROUNDING_TOLERANCE, True),
+        (1 - 1.1 * ROUNDING_TOLERANCE, False),
+    ):
         assert rounding_explains(scale * predicted, 0.5) is explained
     assert not rounding_explains(0.0, 0.0)
-@pytest.mark.parametrize("call, error, match", [
-    (lambda: gqa_cache_bytes(SHAPES["llama-3-8b"], 128, groups=4), TypeError, "groups must be a list of ints"),
-    (lambda: gqa_cache_bytes(SHAPES["llama-3-8b"], 128, groups=[True]), TypeError, r"groups\[0\] must be an int"),
-    (lambda: kivi_nbytes(128, 64, 2, 32, 32, element_bytes=math.inf), ValueError, "element_bytes must be a finite"),
-    (lambda: kivi_nbytes(128, 64, 2, 32, 32, element_bytes=True), TypeError, "element_bytes must be"),
-])
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (
+            lambda: gqa_cache_bytes(SHAPES["llama-3-8b"], 128, groups=4),
+            TypeError,
+            "groups must be a list of ints",
+        ),
+        (
+            lambda: gqa_cache_bytes(SHAPES["llama-3-8b"], 128, groups=[True]),
+            TypeError,
+            r"groups\[0\] must be an int",
+        ),
+        (
+            lambda: kivi_nbytes(128, 64, 2, 32, 32, element_bytes=math.inf),
+            ValueError,
+            "element_bytes must be a finite",
+        ),
+        (
+            lambda: kivi_nbytes(128, 64, 2, 32, 32, element_bytes=True),
+            TypeError,
+            "element_bytes must be",
+        ),
+    ],
+)
 def test_cache_sizes_refuse_bad_groups_and_element_sizes(call, error, match):
     """issue 22: not "'int' object is not iterable", nor an infinite number of bytes."""
     with pytest.raises(error, match=match):

@@ -1,11 +1,19 @@
-"""kvlab.theory.decode_step (sections 9.1 to 9.3): the cached step's three-pass model worked by hand,
-the spread of a run's steps, and the two decisions (a change standing out, a step near its weight-read
-floor) on both sides of their edges."""
+"""kvlab.theory.decode_step (sections 9.1 to 9.3): the cached step's three-pass model worked by
+hand, the spread of a run's steps, and the two decisions (a change standing out, a step near its
+weight-read floor) on both sides of their edges."""
 
 import pytest
 
-from kvlab.theory.decode_step import (FLOOR_BAND, near_floor, predicted_step, predicted_step_growth, stands_out,
-                                      step_slope, step_spread, weight_read_floor)
+from kvlab.theory.decode_step import (
+    FLOOR_BAND,
+    near_floor,
+    predicted_step,
+    predicted_step_growth,
+    stands_out,
+    step_slope,
+    step_spread,
+    weight_read_floor,
+)
 
 
 def test_step_growth_model():
@@ -23,8 +31,12 @@ def test_step_model_line():
 
     assert step_slope(1000, 1e9) == pytest.approx(3e-6)
     assert predicted_step(0.01, 100, 100, 1000, 1e9) == 0.01
-    assert predicted_step(0.01, 100, 1100, 1000, 1e9) == pytest.approx(0.01 + 1000 * step_slope(1000, 1e9))
-    np.testing.assert_allclose(predicted_step(0.01, 100, np.array([100, 1100]), 1000, 1e9), [0.01, 0.013])
+    assert predicted_step(0.01, 100, 1100, 1000, 1e9) == pytest.approx(
+        0.01 + 1000 * step_slope(1000, 1e9)
+    )
+    np.testing.assert_allclose(
+        predicted_step(0.01, 100, np.array([100, 1100]), 1000, 1e9), [0.01, 0.013]
+    )
 
 
 @pytest.mark.parametrize("factor, outside", [(0.9, False), (1.1, True)])
@@ -41,8 +53,14 @@ def test_near_floor_on_both_sides_of_the_band(factor, near):
     assert near_floor(factor * FLOOR_BAND * floor, floor) is near
 
 
-@pytest.mark.parametrize("call", [lambda: step_slope(1000, 0.0), lambda: predicted_step(0.01, 100, 200, 1000, -1e9),
-                                  lambda: weight_read_floor(1e6, 0)])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: step_slope(1000, 0.0),
+        lambda: predicted_step(0.01, 100, 200, 1000, -1e9),
+        lambda: weight_read_floor(1e6, 0),
+    ],
+)
 def test_a_bandwidth_that_is_not_positive_is_named(call):
     with pytest.raises(ValueError, match="bandwidth must be a finite number > 0"):
         call()

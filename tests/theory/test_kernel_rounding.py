@@ -1,9 +1,13 @@
-"""kvlab.theory.kernel_rounding (section 9.5): each dtype's tolerance on both sides of its edge, by name
-or by torch.dtype, and a dtype without one refused."""
+"""kvlab.theory.kernel_rounding (section 9.5): each dtype's tolerance on both sides of its edge, by
+name or by torch.dtype, and a dtype without one refused."""
 
 import pytest
 
-from kvlab.theory.kernel_rounding import ROUNDING_TOLERANCE, explained_by_rounding, rounding_tolerance
+from kvlab.theory.kernel_rounding import (
+    ROUNDING_TOLERANCE,
+    explained_by_rounding,
+    rounding_tolerance,
+)
 
 
 @pytest.mark.parametrize("name", sorted(ROUNDING_TOLERANCE))

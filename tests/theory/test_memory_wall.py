@@ -1,18 +1,19 @@
-"""kvlab.theory.memory_wall: the unified footprint model and the design rules, against the derived numbers
-of the KV Cache Memory Wall, 2026 (sections 2 to 6) and the Decode and KV Cache chapter's Table 9.3.
+"""kvlab.theory.memory_wall: the unified footprint model and the design rules, against the derived
+numbers of the KV Cache Memory Wall, 2026 (sections 2 to 6) and the Decode and KV Cache chapter's
+Table 9.3.
 """
 
 import dataclasses
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvlab.theory import roofline as rf
 from kvlab.theory.memory_wall import footprint, recommend
 from kvlab.theory.roofline import sharing_factor
 from kvlab.theory.shapes import SHAPES
-
 
 L8, L70, L405 = SHAPES["llama-3-8b"], SHAPES["llama-3-70b"], SHAPES["llama-3.1-405b"]
 
@@ -47,7 +48,9 @@ def test_section_9_7_mistral_window_cuts_cache_8x_at_32k():
     full = dataclasses.replace(SHAPES["mistral-7b"], window=None)
     ratio = footprint(full, 32_000, 1).total / footprint(SHAPES["mistral-7b"], 32_000, 1).total
     printed(ratio, "8")  # 32,000 / 4,096 = 7.8, "8 times"
-    assert rf.crossover_context(SHAPES["mistral-7b"]) == math.inf  # s* = 7.24e9 x 2 / 131,072 = 110k > 4,096
+    assert (
+        rf.crossover_context(SHAPES["mistral-7b"]) == math.inf
+    )  # s* = 7.24e9 x 2 / 131,072 = 110k > 4,096
 
 
 def test_section_4_footprints_and_sharing():
@@ -80,16 +83,29 @@ def rules(recs):
 
 def test_recommend_w2_moderate_budget():
     recs = recommend(L70, "b200", K128, 32, "moderate")
-    assert rules(recs) == [(1, "regime"), (2, "paging"), (2, "prefix caching"), (4, "quantization"),
-                           (5, "eviction"), (6, "tiering"), (7, "placement"), (8, "re-evaluation")]
+    assert rules(recs) == [
+        (1, "regime"),
+        (2, "paging"),
+        (2, "prefix caching"),
+        (4, "quantization"),
+        (5, "eviction"),
+        (6, "tiering"),
+        (7, "placement"),
+        (8, "re-evaluation"),
+    ]
     assert "4.82x" in recs[3].reason and "6.62x" in recs[4].reason
     assert "does not fit by" in recs[5].reason
 
 
 def test_recommend_weight_bound_and_lossless():
     recs = recommend(L8, "h100-sxm", 8192, 1, "none")
-    assert rules(recs) == [(1, "regime"), (2, "paging"), (2, "prefix caching"), (3, "weights and batching"),
-                           (8, "re-evaluation")]
+    assert rules(recs) == [
+        (1, "regime"),
+        (2, "paging"),
+        (2, "prefix caching"),
+        (3, "weights and batching"),
+        (8, "re-evaluation"),
+    ]
     assert recs[0].advice.startswith("weight-bound")
     above = recommend(L70, "b200", K128, 32, "none", retrieval_critical=True)
     quant = next(r for r in above if r.rule == 4)
@@ -106,8 +122,11 @@ def test_recommend_beyond_capacity_without_room_for_weights():
 
 # name: (call, error, a regex the message must match: the argument's name and what is allowed)
 BAD_CALLS = {
-    "footprint w_q nan": (lambda: footprint(SHAPES["llama-3-8b"], 1024, 1, w_q=float("nan")), ValueError,
-                          r"w_q must be a finite number > 0"),
+    "footprint w_q nan": (
+        lambda: footprint(SHAPES["llama-3-8b"], 1024, 1, w_q=float("nan")),
+        ValueError,
+        r"w_q must be a finite number > 0",
+    )
 }
 
 
@@ -117,21 +136,28 @@ def test_bad_call_raises_a_clear_error(name):
     with pytest.raises(error, match=message):
         call()
 
+
 # Integer arguments: (a call taking the value, the argument's name, the smallest allowed value)
 INTEGER_ARGUMENTS = {
-    "footprint batch": (lambda x: footprint(SHAPES["llama-3-8b"], 64, x), "batch", 1),
+    "footprint batch": (lambda x: footprint(SHAPES["llama-3-8b"], 64, x), "batch", 1)
 }
 
 
 @pytest.mark.parametrize("name", INTEGER_ARGUMENTS)
 @settings(max_examples=12, deadline=None)
-@given(value=st.one_of(st.integers(max_value=-1), st.sampled_from([0.5, 2.0, "3", None, True, math.nan])))
+@given(
+    value=st.one_of(
+        st.integers(max_value=-1), st.sampled_from([0.5, 2.0, "3", None, True, math.nan])
+    )
+)
 def test_integer_arguments_refuse_what_is_not_an_int_in_range(name, value):
     call, argument, low = INTEGER_ARGUMENTS[name]
     if isinstance(value, int) and not isinstance(value, bool) and value >= low:
         return
-    with pytest.raises(TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError,
-                       match=argument):
+    with pytest.raises(
+        TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError,
+        match=argument,
+    ):
         call(value)
 
 
@@ -144,16 +170,25 @@ def test_kv_bound_band_and_ridge_admitted_on_both_sides():
     from kvlab.theory.specs import SPECS
 
     l70, l8 = SHAPES["llama-3-70b"], SHAPES["llama-3-8b"]
-    assert kv_bound_band(l70, "b200") == pytest.approx(rf.capacity_context(l70, "b200") / rf.crossover_context(l70))
+    assert kv_bound_band(l70, "b200") == pytest.approx(
+        rf.capacity_context(l70, "b200") / rf.crossover_context(l70)
+    )
     assert kv_bound_band(l70, "h100-sxm") == 0.0 and not kv_bound_regime_exists(l70, "h100-sxm")
     edge = 2 * l70.params * 2  # twice the bf16 weights
     for factor, exists in ((0.9, False), (1.1, True)):
         hw = dataclasses.replace(SPECS["b200"], hbm_bytes=factor * edge)
         assert kv_bound_regime_exists(l70, hw) is exists
-    # The longest context at which the ridge batch still fits, found with the model; 10% on each side.
+    # The longest context at which the ridge batch still fits, found with the model; 10% on each
+    # side.
     lo, hi = 1, 1 << 20
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if ridge_admitted(l8, "h100-sxm", mid) else (lo, mid)
-    assert ridge_admitted(l8, "h100-sxm", int(0.9 * lo)) and not ridge_admitted(l8, "h100-sxm", int(1.1 * hi))
-    assert rf.max_batch(l8, "h100-sxm", lo) >= round(rf.ridge_batch("h100-sxm")) > rf.max_batch(l8, "h100-sxm", hi)
+    assert ridge_admitted(l8, "h100-sxm", int(0.9 * lo)) and not ridge_admitted(
+        l8, "h100-sxm", int(1.1 * hi)
+    )
+    assert (
+        rf.max_batch(l8, "h100-sxm", lo)
+        >= round(rf.ridge_batch("h100-sxm"))
+        > rf.max_batch(l8, "h100-sxm", hi)
+    )

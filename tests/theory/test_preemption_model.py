@@ -1,5 +1,7 @@
-"""kvlab.theory.preemption (section 9.5): recompute against swap per token for every shape and device, the
-worked numbers recomputed by hand, the verdict flipping at the model's own break-even, and bad input."""
+"""kvlab.theory.preemption (section 9.5): recompute against swap per token for every shape and
+device, the worked numbers recomputed by hand, the verdict flipping at the model's own break-even,
+and bad input.
+"""
 
 import dataclasses
 
@@ -34,10 +36,13 @@ def test_recompute_or_swap_every_shape_and_device(key, device):
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("key", ["llama-3-8b", "llama-2-13b", "smollm2-135m", "deepseek-v2"])
 def test_recompute_or_swap_flips_at_its_break_even(key, overlap):
-    """The model's own break-even F / beta, solved for a FLOP rate: 10% either side flips the verdict."""
+    """The model's own break-even F / beta, solved for a FLOP rate: 10% either side flips the
+    verdict."""
     hw = SPECS["h100-sxm"]
     beta = LINKS[hw.host_link].bytes_per_s_each_way
-    even = recompute_or_swap(SHAPES[key], hw, overlap_swap_out=overlap).break_even_flops_per_link_byte
+    even = recompute_or_swap(
+        SHAPES[key], hw, overlap_swap_out=overlap
+    ).break_even_flops_per_link_byte
     for factor, verdict in ((0.9, "swap"), (1.1, "recompute")):
         moved = dataclasses.replace(hw, bf16_flops=factor * even * beta)
         r = recompute_or_swap(SHAPES[key], moved, overlap_swap_out=overlap)
@@ -52,15 +57,24 @@ def test_recompute_or_swap_worked_numbers():
     r = recompute_or_swap(L8, "h100-sxm")
     assert r.params_per_kv_byte == pytest.approx(61_264.0, abs=0.1)
     assert r.flops_per_link_byte == pytest.approx(15_460.9, abs=0.1)
-    assert r.recompute == pytest.approx(16.23e-6, rel=1e-3) and r.swap_in == pytest.approx(2.048e-6, rel=1e-3)
+    assert r.recompute == pytest.approx(16.23e-6, rel=1e-3) and r.swap_in == pytest.approx(
+        2.048e-6, rel=1e-3
+    )
     assert r.ratio == pytest.approx(7.925, abs=1e-3) and r.cheaper == "swap"
-    assert recompute_or_swap(L8, "h100-sxm", overlap_swap_out=False).ratio == pytest.approx(3.962, abs=1e-3)
+    assert recompute_or_swap(L8, "h100-sxm", overlap_swap_out=False).ratio == pytest.approx(
+        3.962, abs=1e-3
+    )
     # GQA 70B: 2 x 70e9 / 327,680 = 427,246 -> about 27.6x in swap's favour
-    assert recompute_or_swap(L70, "h100-sxm").ratio == pytest.approx(2 * 213_623.0 / 15_460.9, rel=1e-4)
+    assert recompute_or_swap(L70, "h100-sxm").ratio == pytest.approx(
+        2 * 213_623.0 / 15_460.9, rel=1e-4
+    )
     # MHA models carry many KV bytes per parameter: Llama-2-13B on a B200 (2,250 TFLOP/s over
     # 64 GB/s = 35,156) has 2 x 13e9 / 819,200 = 31,738 -> recompute still wins (0.90)
     r13 = recompute_or_swap(SHAPES["llama-2-13b"], "b200")
-    assert r13.ratio == pytest.approx(2 * 15_869.1 / 35_156.25, rel=1e-4) and r13.cheaper == "recompute"
+    assert (
+        r13.ratio == pytest.approx(2 * 15_869.1 / 35_156.25, rel=1e-4)
+        and r13.cheaper == "recompute"
+    )
     # a mixture of experts multiplies each token by its active parameters only (Mixtral: 12.9e9)
     mix = recompute_or_swap(SHAPES["mixtral-8x7b"], "h100-sxm")
     assert mix.recompute == pytest.approx(2 * 12.9e9 / 989.5e12)
@@ -73,11 +87,21 @@ def test_recompute_or_swap_worked_numbers():
 
 def test_preemption_per_token_is_the_same_model_from_raw_numbers():
     r = recompute_or_swap(L8, "h100-sxm")
-    raw = preemption_per_token(L8.params_per_token, L8.kv_bytes_per_token(2), SPECS["h100-sxm"].bf16_flops,
-                                  LINKS["pcie5-x16"].bytes_per_s_each_way)
-    assert (raw.recompute, raw.swap_in, raw.ratio) == pytest.approx((r.recompute, r.swap_in, r.ratio))
-    for name, bad in (("params_per_token", 0), ("kv_bytes_per_token", -1), ("flops", float("nan")),
-                      ("link_bytes_per_s", 0)):
+    raw = preemption_per_token(
+        L8.params_per_token,
+        L8.kv_bytes_per_token(2),
+        SPECS["h100-sxm"].bf16_flops,
+        LINKS["pcie5-x16"].bytes_per_s_each_way,
+    )
+    assert (raw.recompute, raw.swap_in, raw.ratio) == pytest.approx(
+        (r.recompute, r.swap_in, r.ratio)
+    )
+    for name, bad in (
+        ("params_per_token", 0),
+        ("kv_bytes_per_token", -1),
+        ("flops", float("nan")),
+        ("link_bytes_per_s", 0),
+    ):
         args = dict(params_per_token=1e9, kv_bytes_per_token=1e5, flops=1e15, link_bytes_per_s=6e10)
         with pytest.raises(ValueError, match=name):
             preemption_per_token(**{**args, name: bad})

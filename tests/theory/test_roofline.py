@@ -1,7 +1,7 @@
-"""kvlab.theory.roofline against every derived number of the Decode and KV Cache chapter, 2026 (Table 9.1,
-section 9.3) and the KV Cache Memory Wall, 2026 (sections 1 to 5, appendices A to C), recomputed from
-their constants, plus its properties and its refusals of bad input; real capacities beside the
-marketed ones, and the scope of design rule 3.
+"""kvlab.theory.roofline against every derived number of the Decode and KV Cache chapter, 2026
+(Table 9.1, section 9.3) and the KV Cache Memory Wall, 2026 (sections 1 to 5, appendices A to C),
+recomputed from their constants, plus its properties and its refusals of bad input; real capacities
+beside the marketed ones, and the scope of design rule 3.
 """
 
 import dataclasses
@@ -10,13 +10,13 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvlab.theory import roofline as rf
 from kvlab.theory.memory_wall import footprint, recommend
 from kvlab.theory.shapes import SHAPES
 from kvlab.theory.specs import SPECS, exposed_memory
-
 
 L8, L70, L405 = SHAPES["llama-3-8b"], SHAPES["llama-3-70b"], SHAPES["llama-3.1-405b"]
 
@@ -50,7 +50,9 @@ TABLE_9_1 = [  # B, T, weight GB, KV GB, step floor ms, tokens/s ceiling
 
 
 def test_table_9_1_rows():
-    rows = rf.decode_floor_table(L8, "h100-sxm", [(b, t) for b, t, *_ in TABLE_9_1] + [(345, 2048)], params=8e9)
+    rows = rf.decode_floor_table(
+        L8, "h100-sxm", [(b, t) for b, t, *_ in TABLE_9_1] + [(345, 2048)], params=8e9
+    )
     for row, (b, t, w, kv, ms, rate) in zip(rows, TABLE_9_1):
         assert (row.batch, row.context) == (b, t) and row.admission
         printed(row.weight_bytes / GB, w)
@@ -79,9 +81,10 @@ def test_table_9_1_arithmetic_check_and_ridge():
     printed(flops.weights / 1e11, "5.1")
     printed(flops.weights / SPECS["h100-sxm"].bf16_flops * 1e3, "0.52")
     # "The weight multiplications would reach the ridge point only near 345 sequences": the weight
-    # products do 2P b FLOP on P w_p bytes, so they reach the ridge I* = 989.5 / 3.35 = 295 FLOP/B at
-    # b = I* w_p / 2 = 295, not 345 (345 would need a 989.5 / 345 = 2.87 TB/s ridge). The conclusion
-    # holds either way: 295 x 2,048 x 131,072 B = 79.2 GB of cache, plus 16 GB of weights > 80 GB.
+    # products do 2P b FLOP on P w_p bytes, so they reach the ridge I* = 989.5 / 3.35 = 295 FLOP/B
+    # at b = I* w_p / 2 = 295, not 345 (345 would need a 989.5 / 345 = 2.87 TB/s ridge). The
+    # conclusion holds either way: 295 x 2,048 x 131,072 B = 79.2 GB of cache, plus 16 GB of weights
+    # > 80 GB.
     printed(rf.ridge_batch("h100-sxm"), "295")
     at_ridge = rf.admitted(L8_SEED000, "h100-sxm", batch=295, context=2048)
     printed(at_ridge.kv / GB, "79.2")
@@ -115,7 +118,9 @@ def test_section_2_1_table_1_constants():
     printed(rf.kv_bytes_per_token(SHAPES["llama-2-13b"]) / 1e6, "0.82")
     printed(rf.kv_bytes_per_token(L405) / 1e6, "0.52")
     assert rf.kv_bytes_per_token(SHAPES["deepseek-v2"]) == 69_120
-    printed(rf.kv_bytes_per_token(SHAPES["llama-2-13b"]) / 69_120, "12")  # "up to 12x across the table"
+    printed(
+        rf.kv_bytes_per_token(SHAPES["llama-2-13b"]) / 69_120, "12"
+    )  # "up to 12x across the table"
 
 
 def test_section_2_7_link_ratios():
@@ -152,14 +157,22 @@ def test_appendix_b4_ridges_and_fixed_point():
     assert rf.fixed_point_batch(L70) == 8
     assert rf.fixed_point_batch(L8) == 4 and rf.fixed_point_batch(L405) == 16
     # at b = b-dagger the intensity does not depend on the context
-    assert rf.arithmetic_intensity(L70, 10, 8) == pytest.approx(rf.arithmetic_intensity(L70, 10**6, 8))
+    assert rf.arithmetic_intensity(L70, 10, 8) == pytest.approx(
+        rf.arithmetic_intensity(L70, 10**6, 8)
+    )
 
 
-@pytest.mark.parametrize("hw, placement, shown", [
-    ("h100-sxm", "striped", "10.2"), ("h100-sxm", "pinned", "10.2"),
-    ("b200", "striped", "24.4"), ("b200", "pinned", "12.2"),
-    ("mi300x", "striped", "16.2"), ("mi300x", "pinned", "2.0"),
-])
+@pytest.mark.parametrize(
+    "hw, placement, shown",
+    [
+        ("h100-sxm", "striped", "10.2"),
+        ("h100-sxm", "pinned", "10.2"),
+        ("b200", "striped", "24.4"),
+        ("b200", "pinned", "12.2"),
+        ("mi300x", "striped", "16.2"),
+        ("mi300x", "pinned", "2.0"),
+    ],
+)
 def test_corollary_3_8_rate_ceilings(hw, placement, shown):
     printed(rf.rate_ceiling(L70, hw, placement) / 1e6, shown)
 
@@ -241,8 +254,11 @@ def test_section_4_5_time_to_first_token():
 
 def test_section_4_5_and_b5_transfer_times():
     cache = footprint(L70, K128, 1).total
-    pcie, codec, nvlink = (rf.transfer_time(cache, PCIE5), rf.transfer_time(cache, PCIE5, codec=4),
-                           rf.transfer_time(cache, NVLINK, codec=4))
+    pcie, codec, nvlink = (
+        rf.transfer_time(cache, PCIE5),
+        rf.transfer_time(cache, PCIE5, codec=4),
+        rf.transfer_time(cache, NVLINK, codec=4),
+    )
     printed(pcie, "0.66")
     printed(codec, "0.16")
     printed(nvlink * 1e3, "12")
@@ -276,8 +292,19 @@ batches = st.integers(1, 4096)
 
 factors = st.floats(1.01, 64)
 
-shapes = st.sampled_from([SHAPES[k] for k in ("llama-3-8b", "llama-3-70b", "llama-3.1-405b", "llama-2-13b",
-                                              "deepseek-v2", "qwen2.5-0.5b")])
+shapes = st.sampled_from(
+    [
+        SHAPES[k]
+        for k in (
+            "llama-3-8b",
+            "llama-3-70b",
+            "llama-3.1-405b",
+            "llama-2-13b",
+            "deepseek-v2",
+            "qwen2.5-0.5b",
+        )
+    ]
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -304,7 +331,9 @@ def test_kv_fraction_is_s_over_s_plus_s_star(shape, s, b):
 @settings(max_examples=200, deadline=None)
 @given(shape=shapes, b=batches)
 def test_crossover_is_hyperbolic_in_batch(shape, b):
-    assert rf.crossover_context(shape, b) == pytest.approx(rf.crossover_context(shape, 1) / b, rel=1e-12)
+    assert rf.crossover_context(shape, b) == pytest.approx(
+        rf.crossover_context(shape, 1) / b, rel=1e-12
+    )
 
 
 @settings(max_examples=100, deadline=None)
@@ -315,38 +344,57 @@ def test_step_time_times_rate_tends_to_rate_ceiling(shape, s, b):
     assert s * b / rf.step_time_floor(shape, "b200", b, s) <= r_inf * (1 + 1e-12)
 
 
-@pytest.mark.parametrize("call, kind, words", [
-    (lambda: rf.step_bytes(L8, 0, 10), ValueError, "batch must be an int >= 1"),
-    (lambda: rf.step_bytes(L8, 1, -5), ValueError, "context must be an int >= 1"),
-    (lambda: rf.step_bytes(L8, 1.0, 10), TypeError, "batch"),
-    (lambda: rf.step_flops(L8, 1, 128e3), TypeError, "context"),
-    (lambda: rf.step_bytes(L8, True, 10), TypeError, "batch"),
-    (lambda: rf.step_bytes(L8, 1, 10, w_p=0), ValueError, "w_p must be a finite number > 0"),
-    (lambda: rf.step_bytes(L8, 1, 10, w_kv=-1), ValueError, "w_kv"),
-    (lambda: rf.step_bytes("llama-3-8b", 1, 10), TypeError, "shape must be a ModelShape"),
-    (lambda: rf.step_time_floor(L8, "h900", 1, 10), ValueError, "unknown device 'h900'"),
-    (lambda: rf.ridge_point(3.35e12), TypeError, "hw must be an Accelerator"),
-    (lambda: rf.effective_bandwidth("b200", "interleaved"), ValueError, "placement must be one of"),
-    (lambda: rf.rate_ceiling(L70, "b200", "local"), ValueError, "placement"),
-    (lambda: rf.crossover_context(L70, 0), ValueError, "batch"),
-    (lambda: rf.capacity_context(L70, "b200", devices=0), ValueError, "devices"),
-    (lambda: rf.compression_speedup(0, 10, 10), ValueError, "c must be"),
-    (lambda: rf.compression_speedup(2, 0, 10), ValueError, "context"),
-    (lambda: rf.compression_speedup(2, 10, -1), ValueError, "s_star"),
-    (lambda: footprint(L70, 10, 1, retention=0), ValueError, "retention must be in (0, 1]"),
-    (lambda: footprint(L70, 10, 1, fragmentation=1), ValueError, "fragmentation must be in [0, 1)"),
-    (lambda: footprint(L70, 10, 1, sharing=0.5), ValueError, "sharing"),
-    (lambda: footprint(L70, 10, 1, hbm_fraction=1.5), ValueError, "hbm_fraction"),
-    (lambda: rf.prefill_time(L70, "b200", 0), ValueError, "tokens"),
-    (lambda: rf.prefill_time(L70, "b200", 100, mfu=0), ValueError, "mfu"),
-    (lambda: rf.prefill_time(L70, "b200", 100, hit_rate=1.5), ValueError, "hit_rate"),
-    (lambda: rf.prefill_time(L70, "b200", 100, prefix_tokens=101), ValueError, "prefix_tokens"),
-    (lambda: rf.prefill_time(L70, "b200", 100, hit_rate=0.5, prefix_tokens=50), ValueError, "not both"),
-    (lambda: rf.transfer_time(0, 64e9), ValueError, "nbytes"),
-    (lambda: rf.transfer_time(1e9, -1), ValueError, "link_bytes_per_s"),
-    (lambda: recommend(L70, "b200", K128, 1, "large"), ValueError, "quality_budget must be one of"),
-    (lambda: rf.decode_floor_table(L8, "h100-sxm", [(1, 10)], params=0), ValueError, "params"),
-])
+@pytest.mark.parametrize(
+    "call, kind, words",
+    [
+        (lambda: rf.step_bytes(L8, 0, 10), ValueError, "batch must be an int >= 1"),
+        (lambda: rf.step_bytes(L8, 1, -5), ValueError, "context must be an int >= 1"),
+        (lambda: rf.step_bytes(L8, 1.0, 10), TypeError, "batch"),
+        (lambda: rf.step_flops(L8, 1, 128e3), TypeError, "context"),
+        (lambda: rf.step_bytes(L8, True, 10), TypeError, "batch"),
+        (lambda: rf.step_bytes(L8, 1, 10, w_p=0), ValueError, "w_p must be a finite number > 0"),
+        (lambda: rf.step_bytes(L8, 1, 10, w_kv=-1), ValueError, "w_kv"),
+        (lambda: rf.step_bytes("llama-3-8b", 1, 10), TypeError, "shape must be a ModelShape"),
+        (lambda: rf.step_time_floor(L8, "h900", 1, 10), ValueError, "unknown device 'h900'"),
+        (lambda: rf.ridge_point(3.35e12), TypeError, "hw must be an Accelerator"),
+        (
+            lambda: rf.effective_bandwidth("b200", "interleaved"),
+            ValueError,
+            "placement must be one of",
+        ),
+        (lambda: rf.rate_ceiling(L70, "b200", "local"), ValueError, "placement"),
+        (lambda: rf.crossover_context(L70, 0), ValueError, "batch"),
+        (lambda: rf.capacity_context(L70, "b200", devices=0), ValueError, "devices"),
+        (lambda: rf.compression_speedup(0, 10, 10), ValueError, "c must be"),
+        (lambda: rf.compression_speedup(2, 0, 10), ValueError, "context"),
+        (lambda: rf.compression_speedup(2, 10, -1), ValueError, "s_star"),
+        (lambda: footprint(L70, 10, 1, retention=0), ValueError, "retention must be in (0, 1]"),
+        (
+            lambda: footprint(L70, 10, 1, fragmentation=1),
+            ValueError,
+            "fragmentation must be in [0, 1)",
+        ),
+        (lambda: footprint(L70, 10, 1, sharing=0.5), ValueError, "sharing"),
+        (lambda: footprint(L70, 10, 1, hbm_fraction=1.5), ValueError, "hbm_fraction"),
+        (lambda: rf.prefill_time(L70, "b200", 0), ValueError, "tokens"),
+        (lambda: rf.prefill_time(L70, "b200", 100, mfu=0), ValueError, "mfu"),
+        (lambda: rf.prefill_time(L70, "b200", 100, hit_rate=1.5), ValueError, "hit_rate"),
+        (lambda: rf.prefill_time(L70, "b200", 100, prefix_tokens=101), ValueError, "prefix_tokens"),
+        (
+            lambda: rf.prefill_time(L70, "b200", 100, hit_rate=0.5, prefix_tokens=50),
+            ValueError,
+            "not both",
+        ),
+        (lambda: rf.transfer_time(0, 64e9), ValueError, "nbytes"),
+        (lambda: rf.transfer_time(1e9, -1), ValueError, "link_bytes_per_s"),
+        (
+            lambda: recommend(L70, "b200", K128, 1, "large"),
+            ValueError,
+            "quality_budget must be one of",
+        ),
+        (lambda: rf.decode_floor_table(L8, "h100-sxm", [(1, 10)], params=0), ValueError, "params"),
+    ],
+)
 def test_bad_input_names_the_argument(call, kind, words):
     with pytest.raises(kind) as info:
         call()
@@ -359,7 +407,9 @@ def test_admission_messages():
     assert str(fits) == "needs 182 GB, 192 GB available (10.1 GB to spare)"
     short = rf.admitted(L70, "h100-sxm", 1, 1000)
     assert not short and short.shortfall == 140e9 + 1000 * 327_680 - 80e9
-    assert str(short).startswith("needs 140 GB, 80 GB available: does not fit by 60.3 GB (60,327,680,000 bytes)")
+    assert str(short).startswith(
+        "needs 140 GB, 80 GB available: does not fit by 60.3 GB (60,327,680,000 bytes)"
+    )
     # A small model's memory (notebook 09's batch job) gets units of its own size, not "0.0 GB".
     tiny = rf.Admission(weights=3.3e6, kv=21e6, available=16.6e6)
     assert str(tiny) == "needs 24.3 MB, 16.6 MB available: does not fit by 7.7 MB (7,700,000 bytes)"
@@ -406,7 +456,11 @@ def test_compression_admits_a_larger_batch_at_the_same_step_floor():
     int4 = rf.admitted_rate(L70, "b200", 128_000, w_kv=0.5)
     assert (bf16.batch, int4.batch) == (1, 4)
     # 4 x 0.5 = 1 x 2 bytes per element: the same bytes per step, the same floor
-    assert int4.step_time == pytest.approx(bf16.step_time) == pytest.approx((140e9 + 128_000 * 327_680) / 8e12)
+    assert (
+        int4.step_time
+        == pytest.approx(bf16.step_time)
+        == pytest.approx((140e9 + 128_000 * 327_680) / 8e12)
+    )
     assert int4.tokens_per_s / bf16.tokens_per_s == pytest.approx(4)
     # and at fixed batch one, compression barely shortens the step (weight-bound)
     s_star = rf.crossover_context(L70)
@@ -419,17 +473,27 @@ def test_compression_admits_a_larger_batch_at_the_same_step_floor():
 
 # Integer arguments: (a call taking the value, the argument's name, the smallest allowed value)
 INTEGER_ARGUMENTS = {
-    "roofline.retained_tokens context": (lambda x: rf.retained_tokens(SHAPES["llama-3-8b"], x), "context", 1),
+    "roofline.retained_tokens context": (
+        lambda x: rf.retained_tokens(SHAPES["llama-3-8b"], x),
+        "context",
+        1,
+    )
 }
 
 
 @pytest.mark.parametrize("name", INTEGER_ARGUMENTS)
 @settings(max_examples=12, deadline=None)
-@given(value=st.one_of(st.integers(max_value=-1), st.sampled_from([0.5, 2.0, "3", None, True, math.nan])))
+@given(
+    value=st.one_of(
+        st.integers(max_value=-1), st.sampled_from([0.5, 2.0, "3", None, True, math.nan])
+    )
+)
 def test_integer_arguments_refuse_what_is_not_an_int_in_range(name, value):
     call, argument, low = INTEGER_ARGUMENTS[name]
     if isinstance(value, int) and not isinstance(value, bool) and value >= low:
         return
-    with pytest.raises(TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError,
-                       match=argument):
+    with pytest.raises(
+        TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError,
+        match=argument,
+    ):
         call(value)

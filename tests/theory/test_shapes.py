@@ -1,11 +1,10 @@
-"""kvlab.theory.shapes: the published shapes, their per-token bytes and parameter counts.
-"""
+"""kvlab.theory.shapes: the published shapes, their per-token bytes and parameter counts."""
 
 import dataclasses
 
 import pytest
 
-from kvlab.theory.shapes import ModelShape, SHAPES
+from kvlab.theory.shapes import SHAPES, ModelShape
 
 
 def test_kv_bytes_per_token_from_the_seeds():
@@ -18,8 +17,18 @@ def test_kv_bytes_per_token_from_the_seeds():
 
 
 def test_shapes_have_the_issue_keys_and_seed_parameter_counts():
-    assert {"llama-3-8b", "llama-3-70b", "llama-3.1-405b", "llama-2-13b", "mixtral-8x7b", "mistral-7b",
-            "deepseek-v2", "llama-3.2-1b", "qwen2.5-0.5b", "smollm2-135m"} <= set(SHAPES)
+    assert {
+        "llama-3-8b",
+        "llama-3-70b",
+        "llama-3.1-405b",
+        "llama-2-13b",
+        "mixtral-8x7b",
+        "mistral-7b",
+        "deepseek-v2",
+        "llama-3.2-1b",
+        "qwen2.5-0.5b",
+        "smollm2-135m",
+    } <= set(SHAPES)
     assert SHAPES["llama-3-8b"].params == 8.03e9
     assert SHAPES["llama-3-70b"].params == 70e9
     assert SHAPES["llama-3.1-405b"].params == 405e9
@@ -50,7 +59,8 @@ def test_counted_params_against_published_counts():
             SHAPES[key].counted_params()
 
 
-# issue 22's bad calls of ModelShape: (fields replaced on a valid shape, error, a pattern naming the field)
+# issue 22's bad calls of ModelShape: (fields replaced on a valid shape, error, a pattern naming the
+# field)
 BAD_FIELDS = {
     "params inf": (dict(params=float("inf")), ValueError, "params must be a finite number > 0"),
     "params True": (dict(params=True), TypeError, "params must be"),

@@ -1,5 +1,5 @@
-"""kvlab.theory.specs: the accelerators and links as their vendors give them, and what a driver exposes.
-"""
+"""kvlab.theory.specs: the accelerators and links as their vendors give them, and what a driver
+exposes."""
 
 import pytest
 
@@ -52,8 +52,15 @@ def test_nvlink_one_way_fetch_takes_twice_the_bidirectional_figure():
         link("nvlink")
 
 
-@pytest.mark.parametrize("field, value, error", [("hbm_bytes", -1, ValueError), ("hbm_bytes_per_s", float("inf"), ValueError),
-                                                 ("dies", 1.5, TypeError), ("bf16_flops", True, TypeError)])
+@pytest.mark.parametrize(
+    "field, value, error",
+    [
+        ("hbm_bytes", -1, ValueError),
+        ("hbm_bytes_per_s", float("inf"), ValueError),
+        ("dies", 1.5, TypeError),
+        ("bf16_flops", True, TypeError),
+    ],
+)
 def test_accelerator_refuses_bad_figures(field, value, error):
     """issue 22: a negative memory or an infinite bandwidth is refused, naming the field."""
     import dataclasses

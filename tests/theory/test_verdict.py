@@ -1,13 +1,22 @@
-"""kvlab.theory.verdict: section 9.8's verdict is a plain function of the measurements, tested on numbers.
-"""
+"""kvlab.theory.verdict: section 9.8's verdict is a plain function of the measurements, tested on
+numbers."""
 
 import pytest
 
 import kvlab
 from kvlab.theory import roofline
-from kvlab.theory.shapes import SHAPES
 from kvlab.theory import verdict as verdict_models
-from kvlab.theory.verdict import BatchPoint, LEVERS, Target, VERDICTS, capacity_batch, decide, lever, useful_batch
+from kvlab.theory.shapes import SHAPES
+from kvlab.theory.verdict import (
+    LEVERS,
+    VERDICTS,
+    BatchPoint,
+    Target,
+    capacity_batch,
+    decide,
+    lever,
+    useful_batch,
+)
 from kvlab.theory.work import STEP_METHODS
 
 
@@ -32,12 +41,16 @@ def test_decide_refuses_bad_numbers():
         decide(**{**good, "kv_share": 1.5})
     with pytest.raises(ValueError, match=r"busy_fraction must be in \[0, 1\]"):
         decide(**{**good, "busy_fraction": -0.1})
-    with pytest.raises(ValueError, match=r"busy_fraction must be in \[0, 1\], got 1.5"):  # not "busy for 150%"
+    with pytest.raises(
+        ValueError, match=r"busy_fraction must be in \[0, 1\], got 1.5"
+    ):  # not "busy for 150%"
         decide(**{**good, "busy_fraction": 1.5})
     with pytest.raises(ValueError, match="bandwidth_fraction must be a finite number >= 0"):
         decide(**{**good, "bandwidth_fraction": float("inf")})
     for admitted in (None, "no", 0):  # not the verdict "capacity"
-        with pytest.raises(TypeError, match="admitted must be True, False or a kvlab.theory.roofline.Admission"):
+        with pytest.raises(
+            TypeError, match="admitted must be True, False or a kvlab.theory.roofline.Admission"
+        ):
             decide(**good, admitted=admitted)
     with pytest.raises(ValueError, match="flops_fraction"):
         decide(**{**good, "flops_fraction": float("nan")})
@@ -82,7 +95,9 @@ def test_capacity_batch_zero_when_nothing_fits():
     assert capacity_batch(SHAPES["llama-3.1-405b"], kvlab.SPECS["l4"], 1000) == 0
 
 
-# --- the models notebook 09's readings decide with (issue 21, items 1 and 10) ----------------------------
+# --- the models notebook 09's readings decide with (issue 21, items 1 and 10)
+# ----------------------------
+
 
 def test_bandwidth_batch_grows_only_the_cache_term():
     from kvlab.theory import verdict
@@ -93,10 +108,15 @@ def test_bandwidth_batch_grows_only_the_cache_term():
     step, beta = 4 * one.total_bytes / 3.35e12, 3.35e12  # batch 1 at a quarter of the bandwidth
     b = verdict.bandwidth_batch(shape, 512, step, beta)
     assert b == pytest.approx((beta * step - one.weights_read) / (one.kv_read + one.kv_written))
-    # At that batch a step of the same duration moves exactly the bandwidth: the model's own boundary.
-    at_b = verdict.flat_step_fraction(round(b), step, one.weights_read, one.kv_read + one.kv_written, beta)
+    # At that batch a step of the same duration moves exactly the bandwidth: the model's own
+    # boundary.
+    at_b = verdict.flat_step_fraction(
+        round(b), step, one.weights_read, one.kv_read + one.kv_written, beta
+    )
     assert at_b == pytest.approx(1.0, rel=0.5 / b)
-    assert verdict.bandwidth_batch(shape, 512, one.total_bytes / beta / 2, beta) == 1.0  # already past it
+    assert (
+        verdict.bandwidth_batch(shape, 512, one.total_bytes / beta / 2, beta) == 1.0
+    )  # already past it
     assert b > 4  # not 1 / fraction: the weights do not grow with the batch
 
 
@@ -114,38 +134,79 @@ def test_idle_batch_and_parity_models_on_both_sides():
     assert verdict.compare_idle(0.1e-3, 1e-3, 100, 120, graphed=True).outcome == "below"
     tpot = verdict.shared_weight_tpot(0.01, 16, 1e5, 1e10)
     assert tpot == pytest.approx(0.01 + 15 * 1e-5)
-    assert verdict.compare_batch_tpot(0.01, 16, 1.1 * verdict.BATCH_TOLERANCE * tpot, 1e5, 1e10).outcome == "above"
+    assert (
+        verdict.compare_batch_tpot(
+            0.01, 16, 1.1 * verdict.BATCH_TOLERANCE * tpot, 1e5, 1e10
+        ).outcome
+        == "above"
+    )
     assert verdict.compare_loops(50.0, 50.0 * 1.1 * verdict.LOOP_TOLERANCE).outcome == "below"
     assert verdict.past_ridge(1.1 * 3.5, 3.5) and not verdict.past_ridge(0.9 * 3.5, 3.5)
     assert verdict.exceeds_ceilings(0.2, 1.1) and not verdict.exceeds_ceilings(0.9, 0.5)
 
 
-@pytest.mark.parametrize("call, kind, words", [
-    (lambda: verdict_models.bandwidth_batch(SHAPES["llama-3.2-1b"], 8, 0.0, 1e9),
-     ValueError, "step_s must be a finite number > 0"),
-    (lambda: verdict_models.shared_weight_tpot(0.01, 0, 1e5, 1e9),
-     ValueError, "batch must be an int >= 1"),
-    (lambda: verdict_models.expected_static_idle(1e-3, 0, 10),
-     ValueError, "cached_ops must be an int >= 1"),
-    (lambda: verdict_models.past_ridge(1.0, -2.0),
-     ValueError, "ridge must be a finite number > 0"),
-    (lambda: verdict_models.compare_loops(1.0, 0.0),
-     ValueError, "reference_tokens_per_s must be a finite number > 0"),
-])
+@pytest.mark.parametrize(
+    "call, kind, words",
+    [
+        (
+            lambda: verdict_models.bandwidth_batch(SHAPES["llama-3.2-1b"], 8, 0.0, 1e9),
+            ValueError,
+            "step_s must be a finite number > 0",
+        ),
+        (
+            lambda: verdict_models.shared_weight_tpot(0.01, 0, 1e5, 1e9),
+            ValueError,
+            "batch must be an int >= 1",
+        ),
+        (
+            lambda: verdict_models.expected_static_idle(1e-3, 0, 10),
+            ValueError,
+            "cached_ops must be an int >= 1",
+        ),
+        (
+            lambda: verdict_models.past_ridge(1.0, -2.0),
+            ValueError,
+            "ridge must be a finite number > 0",
+        ),
+        (
+            lambda: verdict_models.compare_loops(1.0, 0.0),
+            ValueError,
+            "reference_tokens_per_s must be a finite number > 0",
+        ),
+    ],
+)
 def test_reading_models_refuse_bad_numbers(call, kind, words):
     with pytest.raises(kind, match=words):
         call()
-# issue 22's bad calls of decide: out-of-range shares and a missing admission are refused, not printed
-GOOD = dict(busy_fraction=0.5, bandwidth_fraction=0.5, flops_fraction=0.1, kv_share=0.5, admitted=True)
 
 
-@pytest.mark.parametrize("field, value, error, match", [
-    ("busy_fraction", 1.5, ValueError, r"busy_fraction must be in \[0, 1\], got 1.5"),
-    ("kv_share", float("nan"), ValueError, "kv_share must be in"),
-    ("bandwidth_fraction", float("inf"), ValueError, "bandwidth_fraction must be a finite number"),
-    ("flops_fraction", True, TypeError, "flops_fraction must be"),
-    ("admitted", None, TypeError, "admitted must be True, False or a kvlab.theory.roofline.Admission"),
-])
+# issue 22's bad calls of decide: out-of-range shares and a missing admission are refused, not
+# printed
+GOOD = dict(
+    busy_fraction=0.5, bandwidth_fraction=0.5, flops_fraction=0.1, kv_share=0.5, admitted=True
+)
+
+
+@pytest.mark.parametrize(
+    "field, value, error, match",
+    [
+        ("busy_fraction", 1.5, ValueError, r"busy_fraction must be in \[0, 1\], got 1.5"),
+        ("kv_share", float("nan"), ValueError, "kv_share must be in"),
+        (
+            "bandwidth_fraction",
+            float("inf"),
+            ValueError,
+            "bandwidth_fraction must be a finite number",
+        ),
+        ("flops_fraction", True, TypeError, "flops_fraction must be"),
+        (
+            "admitted",
+            None,
+            TypeError,
+            "admitted must be True, False or a kvlab.theory.roofline.Admission",
+        ),
+    ],
+)
 def test_decide_refuses_each_bad_argument(field, value, error, match):
     with pytest.raises(error, match=match):
         decide(**dict(GOOD, **{field: value}))

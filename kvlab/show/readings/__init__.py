@@ -2,9 +2,9 @@
 
 A reading is a plain function: it takes the numbers a notebook measured and returns Markdown for
 ``kvlab.reading`` or for ``explore(..., reading=...)``. Where a sentence depends on the outcome (a
-slope within a factor of its prediction, one method faster than another), both outcomes are
-written here: the other branch says what was expected, what was measured, and the most likely
-reason on this kind of machine. ``tests/show/test_readings_<section>.py`` feeds each function both outcomes.
+slope within a factor of its prediction, one method faster than another), both outcomes are written
+here: the other branch says what was expected, what was measured, and the most likely reason on this
+kind of machine. ``tests/show/test_readings_<section>.py`` feeds each function both outcomes.
 """
 
 
@@ -19,4 +19,3 @@ def within(measured: float, predicted: float, factor: float) -> bool:
     if measured <= 0 or predicted <= 0:
         return False
     return 1 / factor <= measured / predicted <= factor
-

@@ -6,41 +6,64 @@ import math
 
 from kvlab.show.format import si
 from kvlab.theory.agreement import BELOW, compare
-from kvlab.theory.work import (POSITIONS_TOLERANCE, REQUEST_TOLERANCE, attention_work, pass_time,
-                               positions_processed, request_time)
+from kvlab.theory.work import (
+    POSITIONS_TOLERANCE,
+    REQUEST_TOLERANCE,
+    attention_work,
+    pass_time,
+    positions_processed,
+    request_time,
+)
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
 
 
-TWO_PASS = ("the two-pass model, $T = G\\,a + b\\cdot\\mathrm{positions\\_processed}(P, G)$ with "
-            "$t(n) = a + b\\,n$ per pass (`kvlab.theory.work.request_time`)")
+TWO_PASS = (
+    "the two-pass model, $T = G\\,a + b\\cdot\\mathrm{positions\\_processed}(P, G)$ with "
+    "$t(n) = a + b\\,n$ per pass (`kvlab.theory.work.request_time`)"
+)
 
 
-def speedup_reading(P: int, G: int, a: float, b: float, naive_s: float, cached_s: float, worst_error: float,
-                    naive_growth: float, cached_growth: float) -> str:
-    """The whole-request speedup of caching against the two-pass model (``work.request_time`` with the
-    fitted pass cost ``a + b n``), agreement within ``work.REQUEST_TOLERANCE``; the speedup against the
-    positions ratio (``work.positions_processed``, within ``POSITIONS_TOLERANCE``); each loop's last step
-    over its first against the model's (``work.pass_time``).
+def speedup_reading(
+    P: int,
+    G: int,
+    a: float,
+    b: float,
+    naive_s: float,
+    cached_s: float,
+    worst_error: float,
+    naive_growth: float,
+    cached_growth: float,
+) -> str:
+    """The whole-request speedup of caching against the two-pass model (``work.request_time`` with
+    the fitted pass cost ``a + b n``), agreement within ``work.REQUEST_TOLERANCE``; the speedup
+    against the positions ratio (``work.positions_processed``, within ``POSITIONS_TOLERANCE``); each
+    loop's last step over its first against the model's (``work.pass_time``).
 
-    Times are whole requests, measured, per loop; ``naive_growth`` and ``cached_growth`` are the last
-    step's time over the first step's, per loop.
+    Times are whole requests, measured, per loop; ``naive_growth`` and ``cached_growth`` are the
+    last step's time over the first step's, per loop.
     """
     naive_pred, cached_pred = request_time(P, G, a, b), request_time(P, G, a, b, cached=True)
     c = compare(naive_s / cached_s, naive_pred / cached_pred, REQUEST_TOLERANCE)
-    text = [f"At $P = {P}$ and $G = {G}$, the cached loop finished the request **{c.measured:.1f} times** "
-            f"faster than the naive one. {TWO_PASS[0].upper()}{TWO_PASS[1:]}, fitted to two timed passes "
-            f"($a$ = {si(a, 's')}, $b$ = {si(b, 's')} per position), predicted {c.predicted:.1f} times: the "
-            f"measured speedup is {c.describe()}. The largest gap between a predicted request time and its "
-            f"measurement was {worst_error:.0%}."]
+    text = [
+        f"At $P = {P}$ and $G = {G}$, the cached loop finished the request **{c.measured:.1f}"
+        f" times** faster than the naive one. {TWO_PASS[0].upper()}{TWO_PASS[1:]}, fitted to two"
+        f" timed passes ($a$ = {si(a, 's')}, $b$ = {si(b, 's')} per position), predicted"
+        f" {c.predicted:.1f} times: the measured speedup is {c.describe()}. The largest gap between"
+        f" a predicted request time and its measurement was {worst_error:.0%}."
+    ]
     if c.agrees:
         text.append("The cost of a pass, $a + b\\,n$, explains most of both loops' time.")
     else:
-        loops = {"naive": compare(naive_s, naive_pred, REQUEST_TOLERANCE),
-                 "cached": compare(cached_s, cached_pred, REQUEST_TOLERANCE)}
+        loops = {
+            "naive": compare(naive_s, naive_pred, REQUEST_TOLERANCE),
+            "cached": compare(cached_s, cached_pred, REQUEST_TOLERANCE),
+        }
         off = max(loops, key=lambda name: abs(math.log(loops[name].ratio)))
-        text.append(f"Most of the gap is the {off} loop, which took {loops[off].ratio:.2g} times its "
-                    "predicted time.")
+        text.append(
+            f"Most of the gap is the {off} loop, which took {loops[off].ratio:.2g} times its "
+            "predicted time."
+        )
         text.append(_REASONS[off, loops[off].ratio > 1])
     text.append(_positions_sentence(P, G, c.measured))
     text.append(_growth_sentence(P, G, a, b, naive_growth, cached_growth))
@@ -48,181 +71,301 @@ def speedup_reading(P: int, G: int, a: float, b: float, naive_s: float, cached_s
 
 
 def _positions_sentence(P: int, G: int, speedup: float) -> str:
-    """The measured speedup against the positions ratio, the two-pass model without its fixed cost a."""
-    work = compare(speedup, positions_processed(P, G) / positions_processed(P, G, cached=True),
-                   POSITIONS_TOLERANCE)
-    head = (f"The naive loop processed {work.predicted:.0f} times as many positions "
-            f"(`work.positions_processed`); the time ratio is "
-            f"{work.describe().replace('prediction', 'positions ratio')}.")
+    """The measured speedup against the positions ratio, the two-pass model without its fixed cost
+    a."""
+    work = compare(
+        speedup,
+        positions_processed(P, G) / positions_processed(P, G, cached=True),
+        POSITIONS_TOLERANCE,
+    )
+    head = (
+        f"The naive loop processed {work.predicted:.0f} times as many positions "
+        "(`work.positions_processed`); the time ratio is "
+        f"{work.describe().replace('prediction', 'positions ratio')}."
+    )
     if work.outcome == BELOW:
-        return head + (" It is lower because each pass has a fixed cost $a$ that does not depend on its "
-                       "length, and the cached loop pays it on every step too.")
+        return (
+            head
+            + " It is lower because each pass has a fixed cost $a$ that does not depend on its "
+            "length, and the cached loop pays it on every step too."
+        )
     if work.agrees:
         return head + " Here the fixed cost per pass is small next to the per-token work."
-    return head + (" It is higher because the naive loop's attention work grows with the pairs ratio "
-                   f"(`work.attention_work`), {attention_work(P, G) / attention_work(P, G, cached=True):.1f} "
-                   "here, faster than its positions, and on a CPU the activations of a long pass leave the caches.")
+    return (
+        head + " It is higher because the naive loop's attention work grows with the pairs ratio"
+        " (`work.attention_work`),"
+        f" {attention_work(P, G) / attention_work(P, G, cached=True):.1f} here, faster than its"
+        " positions, and on a CPU the activations of a long pass leave the caches."
+    )
 
 
-def _growth_sentence(P: int, G: int, a: float, b: float, naive_growth: float, cached_growth: float) -> str:
-    """Each loop's last step over its first against the two-pass model: a naive pass over P + G - 1 tokens
-    against one over P + 1; a cached step is a one-token pass throughout."""
-    naive = compare(naive_growth, pass_time(P + G - 1, a, b) / pass_time(P + 1, a, b), REQUEST_TOLERANCE)
+def _growth_sentence(
+    P: int, G: int, a: float, b: float, naive_growth: float, cached_growth: float
+) -> str:
+    """Each loop's last step over its first against the two-pass model: a naive pass over P + G - 1
+    tokens against one over P + 1; a cached step is a one-token pass throughout."""
+    naive = compare(
+        naive_growth, pass_time(P + G - 1, a, b) / pass_time(P + 1, a, b), REQUEST_TOLERANCE
+    )
     cached = compare(cached_growth, 1.0, REQUEST_TOLERANCE)
-    text = (f"On the right, the last naive token cost {naive_growth:.1f} times the first, where the model "
-            f"predicts {naive.predicted:.2f} ($t(P + G - 1) / t(P + 1)$), and the last cached token "
-            f"{cached_growth:.1f} times the first, where it predicts 1 (every cached step is a one-token pass).")
+    text = (
+        f"On the right, the last naive token cost {naive_growth:.1f} times the first, where the"
+        f" model predicts {naive.predicted:.2f} ($t(P + G - 1) / t(P + 1)$), and the last cached"
+        f" token {cached_growth:.1f} times the first, where it predicts 1 (every cached step is a"
+        " one-token pass)."
+    )
     if naive.agrees and cached.agrees:
-        return text + (f" Both are within a factor of {REQUEST_TOLERANCE:g} of the model: each naive token "
-                       "costs more than the one before, while cached tokens cost about the same.")
-    return text + (f" {'Neither' if not (naive.agrees or cached.agrees) else 'One'} of them is within a factor of "
-                   f"{REQUEST_TOLERANCE:g} of the model. Single steps are single measurements: at these short "
-                   "lengths the fixed per-step cost and the noise of a shared machine can move one step by that "
-                   "much, and the cached loop's steps also read a growing cache that the model leaves out.")
+        return (
+            text
+            + f" Both are within a factor of {REQUEST_TOLERANCE:g} of the model: each naive token "
+            "costs more than the one before, while cached tokens cost about the same."
+        )
+    return (
+        text + f" {'Neither' if not (naive.agrees or cached.agrees) else 'One'} of them is within a"
+        f" factor of {REQUEST_TOLERANCE:g} of the model. Single steps are single measurements: at"
+        " these short lengths the fixed per-step cost and the noise of a shared machine can move"
+        " one step by that much, and the cached loop's steps also read a growing cache that the"
+        " model leaves out."
+    )
 
 
 _REASONS = {
-    ("cached", True): "Its steps cost more than a one-token pass without a cache: each also reads the "
-                      "growing cache and `DynamicCache` copies it ([The decode loop](01_decode_loop.ipynb)), and on a CPU the "
-                      "bookkeeping of a cached step is a large share of a small model's step. "
-                      f"{MEMORY_WALL} takes a step apart.",
-    ("cached", False): "Its steps cost less than the one-token pass we timed: that pass ran once, "
-                       "cold, while the loop's steps reuse warm caches and allocations.",
-    ("naive", False): "Its long passes cost less per token than the line through a one-token and a "
-                      "long pass says: a CPU's matrix products run more efficiently on many rows at "
-                      "once, so $t(n)$ is not a straight line at these lengths.",
-    ("naive", True): "Its long passes cost more per token than the line says, usually because the "
-                     "activations of a long pass no longer fit the CPU's caches.",
+    ("cached", True): (
+        "Its steps cost more than a one-token pass without a cache: each also reads the growing"
+        " cache and `DynamicCache` copies it ([The decode loop](01_decode_loop.ipynb)), and on a"
+        " CPU the bookkeeping of a cached step is a large share of a small model's step."
+        f" {MEMORY_WALL} takes a step apart."
+    ),
+    ("cached", False): (
+        "Its steps cost less than the one-token pass we timed: that pass ran once, "
+        "cold, while the loop's steps reuse warm caches and allocations."
+    ),
+    ("naive", False): (
+        "Its long passes cost less per token than the line through a one-token and a "
+        "long pass says: a CPU's matrix products run more efficiently on many rows at "
+        "once, so $t(n)$ is not a straight line at these lengths."
+    ),
+    ("naive", True): (
+        "Its long passes cost more per token than the line says, usually because the "
+        "activations of a long pass no longer fit the CPU's caches."
+    ),
 }
 
 
-def latency_reading(P: int, G: int, ttft_cached: float, tpot_naive: float, tpot_cached: float,
-                    tpot_static: float, spread: float) -> str:
+def latency_reading(
+    P: int,
+    G: int,
+    ttft_cached: float,
+    tpot_naive: float,
+    tpot_cached: float,
+    tpot_static: float,
+    spread: float,
+) -> str:
     """TTFT and TPOT of the three loops at one setting; whether the naive and the static loop's TPOT
-    differ from the cached one's is decided against ``spread``, how much the cached run's single steps
-    moved (``kvlab.theory.decode_step.stands_out``)."""
+    differ from the cached one's is decided against ``spread``, how much the cached run's single
+    steps moved (``kvlab.theory.decode_step.stands_out``)."""
     from kvlab.theory.decode_step import stands_out
 
-    text = [f"At $P = {P}$ and $G = {G}$, the cached loop's first token took **{si(ttft_cached, 's')}** and "
-            f"each later one **{si(tpot_cached, 's')}**."]
+    text = [
+        f"At $P = {P}$ and $G = {G}$, the cached loop's first token took **{si(ttft_cached, 's')}**"
+        f" and each later one **{si(tpot_cached, 's')}**."
+    ]
     if not stands_out(tpot_naive - tpot_cached, tpot_cached, spread):
-        text.append(f"The naive loop's later tokens averaged {si(tpot_naive, 's')}, within the spread below "
-                    "of the cached loop's, although each is a prefill of the sequence so far: at this short "
-                    "length the fixed cost of a pass hides the extra positions.")
+        text.append(
+            f"The naive loop's later tokens averaged {si(tpot_naive, 's')}, within the spread below"
+            " of the cached loop's, although each is a prefill of the sequence so far: at this"
+            " short length the fixed cost of a pass hides the extra positions."
+        )
     elif tpot_naive > tpot_cached:
-        text.append(f"The naive loop's later tokens averaged {si(tpot_naive, 's')}, more than the spread "
-                    "below can explain, because every one of them is a prefill of the sequence so far.")
+        text.append(
+            f"The naive loop's later tokens averaged {si(tpot_naive, 's')}, more than the spread "
+            "below can explain, because every one of them is a prefill of the sequence so far."
+        )
     else:
-        text.append(f"The naive loop's later tokens averaged {si(tpot_naive, 's')}, less than the cached "
-                    "loop's by more than the spread below, although each is a prefill of the sequence so "
-                    "far: on this machine something else (another process, a frequency change) slowed "
-                    "the cached run.")
-    text.append(f"The uncompiled static loop averaged {si(tpot_static, 's')} per token; single steps of "
-                f"the cached run moved by {spread:.0%} of a step (interquartile range over median).")
+        text.append(
+            f"The naive loop's later tokens averaged {si(tpot_naive, 's')}, less than the cached "
+            "loop's by more than the spread below, although each is a prefill of the sequence so "
+            "far: on this machine something else (another process, a frequency change) slowed "
+            "the cached run."
+        )
+    text.append(
+        f"The uncompiled static loop averaged {si(tpot_static, 's')} per token; single steps of "
+        f"the cached run moved by {spread:.0%} of a step (interquartile range over median)."
+    )
     if not stands_out(tpot_static - tpot_cached, tpot_cached, spread):
-        text.append("The two differ by less than that spread: a preallocated cache does not make an "
-                    "eager step cheaper on its own, since it attends over all of its slots, masked, from "
-                    "the first step.")
+        text.append(
+            "The two differ by less than that spread: a preallocated cache does not make an "
+            "eager step cheaper on its own, since it attends over all of its slots, masked, from "
+            "the first step."
+        )
     elif tpot_static > tpot_cached:
-        text.append("It was slower than the cached loop by more than that spread: attending over every "
-                    "preallocated slot, masked, from the first step cost more than the copy it saves.")
+        text.append(
+            "It was slower than the cached loop by more than that spread: attending over every "
+            "preallocated slot, masked, from the first step cost more than the copy it saves."
+        )
     else:
-        text.append("Here it was faster than the cached loop: writing in place saves the copy that "
-                    "`DynamicCache` makes on every step, which outweighed attending over the unused, "
-                    "masked slots.")
-    text.append("What a preallocated cache buys is a fixed shape and a fixed address for every input, "
-                "which is what compilation and CUDA graphs need.")
+        text.append(
+            "Here it was faster than the cached loop: writing in place saves the copy that "
+            "`DynamicCache` makes on every step, which outweighed attending over the unused, "
+            "masked slots."
+        )
+    text.append(
+        "What a preallocated cache buys is a fixed shape and a fixed address for every input, "
+        "which is what compilation and CUDA graphs need."
+    )
     return " ".join(text)
 
 
-def compile_reading(compile_cost: float, t_eager: float, t_comp: float, break_even: float, tokens: int) -> str:
-    """The one-time cost of compilation against its per-step gain, in a request of ``tokens`` tokens;
-    the outcome from the break-even model (``kvlab.theory.work.compile_repaid``)."""
+def compile_reading(
+    compile_cost: float, t_eager: float, t_comp: float, break_even: float, tokens: int
+) -> str:
+    """The one-time cost of compilation against its per-step gain, in a request of ``tokens``
+    tokens; the outcome from the break-even model (``kvlab.theory.work.compile_repaid``)."""
     from kvlab.theory.work import compile_repaid
 
     gain = t_eager - t_comp
-    text = (f"Compilation and capture cost **{si(compile_cost, 's')}**. A steady step took "
-            f"{si(t_eager, 's')} eager and {si(t_comp, 's')} compiled")
+    text = (
+        f"Compilation and capture cost **{si(compile_cost, 's')}**. A steady step took "
+        f"{si(t_eager, 's')} eager and {si(t_comp, 's')} compiled"
+    )
     if not (gain > 0 and math.isfinite(break_even)):
-        return (text + f": the compiled step was not faster ({si(-gain, 's')} slower), so by the break-even "
-                "model, compile time over the gain per step, compiling never pays off on this machine.")
-    text += (f", a gain of {si(gain, 's')} per token ({t_eager / t_comp:.1f}x). By the break-even model, "
-             f"compile time over the gain per step, the compiled loop catches up after **{break_even:,.0f} "
-             "tokens**, where the two extrapolated lines in the figure cross")
+        return (
+            text
+            + f": the compiled step was not faster ({si(-gain, 's')} slower), so by the break-even "
+            "model, compile time over the gain per step, compiling never pays off on this machine."
+        )
+    text += (
+        f", a gain of {si(gain, 's')} per token ({t_eager / t_comp:.1f}x). By the break-even model,"
+        " compile time over the gain per step, the compiled loop catches up after"
+        f" **{break_even:,.0f} tokens**, where the two extrapolated lines in the figure cross"
+    )
     if compile_repaid(compile_cost, gain, tokens):
         return text + f": within this {tokens}-token request, which compiling already paid for."
-    return (text + f": this {tokens}-token request did not repay it. Compiling pays for requests longer "
-            "than that, or when one compilation serves many requests, as in a serving engine.")
+    return (
+        text
+        + f": this {tokens}-token request did not repay it. Compiling pays for requests longer "
+        "than that, or when one compilation serves many requests, as in a serving engine."
+    )
 
 
-def explore_reading(P: int, G: int, batch: int, model: str, ttft: dict, tpot: dict, time_ratio: float,
-                    work_ratio: float) -> str:
+def explore_reading(
+    P: int,
+    G: int,
+    batch: int,
+    model: str,
+    ttft: dict,
+    tpot: dict,
+    time_ratio: float,
+    work_ratio: float,
+) -> str:
     """Under the explorer: this setting's latencies, and the measured time ratio (naive over cached)
     against ``work_ratio``, the positions ratio of ``work.positions_processed``, agreement within
     ``work.POSITIONS_TOLERANCE``."""
-    text = [f"{model}, $P = {P}$, $G = {G}$, batch {batch}: TPOT was {si(tpot['naive'], 's')} naive, "
-            f"{si(tpot['cached'], 's')} cached and {si(tpot['static'], 's')} static; TTFT "
-            f"{si(min(ttft.values()), 's')} to {si(max(ttft.values()), 's')}."]
+    text = [
+        f"{model}, $P = {P}$, $G = {G}$, batch {batch}: TPOT was {si(tpot['naive'], 's')} naive, "
+        f"{si(tpot['cached'], 's')} cached and {si(tpot['static'], 's')} static; TTFT "
+        f"{si(min(ttft.values()), 's')} to {si(max(ttft.values()), 's')}."
+    ]
     pairs_ratio = attention_work(P, G) / attention_work(P, G, cached=True)
     c = compare(time_ratio, work_ratio, POSITIONS_TOLERANCE)
-    text.append(f"The naive loop took {time_ratio:.1f} times as long as the cached one. The positions ratio "
-                f"(`kvlab.theory.work.positions_processed`, naive over cached) is {work_ratio:.1f}, the time "
-                "ratio if every position cost the same and a pass had no fixed cost; the measured ratio is "
-                f"{c.describe().replace('prediction', 'positions ratio')}.")
+    text.append(
+        f"The naive loop took {time_ratio:.1f} times as long as the cached one. The positions ratio"
+        f" (`kvlab.theory.work.positions_processed`, naive over cached) is {work_ratio:.1f}, the"
+        " time ratio if every position cost the same and a pass had no fixed cost; the measured"
+        f" ratio is {c.describe().replace('prediction', 'positions ratio')}."
+    )
     if c.outcome == BELOW:
-        text.append("The time ratio is lower because the fixed per-pass cost is paid by both loops. The positions ratio is not a bound "
-                    "in general, though: it counts per-position layer work, and where attention dominates a pass "
-                    f"the naive loop's extra work follows the pairs ratio instead, {pairs_ratio:.1f} at this setting.")
+        text.append(
+            "The time ratio is lower because the fixed per-pass cost is paid by both loops. The"
+            " positions ratio is not a bound in general, though: it counts per-position layer"
+            " work, and where attention dominates a pass the naive loop's extra work follows the"
+            f" pairs ratio instead, {pairs_ratio:.1f} at this setting."
+        )
     elif c.agrees:
-        text.append("The per-position layer work sets both loops' time here: the fixed cost of a pass is small "
-                    "next to it, and attention is not yet a large share of a pass.")
+        text.append(
+            "The per-position layer work sets both loops' time here: the fixed cost of a pass is"
+            " small next to it, and attention is not yet a large share of a pass."
+        )
     else:
-        text.append(f"The time ratio is higher: the positions ratio counts only per-position layer work; the naive loop's attention work "
-                    f"grows with the pairs ratio, {pairs_ratio:.1f} here, so where attention is a large share of a "
-                    "pass the time ratio can pass the positions ratio. On a CPU, the activations of a long naive "
-                    "pass leaving the caches add to it.")
+        text.append(
+            "The time ratio is higher: the positions ratio counts only per-position layer work;"
+            f" the naive loop's attention work grows with the pairs ratio, {pairs_ratio:.1f} here,"
+            " so where attention is a large share of a pass the time ratio can pass the positions"
+            " ratio. On a CPU, the activations of a long naive pass leaving the caches add to it."
+        )
     return " ".join(text)
 
 
 def gpu_break_even_reading(compile_cost: float, measured_gain: float) -> str:
     """What this compile time implies where the per-step gain is one millisecond (a small model's
-    kernel-launch gaps on a GPU), beside this run's measured gain; both from ``break_even_tokens``."""
+    kernel-launch gaps on a GPU), beside this run's measured gain; both from ``break_even_tokens``.
+    """
     from kvlab.theory.work import break_even_tokens
 
     one_ms = break_even_tokens(compile_cost, 1e-3)
     here = break_even_tokens(compile_cost, measured_gain)
-    text = (f"This run's compiled step saved {si(measured_gain, 's')} per token"
-            if measured_gain > 0 else "This run's compiled step saved nothing per token")
-    return (text + ". On a GPU the saving is what graph replay removes: the gaps between hundreds of short "
-            "kernel launches, about a millisecond per step for a small model. Tracing and code generation "
-            "run on the CPU there too, so the compile time stays: at this run's "
-            f"{si(compile_cost, 's')}, a 1 ms gain per step breaks even after **{one_ms:,.0f} tokens** "
-            + (f"(against {here:,.0f} at this run's gain)" if math.isfinite(here) else "") +
-            ". That is why serving engines compile once per batch size at start-up and reuse the graphs "
-            "across requests, rather than paying the cost in any one request.")
+    text = (
+        f"This run's compiled step saved {si(measured_gain, 's')} per token"
+        if measured_gain > 0
+        else "This run's compiled step saved nothing per token"
+    )
+    return (
+        text
+        + ". On a GPU the saving is what graph replay removes: the gaps between hundreds of short"
+        " kernel launches, about a millisecond per step for a small model. Tracing and code"
+        " generation run on the CPU there too, so the compile time stays: at this run's"
+        f" {si(compile_cost, 's')}, a 1 ms gain per step breaks even after **{one_ms:,.0f}"
+        " tokens** "
+        + (f"(against {here:,.0f} at this run's gain)" if math.isfinite(here) else "")
+        + ". That is why serving engines compile once per batch size at start-up and reuse the"
+        " graphs across requests, rather than paying the cost in any one request."
+    )
 
 
 def peers_reading(result) -> str:
-    """kvlab's compiled static loop against transformers' fastest batch-1 path and kvlab's cached loop
-    (a ``kvlab.lab.decode_peers.PeerComparison``); each outcome from ``kvlab.theory.peers.target_met``."""
+    """kvlab's compiled static loop against transformers' fastest batch-1 path and kvlab's cached
+    loop (a ``kvlab.lab.decode_peers.PeerComparison``); each outcome from
+    ``kvlab.theory.peers.target_met``.
+    """
     from kvlab.theory.peers import GENERATE, GENERATE_COMPILED, TARGETS, target_met
 
     rounds = len(next(iter(result.seconds.values())))
-    text = [f"On {result.where}, on the {result.device}, every loop decoded exactly `generate`'s tokens "
-            "before any was timed. The figures are ratios of median whole-request times over "
-            f"{rounds} interleaved rounds, first calls (and so compilation) left out. kvlab's cached loop "
-            f"ran at {result.speedup('cached', GENERATE)} the speed of `generate` with its dynamic cache."]
+    text = [
+        f"On {result.where}, on the {result.device}, every loop decoded exactly `generate`'s tokens"
+        f" before any was timed. The figures are ratios of median whole-request times over {rounds}"
+        " interleaved rounds, first calls (and so compilation) left out. kvlab's cached loop ran"
+        f" at {result.speedup('cached', GENERATE)} the speed of `generate` with its dynamic cache."
+    ]
     for over, what, miss in (
-            (GENERATE_COMPILED, "transformers' fastest batch-1 path (a static cache and the forward compiled "
-             "with `reduce-overhead`)", "both run the same model code through the same compiler, so the gap "
-             "is the Python around each step and what each compiled graph holds"),
-            ("cached", "kvlab's cached loop", "the compiled step did not save enough to pay for attending "
-             "over every preallocated slot from the first step")):
+        (
+            GENERATE_COMPILED,
+            (
+                "transformers' fastest batch-1 path (a static cache and the forward compiled "
+                "with `reduce-overhead`)"
+            ),
+            (
+                "both run the same model code through the same compiler, so the gap "
+                "is the Python around each step and what each compiled graph holds"
+            ),
+        ),
+        (
+            "cached",
+            "kvlab's cached loop",
+            (
+                "the compiled step did not save enough to pay for attending "
+                "over every preallocated slot from the first step"
+            ),
+        ),
+    ):
         r, target = result.speedup("static, compiled", over), TARGETS["static, compiled", over]
         if target_met(r.median, target):
-            text.append(f"The compiled static loop ran at {r} the speed of {what}: at least as fast, the "
-                        f"target of {target:g}x.")
+            text.append(
+                f"The compiled static loop ran at {r} the speed of {what}: at least as fast, the "
+                f"target of {target:g}x."
+            )
         else:
-            text.append(f"The compiled static loop ran at {r} the speed of {what}, short of the target of "
-                        f"{target:g}x; the likely reason on this machine: {miss}.")
+            text.append(
+                f"The compiled static loop ran at {r} the speed of {what}, short of the target of "
+                f"{target:g}x; the likely reason on this machine: {miss}."
+            )
     return " ".join(text)

@@ -16,7 +16,8 @@ AGREES = 2.0  # a collective's time "agrees" with the ring model within this fac
 
 
 def binary_bytes(n: int) -> str:
-    """A message size as the powers of two it is chosen as: ``"4 KiB"``, ``"1 MiB"``, ``"512 B"``."""
+    """A message size as the powers of two it is chosen as: ``"4 KiB"``, ``"1 MiB"``, ``"512
+    B"``."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:g} {unit}"
@@ -27,41 +28,65 @@ def _heads(n: int) -> str:
     return f"{n} KV head" + ("" if n == 1 else "s")
 
 
-def tensor_parallel_reading(version: str, world_size: int, tokens: int, kv_heads_per_rank: int, kv_heads: int,
-                            cache_bytes_per_rank: int, vocab_sharded: bool) -> str:
+def tensor_parallel_reading(
+    version: str,
+    world_size: int,
+    tokens: int,
+    kv_heads_per_rank: int,
+    kv_heads: int,
+    cache_bytes_per_rank: int,
+    vocab_sharded: bool,
+) -> str:
     """What the tensor-parallel check showed, and what this transformers release's plan splits."""
-    plan = ("its plan splits the embedding and the output head by vocabulary too (an all-reduce after the "
-            "embedding and an all-gather of the logits each step)" if vocab_sharded else
-            "its plan keeps the embedding and the output head whole on every rank")
-    return (f"With transformers {version}, the {world_size} ranks generated the same {tokens} tokens as "
-            f"`generate` in one process. Each rank's cache held **{kv_heads_per_rank} of the {kv_heads} KV "
-            f"heads**, {si(cache_bytes_per_rank, 'B')} per rank for this batch, 1/{kv_heads // kv_heads_per_rank} "
-            f"of one device's cache; {plan}.")
+    plan = (
+        "its plan splits the embedding and the output head by vocabulary too (an all-reduce after"
+        " the embedding and an all-gather of the logits each step)"
+        if vocab_sharded
+        else "its plan keeps the embedding and the output head whole on every rank"
+    )
+    return (
+        f"With transformers {version}, the {world_size} ranks generated the same {tokens} tokens as"
+        f" `generate` in one process. Each rank's cache held **{kv_heads_per_rank} of the"
+        f" {kv_heads} KV heads**, {si(cache_bytes_per_rank, 'B')} per rank for this batch,"
+        f" 1/{kv_heads // kv_heads_per_rank} of one device's cache; {plan}."
+    )
 
 
 def handoff_tables_reading(tokens: int, prefill_table: list, decode_table: list) -> str:
     """The two ranks' block tables for the handed-off sequence."""
+
     def shown(table):
         return str(table[:6])[:-1] + (", ...]" if len(table) > 6 else "]")
 
-    head = (f"Rank 1 continued from the received blocks and generated the same {tokens} tokens as `generate`. "
-            f"Rank 0's table {shown(prefill_table)} became rank 1's {shown(decode_table)}: ids of another pool, ")
+    head = (
+        f"Rank 1 continued from the received blocks and generated the same {tokens} tokens as"
+        f" `generate`. Rank 0's table {shown(prefill_table)} became rank 1's {shown(decode_table)}:"
+        " ids of another pool, "
+    )
     grown = len(decode_table) - len(prefill_table)
     if grown > 0:
-        return head + f"and {grown} block(s) longer, because decoding on rank 1 crossed a block boundary."
+        return (
+            head
+            + f"and {grown} block(s) longer, because decoding on rank 1 crossed a block boundary."
+        )
     return head + "and no longer: the generated tokens still fit in the prompt's last block."
 
 
-def link_reading(backend: str, bytes_per_s: float, latency_s: float, sizes, nvlink_bytes_per_s: float) -> str:
+def link_reading(
+    backend: str, bytes_per_s: float, latency_s: float, sizes, nvlink_bytes_per_s: float
+) -> str:
     """What the ping-pong calibration found, and how far it is from NVLink."""
     return (
-        f"Between two processes on this machine, {backend} moved a message one way at **{si(bytes_per_s, 'B/s')}** "
-        f"after a latency of **{si(latency_s, 's')}** (the line $t = \\alpha + n/\\beta$ fitted to one-way "
-        f"times of {len(sizes)} sizes from {binary_bytes(min(sizes))} to {binary_bytes(max(sizes))}). NVLink 4 is "
-        f"specified at {si(nvlink_bytes_per_s, 'B/s')} each way, {ratio_text(nvlink_bytes_per_s, bytes_per_s)} "
-        "this rate, with latencies of a few microseconds. So what this page measures is the mechanism: which "
-        "messages decode sends, how many and how large, and how their cost follows size and latency. It does "
-        "not measure NVLink, and its absolute times say nothing about a GPU server's.")
+        f"Between two processes on this machine, {backend} moved a message one way at"
+        f" **{si(bytes_per_s, 'B/s')}** after a latency of **{si(latency_s, 's')}** (the line $t ="
+        f" \\alpha + n/\\beta$ fitted to one-way times of {len(sizes)} sizes from"
+        f" {binary_bytes(min(sizes))} to {binary_bytes(max(sizes))}). NVLink 4 is specified at"
+        f" {si(nvlink_bytes_per_s, 'B/s')} each way, {ratio_text(nvlink_bytes_per_s, bytes_per_s)}"
+        " this rate, with latencies of a few microseconds. So what this page measures is the"
+        " mechanism: which messages decode sends, how many and how large, and how their cost"
+        " follows size and latency. It does not measure NVLink, and its absolute times say nothing"
+        " about a GPU server's."
+    )
 
 
 def collective_reading(kind: str, sizes, measured, predicted) -> str:
@@ -69,47 +94,74 @@ def collective_reading(kind: str, sizes, measured, predicted) -> str:
     name = kind.replace("_", "-")
     ratios = [m / p for m, p in zip(measured, predicted)]
     worst = max(range(len(ratios)), key=lambda i: max(ratios[i], 1 / ratios[i]))
-    head = (f"Each {name} took from {si(min(measured), 's')} to {si(max(measured), 's')} over messages of "
-            f"{binary_bytes(min(sizes))} to {binary_bytes(max(sizes))}; ")
+    head = (
+        f"Each {name} took from {si(min(measured), 's')} to {si(max(measured), 's')} over messages"
+        f" of {binary_bytes(min(sizes))} to {binary_bytes(max(sizes))}; "
+    )
     if all(within(m, p, AGREES) for m, p in zip(measured, predicted)):
-        return head + (
-            f"the ring model with the calibrated link predicts every one within a factor of {AGREES:g} (the "
-            f"largest gap is {ratio_text(measured[worst], predicted[worst])} at {binary_bytes(sizes[worst])}). The "
-            "latency term sets the small messages and the bytes term the large ones, as the model says.")
+        return (
+            head + "the ring model with the calibrated link predicts every one within a factor of"
+            f" {AGREES:g} (the largest gap is {ratio_text(measured[worst], predicted[worst])} at"
+            f" {binary_bytes(sizes[worst])}). The latency term sets the small messages and the"
+            " bytes term the large ones, as the model says."
+        )
     direction = "slower" if ratios[worst] > 1 else "faster"
-    return head + (
-        f"at {binary_bytes(sizes[worst])} the measurement is {ratio_text(measured[worst], predicted[worst])} the "
-        f"prediction ({direction}), outside the factor of {AGREES:g} the model was expected to hold. On one "
-        "machine the likely reasons are that both processes share the cores that copy and add the bytes (a "
-        "ring's two directions then do not each get the one-way rate that a ping-pong measured), that "
-        f"gloo picks its own algorithm for a {name} rather than a plain ring, and, on a busy machine, that "
-        "other work took the cores while the timer ran.")
+    return (
+        head + f"at {binary_bytes(sizes[worst])} the measurement is"
+        f" {ratio_text(measured[worst], predicted[worst])} the prediction ({direction}), outside"
+        f" the factor of {AGREES:g} the model was expected to hold. On one machine the likely"
+        " reasons are that both processes share the cores that copy and add the bytes (a ring's"
+        " two directions then do not each get the one-way rate that a ping-pong measured), that"
+        f" gloo picks its own algorithm for a {name} rather than a plain ring, and, on a busy"
+        " machine, that other work took the cores while the timer ran."
+    )
 
 
-def step_reading(one_process_s: float, split_s: float, predicted_s: float, world_size: int, calls: int,
-                 message_bytes: int, all_reduce_s: float, weight_bytes: float) -> str:
+def step_reading(
+    one_process_s: float,
+    split_s: float,
+    predicted_s: float,
+    world_size: int,
+    calls: int,
+    message_bytes: int,
+    all_reduce_s: float,
+    weight_bytes: float,
+) -> str:
     """The measured split step against one process's step and against the model's expectation."""
-    head = (f"One decode step took **{si(one_process_s, 's')}** in one process and **{si(split_s, 's')}** "
-            f"split over {world_size} ranks, each of which reads {si(weight_bytes / world_size, 'B')} of "
-            f"the {si(weight_bytes, 'B')} of weights and sends {calls} all-reduces of "
-            f"{si(message_bytes, 'B')} (measured alone at {si(all_reduce_s, 's')} each). ")
+    head = (
+        f"One decode step took **{si(one_process_s, 's')}** in one process and"
+        f" **{si(split_s, 's')}** split over {world_size} ranks, each of which reads"
+        f" {si(weight_bytes / world_size, 'B')} of the {si(weight_bytes, 'B')} of weights and sends"
+        f" {calls} all-reduces of {si(message_bytes, 'B')} (measured alone at"
+        f" {si(all_reduce_s, 's')} each). "
+    )
     if split_s < one_process_s:
-        first = (f"The split paid: {ratio_text(one_process_s, split_s)} faster, because halving the bytes each "
-                 "rank reads saved more than the all-reduces cost. ")
+        first = (
+            f"The split paid: {ratio_text(one_process_s, split_s)} faster, because halving the"
+            " bytes each rank reads saved more than the all-reduces cost. "
+        )
     else:
-        first = (f"The split did not pay: it was {ratio_text(split_s, one_process_s)} the time of one process. "
-                 "A model this small spends most of its CPU step in per-layer work that a split does not "
-                 "divide (Python, a framework call per projection, and on the newer transformers the "
-                 "bookkeeping of its distributed tensors), so halving the bytes saves less than the "
-                 "all-reduces add; on a GPU with a large model the weight reads dominate instead. ")
+        first = (
+            f"The split did not pay: it was {ratio_text(split_s, one_process_s)} the time of one"
+            " process. A model this small spends most of its CPU step in per-layer work that a"
+            " split does not divide (Python, a framework call per projection, and on the newer"
+            " transformers the bookkeeping of its distributed tensors), so halving the bytes saves"
+            " less than the all-reduces add; on a GPU with a large model the weight reads dominate"
+            " instead. "
+        )
     if within(split_s, predicted_s, 1.5):
-        second = (f"The expectation, one process's step / {world_size} plus the measured all-reduces, is "
-                  f"{si(predicted_s, 's')}: the measurement is within a factor of 1.5 of it.")
+        second = (
+            f"The expectation, one process's step / {world_size} plus the measured all-reduces, is "
+            f"{si(predicted_s, 's')}: the measurement is within a factor of 1.5 of it."
+        )
     else:
-        second = (f"The expectation, one process's step / {world_size} plus the measured all-reduces, is "
-                  f"{si(predicted_s, 's')}, and the measurement is {ratio_text(split_s, predicted_s)} that: the "
-                  "step does not divide by the world size on this machine (the two ranks share its cores and "
-                  "memory bus, and the undivided per-layer overhead counts on both).")
+        second = (
+            f"The expectation, one process's step / {world_size} plus the measured all-reduces, is"
+            f" {si(predicted_s, 's')}, and the measurement is {ratio_text(split_s, predicted_s)}"
+            " that: the step does not divide by the world size on this machine (the two ranks"
+            " share its cores and memory bus, and the undivided per-layer overhead counts on"
+            " both)."
+        )
     return head + first + second
 
 
@@ -117,67 +169,121 @@ def _tp_sentence(link: str, crossing) -> str:
     if crossing.pays_at_low and crossing.at is None:
         return f"over {link}, tensor parallelism pays at every batch from 1 to {crossing.high}"
     if crossing.pays_at_low:
-        return (f"over {link}, tensor parallelism pays at batch 1 but stops paying at batch **{crossing.at}**, "
-                "where each added sequence costs more all-reduce bytes than it saves in cache reads")
+        return (
+            f"over {link}, tensor parallelism pays at batch 1 but stops paying at batch"
+            f" **{crossing.at}**, where each added sequence costs more all-reduce bytes than it"
+            " saves in cache reads"
+        )
     if crossing.at is None:
-        return f"over {link}, tensor parallelism never pays from batch 1 to {crossing.high}: the latencies of its calls exceed what the split saves"
-    return (f"over {link}, tensor parallelism does not pay at batch 1 (its calls' latencies exceed half a "
-            f"small step) and starts paying at batch **{crossing.at}**")
+        return (
+            f"over {link}, tensor parallelism never pays from batch 1 to {crossing.high}: the"
+            " latencies of its calls exceed what the split saves"
+        )
+    return (
+        f"over {link}, tensor parallelism does not pay at batch 1 (its calls' latencies exceed half"
+        f" a small step) and starts paying at batch **{crossing.at}**"
+    )
 
 
 def _cp_sentence(link: str, crossing) -> str:
     if crossing.at is None:
-        verdict = "pays at every context" if crossing.pays_at_low else \
-            f"never pays up to {crossing.high:,} tokens (the cache stops growing, or the gathers cost too much)"
+        verdict = (
+            "pays at every context"
+            if crossing.pays_at_low
+            else (
+                f"never pays up to {crossing.high:,} tokens (the cache stops growing, or the"
+                " gathers cost too much)"
+            )
+        )
         return f"over {link}, splitting the cache by position {verdict}"
-    return f"over {link}, splitting the cache by position pays from **{crossing.at:,} tokens** of context"
+    return (
+        f"over {link}, splitting the cache by position pays from **{crossing.at:,} tokens** of"
+        " context"
+    )
 
 
 def _fits(batch_one: int, batch_two: int, context: int) -> str:
     if batch_one == 0:
-        return (f"One H200 cannot hold this model beside any {context:,}-token sequence; two hold "
-                f"{batch_two:,}, so here the split is needed before it is fast.")
-    return (f"One H200 holds {batch_one:,} such sequences beside the weights and two hold {batch_two:,} "
-            "(the dotted lines): past the first, one device is not an option at all.")
+        return (
+            f"One H200 cannot hold this model beside any {context:,}-token sequence; two hold "
+            f"{batch_two:,}, so here the split is needed before it is fast."
+        )
+    return (
+        f"One H200 holds {batch_one:,} such sequences beside the weights and two hold {batch_two:,}"
+        " (the dotted lines): past the first, one device is not an option at all."
+    )
 
 
-def crossing_reading(shape: str, context: int, latency_s: float, tp: dict, cp: dict, batch_one: int,
-                     batch_two: int) -> str:
+def crossing_reading(
+    shape: str, context: int, latency_s: float, tp: dict, cp: dict, batch_one: int, batch_two: int
+) -> str:
     """Where each split starts or stops paying, per link (``tp``/``cp``: link name -> Crossing), and
     how many sequences of ``context`` tokens one and two devices admit."""
     tp_text = "; ".join(_tp_sentence(k, c) for k, c in tp.items())
     cp_text = "; ".join(_cp_sentence(k, c) for k, c in cp.items())
-    return (f"For {shape} at {context:,} tokens of context, with {si(latency_s, 's') if latency_s else 'no'} "
-            f"latency per call: {tp_text}. {_fits(batch_one, batch_two, context)} At batch 1: {cp_text}. "
-            "Context parallelism reads every weight on every device, so it only pays where the cache reads "
-            "dominate a step; its real use is capacity, a context whose cache no single device can hold.")
+    return (
+        f"For {shape} at {context:,} tokens of context, with"
+        f" {si(latency_s, 's') if latency_s else 'no'} latency per call: {tp_text}."
+        f" {_fits(batch_one, batch_two, context)} At batch 1: {cp_text}. Context parallelism reads"
+        " every weight on every device, so it only pays where the cache reads dominate a step; its"
+        " real use is capacity, a context whose cache no single device can hold."
+    )
 
 
-def handoff_reading(kv_bytes: int, formula_bytes: float, total_bytes: int, send_s: float, predicted_s: float,
-                    tokens: int, block_size: int, nvlink_s: float, pcie_s: float) -> str:
+def handoff_reading(
+    kv_bytes: int,
+    formula_bytes: float,
+    total_bytes: int,
+    send_s: float,
+    predicted_s: float,
+    tokens: int,
+    block_size: int,
+    nvlink_s: float,
+    pcie_s: float,
+) -> str:
     """The measured KV handoff against the KV size formula and the calibrated link."""
     same = kv_bytes == formula_bytes
-    sizes = (f"The prefill rank sent **{kv_bytes:,} bytes** of KV blocks for a {tokens}-token prompt in "
-             f"{block_size}-token blocks, " + (
-                 "exactly $\\lceil s/B \\rceil B K$, the formula's whole blocks" if same else
-                 f"where the formula $\\lceil s/B \\rceil B K$ gives {formula_bytes:,.0f}: the blocks sent are "
-                 "not the sequence's blocks") + f", plus {total_bytes - kv_bytes} bytes of header and block table. ")
-    timing = f"Sending took {si(send_s, 's')}; the calibrated link predicts {si(predicted_s, 's')} for three messages"
+    sizes = (
+        f"The prefill rank sent **{kv_bytes:,} bytes** of KV blocks for a {tokens}-token prompt in "
+        f"{block_size}-token blocks, "
+        + (
+            "exactly $\\lceil s/B \\rceil B K$, the formula's whole blocks"
+            if same
+            else (
+                f"where the formula $\\lceil s/B \\rceil B K$ gives {formula_bytes:,.0f}: the"
+                " blocks sent are not the sequence's blocks"
+            )
+        )
+        + f", plus {total_bytes - kv_bytes} bytes of header and block table. "
+    )
+    timing = (
+        f"Sending took {si(send_s, 's')}; the calibrated link predicts {si(predicted_s, 's')} for"
+        " three messages"
+    )
     if within(send_s, predicted_s, AGREES):
         timing += f", within a factor of {AGREES:g}. "
     else:
-        timing += (f", and the send took {ratio_text(send_s, predicted_s)} that: a one-off transfer pays for "
-                   "buffers and connection warm-up that the repeated ping-pong did not. ")
-    return sizes + timing + (f"The same bytes would take {si(nvlink_s, 's')} over NVLink 4 and {si(pcie_s, 's')} "
-                             "over PCIe Gen5 x16 at their one-way rates.")
+        timing += (
+            f", and the send took {ratio_text(send_s, predicted_s)} that: a one-off transfer pays"
+            " for buffers and connection warm-up that the repeated ping-pong did not. "
+        )
+    return (
+        sizes
+        + timing
+        + f"The same bytes would take {si(nvlink_s, 's')} over NVLink 4 and {si(pcie_s, 's')} "
+        "over PCIe Gen5 x16 at their one-way rates."
+    )
 
 
 def recorded_reading(rows_by_device: dict) -> str:
     """The recorded GPU runs of this page's benchmark rows (``device -> [(name, value, unit)]``)."""
     if not rows_by_device:
-        return ("No GPU run of this page has been recorded yet: `book/data/measurements/` holds no record "
-                "with a GPU stamp and rows for it. `python -m kvlab record` on a machine with two or more "
-                "GPUs adds one (NCCL over NVLink or PCIe), and this paragraph becomes its table.")
+        return (
+            "No GPU run of this page has been recorded yet: `book/data/measurements/` holds no"
+            " record with a GPU stamp and rows for it. `python -m kvlab record` on a machine with"
+            " two or more GPUs adds one (NCCL over NVLink or PCIe), and this paragraph becomes its"
+            " table."
+        )
     lines = []
     for device, rows in rows_by_device.items():
         lines += [f"Recorded on **{device}**:", "", "| measurement | value |", "|---|---:|"]
@@ -188,35 +294,48 @@ def recorded_reading(rows_by_device: dict) -> str:
 # --------------------------------------------------------------------------- exercises
 
 
-def exercise_heads(shape: str, world: int, q_heads: int, kv_heads: int, per_rank: tuple, kv_per_token: float) -> str:
+def exercise_heads(
+    shape: str, world: int, q_heads: int, kv_heads: int, per_rank: tuple, kv_per_token: float
+) -> str:
     """Exercise 1: heads and cache per device at a larger world size."""
-    return solution(1, (
-        f"{shape} has {q_heads} query and {kv_heads} KV heads. Over {world} devices each holds "
-        f"**{per_rank[0]} query heads and {_heads(per_rank[1])}** "
-        f"(`kvlab.theory.parallel.tensor_parallel_heads`), so each caches {si(kv_per_token / world, 'B')} "
-        f"per token instead of {si(kv_per_token, 'B')}: 1/{world} of the cache, and 1/{world} of the cache "
-        f"reads of a step. Beyond {kv_heads} devices there is no KV head left to give each device: kvlab "
-        "refuses such a world size, and engines that allow it copy KV heads, so the cache per device stops "
-        "shrinking."))
+    return solution(
+        1,
+        f"{shape} has {q_heads} query and {kv_heads} KV heads. Over {world} devices each holds"
+        f" **{per_rank[0]} query heads and {_heads(per_rank[1])}**"
+        " (`kvlab.theory.parallel.tensor_parallel_heads`), so each caches"
+        f" {si(kv_per_token / world, 'B')} per token instead of {si(kv_per_token, 'B')}: 1/{world}"
+        f" of the cache, and 1/{world} of the cache reads of a step. Beyond {kv_heads} devices"
+        " there is no KV head left to give each device: kvlab refuses such a world size, and"
+        " engines that allow it copy KV heads, so the cache per device stops shrinking.",
+    )
 
 
-def exercise_latency(shape: str, context: int, saved_s: float, bytes_s: float, calls: int, latency_s: float) -> str:
+def exercise_latency(
+    shape: str, context: int, saved_s: float, bytes_s: float, calls: int, latency_s: float
+) -> str:
     """Exercise 2: the latency per call at which tensor parallelism stops paying at batch 1."""
-    return solution(2, (
-        f"At batch 1 and {context:,} tokens, splitting {shape} over 2 devices takes {si(saved_s, 's')} off a "
-        f"step's reads, and its {calls} all-reduces move their bytes over NVLink in {si(bytes_s, 's')} in all. "
-        f"The split stops paying once the latencies make up the rest: $\\alpha^* = ({si(saved_s, 's')} - "
-        f"{si(bytes_s, 's')}) / {calls}$ = **{si(latency_s, 's')}** per call. Small models hit it first: their "
-        "step is short, but they still have two calls per layer."))
+    return solution(
+        2,
+        f"At batch 1 and {context:,} tokens, splitting {shape} over 2 devices takes"
+        f" {si(saved_s, 's')} off a step's reads, and its {calls} all-reduces move their bytes over"
+        f" NVLink in {si(bytes_s, 's')} in all. The split stops paying once the latencies make up"
+        f" the rest: $\\alpha^* = ({si(saved_s, 's')} - {si(bytes_s, 's')}) / {calls}$ ="
+        f" **{si(latency_s, 's')}** per call. Small models hit it first: their step is short, but"
+        " they still have two calls per layer.",
+    )
 
 
 def exercise_handoff(shape: str, tokens: int, nbytes: float, links: dict, prefill_s: float) -> str:
     """Exercise 3: the handoff of one long prompt over several links, against recomputing it."""
-    rows = "\n".join(f"| {name} | {si(t, 's')} | {prefill_s / t:,.0f} |" for name, t in links.items())
-    return solution(3, (
-        f"A {tokens:,}-token prompt of {shape} has a cache of {si(nbytes, 'B')} "
-        f"(`kvlab.theory.parallel.kv_transfer_bytes`). Recomputing it (`roofline.prefill_time`, MFU 0.7) "
-        f"takes {si(prefill_s, 's')}. Moving it:\n\n| link | transfer | times faster than recompute |\n"
-        f"|---|---:|---:|\n{rows}\n\nEvery link beats recomputing by a wide margin, which is why "
-        "disaggregation pays; what it costs is time to first token, by the transfer, unless the transfer is "
-        "pipelined layer by layer with the prefill."))
+    rows = "\n".join(
+        f"| {name} | {si(t, 's')} | {prefill_s / t:,.0f} |" for name, t in links.items()
+    )
+    return solution(
+        3,
+        f"A {tokens:,}-token prompt of {shape} has a cache of {si(nbytes, 'B')}"
+        " (`kvlab.theory.parallel.kv_transfer_bytes`). Recomputing it (`roofline.prefill_time`,"
+        f" MFU 0.7) takes {si(prefill_s, 's')}. Moving it:\n\n| link | transfer | times faster than"
+        f" recompute |\n|---|---:|---:|\n{rows}\n\nEvery link beats recomputing by a wide margin,"
+        " which is why disaggregation pays; what it costs is time to first token, by the transfer,"
+        " unless the transfer is pipelined layer by layer with the prefill.",
+    )

@@ -11,8 +11,18 @@ from __future__ import annotations
 
 from kvlab.show.format import si
 from kvlab.theory.agreement import compare
-from kvlab.theory.serving import (CB, CB_NO_SHARING, ENGINE, ENGINE_NO_CACHE, FLAT_STEP_TOLERANCE, GENERATE, batch_bound,
-                                  flat_step_prediction, speedup_verdict, work_ratio)
+from kvlab.theory.serving import (
+    CB,
+    CB_NO_SHARING,
+    ENGINE,
+    ENGINE_NO_CACHE,
+    FLAT_STEP_TOLERANCE,
+    GENERATE,
+    batch_bound,
+    flat_step_prediction,
+    speedup_verdict,
+    work_ratio,
+)
 
 _WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
@@ -32,36 +42,60 @@ def plural(n: int, noun: str) -> str:
 
 
 def life_reading(counts: dict, block_size: int, num_blocks: int, budget: int) -> str:
-    """The life of a handful of requests. ``counts`` has ``requests``, ``steps``, ``chunked`` (requests
-    whose prefill took more than one step), ``preempted`` (one ``(step, request, mode)`` per preemption),
-    ``readmitted_tokens`` and ``readmitted_cached`` (tokens of the requests readmitted after a recompute
-    preemption, and of those the ones the prefix cache served), ``stalled`` (request-steps given no
-    tokens while running) and ``cached_tokens`` (prompt tokens first admissions found cached)."""
-    text = [f"The engine served {plural(counts['requests'], 'request')} in {counts['steps']} steps, with a pool "
-            f"of {num_blocks} blocks of {block_size} tokens and a budget of {budget} tokens per step."]
+    """The life of a handful of requests. ``counts`` has ``requests``, ``steps``, ``chunked``
+    (requests whose prefill took more than one step), ``preempted`` (one ``(step, request, mode)``
+    per preemption), ``readmitted_tokens`` and ``readmitted_cached`` (tokens of the requests
+    readmitted after a recompute preemption, and of those the ones the prefix cache served),
+    ``stalled`` (request-steps given no tokens while running) and ``cached_tokens`` (prompt tokens
+    first admissions found cached)."""
+    text = [
+        f"The engine served {plural(counts['requests'], 'request')} in {counts['steps']} steps,"
+        f" with a pool of {num_blocks} blocks of {block_size} tokens and a budget of {budget}"
+        " tokens per step."
+    ]
     if counts["chunked"]:
-        text.append(f"{number(counts['chunked']).capitalize()} of them had prompts longer than what a step had "
-                    "left, so their prefill ran in chunks over several steps while the others kept decoding.")
+        text.append(
+            f"{number(counts['chunked']).capitalize()} of them had prompts longer than what a step"
+            " had left, so their prefill ran in chunks over several steps while the others kept"
+            " decoding."
+        )
     else:
-        text.append("Every prompt fitted in what its first step had left, so no prefill was chunked; a "
-                    "smaller budget or a longer prompt would split one.")
+        text.append(
+            "Every prompt fitted in what its first step had left, so no prefill was chunked; a "
+            "smaller budget or a longer prompt would split one."
+        )
     preempted = counts["preempted"]
     if preempted:
         step, request, mode = preempted[0]
-        where = (f"first at step {step}, when request {request}" if len(preempted) > 1
-                 else f"at step {step}, when request {request}")
-        text.append(f"The pool ran out {times(len(preempted))}, {where} was the newest running request and the "
-                    f"decoding requests' next tokens needed more blocks than were free: the scheduler preempted it "
-                    + ("by swap, copying its blocks to host memory until blocks were free again."
-                       if mode == "swap" else "by recompute, giving its blocks back (their hashes kept) and "
-                       "sending it to the head of the queue."))
+        where = (
+            f"first at step {step}, when request {request}"
+            if len(preempted) > 1
+            else f"at step {step}, when request {request}"
+        )
+        text.append(
+            f"The pool ran out {times(len(preempted))}, {where} was the newest running request and"
+            " the decoding requests' next tokens needed more blocks than were free: the scheduler"
+            " preempted it "
+            + (
+                "by swap, copying its blocks to host memory until blocks were free again."
+                if mode == "swap"
+                else (
+                    "by recompute, giving its blocks back (their hashes kept) and "
+                    "sending it to the head of the queue."
+                )
+            )
+        )
         text.append(_readmission(counts["readmitted_tokens"], counts["readmitted_cached"]))
     else:
-        text.append("The pool never ran out, so nothing was preempted; the trace was meant to force it, "
-                    "and a pool a few blocks smaller would.")
+        text.append(
+            "The pool never ran out, so nothing was preempted; the trace was meant to force it, "
+            "and a pool a few blocks smaller would."
+        )
     if counts["cached_tokens"]:
-        text.append(f"On first admission {counts['cached_tokens']} prompt tokens were served from the prefix "
-                    "cache instead of being computed again.")
+        text.append(
+            f"On first admission {counts['cached_tokens']} prompt tokens were served from the"
+            " prefix cache instead of being computed again."
+        )
     return " ".join(text)
 
 
@@ -69,12 +103,18 @@ def _readmission(tokens: int, cached: int) -> str:
     if not tokens:
         return "No request preempted by recompute came back during the run."
     if cached:
-        return (f"When it came back, {cached} of its {tokens} tokens were served from the prefix cache, most of "
-                f"them from its own freed blocks, which were still there; only {number(tokens - cached)} "
-                f"{'was' if tokens - cached == 1 else 'were'} computed again. With prefix caching, recompute preemption often recomputes almost nothing, which is "
-                "why vLLM v1 preempts by recompute only.")
-    return (f"When it came back none of its {tokens} tokens were cached any more (its freed blocks had been "
-            "taken by others, or prefix caching was off), so recompute paid for its whole prefill again.")
+        return (
+            f"When it came back, {cached} of its {tokens} tokens were served from the prefix cache,"
+            " most of them from its own freed blocks, which were still there; only"
+            f" {number(tokens - cached)} {'was' if tokens - cached == 1 else 'were'} computed"
+            " again. With prefix caching, recompute preemption often recomputes almost nothing,"
+            " which is why vLLM v1 preempts by recompute only."
+        )
+    return (
+        f"When it came back none of its {tokens} tokens were cached any more (its freed blocks had"
+        " been taken by others, or prefix caching was off), so recompute paid for its whole"
+        " prefill again."
+    )
 
 
 def _speedup_sentence(measured: float, low: float, high: float, model: str) -> str:
@@ -84,11 +124,16 @@ def _speedup_sentence(measured: float, low: float, high: float, model: str) -> s
     if verdict == "within":
         return text + ", and the measurement follows it."
     if verdict == "below":
-        return (text + ": the engine did worse than its work predicts. Its per-step Python (scheduling, "
-                "building the step's tables, gathering blocks on a CPU) costs more than the batched work it "
-                "saves here, and noise from other processes can swing one run either way.")
-    return (text + ": the engine did better than its work predicts, so the peer spent more than its work "
-            "on something else (its own per-step or per-request overhead).")
+        return (
+            text + ": the engine did worse than its work predicts. Its per-step Python (scheduling,"
+            " building the step's tables, gathering blocks on a CPU) costs more than the batched"
+            " work it saves here, and noise from other processes can swing one run either way."
+        )
+    return (
+        text
+        + ": the engine did better than its work predicts, so the peer spent more than its work "
+        "on something else (its own per-step or per-request overhead)."
+    )
 
 
 def comparison_reading(result, on_gpu: bool) -> str:
@@ -96,102 +141,161 @@ def comparison_reading(result, on_gpu: bool) -> str:
     transformers' continuous batching, on one request set (``result``: a
     :class:`kvlab.lab.engine.ServingComparison` whose tokens all agreed)."""
     padded, rounds = result.padded, len(result.seconds[ENGINE])
-    head = (f"On {result.requests} requests every contender produced the same tokens for every request; "
-            f"{result.generated_tokens} were generated. "
-            + (f"Times are medians of {rounds} interleaved rounds." if rounds > 1 else
-               "Times are from one round, the contenders run one after another."))
+    head = (
+        f"On {result.requests} requests every contender produced the same tokens for every request;"
+        f" {result.generated_tokens} were generated. "
+        + (
+            f"Times are medians of {rounds} interleaved rounds."
+            if rounds > 1
+            else "Times are from one round, the contenders run one after another."
+        )
+    )
     parts = [head]
     if ENGINE_NO_CACHE in result.seconds:
         bare = result.speedup(ENGINE_NO_CACHE, GENERATE)
         ratio = work_ratio(padded, result.engine_metrics[ENGINE_NO_CACHE])
         parts.append(
-            f"**Padding.** With prefix caching off, so that only the batching differs, the engine ran "
-            f"**{bare.median:.2f} times** as fast as padded `generate` batches of {result.max_batch}. Padded "
-            f"`generate` carried {padded.carried_rows:,} of its {padded.decode_rows:,} decode rows "
-            f"({padded.carried_rows / max(padded.decode_rows, 1):.0%}) for requests that had already ended at "
-            f"their end-of-turn token or their length, until the longest of their batch was done, and "
-            f"prefilled {padded.padding_tokens:,} padding tokens. "
-            + _speedup_sentence(bare.median, ratio.low, ratio.high, "the work it computes (token rows: "
-                                f"{ratio.rows:.2f}; forward passes: {ratio.steps:.2f})"))
+            "**Padding.** With prefix caching off, so that only the batching differs, the engine"
+            f" ran **{bare.median:.2f} times** as fast as padded `generate` batches of"
+            f" {result.max_batch}. Padded `generate` carried {padded.carried_rows:,} of its"
+            f" {padded.decode_rows:,} decode rows"
+            f" ({padded.carried_rows / max(padded.decode_rows, 1):.0%}) for requests that had"
+            " already ended at their end-of-turn token or their length, until the longest of their"
+            f" batch was done, and prefilled {padded.padding_tokens:,} padding tokens. "
+            + _speedup_sentence(
+                bare.median,
+                ratio.low,
+                ratio.high,
+                "the work it computes (token rows: "
+                f"{ratio.rows:.2f}; forward passes: {ratio.steps:.2f})",
+            )
+        )
         cached = result.speedup(ENGINE, ENGINE_NO_CACHE)
         m, m0 = result.engine_metrics[ENGINE], result.engine_metrics[ENGINE_NO_CACHE]
-        rows = (m0["prefill_tokens"] + m0["generated_tokens"]) / (m["prefill_tokens"] + m["generated_tokens"])
-        served = (f"On, it served {m['prefix_hit_rate']:.0%} of admitted tokens from cached blocks (the shared "
-                  "system prompt)" if m["prefix_hit_rate"] > 0 else
-                  "On, it served no admitted token from cached blocks: a block is shared only once its keys and "
-                  "values are written (kvlab's choice, as vLLM v1's), so requests admitted together, before the "
-                  "shared prompt's first step wrote it, each compute their own copy, and a shared prefix shorter "
-                  "than a block is never shared")
-        parts.append(f"**Prefix caching.** {served}; the engine ran {cached.median:.2f} times as fast as "
-                     "with it off. " + _speedup_sentence(cached.median, min(rows, 1.0), max(rows, 1.0),
-                                                         f"the rows it no longer computes ({rows:.2f}; the forward "
-                                                         "passes stay the same, 1.00)"))
+        rows = (m0["prefill_tokens"] + m0["generated_tokens"]) / (
+            m["prefill_tokens"] + m["generated_tokens"]
+        )
+        served = (
+            f"On, it served {m['prefix_hit_rate']:.0%} of admitted tokens from cached blocks (the"
+            " shared system prompt)"
+            if m["prefix_hit_rate"] > 0
+            else (
+                "On, it served no admitted token from cached blocks: a block is shared only once"
+                " its keys and values are written (kvlab's choice, as vLLM v1's), so requests"
+                " admitted together, before the shared prompt's first step wrote it, each compute"
+                " their own copy, and a shared prefix shorter than a block is never shared"
+            )
+        )
+        parts.append(
+            f"**Prefix caching.** {served}; the engine ran {cached.median:.2f} times as fast as "
+            "with it off. "
+            + _speedup_sentence(
+                cached.median,
+                min(rows, 1.0),
+                max(rows, 1.0),
+                f"the rows it no longer computes ({rows:.2f}; the forward "
+                "passes stay the same, 1.00)",
+            )
+        )
     for peer in (CB, CB_NO_SHARING):
         if peer in result.seconds:
             s = result.speedup(ENGINE, peer)
-            parts.append(f"**{peer.capitalize()}.** The engine ran {s.median:.2f} times as fast (one round "
-                         f"{s.low:.2f} to {s.high:.2f}). Neither pads, so the same work predicts 1. "
-                         + _speedup_sentence(s.median, 1.0, 1.0, "equal work"))
+            parts.append(
+                f"**{peer.capitalize()}.** The engine ran {s.median:.2f} times as fast (one round "
+                f"{s.low:.2f} to {s.high:.2f}). Neither pads, so the same work predicts 1. "
+                + _speedup_sentence(s.median, 1.0, 1.0, "equal work")
+            )
     engine_latency, generate_latency = result.latency_s[ENGINE], result.latency_s[GENERATE]
     if engine_latency <= generate_latency:
-        parts.append(f"A request waited {si(engine_latency, 's')} on average for its last token with the engine "
-                     f"against {si(generate_latency, 's')} with `generate`, which returns a batch only when "
-                     "its longest request is done.")
+        parts.append(
+            f"A request waited {si(engine_latency, 's')} on average for its last token with the"
+            f" engine against {si(generate_latency, 's')} with `generate`, which returns a batch"
+            " only when its longest request is done."
+        )
     else:
-        parts.append(f"A request waited {si(engine_latency, 's')} on average for its last token with the engine "
-                     f"against {si(generate_latency, 's')} with `generate`: here the engine's mixing of "
-                     "prefills into decode steps slowed the requests already running more than batching saved.")
+        parts.append(
+            f"A request waited {si(engine_latency, 's')} on average for its last token with the"
+            f" engine against {si(generate_latency, 's')} with `generate`: here the engine's mixing"
+            " of prefills into decode steps slowed the requests already running more than batching"
+            " saved."
+        )
     if not on_gpu:
-        parts.append("On a GPU the engine replays its decode steps as CUDA graphs, which takes its per-step "
-                     "Python off the critical path; the CPU measures a small model where that work is a large "
-                     "share of a step.")
+        parts.append(
+            "On a GPU the engine replays its decode steps as CUDA graphs, which takes its per-step"
+            " Python off the critical path; the CPU measures a small model where that work is a"
+            " large share of a step."
+        )
     return "\n\n".join(parts)
 
 
 def curve_reading(points, capacity: float, chosen: int, prefix_caching: bool = True) -> str:
-    """The latency-throughput curve. ``points``: :class:`kvlab.lab.engine.CurvePoint` in ``max_batch`` order;
-    ``capacity``: mean requests the pool holds at once; ``chosen``: the slider's ``max_batch``."""
+    """The latency-throughput curve. ``points``: :class:`kvlab.lab.engine.CurvePoint` in
+    ``max_batch`` order; ``capacity``: mean requests the pool holds at once; ``chosen``: the
+    slider's ``max_batch``."""
     first, best = points[0], max(points, key=lambda p: p.tokens_per_s)
     here = next(p for p in points if p.max_batch == chosen)
-    text = [f"At `max_batch` {chosen} the engine made {here.tokens_per_s:.0f} tokens/s at "
-            f"{si(here.mean_tpot_s, 's')} per output token, running {here.mean_batch:.1f} requests per step "
-            "on average."]
+    text = [
+        f"At `max_batch` {chosen} the engine made {here.tokens_per_s:.0f} tokens/s at"
+        f" {si(here.mean_tpot_s, 's')} per output token, running {here.mean_batch:.1f} requests per"
+        " step on average."
+    ]
     predicted = flat_step_prediction(points)
     verdict = compare(best.tokens_per_s, predicted, FLAT_STEP_TOLERANCE).outcome
-    text.append(f"The flat-step model (a step costs the same whatever the batch, so throughput is the mean "
-                f"batch times the rate of one request, {first.tokens_per_s / first.mean_batch:.0f} tokens/s) "
-                f"predicts {predicted:.0f} tokens/s at `max_batch` {best.max_batch}, where the engine ran "
-                f"{best.mean_batch:.1f} requests per step; it made {best.tokens_per_s:.0f}.")
+    text.append(
+        "The flat-step model (a step costs the same whatever the batch, so throughput is the mean"
+        f" batch times the rate of one request, {first.tokens_per_s / first.mean_batch:.0f}"
+        f" tokens/s) predicts {predicted:.0f} tokens/s at `max_batch` {best.max_batch}, where the"
+        f" engine ran {best.mean_batch:.1f} requests per step; it made {best.tokens_per_s:.0f}."
+    )
     if verdict == "within":
-        text.append("Throughput grew with the batch as the model says: the weights read once per step still "
-                    "set the cost of a step.")
+        text.append(
+            "Throughput grew with the batch as the model says: the weights read once per step still"
+            " set the cost of a step."
+        )
     elif verdict == "below":
-        text.append("That is less than the model predicts: steps grew with the batch, because prefill chunks "
-                    "ride along in the decode steps and, on a CPU, the per-token work of a small model is not "
-                    "small next to reading its weights.")
+        text.append(
+            "That is less than the model predicts: steps grew with the batch, because prefill"
+            " chunks ride along in the decode steps and, on a CPU, the per-token work of a small"
+            " model is not small next to reading its weights."
+        )
     else:
-        text.append("That is more than the model predicts: the one-request rate carries fixed per-step costs "
-                    "that a fuller step shares out.")
+        text.append(
+            "That is more than the model predicts: the one-request rate carries fixed per-step"
+            " costs that a fuller step shares out."
+        )
     bound, limit = batch_bound(capacity, points[-1].max_batch)
     widest = max(p.mean_batch for p in points)
     if bound == "pool":
-        text.append(f"The pool holds about {capacity:.1f} mean requests at once, fewer than the largest "
-                    f"`max_batch` ({points[-1].max_batch}), so the pool, not `max_batch`, bounds the batch there; "
-                    f"the running batch averaged at most {widest:.1f}.")
+        text.append(
+            f"The pool holds about {capacity:.1f} mean requests at once, fewer than the largest"
+            f" `max_batch` ({points[-1].max_batch}), so the pool, not `max_batch`, bounds the batch"
+            f" there; the running batch averaged at most {widest:.1f}."
+        )
     else:
-        text.append(f"The pool holds about {capacity:.1f} mean requests at once, more than the largest "
-                    f"`max_batch` ({points[-1].max_batch}), so it does not bind on this trace; the running batch "
-                    f"averaged at most {widest:.1f}.")
+        text.append(
+            f"The pool holds about {capacity:.1f} mean requests at once, more than the largest"
+            f" `max_batch` ({points[-1].max_batch}), so it does not bind on this trace; the running"
+            f" batch averaged at most {widest:.1f}."
+        )
     if not prefix_caching:
-        text.append("Prefix caching was off: every prompt token, shared system prompts included, was computed.")
+        text.append(
+            "Prefix caching was off: every prompt token, shared system prompts included, was"
+            " computed."
+        )
     elif here.prefix_hit_rate > 0:
-        text.append(f"With prefix caching on, {here.prefix_hit_rate:.0%} of the tokens admitted came from cached "
-                    "blocks (the shared system prompts), prefill work the engine did not repeat.")
+        text.append(
+            f"With prefix caching on, {here.prefix_hit_rate:.0%} of the tokens admitted came from"
+            " cached blocks (the shared system prompts), prefill work the engine did not repeat."
+        )
     else:
-        text.append("Prefix caching was on but no admission hit the cache: the pool evicted the shared "
-                    "prompts' blocks before the next request that shared them arrived.")
+        text.append(
+            "Prefix caching was on but no admission hit the cache: the pool evicted the shared "
+            "prompts' blocks before the next request that shared them arrived."
+        )
     preempted = sum(p.preemptions for p in points)
     if preempted:
-        text.append(f"Across the curve the engine preempted {times(preempted)} when growing requests "
-                    "outran the free blocks.")
+        text.append(
+            f"Across the curve the engine preempted {times(preempted)} when growing requests "
+            "outran the free blocks."
+        )
     return " ".join(text)

@@ -13,8 +13,10 @@ from kvlab.show.format import si
 from kvlab.theory.agreement import ABOVE, BELOW
 from kvlab.theory.kv_traffic import BYTES_TOLERANCE, cache_resident, compare_with_bytes
 
-MODEL = ("the bytes model (`kvlab.lab.layout_timing`: bytes moved, reads plus writes, over the calibrated "
-         "copy bandwidth)")
+MODEL = (
+    "the bytes model (`kvlab.lab.layout_timing`: bytes moved, reads plus writes, over the"
+    " calibrated copy bandwidth)"
+)
 
 
 def layout_table(reads: dict, beta: float, batch: int, context: int) -> str:
@@ -25,73 +27,116 @@ def layout_table(reads: dict, beta: float, batch: int, context: int) -> str:
     """
     base = reads["BHTD"].timing.median
     first = next(iter(reads.values()))
-    lines = [f"At the default setting (batch {batch}, context {context:,}), one layer's read covers "
-             f"{si(first.kv_bytes, 'B')} of keys and values. The calibrated copy bandwidth is "
-             f"{si(beta, 'B/s')}, counting reads plus writes. Measured side by side, in three "
-             "interleaved rounds, the read streamed K and V at:", "",
-             "| layout | K+V read per second | moved bytes per second / copy bandwidth | time / `BHTD` time |",
-             "|---|---:|---:|---:|"]
+    lines = [
+        (
+            f"At the default setting (batch {batch}, context {context:,}), one layer's read covers "
+            f"{si(first.kv_bytes, 'B')} of keys and values. The calibrated copy bandwidth is "
+            f"{si(beta, 'B/s')}, counting reads plus writes. Measured side by side, in three "
+            "interleaved rounds, the read streamed K and V at:"
+        ),
+        "",
+        (
+            "| layout | K+V read per second | moved bytes per second / copy bandwidth | time /"
+            " `BHTD` time |"
+        ),
+        "|---|---:|---:|---:|",
+    ]
     for name, r in reads.items():
         label = f"`{name}`" + (" (gather)" if name in ("NHD", "HND") else "")
-        lines.append(f"| {label} | {si(r.kv_bytes_per_s, 'B/s')} | {r.fraction_of_copy:.0%} | "
-                     f"{r.timing.median / base:.1f} |")
+        lines.append(
+            f"| {label} | {si(r.kv_bytes_per_s, 'B/s')} | {r.fraction_of_copy:.0%} | "
+            f"{r.timing.median / base:.1f} |"
+        )
     return "\n".join(lines)
 
 
 def _residency(read, llc: int | None) -> str:
     """Why a read can beat its bytes: its cache fits the device's largest hardware cache, or not."""
-    where = f"this device's {si(llc, 'B')} last-level cache" if llc else "the device's last-level cache (size unknown)"
+    where = (
+        f"this device's {si(llc, 'B')} last-level cache"
+        if llc
+        else "the device's last-level cache (size unknown)"
+    )
     if cache_resident(read.kv_bytes, llc):
-        return (f"its {si(read.kv_bytes, 'B')} of keys and values fit in {where} with room to spare, so "
-                "repeats read them from there rather than from DRAM")
-    return (f"its {si(read.kv_bytes, 'B')} of keys and values do not fit in {where} with room to spare, so "
-            "the likelier cause is a calibration taken while the machine was busier than during this read")
+        return (
+            f"its {si(read.kv_bytes, 'B')} of keys and values fit in {where} with room to spare, so"
+            " repeats read them from there rather than from DRAM"
+        )
+    return (
+        f"its {si(read.kv_bytes, 'B')} of keys and values do not fit in {where} with room to spare,"
+        " so the likelier cause is a calibration taken while the machine was busier than during"
+        " this read"
+    )
 
 
 def append_reading(read, index, slot, cat) -> str:
-    """The read path against the append paths: ``read`` (a ``BHTD`` read measurement), the ``index`` and
-    ``cat`` appends of the same cache and the ``NHD`` ``slot`` append, each with its ``predicted_s``."""
+    """The read path against the append paths: ``read`` (a ``BHTD`` read measurement), the ``index``
+    and ``cat`` appends of the same cache and the ``NHD`` ``slot`` append, each with its
+    ``predicted_s``.
+    """
     time_ratio = read.timing.median / index.timing.median
     bytes_ratio = read.predicted_s / index.predicted_s
-    text = [f"In-place appends cost {si(index.timing.median, 's')} (`BHTD` index) and "
-            f"{si(slot.timing.median, 's')} (`NHD` slot, including `store_kv`'s argument checks) per step. "
-            f"The read cost **{si(read.timing.median, 's')}**, {time_ratio:,.0f} times the index append. Counted "
-            f"by {MODEL}, the read moves {bytes_ratio:,.0f} times the append's bytes, a ratio that grows with "
-            "every token: the read path is the one to optimize at long context."]
+    text = [
+        f"In-place appends cost {si(index.timing.median, 's')} (`BHTD` index) and"
+        f" {si(slot.timing.median, 's')} (`NHD` slot, including `store_kv`'s argument checks) per"
+        f" step. The read cost **{si(read.timing.median, 's')}**, {time_ratio:,.0f} times the index"
+        f" append. Counted by {MODEL}, the read moves {bytes_ratio:,.0f} times the append's bytes,"
+        " a ratio that grows with every token: the read path is the one to optimize at long"
+        " context."
+    ]
     c = compare_with_bytes(time_ratio, bytes_ratio)
     if c.outcome == BELOW:
-        text.append("The time ratio is below the byte ratio, as expected: an append moves a few kilobytes, so "
-                    "its time is almost all the fixed cost of one operation, which the bytes model leaves out.")
+        text.append(
+            "The time ratio is below the byte ratio, as expected: an append moves a few kilobytes,"
+            " so its time is almost all the fixed cost of one operation, which the bytes model"
+            " leaves out."
+        )
     else:
-        text.append(f"Against the byte ratio, the time ratio came out at {c.describe()}; the append's fixed "
-                    "per-operation cost should have kept it below. The likely reason on a shared machine: "
-                    "another process slowed the read (rerun the cell).")
-    c = compare_with_bytes(cat.timing.median / read.timing.median, cat.predicted_s / read.predicted_s)
-    text.append(f"Growth by `torch.cat` took **{si(cat.timing.median, 's')}** per step: it reads and writes the "
-                f"whole cache to add one token, so the bytes model puts it at {c.predicted:.2f} times the read; "
-                f"measured, {c.ratio:.2f} times.")
+        text.append(
+            f"Against the byte ratio, the time ratio came out at {c.describe()}; the append's fixed"
+            " per-operation cost should have kept it below. The likely reason on a shared machine:"
+            " another process slowed the read (rerun the cell)."
+        )
+    c = compare_with_bytes(
+        cat.timing.median / read.timing.median, cat.predicted_s / read.predicted_s
+    )
+    text.append(
+        f"Growth by `torch.cat` took **{si(cat.timing.median, 's')}** per step: it reads and writes"
+        f" the whole cache to add one token, so the bytes model puts it at {c.predicted:.2f} times"
+        f" the read; measured, {c.ratio:.2f} times."
+    )
     if c.outcome == BELOW:
-        text.append("Less than its bytes say: the read is slower per byte than a copy, because attention also "
-                    "computes (scores, softmax, the weighted sum), which a byte count leaves out.")
+        text.append(
+            "Less than its bytes say: the read is slower per byte than a copy, because attention"
+            " also computes (scores, softmax, the weighted sum), which a byte count leaves out."
+        )
     elif c.outcome == ABOVE:
-        text.append("More than its bytes say: `torch.cat` allocates a new tensor every step, and fresh pages "
-                    "cost the allocator and the operating system time on top of the copy.")
+        text.append(
+            "More than its bytes say: `torch.cat` allocates a new tensor every step, and fresh"
+            " pages cost the allocator and the operating system time on top of the copy."
+        )
     else:
         text.append("As its bytes say.")
     return " ".join(text) + " A preallocated or paged cache removes this term entirely."
 
 
 def explore_reading(layout: str, context: int, read, appends: dict, llc: int | None) -> str:
-    """Under the layout explorer: the selected context's read against the bytes model, and the appends.
-    ``llc``: the device's last-level cache in bytes (``kvlab.lab.layout_timing.last_level_cache_bytes``)."""
+    """Under the layout explorer: the selected context's read against the bytes model, and the
+    appends. ``llc``: the device's last-level cache in bytes
+    (``kvlab.lab.layout_timing.last_level_cache_bytes``).
+    """
     c = compare_with_bytes(read.timing.median, read.predicted_s)
-    text = [f"`{layout}` at {context:,} tokens: the read took **{si(read.timing.median, 's')}**; {MODEL} "
-            f"predicts {si(read.predicted_s, 's')}, so it took {c.describe()}."]
+    text = [
+        f"`{layout}` at {context:,} tokens: the read took **{si(read.timing.median, 's')}**;"
+        f" {MODEL} predicts {si(read.predicted_s, 's')}, so it took {c.describe()}."
+    ]
     if c.outcome == BELOW:
         text.append(f"It beat its bytes: {_residency(read, llc)}.")
     elif c.outcome == ABOVE:
-        text.append("It is slower than its bytes: shorter contiguous runs, attention's own arithmetic, or "
-                    "another process on the machine.")
+        text.append(
+            "It is slower than its bytes: shorter contiguous runs, attention's own arithmetic, or "
+            "another process on the machine."
+        )
     else:
         text.append("It streams at about the copy bandwidth.")
     parts = ", ".join(f"{m} {si(a.timing.median, 's')}" for m, a in appends.items())
@@ -104,21 +149,36 @@ def gqa_reading(mha, small, llc: int | None) -> str:
     time ratio is held against the bytes model's."""
     bytes_ratio = mha.predicted_s / small.predicted_s
     c = compare_with_bytes(mha.timing.median / small.timing.median, bytes_ratio)
-    text = (f"Going from {mha.kv_heads} KV heads to {small.kv_heads}, with the query heads unchanged, cut the "
-            f"cache by {bytes_ratio:.3g} times ({si(mha.kv_bytes, 'B')} to {si(small.kv_bytes, 'B')}) and the read "
-            f"time by **{c.measured:.3g} times**. {MODEL.capitalize()} predicts the time to fall with the bytes: "
-            f"the measured fall is {c.describe()}.")
+    text = (
+        f"Going from {mha.kv_heads} KV heads to {small.kv_heads}, with the query heads unchanged,"
+        f" cut the cache by {bytes_ratio:.3g} times ({si(mha.kv_bytes, 'B')} to"
+        f" {si(small.kv_bytes, 'B')}) and the read time by **{c.measured:.3g} times**."
+        f" {MODEL.capitalize()} predicts the time to fall with the bytes: the measured fall is"
+        f" {c.describe()}."
+    )
     if c.outcome == ABOVE:
         both = cache_resident(mha.kv_bytes, llc)
         if cache_resident(small.kv_bytes, llc) and not both:
-            why = (f"the smaller cache fits in this device's {si(llc, 'B')} last-level cache with room to spare "
-                   "and the larger one does not, so repeats read the smaller one from that cache, faster than DRAM")
+            why = (
+                f"the smaller cache fits in this device's {si(llc, 'B')} last-level cache with room"
+                " to spare and the larger one does not, so repeats read the smaller one from that"
+                " cache, faster than DRAM"
+            )
         else:
-            why = ("the two caches sit on the same side of the device's last-level cache "
-                   f"({si(llc, 'B') if llc else 'size unknown'}), so the likelier cause is another process "
-                   "slowing the larger read")
+            why = (
+                "the two caches sit on the same side of the device's last-level cache"
+                f" ({si(llc, 'B') if llc else 'size unknown'}), so the likelier cause is another"
+                " process slowing the larger read"
+            )
         return text + f" Time fell more than the bytes: {why}."
     if c.outcome == BELOW:
-        return text + (" Time fell less than the bytes: at few KV heads each byte serves more query heads, so "
-                       "attention's arithmetic and fixed per-call costs, not bytes, set the smaller read's time.")
-    return text + f" Time follows bytes, within a factor {BYTES_TOLERANCE:g}: the read is bandwidth-bound."
+        return (
+            text
+            + " Time fell less than the bytes: at few KV heads each byte serves more query heads,"
+            " so attention's arithmetic and fixed per-call costs, not bytes, set the smaller"
+            " read's time."
+        )
+    return (
+        text
+        + f" Time follows bytes, within a factor {BYTES_TOLERANCE:g}: the read is bandwidth-bound."
+    )

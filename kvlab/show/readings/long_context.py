@@ -26,11 +26,13 @@ def _signed(x: float, decimals: int) -> str:
 
 
 def spread_text(sp: rules.Spread, pieces: str) -> str:
-    """``"+0.29 nats per token (95% interval +0.18 to +0.40 over 13 blocks of positions)"``, with more
-    decimals when the interval is narrow."""
+    """``"+0.29 nats per token (95% interval +0.18 to +0.40 over 13 blocks of positions)"``, with
+    more decimals when the interval is narrow."""
     d = _decimals(sp.half_width)
-    return (f"{_signed(sp.mean, d)} nats per token (95% interval {_signed(sp.low, d)} to {_signed(sp.high, d)} "
-            f"over {sp.n} {pieces})")
+    return (
+        f"{_signed(sp.mean, d)} nats per token (95% interval {_signed(sp.low, d)} to"
+        f" {_signed(sp.high, d)} over {sp.n} {pieces})"
+    )
 
 
 def _ranges(numbers) -> str:
@@ -47,53 +49,79 @@ def _ranges(numbers) -> str:
 
 def model_reading(name: str, params: int, shape, context: int, tokens: int, dtype: str) -> str:
     """What the page measures on: the pretrained model and the text."""
-    return (f"The measurements below run on **{name}** ({params / 1e6:.1f} M parameters; {shape.layers} layers, "
-            f"{shape.q_heads} query heads sharing {shape.kv_heads} KV heads of dimension {shape.head_dim}, RoPE, "
-            f"a {context:,}-token training context), in {dtype}, with weights dequantized from the Q4_1 GGUF file "
-            f"that kvlab loads offline: every finding here is about that 4-bit-rounded copy "
-            f"([the model card](../book/models.md)). The text is the held-out King James text that ships with "
-            f"kvlab (Ruth and Jonah, public domain), {tokens:,} tokens in this model's tokenizer.")
+    return (
+        f"The measurements below run on **{name}** ({params / 1e6:.1f} M parameters; {shape.layers}"
+        f" layers, {shape.q_heads} query heads sharing {shape.kv_heads} KV heads of dimension"
+        f" {shape.head_dim}, RoPE, a {context:,}-token training context), in {dtype}, with weights"
+        " dequantized from the Q4_1 GGUF file that kvlab loads offline: every finding here is"
+        " about that 4-bit-rounded copy ([the model card](../book/models.md)). The text is the"
+        " held-out King James text that ships with kvlab (Ruth and Jonah, public domain),"
+        f" {tokens:,} tokens in this model's tokenizer."
+    )
 
 
 def check_reading(num_sink: int, window: int, steps: int, gap: float, stored: int) -> str:
-    """The masked pass against ``SinkCache`` streamed token by token (the cell asserts they agree)."""
-    return (f"Streamed token by token through `SinkCache({num_sink}, {window}, rope=\"cache\")`, {steps} tokens of "
-            f"the text give the same next-token log-probabilities as the masked pass, to {gap:.1e} (fp32 "
-            f"rounding), and the cache ends holding {stored} tokens per layer, its bound. The sweep below can "
-            "therefore run one forward pass per cache instead of one per token.")
+    """The masked pass against ``SinkCache`` streamed token by token (the cell asserts they
+    agree)."""
+    return (
+        f'Streamed token by token through `SinkCache({num_sink}, {window}, rope="cache")`, {steps}'
+        " tokens of the text give the same next-token log-probabilities as the masked pass, to"
+        f" {gap:.1e} (fp32 rounding), and the cache ends holding {stored} tokens per layer, its"
+        " bound. The sweep below can therefore run one forward pass per cache instead of one per"
+        " token."
+    )
 
 
 def sink_reading(share, share_shifted, uniform: float, tokens: int) -> str:
-    """Under the sink heat map. ``share[layer][head]``: mean share of attention on the first token of a
-    passage starting at the text's first token; ``share_shifted``: the same for a passage starting in
-    the middle of a verse."""
+    """Under the sink heat map. ``share[layer][head]``: mean share of attention on the first token
+    of a passage starting at the text's first token; ``share_shifted``: the same for a passage
+    starting in the middle of a verse."""
     heads = rules.sink_heads(share, uniform)
     shifted = rules.sink_heads(share_shifted, uniform)
     total = len(share) * len(share[0])
     top = max((s, layer, head) for layer, row in enumerate(share) for head, s in enumerate(row))
-    definition = (f"By this page's one definition, a head is an **attention sink** when its queries put on "
-                  f"average at least {rules.SINK_SHARE:.0%} of their attention on the first token (the threshold "
-                  f"of [Gu et al. 2025](../book/references.md)) and at least {rules.SINK_FACTOR:.0f} times the "
-                  f"{uniform:.3f} that uniform attention over this {tokens}-token passage would give it. ")
+    definition = (
+        "By this page's one definition, a head is an **attention sink** when its queries put on"
+        f" average at least {rules.SINK_SHARE:.0%} of their attention on the first token (the"
+        " threshold of [Gu et al. 2025](../book/references.md)) and at least"
+        f" {rules.SINK_FACTOR:.0f} times the {uniform:.3f} that uniform attention over this"
+        f" {tokens}-token passage would give it. "
+    )
     if heads:
         layers = sorted({layer for layer, _, _ in heads})
-        text = definition + (f"**{len(heads)} of the model's {total} heads are sinks**, in layers {_ranges(layers)}; "
-                             f"the strongest (layer {top[1]}, head {top[2]}) puts {top[0]:.0%} of its attention "
-                             f"on the first token, {top[0] / uniform:.0f} times the uniform share. ")
+        text = (
+            definition + f"**{len(heads)} of the model's {total} heads are sinks**, in layers"
+            f" {_ranges(layers)}; the strongest (layer {top[1]}, head {top[2]}) puts {top[0]:.0%}"
+            f" of its attention on the first token, {top[0] / uniform:.0f} times the uniform"
+            " share. "
+        )
     else:
-        text = definition + (f"**No head is a sink here**: the largest share is {top[0]:.0%} (layer {top[1]}, head "
-                             f"{top[2]}). StreamingLLM found sinks in every large model it examined "
-                             "([Xiao et al. 2024](../book/references.md)); this run did not. ")
+        text = (
+            definition
+            + f"**No head is a sink here**: the largest share is {top[0]:.0%} (layer {top[1]},"
+            " head "
+            f"{top[2]}). StreamingLLM found sinks in every large model it examined "
+            "([Xiao et al. 2024](../book/references.md)); this run did not. "
+        )
     if shifted and heads:
-        return text + (f"The passage that starts in the middle of a verse has {len(shifted)} sink heads too: the "
-                       "sink is the first *position*, whatever token fills it (this model's tokenizer adds no "
-                       "begin-of-text token, so the first token is an ordinary word in both).")
+        return (
+            text
+            + f"The passage that starts in the middle of a verse has {len(shifted)} sink heads too:"
+            " the sink is the first *position*, whatever token fills it (this model's tokenizer"
+            " adds no begin-of-text token, so the first token is an ordinary word in both)."
+        )
     if heads:
-        return text + ("The passage that starts in the middle of a verse has none: here the sink belongs to the "
-                       "text's first token, not to the first position.")
+        return (
+            text
+            + "The passage that starts in the middle of a verse has none: here the sink belongs to"
+            " the text's first token, not to the first position."
+        )
     if shifted:
-        return text + (f"Yet the passage that starts in the middle of a verse has {len(shifted)}: the first "
-                       "position draws attention there.")
+        return (
+            text
+            + f"Yet the passage that starts in the middle of a verse has {len(shifted)}: the first "
+            "position draws attention there."
+        )
     return text
 
 
@@ -103,207 +131,351 @@ def stream_reading(sinks: int, budget: int, n: int, ppl: dict, spreads: dict, st
     ``ppl``: perplexity after the cache fills of ``"full"``, ``"window"`` (no sinks), ``"sinks"``
     (this setting), and, at the recomputed positions, ``"recompute"`` and ``"sinks at recompute"``.
     ``spreads`` (``Spread`` of the second loss minus the first): ``"window - full"``, ``"window -
-    sinks"``, ``"sinks - full"``, ``"recompute - sinks"``; the ``sinks`` ones are absent when sinks is 0.
+    sinks"``, ``"sinks - full"``, ``"recompute - sinks"``; the ``sinks`` ones are absent when sinks
+    is 0.
     """
     blocks = "blocks of positions"
     label = f"{sinks} sink{'s' if sinks != 1 else ''} plus a window of {budget - sinks}"
-    text = [f"Over positions $t \\ge B$ = {budget} to {n - 2} (the next-token losses after the cache first evicts), "
-            f"the perplexity is **{ppl['full']:.1f}** with the full cache ({n - 1} tokens held at the end) and "
-            f"**{ppl['window']:.1f}** with the window alone ({budget} tokens)"
-            + (f", **{ppl['sinks']:.1f}** with {label} (the same {budget} tokens)." if sinks else ".")]
+    text = [
+        f"Over positions $t \\ge B$ = {budget} to {n - 2} (the next-token losses after the cache"
+        f" first evicts), the perplexity is **{ppl['full']:.1f}** with the full cache ({n - 1}"
+        f" tokens held at the end) and **{ppl['window']:.1f}** with the window alone ({budget}"
+        " tokens)"
+        + (f", **{ppl['sinks']:.1f}** with {label} (the same {budget} tokens)." if sinks else ".")
+    ]
     worse = spreads["window - full"]
     if worse.resolved and worse.mean > 0:
-        text.append(f"Evicting the first tokens costs the window alone {spread_text(worse, blocks)} against the "
-                    "full cache: the collapse StreamingLLM reports once the sinks leave the window.")
+        text.append(
+            f"Evicting the first tokens costs the window alone {spread_text(worse, blocks)} against"
+            " the full cache: the collapse StreamingLLM reports once the sinks leave the window."
+        )
     else:
-        text.append(f"StreamingLLM expects the window alone to collapse once it evicts the first tokens; here its "
-                    f"loss differs from the full cache's by {spread_text(worse, blocks)}, within the noise.")
+        text.append(
+            "StreamingLLM expects the window alone to collapse once it evicts the first tokens;"
+            f" here its loss differs from the full cache's by {spread_text(worse, blocks)}, within"
+            " the noise."
+        )
     if not sinks:
         return " ".join(text) + " Move the slider to keep sinks."
     back = spreads["window - sinks"]
     if back.resolved and back.mean > 0:
         text.append(f"Keeping {sinks} of them buys back {spread_text(back, blocks)}.")
     else:
-        text.append(f"Keeping {sinks} of them was expected to buy that back; the difference from the window alone "
-                    f"is {spread_text(back, blocks)}, within the noise.")
+        text.append(
+            f"Keeping {sinks} of them was expected to buy that back; the difference from the window"
+            f" alone is {spread_text(back, blocks)}, within the noise."
+        )
     rest = spreads["sinks - full"]
     if rest.resolved and rest.mean > 0:
-        text.append(f"What remains, {spread_text(rest, blocks)} above the full cache, is what the evicted middle "
-                    "of the text carried.")
+        text.append(
+            f"What remains, {spread_text(rest, blocks)} above the full cache, is what the evicted"
+            " middle of the text carried."
+        )
     else:
         text.append(f"It ends within the noise of the full cache ({spread_text(rest, blocks)}).")
     rec = spreads["recompute - sinks"]
-    where = (f"At the positions where the window was recomputed from scratch (every {stride}th, $B$ tokens of "
-             f"work per layer per prediction instead of one), recomputation gives {ppl['recompute']:.1f} against "
-             f"{ppl['sinks at recompute']:.1f} for the sinks")
+    where = (
+        f"At the positions where the window was recomputed from scratch (every {stride}th, $B$"
+        " tokens of work per layer per prediction instead of one), recomputation gives"
+        f" {ppl['recompute']:.1f} against {ppl['sinks at recompute']:.1f} for the sinks"
+    )
     if not rec.resolved:
-        text.append(f"{where}: a difference of {spread_text(rec, 'blocks')}, within the noise, as StreamingLLM "
-                    "found (it matches the recomputed window at a fraction of the work).")
+        text.append(
+            f"{where}: a difference of {spread_text(rec, 'blocks')}, within the noise, as"
+            " StreamingLLM found (it matches the recomputed window at a fraction of the work)."
+        )
     elif rec.mean > 0:
-        text.append(f"{where}: the sinks are better by {spread_text(rec, 'blocks')}. StreamingLLM found the two "
-                    "about equal; a likely reason here is that the cached window's keys were computed when each "
-                    "token still saw further back, while a recomputed window starts blind at its first token.")
+        text.append(
+            f"{where}: the sinks are better by {spread_text(rec, 'blocks')}. StreamingLLM found the"
+            " two about equal; a likely reason here is that the cached window's keys were computed"
+            " when each token still saw further back, while a recomputed window starts blind at"
+            " its first token."
+        )
     else:
-        text.append(f"{where}: recomputation is better by {spread_text(rec, 'blocks')}. StreamingLLM found the two "
-                    "about equal; here the sinks' window pays for what its entries lost when their neighbours left.")
+        text.append(
+            f"{where}: recomputation is better by {spread_text(rec, 'blocks')}. StreamingLLM found"
+            " the two about equal; here the sinks' window pays for what its entries lost when"
+            " their neighbours left."
+        )
     return " ".join(text)
 
 
-def sink_count_reading(budget: int, ppl_by_sinks: dict, one_vs_four: rules.Spread, conventions: rules.Spread,
-                       n: int, context: int, convention_sinks: int) -> str:
+def sink_count_reading(
+    budget: int,
+    ppl_by_sinks: dict,
+    one_vs_four: rules.Spread,
+    conventions: rules.Spread,
+    n: int,
+    context: int,
+    convention_sinks: int,
+) -> str:
     """After the sweep: perplexity against the number of sinks at a fixed budget, and the two
-    position conventions. ``one_vs_four``: loss with 4 sinks minus loss with 1; ``conventions``: loss
-    with keys at positions in the cache minus at their original positions."""
+    position conventions. ``one_vs_four``: loss with 4 sinks minus loss with 1; ``conventions``:
+    loss with keys at positions in the cache minus at their original positions."""
     row = ", ".join(f"{s}: {p:.1f}" for s, p in sorted(ppl_by_sinks.items()))
-    text = [f"At a fixed cache of {budget} tokens, the perplexity after the fill by number of sinks is {row}."]
+    text = [
+        f"At a fixed cache of {budget} tokens, the perplexity after the fill by number of sinks is"
+        f" {row}."
+    ]
     blocks = "blocks of positions"
     if one_vs_four.resolved and one_vs_four.mean < 0:
-        text.append(f"Four sinks beat one by {spread_text(one_vs_four, blocks)}: the model spreads its sink over "
-                    "more than the first token, as StreamingLLM found for the models behind its choice of four.")
+        text.append(
+            f"Four sinks beat one by {spread_text(one_vs_four, blocks)}: the model spreads its sink"
+            " over more than the first token, as StreamingLLM found for the models behind its"
+            " choice of four."
+        )
     elif one_vs_four.resolved:
-        text.append(f"Four sinks are worse than one by {spread_text(one_vs_four, blocks)}: the sink is the first "
-                    "token alone, and each further sink costs the window a recent token.")
+        text.append(
+            f"Four sinks are worse than one by {spread_text(one_vs_four, blocks)}: the sink is the"
+            " first token alone, and each further sink costs the window a recent token."
+        )
     else:
-        text.append(f"Four sinks against one: {spread_text(one_vs_four, blocks)}, within the noise. StreamingLLM "
-                    "keeps four; on this model the first token alone carries the sink, so one already recovers "
-                    "the window and this run cannot tell one from four.")
+        text.append(
+            f"Four sinks against one: {spread_text(one_vs_four, blocks)}, within the noise."
+            " StreamingLLM keeps four; on this model the first token alone carries the sink, so"
+            " one already recovers the window and this run cannot tell one from four."
+        )
     within = not rules.unseen_distances(n, context)
-    keys = (f"With {convention_sinks} sinks, keys at their positions inside the cache (StreamingLLM's convention, "
-            f"`rope=\"cache\"`) against keys at their original positions: {spread_text(conventions, blocks)}.")
+    keys = (
+        f"With {convention_sinks} sinks, keys at their positions inside the cache (StreamingLLM's"
+        " convention, "
+        '`rope="cache"`) against keys at their original positions:'
+        f" {spread_text(conventions, blocks)}."
+    )
     if not conventions.resolved:
-        text.append(keys + (f" Within the noise, as expected while the {n}-token stream stays inside the model's "
-                            f"{context:,}-token training context: no query meets a key at a distance it never saw."
-                            if within else " Within the noise, although the stream is longer than the training "
-                            "context: the sinks' large distances did not matter to this model."))
+        text.append(
+            keys
+            + (
+                f" Within the noise, as expected while the {n}-token stream stays inside the"
+                f" model's {context:,}-token training context: no query meets a key at a distance"
+                " it never saw."
+                if within
+                else (
+                    " Within the noise, although the stream is longer than the training "
+                    "context: the sinks' large distances did not matter to this model."
+                )
+            )
+        )
     else:
-        text.append(keys + (" A real difference, although no distance here exceeds the training context: the two "
-                            "conventions score the sinks at different distances, and this model's heads tell them "
-                            "apart." if within else " A real difference: beyond the training context, only the "
-                            "in-cache positions keep every distance inside what the model was trained on."))
+        text.append(
+            keys
+            + (
+                " A real difference, although no distance here exceeds the training context: the"
+                " two conventions score the sinks at different distances, and this model's heads"
+                " tell them apart."
+                if within
+                else (
+                    " A real difference: beyond the training context, only the "
+                    "in-cache positions keep every distance inside what the model was trained on."
+                )
+            )
+        )
     return " ".join(text)
 
 
 def channel_reading(key_ratio_by_layer, value_ratio_by_layer, key_ratios, value_ratios) -> str:
-    """Under the channel-magnitude figure. ``*_ratio_by_layer``: the largest channel RMS over its head's
-    median, per layer; ``*_ratios``: every (layer, head, channel) ratio, flattened."""
+    """Under the channel-magnitude figure. ``*_ratio_by_layer``: the largest channel RMS over its
+    head's median, per layer; ``*_ratios``: every (layer, head, channel) ratio, flattened."""
     keys, values = rules.outlier_count(key_ratios), rules.outlier_count(value_ratios)
-    text = (f"Per layer, the largest key channel is {min(key_ratio_by_layer):.1f} to {max(key_ratio_by_layer):.1f} "
-            f"times its head's median channel (RMS over the passage), the largest value channel "
-            f"{min(value_ratio_by_layer):.1f} to {max(value_ratio_by_layer):.1f} times. Counting channels at "
-            f"{rules.OUTLIER_FACTOR:.0f} times their median or more: {keys} of {len(key_ratios):,} key channels and "
-            f"{values} of {len(value_ratios):,} value channels. ")
+    text = (
+        f"Per layer, the largest key channel is {min(key_ratio_by_layer):.1f} to"
+        f" {max(key_ratio_by_layer):.1f} times its head's median channel (RMS over the passage),"
+        f" the largest value channel {min(value_ratio_by_layer):.1f} to"
+        f" {max(value_ratio_by_layer):.1f} times. Counting channels at {rules.OUTLIER_FACTOR:.0f}"
+        f" times their median or more: {keys} of {len(key_ratios):,} key channels and {values} of"
+        f" {len(value_ratios):,} value channels. "
+    )
     if rules.keys_have_outliers(key_ratios, value_ratios):
-        return text + ("**The keys have outlier channels that the values mostly lack**: the pattern KIVI and "
-                       "KVQuant report ([Liu et al. 2024](../book/references.md), [Hooper et al. 2024](../book/references.md)), "
-                       "measured here. A per-token group of a key spans every channel, so its step is set by the "
-                       "outliers; a per-channel group spans one channel only.")
-    return text + ("**The keys have no more outlier channels than the values** here, unlike the models KIVI and "
-                   "KVQuant describe, so their argument for per-channel key groups has less to work with.")
+        return (
+            text
+            + "**The keys have outlier channels that the values mostly lack**: the pattern KIVI and"
+            " KVQuant report ([Liu et al. 2024](../book/references.md), [Hooper et al."
+            " 2024](../book/references.md)), measured here. A per-token group of a key spans"
+            " every channel, so its step is set by the outliers; a per-channel group spans one"
+            " channel only."
+        )
+    return (
+        text
+        + "**The keys have no more outlier channels than the values** here, unlike the models KIVI"
+        " and KVQuant describe, so their argument for per-channel key groups has less to work"
+        " with."
+    )
 
 
-def kivi_layout_reading(ppl: dict, full_ppl: float, spreads: dict, windows: int, length: int, group: int) -> str:
-    """Under the KIVI-layout figure. ``ppl[(bits, layout)]`` with layout ``"channel"`` or ``"token"``
-    (how keys are grouped; values are per token in both); ``spreads[bits]``: loss with per-token keys
-    minus loss with per-channel keys, a ``Spread`` over the text windows."""
-    text = [f"Over {windows} windows of {length} tokens, each one prefill through `QuantizedKVCache` with groups of "
-            f"{group} and no full-precision residual, the full-precision cache scores a perplexity of {full_ppl:.1f}."]
+def kivi_layout_reading(
+    ppl: dict, full_ppl: float, spreads: dict, windows: int, length: int, group: int
+) -> str:
+    """Under the KIVI-layout figure. ``ppl[(bits, layout)]`` with layout ``"channel"`` or
+    ``"token"`` (how keys are grouped; values are per token in both); ``spreads[bits]``: loss with
+    per-token keys minus loss with per-channel keys, a ``Spread`` over the text windows."""
+    text = [
+        f"Over {windows} windows of {length} tokens, each one prefill through `QuantizedKVCache`"
+        f" with groups of {group} and no full-precision residual, the full-precision cache scores a"
+        f" perplexity of {full_ppl:.1f}."
+    ]
     for bits in sorted(spreads, reverse=True):
         sp, c, t = spreads[bits], ppl[bits, "channel"], ppl[bits, "token"]
         head = f"At {bits} bits, per-channel keys give {c:.1f} and per-token keys {t:.1f}"
         gap = spread_text(sp, "windows")
         if sp.resolved and sp.mean > 0:
-            text.append(f"{head}: per-token keys lose {gap}, larger than the spread: **KIVI's choice, measured**.")
+            text.append(
+                f"{head}: per-token keys lose {gap}, larger than the spread: **KIVI's choice,"
+                " measured**."
+            )
         elif sp.resolved:
-            text.append(f"{head}: per-channel keys lose {gap}. KIVI predicts the opposite; a likely reason is "
-                        "that a group of tokens of one channel spans keys that RoPE rotated differently.")
+            text.append(
+                f"{head}: per-channel keys lose {gap}. KIVI predicts the opposite; a likely reason"
+                " is that a group of tokens of one channel spans keys that RoPE rotated"
+                " differently."
+            )
         else:
-            text.append(f"{head}: a difference of {gap}, **within the spread**, so this run does not show that "
-                        "either layout is better at this width.")
+            text.append(
+                f"{head}: a difference of {gap}, **within the spread**, so this run does not show"
+                " that either layout is better at this width."
+            )
     return " ".join(text)
 
 
 def fewer_reading(rows: list, same_bytes: rules.Spread, gqa: str, latent: str) -> str:
-    """Under the fewer-entries figure. ``rows``: ``kvlab.lab.cache_quality.fewer_entries`` (full cache
-    first); ``same_bytes``: loss of ``latent`` minus loss of ``gqa`` (the pooled GQA cache and the
-    latent of the same bytes per token), over blocks of positions."""
+    """Under the fewer-entries figure. ``rows``: ``kvlab.lab.cache_quality.fewer_entries`` (full
+    cache first); ``same_bytes``: loss of ``latent`` minus loss of ``gqa`` (the pooled GQA cache and
+    the latent of the same bytes per token), over blocks of positions."""
     by = {r["name"]: r for r in rows}
     full, g, lat = rows[0], by[gqa], by[latent]
     latents = [r for r in rows if r["name"].startswith("latent")]
-    table = ["| cache | bytes per token | perplexity | KL from full (nats) |", "|---|---:|---:|---:|"]
-    table += [f"| {r['name']} | {r['bytes_per_token']:,.0f} | {r['ppl']:,.1f} | {r['kl']:.3g} |" for r in rows]
-    text = (f"The full cache stores {full['bytes_per_token']:,.0f} bytes per token and scores {full['ppl']:.1f}. "
-            f"Pooling the KV heads ({gqa}, {g['bytes_per_token']:,.0f} bytes) raises the perplexity to "
-            f"{g['ppl']:,.0f}; the latent of the same size ({latent}) gives {lat['ppl']:,.0f}. ")
-    gap = f"the latent's loss minus the pooled cache's is {spread_text(same_bytes, 'blocks of positions')}"
+    table = [
+        "| cache | bytes per token | perplexity | KL from full (nats) |",
+        "|---|---:|---:|---:|",
+    ]
+    table += [
+        f"| {r['name']} | {r['bytes_per_token']:,.0f} | {r['ppl']:,.1f} | {r['kl']:.3g} |"
+        for r in rows
+    ]
+    text = (
+        f"The full cache stores {full['bytes_per_token']:,.0f} bytes per token and scores"
+        f" {full['ppl']:.1f}. Pooling the KV heads ({gqa}, {g['bytes_per_token']:,.0f} bytes)"
+        f" raises the perplexity to {g['ppl']:,.0f}; the latent of the same size ({latent}) gives"
+        f" {lat['ppl']:,.0f}. "
+    )
+    gap = (
+        "the latent's loss minus the pooled cache's is"
+        f" {spread_text(same_bytes, 'blocks of positions')}"
+    )
     if same_bytes.resolved:
         better = "latent" if same_bytes.mean < 0 else "pooled GQA"
         text += f"At equal bytes the {better} cache is better: {gap}. "
     else:
         text += f"At equal bytes the two are within the noise of each other: {gap}. "
-    text += (f"The latent's error falls with its rank and is rounding at full rank (rank {latents[-1]['name'].split()[-1]}: "
-             f"KL {latents[-1]['kl']:.1e} nats). Neither was trained for this: GQA models are uptrained after pooling "
-             "([Ainslie et al. 2023](../book/references.md)) and DeepSeek-V2 trains its latent from the start "
-             "([DeepSeek-AI 2024](../book/references.md)); these are the raw costs of compressing a model that "
-             "was not.")
+    text += (
+        "The latent's error falls with its rank and is rounding at full rank (rank"
+        f" {latents[-1]['name'].split()[-1]}: KL {latents[-1]['kl']:.1e} nats). Neither was trained"
+        " for this: GQA models are uptrained after pooling ([Ainslie et al."
+        " 2023](../book/references.md)) and DeepSeek-V2 trains its latent from the start"
+        " ([DeepSeek-AI 2024](../book/references.md)); these are the raw costs of compressing a"
+        " model that was not."
+    )
     return text + "\n\n" + "\n".join(table)
 
 
-def rerotation_reading(t_query: int, layer: int, rms_error: float, tv_current: float, tv_own: float) -> str:
+def rerotation_reading(
+    t_query: int, layer: int, rms_error: float, tv_current: float, tv_own: float
+) -> str:
     """What rotating a cached key again does to the scores of a query at ``t_query``."""
-    return (f"On layer {layer} of the model, rotating the cached keys again by the current position changes the "
-            f"scores of the query at $t = {t_query}$ by {rms_error:.2f} standard deviations of the correct scores "
-            f"(RMS), and moves its attention distribution by a total-variation distance of {tv_current:.2f} "
-            f"({tv_own:.2f} when keys are rotated again by their own position). The scores are now a function of "
-            "$-p$ instead of $t - p$: the decode is wrong from the first step after prefill, however small the "
-            "change looks for one query.")
+    return (
+        f"On layer {layer} of the model, rotating the cached keys again by the current position"
+        f" changes the scores of the query at $t = {t_query}$ by {rms_error:.2f} standard"
+        " deviations of the correct scores (RMS), and moves its attention distribution by a"
+        f" total-variation distance of {tv_current:.2f} ({tv_own:.2f} when keys are rotated again"
+        " by their own position). The scores are now a function of $-p$ instead of $t - p$: the"
+        " decode is wrong from the first step after prefill, however small the change looks for"
+        " one query."
+    )
 
 
-def quant_reading(bits: int, group: int, pc_rms: float, pt_rms: float, pc_scores: float, pt_scores: float,
-                  v_err: float, measured: dict, steps: dict, bytes_ratio: float) -> str:
+def quant_reading(
+    bits: int,
+    group: int,
+    pc_rms: float,
+    pt_rms: float,
+    pc_scores: float,
+    pt_scores: float,
+    v_err: float,
+    measured: dict,
+    steps: dict,
+    bytes_ratio: float,
+) -> str:
     """Under the quantization explorer (synthetic keys with outlier channels). ``measured`` and
     ``steps`` map each (bits, layout) to the RMS error and the RMS quantization step."""
-    text = [f"At {bits} bits with groups of {group}, per-channel keys have an RMS error of **{pc_rms:.3f}** and "
-            f"per-token keys **{pt_rms:.3f}**."]
+    text = [
+        f"At {bits} bits with groups of {group}, per-channel keys have an RMS error of"
+        f" **{pc_rms:.3f}** and per-token keys **{pt_rms:.3f}**."
+    ]
     # The order the rounding model predicts from each layout's quantization step, step / sqrt(12).
-    pred_pc, pred_pt = (rounding_rms(steps[bits, layout]) for layout in ("per-channel keys", "per-token keys"))
-    predicted = (f"the uniform-rounding model, step/$\\sqrt{{12}}$ of each layout's RMS step, predicts "
-                 f"{pred_pc:.3f} per-channel against {pred_pt:.3f} per-token")
+    pred_pc, pred_pt = (
+        rounding_rms(steps[bits, layout]) for layout in ("per-channel keys", "per-token keys")
+    )
+    predicted = (
+        "the uniform-rounding model, step/$\\sqrt{12}$ of each layout's RMS step, predicts "
+        f"{pred_pc:.3f} per-channel against {pred_pt:.3f} per-token"
+    )
     if (pred_pc < pred_pt) != (pc_rms < pt_rms):
-        text.append(f"That is the opposite of the order {predicted}: the rounding errors are far from uniform "
-                    "at these settings (see below), so the steps alone do not rank the two layouts.")
+        text.append(
+            f"That is the opposite of the order {predicted}: the rounding errors are far from"
+            " uniform at these settings (see below), so the steps alone do not rank the two"
+            " layouts."
+        )
     elif pc_rms < pt_rms:
-        text.append(f"Per-channel keys are finer, as {predicted}. A per-token group contains an outlier channel, "
-                    "so its step is set by the outlier and every ordinary channel in it is rounded coarsely. A "
-                    "per-channel group contains one channel only, and only the outlier channels pay for their range.")
+        text.append(
+            f"Per-channel keys are finer, as {predicted}. A per-token group contains an outlier"
+            " channel, so its step is set by the outlier and every ordinary channel in it is"
+            " rounded coarsely. A per-channel group contains one channel only, and only the"
+            " outlier channels pay for their range."
+        )
     else:
-        text.append(f"Per-token keys are finer here, as {predicted}: per-channel keys were expected to win, because "
-                    "a per-token group's step is set by its outlier channel, but with groups this small a "
-                    "per-token group rarely spans an outlier.")
-    text.append(f"Through the scores this becomes a relative output error of {pc_scores:.3f} (per-channel) "
-                f"against {pt_scores:.3f} (per-token). The values, quantized per token, add {v_err:.3f} "
-                "through the weighted sum. The two paths are separate, and a cache format has to control both.")
+        text.append(
+            f"Per-token keys are finer here, as {predicted}: per-channel keys were expected to win,"
+            " because a per-token group's step is set by its outlier channel, but with groups this"
+            " small a per-token group rarely spans an outlier."
+        )
+    text.append(
+        f"Through the scores this becomes a relative output error of {pc_scores:.3f} (per-channel)"
+        f" against {pt_scores:.3f} (per-token). The values, quantized per token, add {v_err:.3f}"
+        " through the weighted sum. The two paths are separate, and a cache format has to control"
+        " both."
+    )
     missed = [key for key in measured if not rounding_explains(measured[key], steps[key])]
     if not missed:
-        text.append(f"The uniform-rounding model, RMS error = step/$\\sqrt{{12}}$ "
-                    f"(`kvlab.theory.cache_sizes.rounding_rms`), matches every measured RMS error within "
-                    f"{ROUNDING_TOLERANCE:.0%}.")
+        text.append(
+            "The uniform-rounding model, RMS error = step/$\\sqrt{12}$ "
+            "(`kvlab.theory.cache_sizes.rounding_rms`), matches every measured RMS error within "
+            f"{ROUNDING_TOLERANCE:.0%}."
+        )
     else:
         b, layout = missed[0]
-        text.append(f"The uniform-rounding model, RMS error = step/$\\sqrt{{12}}$, misses {len(missed)} of the "
-                    f"{len(measured)} measured errors by more than {ROUNDING_TOLERANCE:.0%} (first: {b}-bit, {layout}): "
-                    "at few bits and small groups the rounding errors are not uniform, because many elements sit "
-                    "exactly on a group's minimum or maximum.")
-    text.append(f"Counting scales and zero points as FP16, {bits}-bit per-channel keys take "
-                f"{bytes_ratio:.1f} times fewer bytes than FP16 keys, not {16 // bits} times.")
+        text.append(
+            f"The uniform-rounding model, RMS error = step/$\\sqrt{{12}}$, misses {len(missed)} of"
+            f" the {len(measured)} measured errors by more than {ROUNDING_TOLERANCE:.0%} (first:"
+            f" {b}-bit, {layout}): at few bits and small groups the rounding errors are not"
+            " uniform, because many elements sit exactly on a group's minimum or maximum."
+        )
+    text.append(
+        f"Counting scales and zero points as FP16, {bits}-bit per-channel keys take "
+        f"{bytes_ratio:.1f} times fewer bytes than FP16 keys, not {16 // bits} times."
+    )
     return " ".join(text)
 
 
-def kivi_reading(bits: int, residual: int, bytes_ratio: float, kl_after: float, agree: float) -> str:
+def kivi_reading(
+    bits: int, residual: int, bytes_ratio: float, kl_after: float, agree: float
+) -> str:
     """Under the KIVI decode-loop explorer (random weights): bytes against the full cache, and what
     quantization moved."""
-    return (f"With {bits} bits and a residual of {residual} tokens, the cache holds **{bytes_ratio:.1f} times "
-            "fewer bytes** than the FP32 cache, exactly as the arithmetic predicts (the cell asserts it). "
-            f"Once quantization starts, the next-token distribution moves by {kl_after:.4f} nats on average and "
-            f"the greedy next token agrees with the full-precision cache's at {agree:.0%} of positions. These are "
-            "random weights, whose next-token distribution is nearly flat, so the numbers show the mechanism; "
-            "what quantization costs in quality is the pretrained model's measurement above.")
+    return (
+        f"With {bits} bits and a residual of {residual} tokens, the cache holds **{bytes_ratio:.1f}"
+        " times fewer bytes** than the FP32 cache, exactly as the arithmetic predicts (the cell"
+        " asserts it). Once quantization starts, the next-token distribution moves by"
+        f" {kl_after:.4f} nats on average and the greedy next token agrees with the full-precision"
+        f" cache's at {agree:.0%} of positions. These are random weights, whose next-token"
+        " distribution is nearly flat, so the numbers show the mechanism; what quantization costs"
+        " in quality is the pretrained model's measurement above."
+    )

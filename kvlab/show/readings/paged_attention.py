@@ -15,12 +15,19 @@ def event_reading(snapshot: dict, event: int, num_blocks: int) -> str:
     """Under the block-table explorer: what the event did and which blocks are shared."""
     used = sum(1 for r in snapshot["refs"] if r > 0)
     shared = [b for b, r in enumerate(snapshot["refs"]) if r > 1]
-    tables = "; ".join(f"{name} → {blocks} ({n} tokens)" for name, (blocks, n) in sorted(snapshot["tables"].items()))
-    text = (f"Event {event}: {snapshot['event']}. Tables: {tables}. {used} of {num_blocks} physical "
-            "blocks are in use")
+    tables = "; ".join(
+        f"{name} → {blocks} ({n} tokens)"
+        for name, (blocks, n) in sorted(snapshot["tables"].items())
+    )
+    text = (
+        f"Event {event}: {snapshot['event']}. Tables: {tables}. {used} of {num_blocks} physical "
+        "blocks are in use"
+    )
     if shared:
-        return text + f"; block{'s' if len(shared) > 1 else ''} {', '.join(map(str, shared))} " \
-                      f"{'are' if len(shared) > 1 else 'is'} shared by two tables (marked ×2)."
+        return (
+            text + f"; block{'s' if len(shared) > 1 else ''} {', '.join(map(str, shared))} "
+            f"{'are' if len(shared) > 1 else 'is'} shared by two tables (marked ×2)."
+        )
     return text + "; no block is shared."
 
 
@@ -28,88 +35,144 @@ def event_reading(snapshot: dict, event: int, num_blocks: int) -> str:
 SAVING_TOLERANCE = 2.0
 
 
-def waste_reading(runs: dict, predicted: dict, trace, distribution: str, block_size: int, budget: int,
-                  max_len: int) -> str:
-    """Under the allocation explorer: waste, batch and preemptions of the three allocators, read against the
-    per-request formula (``kvlab.theory.paging.predicted_waste``; the verdict is ``paging_saves``, and the
-    simulated saving is held against the formula's within ``SAVING_TOLERANCE``)."""
+def waste_reading(
+    runs: dict,
+    predicted: dict,
+    trace,
+    distribution: str,
+    block_size: int,
+    budget: int,
+    max_len: int,
+) -> str:
+    """Under the allocation explorer: waste, batch and preemptions of the three allocators, read
+    against the per-request formula (``kvlab.theory.paging.predicted_waste``; the verdict is
+    ``paging_saves``, and the simulated saving is held against the formula's within
+    ``SAVING_TOLERANCE``)."""
     mx, est, pg = runs["reserve-max"], runs["reserve-estimate"], runs["paged"]
-    text = [f"On {len(trace)} {distribution} requests with a budget of {budget:,} tokens and {block_size}-token "
-            f"blocks, reserving the maximum wasted **{mx.waste_fraction:.0%}** of the allocated KV memory, "
-            f"reserving an estimate {est.waste_fraction:.0%}, and paging **{pg.waste_fraction:.1%}**. The "
-            f"per-request formula, $1 - \\sum (P + g - 1) / \\sum \\text{{slots}}(g)$, predicts "
-            f"{predicted['reserve-max']:.0%} and {predicted['paged']:.1%} for the first and the last."]
+    text = [
+        f"On {len(trace)} {distribution} requests with a budget of {budget:,} tokens and"
+        f" {block_size}-token blocks, reserving the maximum wasted **{mx.waste_fraction:.0%}** of"
+        f" the allocated KV memory, reserving an estimate {est.waste_fraction:.0%}, and paging"
+        f" **{pg.waste_fraction:.1%}**. The per-request formula, $1 - \\sum (P + g - 1) / \\sum"
+        f" \\text{{slots}}(g)$, predicts {predicted['reserve-max']:.0%} and"
+        f" {predicted['paged']:.1%} for the first and the last."
+    ]
     saves = paging_saves(trace, block_size, max_len)
     if saves:
-        text.append(f"The waste turns into batch size: on average {mx.mean_batch:.1f} requests ran at once "
-                    f"under reserve-max and {pg.mean_batch:.1f} under paging, which finished the trace "
-                    f"{mx.steps / pg.steps:.1f} times sooner, in decode steps.")
+        text.append(
+            f"The waste turns into batch size: on average {mx.mean_batch:.1f} requests ran at once "
+            f"under reserve-max and {pg.mean_batch:.1f} under paging, which finished the trace "
+            f"{mx.steps / pg.steps:.1f} times sooner, in decode steps."
+        )
         # The formula's saving (reserve-max's waste minus paging's) against the simulated one.
-        saved = compare(mx.waste_fraction - pg.waste_fraction, predicted["reserve-max"] - predicted["paged"],
-                        SAVING_TOLERANCE)
+        saved = compare(
+            mx.waste_fraction - pg.waste_fraction,
+            predicted["reserve-max"] - predicted["paged"],
+            SAVING_TOLERANCE,
+        )
         if saved.outcome == "below":
-            text.append(f"The simulation contradicts the formula here: the waste paging saved is {saved.describe()}. "
-                        "The formula ignores queueing and preemption, and readmitted requests start a partly "
-                        "filled block again.")
+            text.append(
+                "The simulation contradicts the formula here: the waste paging saved is"
+                f" {saved.describe()}. The formula ignores queueing and preemption, and readmitted"
+                " requests start a partly filled block again."
+            )
     else:
-        text.append(f"The formula predicts no saving: with {block_size}-token blocks a request's blocks hold at "
-                    f"least the {max_len} slots of a maximal reservation, so blocks this large give back what "
-                    f"paging saves. Mean batch {mx.mean_batch:.1f} (reserve-max) against {pg.mean_batch:.1f} (paged).")
+        text.append(
+            f"The formula predicts no saving: with {block_size}-token blocks a request's blocks"
+            f" hold at least the {max_len} slots of a maximal reservation, so blocks this large"
+            f" give back what paging saves. Mean batch {mx.mean_batch:.1f} (reserve-max) against"
+            f" {pg.mean_batch:.1f} (paged)."
+        )
     if pg.preemptions:
-        text.append(f"Paging paid with {pg.preemptions} preemptions, because it admits a request as soon "
-                    "as its prompt fits and only finds out later that the running batch needs more blocks "
-                    "than exist.")
+        text.append(
+            f"Paging paid with {pg.preemptions} preemptions, because it admits a request as soon "
+            "as its prompt fits and only finds out later that the running batch needs more blocks "
+            "than exist."
+        )
     else:
-        text.append("Paging needed no preemption: the budget held every admitted request to the end.")
+        text.append(
+            "Paging needed no preemption: the budget held every admitted request to the end."
+        )
     text.append(f"Its block tables took at most {pg.peak_metadata_bytes:,} bytes.")
     return " ".join(text)
 
 
 def attention_reading(context: int, timing, copy_bytes_per_s: float) -> str:
-    """Paged against contiguous decode attention at the longest context (``timing``: an ``AttentionTiming``);
-    the verdict is ``kvlab.lab.timing.compare_timings`` on the two timings' repeats."""
+    """Paged against contiguous decode attention at the longest context (``timing``: an
+    ``AttentionTiming``); the verdict is ``kvlab.lab.timing.compare_timings`` on the two timings'
+    repeats."""
     c = compare_timings(timing.contiguous, timing.paged)  # ratio: paged time / contiguous time
-    text = (f"At a context of {context:,} tokens the paged path ({timing.path}) read the cache at "
-            f"**{si(timing.paged_bytes_per_s, 'B/s')}** and SDPA on the contiguous cache at "
-            f"**{si(timing.contiguous_bytes_per_s, 'B/s')}**, so the paged step took {c.ratio:.1f} times as long "
-            f"(medians of one loop that alternates the two); this machine copies at {si(copy_bytes_per_s, 'B/s')}.")
+    text = (
+        f"At a context of {context:,} tokens the paged path ({timing.path}) read the cache at"
+        f" **{si(timing.paged_bytes_per_s, 'B/s')}** and SDPA on the contiguous cache at"
+        f" **{si(timing.contiguous_bytes_per_s, 'B/s')}**, so the paged step took {c.ratio:.1f}"
+        " times as long (medians of one loop that alternates the two); this machine copies at"
+        f" {si(copy_bytes_per_s, 'B/s')}."
+    )
     if c.outcome == "faster":
         if timing.path == "gather":
             extra = gather_overhead_s(timing.kv_bytes, copy_bytes_per_s)
             gap = timing.paged.median - timing.contiguous.median
-            return text + (f" On a CPU the gap is the gather: before attending, the paged path copies the "
-                           f"{si(timing.kv_bytes, 'B')} of keys and values out of their blocks and zeroes the slots "
-                           f"past each sequence's end, two passes that take {si(extra, 's')} at the copy bandwidth "
-                           f"(`gather_overhead_s`), against a measured gap of {si(gap, 's')}. A fused kernel reads each "
-                           "block in place, which is the point of writing one; whether kvlab's reaches the copy "
-                           "bandwidth is a GPU measurement.")
-        return text + (" The kernel reads blocks in place, so the gap is the kernel's own efficiency: "
-                       "block-table lookups and smaller tiles than SDPA's.")
+            return (
+                text
+                + " On a CPU the gap is the gather: before attending, the paged path copies the"
+                f" {si(timing.kv_bytes, 'B')} of keys and values out of their blocks and zeroes"
+                f" the slots past each sequence's end, two passes that take {si(extra, 's')} at"
+                " the copy bandwidth (`gather_overhead_s`), against a measured gap of"
+                f" {si(gap, 's')}. A fused kernel reads each block in place, which is the point"
+                " of writing one; whether kvlab's reaches the copy bandwidth is a GPU"
+                " measurement."
+            )
+        return (
+            text + " The kernel reads blocks in place, so the gap is the kernel's own efficiency: "
+            "block-table lookups and smaller tiles than SDPA's."
+        )
     if c.outcome == "even":
-        return text + (" Within the spread of the repeats the paged path kept up with the contiguous one: reading "
-                       "through a block table cost nothing measurable at this size.")
-    return text + (" The paged path beat SDPA on the contiguous cache by more than the spread of the repeats. SDPA "
-                   "is not written for a single query token (its kernels tile the queries), and at this size that "
-                   "cost more than reading through a block table.")
+        return (
+            text
+            + " Within the spread of the repeats the paged path kept up with the contiguous one:"
+            " reading through a block table cost nothing measurable at this size."
+        )
+    return (
+        text + " The paged path beat SDPA on the contiguous cache by more than the spread of the"
+        " repeats. SDPA is not written for a single query token (its kernels tile the queries),"
+        " and at this size that cost more than reading through a block table."
+    )
 
 
 def preemption_reading(cost, demo_preemptions: int) -> str:
-    """Recompute against swap for the largest preempted request (``cost``: a ``PreemptionCost``). The
-    request waits for the recompute or for the swap-in; the verdict is ``compare_timings`` of the two."""
+    """Recompute against swap for the largest preempted request (``cost``: a ``PreemptionCost``).
+    The request waits for the recompute or for the swap-in; the verdict is ``compare_timings`` of
+    the two.
+    """
     c = compare_timings(cost.swap_in, cost.recompute)  # ratio: recompute / swap-in
-    text = (f"For a request holding {cost.tokens} tokens, recompute took **{si(cost.recompute.median, 's')}**; swap "
-            f"took {si(cost.swap_out.median, 's')} to copy its blocks out and **{si(cost.swap_in.median, 's')}** to "
-            f"copy them back, {si(cost.bytes_each_way, 'B')} each way. The request waits for the recompute or for "
-            "the swap-in; the swap-out happens when it is preempted, and on a GPU it can overlap the batch's "
-            "compute (kvlab's `copy_blocks_to_host` waits for its copies, so here it adds to that step).")
+    text = (
+        f"For a request holding {cost.tokens} tokens, recompute took"
+        f" **{si(cost.recompute.median, 's')}**; swap took {si(cost.swap_out.median, 's')} to copy"
+        f" its blocks out and **{si(cost.swap_in.median, 's')}** to copy them back,"
+        f" {si(cost.bytes_each_way, 'B')} each way. The request waits for the recompute or for the"
+        " swap-in; the swap-out happens when it is preempted, and on a GPU it can overlap the"
+        " batch's compute (kvlab's `copy_blocks_to_host` waits for its copies, so here it adds to"
+        " that step)."
+    )
     if c.outcome == "faster":
-        text += (f" The swap-in was {ratio_text(c.ratio, 1)} cheaper than the recompute: on this machine a copy of the "
-                 "blocks costs less than a prefill of the tokens.")
+        text += (
+            f" The swap-in was {ratio_text(c.ratio, 1)} cheaper than the recompute: on this machine"
+            " a copy of the blocks costs less than a prefill of the tokens."
+        )
     elif c.outcome == "slower":
-        text += (f" Recompute was {ratio_text(1 / c.ratio, 1)} cheaper than the swap-in: the prefill of a short request "
-                 "on this small model costs less than moving its blocks and the bookkeeping around it.")
+        text += (
+            f" Recompute was {ratio_text(1 / c.ratio, 1)} cheaper than the swap-in: the prefill of"
+            " a short request on this small model costs less than moving its blocks and the"
+            " bookkeeping around it."
+        )
     else:
-        text += (" The two are within the spread of their repeats: at this size neither is clearly cheaper "
-                 "on this machine.")
-    return text + (f" In the demonstration above, recompute preempted {demo_preemptions} times to finish "
-                   "three requests in five blocks.")
+        text += (
+            " The two are within the spread of their repeats: at this size neither is clearly"
+            " cheaper on this machine."
+        )
+    return (
+        text
+        + f" In the demonstration above, recompute preempted {demo_preemptions} times to finish "
+        "three requests in five blocks."
+    )

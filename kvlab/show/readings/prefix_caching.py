@@ -1,11 +1,12 @@
 """Readings of the prefix-caching section (notebook ``06_prefix_caching``).
 
-Each sentence that decides between outcomes takes the decision from the model that predicts it:
-the block rule (:func:`kvlab.cache.blocks.reusable_tokens`), prefill FLOPs
-(:func:`kvlab.theory.roofline.prefill_time`, judged by :func:`kvlab.theory.agreement.compare`
-and :func:`kvlab.theory.prefix.ttft_saving`), the replay of a trace (:func:`kvlab.theory.prefix.policy_winner`),
-equal bytes per decode step (:func:`kvlab.theory.prefix.decode_steps_agree`) and the roofline of a
-prefill attention launch (:func:`kvlab.theory.prefill_attention.attention_floor`).
+Each sentence that decides between outcomes takes the decision from the model that predicts it: the
+block rule (:func:`kvlab.cache.blocks.reusable_tokens`), prefill FLOPs
+(:func:`kvlab.theory.roofline.prefill_time`, judged by :func:`kvlab.theory.agreement.compare` and
+:func:`kvlab.theory.prefix.ttft_saving`), the replay of a trace
+(:func:`kvlab.theory.prefix.policy_winner`), equal bytes per decode step
+(:func:`kvlab.theory.prefix.decode_steps_agree`) and the roofline of a prefill attention launch
+(:func:`kvlab.theory.prefill_attention.attention_floor`).
 """
 
 from __future__ import annotations
@@ -22,182 +23,308 @@ RULE = "whole blocks before the first differing token, and never the prompt's la
 
 
 def identity_reading(rows, block_size: int) -> str:
-    """A table of prompt variants against a reference: where their tokens first differ, the tokens the
-    block rule predicts a cache of the reference serves, and the tokens the block manager served.
-    ``rows``: (name, tokens, first differing index or None, served tokens)."""
-    lines = [f"With blocks of {block_size} tokens, the cache holding the reference serves:", "",
-             "| variant | tokens | first differing token | predicted by the rule | served | blocks reused |",
-             "|---|---:|---:|---:|---:|---:|"]
+    """A table of prompt variants against a reference: where their tokens first differ, the tokens
+    the block rule predicts a cache of the reference serves, and the tokens the block manager
+    served. ``rows``: (name, tokens, first differing index or None, served tokens)."""
+    lines = [
+        f"With blocks of {block_size} tokens, the cache holding the reference serves:",
+        "",
+        (
+            "| variant | tokens | first differing token | predicted by the rule | served | blocks"
+            " reused |"
+        ),
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     wrong = []
     for name, tokens, first, served in rows:
         predicted = reusable_tokens(first, tokens, block_size)
         if predicted != served:
             wrong.append(f"{name} ({served:,} served, {predicted:,} predicted)")
         first_text = "none" if first is None else f"{first:,}"
-        lines.append(f"| {name} | {tokens:,} | {first_text} | {predicted:,} | {served:,} | {served // block_size} |")
+        lines.append(
+            f"| {name} | {tokens:,} | {first_text} | {predicted:,} | {served:,} |"
+            f" {served // block_size} |"
+        )
     lines.append("")
     if not wrong:
-        lines.append(f"Every variant got exactly what the rule predicts ({RULE}) and nothing after it, "
-                     "even where later token ids are the same: they sit at other positions, behind a parent "
-                     "hash that differs.")
+        lines.append(
+            f"Every variant got exactly what the rule predicts ({RULE}) and nothing after it, "
+            "even where later token ids are the same: they sit at other positions, behind a parent "
+            "hash that differs."
+        )
     else:
-        lines.append(f"The rule ({RULE}) predicted other counts for: {', '.join(wrong)}. A cache serving "
-                     "more than the rule allows would be reusing K and V computed for other tokens; one "
-                     "serving less has lost blocks it should hold (evicted, or never registered because "
-                     "their K and V were not written). Check that the reference was committed into this cache.")
+        lines.append(
+            f"The rule ({RULE}) predicted other counts for: {', '.join(wrong)}. A cache serving"
+            " more than the rule allows would be reusing K and V computed for other tokens; one"
+            " serving less has lost blocks it should hold (evicted, or never registered because"
+            " their K and V were not written). Check that the reference was committed into this"
+            " cache."
+        )
     return "\n".join(lines)
 
 
-def chat_reading(system_tokens: int, block_size: int, questions: int, hit_rate: float, cold_s: float,
-                 cached_s: float, hf_cold_s: float, hf_reused_s: float, pred_cold_s: float, pred_cached_s: float,
-                 pred_hf_reused_s: float) -> str:
-    """The real chat prompts: kvlab's prefix cache against computing everything and against transformers'
-    copied prefix cache. Times are mean time to first token per question (medians over rounds); the
-    predictions are prefill FLOPs at the calibrated matmul rate (``roofline.prefill_time``)."""
+def chat_reading(
+    system_tokens: int,
+    block_size: int,
+    questions: int,
+    hit_rate: float,
+    cold_s: float,
+    cached_s: float,
+    hf_cold_s: float,
+    hf_reused_s: float,
+    pred_cold_s: float,
+    pred_cached_s: float,
+    pred_hf_reused_s: float,
+) -> str:
+    """The real chat prompts: kvlab's prefix cache against computing everything and against
+    transformers' copied prefix cache. Times are mean time to first token per question (medians over
+    rounds); the predictions are prefill FLOPs at the calibrated matmul rate
+    (``roofline.prefill_time``)."""
     saving = ttft_saving(cold_s, cached_s, pred_cold_s, pred_cached_s)
-    text = [f"{questions} questions behind one system prompt of {system_tokens:,} tokens: the cache served "
-            f"**{hit_rate:.0%}** of their prompt tokens. Time to first token was **{si(cached_s, 's')}** with the "
-            f"system prompt's blocks cached and **{si(cold_s, 's')}** with nothing cached, a saving of "
-            f"{saving.measured:.1f} times; prefill FLOPs at the calibrated rate "
-            f"(`roofline.prefill_time`) predict {saving.predicted:.1f} times."]
+    text = [
+        f"{questions} questions behind one system prompt of {system_tokens:,} tokens: the cache"
+        f" served **{hit_rate:.0%}** of their prompt tokens. Time to first token was"
+        f" **{si(cached_s, 's')}** with the system prompt's blocks cached and **{si(cold_s, 's')}**"
+        f" with nothing cached, a saving of {saving.measured:.1f} times; prefill FLOPs at the"
+        f" calibrated rate (`roofline.prefill_time`) predict {saving.predicted:.1f} times."
+    ]
     if saving.verdict == "within":
         text.append("The saving follows the FLOPs the cache removes.")
     elif saving.verdict == "below":
-        text.append(f"The saving is smaller than the FLOPs predict: through the two points, each prefill has "
-                    f"about {si(max(saving.fixed_s, 0.0), 's')} that does not shrink with the cached prefix "
-                    "(the Python of every layer, the output head, the cache's bookkeeping), and on a short "
-                    "suffix that is most of what is left.")
+        text.append(
+            "The saving is smaller than the FLOPs predict: through the two points, each prefill"
+            f" has about {si(max(saving.fixed_s, 0.0), 's')} that does not shrink with the cached"
+            " prefix (the Python of every layer, the output head, the cache's bookkeeping), and on"
+            " a short suffix that is most of what is left."
+        )
     else:
-        text.append("The saving is larger than the FLOPs predict: the short suffix's matrices fit the CPU's "
-                    "caches and multiply faster than the calibrated large matrix multiplication.")
+        text.append(
+            "The saving is larger than the FLOPs predict: the short suffix's matrices fit the CPU's"
+            " caches and multiply faster than the calibrated large matrix multiplication."
+        )
     measured, predicted = hf_reused_s / cached_s, pred_hf_reused_s / pred_cached_s
-    text.append(f"The way a reader reuses a prefix with transformers, a `DynamicCache` prefilled with the "
-                f"system prompt and copied for every request, took {si(hf_reused_s, 's')} (and "
-                f"{si(hf_cold_s, 's')} with nothing cached): {ratio_text(hf_reused_s, cached_s)} kvlab's time. "
-                f"It computes slightly fewer tokens, since it caches the prefix token by token and kvlab "
-                f"only in whole blocks of {block_size}, so the FLOPs predict {predicted:.2f} times.")
+    text.append(
+        "The way a reader reuses a prefix with transformers, a `DynamicCache` prefilled with the"
+        f" system prompt and copied for every request, took {si(hf_reused_s, 's')} (and"
+        f" {si(hf_cold_s, 's')} with nothing cached): {ratio_text(hf_reused_s, cached_s)} kvlab's"
+        " time. It computes slightly fewer tokens, since it caches the prefix token by token and"
+        f" kvlab only in whole blocks of {block_size}, so the FLOPs predict {predicted:.2f} times."
+    )
     verdict = compare(measured, predicted, TTFT_TOLERANCE).outcome
     if verdict == "within":
         text.append("The two follow their FLOPs: a prefix cache saves the same work either way.")
     elif verdict == "above":
-        text.append("transformers took longer than its FLOPs predict: copying the whole prefix cache for "
-                    "every request (a deep copy of every layer's K and V) and `generate`'s own setup are paid "
-                    "per request, while kvlab's blocks are shared in place.")
+        text.append(
+            "transformers took longer than its FLOPs predict: copying the whole prefix cache for"
+            " every request (a deep copy of every layer's K and V) and `generate`'s own setup are"
+            " paid per request, while kvlab's blocks are shared in place."
+        )
     else:
-        text.append("kvlab took longer than the FLOPs predict against transformers: its step builds the "
-                    "paged metadata and gathers the cached blocks for attention, work a contiguous cache "
-                    "does not do, and on a short suffix that shows.")
+        text.append(
+            "kvlab took longer than the FLOPs predict against transformers: its step builds the "
+            "paged metadata and gathers the cached blocks for attention, work a contiguous cache "
+            "does not do, and on a short suffix that shows."
+        )
     return " ".join(text)
 
 
-def ttft_reading(prompt_tokens: int, block_size: int, cold_s: float, warm_s: float, warm_cached: int,
-                 cold_pred_s: float, warm_pred_s: float, middle=None) -> str:
+def ttft_reading(
+    prompt_tokens: int,
+    block_size: int,
+    cold_s: float,
+    warm_s: float,
+    warm_cached: int,
+    cold_pred_s: float,
+    warm_pred_s: float,
+    middle=None,
+) -> str:
     """Under the time-to-first-token figure: cold against the longest cached prefix, measured and
-    predicted (``roofline.prefill_time``); ``middle`` = (cached tokens, measured s, predicted s) of a
-    point in between, if given."""
+    predicted (``roofline.prefill_time``); ``middle`` = (cached tokens, measured s, predicted s) of
+    a point in between, if given."""
     saving = ttft_saving(cold_s, warm_s, cold_pred_s, warm_pred_s)
-    head = (f"A {prompt_tokens:,}-token prompt took **{si(cold_s, 's')}** to its first token with nothing "
-            f"cached, and **{si(warm_s, 's')}** with {warm_cached:,} tokens cached (blocks of {block_size}): "
-            f"{saving.measured:.1f} times faster. Prefill FLOPs at the calibrated rate (`roofline.prefill_time`) "
-            f"predict {si(cold_pred_s, 's')} and {si(warm_pred_s, 's')}, a factor of {saving.predicted:.1f}; the "
-            f"cold prefill took {ratio_text(cold_s, cold_pred_s)} its prediction.")
+    head = (
+        f"A {prompt_tokens:,}-token prompt took **{si(cold_s, 's')}** to its first token with"
+        f" nothing cached, and **{si(warm_s, 's')}** with {warm_cached:,} tokens cached (blocks of"
+        f" {block_size}): {saving.measured:.1f} times faster. Prefill FLOPs at the calibrated rate"
+        f" (`roofline.prefill_time`) predict {si(cold_pred_s, 's')} and {si(warm_pred_s, 's')}, a"
+        f" factor of {saving.predicted:.1f}; the cold prefill took"
+        f" {ratio_text(cold_s, cold_pred_s)} its prediction."
+    )
     if middle is not None:
         cached, mid_s, mid_pred_s = middle
-        head += (f" With {cached:,} tokens cached it took {si(mid_s, 's')} against {si(mid_pred_s, 's')} "
-                 f"predicted ({ratio_text(mid_s, mid_pred_s)}).")
+        head += (
+            f" With {cached:,} tokens cached it took {si(mid_s, 's')} against {si(mid_pred_s, 's')}"
+            f" predicted ({ratio_text(mid_s, mid_pred_s)})."
+        )
     if saving.verdict == "within":
         return head + " The saving follows the FLOPs the cache removes."
     if saving.verdict == "below":
-        return (head + " The measured saving is smaller than predicted. The prediction counts only the "
-                "matrix multiplications, which shrink with the uncached suffix; a straight line through the "
-                f"cold and the cached point puts about {si(max(saving.fixed_s, 0.0), 's')} per prefill beside "
-                "them that does not shrink (the Python of each layer, kernel launches, gathering the cached "
-                "blocks). With a short suffix that floor dominates.")
-    return (head + " The measured saving is larger than predicted: a short suffix's matrices fit the CPU's "
-            "caches and multiply faster than the calibrated large matrix multiplication, while the cold "
-            "prefill ran at about the calibrated rate.")
+        return (
+            head + " The measured saving is smaller than predicted. The prediction counts only the"
+            " matrix multiplications, which shrink with the uncached suffix; a straight line"
+            " through the cold and the cached point puts about"
+            f" {si(max(saving.fixed_s, 0.0), 's')} per prefill beside them that does not shrink"
+            " (the Python of each layer, kernel launches, gathering the cached blocks). With a"
+            " short suffix that floor dominates."
+        )
+    return (
+        head
+        + " The measured saving is larger than predicted: a short suffix's matrices fit the CPU's"
+        " caches and multiply faster than the calibrated large matrix multiplication, while the"
+        " cold prefill ran at about the calibrated rate."
+    )
 
 
-def trace_reading(cache_blocks: int, block_size: int, block_bytes: float, lru_hit: float, reserve_hit: float,
-                  lru_ttft: float, reserve_ttft: float, none_ttft: float, num_system_prompts: int) -> str:
-    """Under the trace figure: the three policies at the cache size the slider picks (the replay decides)."""
-    head = (f"With {num_system_prompts} system prompt{'s' if num_system_prompts > 1 else ''} and a cache of "
-            f"{cache_blocks:,} blocks of {block_size} tokens ({si(cache_blocks * block_bytes, 'B')} of K and V "
-            f"for this model), LRU served **{100 * lru_hit:.0f}%** of prompt tokens from the cache and "
-            f"evicting nothing (reserve) **{100 * reserve_hit:.0f}%**. The mean predicted time to first token "
-            f"is {si(lru_ttft, 's')} with LRU, {si(reserve_ttft, 's')} with reserve and {si(none_ttft, 's')} "
-            f"without caching.")
+def trace_reading(
+    cache_blocks: int,
+    block_size: int,
+    block_bytes: float,
+    lru_hit: float,
+    reserve_hit: float,
+    lru_ttft: float,
+    reserve_ttft: float,
+    none_ttft: float,
+    num_system_prompts: int,
+) -> str:
+    """Under the trace figure: the three policies at the cache size the slider picks (the replay
+    decides)."""
+    head = (
+        f"With {num_system_prompts} system prompt{'s' if num_system_prompts > 1 else ''} and a"
+        f" cache of {cache_blocks:,} blocks of {block_size} tokens"
+        f" ({si(cache_blocks * block_bytes, 'B')} of K and V for this model), LRU served"
+        f" **{100 * lru_hit:.0f}%** of prompt tokens from the cache and evicting nothing (reserve)"
+        f" **{100 * reserve_hit:.0f}%**. The mean predicted time to first token is"
+        f" {si(lru_ttft, 's')} with LRU, {si(reserve_ttft, 's')} with reserve and"
+        f" {si(none_ttft, 's')} without caching."
+    )
     winner = policy_winner(lru_hit, reserve_hit)
     if winner == "lru":
-        return (head + " LRU served more here: the chats active now are not the ones that arrived first, and "
-                "reserve keeps the first arrivals' histories for good while LRU lets them go.")
+        return (
+            head
+            + " LRU served more here: the chats active now are not the ones that arrived first,"
+            " and "
+            "reserve keeps the first arrivals' histories for good while LRU lets them go."
+        )
     if winner == "reserve":
-        return (head + " Reserve served more here, where LRU was expected to: a cache just large enough for "
-                "the working set lets LRU evict a system prompt's blocks between two uses, while reserve pinned "
-                "them when they first arrived.")
-    return (head + " The two policies are within two percentage points of each other: at this size the "
-            "cache holds nearly everything the trace reuses, so what gets evicted hardly matters, or it is "
-            "so small that both keep little more than the system prompts.")
+        return (
+            head
+            + " Reserve served more here, where LRU was expected to: a cache just large enough for"
+            " the working set lets LRU evict a system prompt's blocks between two uses, while"
+            " reserve pinned them when they first arrived."
+        )
+    return (
+        head
+        + " The two policies are within two percentage points of each other: at this size the cache"
+        " holds nearly everything the trace reuses, so what gets evicted hardly matters, or it is"
+        " so small that both keep little more than the system prompts."
+    )
 
 
-def decode_reading(computed_s: float, cached_s: float, prompt_tokens: int, cached_tokens: int,
-                   kv_bytes: float) -> str:
-    """Where caching does not help: decode steps after a computed and after a cached prefix, predicted
-    equal because they read the same bytes."""
-    head = (f"After a {prompt_tokens:,}-token prompt, a decode step took **{si(computed_s, 's')}** (median) when "
-            f"the prompt had been computed and **{si(cached_s, 's')}** when {cached_tokens:,} of its tokens "
-            f"came from the cache. Either way each step reads the same {si(kv_bytes, 'B')} of K and V, so the "
-            "two should take the same time.")
+def decode_reading(
+    computed_s: float, cached_s: float, prompt_tokens: int, cached_tokens: int, kv_bytes: float
+) -> str:
+    """Where caching does not help: decode steps after a computed and after a cached prefix,
+    predicted equal because they read the same bytes."""
+    head = (
+        f"After a {prompt_tokens:,}-token prompt, a decode step took **{si(computed_s, 's')}**"
+        f" (median) when the prompt had been computed and **{si(cached_s, 's')}** when"
+        f" {cached_tokens:,} of its tokens came from the cache. Either way each step reads the same"
+        f" {si(kv_bytes, 'B')} of K and V, so the two should take the same time."
+    )
     if decode_steps_agree(computed_s, cached_s):
         return head + " They did, within noise: the cache saves prefill work, not decode work."
-    return (head + " They differ by more than the noise we expect, though both steps do the same work. "
-            "On a shared CPU the likely reason is another process running during one of the two runs; "
-            "run the cell again and compare the medians.")
+    return (
+        head + " They differ by more than the noise we expect, though both steps do the same work. "
+        "On a shared CPU the likely reason is another process running during one of the two runs; "
+        "run the cell again and compare the medians."
+    )
 
 
-def memory_reading(cached_blocks: int, block_bytes: float, hit_rate: float, peak_cached: int, evictions: int,
-                   requests: int, demo_blocks: int, demo_evicted: int) -> str:
-    """What a cached block costs: not admission capacity (``num_free`` counts it), but evictions and the
-    hash table. ``demo_*``: a request that took every block of a cache full of cached blocks."""
-    text = [f"At the end of the LRU replay {cached_blocks:,} free blocks still held reusable K and V "
-            f"({si(cached_blocks * block_bytes, 'B')} for this model), serving {100 * hit_rate:.0f}% of prompt "
-            f"tokens; at most {peak_cached:,} were cached at once. They cost a new request nothing: `num_free` "
-            f"counts a cached block as free, and admission takes it when it needs a block, evicting its hash "
-            f"then. In the demonstration above a request needing all {demo_blocks:,} blocks of a cache whose "
-            f"every block was cached was admitted at once and evicted {demo_evicted:,} hashes. vLLM v1 keeps "
-            "its free blocks in one queue in the same way."]
+def memory_reading(
+    cached_blocks: int,
+    block_bytes: float,
+    hit_rate: float,
+    peak_cached: int,
+    evictions: int,
+    requests: int,
+    demo_blocks: int,
+    demo_evicted: int,
+) -> str:
+    """What a cached block costs: not admission capacity (``num_free`` counts it), but evictions and
+    the hash table. ``demo_*``: a request that took every block of a cache full of cached blocks."""
+    text = [
+        f"At the end of the LRU replay {cached_blocks:,} free blocks still held reusable K and V"
+        f" ({si(cached_blocks * block_bytes, 'B')} for this model), serving {100 * hit_rate:.0f}%"
+        f" of prompt tokens; at most {peak_cached:,} were cached at once. They cost a new request"
+        " nothing: `num_free` counts a cached block as free, and admission takes it when it needs"
+        " a block, evicting its hash then. In the demonstration above a request needing all"
+        f" {demo_blocks:,} blocks of a cache whose every block was cached was admitted at once and"
+        f" evicted {demo_evicted:,} hashes. vLLM v1 keeps its free blocks in one queue in the same"
+        " way."
+    ]
     if evictions:
-        text.append(f"What caching does cost is churn: over {requests:,} requests the replay gave up {evictions:,} "
-                    "hashes to make room, and a prefix evicted and asked for again is computed again. The other "
-                    f"cost is the hash table, one entry per cached block (here up to {peak_cached:,}), looked up "
-                    f"block by block on every admission ({PAGED}, {MEMORY_WALL}).")
+        text.append(
+            f"What caching does cost is churn: over {requests:,} requests the replay gave up"
+            f" {evictions:,} hashes to make room, and a prefix evicted and asked for again is"
+            " computed again. The other cost is the hash table, one entry per cached block (here"
+            f" up to {peak_cached:,}), looked up block by block on every admission ({PAGED},"
+            f" {MEMORY_WALL})."
+        )
     else:
-        text.append(f"The replay evicted nothing, so the only cost was the hash table: one entry per cached "
-                    f"block, up to {peak_cached:,}, looked up block by block on every admission ({PAGED}).")
+        text.append(
+            "The replay evicted nothing, so the only cost was the hash table: one entry per cached"
+            f" block, up to {peak_cached:,}, looked up block by block on every admission ({PAGED})."
+        )
     return " ".join(text)
 
 
 def prefill_cost_reading(cost, hw_name: str, what: str) -> str:
     """How this page's prefill attention runs and what it would cost on ``hw_name``. ``cost``: a
-    :class:`kvlab.lab.prefix.PrefillAttentionCost` (per layer, times ``cost.layers``); ``what``: the step."""
+    :class:`kvlab.lab.prefix.PrefillAttentionCost` (per layer, times ``cost.layers``); ``what``: the
+    step.
+    """
     L = cost.layers
     kernel, rows = cost.kernel_floor, cost.rows_floor
-    text = [f"For {what}, prefill attention does {cost.kernel.flops * L:.3g} FLOP over all {L} layers and must "
-            f"read {si(cost.kernel.bytes * L, 'B')} (each context's K and V once, the queries and the outputs). "
-            f"Run as one decode row per query token, as the reference path does and as kvlab's first engine did, "
-            f"every row reads its whole context again: {si(cost.rows.tile_bytes * L, 'B')}. The paged prefill "
-            f"kernel reads the context once per tile of {cost.tokens_per_tile} query tokens with all the query "
-            f"heads of a KV head: {si(cost.kernel.tile_bytes * L, 'B')}, an upper bound that the GPU's caches lower."]
-    floors = [(name, floor, f"{si(floor.seconds * L, 's')}, set by " +
-               ("its FLOPs at the bf16 rate" if floor.bound == "compute" else "its bytes at the HBM bandwidth"))
-              for name, floor in (("decode rows", rows), ("the kernel's tiles", kernel),
-                                  ("every byte read once", cost.compulsory_floor))]
-    text.append(f"On an {hw_name} (the roofline: the larger of FLOPs over the bf16 rate and bytes over the HBM "
-                f"bandwidth, `attention_floor`), the floor is " + "; ".join(f"for {n}, {t}" for n, _, t in floors)
-                + ".")
+    text = [
+        f"For {what}, prefill attention does {cost.kernel.flops * L:.3g} FLOP over all {L} layers"
+        f" and must read {si(cost.kernel.bytes * L, 'B')} (each context's K and V once, the queries"
+        " and the outputs). Run as one decode row per query token, as the reference path does and"
+        " as kvlab's first engine did, every row reads its whole context again:"
+        f" {si(cost.rows.tile_bytes * L, 'B')}. The paged prefill kernel reads the context once per"
+        f" tile of {cost.tokens_per_tile} query tokens with all the query heads of a KV head:"
+        f" {si(cost.kernel.tile_bytes * L, 'B')}, an upper bound that the GPU's caches lower."
+    ]
+    floors = [
+        (
+            name,
+            floor,
+            f"{si(floor.seconds * L, 's')}, set by "
+            + (
+                "its FLOPs at the bf16 rate"
+                if floor.bound == "compute"
+                else "its bytes at the HBM bandwidth"
+            ),
+        )
+        for name, floor in (
+            ("decode rows", rows),
+            ("the kernel's tiles", kernel),
+            ("every byte read once", cost.compulsory_floor),
+        )
+    ]
+    text.append(
+        f"On an {hw_name} (the roofline: the larger of FLOPs over the bf16 rate and bytes over the"
+        " HBM bandwidth, `attention_floor`), the floor is "
+        + "; ".join(f"for {n}, {t}" for n, _, t in floors)
+        + "."
+    )
     if kernel.bound == "memory" and cost.compulsory_floor.bound == "compute":
-        text.append("The gap between the last two is what the GPU's L2 cache recovers when neighbouring tiles "
-                    "read the same blocks at about the same time; a tile of more query rows would need less of it.")
-    text.append("Serving engines prefill the same way as the kernel: vLLM with FlashAttention's varlen kernel "
-                "reading block tables, SGLang and others with FlashInfer's paged prefill.")
+        text.append(
+            "The gap between the last two is what the GPU's L2 cache recovers when neighbouring"
+            " tiles read the same blocks at about the same time; a tile of more query rows would"
+            " need less of it."
+        )
+    text.append(
+        "Serving engines prefill the same way as the kernel: vLLM with FlashAttention's varlen"
+        " kernel reading block tables, SGLang and others with FlashInfer's paged prefill."
+    )
     return " ".join(text)

@@ -12,129 +12,195 @@ from kvlab.show.format import si
 from kvlab.theory import ssm
 from kvlab.theory.agreement import ABOVE, compare
 
-COST_MODEL = (r"$t = \tau\cdot\text{rounds} + \gamma\cdot\text{compositions}\cdot E$ "
-              "(`kvlab.theory.ssm.scan_time`)")
+COST_MODEL = (
+    r"$t = \tau\cdot\text{rounds} + \gamma\cdot\text{compositions}\cdot E$ "
+    "(`kvlab.theory.ssm.scan_time`)"
+)
 
 
 def _faster(ratio: float) -> str:
     return f"{ratio:.2f} times faster" if ratio >= 1 else f"{1 / ratio:.2f} times slower"
 
 
-def scan_reading(length: int, dim: int, state_size: int, chunk_size: int, times: dict, tau: float,
-                 gamma: float) -> str:
-    """Under the scan explorer: the three orders at the longest prompt against the fitted cost model.
+def scan_reading(
+    length: int, dim: int, state_size: int, chunk_size: int, times: dict, tau: float, gamma: float
+) -> str:
+    """Under the scan explorer: the three orders at the longest prompt against the fitted cost
+    model.
 
-    ``times`` maps each of ``ssm.METHODS`` to its measured seconds at ``length`` tokens; ``tau`` is the
-    fitted cost of one round, ``gamma`` of one composition of one state element; a round composes
-    E = ``dim * state_size`` elements (batch 1).
+    ``times`` maps each of ``ssm.METHODS`` to its measured seconds at ``length`` tokens; ``tau`` is
+    the fitted cost of one round, ``gamma`` of one composition of one state element; a round
+    composes E = ``dim * state_size`` elements (batch 1).
     """
     t_seq, t_par, t_chunk = (times[m] for m in ssm.METHODS)
-    text = [f"At {length:,} tokens ($d = {dim}$, $n = {state_size}$, $c = {chunk_size}$) the sequential scan "
-            f"took **{si(t_seq, 's')}**, the parallel scan **{si(t_par, 's')}** and the chunked scan "
-            f"**{si(t_chunk, 's')}**: the parallel scan was {_faster(t_seq / t_par)} and the chunked scan "
-            f"{_faster(t_seq / t_chunk)} than the sequential one."]
+    text = [
+        f"At {length:,} tokens ($d = {dim}$, $n = {state_size}$, $c = {chunk_size}$) the sequential"
+        f" scan took **{si(t_seq, 's')}**, the parallel scan **{si(t_par, 's')}** and the chunked"
+        f" scan **{si(t_chunk, 's')}**: the parallel scan was {_faster(t_seq / t_par)} and the"
+        f" chunked scan {_faster(t_seq / t_chunk)} than the sequential one."
+    ]
     if not ssm.usable_fit(tau, gamma):
-        text.append(f"Fitting the cost model {COST_MODEL} gave a round cost of {si(tau, 's')} and {si(gamma, 's')} "
-                    "per composition; a value at or below zero means the two terms could not be told apart at "
-                    "these sizes, so read the measured points, not the curves.")
+        text.append(
+            f"Fitting the cost model {COST_MODEL} gave a round cost of {si(tau, 's')} and"
+            f" {si(gamma, 's')} per composition; a value at or below zero means the two terms could"
+            " not be told apart at these sizes, so read the measured points, not the curves."
+        )
         return " ".join(text)
     elements = dim * state_size
     rounds, work = ssm.scan_depth(length, "parallel"), ssm.scan_work(length, "parallel")
     break_even = ssm.parallel_break_even(length)
-    text.append(f"The cost model {COST_MODEL}, fitted to every point of the figure, gives a round cost "
-                f"$\\tau$ = {si(tau, 's')} and $\\gamma$ = {si(gamma, 's')} per composition of one state element, "
-                f"so a sequential round's elementwise work is $\\gamma E$ = {si(gamma * elements, 's')} "
-                f"($E = {elements:,}$) and a round costs $\\tau / \\gamma E$ = {tau / (gamma * elements):.3g} times "
-                f"that. The parallel scan takes {rounds} rounds instead of {length:,}, but does {work:,} "
-                f"compositions per element instead of {length:,}, so it wins only when "
-                f"$\\tau / \\gamma E > (W - s)/(s - D)$ = {break_even:.3g} (`ssm.parallel_break_even`).")
-    predicted = {m: ssm.scan_time(length, m, chunk_size if m == "chunked" else None, tau, gamma, elements)
-                 for m in ("sequential", "parallel")}
+    text.append(
+        f"The cost model {COST_MODEL}, fitted to every point of the figure, gives a round cost"
+        f" $\\tau$ = {si(tau, 's')} and $\\gamma$ = {si(gamma, 's')} per composition of one state"
+        " element, so a sequential round's elementwise work is $\\gamma E$ ="
+        f" {si(gamma * elements, 's')} ($E = {elements:,}$) and a round costs $\\tau / \\gamma E$ ="
+        f" {tau / (gamma * elements):.3g} times that. The parallel scan takes {rounds} rounds"
+        f" instead of {length:,}, but does {work:,} compositions per element instead of {length:,},"
+        f" so it wins only when $\\tau / \\gamma E > (W - s)/(s - D)$ = {break_even:.3g}"
+        " (`ssm.parallel_break_even`)."
+    )
+    predicted = {
+        m: ssm.scan_time(length, m, chunk_size if m == "chunked" else None, tau, gamma, elements)
+        for m in ("sequential", "parallel")
+    }
     expected = ssm.fastest_order(length, tau, gamma, elements, methods=("sequential", "parallel"))
     won = min(("sequential", "parallel"), key=lambda m: times[m])
     c = compare(t_seq / t_par, predicted["sequential"] / predicted["parallel"], ssm.SCAN_TOLERANCE)
-    text.append(f"With the fit's own values the model predicts {si(predicted['sequential'], 's')} sequential and "
-                f"{si(predicted['parallel'], 's')} parallel, a ratio (sequential over parallel) of "
-                f"{c.predicted:.2f} for a measured {c.measured:.2f}.")
+    text.append(
+        f"With the fit's own values the model predicts {si(predicted['sequential'], 's')}"
+        f" sequential and {si(predicted['parallel'], 's')} parallel, a ratio (sequential over"
+        f" parallel) of {c.predicted:.2f} for a measured {c.measured:.2f}."
+    )
     if won == expected and c.agrees:
-        text.append(f"The model explains the points: it predicts the {expected} scan to win, and by about the "
-                    f"margin measured ({c.describe()}).")
+        text.append(
+            f"The model explains the points: it predicts the {expected} scan to win, and by about"
+            f" the margin measured ({c.describe()})."
+        )
     elif won == expected:
-        text.append(f"The model predicts the winner, the {expected} scan, but not the margin: the measured ratio "
-                    f"is {c.describe()}. One $\\tau$ and one $\\gamma$ for all three orders average over rounds "
-                    "that touch tensors of very different sizes.")
+        text.append(
+            f"The model predicts the winner, the {expected} scan, but not the margin: the measured"
+            f" ratio is {c.describe()}. One $\\tau$ and one $\\gamma$ for all three orders average"
+            " over rounds that touch tensors of very different sizes."
+        )
     else:
-        text.append(f"The model predicted the {expected} scan to win and the {won} scan won, so the fit does not "
-                    "explain the points at this setting. Expected: the order with the smaller "
-                    f"{COST_MODEL}. The likely reason on this machine: a round's cost is not one constant, since "
-                    "the parallel scan's rounds each touch the whole sequence and the sequential scan's one "
-                    "token, so a single fitted $\\tau$ misprices one of them. Compare the curves with the markers.")
+        text.append(
+            f"The model predicted the {expected} scan to win and the {won} scan won, so the fit"
+            " does not explain the points at this setting. Expected: the order with the smaller"
+            f" {COST_MODEL}. The likely reason on this machine: a round's cost is not one constant,"
+            " since the parallel scan's rounds each touch the whole sequence and the sequential"
+            " scan's one token, so a single fitted $\\tau$ misprices one of them. Compare the"
+            " curves with the markers."
+        )
     return " ".join(text)
 
 
-def step_reading(llama: str, mamba: str, s0: int, s1: int, llama_t: tuple, mamba_t: tuple,
-                 slope_llama: float, slope_mamba: float, kv_bytes_per_token: float, bandwidth: float) -> str:
+def step_reading(
+    llama: str,
+    mamba: str,
+    s0: int,
+    s1: int,
+    llama_t: tuple,
+    mamba_t: tuple,
+    slope_llama: float,
+    slope_mamba: float,
+    kv_bytes_per_token: float,
+    bandwidth: float,
+) -> str:
     """Decode step time against context: the attention slope against ``ssm.attention_step_slope``
     (three passes over each cached token's ``kv_bytes_per_token`` at ``bandwidth``), and Mamba's."""
     predicted = ssm.attention_step_slope(kv_bytes_per_token, bandwidth)
     c = compare(slope_llama, predicted, ssm.SLOPE_TOLERANCE)
-    text = [f"From {s0:,} to {s1:,} tokens of context, the {llama} step went from {si(llama_t[0], 's')} to "
-            f"**{si(llama_t[1], 's')}**, a fitted slope of {si(slope_llama, 's')} per token of context. The "
-            f"three-pass model (`kvlab.theory.ssm.attention_step_slope`: $3k/\\beta$, with $k$ = "
-            f"{si(kv_bytes_per_token, 'B')} per token and $\\beta$ = {si(bandwidth, 'B/s')}) predicts "
-            f"{si(predicted, 's')}: the slope is {c.describe()}. The {mamba} step went from "
-            f"{si(mamba_t[0], 's')} to **{si(mamba_t[1], 's')}**, a slope of {si(slope_mamba, 's')} per token."]
+    text = [
+        f"From {s0:,} to {s1:,} tokens of context, the {llama} step went from {si(llama_t[0], 's')}"
+        f" to **{si(llama_t[1], 's')}**, a fitted slope of {si(slope_llama, 's')} per token of"
+        " context. The three-pass model (`kvlab.theory.ssm.attention_step_slope`: $3k/\\beta$,"
+        f" with $k$ = {si(kv_bytes_per_token, 'B')} per token and $\\beta$ ="
+        f" {si(bandwidth, 'B/s')}) predicts {si(predicted, 's')}: the slope is {c.describe()}. The"
+        f" {mamba} step went from {si(mamba_t[0], 's')} to **{si(mamba_t[1], 's')}**, a slope of"
+        f" {si(slope_mamba, 's')} per token."
+    ]
     if ssm.is_flat(slope_mamba, predicted):
-        text.append(f"Its state has the same size at every context, so the model predicts no slope; what remains "
-                    f"is under {ssm.FLAT_SHARE:.0%} of the attention slope predicted (`ssm.is_flat`), the noise of "
-                    "a shared machine: the error bars span the fastest and slowest of the repeats.")
+        text.append(
+            "Its state has the same size at every context, so the model predicts no slope; what"
+            f" remains is under {ssm.FLAT_SHARE:.0%} of the attention slope predicted"
+            " (`ssm.is_flat`), the noise of a shared machine: the error bars span the fastest and"
+            " slowest of the repeats."
+        )
     else:
-        text.append(f"Its state has the same size at every context, so the model predicts no slope; here it is "
-                    f"more than {ssm.FLAT_SHARE:.0%} of the attention slope predicted (`ssm.is_flat`), which "
-                    "means the noise of a shared machine was as large as the attention growth in this run. "
-                    "Rerun the cell.")
+        text.append(
+            "Its state has the same size at every context, so the model predicts no slope; here it"
+            f" is more than {ssm.FLAT_SHARE:.0%} of the attention slope predicted (`ssm.is_flat`),"
+            " which means the noise of a shared machine was as large as the attention growth in"
+            " this run. Rerun the cell."
+        )
     if c.agrees:
-        text.append(f"The attention slope is within a factor of {ssm.SLOPE_TOLERANCE:g} of three passes over the "
-                    "cache at copy bandwidth.")
+        text.append(
+            f"The attention slope is within a factor of {ssm.SLOPE_TOLERANCE:g} of three passes"
+            " over the cache at copy bandwidth."
+        )
     elif c.outcome == ABOVE:
-        text.append("The attention slope exceeds the prediction: the step costs more per cached byte than "
-                    "three passes at copy bandwidth. A likely cause on a CPU, not verified here: each "
-                    "`torch.cat` allocates a fresh buffer for the whole cache, and the operating system "
-                    "zeroes freshly mapped pages on first touch, work that a copy-bandwidth figure does not "
-                    "include. A cache preallocated once "
-                    "([Recompute, cache reuse, optimized decode](02_cache_reuse.ipynb)) avoids both the "
-                    "copy and the allocation.")
+        text.append(
+            "The attention slope exceeds the prediction: the step costs more per cached byte than"
+            " three passes at copy bandwidth. A likely cause on a CPU, not verified here: each"
+            " `torch.cat` allocates a fresh buffer for the whole cache, and the operating system"
+            " zeroes freshly mapped pages on first touch, work that a copy-bandwidth figure does"
+            " not include. A cache preallocated once ([Recompute, cache reuse, optimized"
+            " decode](02_cache_reuse.ipynb)) avoids both the copy and the allocation."
+        )
     else:
-        text.append("The attention slope is below the prediction: part of the cache stayed in the CPU's "
-                    "caches between steps, which read faster than the calibrated streaming bandwidth.")
+        text.append(
+            "The attention slope is below the prediction: part of the cache stayed in the CPU's "
+            "caches between steps, which read faster than the calibrated streaming bandwidth."
+        )
     return " ".join(text)
 
 
-def recall_reading(state_size: int, context: int, mean_exact: float, mean_sampled: float, samples: int,
-                   first: float, last: float, attention_max: float) -> str:
-    """Under the recall explorer: the fixed state's loss against ``ssm.recall_bound``, and attention's."""
+def recall_reading(
+    state_size: int,
+    context: int,
+    mean_exact: float,
+    mean_sampled: float,
+    samples: int,
+    first: float,
+    last: float,
+    attention_max: float,
+) -> str:
+    """Under the recall explorer: the fixed state's loss against ``ssm.recall_bound``, and
+    attention's."""
     bound = ssm.recall_bound(state_size, context)
-    text = [f"With a state of {state_size} numbers and {context} tokens, the best linear readout loses a "
-            f"fraction **{mean_exact:.3f}** of a token's value on average"]
+    text = [
+        f"With a state of {state_size} numbers and {context} tokens, the best linear readout loses"
+        f" a fraction **{mean_exact:.3f}** of a token's value on average"
+    ]
     if ssm.at_recall_bound(mean_exact, state_size, context):
         text[0] += r", exactly the bound $1 - n/s$ (`kvlab.theory.ssm.recall_bound`)"
     else:
-        text[0] += (f", more than the bound $1 - n/s = {bound:.3f}$ (`kvlab.theory.ssm.recall_bound`): the "
-                    "decays make $M$ numerically rank-deficient, so the state holds fewer independent numbers "
-                    "than its size")
+        text[0] += (
+            f", more than the bound $1 - n/s = {bound:.3f}$ (`kvlab.theory.ssm.recall_bound`): the"
+            " decays make $M$ numerically rank-deficient, so the state holds fewer independent"
+            " numbers than its size"
+        )
     tolerance = ssm.sampling_tolerance(samples, state_size)
     text[0] += f"; fitted on {samples:,} random sequences it loses {mean_sampled:.3f}."
     if ssm.sampled_agrees(mean_sampled, mean_exact, samples, state_size):
-        text.append(f"The fit on samples lands on the exact value, within the {tolerance:.3f} that sampling "
-                    "allows (`ssm.sampling_tolerance`).")
+        text.append(
+            f"The fit on samples lands on the exact value, within the {tolerance:.3f} that sampling"
+            " allows (`ssm.sampling_tolerance`)."
+        )
     else:
-        text.append(f"The fit on samples is off the exact value by more than the {tolerance:.3f} that sampling "
-                    "should allow (`ssm.sampling_tolerance`); more samples bring it closer.")
+        text.append(
+            f"The fit on samples is off the exact value by more than the {tolerance:.3f} that"
+            " sampling should allow (`ssm.sampling_tolerance`); more samples bring it closer."
+        )
     text.append(f"The newest token is lost only up to {last:.3f}, the oldest up to {first:.3f}.")
     if ssm.lookup_exact(attention_max):
-        text.append(f"The attention lookup recovers every position, with an error of at most "
-                    f"{attention_max:.1e}, because it keeps all of them.")
+        text.append(
+            "The attention lookup recovers every position, with an error of at most "
+            f"{attention_max:.1e}, because it keeps all of them."
+        )
     else:
-        text.append(f"The attention lookup lost up to {attention_max:.1e} of a position, more than rounding "
-                    f"({ssm.LOOKUP_TOLERANCE:.0e}): its query is not sharp enough for this many positions.")
+        text.append(
+            f"The attention lookup lost up to {attention_max:.1e} of a position, more than rounding"
+            f" ({ssm.LOOKUP_TOLERANCE:.0e}): its query is not sharp enough for this many positions."
+        )
     return " ".join(text)

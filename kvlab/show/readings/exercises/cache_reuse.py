@@ -1,4 +1,5 @@
-"""Notebook 02, recompute, cache reuse, optimized decode (section 9.2): worked solutions of the exercises that have numbers."""
+"""Notebook 02, recompute, cache reuse, optimized decode (section 9.2): worked solutions of the
+exercises that have numbers."""
 
 from __future__ import annotations
 
@@ -10,30 +11,39 @@ from kvlab.theory.agreement import compare
 from kvlab.theory.work import DOUBLING_TOLERANCE, positions_processed, request_time
 
 
-def cache_reuse_doubling(P: int, G: int, a: float, b: float, measured_g: float, measured_2g: float) -> str:
-    """Exercise 1 of 9.2: the naive loop's total time when G doubles (from G to 2G), predicted by the
-    two-pass model (``kvlab.theory.work.request_time``), agreement within ``work.DOUBLING_TOLERANCE``."""
+def cache_reuse_doubling(
+    P: int, G: int, a: float, b: float, measured_g: float, measured_2g: float
+) -> str:
+    """Exercise 1 of 9.2: the naive loop's total time when G doubles (from G to 2G), predicted by
+    the two-pass model (``kvlab.theory.work.request_time``), agreement within
+    ``work.DOUBLING_TOLERANCE``.
+    """
     pos_g, pos_2g = positions_processed(P, G), positions_processed(P, 2 * G)
     t_g, t_2g = request_time(P, G, a, b), request_time(P, 2 * G, a, b)
     c = compare(measured_2g / measured_g, t_2g / t_g, DOUBLING_TOLERANCE)
-    text = (f"The naive loop makes $G$ passes: $T(G) \\approx G\\,a + b\\cdot\\mathrm{{positions\\_processed}}(P, G)$ "
-            f"(`work.request_time`). At $P = {P}$ the positions are {pos_g:,} for $G = {G}$ and {pos_2g:,} for "
-            f"$G = {2 * G}$, and the fitted $a$ = {si(a, 's')} and $b$ = {si(b, 's')} per position give "
-            f"{si(t_g, 's')} and {si(t_2g, 's')}: a factor of **{c.predicted:.2f}**. It lies between 2 (the fixed "
-            f"cost $a$ alone doubles) and {pos_2g / pos_g:.2f} (the positions alone). Measured: "
-            f"{si(measured_g, 's')} and {si(measured_2g, 's')}, a factor of **{c.measured:.2f}**: "
-            f"{c.describe()}.")
+    text = (
+        "The naive loop makes $G$ passes: $T(G) \\approx G\\,a +"
+        f" b\\cdot\\mathrm{{positions\\_processed}}(P, G)$ (`work.request_time`). At $P = {P}$ the"
+        f" positions are {pos_g:,} for $G = {G}$ and {pos_2g:,} for $G = {2 * G}$, and the fitted"
+        f" $a$ = {si(a, 's')} and $b$ = {si(b, 's')} per position give {si(t_g, 's')} and"
+        f" {si(t_2g, 's')}: a factor of **{c.predicted:.2f}**. It lies between 2 (the fixed cost"
+        f" $a$ alone doubles) and {pos_2g / pos_g:.2f} (the positions alone). Measured:"
+        f" {si(measured_g, 's')} and {si(measured_2g, 's')}, a factor of **{c.measured:.2f}**:"
+        f" {c.describe()}."
+    )
     if c.agrees:
         text += " The prediction holds."
     else:
-        text += (" The prediction does not hold in this run: the two-pass line is fitted on one model and "
-                 "length range, and on a shared CPU a single run of each can move by this much; rerun both, "
-                 "interleaved.")
+        text += (
+            " The prediction does not hold in this run: the two-pass line is fitted on one model"
+            " and length range, and on a shared CPU a single run of each can move by this much;"
+            " rerun both, interleaved."
+        )
     return solution(1, text)
 
 
-# A recompilation redoes the first call's work: its excess over a steady step within this factor of the
-# first call's excess counts as a second compilation.
+# A recompilation redoes the first call's work: its excess over a steady step within this factor of
+# the first call's excess counts as a second compilation.
 RECOMPILE_TOLERANCE = 10.0
 
 
@@ -41,9 +51,9 @@ def cache_reuse_warm(costs: dict, step_times, steady: float) -> str:
     """Exercise 2 of 9.2: the compile-cost estimate against ``warm``, and the first compiled steps.
 
     ``step_times``: every step of the compiled run. The second step is a second compilation when its
-    excess over ``steady`` is within ``RECOMPILE_TOLERANCE`` of the first call's (the recompilation model),
-    one-time work when it stands out of the later steps' spread (``kvlab.theory.decode_step.stands_out``),
-    and steady otherwise."""
+    excess over ``steady`` is within ``RECOMPILE_TOLERANCE`` of the first call's (the recompilation
+    model), one-time work when it stands out of the later steps' spread
+    (``kvlab.theory.decode_step.stands_out``), and steady otherwise."""
     from kvlab.theory.decode_step import stands_out, step_spread
 
     rows = "\n".join(f"| {w} | {si(c, 's')} |" for w, c in costs.items())
@@ -51,26 +61,34 @@ def cache_reuse_warm(costs: dict, step_times, steady: float) -> str:
     first, second = step_times[0], step_times[1]
     later = list(step_times[2:])
     noise = step_spread(later) if len(later) >= 2 else 0.0
-    text = ("The estimate the page uses, the compiled run's extra time net of its steady gain, depends on "
-            "`warm` only through the two steady medians, so it barely moves:\n\n"
-            f"| `warm` | compile cost |\n|---:|---:|\n{rows}\n\n"
-            f"(a spread of {spread:.2f}x). Summing only the first `warm` compiled steps would not be stable: "
-            "too small a `warm` misses compilation work that happens later, too large a one counts steady steps "
-            f"as cost. The first compiled step took {si(first, 's')}: the call that traces the model and "
-            f"generates its kernels. The second took {si(second, 's')}, {second / steady:,.0f} times a steady "
-            f"step ({si(steady, 's')}); the later steps moved by {noise:.0%} of a step.")
+    text = (
+        "The estimate the page uses, the compiled run's extra time net of its steady gain, depends"
+        " on `warm` only through the two steady medians, so it barely moves:\n\n| `warm` | compile"
+        f" cost |\n|---:|---:|\n{rows}\n\n(a spread of {spread:.2f}x). Summing only the first"
+        " `warm` compiled steps would not be stable: too small a `warm` misses compilation work"
+        " that happens later, too large a one counts steady steps as cost. The first compiled step"
+        f" took {si(first, 's')}: the call that traces the model and generates its kernels. The"
+        f" second took {si(second, 's')}, {second / steady:,.0f} times a steady step"
+        f" ({si(steady, 's')}); the later steps moved by {noise:.0%} of a step."
+    )
     recompile = compare(max(second - steady, 0.0), max(first - steady, steady), RECOMPILE_TOLERANCE)
     if recompile.outcome != "below":
-        text += (f" Its excess is {recompile.describe()} that a recompilation redoes the first call's work: "
-                 "a second compilation. `torch.compile` specialises on values it first sees and recompiles "
-                 "once when one of them changes; on a GPU, `reduce-overhead` also records the CUDA graph on an "
-                 "early call.")
+        text += (
+            f" Its excess is {recompile.describe()} that a recompilation redoes the first call's"
+            " work: a second compilation. `torch.compile` specialises on values it first sees and"
+            " recompiles once when one of them changes; on a GPU, `reduce-overhead` also records"
+            " the CUDA graph on an early call."
+        )
     elif stands_out(second - steady, steady, noise):
-        text += (" That is no second compilation (far less than the first call's work) but more than the later "
-                 "steps' spread: one-time work remains, buffers allocated and caches warmed on first use. On a "
-                 "GPU, `reduce-overhead` records the CUDA graph on an early call, which shows here as a slow "
-                 "second or third step.")
+        text += (
+            " That is no second compilation (far less than the first call's work) but more than the"
+            " later steps' spread: one-time work remains, buffers allocated and caches warmed on"
+            " first use. On a GPU, `reduce-overhead` records the CUDA graph on an early call, which"
+            " shows here as a slow second or third step."
+        )
     else:
-        text += (" Within the later steps' spread, the second step is already steady: all the one-time work "
-                 "happened in the first call.")
+        text += (
+            " Within the later steps' spread, the second step is already steady: all the one-time"
+            " work happened in the first call."
+        )
     return solution(2, text)

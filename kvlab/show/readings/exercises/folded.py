@@ -19,9 +19,13 @@ def count(n: float) -> str:
 
 
 def solution(number: int, body: str) -> str:
-    """``body`` (Markdown) inside a collapsed ``<details>`` block titled "Solution to exercise N"."""
+    """``body`` (Markdown) inside a collapsed ``<details>`` block titled "Solution to exercise
+    N"."""
     if isinstance(number, bool) or not isinstance(number, int) or number < 1:
         raise ValueError(f"number must be an exercise number >= 1, got {number!r}")
     if not isinstance(body, str) or not body.strip():
         raise ValueError("body must be the solution's Markdown text")
-    return f"<details>\n<summary>Solution to exercise {number}</summary>\n\n{body.strip()}\n\n</details>\n"
+    return (
+        "<details>\n<summary>Solution to exercise"
+        f" {number}</summary>\n\n{body.strip()}\n\n</details>\n"
+    )

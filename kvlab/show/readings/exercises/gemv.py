@@ -1,4 +1,5 @@
-"""Notebook 03, GEMV-like decode and the roofline (section 9.3): worked solutions of the exercises that have numbers."""
+"""Notebook 03, GEMV-like decode and the roofline (section 9.3): worked solutions of the exercises
+that have numbers."""
 
 from __future__ import annotations
 
@@ -8,18 +9,27 @@ from kvlab.theory import matmul
 from kvlab.theory.agreement import compare
 
 
-def gemv_big_product(K: int, N: int, element_size: int, gemv_bytes_per_s: float, matmul_flops: float,
-                     measured_s: float | None) -> str:
+def gemv_big_product(
+    K: int,
+    N: int,
+    element_size: int,
+    gemv_bytes_per_s: float,
+    matmul_flops: float,
+    measured_s: float | None,
+) -> str:
     """Exercise 1 of 9.3: the time of one 70B MLP matrix-vector product, predicted by the roofline
     (``kvlab.theory.matmul.roofline_time``) at the sweep's batch-1 streaming rate; agreement within
     ``matmul.ROOFLINE_TOLERANCE``."""
     nbytes = matmul.matmul_bytes(1, K, N, element_size)
     predicted = matmul.roofline_time(1, K, N, element_size, gemv_bytes_per_s, matmul_flops)
-    text = (f"At $n = 1$ the product is a weight read: {K:,} × {N:,} elements of {element_size} bytes, "
-            f"{si(nbytes, 'B')} with the activation and output vectors, and this machine's batch-1 product streamed "
-            f"at {si(gemv_bytes_per_s, 'B/s')}, so the roofline, $\\max(\\text{{bytes}}/\\beta,\\ "
-            f"\\text{{FLOPs}}/\\text{{peak}})$ (`matmul.roofline_time`) with that rate as $\\beta$, says it "
-            f"should take about **{si(predicted, 's')}**. The two vectors add a negligible share.")
+    text = (
+        f"At $n = 1$ the product is a weight read: {K:,} × {N:,} elements of {element_size} bytes,"
+        f" {si(nbytes, 'B')} with the activation and output vectors, and this machine's batch-1"
+        f" product streamed at {si(gemv_bytes_per_s, 'B/s')}, so the roofline,"
+        " $\\max(\\text{bytes}/\\beta,\\ \\text{FLOPs}/\\text{peak})$"
+        " (`matmul.roofline_time`) with that rate as $\\beta$, says it should take about"
+        f" **{si(predicted, 's')}**. The two vectors add a negligible share."
+    )
     if measured_s is None:
         return solution(1, text + " Measure it with the cell the exercise names.")
     c = compare(measured_s, predicted, matmul.ROOFLINE_TOLERANCE)
@@ -27,31 +37,37 @@ def gemv_big_product(K: int, N: int, element_size: int, gemv_bytes_per_s: float,
     if c.agrees:
         text += " A matrix this large streams at the same rate as the sweep's: time is bytes."
     else:
-        text += (" The gap means the rate changed between the two measurements: on a shared machine the "
-                 "bandwidth left over moves from second to second, and a matrix of this size may also "
-                 "run into memory pressure.")
+        text += (
+            " The gap means the rate changed between the two measurements: on a shared machine the "
+            "bandwidth left over moves from second to second, and a matrix of this size may also "
+            "run into memory pressure."
+        )
     return solution(1, text)
 
 
 def gemv_h200_batch(batch: int, step: float, rate: float, step32: float, rate32: float) -> str:
     """Exercise 2 of 9.3: the largest H200 batch of 8,192-token sequences for the 8B model."""
-    return solution(2, (
-        "Solve $P w_p + B\\,T\\,k \\le M$ for $B$: $B = \\lfloor (M - P w_p) / (T k) \\rfloor$ "
-        f"(`rf.max_batch`). On the H200 that is **{batch} sequences**, with a step floor of "
-        f"{si(step, 's')} and {rate:,.0f} tokens/s, against {si(step32, 's')} and {rate32:,.0f} tokens/s at 32 "
-        f"sequences: {rate / rate32:.2f} times the tokens/s for {batch / 32:.1f} times the batch. Past 32 "
-        "sequences of this length the cache already outweighs the weights, so each extra sequence adds "
-        "nearly its own read time: batching stops paying once the step is KV-bound."))
+    return solution(
+        2,
+        "Solve $P w_p + B\\,T\\,k \\le M$ for $B$: $B = \\lfloor (M - P w_p) / (T k) \\rfloor$"
+        f" (`rf.max_batch`). On the H200 that is **{batch} sequences**, with a step floor of"
+        f" {si(step, 's')} and {rate:,.0f} tokens/s, against {si(step32, 's')} and {rate32:,.0f}"
+        f" tokens/s at 32 sequences: {rate / rate32:.2f} times the tokens/s for {batch / 32:.1f}"
+        " times the batch. Past 32 sequences of this length the cache already outweighs the"
+        " weights, so each extra sequence adds nearly its own read time: batching stops paying"
+        " once the step is KV-bound.",
+    )
 
 
 def gemv_attention_ridge(ridge: float, needs: dict, max_g: int) -> str:
     """Exercise 3 of 9.3: what g and w_kv would bring attention to the H100's ridge."""
     rows = "\n".join(f"| {w:g} | {g:,.0f} |" for w, g in needs.items())
-    return solution(3, (
-        f"Attention does $2g/w_{{kv}}$ FLOP per cache byte, so reaching the ridge of {ridge:.0f} FLOP per byte "
-        "needs $g = I^* w_{kv} / 2$:\n\n"
-        f"| $w_{{kv}}$ (bytes) | $g$ needed |\n|---:|---:|\n{rows}\n\n"
-        f"Llama-3-70B has {max_g} query heads, so even one KV head for all of them (multi-query attention, "
-        f"$g = {max_g}$) falls short in bf16, and a 4-bit cache only just comes near. Attention over the "
-        "cache stays bandwidth-bound; what helps is fewer bytes (the levers of the long-context section), "
-        "not more arithmetic per byte."))
+    return solution(
+        3,
+        f"Attention does $2g/w_{{kv}}$ FLOP per cache byte, so reaching the ridge of {ridge:.0f}"
+        " FLOP per byte needs $g = I^* w_{kv} / 2$:\n\n| $w_{kv}$ (bytes) | $g$ needed"
+        f" |\n|---:|---:|\n{rows}\n\nLlama-3-70B has {max_g} query heads, so even one KV head for"
+        f" all of them (multi-query attention, $g = {max_g}$) falls short in bf16, and a 4-bit"
+        " cache only just comes near. Attention over the cache stays bandwidth-bound; what helps"
+        " is fewer bytes (the levers of the long-context section), not more arithmetic per byte.",
+    )

@@ -1,7 +1,7 @@
 """Notebook 04, KV-cache layout (section 9.4): worked solutions of the exercises that have numbers.
 
-Each prediction is the bytes model of ``kvlab.lab.layout_timing`` (``predicted_s``: bytes moved over the
-calibrated copy bandwidth); each decision is ``kvlab.theory.kv_traffic.compare_with_bytes``.
+Each prediction is the bytes model of ``kvlab.lab.layout_timing`` (``predicted_s``: bytes moved over
+the calibrated copy bandwidth); each decision is ``kvlab.theory.kv_traffic.compare_with_bytes``.
 """
 
 from __future__ import annotations
@@ -16,74 +16,111 @@ def kv_layout_batch(lo_read, hi_read, lo_append, hi_append, llc: int | None) -> 
     """Exercise 1 of 9.4: read and append time when the batch grows (``BHTD`` read and index append
     measurements at the two batches; ``llc`` the device's last-level cache in bytes)."""
     b_lo, b_hi = lo_read.batch, hi_read.batch
-    c = compare_with_bytes(hi_read.timing.median / lo_read.timing.median, hi_read.predicted_s / lo_read.predicted_s)
+    c = compare_with_bytes(
+        hi_read.timing.median / lo_read.timing.median, hi_read.predicted_s / lo_read.predicted_s
+    )
     app = hi_append.timing.median / lo_append.timing.median
-    text = (f"The read moves $2BsHDw$ bytes, proportional to $B$: going from {b_lo} to {b_hi} sequences should "
-            f"multiply its time by **{c.predicted:g}** (the bytes model: {si(lo_read.predicted_s, 's')} and "
-            f"{si(hi_read.predicted_s, 's')}). The `index` append writes $2BHDw$ bytes, a few kilobytes, so its "
-            "time is the fixed cost of one operation and should barely move. Measured: the append went from "
-            f"{si(lo_append.timing.median, 's')} to {si(hi_append.timing.median, 's')} ({app:.1f}x), and the read "
-            f"from {si(lo_read.timing.median, 's')} to {si(hi_read.timing.median, 's')}, **{c.measured:.2f}x**, "
-            f"{c.describe()}.")
+    text = (
+        f"The read moves $2BsHDw$ bytes, proportional to $B$: going from {b_lo} to {b_hi} sequences"
+        f" should multiply its time by **{c.predicted:g}** (the bytes model:"
+        f" {si(lo_read.predicted_s, 's')} and {si(hi_read.predicted_s, 's')}). The `index` append"
+        " writes $2BHDw$ bytes, a few kilobytes, so its time is the fixed cost of one operation"
+        " and should barely move. Measured: the append went from"
+        f" {si(lo_append.timing.median, 's')} to {si(hi_append.timing.median, 's')} ({app:.1f}x),"
+        f" and the read from {si(lo_read.timing.median, 's')} to {si(hi_read.timing.median, 's')},"
+        f" **{c.measured:.2f}x**, {c.describe()}."
+    )
     if c.outcome == BELOW:
         if cache_resident(lo_read.kv_bytes, llc) and not cache_resident(hi_read.kv_bytes, llc):
-            text += (f" The read grew less than its bytes: the {b_lo}-sequence cache ({si(lo_read.kv_bytes, 'B')}) "
-                     f"fits in this device's {si(llc, 'B')} last-level cache with room to spare and the "
-                     f"{b_hi}-sequence one does not, so the smaller batch read faster than DRAM.")
+            text += (
+                f" The read grew less than its bytes: the {b_lo}-sequence cache"
+                f" ({si(lo_read.kv_bytes, 'B')}) fits in this device's {si(llc, 'B')} last-level"
+                f" cache with room to spare and the {b_hi}-sequence one does not, so the smaller"
+                " batch read faster than DRAM."
+            )
         else:
-            text += (" The read grew less than its bytes although both caches sit on the same side of the "
-                     "last-level cache: a fixed cost per read (the call, the softmax's small tensors) weighs "
-                     "more at the smaller batch, or another process slowed it.")
+            text += (
+                " The read grew less than its bytes although both caches sit on the same side of"
+                " the last-level cache: a fixed cost per read (the call, the softmax's small"
+                " tensors) weighs more at the smaller batch, or another process slowed it."
+            )
     elif c.outcome == ABOVE:
-        text += (" The read grew more than its bytes: the larger batch competed with another process for the "
-                 "memory bus, or its cache left the hardware caches that the smaller one used.")
+        text += (
+            " The read grew more than its bytes: the larger batch competed with another process for"
+            " the memory bus, or its cache left the hardware caches that the smaller one used."
+        )
     else:
         text += " The read scales with its bytes, as predicted."
     return solution(1, text)
 
 
-def kv_layout_block1(D: int, w: int, runs_1: dict, runs_16: dict, block: int, gather_1, gather_16) -> str:
-    """Exercise 2 of 9.4: one-token blocks (``gather_1``, ``gather_16``: ``NHD`` read measurements)."""
-    c = compare_with_bytes(gather_1.timing.median / gather_16.timing.median, gather_1.predicted_s / gather_16.predicted_s)
-    text = (f"With one token per block, a block of `HND` holds one vector per head, so a head's contiguous run "
-            f"is one head vector, $D w$ = **{si(D * w, 'B')}**, the same as `NHD`: the layouts differ only "
-            f"inside a block, and a one-token block has no inside. kvlab's runs: `HND` "
-            f"{si(runs_1['HND'], 'B')} at block 1 against {si(runs_16['HND'], 'B')} at block {block}; `NHD` "
-            f"{si(runs_1['NHD'], 'B')} and {si(runs_16['NHD'], 'B')}. The gather copies the same bytes through "
-            f"{block} times as many pieces: the bytes model puts block 1 at {c.predicted:.3f} times block {block}, "
-            "the longer block table adding almost nothing, so any slowdown is the pieces'. Measured on one `NHD` "
-            f"read: {si(gather_1.timing.median, 's')} at block 1 against {si(gather_16.timing.median, 's')} at block "
-            f"{block}, {c.describe()}.")
+def kv_layout_block1(
+    D: int, w: int, runs_1: dict, runs_16: dict, block: int, gather_1, gather_16
+) -> str:
+    """Exercise 2 of 9.4: one-token blocks (``gather_1``, ``gather_16``: ``NHD`` read
+    measurements)."""
+    c = compare_with_bytes(
+        gather_1.timing.median / gather_16.timing.median,
+        gather_1.predicted_s / gather_16.predicted_s,
+    )
+    text = (
+        "With one token per block, a block of `HND` holds one vector per head, so a head's"
+        f" contiguous run is one head vector, $D w$ = **{si(D * w, 'B')}**, the same as `NHD`: the"
+        " layouts differ only inside a block, and a one-token block has no inside. kvlab's runs:"
+        f" `HND` {si(runs_1['HND'], 'B')} at block 1 against {si(runs_16['HND'], 'B')} at block"
+        f" {block}; `NHD` {si(runs_1['NHD'], 'B')} and {si(runs_16['NHD'], 'B')}. The gather copies"
+        f" the same bytes through {block} times as many pieces: the bytes model puts block 1 at"
+        f" {c.predicted:.3f} times block {block}, the longer block table adding almost nothing, so"
+        " any slowdown is the pieces'. Measured on one `NHD` read:"
+        f" {si(gather_1.timing.median, 's')} at block 1 against {si(gather_16.timing.median, 's')}"
+        f" at block {block}, {c.describe()}."
+    )
     if c.outcome == ABOVE:
         text += " Slower than its bytes: per-block indexing costs more than the bytes."
     elif c.outcome == BELOW:
-        text += (" Faster than its bytes say, which indexing cannot explain: the block-16 read was slowed by "
-                 "another process on this shared machine (rerun the cell).")
+        text += (
+            " Faster than its bytes say, which indexing cannot explain: the block-16 read was"
+            " slowed by another process on this shared machine (rerun the cell)."
+        )
     else:
-        text += (" Not slower here: PyTorch's indexed copy handles one-token blocks as one gather over rows, so "
-                 "on this machine the table's length costs little next to the bytes. A kernel that loops over "
-                 "blocks would show the penalty.")
+        text += (
+            " Not slower here: PyTorch's indexed copy handles one-token blocks as one gather over"
+            " rows, so on this machine the table's length costs little next to the bytes. A kernel"
+            " that loops over blocks would show the penalty."
+        )
     return solution(2, text)
 
 
 def kv_layout_cat(read, cat) -> str:
-    """Exercise 3 of 9.4: ``torch.cat`` growth (an append measurement) against the read it serves."""
+    """Exercise 3 of 9.4: ``torch.cat`` growth (an append measurement) against the read it
+    serves."""
     s = read.context
-    c = compare_with_bytes(cat.timing.median / read.timing.median, cat.predicted_s / read.predicted_s)
-    text = (f"The ratio of bytes is $2 \\cdot 2B(s+1)HDw \\,/\\, 2BsHDw = 2(s+1)/s$, **{2 * (s + 1) / s:.3f}** at "
-            f"$s$ = {s:,}: growth by concatenation costs about twice the read it serves, because it reads and "
-            f"writes the whole cache. Measured at the defaults: {si(cat.timing.median, 's')} against "
-            f"{si(read.timing.median, 's')}, **{c.measured:.2f}x**, {c.describe()}.")
+    c = compare_with_bytes(
+        cat.timing.median / read.timing.median, cat.predicted_s / read.predicted_s
+    )
+    text = (
+        "The ratio of bytes is $2 \\cdot 2B(s+1)HDw \\,/\\, 2BsHDw = 2(s+1)/s$,"
+        f" **{2 * (s + 1) / s:.3f}** at $s$ = {s:,}: growth by concatenation costs about twice the"
+        " read it serves, because it reads and writes the whole cache. Measured at the defaults:"
+        f" {si(cat.timing.median, 's')} against {si(read.timing.median, 's')},"
+        f" **{c.measured:.2f}x**, {c.describe()}."
+    )
     if c.outcome == BELOW:
-        text += (" Below the byte ratio: the read is slower per byte than a copy, because its time includes "
-                 "attention's arithmetic (the scores, the softmax and the weighted sum), which a byte count "
-                 "leaves out.")
+        text += (
+            " Below the byte ratio: the read is slower per byte than a copy, because its time"
+            " includes attention's arithmetic (the scores, the softmax and the weighted sum), which"
+            " a byte count leaves out."
+        )
     elif c.outcome == ABOVE:
-        text += (" Above the byte ratio: `torch.cat` also allocates a new tensor every step, and on a CPU the "
-                 "allocator's fresh pages cost time on top of the bytes.")
+        text += (
+            " Above the byte ratio: `torch.cat` also allocates a new tensor every step, and on a"
+            " CPU the allocator's fresh pages cost time on top of the bytes."
+        )
     else:
         text += " Close to the byte ratio."
-    text += (" Preallocating removes the copy and gives every step the same addresses; the risk is the "
-             "memory reserved for tokens that may never come, which is what paging recovers "
-             "([PagedAttention](05_paged_attention.ipynb)).")
+    text += (
+        " Preallocating removes the copy and gives every step the same addresses; the risk is the "
+        "memory reserved for tokens that may never come, which is what paging recovers "
+        "([PagedAttention](05_paged_attention.ipynb))."
+    )
     return solution(3, text)

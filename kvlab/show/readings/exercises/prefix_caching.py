@@ -14,53 +14,77 @@ def prefix_whole_blocks(prompt: int, block: int, served: int) -> str:
     """Exercise 1 of prefix caching: a prompt of whole blocks sent twice; the block rule
     (:func:`kvlab.cache.blocks.reusable_tokens`) predicts what the second one reuses."""
     blocks, predicted = prompt // block, reusable_tokens(None, prompt, block)
-    text = (f"{prompt} tokens in blocks of {block} are {blocks} full blocks, all cached after the first request. "
-            "But at least one prompt token must be computed, because its logits give the first output token, "
-            f"so the second request can reuse at most {predicted // block} blocks: it computes **{prompt - predicted} "
-            f"tokens**, the whole last block, not one. `BlockManager.lookup` serves {served}.")
+    text = (
+        f"{prompt} tokens in blocks of {block} are {blocks} full blocks, all cached after the first"
+        " request. But at least one prompt token must be computed, because its logits give the"
+        f" first output token, so the second request can reuse at most {predicted // block} blocks:"
+        f" it computes **{prompt - predicted} tokens**, the whole last block, not one."
+        f" `BlockManager.lookup` serves {served}."
+    )
     if served == predicted:
         text += " As predicted."
     else:
-        text += " That is not the predicted count: check that the first request was admitted into this cache."
+        text += (
+            " That is not the predicted count: check that the first request was admitted into this"
+            " cache."
+        )
     return solution(1, text)
 
 
 def prefix_system_prompts(block: int, blocks: int, hit: dict) -> str:
-    """Exercise 2 of prefix caching: more system prompts in the same memory (``hit[policy, prompts]``
-    from the replay)."""
+    """Exercise 2 of prefix caching: more system prompts in the same memory (``hit[policy,
+    prompts]`` from the replay)."""
     kept = policy_winner(hit["lru", 8] - hit["lru", 1], hit["reserve", 8] - hit["reserve", 1])
-    text = (f"With one system prompt every user shares it; with eight, each is shared by fewer users and all "
-            f"eight compete for {blocks} blocks of {block} tokens. LRU keeps what was used last, so it tends "
-            "to hold the prompts of the active users; reserve keeps whatever it cached first and cannot make "
-            "room, so it should lose more once the first prompts are not the popular ones. Replayed hit "
-            f"rates, one system prompt against eight: LRU {hit['lru', 1]:.0%} to {hit['lru', 8]:.0%}, reserve "
-            f"{hit['reserve', 1]:.0%} to {hit['reserve', 8]:.0%}.")
+    text = (
+        "With one system prompt every user shares it; with eight, each is shared by fewer users"
+        f" and all eight compete for {blocks} blocks of {block} tokens. LRU keeps what was used"
+        " last, so it tends to hold the prompts of the active users; reserve keeps whatever it"
+        " cached first and cannot make room, so it should lose more once the first prompts are not"
+        " the popular ones. Replayed hit rates, one system prompt against eight: LRU"
+        f" {hit['lru', 1]:.0%} to {hit['lru', 8]:.0%}, reserve {hit['reserve', 1]:.0%} to"
+        f" {hit['reserve', 8]:.0%}."
+    )
     if kept == "lru":
         text += " **reserve** lost more, as predicted."
     elif kept == "reserve":
-        text += (" Here **LRU** lost more: with many prompts and little memory, the blocks it evicts are soon "
-                 "needed again, while reserve's fixed set still serves the users whose prompts it happened to keep.")
+        text += (
+            " Here **LRU** lost more: with many prompts and little memory, the blocks it evicts are"
+            " soon needed again, while reserve's fixed set still serves the users whose prompts it"
+            " happened to keep."
+        )
     else:
-        text += " The two lost about the same (within two percentage points): at this size neither keeps much."
-    text += (" With a salt per user, no block is shared between users at all, not even the system prompt: what "
-             "is left is each user's own earlier turns, which the next turn resends, so the hit rate falls to "
-             "the share of a prompt that is that user's history.")
+        text += (
+            " The two lost about the same (within two percentage points): at this size neither"
+            " keeps much."
+        )
+    text += (
+        " With a salt per user, no block is shared between users at all, not even the system"
+        " prompt: what is left is each user's own earlier turns, which the next turn resends, so"
+        " the hit rate falls to the share of a prompt that is that user's history."
+    )
     return solution(2, text)
 
 
-def prefix_ninety(prompt: int, block: int, cached: int, predicted: float, measured: float, cold: float) -> str:
-    """Exercise 3 of prefix caching: time to first token at a 90% hit rate against ``roofline.prefill_time``."""
-    text = (f"A 90% hit on a {prompt}-token prompt is rounded down to whole blocks of {block}: {cached} cached "
-            f"tokens. The line (prefill FLOPs of the {prompt - cached} new tokens over the calibrated matmul "
-            f"rate) predicts **{si(predicted, 's')}**. `measure_ttft` measured **{si(measured, 's')}** "
-            f"(against {si(cold, 's')} with nothing cached).")
+def prefix_ninety(
+    prompt: int, block: int, cached: int, predicted: float, measured: float, cold: float
+) -> str:
+    """Exercise 3 of prefix caching: time to first token at a 90% hit rate against
+    ``roofline.prefill_time``."""
+    text = (
+        f"A 90% hit on a {prompt}-token prompt is rounded down to whole blocks of {block}: {cached}"
+        f" cached tokens. The line (prefill FLOPs of the {prompt - cached} new tokens over the"
+        f" calibrated matmul rate) predicts **{si(predicted, 's')}**. `measure_ttft` measured"
+        f" **{si(measured, 's')}** (against {si(cold, 's')} with nothing cached)."
+    )
     verdict = compare(measured, predicted, TTFT_TOLERANCE).outcome
     if verdict == "within":
         text += " Close to the line."
     elif verdict == "above":
-        text += (f" {ratio_text(measured, predicted)} the line: the fixed cost of a forward pass (dispatch, "
-                 "the head, the cache bookkeeping) does not shrink with the hit rate, and at a high hit rate it "
-                 "is most of what is left.")
+        text += (
+            f" {ratio_text(measured, predicted)} the line: the fixed cost of a forward pass"
+            " (dispatch, the head, the cache bookkeeping) does not shrink with the hit rate, and"
+            " at a high hit rate it is most of what is left."
+        )
     else:
         text += " Below the line: the calibrated rate understates what this small prefill reached."
     return solution(3, text)
