@@ -24,9 +24,8 @@ reference count and the free list's order, but not a hash that the failed call e
 have overwritten that block. The cache may lose an entry; it never keeps a wrong one.
 
 >>> manager = BlockManager(num_blocks=8, block_size=4, prefix_caching=True)
->>> a, cached = manager.admit([1, 2, 3, 4, 5, 6, 7, 8, 9])     # nothing cached yet
->>> manager.commit(a, 9)                                      # the prefill wrote all 9 tokens' K
-and V
+>>> a, cached = manager.admit([1, 2, 3, 4, 5, 6, 7, 8, 9])  # nothing cached yet
+>>> manager.commit(a, 9)  # the prefill wrote all 9 tokens' K and V
 >>> b, cached = manager.admit([1, 2, 3, 4, 5, 6, 7, 8, 42, 43])
 >>> cached, manager.block_table(a)[:2] == manager.block_table(b)[:2]
 (8, True)
