@@ -14,10 +14,16 @@ that evicts its hash on demand (vLLM v1 keeps its free blocks in one queue the s
 caching costs is the churn of evictions (``stats.evictions``: hashes given up and, if asked for
 again, recomputed) and the hash table (``num_cached`` entries).
 
-**A hash is registered only once its block's K and V are written** (``commit``), never when the
-block is reserved. So a hit always reads written data, nobody waits for a block another request is
-still filling, a request may be preempted in the middle of its prefill, and a failed model call
-cannot leave a hash that promises K and V nobody computed.
+**A hash is registered when its block's K and V are committed** (``commit``): written, or about
+to be written by the model step in flight. The engine commits a chunk when it schedules it, as
+vLLM v1's KV-cache manager caches a request's full blocks when it allocates the step's slots
+(capped at the request's own tokens, so no unverified speculative token is ever cached), so a
+request admitted later in the same step reuses them: in one forward pass every layer writes the
+whole step's K and V before any attention of that layer reads the pool. A step that fails is
+rolled back whole, registrations included. SGLang gets a burst's sharing the other way round: its
+cache-aware scheduler holds back a waiting request whose prefix another waiting request shares
+(``IN_BATCH_PREFIX_CACHING_*`` in its ``schedule_policy.py``), so that one computes the prefix and
+the rest hit the radix tree in a later batch (Zheng et al. 2024).
 
 **Rollback rule** (``snapshot``/``restore``): a restore puts back every table, token count,
 reference count and the free list's order, but not a hash that the failed call evicted: the call may
@@ -250,8 +256,9 @@ class BlockManager:
         return pair
 
     def commit(self, seq_id: int, num_computed: int) -> None:
-        """The first ``num_computed`` tokens of ``seq_id`` have their K and V written: register the
-        hashes of the full blocks among them (prefix caching on), which makes them reusable."""
+        """The first ``num_computed`` tokens of ``seq_id`` have their K and V written, or written by
+        the step in flight: register the hashes of the full blocks among them (prefix caching on),
+        which makes them reusable at once, by a request admitted later in the same step too."""
         seq = self._resident(seq_id)
         seq.num_computed = integer(
             "num_computed", num_computed, seq.num_computed, len(seq.tokens) + 1

@@ -13,12 +13,17 @@
   set, tokens checked equal first, then timed interleaved (Yu et al. 2022; Kwon et al. 2023);
 - :func:`latency_throughput`: the engine at each ``max_batch``, tokens per second against time per
   output token;
+- :func:`burst_requests` and :func:`prefill_tokens`: a burst behind one system prompt, and the
+  prompt tokens the engine computes for it when every request arrives at once or one per step;
+  :func:`burst_rows`, their bench rows beside transformers' continuous batching with block
+  sharing (notebooks 06 and 11);
 - :func:`bench_rows`: the section's rows of ``python -m kvlab bench``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -506,6 +511,83 @@ def peer_rows(result: ServingComparison, where: str, target_over: str | None = C
             f"{result.padded.carried_rows:,} of {result.padded.decode_rows:,} decode rows",
         ),
     ]
+    return rows
+
+
+# ---------------------------------------------------------------- a burst behind one system prompt
+
+BURST_REQUESTS, BURST_SYSTEM, BURST_OWN = 32, 256, (16, 64)
+
+
+def burst_requests(
+    vocab: int,
+    n: int = BURST_REQUESTS,
+    system: int = BURST_SYSTEM,
+    own: tuple = BURST_OWN,
+    new: int = 8,
+    seed: int = 0,
+):
+    """``n`` prompts of one ``system``-token system prompt and ``own[0]`` to ``own[1]`` random
+    tokens of their own, ``new`` new tokens each: the commonest serving burst (notebooks 06, 11)."""
+    rng = random.Random(seed)
+    head = [rng.randrange(vocab) for _ in range(system)]
+    prompts = [head + [rng.randrange(vocab) for _ in range(rng.randint(*own))] for _ in range(n)]
+    return prompts, [new] * n
+
+
+def prefill_tokens(model, prompts, news, staggered: bool = False, block_size: int = 16) -> int:
+    """Prompt tokens the engine (prefix caching on) computes for ``prompts``: every request added
+    at once (a burst), or with ``staggered`` one added before each step."""
+    engine = Engine(model, block_size=block_size, max_batch=len(prompts))
+    pending = list(zip(prompts, news))
+    while pending or engine.has_work():
+        arriving, pending = (pending[:1], pending[1:]) if staggered else (pending, [])
+        for prompt, new in arriving:
+            engine.add_request(prompt, new)
+        engine.step()
+    return engine.stats.prefill_tokens
+
+
+def burst_rows(model, reps: int = 2) -> list:
+    """The burst as bench rows: prefill tokens, all at once and staggered, against computing the
+    system prompt once; the engine against transformers' continuous batching with block sharing on
+    the burst, tokens checked equal first."""
+    from kvlab.lab.bench import Row
+
+    prompts, news = burst_requests(model.config.vocab_size)
+    once = BURST_SYSTEM + sum(len(p) - BURST_SYSTEM for p in prompts)
+    what = f"{len(prompts)} requests behind one {BURST_SYSTEM}-token system prompt, blocks of 16"
+    rows = []
+    for staggered in (False, True):
+        computed = prefill_tokens(model, prompts, news, staggered)
+        arrival = "one per step" if staggered else "all at once"
+        rows.append(
+            Row(
+                f"burst, {arrival}: prefill tokens / system prompt computed once",
+                computed / once,
+                "x",
+                f"{what}: {computed:,} against {once:,} tokens",
+            )
+        )
+    result = compare_serving(
+        model, prompts, news, max_batch=len(prompts), reps=reps, contenders=(ENGINE, GENERATE, CB)
+    )
+    rows.append(
+        Row(
+            "burst: engine tokens equal generate's", float(result.same_tokens[ENGINE]), "bool", what
+        )
+    )
+    if all(result.same_tokens.values()):
+        speedup = result.speedup(ENGINE, CB)
+        rows.append(
+            Row(
+                f"burst: {CB} time / {ENGINE} time",
+                speedup.median,
+                "x",
+                f"ratio of medians of {reps} interleaved rounds; one round {speedup.low:.2f}x to"
+                f" {speedup.high:.2f}x",
+            )
+        )
     return rows
 
 

@@ -3,13 +3,18 @@ transformers.
 
 The model stays the stock ``transformers`` Llama (or Qwen2, Mistral); only its attention function
 changes (Wolf et al. 2020). A step's tokens are packed into one row, ``[1, T]``: each *chunk* feeds
-the next ``count`` tokens of one sequence whose slots the :class:`~kvlab.cache.paged.PagedKVCache`
-has reserved. Before the forward pass, :func:`build_step` turns the chunks into a
+tokens of one sequence whose slots the :class:`~kvlab.cache.paged.PagedKVCache` has reserved and
+committed for the step. Before the forward pass, :func:`build_step` turns the chunks into a
 :class:`StepMetadata`, built and checked once per step: where each new token's K and V go (its
 slot), and what each query attends to. Then every layer calls :func:`paged_attention`, which
 
-1. stores the layer's new K and V at their slots;
-2. attends, by one of three paths that give the same result:
+1. stores the layer's new K and V at their slots, every chunk's of the step;
+2. then attends, by one of three paths that give the same result.
+
+The order is what makes prefix sharing within a step correct: a request admitted behind another
+in the same step reads blocks that the other's chunk fills in this very pass, and at every layer
+those K and V are in the pool before any query reads it. The three paths:
+
 
    - ``"kernel"``, the Triton kernels: one-token chunks (decode steps) through the paged decode
      kernel over their block tables, longer chunks (a prompt, a chunk of one, the uncached suffix
@@ -87,12 +92,12 @@ class StepMetadata:
 
 
 def build_step(cache, chunks, path: str, group: int = 1) -> StepMetadata:
-    """The metadata of one step that feeds ``chunks`` (``(seq_id, count)`` pairs) of ``cache``,
-    checked.
+    """The metadata of one step that feeds ``chunks`` of ``cache``, checked.
 
-    Chunk ``(s, n)`` feeds tokens ``num_computed(s) .. num_computed(s) + n - 1``, whose slots must
-    be reserved; one-token chunks come first; a sequence appears once. ``group`` is the model's
-    query heads per KV head, for which the kernel path plans its query tiles.
+    A chunk ``(seq_id, start, token_ids)`` (:class:`~kvlab.serving.request.Chunk`) feeds tokens
+    ``start .. start + n - 1`` of a sequence, whose slots must be reserved and committed for this
+    step (``cache.commit``); one-token chunks come first; a sequence appears once. ``group`` is the
+    model's query heads per KV head, for which the kernel path plans its query tiles.
     """
     one_of("path", path, ATTENTION_PATHS)
     integer("group", group, 1)  # query heads per KV head
@@ -162,21 +167,25 @@ def _check_chunks(cache, chunks) -> list[tuple[list[int], int, int]]:
     """Each chunk's block table and token span, after checking everything the kernels will trust."""
     if isinstance(chunks, (str, bytes)) or not hasattr(chunks, "__iter__"):
         raise TypeError(
-            f"chunks must be a list of (seq_id, count) pairs, got {type(chunks).__name__}"
+            f"chunks must be a list of (seq_id, start, token_ids) chunks, got"
+            f" {type(chunks).__name__}"
         )
     chunks, spans, seen, longer = list(chunks), [], set(), False
     if not chunks:
-        raise ValueError("chunks must name at least one (seq_id, count) pair")
+        raise ValueError("chunks must name at least one (seq_id, start, token_ids) chunk")
     for i, chunk in enumerate(chunks):
-        if not isinstance(chunk, (tuple, list)) or len(chunk) != 2:
-            raise TypeError(f"chunks[{i}] must be a (seq_id, count) pair, got {chunk!r}")
-        seq_id, count = chunk
+        if not isinstance(chunk, (tuple, list)) or len(chunk) != 3:
+            raise TypeError(
+                f"chunks[{i}] must be a (seq_id, start, token_ids) chunk, got {chunk!r}"
+            )
+        seq_id, start, token_ids = chunk
         cache.require_in_step(seq_id)  # a live, resident sequence whose layers agree
-        start, held = cache.num_computed(seq_id), cache.num_tokens(seq_id)
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= held - start:
+        start, count = integer(f"chunks[{i}].start", start, 0), len(token_ids)
+        committed = cache.num_computed(seq_id)
+        if not 1 <= count <= committed - start:
             raise ValueError(
-                f"sequence {seq_id} has {held - start} reserved token(s) to feed after its "
-                f"{start} computed ones; got a chunk of {count!r}"
+                f"sequence {seq_id} has {committed - start} committed token(s) from position "
+                f"{start} (slots reserved and committed for this step); got a chunk of {count}"
             )
         if seq_id in seen:
             raise ValueError(f"sequence {seq_id} appears twice in one step")
@@ -192,9 +201,7 @@ def _check_chunks(cache, chunks) -> list[tuple[list[int], int, int]]:
 
 def _table_tensor(rows: list[list[int]], device) -> torch.Tensor:
     width = max((len(r) for r in rows), default=1)
-    padded = [
-        r + [0] * (width - len(r)) for r in rows
-    ]  # entries past a row's blocks are never read
+    padded = [r + [0] * (width - len(r)) for r in rows]  # entries past a row's end: never read
     return torch.tensor(padded, dtype=torch.int32, device=device).reshape(len(rows), width)
 
 

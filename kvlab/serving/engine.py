@@ -4,16 +4,18 @@ In the shape of nano-vllm (Yu 2025) and vLLM (Kwon et al. 2023): :class:`Engine`
 :class:`~kvlab.cache.paged.PagedKVCache` (the pools and the block manager, prefix caching on or
 off), one :class:`~kvlab.serving.scheduler.Scheduler` and one
 :class:`~kvlab.serving.runner.ModelRunner`. A step is three calls: the scheduler plans the step's
-chunks (reserving their slots), the runner runs the model once over all of them, and the scheduler
-commits what was computed and retires the requests that are done. ``add_request`` / ``step`` /
-``generate``; an event log; metrics.
+chunks (reserving and committing their slots, so that with prefix caching a request admitted later
+in the step reuses the full blocks an earlier chunk computes), the runner runs the model once over
+all of them, and the scheduler appends the sampled tokens and retires the requests that are done.
+``add_request`` / ``step`` / ``generate``; an event log; metrics.
 
-A step is all or nothing. Before it schedules anything it checks that the model still fits the
-cache (layers, heads, dtype, device) and that every request's sequence is where the scheduler left
-it; if the forward pass then fails, the engine is put back as it was before the step (its cache,
-queues, requests and counters), under two rollback rules: a prefix hash the step evicted stays
-evicted, and a preemption the step made to fit its decodes stands (the failed pass may have
-written into the preempted blocks). A request that could never fit is refused when it is added.
+A step is all or nothing. Before it schedules anything it checks that the model still fits the cache
+(layers, heads, dtype, device) and that every request's sequence is where the scheduler left it; if
+the forward pass then fails, the engine is put back as it was before the step (its cache, queues,
+requests and counters, and every prefix hash it registered), under two rollback rules: a prefix hash
+the step evicted stays evicted, and a preemption the step made to fit its decodes stands (the failed
+pass may have written into the preempted blocks). A request that could never fit is refused when it
+is added.
 """
 
 from __future__ import annotations
@@ -299,39 +301,37 @@ class Engine:
         start = time.perf_counter()
         self._clock = self.stats.steps + 1  # the events of this step carry its number
         try:
-            preempted = (
-                self.scheduler.make_room()
-            )  # stands even if the step fails (the module's rule)
+            preempted = self.scheduler.make_room()  # stands even if the step fails (module doc)
             with _checks.restoring(self):
                 plan = self.scheduler.schedule(preempted)
-                finished = []
-                if plan:
-                    self.stats.peak_blocks = max(
-                        self.stats.peak_blocks, self.num_blocks - self.cache.num_free
-                    )
-                    next_tokens = self.runner.run([e.chunk for e in plan])
-                    self.stats.generated_tokens += sum(
-                        1 for e in plan if e.completes
-                    )  # before update appends them
-                    self.stats.prefill_tokens += sum(e.count for e in plan if e.kind == "prefill")
-                    finished = self.scheduler.update(plan, next_tokens, time.perf_counter())
+                finished = self._run(plan) if plan else []
                 self.stats.steps = self._clock
         finally:
             self._clock = self.stats.steps
+        self._account(plan, time.perf_counter() - start)
+        return finished
+
+    def _run(self, plan: list) -> list[Request]:
+        """The forward pass over the step's chunks, then the scheduler's update."""
+        self.stats.peak_blocks = max(self.stats.peak_blocks, self.num_blocks - self.cache.num_free)
+        next_tokens = self.runner.run([entry.chunk for entry in plan])
+        self.stats.generated_tokens += sum(1 for entry in plan if entry.completes)
+        self.stats.prefill_tokens += sum(e.count for e in plan if e.kind == "prefill")
+        return self.scheduler.update(plan, next_tokens, time.perf_counter())
+
+    def _account(self, plan: list, seconds: float) -> None:
+        """The step's statistics; a scheduler that stalls with work left fails loudly."""
         self._idle_steps = 0 if plan else self._idle_steps + 1
-        if (
-            self._idle_steps > 2 and self.has_work()
-        ):  # a scheduler bug, never a normal state: fail loudly
+        if self._idle_steps > 2 and self.has_work():  # a scheduler bug, never a normal state
             raise RuntimeError(
                 f"the scheduler made no progress for {self._idle_steps} steps: "
                 f"{len(self.scheduler.waiting)} waiting, {len(self.scheduler.running)} running, "
                 f"{len(self.scheduler.swapped)} swapped, {self.cache.num_free} blocks free"
             )
         self.stats.batch_sizes.append(len(plan))
-        self.stats.wall_s += time.perf_counter() - start
+        self.stats.wall_s += seconds
         if self.debug:
             self.check_invariants()
-        return finished
 
     def _check_ready(self) -> None:
         """What a step relies on, checked before it changes anything: the model still fits the cache

@@ -32,6 +32,7 @@ from kvlab.cache.blocks import OutOfBlocksError
 from kvlab.cache.paged import PagedKVCache
 from kvlab.serving.attention import use_paged_attention
 from kvlab.serving.engine import Engine
+from kvlab.serving.request import Chunk
 from kvlab.serving.runner import ModelRunner, check_cache_fits, model_geometry
 
 __all__ = [
@@ -96,9 +97,8 @@ def prefill(
         raise ValueError(
             f"sequence {seq_id} has no token left to compute; pass token_ids (at least one token)"
         )
-    _checks.token_ids(
-        f"the tokens of sequence {seq_id}", cache.tokens(seq_id)[start:], vocab, empty=True
-    )
+    fed = cache.tokens(seq_id)[start:] + tokens
+    _checks.token_ids(f"the tokens of sequence {seq_id}", fed, vocab)
     count = (
         end - start
         if max_tokens is None
@@ -110,8 +110,8 @@ def prefill(
     with cache.all_or_nothing():
         if tokens:
             cache.reserve(seq_id, tokens)
-        (next_token,) = runner.run([(seq_id, count)])
-        cache.commit(seq_id, start + count)
+        cache.commit(seq_id, start + count)  # the step is scheduled: its slots count as written
+        (next_token,) = runner.run([Chunk(seq_id, start, fed[:count])])
     return next_token if start + count == end else None
 
 
@@ -141,12 +141,12 @@ def decode_step(
     if needed > cache.num_free:
         raise OutOfBlocksError(needed, cache.num_free, cache.num_blocks, cache.bytes_per_block)
     with cache.all_or_nothing():
+        chunks = []
         for seq_id, token in zip(seq_ids, tokens):
             cache.reserve(seq_id, [token])
-        next_tokens = runner.run([(s, 1) for s in seq_ids])
-        for seq_id in seq_ids:
+            chunks.append(Chunk(seq_id, cache.num_computed(seq_id), [token]))
             cache.commit(seq_id, cache.num_tokens(seq_id))
-    return next_tokens
+        return runner.run(chunks)
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,20 @@ each move, and :func:`timeline` reads a log back into each request's state step 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kvlab._checks import integer, real, token_ids
 
 STATES = ("waiting", "running", "swapped", "finished", "rejected")
+
+
+class Chunk(NamedTuple):
+    """What one step feeds one sequence: ``token_ids`` at positions ``start, start + 1, ...``,
+    whose slots the cache's sequence ``seq_id`` holds (notebooks 05, 11)."""
+
+    seq_id: int
+    start: int
+    token_ids: list[int]
 
 
 @dataclass(eq=False)  # a request is itself: compared by identity

@@ -19,9 +19,10 @@ from itertools import accumulate
 import torch
 
 from kvlab import kernels
-from kvlab._checks import causal_lm, flag, integer, one_of
+from kvlab._checks import causal_lm, flag, integer, one_of, token_ids
 from kvlab.cache.paged import PagedKVCache
 from kvlab.serving.attention import ATTENTION_PATHS, StepMetadata, build_step, paged_forward
+from kvlab.serving.request import Chunk
 
 
 def query_group(model) -> int:
@@ -123,36 +124,21 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, chunks) -> list[int]:
-        """Feed each ``(seq_id, count)`` chunk's next ``count`` reserved tokens; the greedy token
-        after each chunk's last one (meaningful when the chunk reaches the end of its sequence's
-        tokens).
-        """
-        chunks = [tuple(c) for c in chunks]
+        """Feed each :class:`~kvlab.serving.request.Chunk` ``(seq_id, start, token_ids)`` at its
+        positions; returns the greedy token after each chunk's last one (the next token when the
+        chunk ends its sequence's tokens)."""
+        chunks = [Chunk(*c) for c in chunks]
         if self.graphs is not None and self.graphs.covers(chunks):
             return self.graphs.run(chunks)
         meta = build_step(self.cache, chunks, self.attention, self.group)
-        ids, positions = [], []
-        for seq_id, count in chunks:
-            start = self.cache.num_computed(seq_id)
-            ids += self.cache.tokens(seq_id)[start : start + count]
-            positions += range(start, start + count)
-        if (
-            max(ids) >= self.model.config.vocab_size
-        ):  # the embedding would fail on it, on a GPU with a device assert
-            raise ValueError(
-                "the step's token ids must be < the model's vocab_size"
-                f" ({self.model.config.vocab_size}), got {max(ids)}; a cache's sequences hold ids"
-                " of the model they were admitted for"
-            )
+        ids = [t for c in chunks for t in c.token_ids]
+        positions = [p for c in chunks for p in range(c.start, c.start + len(c.token_ids))]
+        # The embedding would fail on an id past the vocabulary (on a GPU, with a device assert).
+        token_ids("the step's token ids", ids, self.model.config.vocab_size)
         dev = self.cache.device
-        last = torch.tensor(list(accumulate(count for _, count in chunks)), device=dev) - 1
-        logits = paged_forward(
-            self.model,
-            torch.tensor([ids], device=dev),
-            torch.tensor([positions], device=dev),
-            meta,
-            last,
-        )
+        last = torch.tensor(list(accumulate(len(c.token_ids) for c in chunks)), device=dev) - 1
+        ids, positions = torch.tensor([ids], device=dev), torch.tensor([positions], device=dev)
+        logits = paged_forward(self.model, ids, positions, meta, last)
         return logits[0].argmax(dim=-1).tolist()
 
 
@@ -191,8 +177,8 @@ class CudaGraphs:
         """A captured graph can run this step: decode only, and every table fits the buffers."""
         return (
             len(chunks) <= self.sizes[-1]
-            and all(count == 1 for _, count in chunks)
-            and all(len(self.runner.cache.block_table(s)) <= self.width for s, _ in chunks)
+            and all(len(c.token_ids) == 1 for c in chunks)
+            and all(len(self.runner.cache.block_table(c.seq_id)) <= self.width for c in chunks)
         )
 
     def _meta(self, batch: int) -> StepMetadata:
@@ -240,9 +226,9 @@ class CudaGraphs:
         cache, bs = self.runner.cache, self.runner.cache.block_size
         n = len(chunks)
         batch = next(b for b in self.sizes if b >= n)
-        starts = [cache.num_computed(s) for s, _ in chunks]
-        tables = [cache.block_table(s) for s, _ in chunks]
-        ids = [cache.tokens(s)[start] for (s, _), start in zip(chunks, starts)] + [0] * (batch - n)
+        starts = [c.start for c in chunks]
+        tables = [cache.block_table(c.seq_id) for c in chunks]
+        ids = [c.token_ids[0] for c in chunks] + [0] * (batch - n)
         slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, starts)] + [-1] * (batch - n)
         rows = [t + [0] * (self.width - len(t)) for t in tables] + [[0] * self.width] * (batch - n)
         self.ids[0, :batch].copy_(torch.tensor(ids), non_blocking=True)

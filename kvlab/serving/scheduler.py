@@ -12,15 +12,11 @@ kvlab's choices, each one of several an engine could make:
 
 - **make room first**: while the decoding requests' next tokens need more blocks than are free,
   preempt the newest running request, by recompute (drop its blocks, prefill again later) or swap
-  (copy its blocks to host memory). The newest, as vLLM and nano-vllm do. It may be in the middle of
-  its prefill: the block manager registers a hash only once its block's K and V are written, as
-  vLLM v1 caches only computed blocks, so dropping a half-prefilled request leaves no hash behind
-  (kvlab named blocks at admission before, and then had to protect prefilling requests). With prefix
-  caching on, a recomputed request's written full blocks stay cached when it is preempted, so its
-  readmission is served mostly from its own freed blocks and recomputes little; this is why vLLM v1
-  preempts by recompute only. Swap is kvlab's second mode, for comparison (notebook 05). A request
-  whose next token cannot fit in its memory at all (a full contiguous region) is preempted itself,
-  by recompute;
+  (copy its blocks to host memory), as vLLM and nano-vllm pick the newest. It may be in the middle
+  of its prefill: what earlier steps committed is written, so its full blocks stay cached (free,
+  with their hashes) and its readmission is served mostly from them. Swap is kvlab's second mode,
+  for comparison (notebook 05). A request whose next token cannot fit in its memory at all (a full
+  contiguous region) is preempted itself, by recompute;
 - **swapped requests come back first**, oldest first, in a step that preempted nothing;
 - **decodes next**: one token for every decoding request;
 - **then prefill chunks**, first come first served, within ``max_batched_tokens`` tokens per step
@@ -30,9 +26,14 @@ kvlab's choices, each one of several an engine could make:
   ``watermark_blocks`` free unless nothing else runs, so that a new request does not force a
   preemption at once.
 
-After the forward pass, :meth:`Scheduler.update` commits what was computed, appends the sampled
-tokens and frees, in the same step, the requests that are done: those that reached their
-``max_new_tokens`` and those whose newest token is one of their stop tokens.
+**A chunk is committed when it is scheduled** (``memory.commit``), as vLLM v1's KV-cache manager
+caches a request's full blocks when it allocates the step's slots: with prefix caching on, a
+request admitted later in the same step reuses the blocks an earlier chunk of this step computes,
+so a burst of requests behind one system prompt computes it once. Within one forward pass every
+layer stores the whole step's K and V before any attention of that layer reads the pool, and a
+failed step is rolled back whole (the engine). After the forward pass, :meth:`Scheduler.update`
+appends the sampled tokens and frees, in the same step, the requests that are done: those that
+reached their ``max_new_tokens`` and those whose newest token is one of their stop tokens.
 """
 
 from __future__ import annotations
@@ -42,13 +43,13 @@ from dataclasses import dataclass
 
 from kvlab._checks import function, integer, one_of
 from kvlab.cache.blocks import PREEMPTION_MODES
-from kvlab.serving.request import Request
+from kvlab.serving.request import Chunk, Request
 
 
 @dataclass
 class Scheduled:
-    """One chunk of a step: feed ``request.tokens[start:start + count]`` at positions ``start
-    ..``."""
+    """One chunk of a step: ``request``'s tokens ``start .. start + count - 1``, fed at those
+    positions. It carries its token ids to the model runner: the request is their one home."""
 
     request: Request
     start: int
@@ -56,9 +57,10 @@ class Scheduled:
     kind: str  # "decode" or "prefill"
 
     @property
-    def chunk(self) -> tuple[int, int]:
-        """What the model runner takes: ``(seq_id, count)``."""
-        return self.request.seq, self.count
+    def chunk(self) -> Chunk:
+        """What the model runner takes: the cache's sequence, the first position, the token ids."""
+        end = self.start + self.count
+        return Chunk(self.request.seq, self.start, self.request.tokens[self.start : end])
 
     @property
     def completes(self) -> bool:
@@ -143,12 +145,11 @@ class Scheduler:
     def update(
         self, plan: list[Scheduled], next_tokens: list[int], now: float = 0.0
     ) -> list[Request]:
-        """After the forward pass: commit every chunk, append the tokens of the chunks that complete
-        their request, and free the requests that are done; returns those."""
+        """After the forward pass: append the tokens of the chunks that complete their request, and
+        free the requests that are done; returns those."""
         finished = []
         for entry, token in zip(plan, next_tokens):
             request = entry.request
-            self.memory.commit(request.seq, entry.start + entry.count)
             self.log(request, entry.kind, entry.count)
             if not entry.completes:
                 continue
@@ -233,11 +234,20 @@ class Scheduler:
 
     def _decode(self, request: Request) -> Scheduled:
         self.memory.reserve(request.seq, request.output[-1:])  # the slot of the token fed this step
-        return Scheduled(request, self.memory.num_computed(request.seq), 1, "decode")
+        return self._scheduled(request, 1, "decode")
 
     def _chunk(self, request: Request, budget: int) -> Scheduled:
+        return self._scheduled(request, min(self._uncomputed(request), budget), "prefill")
+
+    def _scheduled(self, request: Request, count: int, kind: str) -> Scheduled:
+        """Schedule ``count`` tokens of ``request`` and commit them now, as vLLM v1 does when it
+        allocates a step's slots: the full blocks among them are registered in the prefix cache,
+        so a request admitted later in this step reuses them. That is safe because in one forward
+        pass every layer stores all the step's K and V before any of its attention reads the
+        pool, and a failed step is rolled back whole."""
         start = self.memory.num_computed(request.seq)
-        return Scheduled(request, start, min(self._uncomputed(request), budget), "prefill")
+        self.memory.commit(request.seq, start + count)
+        return Scheduled(request, start, count, kind)
 
     def _admit(self, plan: list[Scheduled], budget: int) -> None:
         """New requests, and those preempted by recompute, first come first served."""

@@ -13,6 +13,7 @@ import torch
 from kvlab.cache.paged import PagedKVCache
 from kvlab.kernels import store_kv_ref
 from kvlab.serving.attention import ATTENTION_PATHS, build_step, paged_attention
+from kvlab.serving.request import Chunk
 
 HEADS, KV_HEADS, DIM, BLOCK = 4, 2, 16, 4
 
@@ -33,11 +34,21 @@ def _cache():
     return cache, seqs, gen
 
 
-def _oracle(cache_before, seqs, chunks, q, k, v, scale):
+def _schedule(cache, pairs):
+    """Each ``(seq, count)`` as a step schedules it: its next ``count`` reserved tokens, committed."""
+    chunks = []
+    for seq, count in pairs:
+        start = cache.num_computed(seq)
+        chunks.append(Chunk(seq, start, cache.tokens(seq)[start : start + count]))
+        cache.commit(seq, start + count)
+    return chunks
+
+
+def _oracle(cache_before, seqs, pairs, q, k, v, scale):
     """fp64: each new token of a chunk attends to its sequence's written tokens and the chunk up to
     itself."""
     out, t = [], 0
-    for seq, count in chunks:
+    for seq, count in pairs:
         old_k, old_v = cache_before[seq]
         keys, values = (
             torch.cat([old_k, k[t : t + count]]).double(),
@@ -56,9 +67,10 @@ def _oracle(cache_before, seqs, chunks, q, k, v, scale):
 @pytest.mark.parametrize("path", ATTENTION_PATHS)
 def test_a_mixed_step_matches_fp64_attention_and_stores_every_token(path):
     cache, seqs, gen = _cache()
-    chunks = [(seqs[0], 1), (seqs[1], 5), (seqs[2], 7)]
+    pairs = [(seqs[0], 1), (seqs[1], 5), (seqs[2], 7)]
     before = {s: cache.gather(s, 0) for s in seqs}
-    total = sum(n for _, n in chunks)
+    total = sum(n for _, n in pairs)
+    chunks = _schedule(cache, pairs)
     q = torch.randn(total, HEADS, DIM, generator=gen)
     k, v = (
         torch.randn(total, KV_HEADS, DIM, generator=gen),
@@ -77,11 +89,10 @@ def test_a_mixed_step_matches_fp64_attention_and_stores_every_token(path):
     )
     assert none is None and out.shape == (1, total, HEADS, DIM)
     torch.testing.assert_close(
-        out[0].double(), _oracle(before, seqs, chunks, q, k, v, 0.3), atol=1e-5, rtol=1e-5
+        out[0].double(), _oracle(before, seqs, pairs, q, k, v, 0.3), atol=1e-5, rtol=1e-5
     )
     t = 0
-    for seq, count in chunks:  # the new K and V are in the pool at the reserved slots
-        cache.commit(seq, cache.num_tokens(seq))
+    for seq, count in pairs:  # the new K and V are in the pool at the reserved slots
         got_k, got_v = cache.gather(seq, 0)
         assert torch.equal(got_k[-count:], k[t : t + count]) and torch.equal(
             got_v[-count:], v[t : t + count]
@@ -91,29 +102,32 @@ def test_a_mixed_step_matches_fp64_attention_and_stores_every_token(path):
 
 def test_the_step_is_checked_once_and_names_the_problem():
     cache, (a, b, c), _ = _cache()
+    cache.commit(a, 10)  # a's decode token and b's five prefill tokens are scheduled
+    cache.commit(b, 11)
     d = cache.admit([3] * 5)[0]
     cache.preempt(d, "recompute")
     for chunks, error, match in [
-        ([(a, 2)], ValueError, "has 1 reserved token"),
-        ([(a, 0)], ValueError, "got a chunk of 0"),
-        ([(b, 1), (b, 1)], ValueError, "appears twice"),
-        ([(b, 5), (a, 1)], ValueError, "must come before"),
-        ([(99, 1)], ValueError, "not a live sequence"),
-        ([(d, 1)], ValueError, "is preempted"),
+        ([(a, 9, [1, 1])], ValueError, "has 1 committed token"),
+        ([(b, 6, [1] * 6)], ValueError, "has 5 committed token"),
+        ([(a, 9, [])], ValueError, "got a chunk of 0"),
+        ([(a, -1, [1])], ValueError, r"chunks\[0\].start must be an int >= 0"),
+        ([(b, 6, [1]), (b, 6, [1])], ValueError, "appears twice"),
+        ([(b, 6, [1] * 5), (a, 9, [1])], ValueError, "must come before"),
+        ([(99, 0, [1])], ValueError, "not a live sequence"),
+        ([(d, 0, [1])], ValueError, "is preempted"),
+        ([(a, 1)], TypeError, r"must be a \(seq_id, start, token_ids\) chunk"),
         ([], ValueError, "at least one"),
         ("ab", TypeError, "chunks must be a list"),
     ]:
         with pytest.raises(error, match=match):
             build_step(cache, chunks, "gather")
     with pytest.raises(ValueError, match="path must be one of"):
-        build_step(cache, [(a, 1)], "flash")
+        build_step(cache, [(a, 9, [1])], "flash")
     two = PagedKVCache(2, 4, BLOCK, KV_HEADS, DIM, torch.float32, "cpu", store=store_kv_ref)
     f = two.new_sequence()
-    two.append(
-        f, 0, torch.zeros(2, KV_HEADS, DIM), torch.zeros(2, KV_HEADS, DIM)
-    )  # layer 1 not yet
+    two.append(f, 0, torch.zeros(2, KV_HEADS, DIM), torch.zeros(2, KV_HEADS, DIM))  # not layer 1
     with pytest.raises(ValueError, match="mid-step"):
-        build_step(two, [(f, 1)], "gather")
+        build_step(two, [(f, 0, [1])], "gather")
 
 
 def test_the_attention_function_needs_its_metadata():
@@ -137,6 +151,7 @@ def _mixed_cache(dtype, group, seed):
         cache.reserve(seq, [1] * new)
         chunks.append((seq, new))
     total = sum(n for _, n in chunks)
+    chunks = _schedule(cache, chunks)
     q = torch.randn(total, group * KV_HEADS, DIM, generator=gen).to(dtype)
     k, v = (torch.randn(total, KV_HEADS, DIM, generator=gen).to(dtype) for _ in range(2))
     return cache, chunks, q, k, v

@@ -159,24 +159,28 @@ def _expected_small(seed):
     ]
 
 
-def test_a_prefix_hit_is_only_ever_on_written_blocks():
-    """Two identical 3-block prompts. Admitted in one step, nothing of the first is written when the
-    second is admitted: the second finds no hit and computes its own (nobody waits for a block
-    another request is filling). With a budget of 5 tokens a step, the second is admitted only after
-    some of the first's chunks are written, and reuses the blocks they filled."""
+def test_a_repeat_admitted_in_the_same_step_shares_the_blocks_its_twin_computes():
+    """Two identical 3-block prompts. With room for both in one step, the second is admitted behind
+    the first and reuses the two full blocks the first computes in that very step (not the third:
+    at least one token is left to compute, whose logits give the first output token). With a budget
+    of 5 tokens a step the first prefills in chunks, and the second, admitted once there is budget
+    left, finds the same blocks registered."""
     model = _model("llama")
     prompt = [random.Random(7).randrange(VOCAB) for _ in range(12)]
     expected = _generate_one(model, prompt, 3)
-    for budget, hit in ((24, 0), (5, 8)):
+    for budget in (24, 5):
         engine = Engine(
             model, num_blocks=16, block_size=4, max_batch=4, max_batched_tokens=budget, debug=True
         )
         first, second = engine.add_request(prompt, 3), engine.add_request(list(prompt), 3)
         while engine.has_work():
             engine.step()
-        assert first.output == second.output == expected and second.cached_tokens == hit
+        assert first.output == second.output == expected and second.cached_tokens == 8
+        assert engine.stats.prefill_tokens == 12 + 4
         chunks = [e.detail for e in engine.events if e.request == first.id and e.kind == "prefill"]
         assert sum(chunks) == 12 and (len(chunks) >= 2) == (budget == 5)  # chunked prefill
+        admitted = {e.request: e.step for e in engine.events if e.kind == "admit"}
+        assert (admitted[first.id] == admitted[second.id]) == (budget == 24)
         assert engine.all_blocks_free_or_cached()
 
 
