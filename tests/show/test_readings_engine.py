@@ -8,6 +8,7 @@ import pytest
 
 from kvlab.lab.engine import CurvePoint, PaddedRun, ServingComparison
 from kvlab.show.readings.engine import (
+    burst_reading,
     comparison_reading,
     curve_reading,
     life_reading,
@@ -212,3 +213,16 @@ def test_curve_reading_decides_by_the_flat_step_and_pool_models():
     flat = [CurvePoint(1, 20.0, 0.05, 1.0, 0, 0.0), CurvePoint(4, 21.0, 0.19, 3.9, 0, 0.0)]
     assert "no admission hit" in curve_reading(flat, capacity=20.0, chosen=1)
     assert "was off" in curve_reading(flat, capacity=20.0, chosen=1, prefix_caching=False)
+
+
+def test_burst_reading_says_whether_the_system_prompt_was_computed_once():
+    once = burst_reading(16, 1152, 192, 192, True, (3.2, 3.0, 3.4))
+    assert "**192**" in once and "exactly what computing the system prompt once" in once
+    assert "3.20** times" in once and "(rounds 3.00 to 3.40)" in once
+    assert "equal `generate`'s" in once
+    assert "rounds" not in burst_reading(16, 1152, 192, 192, True, (3.2, 3.2, 3.2))
+    again = burst_reading(16, 1152, 1152, 192, True)
+    assert "+960 against computing" in again and "computed shared blocks again" in again
+    assert "times the engine" not in again
+    wrong = burst_reading(16, 1152, 192, 192, False, (3.2, 3.0, 3.4))
+    assert "no time is reported" in wrong and "times the engine" not in wrong

@@ -299,3 +299,43 @@ def curve_reading(points, capacity: float, chosen: int, prefix_caching: bool = T
             "outran the free blocks."
         )
     return " ".join(text)
+
+
+def burst_reading(
+    requests: int,
+    prompt_tokens: int,
+    computed: int,
+    once: int,
+    same_tokens: bool,
+    peer_ratio: tuple[float, float, float] | None = None,
+) -> str:
+    """A burst behind one system prompt (notebook 11): the prompt tokens the engine's prefill steps
+    computed (``computed``) against computing the system prompt once and every request's own tokens
+    (``once``); ``peer_ratio`` is transformers' continuous batching's time over the engine's
+    (median, lowest and highest round), or None when not timed."""
+    text = (
+        f"The {number(requests)} prompts hold {prompt_tokens:,} tokens; the engine's prefill steps "
+        f"computed **{computed:,}** of them"
+    )
+    if computed == once:
+        text += (
+            f", exactly what computing the system prompt once and each request's own tokens takes "
+            f"({once:,}). The first request's chunk registered the prompt's full blocks when it was"
+            " scheduled, and the requests admitted behind it in the same step reused them."
+        )
+    else:
+        text += (
+            f", {computed - once:+,} against computing the system prompt once and each request's "
+            f"own tokens ({once:,}): some requests computed shared blocks again."
+        )
+    if not same_tokens:
+        return text + " A contender's tokens differ from `generate`'s, so no time is reported."
+    text += " Every request's tokens equal `generate`'s."
+    if peer_ratio is not None:
+        median, low, high = peer_ratio
+        spread = f" (rounds {low:.2f} to {high:.2f})" if high - low >= 0.005 else ""
+        text += (
+            f" Over the burst, {CB} with its block sharing took **{median:.2f}** times the"
+            f" engine's time{spread}."
+        )
+    return text
