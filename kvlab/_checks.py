@@ -256,7 +256,7 @@ def items(name: str, value, kind: type, *, what: str | None = None, each: str | 
     defaults to ``kind``'s name, ``each`` to that name with its article ("an Event").
     """
     what = what or kind.__name__
-    each = each or f"{'an' if kind.__name__[:1] in 'AEIOU' else 'a'} {kind.__name__}"
+    each = each or f"{'an' if kind.__name__[:1].lower() in 'aeiou' else 'a'} {kind.__name__}"
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise TypeError(f"{name} must be a list of {what}, got {type(value).__name__}")
     value = list(value)
