@@ -24,7 +24,7 @@ GUARD_READY := $(GUARD_WHEELS)/.ready
 # CPU measurements run on one thread: stable on a shared machine, and every stamp records it.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: book test lint format test-floor test-gpu-dry lab bench env diagram readme first-hour links clean
+.PHONY: book test lint format test-floor test-gpu-dry lab bench env diagram readme lesson-path first-hour links clean
 
 $(READY): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -86,7 +86,8 @@ test-floor: $(FLOOR_READY)
 	$(FLOOR)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -p no:cacheprovider \
 		--ignore tests/test_notebooks.py --ignore tests/kernels --ignore tests/theory \
 		--ignore tests/test_install.py --ignore tests/test_live_browser.py --ignore tests/show \
-		--ignore tests/test_readme.py --ignore tests/test_book_links.py --ignore tests/test_records.py \
+		--ignore tests/test_readme.py --ignore tests/test_lesson_path.py \
+		--ignore tests/test_book_links.py --ignore tests/test_records.py \
 		--ignore tests/test_nbrun.py --ignore tests/test_gpu_check.py
 
 # scripts/gpu_check.sh --dry-run: every step of the device check but the GPU-only record, on this
@@ -112,8 +113,13 @@ diagram: $(READY)
 # The README's figures, rewritten from the newest records in book/data/runs/ and book/data/measurements/
 # (standard library only: no venv needed). `first-hour` measures a fresh clone of HEAD first (about half
 # an hour on the 2-core CPU that builds the book) and commits nothing: add the record it writes.
-readme:
+readme: lesson-path
 	$(PYTHON) scripts/first_hour.py readme
+
+# The lesson path's size in book/intro.md and its reading order in book/architecture.md, rewritten
+# from the modules of LESSON_PATH in scripts/lesson_path.py (standard library only).
+lesson-path:
+	$(PYTHON) scripts/lesson_path.py
 
 first-hour:
 	$(PYTHON) scripts/first_hour.py measure

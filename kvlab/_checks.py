@@ -10,10 +10,13 @@ wrong value a ValueError; the message names the argument, the value and what is 
 - ``real`` and ``positive``: a finite real number in a range (never a bool, an infinity or NaN);
 - ``flag``: True or False (never ``"no"``, ``1`` or None);
 - ``one_of``: one of a tuple of choices;
-- ``token_ids``: token ids, ints in ``[0, vocab)``;
+- ``token_ids``: token ids, ints in ``[0, vocab)``; ``token_id_tensor``: a ``[batch, length]``
+  tensor of them; ``padding_mask``: the 0/1 attention mask of a left-padded batch;
+- ``items``: a list of things of one kind (requests, events, measured points);
 - ``function``: something to call;
 - ``device`` and ``dtype``: a torch device this machine has, a floating torch dtype;
 - ``causal_lm``: a Hugging Face causal language model;
+- ``fresh_cache``: an empty transformers cache;
 - ``require_memory``: a size this machine can hold, refused by arithmetic before allocating;
 - ``named_shapes``: tensors whose dimensions agree with their layouts.
 
@@ -170,6 +173,97 @@ def token_ids(name: str, value, vocab: int | None = None, *, empty: bool = False
             where = f" (the model's vocab_size is {vocab})" if vocab is not None else ""
             raise ValueError(f"{name}[{i}] must be a token id in [0, {shown}){where}, got {t!r}")
     return [int(t) for t in ids]
+
+
+def token_id_tensor(name: str, value, vocab: int | None = None):
+    """``value`` if it is an integer tensor ``[batch, prompt_length >= 1]`` of token ids, each in
+    ``[0, vocab)`` when ``vocab`` (a model's ``vocab_size``) is given: an id outside it would hit a
+    device-side assert on a GPU."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(value).__name__}")
+    if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {value.dtype}")
+    if value.dim() != 2 or value.shape[1] < 1:
+        raise ValueError(
+            f"{name} must have shape [batch, prompt_length >= 1], got {list(value.shape)}"
+        )
+    if vocab is not None and value.numel() and (int(value.min()) < 0 or int(value.max()) >= vocab):
+        bad = value[(value < 0) | (value >= vocab)].flatten()[:3].tolist()
+        raise ValueError(
+            f"{name} must be token ids in [0, {vocab}) (the model's vocab_size), got {bad}"
+        )
+    return value
+
+
+def padding_mask(name: str, value, ids, ids_name: str = "input_ids"):
+    """``value`` as a long tensor on ``ids``' device: the attention mask of a left-padded batch
+    (``ids``' shape; each row zeros for padding, then ones for tokens, at least one). None is a
+    batch without padding, all ones."""
+    import torch
+
+    if value is None:
+        return torch.ones_like(ids)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.shape != ids.shape:
+        raise ValueError(
+            f"{name} must have the shape of {ids_name} {list(ids.shape)}, got {list(value.shape)}"
+        )
+    if value.is_complex() or not bool(((value == 0) | (value == 1)).all()):
+        odd = value[(value != 0) & (value != 1)].flatten()[:3].tolist()
+        raise ValueError(
+            f"{name} must hold only 0 (padding) and 1 (token), got values such as {odd}"
+        )
+    mask = value.to(device=ids.device, dtype=torch.long)
+    if not bool((mask[:, 1:] >= mask[:, :-1]).all()):
+        raise ValueError(f"{name} must be left-padded: each row is zeros, then ones")
+    if not bool(mask[:, -1].all()):
+        raise ValueError(f"{name}: every sequence needs at least one token (a 1 in its row)")
+    return mask
+
+
+def fresh_cache(name: str, value, layers: int | None = None):
+    """``value`` if it is an empty transformers ``Cache`` (a fresh one per call), with ``layers``
+    layers when both it and ``layers`` say how many."""
+    from transformers.cache_utils import Cache
+
+    if not isinstance(value, Cache):
+        raise TypeError(
+            f"{name} must be a transformers Cache (e.g. kvlab.cache.window.SinkCache), got "
+            f"{type(value).__name__}"
+        )
+    built = getattr(value, "layers", None)
+    if built and layers is not None and len(built) != layers:
+        raise ValueError(
+            f"{name} has {len(built)} layers but the model has {layers}: build the cache for this "
+            "model"
+        )
+    if value.get_seq_length() != 0:
+        raise ValueError(
+            f"{name} must be empty (a fresh one per call), but it holds {value.get_seq_length()} "
+            "tokens"
+        )
+    return value
+
+
+def items(name: str, value, kind: type, *, what: str | None = None, each: str | None = None):
+    """``value`` (a list, tuple or any other iterable but text) as a list whose every element is a
+    ``kind``.
+
+    The messages say ``{name} must be a list of {what}`` and ``{name}[i] must be {each}``; ``what``
+    defaults to ``kind``'s name, ``each`` to that name with its article ("an Event").
+    """
+    what = what or kind.__name__
+    each = each or f"{'an' if kind.__name__[:1].lower() in 'aeiou' else 'a'} {kind.__name__}"
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{name} must be a list of {what}, got {type(value).__name__}")
+    value = list(value)
+    for i, v in enumerate(value):
+        if not isinstance(v, kind):
+            raise TypeError(f"{name}[{i}] must be {each}, got {type(v).__name__}")
+    return value
 
 
 def function(name: str, value):

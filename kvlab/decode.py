@@ -9,89 +9,24 @@
 All three take ``(model, input_ids, max_new_tokens, attention_mask=None)``, decode greedily for
 exactly ``max_new_tokens`` steps (no stop token), and return only the generated ids ``[batch,
 max_new_tokens]``. Left-padded batches work: positions come from the mask, as ``model.generate``
-computes them.
+computes them. Each loop is a generator of per-step tokens that trusts its inputs; ``decode_steps``
+checks them once (the checks close the module) and hands the generator out, so
+``kvlab.lab.decode_timing.profile_decode`` times the very code that produces the tokens.
 
-Each loop is written as a generator of per-step tokens; ``decode_steps`` hands that generator out
-(validated), so ``kvlab.lab.decode_timing.profile_decode`` times the very code that produces the
-tokens. The loops follow the Decode and KV Cache chapter, 2026, sections 9.1 and 9.2, on Hugging
-Face models and caches (Wolf et al. 2020); the work each does, in closed form, is
-``kvlab.theory.work``; CUDA-graph replay is the PyTorch CUDA Graphs documentation's.
+Sources: the Decode and KV Cache chapter, 2026, sections 9.1 and 9.2, on Hugging Face models and
+caches (Wolf et al. 2020); the PyTorch CUDA Graphs documentation. The work of each loop, in closed
+form, is ``kvlab.theory.work``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import inspect
 
 import torch
 
-from kvlab._checks import causal_lm, flag, integer, one_of, require_memory
+from kvlab import _checks as check
+from kvlab.theory.shapes import ModelShape
 from kvlab.versions import cache_kwargs, last_logits_only, returned_cache, takes
-
-METHODS = ("naive", "cached", "static")
-
-
-# --- input checks and the plumbing shared by the loops ------------------------------------------
-
-
-def _validate(input_ids, max_new_tokens, attention_mask):
-    if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(
-            f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}"
-        )
-    if (
-        input_ids.dtype.is_floating_point
-        or input_ids.dtype.is_complex
-        or input_ids.dtype == torch.bool
-    ):
-        raise TypeError(
-            f"input_ids must hold integer token ids (torch.long), got dtype {input_ids.dtype}"
-        )
-    if input_ids.dim() != 2 or input_ids.shape[1] < 1:
-        raise ValueError(
-            f"input_ids must have shape [batch, prompt_length >= 1], got {list(input_ids.shape)}"
-        )
-    integer("max_new_tokens", max_new_tokens, 0)
-    if attention_mask is None:
-        return torch.ones_like(input_ids)
-    if not isinstance(attention_mask, torch.Tensor):
-        raise TypeError(
-            f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}"
-        )
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(
-            f"attention_mask must have the shape of input_ids {list(input_ids.shape)}, "
-            f"got {list(attention_mask.shape)}"
-        )
-    if attention_mask.is_complex() or not bool(
-        ((attention_mask == 0) | (attention_mask == 1)).all()
-    ):
-        odd = attention_mask[(attention_mask != 0) & (attention_mask != 1)].flatten()[:3].tolist()
-        raise ValueError(
-            f"attention_mask must hold only 0 (padding) and 1 (token), got values such as {odd}"
-        )
-    mask = attention_mask.to(device=input_ids.device, dtype=torch.long)
-    if not bool((mask[:, 1:] >= mask[:, :-1]).all()):
-        raise ValueError("attention_mask must be left-padded: each row is zeros, then ones")
-    if not bool(mask[:, -1].all()):
-        raise ValueError("attention_mask: every sequence needs at least one token (a 1 in its row)")
-    return mask
-
-
-def _positions(mask):
-    """Each token's position in its own sequence, ignoring left padding (as ``generate`` computes
-    it)."""
-    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-
-
-def _greedy(logits):
-    return logits[:, -1].argmax(dim=-1, keepdim=True)
-
-
-def _empty(input_ids):
-    return torch.empty((input_ids.shape[0], 0), dtype=input_ids.dtype, device=input_ids.device)
-
 
 # --- the three loops, as generators of [batch, 1] tokens ----------------------------------------
 
@@ -114,15 +49,8 @@ def _cached_steps(model, input_ids, max_new_tokens, mask, cache=None):
     position = _positions(mask)
     # ``cache``: a transformers Cache to fill instead of the model's default (section 9.7's
     # windowed, sink and quantized caches); None lets the model create its own DynamicCache.
-    given = {} if cache is None else cache_kwargs(model, cache)
-    out = model(
-        input_ids,
-        attention_mask=mask,
-        position_ids=position,
-        use_cache=True,
-        **given,
-        **last_logits_only(model),
-    )
+    given = dict({} if cache is None else cache_kwargs(model, cache), **last_logits_only(model))
+    out = model(input_ids, attention_mask=mask, position_ids=position, use_cache=True, **given)
     kw = cache_kwargs(model, returned_cache(out))
     token = _greedy(out.logits)
     yield token
@@ -135,11 +63,63 @@ def _cached_steps(model, input_ids, max_new_tokens, mask, cache=None):
         yield token
 
 
-# The optimized step is compiled whole: a graph break would split it into pieces that CUDA graphs
-# cannot replay as one, and a recompilation per step (a cache length read as a Python int, say)
-# would make the "optimized" loop slower than the cached one. tests/test_decode.py holds the step to
-# one graph and no recompilation over 20 steps for every architecture in
-# kvlab.lab.models.ARCHITECTURES.
+@torch.inference_mode()
+def _static_steps(model, input_ids, max_new_tokens, mask, compile=None):
+    batch, prompt = input_ids.shape
+    cache = new_static_cache(model, prompt + max_new_tokens)
+    # The mask spans the whole cache; a slot becomes visible when its token is written.
+    full = torch.zeros((batch, prompt + max_new_tokens), dtype=mask.dtype, device=mask.device)
+    full[:, :prompt] = mask
+    position = _positions(mask)
+    slots = torch.arange(prompt, device=input_ids.device)
+    prefill = dict(_static_inputs(model, cache, slots), **last_logits_only(model))
+    out = model(input_ids, attention_mask=full, position_ids=position, use_cache=True, **prefill)
+    token = _greedy(out.logits)
+    yield token
+    slot = slots[-1:].clone()  # updated in place: the compiled step sees one address throughout
+    compile = input_ids.device.type == "cuda" if compile is None else compile
+    step = StaticStep(model, _static_inputs(model, cache, slot), compile)
+    position = position[:, -1:].clone()
+    # The hot loop: three in-place updates of fixed tensors and one call of the step; everything was
+    # checked, allocated and (when compiling) traced before it.
+    for i in range(max_new_tokens - 1):
+        full[:, prompt + i] = 1
+        position += 1
+        slot += 1
+        token = step.step(token, position, full).clone()  # a CUDA graph reuses its output buffer
+        yield token
+
+
+def _positions(mask):
+    """Each token's position in its own sequence, left padding skipped (as ``generate`` does)."""
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+def _greedy(logits):
+    return logits[:, -1].argmax(dim=-1, keepdim=True)
+
+
+def _static_inputs(model, cache, slots) -> dict:
+    """What transformers' generate passes with a static cache: the cache, and ``cache_position``
+    (the slots written) to a model whose forward still declares it (a StaticCache otherwise keeps
+    the write position itself, in a tensor, so the step never recompiles)."""
+    with_slots = {"cache_position": slots} if takes(model, "cache_position") else {}
+    return dict(cache_kwargs(model, cache), **with_slots)
+
+
+def new_static_cache(model, max_len: int):
+    """transformers' ``StaticCache`` for ``model``: ``max_len`` slots per layer, allocated now."""
+    from transformers import StaticCache
+
+    return StaticCache(config=model.config, max_cache_len=max_len)
+
+
+# --- the optimized step --------------------------------------------------------------------------
+
+# Compiled whole: a graph break would split the step into pieces that CUDA graphs cannot replay as
+# one, and a recompilation per step (a cache length read as a Python int, say) would make the
+# "optimized" loop slower than the cached one. tests/test_decode.py holds the step to one graph and
+# no recompilation over 20 steps for every architecture in kvlab.lab.models.ARCHITECTURES.
 COMPILE_OPTIONS = dict(mode="reduce-overhead", fullgraph=True)
 
 
@@ -153,7 +133,7 @@ class StaticStep:
     """
 
     def __init__(self, model, inputs: dict, compile: bool):
-        flag("compile", compile)
+        check.flag("compile", compile)
         self.model, self.inputs = model, inputs
         # torch.compile keeps what it compiled with the code of ``_forward``, not with this object:
         # a later request with the same shapes on the same model reuses it and compiles nothing.
@@ -171,172 +151,33 @@ class StaticStep:
         if self.compiled is None:
             return self._forward(token, position, mask)
         self.calls += 1
-        if self.calls == 1:
+        # torch.compile checks its guards (shapes, dtypes, the modules' attributes) before every
+        # call: a validation per step. Every input here keeps its shape, dtype and address, and the
+        # first call compiled for exactly them, so later calls skip that check where torch can.
+        if self.calls == 1 or not _SKIPS_GUARDS:
             return self.compiled(token, position, mask)
-        # Before running compiled code, torch.compile checks its guards (shapes, dtypes, the
-        # modules' attributes) on every call: a validation per step. Every input here keeps its
-        # shape, dtype and address, and the first call compiled for exactly them, so that check can
-        # be skipped.
-        with _without_guards():
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
             return self.compiled(token, position, mask)
 
 
-def _without_guards():
-    """torch.compile's stance that runs only the guards telling compiled variants apart (a plain
-    context on a torch without it)."""
-    if not _can_skip_guards():
-        return contextlib.nullcontext()
-    return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+_SKIPS_GUARDS = "skip_guard_eval_unsafe" in inspect.signature(torch.compiler.set_stance).parameters
 
 
-@functools.cache
-def _can_skip_guards() -> bool:
-    return "skip_guard_eval_unsafe" in inspect.signature(torch.compiler.set_stance).parameters
+# --- the doors: every argument checked once, then the loop ----------------------------------------
 
-
-def new_static_cache(model, max_len: int):
-    """transformers' ``StaticCache`` for ``model`` with ``max_len`` slots per layer, allocated up
-    front."""
-    from transformers import StaticCache
-
-    return StaticCache(config=model.config, max_cache_len=max_len)
-
-
-@torch.inference_mode()
-def _require_cache_memory(model, batch: int, tokens: int) -> None:
-    """A preallocated cache of ``tokens`` per sequence must fit in free memory (refused by
-    arithmetic)."""
-    config = model.config
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    element = torch.empty((), dtype=model.dtype).element_size()
-    require_memory(
-        f"a static cache of {batch} x {tokens} tokens",
-        2 * config.num_hidden_layers * batch * tokens * heads * head_dim * element,
-        model.device,
-    )
-
-
-@torch.inference_mode()
-def _static_steps(model, input_ids, max_new_tokens, mask, compile=None):
-    batch, prompt = input_ids.shape
-    total = prompt + max_new_tokens
-    if compile is None:
-        compile = input_ids.device.type == "cuda"
-    cache = new_static_cache(model, total)
-    # The mask covers the whole cache from the start; a slot becomes visible when its token is
-    # written.
-    full_mask = torch.zeros((batch, total), dtype=mask.dtype, device=mask.device)
-    full_mask[:, :prompt] = mask
-    position = _positions(mask)
-    # What transformers' own generate passes with a static cache: the cache, and ``cache_position``
-    # (the slots written) to a model whose forward still declares it; the StaticCache of the
-    # supported releases otherwise keeps the write position itself, in a tensor, so the step never
-    # recompiles.
-    slots = torch.arange(prompt, device=input_ids.device)
-    with_slots = takes(model, "cache_position")
-    prefill = dict(cache_kwargs(model, cache), **({"cache_position": slots} if with_slots else {}))
-    out = model(
-        input_ids,
-        attention_mask=full_mask,
-        position_ids=position,
-        use_cache=True,
-        **prefill,
-        **last_logits_only(model),
-    )
-    token = _greedy(out.logits)
-    yield token
-    slot = slots[-1:].clone()  # updated in place: the compiled step sees one address throughout
-    step = StaticStep(
-        model,
-        dict(cache_kwargs(model, cache), **({"cache_position": slot} if with_slots else {})),
-        compile,
-    )
-    position = position[:, -1:].clone()
-    # The hot loop: three in-place updates of fixed tensors and one call of the step; everything was
-    # validated, allocated and (when compiling) traced before it.
-    for i in range(max_new_tokens - 1):
-        full_mask[:, prompt + i] = 1
-        position += 1
-        slot += 1
-        token = step.step(
-            token, position, full_mask
-        ).clone()  # a CUDA graph reuses its output buffer
-        yield token
-
-
+METHODS = ("naive", "cached", "static")
 _STEPS = {"naive": _naive_steps, "cached": _cached_steps, "static": _static_steps}
-
-
-def _check_model_inputs(model, input_ids, cache=None, max_new_tokens=0) -> None:
-    """Token ids the model has embeddings for (a GPU would hit a device-side assert otherwise), and
-    a cache that starts empty (the loop prefills it with this prompt)."""
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    if (
-        vocab is not None
-        and input_ids.numel()
-        and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab)
-    ):
-        bad = input_ids[(input_ids < 0) | (input_ids >= vocab)].flatten()[:3].tolist()
-        raise ValueError(
-            f"input_ids must be token ids in [0, {vocab}) (the model's vocab_size), got {bad}"
-        )
-    learned = getattr(
-        getattr(model, "transformer", None), "wpe", None
-    )  # GPT-2's absolute position table
-    if (
-        isinstance(learned, torch.nn.Embedding)
-        and input_ids.shape[1] + max_new_tokens > learned.num_embeddings
-    ):
-        raise ValueError(
-            f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) must be <= "
-            f"{learned.num_embeddings}, the positions this model has embeddings for"
-        )
-    if cache is not None:
-        from transformers.cache_utils import Cache
-
-        if not isinstance(cache, Cache):
-            raise TypeError(
-                "cache must be a transformers Cache (e.g. kvlab.cache.window.SinkCache), got "
-                f"{type(cache).__name__}"
-            )
-        layers, wanted = (
-            getattr(cache, "layers", None),
-            getattr(model.config, "num_hidden_layers", None),
-        )
-        if layers and wanted is not None and len(layers) != wanted:
-            raise ValueError(
-                f"cache has {len(layers)} layers but the model has {wanted}: build the cache for "
-                "this model"
-            )
-        if cache.get_seq_length() != 0:
-            raise ValueError(
-                "cache must be empty (a fresh one per call), but it holds "
-                f"{cache.get_seq_length()} tokens"
-            )
 
 
 def decode_steps(method, model, input_ids, max_new_tokens, attention_mask=None, **options):
     """The loop ``method`` (one of ``METHODS``) as a generator of ``[batch, 1]`` tokens, one per
     step.
 
-    Everything is validated here, before the generator exists; the first token comes out of prefill,
+    Everything is checked here, before the generator exists; the first token comes out of prefill,
     each later one out of one decode step. Options (``cache=`` for ``cached``, ``compile=`` for
     ``static``) pass through. ``kvlab.lab.decode_timing.profile_decode`` times each step of it.
     """
-    one_of("method", method, METHODS)
-    causal_lm("model", model)
-    if options.get("compile") is not None:
-        flag("compile", options["compile"])
-    mask = _validate(input_ids, max_new_tokens, attention_mask)
-    _check_model_inputs(model, input_ids, options.get("cache"), max_new_tokens)
-    compile = options.get("compile")
-    if compile is not None and not isinstance(compile, bool):
-        raise TypeError(
-            f"compile must be True, False or None (compile on a GPU only), got {compile!r}"
-        )
-    if method == "static":
-        _require_cache_memory(model, input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
+    mask = _check(method, model, input_ids, max_new_tokens, attention_mask, **options)
     if max_new_tokens == 0:
         return iter(())
     return _STEPS[method](model, input_ids, max_new_tokens, mask, **options)
@@ -344,7 +185,7 @@ def decode_steps(method, model, input_ids, max_new_tokens, attention_mask=None, 
 
 def _run(method, model, input_ids, max_new_tokens, attention_mask, **options):
     tokens = list(decode_steps(method, model, input_ids, max_new_tokens, attention_mask, **options))
-    return torch.cat(tokens, dim=1) if tokens else _empty(input_ids)
+    return torch.cat(tokens, dim=1) if tokens else input_ids[:, :0].clone()
 
 
 def naive_decode(model, input_ids, max_new_tokens, attention_mask=None):
@@ -376,3 +217,32 @@ def static_decode(model, input_ids, max_new_tokens, attention_mask=None, compile
     captures it as a CUDA graph. Returns ``[batch, max_new_tokens]``.
     """
     return _run("static", model, input_ids, max_new_tokens, attention_mask, compile=compile)
+
+
+# --- the checks -----------------------------------------------------------------------------------
+
+
+def _check(method, model, input_ids, max_new_tokens, attention_mask, cache=None, compile=None):
+    """The mask to decode with, once every argument is what the loops trust it to be."""
+    check.one_of("method", method, METHODS)
+    check.causal_lm("model", model)
+    if compile is not None:
+        check.flag("compile", compile)
+    check.token_id_tensor("input_ids", input_ids, getattr(model.config, "vocab_size", None))
+    check.integer("max_new_tokens", max_new_tokens, 0)
+    mask = check.padding_mask("attention_mask", attention_mask, input_ids)
+    batch, prompt = input_ids.shape
+    total = prompt + max_new_tokens
+    learned = getattr(getattr(model, "transformer", None), "wpe", None)  # GPT-2's position table
+    if isinstance(learned, torch.nn.Embedding) and total > learned.num_embeddings:
+        raise ValueError(
+            f"prompt ({prompt}) + max_new_tokens ({max_new_tokens}) must be <= "
+            f"{learned.num_embeddings}, the positions this model has embeddings for"
+        )
+    if cache is not None:
+        check.fresh_cache("cache", cache, getattr(model.config, "num_hidden_layers", None))
+    if method == "static":  # the preallocated cache must fit, refused by arithmetic
+        kv_bytes = ModelShape.from_config(model.config).kv_bytes_per_token(model.dtype.itemsize)
+        needed = int(batch * total * kv_bytes)
+        check.require_memory(f"a static cache of {batch} x {total} tokens", needed, model.device)
+    return mask

@@ -20,10 +20,13 @@ from kvlab._checks import (
     function,
     integer,
     integers,
+    items,
     one_of,
+    padding_mask,
     positive,
     real,
     restoring,
+    token_id_tensor,
     token_ids,
 )
 
@@ -139,6 +142,49 @@ BAD = [
         TypeError,
         r"model must be a Hugging Face causal LM .*got str",
     ),
+    (lambda: items("events", 3, int), TypeError, r"^events must be a list of int, got int$"),
+    (lambda: items("events", "ab", str), TypeError, r"^events must be a list of str, got str$"),
+    (
+        lambda: items("sweep", None, float, what="BatchPoint (batch_sweep)"),
+        TypeError,
+        r"^sweep must be a list of BatchPoint \(batch_sweep\), got NoneType$",
+    ),
+    (lambda: items("events", [1, "2"], int), TypeError, r"^events\[1\] must be an int, got str$"),
+    (
+        lambda: items("trace", [1], str, each="a Request (make_trace)"),
+        TypeError,
+        r"^trace\[0\] must be a Request \(make_trace\), got int$",
+    ),
+    (
+        lambda: token_id_tensor("input_ids", [[1, 2]]),
+        TypeError,
+        r"input_ids must be a torch.Tensor of token ids, got list",
+    ),
+    (
+        lambda: token_id_tensor("input_ids", torch.ones(1, 2)),
+        TypeError,
+        r"input_ids must hold integer token ids \(torch.long\), got dtype torch.float32",
+    ),
+    (
+        lambda: token_id_tensor("input_ids", torch.ones(1, 0, dtype=torch.long)),
+        ValueError,
+        r"input_ids must have shape \[batch, prompt_length >= 1\], got \[1, 0\]",
+    ),
+    (
+        lambda: token_id_tensor("input_ids", torch.tensor([[3, 9]]), 8),
+        ValueError,
+        r"input_ids must be token ids in \[0, 8\) \(the model's vocab_size\), got \[9\]",
+    ),
+    (
+        lambda: padding_mask("attention_mask", torch.tensor([[1, 0]]), torch.ones(1, 2)),
+        ValueError,
+        r"attention_mask must be left-padded",
+    ),
+    (
+        lambda: padding_mask("attention_mask", torch.tensor([[1, 2]]), torch.ones(1, 2)),
+        ValueError,
+        r"attention_mask must hold only 0 \(padding\) and 1 \(token\), got values such as \[2\]",
+    ),
 ]
 
 
@@ -160,6 +206,13 @@ def test_checks_return_what_kvlab_uses():
     assert device("device", "cpu") == torch.device("cpu")
     assert dtype("dtype", torch.float16) is torch.float16
     assert one_of("bits", 4, (2, 4, 8)) == 4
+    assert items("events", (3, 4), int) == [3, 4] and items("events", iter([]), int) == []
+    assert items("trace", (x for x in "ab"), str) == ["a", "b"]
+    ids = torch.tensor([[0, 5, 7]])
+    assert token_id_tensor("input_ids", ids, 8) is ids
+    assert torch.equal(padding_mask("attention_mask", None, ids), torch.ones_like(ids))
+    mask = padding_mask("attention_mask", torch.tensor([[0.0, 1.0, 1.0]]), ids)
+    assert mask.dtype == torch.long and mask.tolist() == [[0, 1, 1]]
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvlab._checks import integer, one_of, real, require_memory
+from kvlab._checks import integer, items, one_of, real, require_memory
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.blocks import MAX_BLOCK_ID, PREEMPTION_MODES
 from kvlab.serving.request import Request
@@ -268,16 +268,8 @@ class SimResult:
 def _check_sim_args(
     trace, policy, budget_tokens, block_size, max_batch, max_len, preemption
 ) -> list:
-    if isinstance(trace, (str, bytes)) or not hasattr(trace, "__iter__"):
-        raise TypeError(
-            f"trace must be a list of kvlab.serving.request.Request, got {type(trace).__name__}"
-        )
-    trace = list(trace)
-    for i, request in enumerate(trace):
-        if not isinstance(request, Request):
-            raise TypeError(
-                f"trace[{i}] must be a kvlab.serving.request.Request, got {type(request).__name__}"
-            )
+    what = "kvlab.serving.request.Request"
+    trace = items("trace", trace, Request, what=what, each=f"a {what}")
     one_of("policy", policy, POLICIES)
     one_of("preemption", preemption, PREEMPTION_MODES)
     for name, value in (

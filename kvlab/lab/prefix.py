@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvlab import _checks
-from kvlab._checks import integer, integers, one_of, real, require_memory
+from kvlab._checks import integer, integers, items, one_of, real, require_memory
 from kvlab.cache.block_manager import BlockManager
 from kvlab.lab.timing import measure, merge_timings
 from kvlab.serving.paged_decode import cache_for, decode_step, prefill
@@ -139,16 +139,8 @@ def replay(trace, num_blocks: int, block_size: int, policy: str = "lru") -> Repl
     """
     one_of("policy", policy, REPLAY_POLICIES)
     num_blocks, block_size = integer("num_blocks", num_blocks), integer("block_size", block_size)
-    if isinstance(trace, (str, bytes)) or not hasattr(trace, "__iter__"):
-        raise TypeError(
-            f"trace must be a list of ChatRequest (make_chat_trace), got {type(trace).__name__}"
-        )
-    trace = list(trace)
-    for i, request in enumerate(trace):
-        if not isinstance(request, ChatRequest):
-            raise TypeError(
-                f"trace[{i}] must be a ChatRequest (make_chat_trace), got {type(request).__name__}"
-            )
+    what = "ChatRequest (make_chat_trace)"
+    trace = items("trace", trace, ChatRequest, what=what, each=f"a {what}")
     longest = max((-(-(len(r.prompt) + len(r.reply) - 1) // block_size) for r in trace), default=0)
     if longest > num_blocks:
         raise ValueError(

@@ -203,50 +203,41 @@ SPECS: dict[str, Accelerator] = {
 
 def spec(key: str) -> Accelerator:
     """The ``SPECS`` entry for ``key``, with an error that lists the known keys."""
-    try:
-        return SPECS[key]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown device {key!r} (key must be one of {', '.join(SPECS)})"
-        ) from None
+    return _look_up(SPECS, key, "key", "device")
 
 
 def link(key: str) -> Link:
     """The ``LINKS`` entry for ``key``, with an error that lists the known keys."""
-    try:
-        return LINKS[key]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown link {key!r} (key must be one of {', '.join(LINKS)})") from None
+    return _look_up(LINKS, key, "key", "link")
 
 
 def accelerator(hw) -> Accelerator:
     """``hw`` itself if it is an ``Accelerator``, else the ``SPECS`` entry of its key
     (``"b200"``)."""
-    if isinstance(hw, Accelerator):
-        return hw
-    if isinstance(hw, str) and hw in SPECS:
-        return SPECS[hw]
-    if isinstance(hw, str):
-        raise ValueError(
-            f"unknown device {hw!r} (hw must be an Accelerator or one of {', '.join(SPECS)})"
-        )
-    raise TypeError(
-        f"hw must be an Accelerator or one of {', '.join(SPECS)}, got {type(hw).__name__}"
-    )
+    return _look_up(SPECS, hw, "hw", "device", Accelerator)
 
 
 def as_link(value) -> Link:
     """``value`` itself if it is a ``Link``, else the ``LINKS`` entry of its key
     (``"pcie5-x16"``)."""
-    if isinstance(value, Link):
+    return _look_up(LINKS, value, "link", "link", Link)
+
+
+def _look_up(table: dict, value, name: str, what: str, kind: type | None = None):
+    """``value`` itself if it is a ``kind``, else ``table``'s entry for the key ``value``; an
+    unknown key is a ValueError listing the known ones, anything else (with a ``kind``) a
+    TypeError."""
+    if kind is not None and isinstance(value, kind):
         return value
-    if isinstance(value, str) and value in LINKS:
-        return LINKS[value]
-    if isinstance(value, str):
-        raise ValueError(
-            f"unknown link {value!r} (link must be a Link or one of {', '.join(LINKS)})"
-        )
-    raise TypeError(f"link must be a Link or one of {', '.join(LINKS)}, got {type(value).__name__}")
+    if isinstance(value, str) and value in table:
+        return table[value]
+    article = "an" if kind is not None and kind.__name__[:1] in "AEIOU" else "a"
+    allowed = (
+        ("" if kind is None else f"{article} {kind.__name__} or ") + "one of " + ", ".join(table)
+    )
+    if kind is None or isinstance(value, str):
+        raise ValueError(f"unknown {what} {value!r} ({name} must be {allowed})")
+    raise TypeError(f"{name} must be {allowed}, got {type(value).__name__}")
 
 
 def exposed_memory(hw) -> Accelerator:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab._checks import integer, one_of, positive, real
+from kvlab._checks import integer, items, one_of, positive, real
 from kvlab.theory import roofline
 from kvlab.theory.agreement import Comparison, compare
 from kvlab.theory.work import check_method, step_work
@@ -214,15 +214,7 @@ def useful_batch(sweep, target: Target) -> int | None:
         raise TypeError(
             f"target must be a kvlab.theory.verdict.Target, got {type(target).__name__}"
         )
-    if isinstance(sweep, (str, bytes)) or not hasattr(sweep, "__iter__"):
-        raise TypeError(
-            "sweep must be a list of BatchPoint (kvlab.lab.diagnose.batch_sweep), got"
-            f" {type(sweep).__name__}"
-        )
-    sweep = list(sweep)
-    for i, p in enumerate(sweep):
-        if not isinstance(p, BatchPoint):
-            raise TypeError(f"sweep[{i}] must be a BatchPoint, got {type(p).__name__}")
+    sweep = items("sweep", sweep, BatchPoint, what="BatchPoint (kvlab.lab.diagnose.batch_sweep)")
     ok = [p for p in sweep if p.meets(target)]
     if not ok:
         return None
