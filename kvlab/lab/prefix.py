@@ -458,6 +458,7 @@ def bench_rows():
     06)."""
     from kvlab.devices import on_gpu
     from kvlab.lab.bench import Row
+    from kvlab.lab.engine import burst_rows
     from kvlab.lab.hardware import calibrated_device
     from kvlab.lab.models import tiny_model
     from kvlab.lab.prefix_reuse import reuse_rows
@@ -507,6 +508,7 @@ def bench_rows():
             Row(f"{policy}: mean predicted TTFT", ttft * 1e3, "ms", note + ", prefill_time")
         )
     rows += reuse_rows(model, prompt, reps=5 if gpu else 3)  # kvlab.lab.prefix_reuse
+    rows += burst_rows(model, reps=3 if gpu else 2)  # kvlab.lab.engine: a burst and staggered
     if gpu:
         rows += prefill_kernel_rows()
     return rows

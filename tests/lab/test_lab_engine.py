@@ -174,3 +174,15 @@ def test_bad_call_is_refused_and_leaves_the_model_as_it_was(model, name):
         assert model.config._attn_implementation == "eager"  # not switched to sdpa on the way
     finally:
         model.set_attn_implementation(own)
+
+
+def test_a_burst_and_a_staggered_arrival_both_compute_the_system_prompt_once():
+    model = kvlab.tiny_model("llama", layers=1, hidden=64, q_heads=2, kv_heads=1, vocab=256)
+    prompts, news = lab.burst_requests(256, n=5, system=40, own=(3, 9), new=2, seed=1)
+    assert len({tuple(p[:40]) for p in prompts}) == 1 and all(43 <= len(p) <= 49 for p in prompts)
+    once = 40 + sum(len(p) - 40 for p in prompts)
+    reused = 32  # the system prompt's two full blocks of 16; its last 8 tokens are in a mixed block
+    expected = len(prompts[0]) + sum(len(p) - reused for p in prompts[1:])
+    assert expected > once  # the unaligned tail of the system prompt is computed by everyone
+    for staggered in (False, True):
+        assert lab.prefill_tokens(model, prompts, news, staggered) == expected
