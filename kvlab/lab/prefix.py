@@ -384,7 +384,7 @@ def prefill_attention_cost(
     from kvlab.theory.prefill_attention import attention_floor, prefill_attention_work
 
     group = shape.q_heads // shape.kv_heads
-    per_tile = kernels.paged_prefill.query_tokens_per_tile(group)
+    per_tile = kernels.configs.query_tokens_per_tile(group)
     args = (
         query_lens,
         context_lens,
@@ -418,6 +418,7 @@ def prefill_kernel_rows(reps: int = 10) -> list:
     from kvlab import kernels
     from kvlab.lab.bench import Row
     from kvlab.lab.hardware import calibrate
+    from kvlab.lab.paged_attention import paged_prefill_launcher
 
     calibration, rows = calibrate(), []
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -436,7 +437,7 @@ def prefill_kernel_rows(reps: int = 10) -> list:
         q = torch.randn(batch * new, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
         cu = torch.arange(0, batch * new + 1, new, device="cuda", dtype=torch.int32)
         lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
-        launch = kernels.paged_prefill_launcher(q, k, v, table, cu, lens)
+        launch = paged_prefill_launcher(q, k, v, table, cu, lens)
         t = measure(launch, warmup=3, reps=reps, device="cuda").median
         work = kernels.paged_prefill_work(q, k, cu, lens)
         where = f"batch {batch}, {cached} cached + {new} new tokens, bf16, block 16"
