@@ -64,8 +64,8 @@ if "TRITON_INTERPRET" not in os.environ and not any(
 ):
     use_interpreter()
 
-from kvlab.kernels._validation import check_decode, check_prefill  # noqa: E402
-from kvlab.kernels.paged_attention import (  # noqa: E402  (after the interpreter's switch)
+from kvlab.kernels._validation import check_decode, check_prefill
+from kvlab.kernels.paged_attention import (
     SUPPORTED_HEAD_DIMS,
     choose_num_splits,
     group_rows,
@@ -75,48 +75,18 @@ from kvlab.kernels.paged_attention import (  # noqa: E402  (after the interprete
     paged_decode_attention,
     paged_decode_partials,
 )
-from kvlab.kernels.paged_attention_torch import (  # noqa: E402
+from kvlab.kernels.paged_attention_torch import (
     merge_partials,
     paged_decode_attention_gather,
     paged_decode_attention_ref,
     paged_decode_gather,
 )
-from kvlab.kernels.paged_prefill import (  # noqa: E402
+from kvlab.kernels.paged_prefill import (
     paged_extend,
     paged_prefill_attention,
     paged_prefill_attention_ref,
-    paged_prefill_work,
     plan_query_tiles,
     plan_step,
 )
-from kvlab.kernels.ssm_scan import selective_state_update, selective_state_update_ref  # noqa: E402
-from kvlab.kernels.store import paged_store, store_kv, store_kv_ref  # noqa: E402
-
-__all__ = [
-    "SUPPORTED_HEAD_DIMS",
-    "check_decode",
-    "check_prefill",
-    "choose_num_splits",
-    "group_rows",
-    "merge_partials",
-    "merge_splits",
-    "multiprocessor_count",
-    "paged_decode",
-    "paged_decode_attention",
-    "paged_decode_attention_gather",
-    "paged_decode_attention_ref",
-    "paged_decode_gather",
-    "paged_decode_partials",
-    "paged_extend",
-    "paged_prefill_attention",
-    "paged_prefill_attention_ref",
-    "paged_prefill_work",
-    "paged_store",
-    "plan_query_tiles",
-    "plan_step",
-    "selective_state_update",
-    "selective_state_update_ref",
-    "store_kv",
-    "store_kv_ref",
-    "use_interpreter",
-]
+from kvlab.kernels.ssm_scan import selective_state_update, selective_state_update_ref
+from kvlab.kernels.store import paged_store, store_kv, store_kv_ref

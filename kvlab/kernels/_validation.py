@@ -454,3 +454,29 @@ def _check_slots(slot_mapping, num_slots: int) -> None:
     unique, counts = stored.unique(return_counts=True)
     if (counts > 1).any():
         raise ValueError(f"slot_mapping writes slot {int(unique[counts > 1][0])} more than once")
+
+
+def check_plan(query_lens, context_lens, group) -> None:
+    """The host lists ``plan_query_tiles`` reads: one whole number each, per sequence."""
+    integer("group", group)
+    if len(query_lens) != len(context_lens):
+        raise ValueError(
+            f"query_lens and context_lens must have one entry per sequence, got {len(query_lens)} "
+            f"and {len(context_lens)}"
+        )
+    for b, (n, c) in enumerate(zip(query_lens, context_lens)):
+        integer(f"context_lens[{b}]", c, integer(f"query_lens[{b}]", n, 0))
+
+
+def check_merge_partials(outs, lses) -> None:
+    """The parts ``merge_partials`` merges, ``[num_parts, ..., head_dim]`` and ``[num_parts, ...]``:
+    float tensors of one leading shape."""
+    require_tensor("outs", outs)
+    require_tensor("lses", lses)
+    if outs.dim() < 2 or outs.shape[:-1] != lses.shape or outs.shape[0] < 1:
+        raise ValueError(
+            "outs must be [num_parts >= 1, ..., head_dim] and lses [num_parts, ...] with the same "
+            f"leading shape, got {tuple(outs.shape)} and {tuple(lses.shape)}"
+        )
+    require_dtype("outs", outs, FLOAT_DTYPES + (torch.float64,))
+    require_dtype("lses", lses, FLOAT_DTYPES + (torch.float64,))

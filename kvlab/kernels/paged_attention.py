@@ -79,11 +79,8 @@ def attend_split_kernel(
     row_valid = rows < GROUP
     q_heads = kv_head * GROUP + rows
     dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(
-        q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + dims[None, :] * stride_qd,
-        mask=row_valid[:, None],
-        other=0.0,
-    )
+    q_ptrs = q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + dims[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=row_valid[:, None], other=0.0)
 
     running_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)  # in log2 units
     running_sum = tl.zeros([GROUP_PAD], tl.float32)
@@ -111,26 +108,18 @@ def attend_split_kernel(
     lse = tl.where(has_tokens, (running_max + tl.log2(safe_sum)) * LN2, float("-inf"))  # natural
 
     partial_row = (seq * num_q_heads + q_heads) * num_splits + split  # [batch, heads, splits]
-    tl.store(
-        partial_out_ptr + partial_row[:, None] * HEAD_DIM + dims[None, :],
-        out,
-        mask=row_valid[:, None],
-    )
+    out_ptrs = partial_out_ptr + partial_row[:, None] * HEAD_DIM + dims[None, :]
+    tl.store(out_ptrs, out, mask=row_valid[:, None])
     tl.store(partial_lse_ptr + partial_row, lse, mask=row_valid)
 
 
+# fmt: off
 @triton.jit
 def merge_splits_kernel(
-    partial_out_ptr,
-    partial_lse_ptr,
-    out_ptr,
-    stride_ob,
-    stride_oh,
-    stride_od,
-    num_splits,
-    HEAD_DIM: tl.constexpr,
-    SPLIT_TILE: tl.constexpr,
+    partial_out_ptr, partial_lse_ptr, out_ptr, stride_ob, stride_oh, stride_od, num_splits,
+    HEAD_DIM: tl.constexpr, SPLIT_TILE: tl.constexpr,
 ):
+    # fmt: on
     seq = tl.program_id(0)
     head = tl.program_id(1)
     num_q_heads = tl.num_programs(1)
@@ -142,9 +131,8 @@ def merge_splits_kernel(
     max_lanes = tl.full([SPLIT_TILE], float("-inf"), tl.float32)
     for start in range(0, num_splits, SPLIT_TILE):
         splits = start + lanes
-        lse = tl.load(
-            partial_lse_ptr + first_row + splits, mask=splits < num_splits, other=float("-inf")
-        )
+        in_range = splits < num_splits
+        lse = tl.load(partial_lse_ptr + first_row + splits, mask=in_range, other=float("-inf"))
         max_lanes = tl.maximum(max_lanes, lse)
     global_max = tl.max(max_lanes, axis=0)
 
@@ -158,11 +146,8 @@ def merge_splits_kernel(
         splits = start + lanes
         in_range = splits < num_splits
         lse = tl.load(partial_lse_ptr + first_row + splits, mask=in_range, other=float("-inf"))
-        part = tl.load(
-            partial_out_ptr + (first_row + splits)[:, None] * HEAD_DIM + dims[None, :],
-            mask=in_range[:, None],
-            other=0.0,
-        )
+        part_ptrs = partial_out_ptr + (first_row + splits)[:, None] * HEAD_DIM + dims[None, :]
+        part = tl.load(part_ptrs, mask=in_range[:, None], other=0.0)
         weight = tl.exp(lse - global_max)
         weight_lanes += weight
         acc += tl.sum(weight[:, None] * part, axis=0)

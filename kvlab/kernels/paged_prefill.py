@@ -15,23 +15,18 @@ sit at positions ``c - n, ..., c - 1`` of sequence b, and query ``i`` of the chu
 positions ``0 ... c - n + i``: the whole cached prefix, and the chunk up to itself. A decode step is
 the case ``n = 1``; an empty cached prefix is ``n = c``; a chunk may start and end inside a block.
 
-How the work is cut. FlashAttention-2's varlen kernel (Dao 2023) gives each program one tile of
-consecutive query tokens of one sequence for one query head, on a grid sized by the longest
-sequence, where programs past a shorter sequence's end exit at once. FlashInfer (Ye et al. 2025)
-packs the query heads that share a KV head into the rows of one tile, so each K and V tile serves
-the whole group, and plans the list of tiles on the host before the launch. This kernel does both:
-a program takes one KV head and one *query tile*, whose rows are the (token, query head) pairs of a
-run of tokens of one chunk and of the ``group`` query heads of that KV head (as in the decode
-kernel, every K and V tile it reads through the block table serves the whole group). It loops over
-the keys from position 0 to the tile's last query with an online softmax in fp32, masking the keys
-a row may not see (each tile of keys is read and folded in by the two steps of
-``kvlab.kernels.paged_tile``, which the decode kernel shares). :func:`plan_query_tiles` lists the
-tiles once per step, heaviest first, so a batch that mixes a long prompt with short chunks launches
-no empty programs.
+How the work is cut. FlashAttention-2's varlen kernel (Dao 2023) gives each program a tile of
+consecutive query tokens of one sequence and one query head; FlashInfer (Ye et al. 2025) packs the
+query heads that share a KV head into the rows of one tile, so each K and V tile serves the whole
+group, and plans the tiles on the host before the launch. This kernel does both: a program takes
+one KV head and one *query tile*, whose rows are the (token, query head) pairs of a run of tokens
+of one chunk and the ``group`` query heads of that KV head. It loops over the keys from position 0
+to the tile's last query with an online softmax in fp32 (the two steps of
+``kvlab.kernels.paged_tile``, shared with the decode kernel), masking the keys a row may not see.
+:func:`plan_query_tiles` lists the tiles once per step, heaviest first, so no program is empty.
 
-Not done here: splitting one tile's keys across programs and merging the parts, as FlashInfer does
-for long contexts (a short chunk behind a very long prefix runs on few programs; for one-token rows
-the decode kernel's split-K does it), and skipping the mask on key tiles that every row sees whole.
+Not done here: splitting one tile's keys across programs, as FlashInfer does for long contexts,
+and skipping the mask on key tiles that every row sees whole.
 """
 
 from __future__ import annotations
@@ -42,11 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kvlab._checks import integer
-from kvlab.kernels._validation import check_prefill, check_prefill_args
+from kvlab.kernels._validation import check_plan, check_prefill, check_prefill_args
 from kvlab.kernels.configs import PREFILL_WARPS, prefill_constants, query_tokens_per_tile
 from kvlab.kernels.paged_tile import load_kv_tile, online_softmax_update
-from kvlab.theory.prefill_attention import PrefillWork, prefill_attention_work
 
 LOG2E = 1.0 / math.log(2.0)  # scores go through exp2, so the scale carries log2(e)
 
@@ -82,14 +75,9 @@ def paged_prefill_kernel(
     q_pos = cached_len + token
     q_heads = kv_head * GROUP + rows % GROUP
     dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(
-        q_ptr
-        + (q_begin + token)[:, None] * stride_qt
-        + q_heads[:, None] * stride_qh
-        + dims[None, :] * stride_qd,
-        mask=row_valid[:, None],
-        other=0.0,
-    )
+    at, head = (q_begin + token)[:, None], q_heads[:, None]  # each row's token and query head
+    q_ptrs = q_ptr + at * stride_qt + head * stride_qh + dims[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=row_valid[:, None], other=0.0)
 
     # The tile's last query sees keys 0 ... key_end - 1; no row of the tile sees further.
     key_end = cached_len + tl.minimum(first_query + TILE_QUERIES, query_len)
@@ -113,14 +101,8 @@ def paged_prefill_kernel(
         )
 
     out = acc / running_sum[:, None]
-    tl.store(
-        out_ptr
-        + (q_begin + token)[:, None] * stride_ot
-        + q_heads[:, None] * stride_oh
-        + dims[None, :] * stride_od,
-        out.to(out_ptr.dtype.element_ty),
-        mask=row_valid[:, None],
-    )
+    out_ptrs = out_ptr + at * stride_ot + head * stride_oh + dims[None, :] * stride_od
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
 
 
 # --------------------------------------------------------------------------- launch
@@ -134,14 +116,7 @@ def plan_query_tiles(query_lens, context_lens, group: int, device="cpu") -> torc
     has when it builds a step). A sequence with no new tokens gets no tile. Tiles are ordered by the
     keys they read, most first, so the longest programs start first and the GPU's tail is short.
     """
-    group = integer("group", group)
-    if len(query_lens) != len(context_lens):
-        raise ValueError(
-            f"query_lens and context_lens must have one entry per sequence, got {len(query_lens)} "
-            f"and {len(context_lens)}"
-        )
-    for b, (n, c) in enumerate(zip(query_lens, context_lens)):
-        integer(f"context_lens[{b}]", c, integer(f"query_lens[{b}]", n, 0))
+    check_plan(query_lens, context_lens, group)
     per_tile = query_tokens_per_tile(group)
     tiles = [(seq, start) for seq, n in enumerate(query_lens) for start in range(0, n, per_tile)]
     keys = [
@@ -242,20 +217,3 @@ def paged_prefill_attention_ref(
         scores = scores.masked_fill(hidden, float("-inf"))
         out[start:end] = torch.einsum("hit,thd->ihd", scores.softmax(dim=-1), values).to(q.dtype)
     return out
-
-
-def paged_prefill_work(q, k_cache, cu_query_lens, context_lens) -> PrefillWork:
-    """FLOPs and bytes of one launch on these tensors (``kvlab.theory.prefill_attention``), with
-    this kernel's query tile, so that a measured time gives fractions of the machine's ceilings."""
-    cu = cu_query_lens.tolist()
-    group = q.shape[1] // k_cache.shape[2]
-    return prefill_attention_work(
-        [b - a for a, b in zip(cu, cu[1:])],
-        context_lens.tolist(),
-        q.shape[1],
-        k_cache.shape[2],
-        q.shape[2],
-        q.element_size(),
-        k_cache.shape[1],
-        query_tokens_per_tile(group),
-    )

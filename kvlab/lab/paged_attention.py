@@ -21,6 +21,7 @@ from kvlab import kernels
 from kvlab._checks import integer, one_of
 from kvlab.lab.timing import Timing, measure, merge_timings
 from kvlab.serving.attention import ATTENTION_PATHS
+from kvlab.theory.prefill_attention import PrefillWork, prefill_attention_work
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,23 @@ def paged_prefill_launcher(
     scale = kernels.check_prefill(*args, scale, kernels.paged_prefill.paged_prefill_kernel)
     tiles = kernels.plan_step(q, k_cache, cu_query_lens, context_lens)
     return lambda: kernels.paged_extend(*args, scale, tiles)
+
+
+def paged_prefill_work(q, k_cache, cu_query_lens, context_lens) -> PrefillWork:
+    """FLOPs and bytes of one launch on these tensors (``kvlab.theory.prefill_attention``), with
+    this kernel's query tile, so that a measured time gives fractions of the machine's ceilings."""
+    cu = cu_query_lens.tolist()
+    group = q.shape[1] // k_cache.shape[2]
+    return prefill_attention_work(
+        [b - a for a, b in zip(cu, cu[1:])],
+        context_lens.tolist(),
+        q.shape[1],
+        k_cache.shape[2],
+        q.shape[2],
+        q.element_size(),
+        k_cache.shape[1],
+        kernels.configs.query_tokens_per_tile(group),
+    )
 
 
 def _alternate(contenders: dict, warmup: int, reps: int) -> dict:

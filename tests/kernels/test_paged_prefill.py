@@ -21,10 +21,9 @@ from kvlab.kernels.configs import query_tokens_per_tile
 from kvlab.kernels.paged_prefill import (
     paged_prefill_attention,
     paged_prefill_attention_ref,
-    paged_prefill_work,
     plan_query_tiles,
 )
-from kvlab.lab.paged_attention import paged_prefill_launcher
+from kvlab.lab.paged_attention import paged_prefill_launcher, paged_prefill_work
 from kvlab.theory import roofline
 from kvlab.theory.prefill_attention import prefill_attention_work, tile_keys, visible_pairs
 from kvlab.theory.shapes import ModelShape
