@@ -1,63 +1,39 @@
 """Notebooks 05, 05b, 06, 07 and 11: kvlab's Triton kernels, each beside a plain-PyTorch reference.
 
-Importing this package imports no kernel and no Triton: each name below loads its module on first
-use. That matters on a machine without CUDA, where the kernels run under Triton's interpreter:
-``triton.jit`` decides when a kernel is *decorated* (its module imported) whether it is compiled or
-interpreted, so :func:`use_interpreter` must run before the first kernel module is imported.
-kvlab's entry points call it (the notebooks' setup cells, ``python -m kvlab``, the test suite).
-The interpreter has no bf16 arithmetic: on a CPU use fp32 or fp16. Triton is a dependency of kvlab
-where it publishes wheels (Linux on x86_64); elsewhere the first use of a kernel raises one
-``ModuleNotFoundError`` that says so.
+Each kernel has two entries. The mechanism, a plain name (:func:`paged_decode`, :func:`paged_extend`
+for the prefill, :func:`paged_store`, and the PyTorch :func:`paged_decode_gather`), launches without
+a check and without a host sync: what ``kvlab.serving.attention`` calls in every layer after
+validating a step once. The checked entry (:func:`paged_decode_attention`,
+:func:`paged_prefill_attention`, :func:`store_kv`, and the PyTorch twins) validates every argument
+at the door (``kvlab.kernels._validation``) and calls the mechanism.
+
+On a machine without CUDA the kernels run under Triton's interpreter, which ``triton.jit`` chooses
+when a kernel is decorated, that is when its module is imported. So importing this package switches
+the interpreter on (``TRITON_INTERPRET=1``) before it imports the kernel modules, when no CUDA
+device is present and ``TRITON_INTERPRET`` is not set (set it to 0 to compile, as
+``kvlab.kernels.targets`` does). The interpreter has no bf16 arithmetic: on a CPU use fp32 or fp16.
+Triton is a dependency of kvlab where it publishes wheels (Linux on x86_64); elsewhere importing
+this package raises one ``ModuleNotFoundError`` that says so.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import os
 import sys
 
 from kvlab.versions import triton_missing
 
-KERNEL_MODULES = (
-    "paged_attention",
-    "paged_attention_torch",
-    "paged_prefill",
-    "paged_tile",
-    "store",
-    "ssm_scan",
-)
-_HOMES = {
-    "SUPPORTED_HEAD_DIMS": "paged_attention",
-    "choose_num_splits": "paged_attention",
-    "merge_splits": "paged_attention",
-    "multiprocessor_count": "paged_attention",
-    "paged_decode_partials": "paged_attention",
-    "paged_decode_attention": "paged_attention",
-    "paged_decode_launcher": "paged_attention",
-    "paged_decode_unchecked": "paged_attention",
-    "merge_partials": "paged_attention_torch",
-    "paged_decode_attention_gather": "paged_attention_torch",
-    "paged_decode_attention_ref": "paged_attention_torch",
-    "paged_decode_gather_unchecked": "paged_attention_torch",
-    "paged_prefill_attention": "paged_prefill",
-    "paged_prefill_attention_ref": "paged_prefill",
-    "paged_prefill_launcher": "paged_prefill",
-    "paged_prefill_unchecked": "paged_prefill",
-    "paged_prefill_work": "paged_prefill",
-    "plan_query_tiles": "paged_prefill",
-    "store_kv": "store",
-    "store_kv_ref": "store",
-    "store_kv_unchecked": "store",
-    "selective_state_update": "ssm_scan",
-    "selective_state_update_ref": "ssm_scan",
-}
-__all__ = ["use_interpreter", *_HOMES]
+if importlib.util.find_spec("triton") is None:
+    raise ModuleNotFoundError(triton_missing(), name="triton")
+
+KERNEL_MODULES = ("paged_attention", "paged_attention_torch", "paged_tile", "store", "ssm_scan")
 
 
 def use_interpreter() -> bool:
     """Run kvlab's Triton kernels under Triton's interpreter when there is no CUDA device; returns
-    whether the interpreter is on. Call it before anything imports a kernel module.
+    whether the interpreter is on. Importing this package calls it when ``TRITON_INTERPRET`` is
+    unset; calling it again changes nothing.
 
     Sets ``TRITON_INTERPRET=1``. If something imported Triton before (transformers may), Triton's
     own ``@triton.jit`` helpers were decorated without the switch, so those modules are dropped and
@@ -83,20 +59,34 @@ def use_interpreter() -> bool:
     return True
 
 
-def _load(module: str):
-    """A kernel module, imported on first use; without Triton, one error naming the fix."""
-    if module in KERNEL_MODULES and importlib.util.find_spec("triton") is None:
-        raise ModuleNotFoundError(triton_missing(), name="triton")
-    return importlib.import_module(f"{__name__}.{module}")
+if "TRITON_INTERPRET" not in os.environ and not any(
+    f"{__name__}.{m}" in sys.modules for m in KERNEL_MODULES
+):
+    use_interpreter()
 
-
-def __getattr__(name: str):
-    if name in _HOMES:
-        return getattr(_load(_HOMES[name]), name)
-    if name in (*KERNEL_MODULES, "shared_memory", "targets"):
-        return _load(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(__all__)
+from kvlab.kernels._validation import check_decode, check_prefill
+from kvlab.kernels.paged_attention import (
+    SUPPORTED_HEAD_DIMS,
+    choose_num_splits,
+    group_rows,
+    merge_splits,
+    multiprocessor_count,
+    paged_decode,
+    paged_decode_attention,
+    paged_decode_partials,
+)
+from kvlab.kernels.paged_attention_torch import (
+    merge_partials,
+    paged_decode_attention_gather,
+    paged_decode_attention_ref,
+    paged_decode_gather,
+)
+from kvlab.kernels.paged_prefill import (
+    paged_extend,
+    paged_prefill_attention,
+    paged_prefill_attention_ref,
+    plan_query_tiles,
+    plan_step,
+)
+from kvlab.kernels.ssm_scan import selective_state_update, selective_state_update_ref
+from kvlab.kernels.store import paged_store, store_kv, store_kv_ref

@@ -4,8 +4,8 @@
 - :func:`paged_decode_attention_ref`: fp64, from the definition, one sequence at a time; the
   answer the kernel is tested against.
 - :func:`paged_decode_attention_gather`: vectorised PyTorch, what paging costs without a fused
-  kernel: gather every block through the table, then SDPA. :func:`paged_decode_gather_unchecked` is
-  the same without the checks, for a caller that validated a step once
+  kernel: gather every block through the table, then SDPA. :func:`paged_decode_gather` is
+  the mechanism without the checks, for a caller that validated a step once
   (``kvlab.serving.attention``).
 - :func:`merge_partials`: the log-sum-exp merge of attention over disjoint parts of a sequence, the
   arithmetic of the kernel's second stage (and of context parallelism, ``kvlab.parallel.context``).
@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvlab.kernels._validation import FLOAT_DTYPES, require_dtype, require_tensor
-from kvlab.kernels.paged_attention import check_decode_inputs
+from kvlab.kernels._validation import check_decode_args, check_merge_partials
 
 
 def paged_decode_attention_ref(
@@ -30,7 +29,7 @@ def paged_decode_attention_ref(
     its GQA group, and applies softmax attention in float64. ``num_splits`` is validated
     and otherwise ignored: one pass is the definition the splits must reproduce.
     """
-    scale = check_decode_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+    scale = check_decode_args(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
     group = q.shape[1] // k_cache.shape[2]
     out = torch.empty_like(q)
     for b, length in enumerate(seq_lens.tolist()):
@@ -53,27 +52,23 @@ def paged_decode_attention_gather(
     sequence's length are masked out), then runs torch's SDPA on it. Same signature and checks as
     the kernel, except its limits: any block size and head_dim.
     """
-    scale = check_decode_inputs(
+    scale = check_decode_args(
         q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, kernel_limits=False
     )
-    return paged_decode_gather_unchecked(q, k_cache, v_cache, block_table, seq_lens, scale)
+    return paged_decode_gather(q, k_cache, v_cache, block_table, seq_lens, scale)
 
 
-def paged_decode_gather_unchecked(q, k_cache, v_cache, block_table, seq_lens, scale: float):
-    """:func:`paged_decode_attention_gather` without its checks (and their host sync)."""
-    block_size = k_cache.shape[1]
-    in_use = (
-        torch.arange(block_table.shape[1], device=q.device)[None, :] * block_size
-        < seq_lens[:, None]
-    )
+def paged_decode_gather(q, k_cache, v_cache, block_table, seq_lens, scale: float):
+    """:func:`paged_decode_attention_gather` without its checks (and their host sync): the
+    mechanism."""
+    block_size, lens = k_cache.shape[1], seq_lens[:, None]
+    in_use = torch.arange(block_table.shape[1], device=q.device)[None, :] * block_size < lens
     index = torch.where(in_use, block_table.long(), 0)  # unused entries may hold anything
-    valid = torch.arange(index.shape[1] * block_size, device=q.device)[None, :] < seq_lens[:, None]
-    unused = ~valid[
-        :, :, None, None
-    ]  # a slot past a sequence's end may hold anything, even NaN: zero it
-    keys = (
-        k_cache[index].flatten(1, 2).masked_fill_(unused, 0).transpose(1, 2)
-    )  # [batch, kv_heads, slots, dim]
+    valid = torch.arange(index.shape[1] * block_size, device=q.device)[None, :] < lens
+    # A slot past a sequence's end may hold anything, even NaN: zero it.
+    unused = ~valid[:, :, None, None]
+    # [batch, kv_heads, slots, dim]
+    keys = k_cache[index].flatten(1, 2).masked_fill_(unused, 0).transpose(1, 2)
     values = v_cache[index].flatten(1, 2).masked_fill_(unused, 0).transpose(1, 2)
     out = F.scaled_dot_product_attention(
         q[:, :, None], keys, values, attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True
@@ -98,15 +93,7 @@ def merge_partials(outs: torch.Tensor, lses: torch.Tensor):
     (``[num_parts, ...]``); an empty part has ``lse = -inf``. Returns ``(out, lse)`` of
     the union, exactly what one pass over all the tokens gives.
     """
-    require_tensor("outs", outs)
-    require_tensor("lses", lses)
-    if outs.dim() < 2 or outs.shape[:-1] != lses.shape or outs.shape[0] < 1:
-        raise ValueError(
-            "outs must be [num_parts >= 1, ..., head_dim] and lses [num_parts, ...] with the same "
-            f"leading shape, got {tuple(outs.shape)} and {tuple(lses.shape)}"
-        )
-    require_dtype("outs", outs, FLOAT_DTYPES + (torch.float64,))
-    require_dtype("lses", lses, FLOAT_DTYPES + (torch.float64,))
+    check_merge_partials(outs, lses)
     top = lses.max(dim=0).values
     top = torch.where(
         torch.isfinite(top), top, torch.zeros_like(top)

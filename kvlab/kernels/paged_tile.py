@@ -19,31 +19,20 @@ import triton
 import triton.language as tl
 
 
+# fmt: off
 @triton.jit
 def load_kv_tile(
-    k_cache_ptr,
-    v_cache_ptr,
-    block_table_ptr,
-    seq,
-    kv_head,
-    positions,
-    valid,
-    dims,
-    stride_kb,
-    stride_kt,
-    stride_kh,
-    stride_kd,
-    stride_vb,
-    stride_vt,
-    stride_vh,
-    stride_vd,
-    stride_btb,
-    stride_btm,
-    BLOCK_SIZE: tl.constexpr,
+    k_cache_ptr, v_cache_ptr, block_table_ptr, seq, kv_head, positions, valid, dims,
+    stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
+    stride_btb, stride_btm, BLOCK_SIZE: tl.constexpr,
 ):
+    # fmt: on
     """K and V of sequence ``seq``'s tokens at ``positions`` for one KV head, ``[TILE_N, HEAD_DIM]``
-    each. A token where ``valid`` is false reads zeros, and its block-table entry is not read."""
-    # Block-table lookup per token: a tile may cover many small blocks or part of a big one.
+    each. A token where ``valid`` is false reads zeros, and its block-table entry is not read.
+
+    It looks the block table up once per token, so a tile may cover many small blocks or part of a
+    big one; vLLM and FlashInfer look it up once per block, and load a block's tokens together.
+    """
     blocks = tl.load(
         block_table_ptr + seq * stride_btb + (positions // BLOCK_SIZE) * stride_btm,
         mask=valid,

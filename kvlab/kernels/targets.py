@@ -13,30 +13,29 @@ import sys
 
 import torch
 
+from kvlab.kernels import configs, paged_attention, paged_prefill, ssm_scan, store
 from kvlab.kernels.shared_memory import DTYPES, KernelConfig, compiled_shared_memory
 
 
 def config(name: str, dtype: torch.dtype, **sizes) -> KernelConfig:
     """One kernel at one size, as its wrapper launches it."""
-    from kvlab.kernels import paged_attention, store
-
+    block_size = sizes.get("block_size", 16)
     if name == "attend_split":
-        return paged_attention.attend_split_config(
-            dtype, sizes["group"], sizes["head_dim"], sizes.get("block_size", 16)
+        kernel = paged_attention.attend_split_kernel
+        return configs.attend_split_config(
+            kernel, dtype, sizes["group"], sizes["head_dim"], block_size
         )
     if name == "merge_splits":
-        return paged_attention.merge_splits_config(dtype, sizes["head_dim"], sizes["num_splits"])
+        kernel = paged_attention.merge_splits_kernel
+        return configs.merge_splits_config(kernel, dtype, sizes["head_dim"], sizes["num_splits"])
     if name == "store_kv":
-        return store.store_kv_config(dtype, sizes["head_dim"], sizes.get("block_size", 16))
+        return configs.store_kv_config(store.store_kv_kernel, dtype, sizes["head_dim"], block_size)
     if name == "ssm_update":
-        from kvlab.kernels import ssm_scan
-
         return ssm_scan.ssm_update_config(dtype, sizes["state"])
     if name == "paged_prefill":
-        from kvlab.kernels import paged_prefill
-
-        return paged_prefill.paged_prefill_config(
-            dtype, sizes["group"], sizes["head_dim"], sizes.get("block_size", 16)
+        kernel = paged_prefill.paged_prefill_kernel
+        return configs.paged_prefill_config(
+            kernel, dtype, sizes["group"], sizes["head_dim"], block_size
         )
     raise ValueError(f"unknown kernel {name!r}")
 

@@ -21,6 +21,7 @@ from kvlab import kernels
 from kvlab._checks import integer, one_of
 from kvlab.lab.timing import Timing, measure, merge_timings
 from kvlab.serving.attention import ATTENTION_PATHS
+from kvlab.theory.prefill_attention import PrefillWork, prefill_attention_work
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,47 @@ def _paged_case(
     )
 
 
+def paged_decode_launcher(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):
+    """Check once, then return a function that launches the decode kernel on these tensors
+    (notebooks 05, 05b), for timing the kernel alone: the tensors' shapes and the validity of their
+    block ids must not change between launches."""
+    pa, args = kernels.paged_attention, (q, k_cache, v_cache, block_table, seq_lens)
+    scale = kernels.check_decode(
+        *args, scale, num_splits, pa.attend_split_kernel, "paged_decode_attention"
+    )
+    num_splits = num_splits or pa.splits_for(q, k_cache, pa.longest(seq_lens))
+    return lambda: kernels.paged_decode(*args, scale, num_splits)
+
+
+def paged_prefill_launcher(
+    q, k_cache, v_cache, block_table, cu_query_lens, context_lens, scale=None
+):
+    """Check once and plan the tiles, then return a function that launches the prefill kernel
+    (notebooks 06, 11), for timing the kernel alone: the tensors' shapes and contents must not
+    change between launches."""
+    args = (q, k_cache, v_cache, block_table, cu_query_lens, context_lens)
+    scale = kernels.check_prefill(*args, scale, kernels.paged_prefill.paged_prefill_kernel)
+    tiles = kernels.plan_step(q, k_cache, cu_query_lens, context_lens)
+    return lambda: kernels.paged_extend(*args, scale, tiles)
+
+
+def paged_prefill_work(q, k_cache, cu_query_lens, context_lens) -> PrefillWork:
+    """FLOPs and bytes of one launch on these tensors (``kvlab.theory.prefill_attention``), with
+    this kernel's query tile, so that a measured time gives fractions of the machine's ceilings."""
+    cu = cu_query_lens.tolist()
+    group = q.shape[1] // k_cache.shape[2]
+    return prefill_attention_work(
+        [b - a for a, b in zip(cu, cu[1:])],
+        context_lens.tolist(),
+        q.shape[1],
+        k_cache.shape[2],
+        q.shape[2],
+        q.element_size(),
+        k_cache.shape[1],
+        kernels.configs.query_tokens_per_tile(group),
+    )
+
+
 def _alternate(contenders: dict, warmup: int, reps: int) -> dict:
     """Time each of ``contenders`` (name -> function) once per round, ``reps`` rounds: one timing
     loop that alternates them, so that drift on a shared machine hits all alike."""
@@ -143,7 +185,7 @@ def compare_attention(
     )
     args = (case.q, case.k_pool, case.v_pool, case.table, case.lens)
     if path == "kernel":
-        paged = kernels.paged_decode_launcher(*args, num_splits=num_splits)
+        paged = paged_decode_launcher(*args, num_splits=num_splits)
     else:
         attend = (
             kernels.paged_decode_attention_gather
@@ -203,9 +245,9 @@ def compare_splits(
         batch, context, block_size, num_q_heads, num_kv_heads, head_dim, dtype, False, seed
     )
     args = (case.q, case.k_pool, case.v_pool, case.table, case.lens)
-    contenders = {"split": kernels.paged_decode_launcher(*args, num_splits=num_splits)}
+    contenders = {"split": paged_decode_launcher(*args, num_splits=num_splits)}
     if num_splits != 1:
-        contenders["one"] = kernels.paged_decode_launcher(*args, num_splits=1)
+        contenders["one"] = paged_decode_launcher(*args, num_splits=1)
     contenders["contiguous"] = case.contiguous
     with torch.inference_mode():
         want = case.contiguous()[:, :, 0].float()

@@ -9,7 +9,7 @@ trace.
   :func:`measure_decode_after_prefix`: decode steps after a cold prefill and after a prefix hit.
 - against transformers' way of reusing a prefix: :mod:`kvlab.lab.prefix_reuse`;
 - :func:`prefill_kernel_rows`: on a GPU, the paged prefill kernel's share of the copy bandwidth and
-  of the matmul rate (:func:`kvlab.kernels.paged_prefill_work`);
+  of the matmul rate (:func:`kvlab.lab.paged_attention.paged_prefill_work`);
 - :func:`bench_rows`: the section's rows of ``python -m kvlab bench``.
 """
 
@@ -376,7 +376,7 @@ def prefill_attention_cost(
     from kvlab.theory.prefill_attention import attention_floor, prefill_attention_work
 
     group = shape.q_heads // shape.kv_heads
-    per_tile = kernels.paged_prefill.query_tokens_per_tile(group)
+    per_tile = kernels.configs.query_tokens_per_tile(group)
     args = (
         query_lens,
         context_lens,
@@ -405,11 +405,11 @@ def prefill_attention_cost(
 def prefill_kernel_rows(reps: int = 10) -> list:
     """On a GPU: the paged prefill kernel on a Llama-3-8B-like layer (32 query heads, 8 KV heads,
     head dim 128, bf16, blocks of 16) for a batch of chunks behind cached prefixes, its bytes and
-    FLOPs (:func:`kvlab.kernels.paged_prefill_work`) over the measured time, as shares of the
-    calibrated copy bandwidth and matmul rate."""
-    from kvlab import kernels
+    FLOPs (:func:`kvlab.lab.paged_attention.paged_prefill_work`) over the measured time, as shares
+    of the calibrated copy bandwidth and matmul rate."""
     from kvlab.lab.bench import Row
     from kvlab.lab.hardware import calibrate
+    from kvlab.lab.paged_attention import paged_prefill_launcher, paged_prefill_work
 
     calibration, rows = calibrate(), []
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -428,9 +428,9 @@ def prefill_kernel_rows(reps: int = 10) -> list:
         q = torch.randn(batch * new, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
         cu = torch.arange(0, batch * new + 1, new, device="cuda", dtype=torch.int32)
         lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
-        launch = kernels.paged_prefill_launcher(q, k, v, table, cu, lens)
+        launch = paged_prefill_launcher(q, k, v, table, cu, lens)
         t = measure(launch, warmup=3, reps=reps, device="cuda").median
-        work = kernels.paged_prefill_work(q, k, cu, lens)
+        work = paged_prefill_work(q, k, cu, lens)
         where = f"batch {batch}, {cached} cached + {new} new tokens, bf16, block 16"
         rows += [
             Row(f"prefill kernel b{batch} c{cached} n{new}", t * 1e6, "us", where),

@@ -255,7 +255,7 @@ def paged_attention(
 
 def _store(path: str, k_new, v_new, k_pool, v_pool, slots) -> None:
     if path == "kernel":
-        kernels.store_kv_unchecked(k_new, v_new, k_pool, v_pool, slots)
+        kernels.paged_store(k_new, v_new, k_pool, v_pool, slots)
         return
     heads, dim = k_pool.shape[2], k_pool.shape[3]
     k_pool.view(-1, heads, dim).index_copy_(0, slots, k_new)
@@ -264,10 +264,10 @@ def _store(path: str, k_new, v_new, k_pool, v_pool, slots) -> None:
 
 def _decode(meta: StepMetadata, q, k_pool, v_pool, scale: float):
     if meta.path == "kernel":
-        return kernels.paged_decode_unchecked(
+        return kernels.paged_decode(
             q, k_pool, v_pool, meta.decode_tables, meta.decode_lens, scale, meta.num_splits
         )
-    return kernels.paged_decode_gather_unchecked(
+    return kernels.paged_decode_gather(
         q, k_pool, v_pool, meta.decode_tables, meta.decode_lens, scale
     )
 
@@ -277,7 +277,7 @@ def _prefill(meta: StepMetadata, q, k_pool, v_pool, scale: float):
     sequence up to itself. The kernel reads the blocks in place; the gather path copies the contexts
     out and runs SDPA chunk by chunk."""
     if meta.path == "kernel":
-        return kernels.paged_prefill_unchecked(
+        return kernels.paged_extend(
             q,
             k_pool,
             v_pool,

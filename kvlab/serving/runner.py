@@ -105,8 +105,12 @@ class ModelRunner:
         if (
             attention == "kernel"
         ):  # the prefill kernel's program must fit this GPU's shared memory (a no-op on a CPU)
-            config = kernels.paged_prefill.paged_prefill_config(
-                cache.dtype, self.group, cache.head_dim, cache.block_size
+            config = kernels.configs.paged_prefill_config(
+                kernels.paged_prefill.paged_prefill_kernel,
+                cache.dtype,
+                self.group,
+                cache.head_dim,
+                cache.block_size,
             )
             kernels.shared_memory.require_fits(config, cache.device)
         self.graphs = None

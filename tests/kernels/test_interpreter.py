@@ -1,5 +1,6 @@
-"""The Triton interpreter is switched on by one explicit call, ``kvlab.kernels.use_interpreter()``,
-never by an import (notebooks 05, 05b, 07). Each case runs in a fresh interpreter process."""
+"""Without CUDA, importing ``kvlab.kernels`` switches the Triton interpreter on before it imports
+the kernels, unless ``TRITON_INTERPRET`` is set; ``import kvlab`` alone switches nothing (notebooks
+05, 05b, 07). Each case runs in a fresh interpreter process."""
 
 import os
 import subprocess
@@ -18,8 +19,8 @@ print(kernels.paged_decode_attention(q, k, k, torch.tensor([[0, 1]], dtype=torch
 """
 
 
-def _run(code: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+def _run(code: str, **extra) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | extra
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
@@ -31,13 +32,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_importing_kvlab_and_its_kernels_package_switches_nothing():
+def test_importing_kvlab_switches_nothing_and_its_kernels_package_switches_the_interpreter():
     run = _run(
-        "import os, sys, kvlab, kvlab.kernels, kvlab.serving.engine, kvlab.cache.paged\n"
-        "print(os.environ.get('TRITON_INTERPRET'), 'triton' in sys.modules)"
+        "import os, sys, kvlab\n"
+        "print(os.environ.get('TRITON_INTERPRET'), 'triton' in sys.modules)\n"
+        "from kvlab import kernels\n"
+        "print(os.environ.get('TRITON_INTERPRET'), kernels.use_interpreter())\n" + LAUNCH
     )
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["None", "False"]
+    assert run.stdout.split()[:4] == ["None", "False", "1", "True"]
+    assert "torch.Size([1, 4, 16])" in run.stdout
 
 
 def test_use_interpreter_first_then_the_kernels_run_on_a_cpu():
@@ -52,11 +56,11 @@ def test_use_interpreter_first_then_the_kernels_run_on_a_cpu():
 
 
 def test_a_kernel_imported_without_the_interpreter_refuses_a_cpu_tensor_by_name():
-    run = _run("from kvlab import kernels\nkernels.paged_decode_attention\n" + LAUNCH)
+    run = _run("from kvlab import kernels\n" + LAUNCH, TRITON_INTERPRET="0")
     assert run.returncode != 0
     assert (
         "paged_decode_attention got tensors on cpu" in run.stderr
         and "use_interpreter()" in run.stderr
     )
-    late = _run("from kvlab import kernels\nkernels.store_kv\nkernels.use_interpreter()")
+    late = _run("from kvlab import kernels\nkernels.use_interpreter()", TRITON_INTERPRET="0")
     assert late.returncode != 0 and "must run before the kernels are imported" in late.stderr

@@ -17,14 +17,14 @@ from hypothesis import strategies as st
 from kvlab.kernels import (
     choose_num_splits,
     merge_partials,
+    paged_decode,
     paged_decode_attention,
     paged_decode_attention_gather,
     paged_decode_attention_ref,
-    paged_decode_gather_unchecked,
-    paged_decode_unchecked,
+    paged_decode_gather,
+    paged_store,
     store_kv,
     store_kv_ref,
-    store_kv_unchecked,
 )
 from kvlab.kernels import paged_attention as pa
 
@@ -160,18 +160,18 @@ def test_unchecked_twins_compute_what_the_checked_functions_do():
     )
     for splits in (None, 3):
         torch.testing.assert_close(
-            paged_decode_unchecked(q, k_cache, v_cache, table, seq_lens, 0.125, splits),
+            paged_decode(q, k_cache, v_cache, table, seq_lens, 0.125, splits),
             paged_decode_attention(q, k_cache, v_cache, table, seq_lens, 0.125, splits),
         )
     torch.testing.assert_close(
-        paged_decode_gather_unchecked(q, k_cache, v_cache, table, seq_lens, 0.125),
+        paged_decode_gather(q, k_cache, v_cache, table, seq_lens, 0.125),
         paged_decode_attention_gather(q, k_cache, v_cache, table, seq_lens, 0.125),
     )
     k, v = torch.randn(3, 2, 64).to(DEVICE), torch.randn(3, 2, 64).to(DEVICE)
     a, b = torch.zeros(4, 8, 2, 64, device=DEVICE), torch.zeros(4, 8, 2, 64, device=DEVICE)
     c, d = a.clone(), b.clone()
     slots = torch.tensor([5, -1, 30], device=DEVICE)
-    store_kv_unchecked(k, v, a, b, slots)
+    paged_store(k, v, a, b, slots)
     store_kv_ref(k, v, c, d, slots)
     assert torch.equal(a, c) and torch.equal(b, d)
 
@@ -499,8 +499,8 @@ def test_attention_rejects_bad_input_before_launch(fn, name, monkeypatch):
     def no_launch(*args, **kwargs):
         raise AssertionError("the kernel was launched with bad input")
 
-    monkeypatch.setattr(pa, "paged_decode_unchecked", no_launch)
-    monkeypatch.setattr(pa, "_launch_attend_split", no_launch)
+    monkeypatch.setattr(pa, "paged_decode", no_launch)
+    monkeypatch.setattr(pa, "launch_attend_split", no_launch)
     mutate, error, message = ATTENTION_ERRORS[name]
     args = _valid_attention_args()
     mutate(args)

@@ -16,15 +16,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.kernels import paged_attention, paged_prefill
+from kvlab.kernels import _validation, paged_attention, paged_prefill
+from kvlab.kernels.configs import query_tokens_per_tile
 from kvlab.kernels.paged_prefill import (
     paged_prefill_attention,
     paged_prefill_attention_ref,
-    paged_prefill_launcher,
-    paged_prefill_work,
     plan_query_tiles,
-    query_tokens_per_tile,
 )
+from kvlab.lab.paged_attention import paged_prefill_launcher, paged_prefill_work
 from kvlab.theory import roofline
 from kvlab.theory.prefill_attention import prefill_attention_work, tile_keys, visible_pairs
 from kvlab.theory.shapes import ModelShape
@@ -208,7 +207,7 @@ def test_the_unchecked_launch_of_a_planned_step_equals_the_checked_call():
     step = make_step([(7, 5), (0, 12)], 4, 8, 32, torch.float16, seed=2)
     q, k_cache, v_cache, table, cu, context_lens = step
     tiles = plan_query_tiles([5, 12], [12, 12], group=8, device=DEVICE)
-    unchecked = paged_prefill.paged_prefill_unchecked(
+    unchecked = paged_prefill.paged_extend(
         q, k_cache, v_cache, table, cu, context_lens, 32**-0.5, tiles
     )
     launch = paged_prefill_launcher(*step)
@@ -345,10 +344,8 @@ def test_the_wrapper_asks_whether_the_kernel_fits_before_it_launches(monkeypatch
         asked.append((config.name, config.dtype, config.sizes))
         raise ValueError("refused")
 
-    monkeypatch.setattr(paged_prefill, "require_fits", refuse)
-    monkeypatch.setattr(
-        paged_prefill, "paged_prefill_unchecked", lambda *a: pytest.fail("launched")
-    )
+    monkeypatch.setattr(_validation, "require_fits", refuse)
+    monkeypatch.setattr(paged_prefill, "paged_extend", lambda *a: pytest.fail("launched"))
     with pytest.raises(ValueError, match="refused"):
         paged_prefill_attention(*_good())
     assert asked == [("paged_prefill", torch.float32, dict(head_dim=32, group=4))]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvlab.kernels import paged_attention, shared_memory, targets
+from kvlab.kernels import _validation, paged_attention, shared_memory, targets
 from kvlab.kernels.paged_attention import SUPPORTED_HEAD_DIMS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,9 +121,11 @@ def test_wrapper_refuses_a_config_the_gpu_cannot_hold_before_launch(monkeypatch)
     )  # what sm_75 needs, as the compiles above measure
     with pytest.raises(ValueError, match=r"head_dim=256.*sm_75 allows 65536"):
         shared_memory.require_fits(
-            paged_attention.attend_split_config(torch.float16, 4, 256), "cuda"
+            targets.config("attend_split", torch.float16, group=4, head_dim=256), "cuda"
         )
-    shared_memory.require_fits(paged_attention.attend_split_config(torch.float16, 4, 128), "cuda")
+    shared_memory.require_fits(
+        targets.config("attend_split", torch.float16, group=4, head_dim=128), "cuda"
+    )
 
 
 def test_the_wrapper_asks_before_it_launches(monkeypatch):
@@ -133,10 +135,8 @@ def test_the_wrapper_asks_before_it_launches(monkeypatch):
         asked.append((config.name, config.dtype, config.sizes))
         raise ValueError("refused")
 
-    monkeypatch.setattr(paged_attention, "require_fits", refuse)
-    monkeypatch.setattr(
-        paged_attention, "paged_decode_unchecked", lambda *a: pytest.fail("launched")
-    )
+    monkeypatch.setattr(_validation, "require_fits", refuse)
+    monkeypatch.setattr(paged_attention, "paged_decode", lambda *a: pytest.fail("launched"))
     q, cache = torch.randn(1, 8, 64), torch.randn(4, 16, 2, 64)
     with pytest.raises(ValueError, match="refused"):
         paged_attention.paged_decode_attention(

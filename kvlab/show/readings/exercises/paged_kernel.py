@@ -12,7 +12,7 @@ def paged_kernel_rows(q_heads: int, kv_heads: int, rows: int) -> str:
     text = (
         f"One program serves one KV head and its group of $G = {q_heads} / {kv_heads} = {group}$"
         f" query heads. `tl.dot` needs at least 16 rows, so the kernel pads the group to {rows}"
-        f" rows (`_group_rows({group})`): **{group / rows:.0%}** of the rows it multiplies are"
+        f" rows (`group_rows({group})`): **{group / rows:.0%}** of the rows it multiplies are"
         " useful. "
     )
     if group >= rows:
