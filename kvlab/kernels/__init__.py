@@ -27,7 +27,14 @@ from kvlab.versions import triton_missing
 if importlib.util.find_spec("triton") is None:
     raise ModuleNotFoundError(triton_missing(), name="triton")
 
-KERNEL_MODULES = ("paged_attention", "paged_attention_torch", "paged_tile", "store", "ssm_scan")
+KERNEL_MODULES = (
+    "paged_attention",
+    "paged_attention_torch",
+    "paged_prefill",
+    "paged_tile",
+    "store",
+    "ssm_scan",
+)
 
 
 def use_interpreter() -> bool:
