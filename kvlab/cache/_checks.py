@@ -1,5 +1,6 @@
-"""The argument checks and invariant checks of the block allocator, the block manager and the paged
-cache (:mod:`kvlab.cache.blocks`, :mod:`kvlab.cache.block_manager`, :mod:`kvlab.cache.paged`).
+"""Notebooks 05, 06 and 11: the argument and invariant checks of the block allocator, the block
+manager and the paged cache (:mod:`kvlab.cache.blocks`, :mod:`~kvlab.cache.block_manager`,
+:mod:`~kvlab.cache.paged`), and the error a pool without enough free blocks raises.
 
 Those modules hold the mechanism; a public method there opens with one line per argument, each a
 call into :mod:`kvlab._checks`' vocabulary or into the compound checks below. Every check runs
@@ -18,6 +19,34 @@ from kvlab._checks import integer, token_ids
 def optional(check, name: str, value, *args):
     """``value`` checked by ``check(name, value, *args)``, or None."""
     return None if value is None else check(name, value, *args)
+
+
+# --------------------------------------------------------------------------- free blocks
+
+
+class OutOfBlocksError(MemoryError):
+    """Not enough free blocks: ``needed``, ``free`` and ``total`` blocks, and bytes when the caller
+    knows the size of a block; ``what`` says what needed them."""
+
+    def __init__(self, needed, free, total, bytes_per_block=None, what=None):
+        message = (
+            f"{what + ' ' if what else ''}need{'s' if what else ''} {needed} KV-cache block(s) but"
+            f" only {free} of {total} are free"
+        )
+        if bytes_per_block:
+            message += (
+                f" ({needed * bytes_per_block:,} bytes needed, {free * bytes_per_block:,} bytes"
+                f" free, {bytes_per_block:,} bytes per block)"
+            )
+        super().__init__(message + "; free or preempt a sequence first")
+        self.needed, self.free, self.total = needed, free, total
+
+
+def free_blocks(manager, needed: int) -> None:
+    """Refuse a call that needs more free blocks than ``manager`` has."""
+    if needed > manager.num_free:
+        total, size = manager.num_blocks, manager.bytes_per_block
+        raise OutOfBlocksError(needed, manager.num_free, total, size)
 
 
 # --------------------------------------------------------------------------- blocks and tables

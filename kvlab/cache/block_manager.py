@@ -48,8 +48,7 @@ from kvlab.cache.blocks import (
     PREEMPTION_MODES,
     BlockAllocator,
     BlockTable,
-    OutOfBlocksError,
-    _chain_hash,
+    chain_hash_unchecked,
     root_hash,
 )
 
@@ -120,7 +119,7 @@ class BlockManager:
         tokens = checked_tokens("token_ids", token_ids)  # an empty prompt has nothing to compute
         first_parent = root_hash(salt)
         hits, hashes = self._match(tokens, first_parent)
-        self._require_free(self._blocks_needed(len(tokens), hits))
+        _checks.free_blocks(self, self._blocks_needed(len(tokens), hits))
         cached = len(hits) * self.block_size
         seq = _Sequence(tokens, self._take(hits, len(tokens)), first_parent, cached, hashes)
         self._count_admission(len(tokens), len(hits))
@@ -138,7 +137,7 @@ class BlockManager:
 
     def _reserve(self, seq_id: int, tokens: list[int]) -> tuple[int, int] | None:
         seq = self._seqs[seq_id]
-        self._require_free(self._blocks_to_append(seq, len(tokens)))
+        _checks.free_blocks(self, self._blocks_to_append(seq, len(tokens)))
         pair = None
         if tokens and self._last_block_shared(seq):
             (copy,) = self._allocate(1)
@@ -164,7 +163,7 @@ class BlockManager:
             return
         for k in range(len(seq.hashes), num_computed // size):
             parent = seq.hashes[-1] if seq.hashes else seq.first_parent
-            seq.hashes.append(_chain_hash(parent, seq.tokens[k * size : (k + 1) * size]))
+            seq.hashes.append(chain_hash_unchecked(parent, seq.tokens[k * size : (k + 1) * size]))
             self._register(seq.blocks[k], seq.hashes[-1])
 
     # -- fork, preempt, resume, free -----------------------------------------------------------
@@ -211,7 +210,7 @@ class BlockManager:
     def _resume(self, seq_id: int, extra: list[int]) -> int:
         seq = self._seqs[seq_id]
         hits, hashes = self._resume_hits(seq, extra)
-        self._require_free(self._blocks_needed(len(seq.tokens) + len(extra), hits))
+        _checks.free_blocks(self, self._blocks_needed(len(seq.tokens) + len(extra), hits))
         seq.tokens += extra
         seq.blocks, seq.hashes = self._take(hits, len(seq.tokens)), hashes
         if seq.state == "recompute":
@@ -236,7 +235,9 @@ class BlockManager:
         limit = (len(tokens) - 1) // self.block_size if limit is None else limit
         hits, hashes, parent = [], [], first_parent
         for k in range(limit):
-            parent = _chain_hash(parent, tokens[k * self.block_size : (k + 1) * self.block_size])
+            parent = chain_hash_unchecked(
+                parent, tokens[k * self.block_size : (k + 1) * self.block_size]
+            )
             block = self._by_hash.get(parent)
             if block is None:
                 break
@@ -309,10 +310,6 @@ class BlockManager:
     def _last_block_shared(self, seq: _Sequence) -> bool:
         partial = len(seq.tokens) % self.block_size != 0
         return partial and self.allocator._refs[seq.blocks[-1]] > 1
-
-    def _require_free(self, needed: int) -> None:
-        if needed > self.num_free:
-            raise OutOfBlocksError(needed, self.num_free, self.num_blocks, self.bytes_per_block)
 
     # -- queries -------------------------------------------------------------------------------
 

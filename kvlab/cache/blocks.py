@@ -26,6 +26,7 @@ from collections import OrderedDict
 from kvlab._checks import flag, integer, require_memory
 from kvlab._checks import token_ids as checked_tokens
 from kvlab.cache import _checks
+from kvlab.cache._checks import OutOfBlocksError
 
 MAX_BLOCK_ID = 2**31 - 1  # block tables are int32
 BOOKKEEPING_BYTES_PER_BLOCK = 64  # a free-list entry, a reference count and a hash slot, rounded up
@@ -190,7 +191,7 @@ def block_hashes(token_ids, block_size: int, salt=None) -> list[bytes]:
     block_size = integer("block_size", block_size)
     parent, hashes = root_hash(salt), []
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = _chain_hash(parent, tokens[start : start + block_size])
+        parent = chain_hash_unchecked(parent, tokens[start : start + block_size])
         hashes.append(parent)
     return hashes
 
@@ -212,10 +213,11 @@ def root_hash(salt) -> bytes:
 def chain_hash(parent: bytes, block_tokens) -> bytes:
     """The hash of one full block: its parent's hash and its own token ids, 128-bit BLAKE2b."""
     parent = _checks.parent_hash(parent)
-    return _chain_hash(parent, checked_tokens("block_tokens", block_tokens))
+    return chain_hash_unchecked(parent, checked_tokens("block_tokens", block_tokens))
 
 
-def _chain_hash(parent: bytes, block_tokens: list[int]) -> bytes:
+def chain_hash_unchecked(parent: bytes, block_tokens: list[int]) -> bytes:
+    """:func:`chain_hash` of a checked parent and token ids (the block manager's loops)."""
     digest = hashlib.blake2b(parent, digest_size=16)
     digest.update(array("q", block_tokens).tobytes())  # token ids are int64, < 2**63
     return digest.digest()
@@ -232,24 +234,3 @@ def reusable_tokens(first_difference: int | None, num_tokens: int, block_size: i
     num_tokens, block_size = integer("num_tokens", num_tokens), integer("block_size", block_size)
     match = _checks.optional(integer, "first_difference", first_difference, 0)
     return min(num_tokens if match is None else match, num_tokens - 1) // block_size * block_size
-
-
-# --------------------------------------------------------------------------- the error
-
-
-class OutOfBlocksError(MemoryError):
-    """Not enough free blocks: ``needed``, ``free`` and ``total`` blocks, and bytes when the caller
-    knows the size of a block; ``what`` says what needed them."""
-
-    def __init__(self, needed, free, total, bytes_per_block=None, what=None):
-        message = (
-            f"{what + ' ' if what else ''}need{'s' if what else ''} {needed} KV-cache block(s) but"
-            f" only {free} of {total} are free"
-        )
-        if bytes_per_block:
-            message += (
-                f" ({needed * bytes_per_block:,} bytes needed, {free * bytes_per_block:,} bytes"
-                f" free, {bytes_per_block:,} bytes per block)"
-            )
-        super().__init__(message + "; free or preempt a sequence first")
-        self.needed, self.free, self.total = needed, free, total

@@ -33,8 +33,13 @@ from kvlab import kernels
 from kvlab._checks import integer, integers, one_of, positive, require_memory, restoring
 from kvlab.cache import _checks
 from kvlab.cache.block_manager import BlockManager
-from kvlab.cache.blocks import PREEMPTION_MODES, BlockTable
+from kvlab.cache.blocks import PREEMPTION_MODES
 from kvlab.devices import device as default_device
+
+_FROM_MANAGER = (  # the queries a PagedKVCache answers with its block manager's answer
+    *("num_free", "prefix_caching", "sequences", "table", "block_table", "tokens", "state"),
+    *("num_tokens", "num_computed", "blocks_to_admit", "blocks_to_append", "blocks_to_resume"),
+)
 
 
 class PagedKVCache:
@@ -248,49 +253,14 @@ class PagedKVCache:
         element = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
 
-    @property
-    def num_free(self) -> int:
-        return self.manager.num_free
-
-    @property
-    def prefix_caching(self) -> bool:
-        return self.manager.prefix_caching
-
-    def sequences(self) -> list[int]:
-        return self.manager.sequences()
-
-    def table(self, seq_id: int) -> BlockTable:
-        return self.manager.table(seq_id)
-
-    def block_table(self, seq_id: int) -> list[int]:
-        """``seq_id``'s physical blocks in logical order (a copy)."""
-        return self.manager.block_table(seq_id)
-
-    def tokens(self, seq_id: int) -> list[int]:
-        return self.manager.tokens(seq_id)
-
-    def num_tokens(self, seq_id: int) -> int:
-        """Tokens whose slots ``seq_id`` holds (reserved, written or not)."""
-        return self.manager.num_tokens(seq_id)
-
-    def num_computed(self, seq_id: int) -> int:
-        """Leading tokens whose K and V every layer holds."""
-        return self.manager.num_computed(seq_id)
-
-    def state(self, seq_id: int) -> str:
-        return self.manager.state(seq_id)
+    def __getattr__(self, name: str):
+        """The block manager's queries, asked of the cache: ``num_free``, ``tokens(seq_id)``..."""
+        if name in _FROM_MANAGER:
+            return getattr(self.manager, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def is_swapped(self, seq_id: int) -> bool:
         return self.manager.state(seq_id) == "swap"
-
-    def blocks_to_admit(self, token_ids, salt=None) -> int:
-        return self.manager.blocks_to_admit(token_ids, salt)
-
-    def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
-        return self.manager.blocks_to_append(seq_id, num_tokens)
-
-    def blocks_to_resume(self, seq_id: int, token_ids=()) -> int:
-        return self.manager.blocks_to_resume(seq_id, token_ids)
 
     def require_in_step(self, seq_id) -> None:
         """Refuse a sequence that is unknown, preempted, or half way through a by-hand append (its
