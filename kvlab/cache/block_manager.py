@@ -9,10 +9,9 @@ whose K and V are now written, ``fork``, ``preempt``, ``resume`` and ``free``. P
 switch: off, nothing is ever registered.
 
 **A cached block costs no admission capacity.** A freed block keeps its K, V and hash but joins the
-free list, so ``num_free`` counts it; ``admit`` and ``reserve`` take it when they need a block, and
-that evicts its hash on demand (vLLM v1 keeps its free blocks in one queue the same way). What
-caching costs is the churn of evictions (``stats.evictions``: hashes given up and, if asked for
-again, recomputed) and the hash table (``num_cached`` entries).
+free list, so ``num_free`` counts it; taking it for a new block evicts its hash (vLLM v1 keeps its
+free blocks in one queue the same way). Caching costs evictions (``stats.evictions``: hashes given
+up and, if asked for again, recomputed) and the hash table (``num_cached`` entries).
 
 **A hash is registered when its block's K and V are committed** (``commit``): written, or about
 to be written by the model step in flight. The engine commits a chunk when it schedules it, as
@@ -70,13 +69,8 @@ class _Sequence:
 
 class BlockManager:
     """Block tables over one :class:`BlockAllocator`, with optional prefix caching (notebooks 05,
-    06, 11).
-
-    Per sequence: its tokens (those whose slots are reserved), its blocks, and ``num_computed``, the
-    leading tokens whose K and V are written. ``max_cached_blocks`` caps how many blocks may hold a
-    registered hash (None: no cap), the knob behind notebook 06's "reserve" policy. A call that
-    raises (bad arguments, an :class:`OutOfBlocksError`) has changed nothing.
-    """
+    06, 11). ``max_cached_blocks`` caps the blocks that may hold a registered hash (None: no cap),
+    the knob behind notebook 06's "reserve" policy. A call that raises has changed nothing."""
 
     def __init__(
         self,
@@ -89,10 +83,8 @@ class BlockManager:
         self.prefix_caching = flag("prefix_caching", prefix_caching)
         self.bytes_per_block = _checks.optional(integer, "bytes_per_block", bytes_per_block)
         self.allocator = BlockAllocator(num_blocks)
-        self.num_blocks, self.block_size = (
-            self.allocator.num_blocks,
-            integer("block_size", block_size),
-        )
+        self.num_blocks = self.allocator.num_blocks
+        self.block_size = integer("block_size", block_size)
         self.max_cached_blocks = _checks.optional(
             integer, "max_cached_blocks", max_cached_blocks, 0
         )
@@ -111,10 +103,9 @@ class BlockManager:
     def admit(self, token_ids, salt=None) -> tuple[int, int]:
         """A new sequence holding the slots of ``token_ids``; returns ``(seq_id, cached_tokens)``.
 
-        The leading full blocks whose hashes are registered are shared (their K and V are written),
-        the rest are new blocks; ``cached_tokens`` of them count as computed. At least one token is
-        always left to compute (its logits give the next token), so a prompt of exactly ``n`` blocks
-        reuses at most ``n - 1``.
+        The leading full blocks whose hashes are registered are shared, their tokens computed; the
+        rest are new blocks. At least one token is always left to compute (its logits give the next
+        token), so a prompt of exactly ``n`` blocks reuses at most ``n - 1``.
         """
         tokens = checked_tokens("token_ids", token_ids)  # an empty prompt has nothing to compute
         first_parent = root_hash(salt)
@@ -128,10 +119,9 @@ class BlockManager:
     def reserve(self, seq_id: int, token_ids) -> tuple[int, int] | None:
         """Reserve the next slots for ``token_ids`` after ``seq_id``'s tokens, all or nothing.
 
-        Returns ``(source, copy)`` when the sequence's last block was partly filled and shared
-        (after a fork): the sequence now writes into ``copy``, and the caller copies ``source``'s K
-        and V into it (copy-on-write); otherwise None.
-        """
+        Returns ``(source, copy)`` when the last block was partly filled and shared (after a fork):
+        the sequence now writes into ``copy``, and the caller copies ``source``'s K and V into it
+        (copy-on-write); otherwise None."""
         _checks.sequence(self._seqs, seq_id, "resident")
         return self._reserve(seq_id, checked_tokens("token_ids", token_ids, empty=True))
 
@@ -179,12 +169,10 @@ class BlockManager:
     def preempt(self, seq_id: int, mode: str) -> int:
         """Give up ``seq_id``'s blocks (notebook 05); returns how many tokens' K and V it held.
 
-        ``"recompute"``: the sequence keeps its tokens and nothing else; :meth:`resume` reserves
-        them again (prefix hits count as computed) and the caller prefills the rest. ``"swap"``: it
-        also keeps ``num_computed``; the caller has copied those tokens' K and V to host memory and
-        copies them back after :meth:`resume`. Its full written blocks stay registered (free,
-        cached) in both.
-        """
+        ``"recompute"``: it keeps its tokens only; :meth:`resume` reserves them again (prefix hits
+        count as computed) and the caller prefills the rest. ``"swap"``: it keeps ``num_computed``
+        too; the caller has copied those tokens' K and V to host memory and copies them back after
+        :meth:`resume`. Its full written blocks stay registered (free, cached) in both."""
         one_of("mode", mode, PREEMPTION_MODES)
         _checks.sequence(self._seqs, seq_id, "resident")
         return self._preempt(seq_id, mode)
@@ -246,6 +234,8 @@ class BlockManager:
         return hits, hashes
 
     def _resume_hits(self, seq: _Sequence, extra: list[int]):
+        """Hits for a preempted sequence: its tokens and ``extra`` as a prompt's, or after a swap
+        its written full blocks."""
         if seq.state == "swap":  # every written full block may come from the cache, not the host
             return self._match(seq.tokens, seq.first_parent, seq.num_computed // self.block_size)
         return self._match(seq.tokens + extra, seq.first_parent)

@@ -2,19 +2,12 @@
 hashes.
 
 A paged KV cache stores each sequence in fixed-size blocks found through a per-sequence block table
-(Kwon et al. 2023). This module, and :mod:`kvlab.cache.block_manager` on top of it, only move block
-ids; the K and V tensors live in :class:`kvlab.cache.paged.PagedKVCache`.
-
-- :class:`BlockAllocator`: reference-counted block ids. Its free list is ordered for prefix
-  caching: blocks that hold no reusable hash are handed out first (taking one evicts nothing), then
-  cached blocks, least recently freed first; a hit takes a free cached block back out of the list.
-- :class:`BlockTable`: one sequence's logical blocks -> physical blocks.
-- :func:`block_hashes`: the chained hash of each full block, as vLLM's block manager and nano-vllm
-  (Yu 2025) compute it; :func:`reusable_tokens`, the rule that follows: whole blocks only, and never
-  the prompt's last token. vLLM's block hash also carries extra keys (LoRA adapter ids, multimodal
-  input hashes) beside a cache salt. SGLang's RadixAttention keeps prefixes in a radix tree matched
-  token by token (a page of one token by default; Zheng et al. 2024), so a hit there ends at the
-  first differing token, not at a block boundary.
+(Kwon et al. 2023). This module and :mod:`kvlab.cache.block_manager` move block ids only; the K and
+V tensors live in :class:`kvlab.cache.paged.PagedKVCache`. :func:`block_hashes` chains the hash of
+each full block to its parent's, as vLLM and nano-vllm (Yu 2025) do (vLLM's also carries extra
+keys: LoRA adapter ids, multimodal input hashes); :func:`reusable_tokens` is the rule that follows.
+SGLang's RadixAttention matches prefixes token by token in a radix tree (Zheng et al. 2024), so a
+hit there ends at the first differing token, not at a block boundary.
 """
 
 from __future__ import annotations
@@ -34,15 +27,12 @@ PREEMPTION_MODES = ("recompute", "swap")
 _ROOT = b"kvlab-prefix-root"
 
 
-# --------------------------------------------------------------------------- the allocator
-
-
 class BlockAllocator:
     """Reference-counted pool of ``num_blocks`` physical KV-cache blocks (notebook 05).
 
-    The free list's front is taken next. ``free(block, cached=True)`` puts a block that still holds
-    a reusable hash at the back (least recently freed blocks are evicted first); an uncached block
-    goes to the front, so that handing it out evicts nothing.
+    The free list's front is taken next. A freed block that still holds a reusable hash goes to the
+    back (``free(block, cached=True)``: the least recently freed is evicted first), any other to the
+    front, where taking it evicts nothing.
 
     >>> pool = BlockAllocator(4)
     >>> (block,) = pool.allocate(1)
@@ -55,12 +45,9 @@ class BlockAllocator:
 
     def __init__(self, num_blocks: int):
         num_blocks = integer("num_blocks", num_blocks, 1, MAX_BLOCK_ID + 1)
-        bookkeeping = num_blocks * BOOKKEEPING_BYTES_PER_BLOCK  # host memory, refused before use
-        require_memory(
-            f"a pool of {num_blocks:,} blocks (allocator bookkeeping)", bookkeeping, "cpu"
-        )
-        self.num_blocks = num_blocks
-        self._refs = [0] * num_blocks
+        what = f"a pool of {num_blocks:,} blocks (allocator bookkeeping)"  # host memory
+        require_memory(what, num_blocks * BOOKKEEPING_BYTES_PER_BLOCK, "cpu")
+        self.num_blocks, self._refs = num_blocks, [0] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
 
     def allocate(self, count: int) -> list[int]:
@@ -72,12 +59,11 @@ class BlockAllocator:
         self._reclaim(_checks.free_block(self, block))
 
     def incref(self, block: int) -> None:
-        """One more holder of an allocated block (sharing it with another sequence)."""
+        """One more holder of a held block (another sequence shares it)."""
         self._refs[_checks.held_block(self, block, "incref")] += 1
 
     def free(self, block: int, cached: bool = False) -> None:
-        """Drop one holder; the last one's free puts the block on the free list (see the class
-        doc)."""
+        """Drop one holder; the last one puts the block on the free list (see the class doc)."""
         flag("cached", cached)
         self._free_block(_checks.held_block(self, block, "free"), cached)
 
@@ -126,22 +112,15 @@ class BlockAllocator:
         return list(self._refs), OrderedDict(self._free)
 
     def restore(self, snapshot) -> None:
-        refs, free = snapshot
-        self._refs, self._free = list(refs), OrderedDict(free)
-
-
-# --------------------------------------------------------------------------- block tables
+        self._refs, self._free = list(snapshot[0]), OrderedDict(snapshot[1])
 
 
 class BlockTable:
-    """One sequence's logical blocks -> physical blocks (notebook 05).
+    """One sequence's logical blocks -> physical blocks (notebook 05): token ``t`` lives in physical
+    block ``blocks[t // block_size]`` at offset ``t % block_size``. The seed's request A (block size
+    16, logical [0, 1, 2] -> physical [7, 2, 15]):
 
-    Token ``t`` lives in logical block ``t // block_size`` at offset ``t % block_size``;
-    ``blocks[logical]`` is the physical block. The seed's example (request A, block size 16,
-    logical [0, 1, 2] -> physical [7, 2, 15]):
-
-    >>> table = BlockTable(16, [7, 2, 15], num_tokens=48)
-    >>> table.physical_location(17)
+    >>> BlockTable(16, [7, 2, 15], num_tokens=48).physical_location(17)
     (2, 1)
     """
 
@@ -151,10 +130,8 @@ class BlockTable:
         self.num_tokens = _checks.table_tokens(num_tokens, len(self.blocks), block_size)
 
     def __repr__(self) -> str:
-        return (
-            f"BlockTable(block_size={self.block_size}, blocks={self.blocks},"
-            f" num_tokens={self.num_tokens})"
-        )
+        args = f"block_size={self.block_size}, blocks={self.blocks}, num_tokens={self.num_tokens}"
+        return f"BlockTable({args})"
 
     @property
     def capacity(self) -> int:
@@ -175,9 +152,6 @@ class BlockTable:
         start, end = _checks.token_span(start, end, self.capacity)
         size = self.block_size
         return [self.blocks[t // size] * size + t % size for t in range(start, end)]
-
-
-# --------------------------------------------------------------------------- block hashes
 
 
 def block_hashes(token_ids, block_size: int, salt=None) -> list[bytes]:
