@@ -118,12 +118,10 @@ def salt(value):
 
 def parent_hash(value) -> bytes:
     """``value`` if it is the bytes of a hash."""
-    if not isinstance(value, bytes):
-        raise TypeError(
-            "parent must be the bytes of a hash (root_hash, chain_hash), got"
-            f" {type(value).__name__}"
-        )
-    return value
+    if isinstance(value, bytes):
+        return value
+    kind = type(value).__name__
+    raise TypeError(f"parent must be the bytes of a hash (root_hash, chain_hash), got {kind}")
 
 
 # --------------------------------------------------------------------------- sequences

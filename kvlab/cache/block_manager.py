@@ -1,12 +1,10 @@
 """Notebooks 05, 06 and 11: the one block manager of kvlab's serving stack, prefix caching a switch
 on it.
 
-:class:`BlockManager` keeps, per sequence, a block table and its tokens over one
+:class:`BlockManager` keeps, per sequence, its tokens and block table over one
 :class:`~kvlab.cache.blocks.BlockAllocator`, as nano-vllm's ``BlockManager`` (Yu 2025) and vLLM's
-KV-cache manager (Kwon et al. 2023) do: ``admit`` reuses registered blocks, ``reserve`` takes the
-next slots (copy-on-write of a shared last block), ``commit`` registers the hashes of full blocks
-whose K and V are now written, ``fork``, ``preempt``, ``resume`` and ``free``. Prefix caching is a
-switch: off, nothing is ever registered.
+KV-cache manager (Kwon et al. 2023) do. ``commit`` registers the chained hashes of full blocks whose
+K and V are written, ``admit`` and ``resume`` reuse registered blocks (off: nothing is registered).
 
 **A cached block costs no admission capacity.** A freed block keeps its K, V and hash but joins the
 free list, so ``num_free`` counts it; taking it for a new block evicts its hash (vLLM v1 keeps its
@@ -62,9 +60,7 @@ class _Sequence:
     state: str = "resident"  # "resident", or "recompute"/"swap" while preempted (no blocks held)
 
     def copy(self) -> "_Sequence":
-        return replace(
-            self, tokens=list(self.tokens), blocks=list(self.blocks), hashes=list(self.hashes)
-        )
+        return replace(self, tokens=[*self.tokens], blocks=[*self.blocks], hashes=[*self.hashes])
 
 
 class BlockManager:

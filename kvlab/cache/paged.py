@@ -1,25 +1,15 @@
 """Notebooks 05, 06 and 11: the paged KV cache, per-layer K and V pools over one block manager.
 
 ``k_pools[layer]`` and ``v_pools[layer]`` are ``[num_blocks, block_size, num_kv_heads, head_dim]``
-(Kwon et al. 2023); one :class:`~kvlab.cache.block_manager.BlockManager` (prefix caching on or off)
-owns the block tables, and all layers of a sequence share its table: token ``t`` sits in the same
-block and offset in every layer.
-
-Two ways to write K and V:
-
-- a model step (:mod:`kvlab.serving`): ``admit`` or ``reserve`` the step's slots, run the model (its
-  attention function stores every layer's new K and V at those slots), then ``commit``;
-- by hand, one layer at a time (notebook 05): ``append(seq_id, layer, k, v)``. Layer 0 goes first
-  and reserves the slots; layers 1.. write into slots layer 0 already owns, and may not run ahead.
-
-``fork`` shares every block (reference counts); the first append that writes into a shared, partly
-filled last block copies it first, in every layer (copy-on-write). ``preempt(seq_id, "recompute")``
-drops a sequence's blocks; ``"swap"`` copies its K and V to host memory first; ``resume`` brings
-it back. All of them work with prefix caching on.
-
-A call that fails changes nothing: every method checks its arguments first, and the ones that
-write tensors restore a snapshot if the write fails (``all_or_nothing``), under the block manager's
-rollback rule (an evicted hash stays evicted).
+(Kwon et al. 2023); one :class:`~kvlab.cache.block_manager.BlockManager` owns the block tables,
+which every layer shares: token ``t`` sits in the same block and offset in every layer. K and V are
+written by a model step (:mod:`kvlab.serving`: ``admit`` or ``reserve`` the step's slots, run the
+model, whose attention stores every layer's K and V there, then ``commit``), or by hand, one layer
+at a time (notebook 05: ``append``; layer 0 reserves the slots, the others follow). ``fork`` shares
+every block; the first write into a shared, partly filled last block copies it (copy-on-write).
+``preempt`` drops a sequence's blocks, after copying their K and V to host memory for ``"swap"``;
+``resume`` brings them back. A call that fails changes nothing (``all_or_nothing``, under the block
+manager's rollback rule).
 """
 
 from __future__ import annotations
@@ -43,13 +33,9 @@ _FROM_MANAGER = (  # the queries a PagedKVCache answers with its block manager's
 
 
 class PagedKVCache:
-    """Per-layer K and V pools and one :class:`~kvlab.cache.block_manager.BlockManager` (notebooks
-    05, 06, 11).
-
-    ``store`` writes the by-hand ``append`` (default :func:`kvlab.kernels.store_kv`; pass
-    ``kvlab.kernels.store_kv_ref`` to time host-side work on a CPU). A model step stores through
-    the attention function instead (:mod:`kvlab.serving.attention`).
-    """
+    """Per-layer K and V pools and one block manager (notebooks 05, 06, 11). ``store`` writes the
+    by-hand ``append`` (default :func:`kvlab.kernels.store_kv`; ``kvlab.kernels.store_kv_ref`` times
+    host-side work on a CPU); a model step stores through :mod:`kvlab.serving.attention`."""
 
     def __init__(
         self,
