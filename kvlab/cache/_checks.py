@@ -59,16 +59,16 @@ def known_block(pool, block) -> int:
 
 def held_block(pool, block, action: str) -> int:
     """``block`` as an id of a block someone holds (``action``: what the caller does to it)."""
-    if pool._refs[known_block(pool, block)] == 0:
+    if pool.ref_count(block) == 0:  # ref_count checks the id
         raise ValueError(f"cannot {action} block {block}: it is free (not allocated)")
     return int(block)
 
 
 def free_block(pool, block) -> int:
     """``block`` as an id of a block nobody holds."""
-    if pool._refs[known_block(pool, block)]:
+    if pool.ref_count(block):  # ref_count checks the id
         raise ValueError(
-            f"cannot reclaim block {block}: it is held ({pool._refs[block]} holder(s))"
+            f"cannot reclaim block {block}: it is held ({pool.ref_count(block)} holder(s))"
         )
     return int(block)
 
@@ -267,8 +267,8 @@ def manager_invariants(m) -> None:
             all(p[:2] == places[0][:2] for p in places),
             f"block {block} is shared by tables that disagree on its place or tokens",
         )
-    for h, block in m._by_hash.items():
-        _require(m._hash[block] == h, f"block {block}'s hash does not match the hash table")
+    for h, block in m.cached_blocks().items():
+        _require(m.block_hash(block) == h, f"block {block}'s hash does not match the hash table")
         for k, _, seq in holders.get(block, []):
             _require(
                 (k + 1) * m.block_size <= seq.num_computed and seq.hashes[k] == h,
