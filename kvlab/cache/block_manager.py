@@ -1,18 +1,15 @@
 """Notebooks 05, 06 and 11: the one block manager of kvlab's serving stack, prefix caching a switch
 on it.
 
-:class:`BlockManager` keeps, per sequence, a block table and its tokens over one
+:class:`BlockManager` keeps, per sequence, its tokens and block table over one
 :class:`~kvlab.cache.blocks.BlockAllocator`, as nano-vllm's ``BlockManager`` (Yu 2025) and vLLM's
-KV-cache manager (Kwon et al. 2023) do: ``admit`` reuses registered blocks, ``reserve`` takes the
-next slots (copy-on-write of a shared last block), ``commit`` registers the hashes of full blocks
-whose K and V are now written, ``fork``, ``preempt``, ``resume`` and ``free``. Prefix caching is a
-switch: off, nothing is ever registered.
+KV-cache manager (Kwon et al. 2023) do. ``commit`` registers the chained hashes of full blocks whose
+K and V are written, ``admit`` and ``resume`` reuse registered blocks (off: nothing is registered).
 
 **A cached block costs no admission capacity.** A freed block keeps its K, V and hash but joins the
-free list, so ``num_free`` counts it; ``admit`` and ``reserve`` take it when they need a block, and
-that evicts its hash on demand (vLLM v1 keeps its free blocks in one queue the same way). What
-caching costs is the churn of evictions (``stats.evictions``: hashes given up and, if asked for
-again, recomputed) and the hash table (``num_cached`` entries).
+free list, so ``num_free`` counts it; taking it for a new block evicts its hash (vLLM v1 keeps its
+free blocks in one queue the same way). Caching costs evictions (``stats.evictions``: hashes given
+up and, if asked for again, recomputed) and the hash table (``num_cached`` entries).
 
 **A hash is registered when its block's K and V are committed** (``commit``): written, or about
 to be written by the model step in flight. The engine commits a chunk when it schedules it, as
@@ -43,60 +40,33 @@ from dataclasses import dataclass, field, replace
 
 from kvlab._checks import flag, integer, one_of
 from kvlab._checks import token_ids as checked_tokens
+from kvlab.cache import _checks
 from kvlab.cache.blocks import (
     PREEMPTION_MODES,
     BlockAllocator,
     BlockTable,
-    OutOfBlocksError,
-    chain_hash,
+    chain_hash_unchecked,
     root_hash,
 )
 
 
 @dataclass
 class _Sequence:
-    tokens: list[int]
+    tokens: list[int]  # the tokens whose slots are reserved
     blocks: list[int]
-    first_parent: bytes
+    first_parent: bytes  # the root hash of its salt
     num_computed: int = 0  # leading tokens whose K and V are written
-    hashes: list[bytes] = field(
-        default_factory=list
-    )  # chain hashes of its leading full, written blocks
+    hashes: list[bytes] = field(default_factory=list)  # of its leading full, written blocks
     state: str = "resident"  # "resident", or "recompute"/"swap" while preempted (no blocks held)
 
     def copy(self) -> "_Sequence":
-        return replace(
-            self, tokens=list(self.tokens), blocks=list(self.blocks), hashes=list(self.hashes)
-        )
-
-
-@dataclass
-class CacheStats:
-    """Prefix-cache counters since the manager was made (notebook 06). ``hit_rate``: the share of
-    admitted tokens that cached blocks served."""
-
-    admissions: int = 0
-    prompt_tokens: int = 0
-    hit_tokens: int = 0
-    hit_blocks: int = 0
-    evictions: int = 0  # registered blocks whose hash was given up to make room
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        return replace(self, tokens=[*self.tokens], blocks=[*self.blocks], hashes=[*self.hashes])
 
 
 class BlockManager:
     """Block tables over one :class:`BlockAllocator`, with optional prefix caching (notebooks 05,
-    06, 11).
-
-    Per sequence: its tokens (those whose slots are reserved), its blocks, and ``num_computed``, the
-    leading tokens whose K and V are written. ``max_cached_blocks`` caps how many blocks may hold a
-    registered hash (None: no cap), the knob behind notebook 06's "reserve" policy.
-
-    Every method checks its arguments and that the blocks it needs are free before it changes
-    anything: an :class:`OutOfBlocksError` leaves the manager as it was.
-    """
+    06, 11). ``max_cached_blocks`` caps the blocks that may hold a registered hash (None: no cap),
+    the knob behind notebook 06's "reserve" policy. A call that raises has changed nothing."""
 
     def __init__(
         self,
@@ -106,28 +76,228 @@ class BlockManager:
         max_cached_blocks: int | None = None,
         bytes_per_block: int | None = None,
     ):
-        flag("prefix_caching", prefix_caching)
-        if bytes_per_block is not None:
-            integer("bytes_per_block", bytes_per_block)
+        self.prefix_caching = flag("prefix_caching", prefix_caching)
+        self.bytes_per_block = _checks.optional(integer, "bytes_per_block", bytes_per_block)
         self.allocator = BlockAllocator(num_blocks)
-        self.num_blocks, self.block_size = (
-            self.allocator.num_blocks,
-            integer("block_size", block_size),
+        self.num_blocks = self.allocator.num_blocks
+        self.block_size = integer("block_size", block_size)
+        self.max_cached_blocks = _checks.optional(
+            integer, "max_cached_blocks", max_cached_blocks, 0
         )
-        self.prefix_caching = prefix_caching
-        self.max_cached_blocks = (
-            None
-            if max_cached_blocks is None
-            else integer("max_cached_blocks", max_cached_blocks, 0)
-        )
-        self.bytes_per_block = bytes_per_block
-        self._hash: list[bytes | None] = [
-            None
-        ] * self.num_blocks  # the hash a block is registered under
+        self._hash: list[bytes | None] = [None] * self.num_blocks  # what a block is registered as
         self._by_hash: dict[bytes, int] = {}
         self._seqs: dict[int, _Sequence] = {}
         self._next_id = 0
         self.stats = CacheStats()
+
+    # -- admit, reserve, commit ----------------------------------------------------------------
+
+    def new_sequence(self, salt=None) -> int:
+        """An empty sequence (no tokens, no blocks); returns its id."""
+        return self._add(_Sequence([], [], root_hash(salt)))
+
+    def admit(self, token_ids, salt=None) -> tuple[int, int]:
+        """A new sequence holding the slots of ``token_ids``; returns ``(seq_id, cached_tokens)``.
+
+        The leading full blocks whose hashes are registered are shared, their tokens computed; the
+        rest are new blocks. At least one token is always left to compute (its logits give the next
+        token), so a prompt of exactly ``n`` blocks reuses at most ``n - 1``.
+        """
+        tokens = checked_tokens("token_ids", token_ids)  # an empty prompt has nothing to compute
+        first_parent = root_hash(salt)
+        hits, hashes = self._match(tokens, first_parent)
+        _checks.free_blocks(self, self._blocks_needed(len(tokens), hits))
+        cached = len(hits) * self.block_size
+        seq = _Sequence(tokens, self._take(hits, len(tokens)), first_parent, cached, hashes)
+        self._count_admission(len(tokens), len(hits))
+        return self._add(seq), cached
+
+    def reserve(self, seq_id: int, token_ids) -> tuple[int, int] | None:
+        """Reserve the next slots for ``token_ids`` after ``seq_id``'s tokens, all or nothing.
+
+        Returns ``(source, copy)`` when the last block was partly filled and shared (after a fork):
+        the sequence now writes into ``copy``, and the caller copies ``source``'s K and V into it
+        (copy-on-write); otherwise None."""
+        _checks.sequence(self._seqs, seq_id, "resident")
+        return self._reserve(seq_id, checked_tokens("token_ids", token_ids, empty=True))
+
+    def _reserve(self, seq_id: int, tokens: list[int]) -> tuple[int, int] | None:
+        seq = self._seqs[seq_id]
+        _checks.free_blocks(self, self._blocks_to_append(seq, len(tokens)))
+        pair = None
+        if tokens and self._last_block_shared(seq):
+            (copy,) = self._allocate(1)
+            pair = (seq.blocks[-1], copy)
+            self.allocator._free_block(seq.blocks[-1], False)  # others still hold it
+            seq.blocks[-1] = copy
+        seq.tokens += tokens
+        seq.blocks += self._allocate(self._blocks_for(len(seq.tokens)) - len(seq.blocks))
+        return pair
+
+    def commit(self, seq_id: int, num_computed: int) -> None:
+        """The first ``num_computed`` tokens of ``seq_id`` have their K and V written, or written by
+        the step in flight: register the hashes of the full blocks among them (prefix caching on),
+        which makes them reusable at once, by a request admitted later in the same step too."""
+        seq = _checks.sequence(self._seqs, seq_id, "resident")
+        high = len(seq.tokens) + 1
+        self._commit(seq_id, integer("num_computed", num_computed, seq.num_computed, high))
+
+    def _commit(self, seq_id: int, num_computed: int) -> None:
+        seq, size = self._seqs[seq_id], self.block_size
+        seq.num_computed = num_computed
+        if not self.prefix_caching:
+            return
+        for k in range(len(seq.hashes), num_computed // size):
+            parent = seq.hashes[-1] if seq.hashes else seq.first_parent
+            seq.hashes.append(chain_hash_unchecked(parent, seq.tokens[k * size : (k + 1) * size]))
+            self._register(seq.blocks[k], seq.hashes[-1])
+
+    # -- fork, preempt, resume, free -----------------------------------------------------------
+
+    def fork(self, seq_id: int) -> int:
+        """A new sequence sharing every block of ``seq_id`` (reference counts, no copy)."""
+        seq = _checks.sequence(self._seqs, seq_id, "resident")
+        _checks.written(seq, seq_id)
+        for block in seq.blocks:
+            self.allocator._refs[block] += 1
+        return self._add(seq.copy())
+
+    def preempt(self, seq_id: int, mode: str) -> int:
+        """Give up ``seq_id``'s blocks (notebook 05); returns how many tokens' K and V it held.
+
+        ``"recompute"``: it keeps its tokens only; :meth:`resume` reserves them again (prefix hits
+        count as computed) and the caller prefills the rest. ``"swap"``: it keeps ``num_computed``
+        too; the caller has copied those tokens' K and V to host memory and copies them back after
+        :meth:`resume`. Its full written blocks stay registered (free, cached) in both."""
+        one_of("mode", mode, PREEMPTION_MODES)
+        _checks.sequence(self._seqs, seq_id, "resident")
+        return self._preempt(seq_id, mode)
+
+    def _preempt(self, seq_id: int, mode: str) -> int:
+        seq = self._seqs[seq_id]
+        held = seq.num_computed
+        self._release(seq)
+        seq.blocks, seq.hashes, seq.state = [], [], mode
+        if mode == "recompute":
+            seq.num_computed = 0
+        return held
+
+    def resume(self, seq_id: int, token_ids=()) -> int:
+        """Blocks again for a preempted sequence's tokens and then ``token_ids`` (tokens it has not
+        held yet); returns how many leading tokens cached blocks serve. After ``"recompute"`` those
+        count as computed and the caller prefills the rest; after ``"swap"`` the caller copies
+        logical blocks ``cached // block_size`` up to the end of its ``num_computed`` tokens back
+        from host memory, then calls ``commit(seq_id, num_computed)``."""
+        _checks.sequence(self._seqs, seq_id, "preempted")
+        return self._resume(seq_id, checked_tokens("token_ids", token_ids, empty=True))
+
+    def _resume(self, seq_id: int, extra: list[int]) -> int:
+        seq = self._seqs[seq_id]
+        hits, hashes = self._resume_hits(seq, extra)
+        _checks.free_blocks(self, self._blocks_needed(len(seq.tokens) + len(extra), hits))
+        seq.tokens += extra
+        seq.blocks, seq.hashes = self._take(hits, len(seq.tokens)), hashes
+        if seq.state == "recompute":
+            seq.num_computed = len(hits) * self.block_size
+            self._count_admission(len(seq.tokens), len(hits))
+        seq.state = "resident"
+        return len(hits) * self.block_size
+
+    def free(self, seq_id: int) -> None:
+        """Drop ``seq_id``; blocks no one else holds join the free list tail first, keeping their
+        hash."""
+        self._release(_checks.sequence(self._seqs, seq_id))
+        del self._seqs[seq_id]
+
+    # -- hashes: match and register ------------------------------------------------------------
+
+    def _match(self, tokens: list[int], first_parent: bytes, limit: int | None = None):
+        """Registered blocks serving the longest run of leading full blocks, and their hashes. At
+        most ``limit`` blocks; by default leaving at least one token to compute."""
+        if not self.prefix_caching:
+            return [], []
+        limit = (len(tokens) - 1) // self.block_size if limit is None else limit
+        hits, hashes, parent = [], [], first_parent
+        for k in range(limit):
+            parent = chain_hash_unchecked(
+                parent, tokens[k * self.block_size : (k + 1) * self.block_size]
+            )
+            block = self._by_hash.get(parent)
+            if block is None:
+                break
+            hits.append(block)
+            hashes.append(parent)
+        return hits, hashes
+
+    def _resume_hits(self, seq: _Sequence, extra: list[int]):
+        """Hits for a preempted sequence: its tokens and ``extra`` as a prompt's, or after a swap
+        its written full blocks."""
+        if seq.state == "swap":  # every written full block may come from the cache, not the host
+            return self._match(seq.tokens, seq.first_parent, seq.num_computed // self.block_size)
+        return self._match(seq.tokens + extra, seq.first_parent)
+
+    def _register(self, block: int, h: bytes) -> None:
+        """Make ``block`` the registered holder of ``h``, unless another block already is (then
+        ``block`` stays an unregistered duplicate) or the cap is reached."""
+        if h in self._by_hash or self._hash[block] is not None:
+            return
+        if self.max_cached_blocks is not None and len(self._by_hash) >= self.max_cached_blocks:
+            return
+        self._by_hash[h] = block
+        self._hash[block] = h
+
+    def _evict(self, block: int) -> None:
+        del self._by_hash[self._hash[block]]
+        self._hash[block] = None
+        self.allocator.uncache(block)
+
+    # -- blocks: take, allocate, release -------------------------------------------------------
+
+    def _take(self, hits: list[int], num_tokens: int) -> list[int]:
+        """Hold the hit blocks (taking free ones back) and allocate the rest of ``num_tokens``'
+        blocks."""
+        for block in hits:
+            if self.allocator._refs[block]:
+                self.allocator._refs[block] += 1
+            else:
+                self.allocator._reclaim(block)
+        return hits + self._allocate(self._blocks_for(num_tokens) - len(hits))
+
+    def _allocate(self, count: int) -> list[int]:
+        """New blocks from the free list; one that still held a hash loses it (an eviction)."""
+        blocks = self.allocator._allocate(count)
+        for block in blocks:
+            if self._hash[block] is not None:
+                self._evict(block)
+                self.stats.evictions += 1
+        return blocks
+
+    def _release(self, seq: _Sequence) -> None:
+        for block in reversed(seq.blocks):  # tail first: a chain loses its last block first
+            self.allocator._free_block(block, cached=self._hash[block] is not None)
+
+    def _add(self, seq: _Sequence) -> int:
+        seq_id, self._next_id = self._next_id, self._next_id + 1
+        self._seqs[seq_id] = seq
+        return seq_id
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _blocks_needed(self, num_tokens: int, hits: list[int]) -> int:
+        """Free blocks taken: new ones, and hits that nobody holds (taken back off the list)."""
+        new = self._blocks_for(num_tokens) - len(hits)
+        return new + sum(1 for b in hits if self.allocator._refs[b] == 0)
+
+    def _blocks_to_append(self, seq: _Sequence, num_tokens: int) -> int:
+        new = self._blocks_for(len(seq.tokens) + num_tokens) - len(seq.blocks)
+        return new + int(num_tokens > 0 and self._last_block_shared(seq))
+
+    def _last_block_shared(self, seq: _Sequence) -> bool:
+        partial = len(seq.tokens) % self.block_size != 0
+        return partial and self.allocator._refs[seq.blocks[-1]] > 1
+
+    # -- queries -------------------------------------------------------------------------------
 
     def __repr__(self) -> str:
         return (
@@ -135,8 +305,6 @@ class BlockManager:
             f" prefix_caching={self.prefix_caching}, sequences={len(self._seqs)},"
             f" free={self.num_free}, cached={self.num_cached})"
         )
-
-    # -- sizes and read-only queries -----------------------------------------------------------
 
     @property
     def num_free(self) -> int:
@@ -152,24 +320,24 @@ class BlockManager:
         return list(self._seqs)
 
     def tokens(self, seq_id: int) -> list[int]:
-        return list(self._get(seq_id).tokens)
+        return list(_checks.sequence(self._seqs, seq_id).tokens)
 
     def num_tokens(self, seq_id: int) -> int:
-        return len(self._get(seq_id).tokens)
+        return len(_checks.sequence(self._seqs, seq_id).tokens)
 
     def num_computed(self, seq_id: int) -> int:
-        return self._get(seq_id).num_computed
+        return _checks.sequence(self._seqs, seq_id).num_computed
 
     def state(self, seq_id: int) -> str:
         """``"resident"``, or the preemption mode (``"recompute"``, ``"swap"``) while preempted."""
-        return self._get(seq_id).state
+        return _checks.sequence(self._seqs, seq_id).state
 
     def block_table(self, seq_id: int) -> list[int]:
         """``seq_id``'s physical blocks in logical order (a copy)."""
-        return list(self._get(seq_id).blocks)
+        return list(_checks.sequence(self._seqs, seq_id).blocks)
 
     def table(self, seq_id: int) -> BlockTable:
-        seq = self._get(seq_id)
+        seq = _checks.sequence(self._seqs, seq_id)
         return BlockTable(self.block_size, seq.blocks, len(seq.tokens) if seq.blocks else 0)
 
     def ref_count(self, block: int) -> int:
@@ -188,330 +356,54 @@ class BlockManager:
         return self.allocator.free_order()
 
     def lookup(self, token_ids, salt=None) -> int:
-        """Leading tokens of ``token_ids`` that ``admit`` would serve from the cache now (no side
-        effects)."""
-        tokens = self._prompt(token_ids)
+        """Leading tokens of ``token_ids`` that ``admit`` would serve from the cache now."""
+        tokens = checked_tokens("token_ids", token_ids)
         return len(self._match(tokens, root_hash(salt))[0]) * self.block_size
 
     def blocks_to_admit(self, token_ids, salt=None) -> int:
         """Free blocks ``admit`` would take now: new blocks, plus cached ones it takes back off the
         free list."""
-        tokens = self._prompt(token_ids)
+        tokens = checked_tokens("token_ids", token_ids)
         return self._blocks_needed(len(tokens), self._match(tokens, root_hash(salt))[0])
 
     def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
         """Free blocks reserving ``num_tokens`` more tokens would take: new blocks plus a
         copy-on-write."""
-        seq = self._resident(seq_id)
-        num_tokens = integer("num_tokens", num_tokens, 0)
-        new = -(-(len(seq.tokens) + num_tokens) // self.block_size) - len(seq.blocks)
-        return new + int(num_tokens > 0 and self._last_block_shared(seq))
+        seq = _checks.sequence(self._seqs, seq_id, "resident")
+        return self._blocks_to_append(seq, integer("num_tokens", num_tokens, 0))
 
     def blocks_to_resume(self, seq_id: int, token_ids=()) -> int:
         """Free blocks ``resume(seq_id, token_ids)`` would take now."""
-        seq, extra = self._preempted(seq_id), checked_tokens("token_ids", token_ids, empty=True)
+        seq = _checks.sequence(self._seqs, seq_id, "preempted")
+        extra = checked_tokens("token_ids", token_ids, empty=True)
         return self._blocks_needed(len(seq.tokens) + len(extra), self._resume_hits(seq, extra)[0])
 
-    # -- admit, append, commit -----------------------------------------------------------------
-
-    def new_sequence(self, salt=None) -> int:
-        """An empty sequence (no tokens, no blocks); returns its id."""
-        return self._add(_Sequence([], [], root_hash(salt)))
-
-    def admit(self, token_ids, salt=None) -> tuple[int, int]:
-        """A new sequence holding the slots of ``token_ids``; returns ``(seq_id, cached_tokens)``.
-
-        The leading full blocks whose hashes are registered are shared (their K and V are written),
-        the rest are new blocks; ``cached_tokens`` of them count as computed. At least one token is
-        always left to compute (its logits give the next token), so a prompt of exactly ``n`` blocks
-        reuses at most ``n - 1``.
-        """
-        tokens, first_parent = self._prompt(token_ids), root_hash(salt)
-        hits, hashes = self._match(tokens, first_parent)
-        self._require_free(self._blocks_needed(len(tokens), hits))
-        seq = _Sequence(
-            tokens, self._take(hits, len(tokens)), first_parent, len(hits) * self.block_size, hashes
-        )
-        self._count_admission(len(tokens), len(hits))
-        return self._add(seq), seq.num_computed
-
-    def reserve(self, seq_id: int, token_ids) -> tuple[int, int] | None:
-        """Reserve the next slots for ``token_ids`` after ``seq_id``'s tokens, all or nothing.
-
-        Returns ``(source, copy)`` when the sequence's last block was partly filled and shared
-        (after a fork): the sequence now writes into ``copy``, and the caller copies ``source``'s K
-        and V into it (copy-on-write); otherwise None.
-        """
-        seq = self._resident(seq_id)
-        tokens = checked_tokens("token_ids", token_ids, empty=True)
-        self._require_free(self.blocks_to_append(seq_id, len(tokens)))
-        pair = None
-        if tokens and self._last_block_shared(seq):
-            (copy,) = self._allocate(1)
-            pair = (seq.blocks[-1], copy)
-            self.allocator.free(seq.blocks[-1])  # others still hold it: only the count drops
-            seq.blocks[-1] = copy
-        seq.tokens += tokens
-        seq.blocks += self._allocate(-(-len(seq.tokens) // self.block_size) - len(seq.blocks))
-        return pair
-
-    def commit(self, seq_id: int, num_computed: int) -> None:
-        """The first ``num_computed`` tokens of ``seq_id`` have their K and V written, or written by
-        the step in flight: register the hashes of the full blocks among them (prefix caching on),
-        which makes them reusable at once, by a request admitted later in the same step too."""
-        seq = self._resident(seq_id)
-        seq.num_computed = integer(
-            "num_computed", num_computed, seq.num_computed, len(seq.tokens) + 1
-        )
-        if not self.prefix_caching:
-            return
-        for k in range(len(seq.hashes), num_computed // self.block_size):
-            parent = seq.hashes[-1] if seq.hashes else seq.first_parent
-            seq.hashes.append(
-                chain_hash(parent, seq.tokens[k * self.block_size : (k + 1) * self.block_size])
-            )
-            self._register(seq.blocks[k], seq.hashes[-1])
-
-    # -- fork, free, preempt, resume -----------------------------------------------------------
-
-    def fork(self, seq_id: int) -> int:
-        """A new sequence sharing every block of ``seq_id`` (reference counts, no copy)."""
-        seq = self._resident(seq_id)
-        if seq.num_computed != len(seq.tokens):
-            raise ValueError(
-                f"sequence {seq_id} has {len(seq.tokens) - seq.num_computed} reserved token(s)"
-                " whose K and V are not written yet; fork it once they are (commit)"
-            )
-        for block in seq.blocks:
-            self.allocator.incref(block)
-        return self._add(seq.copy())
-
-    def free(self, seq_id: int) -> None:
-        """Drop ``seq_id``; blocks no one else holds join the free list tail first, keeping their
-        hash."""
-        self._release(self._get(seq_id))
-        del self._seqs[seq_id]
-
-    def preempt(self, seq_id: int, mode: str) -> int:
-        """Give up ``seq_id``'s blocks (notebook 05); returns how many tokens' K and V it held.
-
-        ``"recompute"``: the sequence keeps its tokens and nothing else; :meth:`resume` reserves
-        them again (prefix hits count as computed) and the caller prefills the rest. ``"swap"``: it
-        also keeps ``num_computed``; the caller has copied those tokens' K and V to host memory and
-        copies them back after :meth:`resume`. Its full written blocks stay registered (free,
-        cached) in both.
-        """
-        one_of("mode", mode, PREEMPTION_MODES)
-        seq = self._resident(seq_id)
-        held = seq.num_computed
-        self._release(seq)
-        seq.blocks, seq.hashes, seq.state = [], [], mode
-        if mode == "recompute":
-            seq.num_computed = 0
-        return held
-
-    def resume(self, seq_id: int, token_ids=()) -> int:
-        """Blocks again for a preempted sequence's tokens and then ``token_ids`` (tokens it has not
-        held yet); returns how many leading tokens cached blocks serve. After ``"recompute"`` those
-        count as computed and the caller prefills the rest; after ``"swap"`` the caller copies
-        logical blocks ``cached // block_size`` up to the end of its ``num_computed`` tokens back
-        from host memory, then calls ``commit(seq_id, num_computed)``."""
-        seq, extra = self._preempted(seq_id), checked_tokens("token_ids", token_ids, empty=True)
-        hits, hashes = self._resume_hits(seq, extra)
-        self._require_free(self._blocks_needed(len(seq.tokens) + len(extra), hits))
-        seq.tokens += extra
-        seq.blocks, seq.hashes = self._take(hits, len(seq.tokens)), hashes
-        if seq.state == "recompute":
-            seq.num_computed = len(hits) * self.block_size
-            self._count_admission(len(seq.tokens), len(hits))
-        seq.state = "resident"
-        return len(hits) * self.block_size
+    def check(self) -> None:
+        """Raise AssertionError unless the bookkeeping is consistent (every block counted once,
+        reference counts equal holders, registered blocks written): :mod:`kvlab.cache._checks`."""
+        _checks.manager_invariants(self)
 
     # -- rollback ------------------------------------------------------------------------------
 
     def snapshot(self):
         """Everything mutable, copied, for :meth:`restore` after a failed call."""
         seqs = {i: s.copy() for i, s in self._seqs.items()}
-        return (
-            self.allocator.snapshot(),
-            list(self._hash),
-            dict(self._by_hash),
-            seqs,
-            self._next_id,
-            replace(self.stats),
-        )
+        hashes, by_hash, stats = list(self._hash), dict(self._by_hash), replace(self.stats)
+        return self.allocator.snapshot(), hashes, by_hash, seqs, self._next_id, stats
 
     def restore(self, snapshot) -> None:
-        """Back to ``snapshot``, except that a hash evicted since stays evicted (the module's
-        rollback rule)."""
+        """Back to ``snapshot``, except that a hash evicted since stays evicted (the rollback
+        rule)."""
         allocator, hashes, by_hash, seqs, self._next_id, stats = snapshot
         evicted = [(h, b) for h, b in by_hash.items() if self._by_hash.get(h) != b]
         self.allocator.restore(allocator)
         self._hash, self._by_hash, self.stats = list(hashes), dict(by_hash), replace(stats)
         self._seqs = {i: s.copy() for i, s in seqs.items()}
-        for h, block in evicted:
+        for _, block in evicted:
             self._evict(block)
         self.stats.evictions += len(evicted)
 
-    # -- invariants ----------------------------------------------------------------------------
-
-    def check(self) -> None:
-        """Raise AssertionError unless the bookkeeping is consistent: every block counted once (free
-        plus held equals the pool), reference counts equal holders, tables sized to their tokens, a
-        block shared only by tables that agree on its place and tokens, and every registered block
-        that someone holds written and hashed from its holders' tokens."""
-        holders: dict[int, list] = {}
-        for i, seq in self._seqs.items():
-            _require(
-                len(set(seq.blocks)) == len(seq.blocks),
-                f"sequence {i} names a block twice: {seq.blocks}",
-            )
-            expected = -(-len(seq.tokens) // self.block_size) if seq.state == "resident" else 0
-            _require(
-                len(seq.blocks) == expected,
-                f"sequence {i}: {len(seq.tokens)} tokens in {len(seq.blocks)} blocks",
-            )
-            _require(
-                0 <= seq.num_computed <= len(seq.tokens),
-                f"sequence {i} computed more than it holds",
-            )
-            for k, block in enumerate(seq.blocks):
-                holders.setdefault(block, []).append(
-                    (k, seq.tokens[: (k + 1) * self.block_size], seq)
-                )
-        free = set(self.allocator.free_order())
-        _require(
-            len(free) + len(holders) == self.num_blocks, "free plus held blocks is not the pool"
-        )
-        for block in range(self.num_blocks):
-            count = len(holders.get(block, []))
-            _require(
-                self.allocator.ref_count(block) == count,
-                f"block {block}: reference count "
-                f"{self.allocator.ref_count(block)}, holders {count}",
-            )
-            _require((block in free) == (count == 0), f"block {block} is free and held, or neither")
-        for block, places in holders.items():
-            _require(
-                all(p[:2] == places[0][:2] for p in places),
-                f"block {block} is shared by tables that disagree on its place or tokens",
-            )
-        for h, block in self._by_hash.items():
-            _require(self._hash[block] == h, f"block {block}'s hash does not match the hash table")
-            for k, _, seq in holders.get(block, []):
-                _require(
-                    (k + 1) * self.block_size <= seq.num_computed and seq.hashes[k] == h,
-                    f"block {block} is registered but not written, or under another hash",
-                )
-
-    # -- internals -----------------------------------------------------------------------------
-
-    def _add(self, seq: _Sequence) -> int:
-        seq_id, self._next_id = self._next_id, self._next_id + 1
-        self._seqs[seq_id] = seq
-        return seq_id
-
-    def _get(self, seq_id) -> _Sequence:
-        seq = self._seqs.get(integer("seq_id", seq_id, 0))  # never True for sequence 1
-        if seq is None:
-            raise ValueError(
-                f"seq_id {seq_id!r} is not a live sequence; live: {sorted(self._seqs)}"
-            )
-        return seq
-
-    def _resident(self, seq_id) -> _Sequence:
-        seq = self._get(seq_id)
-        if seq.state != "resident":
-            raise ValueError(
-                f"sequence {seq_id} is preempted ({seq.state}); resume({seq_id}) first"
-            )
-        return seq
-
-    def _preempted(self, seq_id) -> _Sequence:
-        seq = self._get(seq_id)
-        if seq.state == "resident":
-            raise ValueError(f"sequence {seq_id} is not preempted")
-        return seq
-
-    def _prompt(self, token_ids) -> list[int]:
-        return checked_tokens(
-            "token_ids", token_ids
-        )  # at least one: an empty prompt has nothing to compute
-
-    def _require_free(self, needed: int) -> None:
-        if needed > self.num_free:
-            raise OutOfBlocksError(needed, self.num_free, self.num_blocks, self.bytes_per_block)
-
-    def _match(self, tokens: list[int], first_parent: bytes, limit: int | None = None):
-        """Registered blocks serving the longest run of leading full blocks, and their hashes. At
-        most ``limit`` blocks; by default leaving at least one token to compute."""
-        if not self.prefix_caching:
-            return [], []
-        limit = (len(tokens) - 1) // self.block_size if limit is None else limit
-        hits, hashes, parent = [], [], first_parent
-        for k in range(limit):
-            parent = chain_hash(parent, tokens[k * self.block_size : (k + 1) * self.block_size])
-            block = self._by_hash.get(parent)
-            if block is None:
-                break
-            hits.append(block)
-            hashes.append(parent)
-        return hits, hashes
-
-    def _resume_hits(self, seq: _Sequence, extra: list[int]):
-        if (
-            seq.state == "swap"
-        ):  # every written full block may come from the cache instead of the host
-            return self._match(seq.tokens, seq.first_parent, seq.num_computed // self.block_size)
-        return self._match(seq.tokens + extra, seq.first_parent)
-
-    def _blocks_needed(self, num_tokens: int, hits: list[int]) -> int:
-        new = -(-num_tokens // self.block_size) - len(hits)
-        return new + sum(1 for b in hits if self.allocator.ref_count(b) == 0)
-
-    def _take(self, hits: list[int], num_tokens: int) -> list[int]:
-        """Hold the hit blocks (taking free ones back) and allocate the rest of ``num_tokens``'
-        blocks."""
-        for block in hits:
-            if self.allocator.ref_count(block):
-                self.allocator.incref(block)
-            else:
-                self.allocator.reclaim(block)
-        return hits + self._allocate(-(-num_tokens // self.block_size) - len(hits))
-
-    def _allocate(self, count: int) -> list[int]:
-        """New blocks from the free list; one that still held a hash loses it (an eviction)."""
-        blocks = self.allocator.allocate(count)
-        for block in blocks:
-            if self._hash[block] is not None:
-                self._evict(block)
-                self.stats.evictions += 1
-        return blocks
-
-    def _evict(self, block: int) -> None:
-        del self._by_hash[self._hash[block]]
-        self._hash[block] = None
-        self.allocator.uncache(block)
-
-    def _register(self, block: int, h: bytes) -> None:
-        """Make ``block`` the registered holder of ``h``, unless another block already is (then
-        ``block`` stays an unregistered duplicate) or the cap is reached."""
-        if h in self._by_hash or self._hash[block] is not None:
-            return
-        if self.max_cached_blocks is not None and len(self._by_hash) >= self.max_cached_blocks:
-            return
-        self._by_hash[h] = block
-        self._hash[block] = h
-
-    def _release(self, seq: _Sequence) -> None:
-        for block in reversed(
-            seq.blocks
-        ):  # tail first: a chain loses its last block before its head
-            self.allocator.free(block, cached=self._hash[block] is not None)
-
-    def _last_block_shared(self, seq: _Sequence) -> bool:
-        partial = len(seq.tokens) % self.block_size != 0
-        return partial and self.allocator.ref_count(seq.blocks[-1]) > 1
+    # -- statistics ----------------------------------------------------------------------------
 
     def _count_admission(self, num_tokens: int, hit_blocks: int) -> None:
         s = self.stats
@@ -522,6 +414,17 @@ class BlockManager:
         )
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(f"block manager invariant broken: {message}")
+@dataclass
+class CacheStats:
+    """Prefix-cache counters since the manager was made (notebook 06). ``hit_rate``: the share of
+    admitted tokens that cached blocks served."""
+
+    admissions: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    hit_blocks: int = 0
+    evictions: int = 0  # registered blocks whose hash was given up to make room
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0

@@ -2,31 +2,24 @@
 hashes.
 
 A paged KV cache stores each sequence in fixed-size blocks found through a per-sequence block table
-(Kwon et al. 2023). This module, and :mod:`kvlab.cache.block_manager` on top of it, only move block
-ids; the K and V tensors live in :class:`kvlab.cache.paged.PagedKVCache`.
-
-- :class:`BlockAllocator`: reference-counted block ids. Its free list is ordered for prefix
-  caching: blocks that hold no reusable hash are handed out first (taking one evicts nothing), then
-  cached blocks, least recently freed first; a hit takes a free cached block back out of the list.
-- :class:`BlockTable`: one sequence's logical blocks -> physical blocks.
-- :func:`block_hashes`: the chained hash of each full block, as vLLM's block manager and nano-vllm
-  (Yu 2025) compute it; :func:`reusable_tokens`, the rule that follows: whole blocks only, and never
-  the prompt's last token. These are kvlab's choices, the same as vLLM's (Kwon et al. 2023), whose
-  block hash also carries extra keys (LoRA adapter ids, multimodal input hashes) beside a cache
-  salt. SGLang's RadixAttention keeps prefixes in a radix tree matched token by token (a page of one
-  token by default; Zheng et al. 2024), so a hit there ends at the first differing token, not at a
-  block boundary.
+(Kwon et al. 2023). This module and :mod:`kvlab.cache.block_manager` move block ids only; the K and
+V tensors live in :class:`kvlab.cache.paged.PagedKVCache`. :func:`block_hashes` chains the hash of
+each full block to its parent's, as vLLM and nano-vllm (Yu 2025) do (vLLM's also carries extra
+keys: LoRA adapter ids, multimodal input hashes); :func:`reusable_tokens` is the rule that follows.
+SGLang's RadixAttention matches prefixes token by token in a radix tree (Zheng et al. 2024), so a
+hit there ends at the first differing token, not at a block boundary.
 """
 
 from __future__ import annotations
 
 import hashlib
-import numbers
 from array import array
 from collections import OrderedDict
 
-from kvlab import _checks
 from kvlab._checks import flag, integer, require_memory
+from kvlab._checks import token_ids as checked_tokens
+from kvlab.cache import _checks
+from kvlab.cache._checks import OutOfBlocksError
 
 MAX_BLOCK_ID = 2**31 - 1  # block tables are int32
 BOOKKEEPING_BYTES_PER_BLOCK = 64  # a free-list entry, a reference count and a hash slot, rounded up
@@ -34,40 +27,12 @@ PREEMPTION_MODES = ("recompute", "swap")
 _ROOT = b"kvlab-prefix-root"
 
 
-class OutOfBlocksError(MemoryError):
-    """Not enough free blocks: ``needed``, ``free`` and ``total`` blocks, and bytes when the caller
-    knows the size of a block; ``what`` says what needed them."""
-
-    def __init__(
-        self,
-        needed: int,
-        free: int,
-        total: int,
-        bytes_per_block: int | None = None,
-        what: str | None = None,
-    ):
-        message = (
-            f"{what + ' ' if what else ''}need{'s' if what else ''} {needed} KV-cache block(s) but"
-            f" only {free} of {total} are free"
-        )
-        if bytes_per_block:
-            message += (
-                f" ({needed * bytes_per_block:,} bytes needed, {free * bytes_per_block:,} bytes"
-                f" free, {bytes_per_block:,} bytes per block)"
-            )
-        super().__init__(message + "; free or preempt a sequence first")
-        self.needed, self.free, self.total = needed, free, total
-
-
-# --------------------------------------------------------------------------- the allocator
-
-
 class BlockAllocator:
     """Reference-counted pool of ``num_blocks`` physical KV-cache blocks (notebook 05).
 
-    The free list's front is taken next. ``free(block, cached=True)`` puts a block that still holds
-    a reusable hash at the back (least recently freed blocks are evicted first); an uncached block
-    goes to the front, so that handing it out evicts nothing.
+    The free list's front is taken next. A freed block that still holds a reusable hash goes to the
+    back (``free(block, cached=True)``: the least recently freed is evicted first), any other to the
+    front, where taking it evicts nothing.
 
     >>> pool = BlockAllocator(4)
     >>> (block,) = pool.allocate(1)
@@ -79,17 +44,54 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int):
-        # Block ids are int32 in the block tables the kernels read; the bookkeeping takes host
-        # memory per block, so an impossible pool is refused here, not by the OOM killer.
         num_blocks = integer("num_blocks", num_blocks, 1, MAX_BLOCK_ID + 1)
-        require_memory(
-            f"a pool of {num_blocks:,} blocks (allocator bookkeeping)",
-            num_blocks * BOOKKEEPING_BYTES_PER_BLOCK,
-            "cpu",
-        )
-        self.num_blocks = num_blocks
-        self._refs = [0] * num_blocks
+        what = f"a pool of {num_blocks:,} blocks (allocator bookkeeping)"  # host memory
+        require_memory(what, num_blocks * BOOKKEEPING_BYTES_PER_BLOCK, "cpu")
+        self.num_blocks, self._refs = num_blocks, [0] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+
+    def allocate(self, count: int) -> list[int]:
+        """``count`` blocks from the front of the free list, each held once; all or none."""
+        return self._allocate(integer("count", count, 0))
+
+    def reclaim(self, block: int) -> None:
+        """Take a free block back out of the free list (a prefix hit on a block nobody holds)."""
+        self._reclaim(_checks.free_block(self, block))
+
+    def incref(self, block: int) -> None:
+        """One more holder of a held block (another sequence shares it)."""
+        self._refs[_checks.held_block(self, block, "incref")] += 1
+
+    def free(self, block: int, cached: bool = False) -> None:
+        """Drop one holder; the last one puts the block on the free list (see the class doc)."""
+        flag("cached", cached)
+        self._free_block(_checks.held_block(self, block, "free"), cached)
+
+    def _allocate(self, count: int) -> list[int]:
+        if count > len(self._free):
+            raise OutOfBlocksError(count, len(self._free), self.num_blocks)
+        blocks = [self._free.popitem(last=False)[0] for _ in range(count)]
+        for block in blocks:
+            self._refs[block] = 1
+        return blocks
+
+    def _reclaim(self, block: int) -> None:
+        del self._free[block]
+        self._refs[block] = 1
+
+    def _free_block(self, block: int, cached: bool) -> None:
+        self._refs[block] -= 1
+        if self._refs[block] == 0:
+            self._free[block] = None  # at the back: evicted last
+            if not cached:
+                self._free.move_to_end(block, last=False)
+
+    def uncache(self, block: int) -> None:
+        """A free block lost its hash: move it to the front, where taking it evicts nothing."""
+        if block in self._free:
+            self._free.move_to_end(block, last=False)
+
+    # -- queries and rollback ------------------------------------------------------------------
 
     @property
     def num_free(self) -> int:
@@ -103,104 +105,33 @@ class BlockAllocator:
         """Free blocks in the order they are handed out (the first is taken next)."""
         return list(self._free)
 
-    def allocate(self, count: int) -> list[int]:
-        """``count`` blocks from the front of the free list, each held once; all or none."""
-        count = integer("count", count, 0)
-        if count > len(self._free):
-            raise OutOfBlocksError(count, len(self._free), self.num_blocks)
-        blocks = [self._free.popitem(last=False)[0] for _ in range(count)]
-        for block in blocks:
-            self._refs[block] = 1
-        return blocks
-
-    def reclaim(self, block: int) -> None:
-        """Take a free block back out of the free list (a prefix hit on a block nobody holds)."""
-        self._require_known(block)
-        if self._refs[block]:
-            raise ValueError(
-                f"cannot reclaim block {block}: it is held ({self._refs[block]} holder(s))"
-            )
-        del self._free[block]
-        self._refs[block] = 1
-
-    def incref(self, block: int) -> None:
-        """One more holder of an allocated block (sharing it with another sequence)."""
-        self._require_allocated(block, "incref")
-        self._refs[block] += 1
-
-    def free(self, block: int, cached: bool = False) -> None:
-        """Drop one holder; the last one's free puts the block on the free list (see the class
-        doc)."""
-        flag("cached", cached)
-        self._require_allocated(block, "free")
-        self._refs[block] -= 1
-        if self._refs[block] == 0:
-            self._free[block] = None
-            if not cached:
-                self._free.move_to_end(block, last=False)
-
-    def uncache(self, block: int) -> None:
-        """A free block lost its hash: move it to the front, where taking it evicts nothing."""
-        if block in self._free:
-            self._free.move_to_end(block, last=False)
-
     def ref_count(self, block: int) -> int:
-        self._require_known(block)
-        return self._refs[block]
+        return self._refs[_checks.known_block(self, block)]
 
     def snapshot(self):
         return list(self._refs), OrderedDict(self._free)
 
     def restore(self, snapshot) -> None:
-        refs, free = snapshot
-        self._refs, self._free = list(refs), OrderedDict(free)
-
-    def _require_known(self, block) -> None:
-        integer("block", block, 0, self.num_blocks)
-
-    def _require_allocated(self, block, action: str) -> None:
-        self._require_known(block)
-        if self._refs[block] == 0:
-            raise ValueError(f"cannot {action} block {block}: it is free (not allocated)")
-
-
-# --------------------------------------------------------------------------- block tables
+        self._refs, self._free = list(snapshot[0]), OrderedDict(snapshot[1])
 
 
 class BlockTable:
-    """One sequence's logical blocks -> physical blocks (notebook 05).
+    """One sequence's logical blocks -> physical blocks (notebook 05): token ``t`` lives in physical
+    block ``blocks[t // block_size]`` at offset ``t % block_size``. The seed's request A (block size
+    16, logical [0, 1, 2] -> physical [7, 2, 15]):
 
-    Token ``t`` lives in logical block ``t // block_size`` at offset ``t % block_size``;
-    ``blocks[logical]`` is the physical block. The seed's example (request A, block size 16,
-    logical [0, 1, 2] -> physical [7, 2, 15]):
-
-    >>> table = BlockTable(16, [7, 2, 15], num_tokens=48)
-    >>> table.physical_location(17)
+    >>> BlockTable(16, [7, 2, 15], num_tokens=48).physical_location(17)
     (2, 1)
     """
 
     def __init__(self, block_size: int, blocks=(), num_tokens: int = 0):
         self.block_size = integer("block_size", block_size, 1)
-        if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__iter__"):
-            raise TypeError(
-                f"blocks must be a list of block ids (ints), got {type(blocks).__name__} {blocks!r}"
-            )
-        self.blocks = [
-            integer(f"blocks[{i}]", b, 0, MAX_BLOCK_ID + 1) for i, b in enumerate(blocks)
-        ]
-        integer("num_tokens", num_tokens, 0)
-        if not 0 <= num_tokens <= len(self.blocks) * block_size:
-            raise ValueError(
-                f"num_tokens must be in [0, {len(self.blocks) * block_size}] for "
-                f"{len(self.blocks)} block(s) of {block_size}, got {num_tokens}"
-            )
-        self.num_tokens = num_tokens
+        self.blocks = _checks.block_ids(blocks, MAX_BLOCK_ID + 1)
+        self.num_tokens = _checks.table_tokens(num_tokens, len(self.blocks), block_size)
 
     def __repr__(self) -> str:
-        return (
-            f"BlockTable(block_size={self.block_size}, blocks={self.blocks},"
-            f" num_tokens={self.num_tokens})"
-        )
+        args = f"block_size={self.block_size}, blocks={self.blocks}, num_tokens={self.num_tokens}"
+        return f"BlockTable({args})"
 
     @property
     def capacity(self) -> int:
@@ -209,8 +140,7 @@ class BlockTable:
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens: ceil(num_tokens / block_size)."""
-        integer("num_tokens", num_tokens, 0)
-        return -(-num_tokens // self.block_size)
+        return -(-integer("num_tokens", num_tokens, 0) // self.block_size)
 
     def physical_location(self, token: int) -> tuple[int, int]:
         """(physical block, offset) of logical token ``token``."""
@@ -219,43 +149,9 @@ class BlockTable:
 
     def slots(self, start: int, end: int) -> list[int]:
         """Flat slots ``block * block_size + offset`` of tokens ``start .. end - 1``."""
-        integer("start", start, 0)
-        integer("end", end, start)
-        locations = (self.physical_location(t) for t in range(start, end))
-        return [block * self.block_size + offset for block, offset in locations]
-
-
-# --------------------------------------------------------------------------- block hashes
-
-
-def root_hash(salt) -> bytes:
-    """Where a chain starts: the root, with the salt (a tenant or isolation key) mixed in."""
-    if salt is None:
-        key = b""
-    elif isinstance(salt, str):
-        key = b"s" + salt.encode()
-    elif isinstance(salt, bytes):
-        key = b"b" + salt
-    elif isinstance(salt, numbers.Integral) and not isinstance(salt, bool):
-        key = b"i" + str(int(salt)).encode()
-    else:
-        raise TypeError(
-            f"salt must be None, a str, bytes or an int, got {type(salt).__name__} {salt!r}"
-        )
-    return hashlib.blake2b(_ROOT + key, digest_size=16).digest()
-
-
-def chain_hash(parent: bytes, block_tokens) -> bytes:
-    """The hash of one full block: its parent's hash and its own token ids, 128-bit BLAKE2b."""
-    if not isinstance(parent, bytes):
-        raise TypeError(
-            "parent must be the bytes of a hash (root_hash, chain_hash), got"
-            f" {type(parent).__name__}"
-        )
-    block_tokens = _checks.token_ids("block_tokens", block_tokens)
-    digest = hashlib.blake2b(parent, digest_size=16)
-    digest.update(array("q", block_tokens).tobytes())  # token ids are int64, < 2**63
-    return digest.digest()
+        start, end = _checks.token_span(start, end, self.capacity)
+        size = self.block_size
+        return [self.blocks[t // size] * size + t % size for t in range(start, end)]
 
 
 def block_hashes(token_ids, block_size: int, salt=None) -> list[bytes]:
@@ -265,15 +161,40 @@ def block_hashes(token_ids, block_size: int, salt=None) -> list[bytes]:
     ``k`` only when their first ``k + 1`` blocks hold the same token ids under the same salt.
     A partial last block has no hash.
     """
-    tokens, block_size = (
-        _checks.token_ids("token_ids", token_ids, empty=True),
-        integer("block_size", block_size),
-    )
+    tokens = checked_tokens("token_ids", token_ids, empty=True)
+    block_size = integer("block_size", block_size)
     parent, hashes = root_hash(salt), []
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = chain_hash(parent, tokens[start : start + block_size])
+        parent = chain_hash_unchecked(parent, tokens[start : start + block_size])
         hashes.append(parent)
     return hashes
+
+
+def root_hash(salt) -> bytes:
+    """Where a chain starts: the root, with the salt (a tenant or isolation key) mixed in."""
+    salt = _checks.salt(salt)
+    if salt is None:
+        key = b""
+    elif isinstance(salt, str):
+        key = b"s" + salt.encode()
+    elif isinstance(salt, bytes):
+        key = b"b" + salt
+    else:
+        key = b"i" + str(int(salt)).encode()
+    return hashlib.blake2b(_ROOT + key, digest_size=16).digest()
+
+
+def chain_hash(parent: bytes, block_tokens) -> bytes:
+    """The hash of one full block: its parent's hash and its own token ids, 128-bit BLAKE2b."""
+    parent = _checks.parent_hash(parent)
+    return chain_hash_unchecked(parent, checked_tokens("block_tokens", block_tokens))
+
+
+def chain_hash_unchecked(parent: bytes, block_tokens: list[int]) -> bytes:
+    """:func:`chain_hash` of a checked parent and token ids (the block manager's loops)."""
+    digest = hashlib.blake2b(parent, digest_size=16)
+    digest.update(array("q", block_tokens).tobytes())  # token ids are int64, < 2**63
+    return digest.digest()
 
 
 def reusable_tokens(first_difference: int | None, num_tokens: int, block_size: int) -> int:
@@ -285,7 +206,5 @@ def reusable_tokens(first_difference: int | None, num_tokens: int, block_size: i
     reuses at most ``n - 1``.
     """
     num_tokens, block_size = integer("num_tokens", num_tokens), integer("block_size", block_size)
-    match = (
-        num_tokens if first_difference is None else integer("first_difference", first_difference, 0)
-    )
-    return min(match, num_tokens - 1) // block_size * block_size
+    match = _checks.optional(integer, "first_difference", first_difference, 0)
+    return min(num_tokens if match is None else match, num_tokens - 1) // block_size * block_size

@@ -1,0 +1,315 @@
+"""Notebooks 05, 06 and 11: the argument and invariant checks of the block allocator, the block
+manager and the paged cache (:mod:`kvlab.cache.blocks`, :mod:`~kvlab.cache.block_manager`,
+:mod:`~kvlab.cache.paged`), and the error a pool without enough free blocks raises.
+
+Those modules hold the mechanism; a public method there opens with one line per argument, each a
+call into :mod:`kvlab._checks`' vocabulary or into the compound checks below. Every check runs
+before anything changes, and its message names the argument, the value and what is allowed.
+``manager_invariants`` and ``paged_invariants`` are the bodies of ``BlockManager.check`` and
+``PagedKVCache.check`` (the property tests call them after every step).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from kvlab._checks import integer, token_ids
+
+
+def optional(check, name: str, value, *args):
+    """``value`` checked by ``check(name, value, *args)``, or None."""
+    return None if value is None else check(name, value, *args)
+
+
+# --------------------------------------------------------------------------- free blocks
+
+
+class OutOfBlocksError(MemoryError):
+    """Not enough free blocks: ``needed``, ``free`` and ``total`` blocks, and bytes when the caller
+    knows the size of a block; ``what`` says what needed them."""
+
+    def __init__(self, needed, free, total, bytes_per_block=None, what=None):
+        message = (
+            f"{what + ' ' if what else ''}need{'s' if what else ''} {needed} KV-cache block(s) but"
+            f" only {free} of {total} are free"
+        )
+        if bytes_per_block:
+            message += (
+                f" ({needed * bytes_per_block:,} bytes needed, {free * bytes_per_block:,} bytes"
+                f" free, {bytes_per_block:,} bytes per block)"
+            )
+        super().__init__(message + "; free or preempt a sequence first")
+        self.needed, self.free, self.total = needed, free, total
+
+
+def free_blocks(manager, needed: int) -> None:
+    """Refuse a call that needs more free blocks than ``manager`` has."""
+    if needed > manager.num_free:
+        total, size = manager.num_blocks, manager.bytes_per_block
+        raise OutOfBlocksError(needed, manager.num_free, total, size)
+
+
+# --------------------------------------------------------------------------- blocks and tables
+
+
+def known_block(pool, block) -> int:
+    """``block`` as an id of ``pool``'s blocks."""
+    return integer("block", block, 0, pool.num_blocks)
+
+
+def held_block(pool, block, action: str) -> int:
+    """``block`` as an id of a block someone holds (``action``: what the caller does to it)."""
+    if pool.ref_count(block) == 0:  # ref_count checks the id
+        raise ValueError(f"cannot {action} block {block}: it is free (not allocated)")
+    return int(block)
+
+
+def free_block(pool, block) -> int:
+    """``block`` as an id of a block nobody holds."""
+    if pool.ref_count(block):  # ref_count checks the id
+        raise ValueError(
+            f"cannot reclaim block {block}: it is held ({pool.ref_count(block)} holder(s))"
+        )
+    return int(block)
+
+
+def block_ids(blocks, high: int) -> list[int]:
+    """``blocks`` as a list of block ids, each in ``[0, high)``."""
+    if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__iter__"):
+        raise TypeError(
+            f"blocks must be a list of block ids (ints), got {type(blocks).__name__} {blocks!r}"
+        )
+    return [integer(f"blocks[{i}]", b, 0, high) for i, b in enumerate(blocks)]
+
+
+def table_tokens(num_tokens, num_blocks: int, block_size: int) -> int:
+    """``num_tokens`` as a token count that ``num_blocks`` blocks of ``block_size`` hold."""
+    integer("num_tokens", num_tokens, 0)
+    if num_tokens > num_blocks * block_size:
+        raise ValueError(
+            f"num_tokens must be in [0, {num_blocks * block_size}] for {num_blocks} block(s) of"
+            f" {block_size}, got {num_tokens}"
+        )
+    return num_tokens
+
+
+def token_span(start, end, capacity: int) -> tuple[int, int]:
+    """``(start, end)``, tokens ``start .. end - 1`` of a table that stores ``capacity`` tokens."""
+    integer("start", start, 0)
+    integer("end", end, start)
+    if end > capacity:  # the first token past the blocks held, as physical_location names it
+        integer("token", max(start, capacity), 0, capacity)
+    return start, end
+
+
+# --------------------------------------------------------------------------- hashes
+
+
+def salt(value):
+    """``value`` if it can salt a hash chain: None, a str, bytes or an int."""
+    if value is None or isinstance(value, (str, bytes)):
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return value
+    raise TypeError(
+        f"salt must be None, a str, bytes or an int, got {type(value).__name__} {value!r}"
+    )
+
+
+def parent_hash(value) -> bytes:
+    """``value`` if it is the bytes of a hash."""
+    if isinstance(value, bytes):
+        return value
+    kind = type(value).__name__
+    raise TypeError(f"parent must be the bytes of a hash (root_hash, chain_hash), got {kind}")
+
+
+# --------------------------------------------------------------------------- sequences
+
+
+def sequence(seqs: dict, seq_id, state: str | None = None):
+    """The record of live sequence ``seq_id`` in ``seqs``; ``state="resident"`` refuses a preempted
+    one, ``state="preempted"`` a resident one."""
+    seq = seqs.get(integer("seq_id", seq_id, 0))  # never True for sequence 1
+    if seq is None:
+        raise ValueError(f"seq_id {seq_id!r} is not a live sequence; live: {sorted(seqs)}")
+    if state == "resident" and seq.state != "resident":
+        raise ValueError(f"sequence {seq_id} is preempted ({seq.state}); resume({seq_id}) first")
+    if state == "preempted" and seq.state == "resident":
+        raise ValueError(f"sequence {seq_id} is not preempted")
+    return seq
+
+
+def written(seq, seq_id) -> None:
+    """Refuse to fork a sequence with reserved tokens whose K and V are not written."""
+    if seq.num_computed != len(seq.tokens):
+        raise ValueError(
+            f"sequence {seq_id} has {len(seq.tokens) - seq.num_computed} reserved token(s)"
+            " whose K and V are not written yet; fork it once they are (commit)"
+        )
+
+
+def in_step(cache, seq_id) -> None:
+    """Refuse a sequence that is unknown, preempted, or half way through a by-hand append."""
+    sequence(cache.manager._seqs, seq_id, "resident")
+    counts = cache._layer_tokens[seq_id]
+    if len(set(counts)) != 1:
+        raise ValueError(
+            f"sequence {seq_id} is mid-step (tokens per layer {counts}); finish appending "
+            "to every layer first"
+        )
+
+
+# --------------------------------------------------------------------------- tensors
+
+
+def kv_rows(k, v, heads: int, dim: int, dtype, device):
+    """``k`` and ``v``, ``[tokens, heads, dim]`` floating tensors of one shape, on ``device`` in
+    ``dtype``."""
+    import torch
+
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3 or tuple(t.shape[1:]) != (heads, dim):
+            raise ValueError(
+                f"{name} must be [tokens, {heads}, {dim}] (num_kv_heads, head_dim), got"
+                f" {tuple(t.shape)}"
+            )
+        if not t.dtype.is_floating_point:
+            raise TypeError(
+                f"{name} must be a floating-point tensor (stored as {dtype}), got {t.dtype}"
+            )
+        if t.device.type == "meta":
+            raise ValueError(f"{name} is on the meta device (no data); pass a tensor on {device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    return k.to(device, dtype), v.to(device, dtype)
+
+
+def append_ids(cache, seq_id, layer: int, count: int, ids) -> list[int]:
+    """The ids of the tokens a by-hand append of ``count`` rows reserves (layer 0, past the reserved
+    slots): ``ids``' tail, or zeros without prefix caching."""
+    start, ahead = cache._layer_tokens[seq_id][layer], cache._layer_tokens[seq_id][0]
+    if layer > 0 and start + count > ahead:
+        raise ValueError(
+            f"layer {layer} of sequence {seq_id} would hold {start + count} tokens but layer 0 "
+            f"holds {ahead}: append to layer 0 first (it reserves the slots)"
+        )
+    fresh = max(0, start + count - cache.num_tokens(seq_id)) if layer == 0 else 0
+    if ids is None:
+        if fresh and cache.prefix_caching:
+            raise ValueError(
+                "token_ids is required with prefix caching on: the block hashes are made of them"
+            )
+        return [0] * fresh
+    ids = token_ids("token_ids", ids, empty=True)
+    if len(ids) != count:
+        raise ValueError(f"token_ids must hold one id per row of k ({count}), got {len(ids)}")
+    if layer == 0 and ids[: count - fresh] != cache.tokens(seq_id)[start : start + count - fresh]:
+        raise ValueError(
+            f"token_ids disagree with the tokens sequence {seq_id} reserved at positions "
+            f"{start}..{start + count - fresh - 1}"
+        )
+    return ids[count - fresh :]
+
+
+def pools(k_pools, v_pools) -> None:
+    """Refuse anything but equally long lists of 4-D tensors, one per layer."""
+    import torch
+
+    if (
+        not isinstance(k_pools, (list, tuple))
+        or not k_pools
+        or len(k_pools) != len(v_pools)
+        or not all(isinstance(p, torch.Tensor) and p.dim() == 4 for p in (*k_pools, *v_pools))
+    ):
+        raise TypeError(
+            "k_pools and v_pools must be equally long lists of [num_blocks, block_size, kv_heads, "
+            "head_dim] tensors, one per layer (PagedKVCache.k_pools and .v_pools)"
+        )
+
+
+def model_shape(value):
+    """``value`` if it is a kvlab ``ModelShape``."""
+    from kvlab.theory.shapes import ModelShape
+
+    if not isinstance(value, ModelShape):
+        raise TypeError(
+            "shape must be a kvlab ModelShape (see kvlab.theory.shapes.SHAPES), got"
+            f" {type(value).__name__}"
+        )
+    return value
+
+
+# --------------------------------------------------------------------------- invariants
+
+
+def _require(condition: bool, message: str, what: str = "block manager") -> None:
+    if not condition:
+        raise AssertionError(f"{what} invariant broken: {message}")
+
+
+def manager_invariants(m) -> None:
+    """Raise AssertionError unless ``m``'s bookkeeping is consistent: every block counted once (free
+    plus held equals the pool), reference counts equal holders, tables sized to their tokens, a
+    block shared only by tables that agree on its place and tokens, and every registered block
+    that someone holds written and hashed from its holders' tokens."""
+    holders = _holders(m)
+    free = set(m.allocator.free_order())
+    _require(len(free) + len(holders) == m.num_blocks, "free plus held blocks is not the pool")
+    for block in range(m.num_blocks):
+        count, refs = len(holders.get(block, [])), m.allocator.ref_count(block)
+        _require(refs == count, f"block {block}: reference count {refs}, holders {count}")
+        _require((block in free) == (count == 0), f"block {block} is free and held, or neither")
+    for block, places in holders.items():
+        _require(
+            all(p[:2] == places[0][:2] for p in places),
+            f"block {block} is shared by tables that disagree on its place or tokens",
+        )
+    for h, block in m.cached_blocks().items():
+        _require(m.block_hash(block) == h, f"block {block}'s hash does not match the hash table")
+        for k, _, seq in holders.get(block, []):
+            _require(
+                (k + 1) * m.block_size <= seq.num_computed and seq.hashes[k] == h,
+                f"block {block} is registered but not written, or under another hash",
+            )
+
+
+def _holders(m) -> dict[int, list]:
+    """Each held block's holders: (logical index, the tokens up to its end, the sequence)."""
+    holders: dict[int, list] = {}
+    for i, seq in m._seqs.items():
+        _require(
+            len(set(seq.blocks)) == len(seq.blocks),
+            f"sequence {i} names a block twice: {seq.blocks}",
+        )
+        expected = -(-len(seq.tokens) // m.block_size) if seq.state == "resident" else 0
+        _require(
+            len(seq.blocks) == expected,
+            f"sequence {i}: {len(seq.tokens)} tokens in {len(seq.blocks)} blocks",
+        )
+        _require(
+            0 <= seq.num_computed <= len(seq.tokens), f"sequence {i} computed more than it holds"
+        )
+        for k, block in enumerate(seq.blocks):
+            holders.setdefault(block, []).append((k, seq.tokens[: (k + 1) * m.block_size], seq))
+    return holders
+
+
+def paged_invariants(cache) -> None:
+    """The block manager's invariants, and each sequence's layers between its computed and held
+    tokens."""
+    manager_invariants(cache.manager)
+    for seq_id, counts in cache._layer_tokens.items():
+        computed, held = cache.num_computed(seq_id), cache.num_tokens(seq_id)
+        _require(
+            min(counts) == computed and max(counts) == counts[0] <= held,
+            f"sequence {seq_id} holds {held} tokens, {computed} computed, per layer {counts}",
+            "paged cache",
+        )
+        _require(
+            cache.is_swapped(seq_id) == (seq_id in cache._host),
+            f"sequence {seq_id}'s host copy",
+            "paged cache",
+        )
