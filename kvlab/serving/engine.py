@@ -1,19 +1,18 @@
 """Notebook 11: a continuous-batching engine, the parts of kvlab's serving stack running together.
 
 In the shape of nano-vllm (Yu 2025) and vLLM (Kwon et al. 2023): :class:`Engine` owns one
-:class:`~kvlab.cache.paged.PagedKVCache` (the pools and the block manager, prefix caching on or
-off), one :class:`~kvlab.serving.scheduler.Scheduler` and one
-:class:`~kvlab.serving.runner.ModelRunner`. A step is three calls: the scheduler plans the step's
-chunks (reserving and committing their slots), the runner runs the model once over all of them,
-and the scheduler appends the sampled tokens and retires the requests that are done.
+:class:`~kvlab.cache.paged.PagedKVCache` (prefix caching on or off), one
+:class:`~kvlab.serving.scheduler.Scheduler` and one :class:`~kvlab.serving.runner.ModelRunner`. A
+step is three calls: the scheduler plans the step's chunks (reserving and committing their slots),
+the runner runs the model once over all of them, and the scheduler appends the sampled tokens and
+retires the requests that are done.
 
 A step is all or nothing. Before it schedules anything it checks that the model still fits the cache
-(layers, heads, dtype, device) and that every request's sequence is where the scheduler left it; if
-the forward pass then fails, the engine is put back as it was before the step (its cache, queues,
-requests and counters, and every prefix hash it registered), under two rollback rules: a prefix hash
-the step evicted stays evicted, and a preemption the step made to fit its decodes stands (the failed
-pass may have written into the preempted blocks). A request that could never fit is refused when it
-is added.
+and that every request's sequence is where the scheduler left it; if the forward pass then fails,
+the engine is put back as it was before the step (cache, queues, requests, counters, the prefix
+hashes it registered), under two rollback rules: a prefix hash the step evicted stays evicted, and
+a preemption the step made to fit its decodes stands (the failed pass may have written into the
+preempted blocks). A request that could never fit is refused when it is added.
 """
 
 from __future__ import annotations
@@ -62,18 +61,14 @@ class EngineStats:
 class Engine:
     """Continuous batching over a Hugging Face causal LM on a paged KV cache (notebook 11).
 
-    ``num_blocks=None`` sizes the pool from the memory free after the weights on a GPU
-    (``GPU_MEMORY_FRACTION`` of it), or from ``kv_budget_bytes`` (default ``CPU_KV_BUDGET_BYTES``)
-    on a CPU. ``attention`` picks the path of :mod:`kvlab.serving.attention`: ``"kernel"`` (the
-    default on a GPU), ``"gather"`` (the default on a CPU, where the kernels run in Triton's
-    interpreter) or ``"reference"``. ``cuda_graphs`` (default: on a GPU) replays decode steps as
-    CUDA graphs. ``debug=True`` checks the invariants after every step.
-
-    Decoding is greedy. A request ends after its ``max_new_tokens``, or at the first generated token
-    that is an end-of-sequence id or one of its own ``stop`` ids (kept in its output, as
-    ``generate`` keeps it), and its blocks go back in that step. ``eos_token_id="auto"`` takes the
-    ids ``generate`` stops at, ``model.generation_config.eos_token_id``; pass ids of your own, or
-    None for none.
+    ``num_blocks=None`` sizes the pool from ``GPU_MEMORY_FRACTION`` of the memory free after the
+    weights on a GPU, or ``kv_budget_bytes`` (default ``CPU_KV_BUDGET_BYTES``) on a CPU.
+    ``attention``: a path of :mod:`kvlab.serving.attention` (default: ``"kernel"`` on a GPU,
+    ``"gather"`` on a CPU). ``cuda_graphs`` (default: on a GPU) replays decode steps as CUDA graphs.
+    ``debug=True`` checks the invariants after every step. Decoding is greedy; a request ends after
+    its ``max_new_tokens`` or at its first generated token that is an end-of-sequence id
+    (``eos_token_id="auto"``: ``model.generation_config``'s, as ``generate``; or ids, or None) or
+    one of its own ``stop`` ids (kept in its output), and its blocks go back in that step.
     """
 
     def __init__(
@@ -129,11 +124,8 @@ class Engine:
 
     def add_request(self, prompt, max_new_tokens: int, stop=None) -> Request:
         """Queue one request (``prompt``: token ids; ``stop``: token ids that end it besides the
-        engine's end-of-sequence ids); returns it. Bad input raises before anything changes.
-
-        A request that could never fit (its prompt and all but its last new token need more blocks
-        than the pool has) is not queued: it comes back ``rejected``, ``error`` saying the bytes it
-        needs and the bytes the pool has, and a warning says the same.
+        engine's end-of-sequence ids); returns it. A request that could never fit the pool comes
+        back ``rejected``, its ``error`` (and a warning) saying the bytes it needs and the pool's.
         """
         prompt = _checks.prompt("prompt", prompt, self)
         max_new_tokens = integer("max_new_tokens", max_new_tokens)
@@ -141,13 +133,9 @@ class Engine:
         return self._add(prompt, max_new_tokens, stop)
 
     def generate(self, prompts, max_new_tokens, stop=None) -> list[list[int] | None]:
-        """Greedy continuation of each prompt (a list of token-id lists), ``max_new_tokens`` each
-        (an int or one per prompt), ending early at a stop token (``stop``: token ids for every
-        request, added to the engine's end-of-sequence ids); runs until every request has finished.
-        A request that can never fit the pool is rejected (``None`` in its place, and a warning with
-        the bytes it needs); the others complete. Every argument is checked before any request is
-        queued.
-        """
+        """Greedy continuation of each prompt (token-id lists), ``max_new_tokens`` each (an int or
+        one per prompt), ``stop`` ids for every request; runs until every request has finished. A
+        rejected request (:meth:`add_request`) gives ``None`` in its place."""
         prompts = _checks.prompts(prompts, self)
         counts = _checks.counts(max_new_tokens, len(prompts))
         stop = _checks.stop_ids("stop", stop, self.vocab_size)

@@ -29,21 +29,10 @@ from kvlab._checks import causal_lm, integer, integers, one_of
 from kvlab._checks import token_ids as _token_ids  # prefill and generate take token_ids=
 from kvlab.cache.paged import PagedKVCache
 from kvlab.serving import _checks
-from kvlab.serving.attention import ATTENTION_PATHS, use_paged_attention
+from kvlab.serving.attention import ATTENTION_PATHS, use_paged_attention  # noqa: F401 (notebook 05)
 from kvlab.serving.engine import Engine
 from kvlab.serving.request import Chunk
-from kvlab.serving.runner import ModelRunner, cache_for, model_geometry
-
-__all__ = [
-    "Generation",
-    "PagedRun",
-    "cache_for",
-    "decode_step",
-    "generate",
-    "paged_generate",
-    "prefill",
-    "use_paged_attention",
-]
+from kvlab.serving.runner import ModelRunner, cache_for, model_geometry  # noqa: F401 (cache_for)
 
 
 @torch.inference_mode()

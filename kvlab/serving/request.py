@@ -13,8 +13,6 @@ from typing import NamedTuple
 
 from kvlab.serving import _checks
 
-STATES = ("waiting", "running", "swapped", "finished", "rejected")
-
 
 class Chunk(NamedTuple):
     """What one step feeds one sequence: ``token_ids`` at positions ``start, start + 1, ...``,
