@@ -120,6 +120,22 @@ def counts(max_new_tokens, n: int) -> list[int]:
     return integers("max_new_tokens", max_new_tokens)
 
 
+def never_fits(engine, prompt_tokens: int, max_new_tokens: int) -> str | None:
+    """Why a request can never run on ``engine`` (None: it can): its stored tokens (all but the
+    last new one) exceed the model's attention window or the whole pool."""
+    longest = prompt_tokens + max_new_tokens - 1
+    blocks = -(-longest // engine.block_size)
+    if engine.window is not None and longest > engine.window:
+        return f"its {longest} tokens exceed the model's attention window ({engine.window})"
+    if blocks > engine.num_blocks:
+        return (
+            f"it needs {blocks} blocks ({blocks * engine.bytes_per_block:,} bytes: "
+            f"{prompt_tokens} prompt + {max_new_tokens - 1} generated tokens stored) "
+            f"but the pool has {engine.num_blocks} blocks ({engine.pool_bytes:,} bytes)"
+        )
+    return None
+
+
 def engine_requests(requests, engine) -> list:
     """Some of ``engine``'s requests, each once (None: all)."""
     if requests is None:

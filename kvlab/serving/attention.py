@@ -4,9 +4,9 @@ transformers.
 The model stays the stock ``transformers`` Llama (or Qwen2, Mistral); only its attention function
 changes (Wolf et al. 2020). A step's tokens are packed into one row, ``[1, T]``: each *chunk* feeds
 tokens of one sequence whose slots the :class:`~kvlab.cache.paged.PagedKVCache` has reserved and
-committed for the step. Before the forward pass, :func:`build_step` turns the chunks into a
-:class:`StepMetadata`, built and checked once per step: where each new token's K and V go (its
-slot), and what each query attends to. Then every layer calls :func:`paged_attention`, which
+committed for the step. :func:`build_step` turns the chunks into a :class:`StepMetadata`, built and
+checked once per step (each new token's slot, what each query attends to); then every layer calls
+:func:`paged_attention`, which
 
 1. stores the layer's new K and V at their slots, every chunk's of the step;
 2. then attends, by one of three paths that give the same result.
@@ -15,18 +15,12 @@ The order is what makes prefix sharing within a step correct: a request admitted
 in the same step reads blocks that the other's chunk fills in this very pass, and at every layer
 those K and V are in the pool before any query reads it. The three paths:
 
-- ``"kernel"``, the Triton kernels: one-token chunks (decode) through the paged decode kernel,
-  longer chunks (a prompt, a chunk of one, the uncached suffix after a cached prefix) through the
-  paged prefill ("extend") kernel, which reads each sequence's cached blocks through its block table
-  and its own chunk causally (:mod:`kvlab.kernels.paged_prefill`), as vLLM does with
-  FlashAttention's varlen kernel (Dao 2023) and SGLang with FlashInfer (Ye et al. 2025);
-- ``"gather"``, vectorised PyTorch, for a CPU (where the kernels run in Triton's interpreter):
-  decode rows by gathering each table's blocks, each longer chunk through SDPA over its gathered
-  context with a causal mask offset by what the context already holds;
-- ``"reference"``: every query token as one decode row of
-  :func:`kvlab.kernels.paged_decode_attention_ref` (fp64, from the definition): the oracle.
-
-The fast paths call the kernels' unchecked twins: the step was checked once, in :func:`build_step`.
+- ``"kernel"``: decode rows through the paged decode kernel, longer chunks through the paged
+  prefill ("extend") kernel over each sequence's block table (:mod:`kvlab.kernels.paged_prefill`),
+  as vLLM uses FlashAttention's varlen kernel (Dao 2023) and SGLang FlashInfer (Ye et al. 2025);
+- ``"gather"``, PyTorch for a CPU (where the kernels run in Triton's interpreter): decode rows by
+  gathering blocks, each longer chunk by SDPA over its gathered context, causally offset;
+- ``"reference"``: every token as one fp64 row of :func:`kvlab.kernels.paged_decode_attention_ref`.
 """
 
 from __future__ import annotations
@@ -47,11 +41,9 @@ ATTENTION_PATHS = ("kernel", "gather", "reference")
 
 @dataclass
 class StepMetadata:
-    """What every layer needs besides q, k and v, built once per step by :func:`build_step`.
-
-    Tokens are packed ``[1, T]``: first ``num_decode`` one-token chunks, then the longer ones. Each
-    path fills only the fields it reads; tables are int32 ``[rows, width]``, lengths int32.
-    """
+    """What every layer needs besides q, k and v, built once per step by :func:`build_step`: first
+    ``num_decode`` one-token chunks, then the longer ones. Each path fills the fields it reads;
+    tables are int32 ``[rows, width]``, lengths int32."""
 
     k_pools: list
     v_pools: list
@@ -77,13 +69,9 @@ class StepMetadata:
 
 
 def build_step(cache, chunks, path: str, group: int = 1) -> StepMetadata:
-    """The metadata of one step that feeds ``chunks`` of ``cache``, checked.
-
-    A chunk ``(seq_id, start, token_ids)`` (:class:`~kvlab.serving.request.Chunk`) feeds tokens
-    ``start .. start + n - 1`` of a sequence, whose slots must be reserved and committed for this
-    step (``cache.commit``); one-token chunks come first; a sequence appears once. ``group`` is the
-    model's query heads per KV head, for which the kernel path plans its query tiles.
-    """
+    """The metadata of one step that feeds ``chunks`` (:class:`~kvlab.serving.request.Chunk`, each
+    a sequence's committed slots, one-token chunks first, a sequence once) of ``cache``, checked;
+    ``group``: the model's query heads per KV head, for the kernel's query tiles."""
     one_of("path", path, ATTENTION_PATHS)
     integer("group", group, 1)
     spans = _checks.chunks(cache, chunks)
@@ -203,9 +191,8 @@ def _decode(meta: StepMetadata, q, k_pool, v_pool, scale: float):
 
 
 def _prefill(meta: StepMetadata, q, k_pool, v_pool, scale: float):
-    """The longer chunks: each query sees its own sequence up to itself. The kernel reads the
-    blocks in place; the gather path copies the contexts out and runs one SDPA per chunk (so no
-    query is scored against another sequence's keys only to be masked)."""
+    """The longer chunks, each query over its own sequence up to itself: the kernel in place, or
+    one SDPA per gathered chunk (no query scored against another sequence's keys)."""
     if meta.path == "kernel":
         return kernels.paged_prefill_unchecked(
             q, k_pool, v_pool, meta.prefill_tables, meta.cu_query_lens, meta.context_lens, scale,

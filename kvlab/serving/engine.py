@@ -49,14 +49,6 @@ class EngineStats:
     peak_blocks: int = 0  # most blocks held at once
     batch_sizes: list = field(default_factory=list)  # requests scheduled per step
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.generated_tokens / self.wall_s if self.wall_s else 0.0
-
-    @property
-    def mean_batch(self) -> float:
-        return sum(self.batch_sizes) / len(self.batch_sizes) if self.batch_sizes else 0.0
-
 
 class Engine:
     """Continuous batching over a Hugging Face causal LM on a paged KV cache (notebook 11).
@@ -151,18 +143,9 @@ class Engine:
         )
         self.requests[request.id] = request
         self._log(request, "arrive", len(prompt))
-        longest = len(prompt) + max_new_tokens - 1  # the last token is never stored
-        blocks = -(-longest // self.block_size)
-        if self.window is not None and longest > self.window:
-            why = f"its {longest} tokens exceed the model's attention window ({self.window})"
+        why = _checks.never_fits(self, len(prompt), max_new_tokens)
+        if why is not None:
             return self._reject(request, why)
-        if blocks > self.num_blocks:
-            return self._reject(
-                request,
-                f"it needs {blocks} blocks ({blocks * self.bytes_per_block:,} bytes: "
-                f"{len(prompt)} prompt + {max_new_tokens - 1} generated tokens stored) "
-                f"but the pool has {self.num_blocks} blocks ({self.pool_bytes:,} bytes)",
-            )
         self.scheduler.add(request)
         return request
 
@@ -253,19 +236,19 @@ class Engine:
         preemptions and prefix hit rate (notebook 11)."""
         done = [r for r in _checks.engine_requests(requests, self) if r.state == "finished"]
         ttfts, tpots = [r.ttft for r in done], [r.tpot for r in done if r.tpot is not None]
-        admitted = sum(r.admitted_tokens for r in done)
+        admitted, stats = sum(r.admitted_tokens for r in done), self.stats
         return {
             "requests": len(done),
             "generated_tokens": sum(len(r.output) for r in done),
-            "tokens_per_s": self.stats.tokens_per_s,
+            "tokens_per_s": stats.generated_tokens / stats.wall_s if stats.wall_s else 0.0,
             "mean_ttft_s": sum(ttfts) / len(ttfts) if ttfts else None,
             "mean_tpot_s": sum(tpots) / len(tpots) if tpots else None,
-            "mean_batch": self.stats.mean_batch,
-            "steps": self.stats.steps,
+            "mean_batch": sum(stats.batch_sizes) / max(1, len(stats.batch_sizes)),
+            "steps": stats.steps,
             "preemptions": sum(r.preemptions for r in done),
             "prefix_hit_rate": sum(r.cached_tokens for r in done) / admitted if admitted else 0.0,
             "stopped": sum(1 for r in done if r.finish_reason == "stop"),
-            "prefill_tokens": self.stats.prefill_tokens,
+            "prefill_tokens": stats.prefill_tokens,
         }
 
     def check_invariants(self) -> None:

@@ -1,14 +1,11 @@
 """Notebooks 05, 06 and 11: the model runner, one forward pass per step over a paged KV cache.
 
 :class:`ModelRunner` is the part of a serving engine that touches the model (as in nano-vllm,
-Yu 2025): given a step's chunks it builds the step's metadata once
-(:func:`kvlab.serving.attention.build_step`), runs the Hugging Face model once over every scheduled
-token, and picks each chunk's next token greedily. It never changes the cache's bookkeeping: the
-caller reserved and committed the slots before.
-
-On a GPU, :class:`CudaGraphs` captures decode-only steps once per batch size and replays them
-(PyTorch CUDA Graphs documentation), which takes the per-step launch work of a small model off
-the critical path. kvlab's CPU path never builds it.
+Yu 2025): given a step's chunks, whose slots the caller reserved and committed, it builds the
+step's metadata once (:func:`kvlab.serving.attention.build_step`), runs the Hugging Face model once
+over every token, and picks each chunk's next token greedily. On a GPU, :class:`CudaGraphs`
+replays decode-only steps captured once per batch size (PyTorch CUDA Graphs documentation), which
+takes the per-step launch work of a small model off the critical path.
 """
 
 from __future__ import annotations
@@ -53,12 +50,9 @@ def cache_for(
 
 
 class ModelRunner:
-    """One forward pass per step of ``model`` over ``cache``, greedy sampling (notebooks 05, 06,
-    11).
-
-    ``attention`` picks the path of :mod:`kvlab.serving.attention`; ``cuda_graphs`` (on a GPU, with
-    the kernel path) replays decode-only steps of up to ``max_batch`` sequences as CUDA graphs.
-    """
+    """One forward pass per step of ``model`` over ``cache``, greedy (notebooks 05, 06, 11), by a
+    path of :mod:`kvlab.serving.attention`; ``cuda_graphs`` (a GPU, the kernel path) replays
+    decode-only steps of up to ``max_batch`` sequences."""
 
     def __init__(
         self, model, cache, attention: str = "kernel", cuda_graphs: bool = False, max_batch: int = 1
@@ -103,14 +97,11 @@ class ModelRunner:
 
 
 class CudaGraphs:
-    """Decode-only steps captured as CUDA graphs, one per batch size, and replayed (notebook 11, GPU
-    only).
+    """Decode-only steps captured as CUDA graphs, one per batch size, and replayed (notebook 11).
 
-    A step with ``B`` decoding sequences replays the graph of the smallest captured size ``>= B``;
-    the spare rows feed token 0 at position 0 with slot -1 (the store skips it) and read block 0,
-    and their outputs are dropped. The block tables are as wide as the longest sequence the pool or
-    the model allows, so one graph serves every context length, with a split-K count fixed for that
-    width.
+    ``B`` decoding sequences replay the smallest captured size ``>= B``; spare rows feed token 0 at
+    position 0, slot -1 (not stored), block 0, and are dropped. Tables are as wide as the longest
+    sequence the pool or the model allows: one graph, with one split-K count, serves every length.
     """
 
     def __init__(self, runner: ModelRunner, max_batch: int):

@@ -3,34 +3,30 @@ cache.
 
 Every step, the scheduler decides who runs and with how many tokens (iteration-level scheduling, Yu
 et al. 2022; on a paged cache, Kwon et al. 2023). It works on any *memory* with the block manager's
-calls (``admit``, ``reserve``, ``commit``, ``preempt``, ``resume``, ``free`` and their
-``blocks_to_*`` questions): the engine gives it a :class:`~kvlab.cache.paged.PagedKVCache`, notebook
-05's admission simulator a bare :class:`~kvlab.cache.block_manager.BlockManager` or contiguous
-regions. kvlab's choices, each one of several an engine could make:
+calls (``admit``, ``reserve``, ``commit``, ``preempt``, ``resume``, ``free``, ``blocks_to_*``): the
+engine's :class:`~kvlab.cache.paged.PagedKVCache`, or notebook 05's bare
+:class:`~kvlab.cache.block_manager.BlockManager` or contiguous regions. kvlab's choices:
 
 - **make room first**: while the decoding requests' next tokens need more blocks than are free,
   preempt the newest running request (as vLLM and nano-vllm do), by recompute (drop its blocks,
-  prefill again later) or swap (copy its blocks to host memory; kvlab's second mode, for comparison
-  in notebook 05). Mid-prefill, what earlier steps committed is written, so its full blocks stay
-  cached and its readmission is served mostly from them. A request whose next token cannot fit in
-  its memory at all (a full contiguous region) is preempted itself, by recompute;
+  prefill again later; the full blocks it committed stay cached and serve its readmission) or swap
+  (copy its blocks to host memory; notebook 05 compares the two). A request whose next token cannot
+  fit its memory at all (a full contiguous region) is preempted itself, by recompute;
 - **swapped requests come back first**, oldest first, in a step that preempted nothing;
 - **decodes next**: one token for every decoding request;
 - **then prefill chunks**, first come first served, within ``max_batched_tokens`` tokens per step
   (chunked prefill): a long prompt runs over several steps while the others keep decoding;
-- **admission last**, first come first served, only in a step that preempted nothing and with
-  nothing swapped out, while ``max_batch`` and the free blocks allow, leaving ``watermark_blocks``
-  free unless nothing else runs, so that a new request does not force a preemption at once.
+- **admission last**, first come first served, only in a step that preempted nothing with nothing
+  swapped out, while ``max_batch`` and the free blocks allow, leaving ``watermark_blocks`` free
+  unless nothing else runs, so that a new request does not force a preemption at once.
 
-**A chunk is committed when it is scheduled** (``memory.commit``), as vLLM v1's KV-cache manager
-caches a request's full blocks when it allocates the step's slots: with prefix caching on, a
-request admitted later in the same step reuses the blocks an earlier chunk of this step computes,
-so a burst of requests behind one system prompt computes it once. (SGLang instead holds back a
-waiting request whose prefix another request shares.) It is safe because every layer stores the
-whole step's K and V before any attention of that layer reads the pool, and a failed step is rolled
-back whole (the engine). After the forward pass, :meth:`Scheduler.update` appends the sampled
-tokens and frees, in the same step, the requests that are done (``max_new_tokens`` reached, or a
-stop token generated).
+**A chunk is committed when it is scheduled**, as vLLM v1's KV-cache manager caches a request's
+full blocks when it allocates the step's slots: with prefix caching on, a request admitted later in
+the same step reuses the blocks an earlier chunk of this step computes, so a burst behind one system
+prompt computes it once (SGLang instead holds back a waiting request whose prefix another shares).
+It is safe because every layer stores the whole step's K and V before any of its attention reads
+the pool, and a failed step is rolled back whole (the engine). After the forward pass,
+:meth:`Scheduler.update` appends the sampled tokens and frees the requests that are done.
 """
 
 from __future__ import annotations
