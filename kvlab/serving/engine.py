@@ -104,6 +104,9 @@ class Engine:
         self.requests, self.events, self.stats = {}, [], EngineStats()
         self._clock = self._idle_steps = 0
 
+    max_batch = property(lambda self: self.scheduler.max_batch)
+    max_batched_tokens = property(lambda self: self.scheduler.max_batched_tokens)
+
     @property
     def bytes_per_block(self) -> int:
         return self.cache.bytes_per_block
