@@ -767,8 +767,8 @@ def entries() -> list[Entry]:
         allow={"prompt": {"token-past-vocab"}, "arrival": {"negative"}},
     )  # no vocabulary; times are relative
     add(
-        "request.timeline",
-        request.timeline,
+        "lab.engine.timeline",
+        lab_engine.timeline,
         dict(events=[request.Event(0, 0, "arrive")], num_steps=3),
         dict(events="any", num_steps="int0"),
     )
@@ -801,12 +801,6 @@ def entries() -> list[Entry]:
         dict(chunks=[(1, 1)], path="gather"),
         setup=lambda: (lambda c: (c.reserve(1, [7]), c)[1])(paged_cache()),
         observe=cache_state,
-    )
-    add(
-        "runner.check_kernel_limits",
-        runner.check_kernel_limits,
-        dict(block_size=16, head_dim=64, attention="kernel"),
-        dict(block_size="size", head_dim="size"),
     )
 
     # -- lab: engine, prefix, paging
@@ -1609,9 +1603,10 @@ def _static_cache(m):
 
 def _scenarios():
     from kvlab.lab import engine as lab_engine
+    from kvlab.lab.engine import timeline
     from kvlab.serving import paged_decode
     from kvlab.serving.engine import Engine
-    from kvlab.serving.request import Event, timeline
+    from kvlab.serving.request import Event
     from kvlab.theory.verdict import decide
     from kvlab.versions import drop_newest
 

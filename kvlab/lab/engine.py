@@ -17,6 +17,7 @@
   prompt tokens the engine computes for it when every request arrives at once or one per step;
   :func:`burst_rows`, their bench rows beside transformers' continuous batching with block
   sharing (notebooks 06 and 11);
+- :func:`timeline`: each request's state step by step, read back from an engine's event log;
 - :func:`bench_rows`: the section's rows of ``python -m kvlab bench``.
 """
 
@@ -33,6 +34,7 @@ import torch
 
 from kvlab import _checks
 from kvlab.serving.engine import Engine
+from kvlab.serving.request import Event
 
 if TYPE_CHECKING:
     from kvlab.lab.bench import Row
@@ -680,3 +682,52 @@ def bench_rows():
         ]
         rows += cuda_graph_rows(model, prompts[:32], [64] * 32)
     return rows
+
+
+# ---------------------------------------------------------------------- the event log, read back
+
+
+def timeline(events, num_steps: int) -> dict[int, list[str | None]]:
+    """Each request's state at steps ``1 .. num_steps``, read from an event log (notebook 11).
+
+    A state is what the request did in that step (``prefill``, ``decode``) or, in a step that gave
+    it no tokens, where it was: ``waiting`` (not yet admitted, or preempted by recompute),
+    ``swapped``, ``stalled`` (admitted but given no tokens: the step's token budget ran out);
+    ``None`` before it arrived and after it finished.
+    """
+    num_steps = _checks.integer("num_steps", num_steps, 0)
+    events = _checks.items("events", events, Event, what="Event (an engine's .events)")
+    states: dict[int, list[str | None]] = {}
+    carried: dict[int, str | None] = {}
+    by_step: dict[int, list[Event]] = {}
+    for event in events:
+        by_step.setdefault(event.step, []).append(event)
+    for step in range(0, num_steps + 1):
+        worked = {}
+        for event in by_step.get(step, []):
+            states.setdefault(event.request, [None] * num_steps)
+            did = _replay(event, carried)
+            if did is not None:
+                worked.setdefault(event.request, did)
+        if step == 0:
+            continue
+        for request, row in states.items():
+            row[step - 1] = worked.get(request, carried.get(request))
+    return states
+
+
+def _replay(event: Event, carried: dict) -> str | None:
+    """What ``event`` says its request did in its step (None: nothing); ``carried`` keeps where
+    each request is between steps."""
+    if event.kind == "arrive":
+        carried[event.request] = "waiting"
+    elif event.kind in ("admit", "resume"):
+        carried[event.request] = "stalled"
+    elif event.kind == "preempt":
+        carried[event.request] = "swapped" if event.detail == "swap" else "waiting"
+    elif event.kind in ("prefill", "decode"):
+        return event.kind
+    elif event.kind in ("finish", "reject"):
+        state, carried[event.request] = carried.get(event.request), None
+        return state
+    return None

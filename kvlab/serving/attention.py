@@ -4,9 +4,9 @@ transformers.
 The model stays the stock ``transformers`` Llama (or Qwen2, Mistral); only its attention function
 changes (Wolf et al. 2020). A step's tokens are packed into one row, ``[1, T]``: each *chunk* feeds
 tokens of one sequence whose slots the :class:`~kvlab.cache.paged.PagedKVCache` has reserved and
-committed for the step. Before the forward pass, :func:`build_step` turns the chunks into a
-:class:`StepMetadata`, built and checked once per step: where each new token's K and V go (its
-slot), and what each query attends to. Then every layer calls :func:`paged_attention`, which
+committed for the step. :func:`build_step` turns the chunks into a :class:`StepMetadata`, built and
+checked once per step (each new token's slot, what each query attends to); then every layer calls
+:func:`paged_attention`, which
 
 1. stores the layer's new K and V at their slots, every chunk's of the step;
 2. then attends, by one of three paths that give the same result.
@@ -15,26 +15,12 @@ The order is what makes prefix sharing within a step correct: a request admitted
 in the same step reads blocks that the other's chunk fills in this very pass, and at every layer
 those K and V are in the pool before any query reads it. The three paths:
 
-
-   - ``"kernel"``, the Triton kernels: one-token chunks (decode steps) through the paged decode
-     kernel over their block tables, longer chunks (a prompt, a chunk of one, the uncached suffix
-     after a cached prefix) through the paged prefill ("extend") kernel, which reads each
-     sequence's cached blocks through its block table and its own chunk causally
-     (:mod:`kvlab.kernels.paged_prefill`); the step's cumulative query lengths, context lengths and
-     query tiles are planned once, here, not in every layer;
-   - ``"gather"``, vectorised PyTorch, for a CPU (where the kernels run in Triton's interpreter):
-     decode rows by gathering each table's blocks; each longer chunk through SDPA over its gathered
-     context, with a causal mask offset by what the context already holds (one SDPA per chunk, so no
-     query is scored against another sequence's keys only to be masked);
-   - ``"reference"``: every query token as one decode row of
-     :func:`kvlab.kernels.paged_decode_attention_ref` (fp64, from the definition). Each row reads
-     its whole context, so a chunk of ``n`` tokens reads its prefix ``n`` times: the oracle, not a
-     way to prefill.
-
-Both fast paths skip the kernels' own checks, since the step was checked once. Engines prefill the
-same way as the kernel path: vLLM through FlashAttention's varlen kernel with block tables (Dao
-2023), SGLang and others through FlashInfer's paged prefill (Ye et al. 2025). The one forward call
-that switches the model to this function and back is :func:`paged_forward`.
+- ``"kernel"``: decode rows through the paged decode kernel, longer chunks through the paged
+  prefill ("extend") kernel over each sequence's block table (:mod:`kvlab.kernels.paged_prefill`),
+  as vLLM uses FlashAttention's varlen kernel (Dao 2023) and SGLang FlashInfer (Ye et al. 2025);
+- ``"gather"``, PyTorch for a CPU (where the kernels run in Triton's interpreter): decode rows by
+  gathering blocks, each longer chunk by SDPA over its gathered context, causally offset;
+- ``"reference"``: every token as one fp64 row of :func:`kvlab.kernels.paged_decode_attention_ref`.
 """
 
 from __future__ import annotations
@@ -47,6 +33,7 @@ import torch.nn.functional as F
 
 from kvlab import kernels
 from kvlab._checks import causal_lm, integer, one_of, restoring
+from kvlab.serving import _checks
 
 ATTN_NAME = "kvlab_paged"
 ATTENTION_PATHS = ("kernel", "gather", "reference")
@@ -54,56 +41,42 @@ ATTENTION_PATHS = ("kernel", "gather", "reference")
 
 @dataclass
 class StepMetadata:
-    """What every layer needs besides q, k and v, built once per step by :func:`build_step`.
-
-    Tokens are packed ``[1, T]``: first ``num_decode`` one-token chunks, then the longer ones. Each
-    path fills only the fields it reads.
-    """
+    """What every layer needs besides q, k and v, built once per step by :func:`build_step`: first
+    ``num_decode`` one-token chunks, then the longer ones. Each path fills the fields it reads;
+    tables are int32 ``[rows, width]``, lengths int32."""
 
     k_pools: list
     v_pools: list
     path: str
-    slots: (
-        torch.Tensor
-    )  # int64 [T]: where each new token's K and V go (block * block_size + offset); -1 skips
+    slots: torch.Tensor  # int64 [T]: block * block_size + offset of each new K and V; -1 skips
     num_decode: int
-    decode_tables: torch.Tensor  # int32 [num_decode, width]
-    decode_lens: torch.Tensor  # int32 [num_decode]: context length, the new token included
-    # query heads per KV head (the model's GQA group), as the kernel's tiles were planned
-    group: int = 1
-    # "kernel", the longer chunks:
-    prefill_tables: torch.Tensor | None = None  # int32 [num_prefill, width]
-    # int32 [num_prefill + 1]: chunk b is rows cu[b] .. cu[b + 1] - 1
+    decode_tables: torch.Tensor
+    decode_lens: torch.Tensor  # each decode row's context length, its new token included
+    group: int = 1  # query heads per KV head, for which the kernel's tiles were planned
+    # "kernel": the longer chunks' tables, cumulative query lengths, context lengths, query tiles
+    prefill_tables: torch.Tensor | None = None
     cu_query_lens: torch.Tensor | None = None
-    context_lens: torch.Tensor | None = None  # int32 [num_prefill]: cached plus new tokens
-    tiles: torch.Tensor | None = None  # int32 [num_tiles, 2]: kernels.plan_query_tiles
-    # "gather", the longer chunks:
-    # int64 [K]: the slots of the longer chunks' contexts, chunk by chunk
+    context_lens: torch.Tensor | None = None
+    tiles: torch.Tensor | None = None
+    # "gather": the longer chunks' context slots; per chunk (row0, row1, slot0, slot1) and mask
     prefill_context: torch.Tensor | None = None
-    # per chunk (first query row, end row, first context slot, end slot)
     prefill_spans: list | None = None
-    # per chunk bool [n, c]: query may see key (None: nothing cached, plain causal)
     prefill_masks: list | None = None
-    # "reference", every token:
-    row_tables: torch.Tensor | None = None  # int32 [T, width], every token's table
-    row_lens: torch.Tensor | None = None  # int32 [T], every token's context length
-    # the decode kernel's split-K count (fixed for a CUDA graph); None: from the width
-    num_splits: int | None = None
+    # "reference": every token's table and context length
+    row_tables: torch.Tensor | None = None
+    row_lens: torch.Tensor | None = None
+    num_splits: int | None = None  # the decode kernel's split-K count (fixed for a CUDA graph)
 
 
 def build_step(cache, chunks, path: str, group: int = 1) -> StepMetadata:
-    """The metadata of one step that feeds ``chunks`` of ``cache``, checked.
-
-    A chunk ``(seq_id, start, token_ids)`` (:class:`~kvlab.serving.request.Chunk`) feeds tokens
-    ``start .. start + n - 1`` of a sequence, whose slots must be reserved and committed for this
-    step (``cache.commit``); one-token chunks come first; a sequence appears once. ``group`` is the
-    model's query heads per KV head, for which the kernel path plans its query tiles.
-    """
+    """The metadata of one step that feeds ``chunks`` (:class:`~kvlab.serving.request.Chunk`, each
+    a sequence's committed slots, one-token chunks first, a sequence once) of ``cache``, checked;
+    ``group``: the model's query heads per KV head, for the kernel's query tiles."""
     one_of("path", path, ATTENTION_PATHS)
-    integer("group", group, 1)  # query heads per KV head
-    spans = _check_chunks(cache, chunks)
+    integer("group", group, 1)
+    spans = _checks.chunks(cache, chunks)
     bs, dev = cache.block_size, cache.device
-    slots = [table[t // bs] * bs + t % bs for table, start, end in spans for t in range(start, end)]
+    slots = [t[p // bs] * bs + p % bs for t, start, end in spans for p in range(start, end)]
     decode = [(table, end) for table, start, end in spans if end - start == 1]
     longer = [span for span in spans if span[2] - span[1] > 1]
     meta = StepMetadata(
@@ -113,111 +86,60 @@ def build_step(cache, chunks, path: str, group: int = 1) -> StepMetadata:
         torch.tensor(slots, dtype=torch.long, device=dev),
         len(decode),
         _table_tensor([t for t, _ in decode], dev),
-        torch.tensor([n for _, n in decode], dtype=torch.int32, device=dev),
+        _int32([n for _, n in decode], dev),
         group,
     )
     if path == "kernel":
-        _plan_kernel_prefill(meta, longer, group, dev)
+        _plan_kernel_prefill(meta, longer, dev)
     elif path == "gather":
-        meta.prefill_context, meta.prefill_spans, meta.prefill_masks = _gather_prefill(
-            longer, bs, dev
-        )
+        _plan_gather_prefill(meta, longer, bs, dev)
     else:
-        meta.row_tables = _table_tensor(
-            [table for table, start, end in spans for _ in range(start, end)], dev
-        )
-        meta.row_lens = torch.tensor(
-            [t + 1 for _, start, end in spans for t in range(start, end)],
-            dtype=torch.int32,
-            device=dev,
-        )
+        meta.row_tables = _table_tensor([t for t, s, e in spans for _ in range(s, e)], dev)
+        meta.row_lens = _int32([p + 1 for _, s, e in spans for p in range(s, e)], dev)
     return meta
 
 
-def _plan_kernel_prefill(meta: StepMetadata, longer, group: int, dev) -> None:
-    """The paged prefill kernel's inputs for the longer chunks, and its query tiles, once per
-    step."""
+def _plan_kernel_prefill(meta: StepMetadata, longer, dev) -> None:
+    """The paged prefill kernel's inputs for the longer chunks, and its query tiles."""
     query_lens = [end - start for _, start, end in longer]
     context_lens = [end for _, _, end in longer]
     meta.prefill_tables = _table_tensor([table for table, _, _ in longer], dev)
-    meta.cu_query_lens = torch.tensor([0, *accumulate(query_lens)], dtype=torch.int32, device=dev)
-    meta.context_lens = torch.tensor(context_lens, dtype=torch.int32, device=dev)
-    meta.tiles = kernels.plan_query_tiles(query_lens, context_lens, group, dev)
+    meta.cu_query_lens = _int32([0, *accumulate(query_lens)], dev)
+    meta.context_lens = _int32(context_lens, dev)
+    meta.tiles = kernels.plan_query_tiles(query_lens, context_lens, meta.group, dev)
 
 
-def _gather_prefill(longer, bs: int, dev) -> tuple[torch.Tensor, list, list]:
-    """The longer chunks' contexts as one list of slots, where each chunk's queries and keys sit in
-    the packed rows, and each chunk's causal mask offset by what its context already holds."""
+def _plan_gather_prefill(meta: StepMetadata, longer, bs: int, dev) -> None:
+    """The longer chunks' contexts as one list of slots, where each chunk's queries and keys sit,
+    and each chunk's causal mask offset by what its context already holds (None: plain causal)."""
     context, spans, masks, rows = [], [], [], 0
     for table, start, end in longer:
         spans.append((rows, rows + end - start, len(context), len(context) + end))
         context += [table[t // bs] * bs + t % bs for t in range(end)]
         rows += end - start
-        # query start + i sees keys 0 .. start + i
-        masks.append(
-            None
-            if start == 0
-            else torch.arange(end, device=dev)[None, :]
-            <= torch.arange(start, end, device=dev)[:, None]
+        seen = (
+            torch.arange(end, device=dev)[None, :] <= torch.arange(start, end, device=dev)[:, None]
         )
-    return torch.tensor(context, dtype=torch.long, device=dev), spans, masks
+        masks.append(None if start == 0 else seen)  # query start + i sees keys 0 .. start + i
+    meta.prefill_context = torch.tensor(context, dtype=torch.long, device=dev)
+    meta.prefill_spans, meta.prefill_masks = spans, masks
 
 
-def _check_chunks(cache, chunks) -> list[tuple[list[int], int, int]]:
-    """Each chunk's block table and token span, after checking everything the kernels will trust."""
-    if isinstance(chunks, (str, bytes)) or not hasattr(chunks, "__iter__"):
-        raise TypeError(
-            f"chunks must be a list of (seq_id, start, token_ids) chunks, got"
-            f" {type(chunks).__name__}"
-        )
-    chunks, spans, seen, longer = list(chunks), [], set(), False
-    if not chunks:
-        raise ValueError("chunks must name at least one (seq_id, start, token_ids) chunk")
-    for i, chunk in enumerate(chunks):
-        if not isinstance(chunk, (tuple, list)) or len(chunk) != 3:
-            raise TypeError(
-                f"chunks[{i}] must be a (seq_id, start, token_ids) chunk, got {chunk!r}"
-            )
-        seq_id, start, token_ids = chunk
-        cache.require_in_step(seq_id)  # a live, resident sequence whose layers agree
-        start, count = integer(f"chunks[{i}].start", start, 0), len(token_ids)
-        committed = cache.num_computed(seq_id)
-        if not 1 <= count <= committed - start:
-            raise ValueError(
-                f"sequence {seq_id} has {committed - start} committed token(s) from position "
-                f"{start} (slots reserved and committed for this step); got a chunk of {count}"
-            )
-        if seq_id in seen:
-            raise ValueError(f"sequence {seq_id} appears twice in one step")
-        if count == 1 and longer:
-            raise ValueError(
-                "one-token chunks must come before longer ones (the decode rows are packed first)"
-            )
-        seen.add(seq_id)
-        longer = longer or count > 1
-        spans.append((cache.block_table(seq_id), start, start + count))
-    return spans
+def _int32(values: list[int], device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)
 
 
 def _table_tensor(rows: list[list[int]], device) -> torch.Tensor:
     width = max((len(r) for r in rows), default=1)
     padded = [r + [0] * (width - len(r)) for r in rows]  # entries past a row's end: never read
-    return torch.tensor(padded, dtype=torch.int32, device=device).reshape(len(rows), width)
+    return _int32(padded, device).reshape(len(rows), width)
 
 
 # --------------------------------------------------------------------------- the attention function
 
 
 def paged_attention(
-    module,
-    query,
-    key,
-    value,
-    attention_mask,
-    scaling=None,
-    dropout=0.0,
-    kvlab_step: StepMetadata | None = None,
-    **kwargs,
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, kvlab_step=None, **kwargs
 ):
     """The attention function registered as ``"kvlab_paged"`` (notebooks 05, 06, 11).
 
@@ -239,73 +161,53 @@ def paged_attention(
         )
     _store(meta.path, key[0].transpose(0, 1), value[0].transpose(0, 1), k_pool, v_pool, meta.slots)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    q = query[0].transpose(0, 1)  # [T, num_q_heads, head_dim]
+    q, d = query[0].transpose(0, 1), meta.num_decode  # [T, num_q_heads, head_dim]
     if meta.path == "reference":
         out = kernels.paged_decode_attention_ref(
             q.contiguous(), k_pool, v_pool, meta.row_tables, meta.row_lens, scale=scale
         )
         return out[None], None
-    parts, d = [], meta.num_decode
-    if d:
-        parts.append(_decode(meta, q[:d].contiguous(), k_pool, v_pool, scale))
+    parts = [_decode(meta, q[:d].contiguous(), k_pool, v_pool, scale)] if d else []
     if q.shape[0] > d:
         parts.append(_prefill(meta, q[d:], k_pool, v_pool, scale))
-    return (torch.cat(parts) if len(parts) > 1 else parts[0])[None], None
+    return torch.cat(parts)[None], None
 
 
 def _store(path: str, k_new, v_new, k_pool, v_pool, slots) -> None:
     if path == "kernel":
-        kernels.paged_store(k_new, v_new, k_pool, v_pool, slots)
-        return
+        return kernels.paged_store(k_new, v_new, k_pool, v_pool, slots)
     heads, dim = k_pool.shape[2], k_pool.shape[3]
     k_pool.view(-1, heads, dim).index_copy_(0, slots, k_new)
     v_pool.view(-1, heads, dim).index_copy_(0, slots, v_new)
 
 
 def _decode(meta: StepMetadata, q, k_pool, v_pool, scale: float):
+    tables, lens = meta.decode_tables, meta.decode_lens
     if meta.path == "kernel":
-        return kernels.paged_decode(
-            q, k_pool, v_pool, meta.decode_tables, meta.decode_lens, scale, meta.num_splits
-        )
-    return kernels.paged_decode_gather(
-        q, k_pool, v_pool, meta.decode_tables, meta.decode_lens, scale
-    )
+        return kernels.paged_decode(q, k_pool, v_pool, tables, lens, scale, meta.num_splits)
+    return kernels.paged_decode_gather(q, k_pool, v_pool, tables, lens, scale)
 
 
 def _prefill(meta: StepMetadata, q, k_pool, v_pool, scale: float):
-    """The longer chunks, ``q`` ``[T - num_decode, num_q_heads, head_dim]``: each query sees its own
-    sequence up to itself. The kernel reads the blocks in place; the gather path copies the contexts
-    out and runs SDPA chunk by chunk."""
+    """The longer chunks, each query over its own sequence up to itself: the kernel in place, or
+    one SDPA per gathered chunk (no query scored against another sequence's keys)."""
     if meta.path == "kernel":
         return kernels.paged_extend(
-            q,
-            k_pool,
-            v_pool,
-            meta.prefill_tables,
-            meta.cu_query_lens,
-            meta.context_lens,
-            scale,
+            q, k_pool, v_pool, meta.prefill_tables, meta.cu_query_lens, meta.context_lens, scale,
             meta.tiles,
-        )
+        )  # fmt: skip
     heads, dim = k_pool.shape[2], k_pool.shape[3]
-    keys = k_pool.view(-1, heads, dim)[meta.prefill_context].transpose(0, 1)  # [kv_heads, K, dim]
-    values = v_pool.view(-1, heads, dim)[meta.prefill_context].transpose(0, 1)
-    queries, parts = q.transpose(0, 1), []  # [num_q_heads, T - num_decode, dim]
-    for (q0, q1, k0, k1), mask in zip(
-        meta.prefill_spans, meta.prefill_masks
-    ):  # one SDPA per chunk: no cross pairs
+    keys = k_pool.view(-1, heads, dim)[meta.prefill_context].transpose(0, 1)[None]
+    values = v_pool.view(-1, heads, dim)[meta.prefill_context].transpose(0, 1)[None]
+    queries, parts = q.transpose(0, 1)[None], []  # [1, num_q_heads, rows, dim]
+    for (q0, q1, k0, k1), mask in zip(meta.prefill_spans, meta.prefill_masks):
         parts.append(
             F.scaled_dot_product_attention(
-                queries[None, :, q0:q1],
-                keys[None, :, k0:k1],
-                values[None, :, k0:k1],
-                attn_mask=mask,
-                is_causal=mask is None,
-                scale=scale,
-                enable_gqa=True,
+                queries[:, :, q0:q1], keys[:, :, k0:k1], values[:, :, k0:k1], attn_mask=mask,
+                is_causal=mask is None, scale=scale, enable_gqa=True,
             )[0]
-        )
-    return torch.cat(parts, dim=1).transpose(0, 1)  # [T - num_decode, num_q_heads, head_dim]
+        )  # fmt: skip
+    return torch.cat(parts, dim=1).transpose(0, 1)  # [rows, num_q_heads, head_dim]
 
 
 # --------------------------------------------------------------------------- the model call
@@ -320,25 +222,16 @@ def register() -> str:
 
 
 def use_paged_attention(model):
-    """Switch ``model`` to the paged attention function for good; returns the model (notebook
-    05)."""
+    """Switch ``model`` to the paged attention function for good; returns it (notebook 05)."""
     causal_lm("model", model).set_attn_implementation(register())
     return model
 
 
 def paged_forward(model, input_ids, position_ids, meta: StepMetadata, logits_to_keep):
-    """One forward pass of ``model`` through :func:`paged_attention`: the logits at
-    ``logits_to_keep``.
-
-    The model is switched to the paged attention for this call only (``kvlab._checks.restoring``),
-    unless it already uses it.
-    """
+    """One forward pass of ``model`` through :func:`paged_attention`, switched to it for this call
+    only (``kvlab._checks.restoring``); the logits at ``logits_to_keep``."""
     with restoring(model, attn_implementation=register()):
-        out = model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            use_cache=False,
-            logits_to_keep=logits_to_keep,
-            kvlab_step=meta,
-        )
-    return out.logits
+        return model(
+            input_ids=input_ids, position_ids=position_ids, use_cache=False,
+            logits_to_keep=logits_to_keep, kvlab_step=meta,
+        ).logits  # fmt: skip

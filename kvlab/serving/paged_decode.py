@@ -11,13 +11,12 @@ function (:mod:`kvlab.serving.attention`):
 - :func:`decode_step` feeds one token to each of a batch of sequences;
 - :func:`generate` is the one-prompt loop of notebook 06: admit (reusing whatever prefix the cache
   holds), prefill, decode, free (the blocks stay cached for the next request);
-- :func:`paged_generate` is notebook 05's multi-request loop: the engine of notebook 11, with its
-  one scheduler, on unpadded prompts of any lengths, preempting by recompute or swap when blocks run
-  out.
+- :func:`paged_generate` is notebook 05's multi-request loop: the engine of notebook 11 on unpadded
+  prompts of any lengths, preempting by recompute or swap when blocks run out.
 
 ``prefill`` and ``decode_step`` are all or nothing: if anything fails, even a layer in the middle of
-the model, the cache is as before (under the block manager's rollback rule: an evicted hash stays
-evicted), so a retry gives what a first success would have.
+the model, the cache is as before (an evicted hash stays evicted), so a retry gives what a first
+success would have.
 """
 
 from __future__ import annotations
@@ -26,120 +25,43 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab import _checks
-from kvlab._checks import integer
-from kvlab.cache.blocks import OutOfBlocksError
+from kvlab._checks import causal_lm, integer, integers, one_of
+from kvlab._checks import token_ids as _token_ids  # prefill and generate take token_ids=
 from kvlab.cache.paged import PagedKVCache
-from kvlab.serving.attention import use_paged_attention
+from kvlab.serving import _checks
+from kvlab.serving.attention import ATTENTION_PATHS, use_paged_attention  # noqa: F401 (notebook 05)
 from kvlab.serving.engine import Engine
 from kvlab.serving.request import Chunk
-from kvlab.serving.runner import ModelRunner, check_cache_fits, model_geometry
-
-__all__ = [
-    "Generation",
-    "PagedRun",
-    "cache_for",
-    "decode_step",
-    "generate",
-    "paged_generate",
-    "prefill",
-    "use_paged_attention",
-]
-
-
-def cache_for(
-    model,
-    num_blocks: int,
-    block_size: int = 16,
-    prefix_caching: bool = False,
-    device=None,
-    store=None,
-) -> PagedKVCache:
-    """An empty :class:`PagedKVCache` shaped for ``model`` (its layers, KV heads, head dim and
-    dtype); ``store`` replaces the ``store_kv`` kernel of by-hand appends (e.g. ``store_kv_ref`` on
-    a CPU).
-    """
-    layers, kv_heads, head_dim = model_geometry(_checks.causal_lm("model", model))
-    return PagedKVCache(
-        layers,
-        num_blocks,
-        block_size,
-        kv_heads,
-        head_dim,
-        dtype=model.dtype,
-        device=device if device is not None else model.device,
-        store=store,
-        prefix_caching=prefix_caching,
-    )
+from kvlab.serving.runner import ModelRunner, cache_for, model_geometry  # noqa: F401 (cache_for)
 
 
 @torch.inference_mode()
 def prefill(
-    model,
-    cache: PagedKVCache,
-    seq_id: int,
-    token_ids=None,
-    attention: str = "kernel",
-    max_tokens: int | None = None,
+    model, cache: PagedKVCache, seq_id: int, token_ids=None, attention="kernel", max_tokens=None
 ) -> int | None:
     """Run ``seq_id``'s not yet computed tokens through ``model`` (after reserving ``token_ids``
     behind them, if given); returns the greedy next token, or None if ``max_tokens`` stopped the
     chunk short of the sequence's last token."""
     runner = ModelRunner(model, cache, attention)  # checks the model against the cache first
     vocab = model.config.vocab_size
-    tokens = (
-        [] if token_ids is None else _checks.token_ids("token_ids", token_ids, vocab, empty=True)
-    )
-    cache.require_in_step(seq_id)
-    start = cache.num_computed(seq_id)
-    end = cache.num_tokens(seq_id) + len(tokens)
-    if end == start:
-        raise ValueError(
-            f"sequence {seq_id} has no token left to compute; pass token_ids (at least one token)"
-        )
-    fed = cache.tokens(seq_id)[start:] + tokens
-    _checks.token_ids(f"the tokens of sequence {seq_id}", fed, vocab)
-    count = (
-        end - start
-        if max_tokens is None
-        else min(end - start, integer("max_tokens", max_tokens, 1))
-    )
-    needed = cache.blocks_to_append(seq_id, len(tokens))
-    if needed > cache.num_free:
-        raise OutOfBlocksError(needed, cache.num_free, cache.num_blocks, cache.bytes_per_block)
+    new = [] if token_ids is None else _token_ids("token_ids", token_ids, vocab, empty=True)
+    start, count, fed = _checks.prefill_span(cache, seq_id, new, vocab, max_tokens)
     with cache.all_or_nothing():
-        if tokens:
-            cache.reserve(seq_id, tokens)
+        if new:
+            cache.reserve(seq_id, new)
         cache.commit(seq_id, start + count)  # the step is scheduled: its slots count as written
         (next_token,) = runner.run([Chunk(seq_id, start, fed[:count])])
-    return next_token if start + count == end else None
+    return next_token if count == len(fed) else None
 
 
 @torch.inference_mode()
-def decode_step(
-    model, cache: PagedKVCache, seq_ids, tokens, attention: str = "kernel"
-) -> list[int]:
-    """One decode step for a batch: token ``tokens[i]`` is fed to ``seq_ids[i]``; returns the next
+def decode_step(model, cache: PagedKVCache, seq_ids, tokens, attention="kernel") -> list[int]:
+    """One decode step for a batch: ``tokens[i]`` is fed to ``seq_ids[i]``; returns the next
     tokens."""
     runner = ModelRunner(model, cache, attention)
-    seq_ids = _checks.integers("seq_ids", seq_ids, 0)
-    tokens = _checks.token_ids("tokens", tokens, model.config.vocab_size)
-    if len(tokens) != len(seq_ids):
-        raise ValueError(
-            f"tokens must hold one token per sequence of seq_ids ({len(seq_ids)}), got"
-            f" {len(tokens)}"
-        )
-    if len(set(seq_ids)) != len(seq_ids):
-        raise ValueError(f"seq_ids must be distinct, got {seq_ids}")
-    for seq_id in seq_ids:
-        cache.require_in_step(seq_id)
-        if cache.num_computed(seq_id) != cache.num_tokens(seq_id):
-            raise ValueError(
-                f"sequence {seq_id} has reserved tokens not computed yet; prefill it first"
-            )
-    needed = sum(cache.blocks_to_append(s) for s in seq_ids)
-    if needed > cache.num_free:
-        raise OutOfBlocksError(needed, cache.num_free, cache.num_blocks, cache.bytes_per_block)
+    seq_ids = integers("seq_ids", seq_ids, 0)
+    tokens = _token_ids("tokens", tokens, model.config.vocab_size)
+    _checks.decoding(cache, seq_ids, tokens)
     with cache.all_or_nothing():
         chunks = []
         for seq_id, token in zip(seq_ids, tokens):
@@ -160,14 +82,9 @@ class Generation:
 
 
 def generate(
-    model,
-    cache: PagedKVCache,
-    token_ids,
-    max_new_tokens: int,
-    salt=None,
-    attention: str = "kernel",
+    model, cache: PagedKVCache, token_ids, max_new_tokens: int, salt=None, attention="kernel",
     stop=None,
-) -> Generation:
+) -> Generation:  # fmt: skip
     """Greedy decoding of one prompt on ``cache``, reusing whatever prefix it holds (notebook 06).
 
     Stops after ``max_new_tokens``, or at the first token in ``stop`` (token ids, kept in the
@@ -178,32 +95,13 @@ def generate(
     starts (:class:`OutOfBlocksError`, with the bytes it needs and the bytes free), and if anything
     fails on the way the cache is as before.
     """
-    check_cache_fits(model, cache, attention)
-    max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
-    tokens = _checks.token_ids("token_ids", token_ids, model.config.vocab_size)
-    stop = (
-        set()
-        if stop is None
-        else set(
-            _checks.token_ids(
-                "stop", [stop] if isinstance(stop, int) else stop, model.config.vocab_size
-            )
-        )
-    )
-    stored = len(tokens) + max_new_tokens - 1  # the last new token is never fed back
-    needed = (
-        cache.blocks_to_admit(tokens, salt)
-        + -(-stored // cache.block_size)
-        - -(-len(tokens) // cache.block_size)
-    )
-    if needed > cache.num_free:
-        raise OutOfBlocksError(
-            needed,
-            cache.num_free,
-            cache.num_blocks,
-            cache.bytes_per_block,
-            what=f"a {len(tokens)}-token prompt and {max_new_tokens} new tokens",
-        )
+    one_of("attention", attention, ATTENTION_PATHS)
+    _checks.cache_fits(model, cache, attention, model_geometry(model))
+    max_new_tokens = integer("max_new_tokens", max_new_tokens)
+    tokens = _token_ids("token_ids", token_ids, model.config.vocab_size)
+    stop = _checks.stop_tokens(stop, model.config.vocab_size)
+    what = f"a {len(tokens)}-token prompt and {max_new_tokens} new tokens"
+    _checks.blocks_free(cache, _blocks_to_generate(cache, tokens, max_new_tokens, salt), what)
     with cache.all_or_nothing():
         seq_id, cached = cache.admit(tokens, salt)
         out = [prefill(model, cache, seq_id, attention=attention)]
@@ -211,6 +109,13 @@ def generate(
             out += decode_step(model, cache, [seq_id], out[-1:], attention)
         cache.free(seq_id)
     return Generation(out, cached, len(tokens))
+
+
+def _blocks_to_generate(cache, tokens: list[int], max_new_tokens: int, salt) -> int:
+    """Admitting the prompt, then the blocks its new tokens grow into (the last is never stored)."""
+    stored = len(tokens) + max_new_tokens - 1
+    grown = -(-stored // cache.block_size) - -(-len(tokens) // cache.block_size)
+    return cache.blocks_to_admit(tokens, salt) + grown
 
 
 @dataclass(frozen=True)
@@ -226,15 +131,9 @@ class PagedRun:
 
 
 def paged_generate(
-    model,
-    prompts,
-    max_new_tokens: int,
-    block_size: int = 16,
-    num_blocks: int | None = None,
-    attention: str = "kernel",
-    preemption: str = "recompute",
-    max_batch: int = 64,
-) -> PagedRun:
+    model, prompts, max_new_tokens: int, block_size: int = 16, num_blocks: int | None = None,
+    attention: str = "kernel", preemption: str = "recompute", max_batch: int = 64,
+) -> PagedRun:  # fmt: skip
     """Greedy decoding of several prompts (of any lengths, unpadded) on a paged KV cache (notebook
     05).
 
@@ -247,38 +146,19 @@ def paged_generate(
     """
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise TypeError("prompts must be a non-empty list of token-id lists (or 1-D tensors)")
-    _checks.causal_lm("model", model)
-    prompts = [
-        _checks.token_ids(f"prompts[{i}]", p, model.config.vocab_size)
-        for i, p in enumerate(prompts)
-    ]
-    max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
-    block_size, max_batch = integer("block_size", block_size, 1), integer("max_batch", max_batch, 1)
-    per_request = -(-(max(len(p) for p in prompts) + max_new_tokens - 1) // block_size)
-    num_blocks = (
-        per_request * len(prompts) if num_blocks is None else integer("num_blocks", num_blocks, 1)
-    )
+    vocab = causal_lm("model", model).config.vocab_size
+    prompts = [_token_ids(f"prompts[{i}]", p, vocab) for i, p in enumerate(prompts)]
+    max_new_tokens = integer("max_new_tokens", max_new_tokens)
+    block_size, max_batch = integer("block_size", block_size), integer("max_batch", max_batch)
+    longest = -(-(max(map(len, prompts)) + max_new_tokens - 1) // block_size)  # in blocks
+    num_blocks = longest * len(prompts) if num_blocks is None else integer("num_blocks", num_blocks)
     engine = Engine(
-        model,
-        num_blocks,
-        block_size,
-        max_batch,
-        max(max_batch, sum(map(len, prompts))),
-        False,
-        preemption,
-        attention=attention,
-        cuda_graphs=False,
-        watermark=0.0,
-    )
-    if per_request > num_blocks:  # the longest request could never run, even alone
-        raise OutOfBlocksError(per_request, num_blocks, num_blocks, engine.bytes_per_block)
-    tokens = engine.generate(prompts, max_new_tokens)
-    stats = engine.scheduler.stats
+        model, num_blocks, block_size, max_batch, max(max_batch, sum(map(len, prompts))), False,
+        preemption, attention=attention, cuda_graphs=False, watermark=0.0,
+    )  # fmt: skip
+    _checks.blocks_free(engine.cache, longest, free=num_blocks)  # the longest could never run
+    tokens, stats = engine.generate(prompts, max_new_tokens), engine.scheduler.stats
     return PagedRun(
-        tokens,
-        engine.stats.steps,
-        stats.preemptions,
-        stats.recomputed_tokens,
-        stats.swapped_blocks,
-        engine.stats.peak_blocks,
-    )
+        tokens, engine.stats.steps, stats.preemptions, stats.recomputed_tokens,
+        stats.swapped_blocks, engine.stats.peak_blocks,
+    )  # fmt: skip

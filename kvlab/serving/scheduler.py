@@ -3,37 +3,30 @@ cache.
 
 Every step, the scheduler decides who runs and with how many tokens (iteration-level scheduling, Yu
 et al. 2022; on a paged cache, Kwon et al. 2023). It works on any *memory* with the block manager's
-calls (``admit``, ``reserve``, ``commit``, ``preempt``, ``resume``, ``free`` and their
-``blocks_to_*`` questions): the engine gives it a :class:`~kvlab.cache.paged.PagedKVCache`, notebook
-05's admission simulator a bare :class:`~kvlab.cache.block_manager.BlockManager` or contiguous
-regions.
-
-kvlab's choices, each one of several an engine could make:
+calls (``admit``, ``reserve``, ``commit``, ``preempt``, ``resume``, ``free``, ``blocks_to_*``): the
+engine's :class:`~kvlab.cache.paged.PagedKVCache`, or notebook 05's bare
+:class:`~kvlab.cache.block_manager.BlockManager` or contiguous regions. kvlab's choices:
 
 - **make room first**: while the decoding requests' next tokens need more blocks than are free,
-  preempt the newest running request, by recompute (drop its blocks, prefill again later) or swap
-  (copy its blocks to host memory), as vLLM and nano-vllm pick the newest. It may be in the middle
-  of its prefill: what earlier steps committed is written, so its full blocks stay cached (free,
-  with their hashes) and its readmission is served mostly from them. Swap is kvlab's second mode,
-  for comparison (notebook 05). A request whose next token cannot fit in its memory at all (a full
-  contiguous region) is preempted itself, by recompute;
+  preempt the newest running request (as vLLM and nano-vllm do), by recompute (drop its blocks,
+  prefill again later; the full blocks it committed stay cached and serve its readmission) or swap
+  (copy its blocks to host memory; notebook 05 compares the two). A request whose next token cannot
+  fit its memory at all (a full contiguous region) is preempted itself, by recompute;
 - **swapped requests come back first**, oldest first, in a step that preempted nothing;
 - **decodes next**: one token for every decoding request;
 - **then prefill chunks**, first come first served, within ``max_batched_tokens`` tokens per step
   (chunked prefill): a long prompt runs over several steps while the others keep decoding;
-- **admission last**, first come first served, only in a step that preempted nothing and with
-  nothing swapped out, and only while ``max_batch`` and the free blocks allow, leaving
-  ``watermark_blocks`` free unless nothing else runs, so that a new request does not force a
-  preemption at once.
+- **admission last**, first come first served, only in a step that preempted nothing with nothing
+  swapped out, while ``max_batch`` and the free blocks allow, leaving ``watermark_blocks`` free
+  unless nothing else runs, so that a new request does not force a preemption at once.
 
-**A chunk is committed when it is scheduled** (``memory.commit``), as vLLM v1's KV-cache manager
-caches a request's full blocks when it allocates the step's slots: with prefix caching on, a
-request admitted later in the same step reuses the blocks an earlier chunk of this step computes,
-so a burst of requests behind one system prompt computes it once. Within one forward pass every
-layer stores the whole step's K and V before any attention of that layer reads the pool, and a
-failed step is rolled back whole (the engine). After the forward pass, :meth:`Scheduler.update`
-appends the sampled tokens and frees, in the same step, the requests that are done: those that
-reached their ``max_new_tokens`` and those whose newest token is one of their stop tokens.
+**A chunk is committed when it is scheduled**, as vLLM v1's KV-cache manager caches a request's
+full blocks when it allocates the step's slots: with prefix caching on, a request admitted later in
+the same step reuses the blocks an earlier chunk of this step computes, so a burst behind one system
+prompt computes it once (SGLang instead holds back a waiting request whose prefix another shares).
+It is safe because every layer stores the whole step's K and V before any of its attention reads
+the pool, and a failed step is rolled back whole (the engine). After the forward pass,
+:meth:`Scheduler.update` appends the sampled tokens and frees the requests that are done.
 """
 
 from __future__ import annotations
@@ -48,8 +41,7 @@ from kvlab.serving.request import Chunk, Request
 
 @dataclass
 class Scheduled:
-    """One chunk of a step: ``request``'s tokens ``start .. start + count - 1``, fed at those
-    positions. It carries its token ids to the model runner: the request is their one home."""
+    """One chunk of a step: ``request``'s tokens ``start .. start + count - 1``."""
 
     request: Request
     start: int
@@ -64,8 +56,7 @@ class Scheduled:
 
     @property
     def completes(self) -> bool:
-        """After this chunk every token of the request is computed: its last logits give the next
-        token."""
+        """Every token of the request is computed after it: its last logits give the next token."""
         return self.start + self.count == self.request.num_tokens
 
 
@@ -74,17 +65,14 @@ class SchedulerStats:
     """Preemptions since the scheduler was made, and what they cost (notebook 05)."""
 
     preemptions: int = 0
-    # computed tokens dropped by recompute preemptions (to prefill again)
-    recomputed_tokens: int = 0
+    recomputed_tokens: int = 0  # computed tokens dropped by recompute preemptions
     swapped_blocks: int = 0  # blocks copied to host memory (and later back) by swap preemptions
     readmitted_tokens: int = 0  # tokens of requests readmitted after a recompute preemption
-    # of which the prefix cache served (often the request's own freed blocks)
-    readmitted_cached: int = 0
+    readmitted_cached: int = 0  # of which the prefix cache served
 
 
 class Scheduler:
-    """Who runs this step, and with how many tokens (notebooks 05 and 11); see the module for the
-    policy.
+    """Who runs this step, and with how many tokens (notebooks 05 and 11; the policy: the module).
 
     ``log(request, kind, detail)`` is called for every admission, resumption, preemption, chunk and
     finish (the engine's event log).
@@ -100,14 +88,11 @@ class Scheduler:
         log=None,
     ):
         one_of("preemption", preemption, PREEMPTION_MODES)
-        max_batch = integer("max_batch", max_batch)
-        max_batched_tokens = integer("max_batched_tokens", max_batched_tokens)
-        watermark_blocks = integer("watermark_blocks", watermark_blocks, 0)
-        if log is not None:
-            function("log", log)
-        self.memory, self.max_batch, self.max_batched_tokens = memory, max_batch, max_batched_tokens
-        self.preemption, self.watermark_blocks = preemption, watermark_blocks
-        self.log = log or (lambda request, kind, detail=None: None)
+        self.max_batch = integer("max_batch", max_batch)
+        self.max_batched_tokens = integer("max_batched_tokens", max_batched_tokens)
+        self.watermark_blocks = integer("watermark_blocks", watermark_blocks, 0)
+        self.log = function("log", log) if log is not None else lambda r, kind, detail=None: None
+        self.memory, self.preemption = memory, preemption
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
@@ -123,10 +108,7 @@ class Scheduler:
 
     def schedule(self, preempted: bool | None = None) -> list[Scheduled]:
         """This step's chunks, one-token chunks first (the attention packs decode rows first).
-
-        ``preempted``: the step's :meth:`make_room` already ran and returned this; None runs it
-        here.
-        """
+        ``preempted``: what the step's :meth:`make_room` returned; None runs it here."""
         if preempted is None:
             preempted = self.make_room()
         if not preempted:
@@ -142,11 +124,9 @@ class Scheduler:
             self._admit(plan, budget)
         return sorted(plan, key=lambda e: e.count > 1)
 
-    def update(
-        self, plan: list[Scheduled], next_tokens: list[int], now: float = 0.0
-    ) -> list[Request]:
+    def update(self, plan: list[Scheduled], next_tokens: list[int], now: float = 0.0):
         """After the forward pass: append the tokens of the chunks that complete their request, and
-        free the requests that are done; returns those."""
+        free the requests that are done (their blocks go back in this step); returns those."""
         finished = []
         for entry, token in zip(plan, next_tokens):
             request = entry.request
@@ -156,48 +136,37 @@ class Scheduler:
             request.output.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
-            if (
-                request.done
-            ):  # its blocks go back in this step: a stop token frees them as early as possible
-                self.memory.free(request.seq)
-                request.seq, request.state, request.finish_time = None, "finished", now
-                request.finish_reason = "stop" if request.stopped else "length"
-                self.running.remove(request)
-                self.log(request, "finish", len(request.output))
+            if request.done:
+                self._finish(request, now)
                 finished.append(request)
         return finished
-
-    # -- the parts of a step -------------------------------------------------------------------
-
-    def _decoding(self, request: Request) -> bool:
-        """Every token but the newest is computed: this step feeds the newest."""
-        seq = request.seq
-        return (
-            self.memory.num_computed(seq) == self.memory.num_tokens(seq) == request.num_tokens - 1
-        )
-
-    def _uncomputed(self, request: Request) -> int:
-        return self.memory.num_tokens(request.seq) - self.memory.num_computed(request.seq)
 
     def make_room(self) -> bool:
         """A step's first part: preempt until every decoding request's next token has a slot; True
         if anyone was."""
         preempted = False
         for request in [r for r in self.running if self._decoding(r)]:
-            if (
-                self.memory.blocks_to_append(request.seq) > self.memory.num_blocks
-            ):  # cannot grow in place
-                self._preempt(request, "recompute")
+            if self.memory.blocks_to_append(request.seq) > self.memory.num_blocks:
+                self._preempt(request, "recompute")  # it cannot grow in place
                 preempted = True
-        while self.running:
-            needed = sum(
-                self.memory.blocks_to_append(r.seq) for r in self.running if self._decoding(r)
-            )
-            if needed <= self.memory.num_free:
-                break
+        while self.running and self._decode_blocks() > self.memory.num_free:
             self._preempt(self.running[-1], self.preemption)
             preempted = True
         return preempted
+
+    # -- the parts of a step -------------------------------------------------------------------
+
+    def _decoding(self, request: Request) -> bool:
+        """Every token but the newest is computed: this step feeds the newest."""
+        seq, memory = request.seq, self.memory
+        return memory.num_computed(seq) == memory.num_tokens(seq) == request.num_tokens - 1
+
+    def _uncomputed(self, request: Request) -> int:
+        return self.memory.num_tokens(request.seq) - self.memory.num_computed(request.seq)
+
+    def _decode_blocks(self) -> int:
+        """The blocks this step's decodes take for their next tokens."""
+        return sum(self.memory.blocks_to_append(r.seq) for r in self.running if self._decoding(r))
 
     def _preempt(self, request: Request, mode: str) -> None:
         self.running.remove(request)
@@ -219,18 +188,12 @@ class Scheduler:
         (its own next token's included)."""
         while self.swapped and len(self.running) < self.max_batch:
             request = self.swapped[0]
-            decodes = sum(
-                self.memory.blocks_to_append(r.seq) for r in self.running if self._decoding(r)
-            )
-            if not self._fits(
-                self.memory.blocks_to_resume(request.seq, request.tokens[-1:]) + decodes
-            ):
+            needed = self.memory.blocks_to_resume(request.seq, request.tokens[-1:])
+            if not self._fits(needed + self._decode_blocks()):
                 return
             self.swapped.popleft()
             self.memory.resume(request.seq)
-            request.state = "running"
-            self.running.append(request)
-            self.log(request, "resume", "swap")
+            self._run(request, "resume", "swap")
 
     def _decode(self, request: Request) -> Scheduled:
         self.memory.reserve(request.seq, request.output[-1:])  # the slot of the token fed this step
@@ -240,11 +203,8 @@ class Scheduler:
         return self._scheduled(request, min(self._uncomputed(request), budget), "prefill")
 
     def _scheduled(self, request: Request, count: int, kind: str) -> Scheduled:
-        """Schedule ``count`` tokens of ``request`` and commit them now, as vLLM v1 does when it
-        allocates a step's slots: the full blocks among them are registered in the prefix cache,
-        so a request admitted later in this step reuses them. That is safe because in one forward
-        pass every layer stores all the step's K and V before any of its attention reads the
-        pool, and a failed step is rolled back whole."""
+        """Schedule ``count`` tokens of ``request`` and commit them now (the module: a request
+        admitted later in this step reuses their full blocks)."""
         start = self.memory.num_computed(request.seq)
         self.memory.commit(request.seq, start + count)
         return Scheduled(request, start, count, kind)
@@ -254,29 +214,36 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_batch:
             request = self.waiting[0]
             if request.seq is None:
-                needed = self.memory.blocks_to_admit(request.tokens)
+                if not self._fits(self.memory.blocks_to_admit(request.tokens)):
+                    return
+                request.seq, cached = self.memory.admit(request.tokens)
+                self._run(request, "admit", cached)
             else:  # its prompt and generated tokens, all but the newest held when preempted
                 unheld = request.tokens[self.memory.num_tokens(request.seq) :]
-                needed = self.memory.blocks_to_resume(request.seq, unheld)
-            if not self._fits(needed):
-                return
-            self.waiting.popleft()
-            if request.seq is None:
-                request.seq, cached = self.memory.admit(request.tokens)
-                self.log(request, "admit", cached)
-            else:
+                if not self._fits(self.memory.blocks_to_resume(request.seq, unheld)):
+                    return
                 cached = self.memory.resume(request.seq, unheld)
                 self.stats.readmitted_tokens += len(request.tokens)
                 self.stats.readmitted_cached += cached
-                self.log(request, "resume", "recompute")
+                self._run(request, "resume", "recompute")
+            self.waiting.popleft()
             request.admitted_tokens += len(request.tokens)
             request.cached_tokens += cached
-            request.state = "running"
-            self.running.append(request)
             plan.append(self._chunk(request, budget))
             budget -= plan[-1].count
 
+    def _run(self, request: Request, kind: str, detail) -> None:
+        request.state = "running"
+        self.running.append(request)
+        self.log(request, kind, detail)
+
+    def _finish(self, request: Request, now: float) -> None:
+        self.memory.free(request.seq)
+        request.seq, request.state, request.finish_time = None, "finished", now
+        request.finish_reason = "stop" if request.stopped else "length"
+        self.running.remove(request)
+        self.log(request, "finish", len(request.output))
+
     def _fits(self, blocks: int) -> bool:
-        if not self.running:  # alone, a request may use the whole pool
-            return blocks <= self.memory.num_free
-        return blocks <= self.memory.num_free - self.watermark_blocks
+        """Alone, a request may use the whole pool; else the watermark stays free."""
+        return blocks <= self.memory.num_free - (self.watermark_blocks if self.running else 0)

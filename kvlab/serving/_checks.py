@@ -1,0 +1,335 @@
+"""Notebooks 05, 06 and 11: the serving stack's compound argument checks, and the engine's
+invariants.
+
+Each check is called once, at a public entry point of :mod:`kvlab.serving`, and is built from
+:mod:`kvlab._checks`' vocabulary; what the entry point calls after its checks trusts its inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvlab import kernels
+from kvlab._checks import causal_lm, integer, integers, real, require_memory, token_ids
+from kvlab.cache.blocks import OutOfBlocksError
+from kvlab.cache.paged import PagedKVCache
+
+SUPPORTED_MODELS = ("llama", "qwen2", "mistral")
+REBUILD = "build the cache with kvlab.serving.paged_decode.cache_for(model, ...)"
+
+
+def request(r) -> None:
+    """A :class:`~kvlab.serving.request.Request` built by hand."""
+    integer("id", r.id, 0)
+    r.prompt = token_ids("prompt", r.prompt)
+    integer("max_new_tokens", r.max_new_tokens, 1)  # a request that generates nothing never ends
+    if not isinstance(r.stop, frozenset):
+        raise TypeError(f"stop must be a frozenset of token ids, got {type(r.stop).__name__}")
+    real("arrival", r.arrival)
+
+
+def supported_model(name: str, model):
+    """A Hugging Face causal LM of an architecture the engine serves."""
+    kind = getattr(causal_lm(name, model).config, "model_type", type(model).__name__)
+    if kind not in SUPPORTED_MODELS:
+        raise ValueError(
+            f"{name} must be one of the architectures {SUPPORTED_MODELS} (rotary positions,"
+            f" grouped KV heads), got {kind!r}"
+        )
+    return model
+
+
+def one_sizing(num_blocks, kv_budget_bytes) -> None:
+    if num_blocks is not None and kv_budget_bytes is not None:
+        raise ValueError(
+            f"pass num_blocks ({num_blocks!r}) or kv_budget_bytes ({kv_budget_bytes!r}), not"
+            " both: either one sizes the pool"
+        )
+
+
+def kv_budget(kv_budget_bytes: int, per_block: int, device) -> int:
+    integer("kv_budget_bytes", kv_budget_bytes)
+    require_memory(f"kv_budget_bytes={kv_budget_bytes:,}", kv_budget_bytes, device)
+    if kv_budget_bytes < per_block:
+        raise ValueError(
+            f"kv_budget_bytes ({kv_budget_bytes:,}) must hold at least one block ({per_block:,}"
+            " bytes)"
+        )
+    return kv_budget_bytes
+
+
+def stop_ids(name: str, ids, vocab: int) -> frozenset:
+    """Stop token ids: None (none), one id, or a list of ids, each in ``[0, vocab)``."""
+    if ids is None:
+        return frozenset()
+    if isinstance(ids, torch.Tensor):
+        ids = ids.tolist()
+    if not isinstance(ids, (list, tuple, set, frozenset)):
+        return frozenset([integer(name, ids, low=0, high=vocab)])
+    return frozenset(integer(f"{name}[{i}]", t, low=0, high=vocab) for i, t in enumerate(ids))
+
+
+def eos_ids(name: str, ids, model) -> frozenset:
+    """``stop_ids``; ``"auto"``: the ids ``generate`` stops at (the model's generation config)."""
+    if isinstance(ids, str) and ids == "auto":
+        ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return stop_ids(name, ids, model.config.vocab_size)
+
+
+def prompt(name: str, prompt, engine) -> list[int]:
+    """Token ids the engine's model knows, in one tensor row or a list, that fit its pool."""
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dim() != 1:
+            raise ValueError(
+                f"{name} must be a 1-D tensor of token ids, got shape {tuple(prompt.shape)}"
+            )
+        prompt = prompt.tolist()
+    if not isinstance(prompt, (list, tuple)):
+        raise TypeError(f"{name} must be a list of token ids, got {type(prompt).__name__}")
+    if not prompt:
+        raise ValueError(f"{name} is empty: a request needs at least one prompt token")
+    for i, t in enumerate(prompt):
+        integer(f"{name}[{i}]", t, low=0, high=engine.vocab_size)
+    blocks = -(-len(prompt) // engine.block_size)
+    if blocks > engine.num_blocks:
+        raise ValueError(
+            f"{name} has {len(prompt)} tokens: {blocks} blocks"
+            f" ({blocks * engine.bytes_per_block:,} bytes) but the pool holds {engine.num_blocks}"
+            f" blocks ({engine.pool_bytes:,} bytes) in all"
+        )
+    if engine.window is not None and len(prompt) > engine.window:
+        raise ValueError(
+            f"{name} has {len(prompt)} tokens, more than the model's attention window "
+            f"({engine.window}); this engine attends to the whole context"
+        )
+    return [int(t) for t in prompt]
+
+
+def prompts(prompts_, engine) -> list[list[int]]:
+    if not isinstance(prompts_, (list, tuple)) or not prompts_:
+        raise TypeError("prompts must be a non-empty list of token-id lists")
+    return [prompt(f"prompts[{i}]", p, engine) for i, p in enumerate(prompts_)]
+
+
+def counts(max_new_tokens, n: int) -> list[int]:
+    """``max_new_tokens``, an int or one per prompt, as one count per prompt."""
+    if not isinstance(max_new_tokens, (list, tuple)):
+        return [integer("max_new_tokens", max_new_tokens)] * n
+    if len(max_new_tokens) != n:
+        raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {n} prompts")
+    return integers("max_new_tokens", max_new_tokens)
+
+
+def never_fits(engine, prompt_tokens: int, max_new_tokens: int) -> str | None:
+    """Why a request can never run on ``engine`` (None: it can): its stored tokens (all but the
+    last new one) exceed the model's attention window or the whole pool."""
+    longest = prompt_tokens + max_new_tokens - 1
+    blocks = -(-longest // engine.block_size)
+    if engine.window is not None and longest > engine.window:
+        return f"its {longest} tokens exceed the model's attention window ({engine.window})"
+    if blocks > engine.num_blocks:
+        return (
+            f"it needs {blocks} blocks ({blocks * engine.bytes_per_block:,} bytes: "
+            f"{prompt_tokens} prompt + {max_new_tokens - 1} generated tokens stored) "
+            f"but the pool has {engine.num_blocks} blocks ({engine.pool_bytes:,} bytes)"
+        )
+    return None
+
+
+def engine_requests(requests, engine) -> list:
+    """Some of ``engine``'s requests, each once (None: all)."""
+    if requests is None:
+        return list(engine.requests.values())
+    if isinstance(requests, (str, bytes)) or not hasattr(requests, "__iter__"):
+        raise TypeError(
+            f"requests must be a list of this engine's Requests, got {type(requests).__name__}"
+        )
+    requests, made = list(requests), {id(r) for r in engine.requests.values()}
+    for i, r in enumerate(requests):
+        if id(r) not in made:
+            raise ValueError(
+                f"requests[{i}] must be a Request this engine made (add_request), got {r!r}"
+            )
+    if len({id(r) for r in requests}) != len(requests):
+        raise ValueError(
+            f"requests must name each request once, got ids {[r.id for r in requests]}"
+        )
+    return requests
+
+
+def kernel_limits(block_size: int, head_dim: int, attention: str) -> None:
+    """The Triton kernels' limits, for the paths that use them (the reference checks as the kernel
+    does)."""
+    block_size, head_dim = integer("block_size", block_size), integer("head_dim", head_dim)
+    if attention == "gather":
+        return
+    if block_size & (block_size - 1):
+        raise ValueError(
+            f"block_size must be a power of two for attention={attention!r}, got {block_size}; "
+            "use attention='gather' for other sizes"
+        )
+    if head_dim not in kernels.SUPPORTED_HEAD_DIMS:
+        raise ValueError(
+            f"the model's head_dim {head_dim} must be one of {kernels.SUPPORTED_HEAD_DIMS} "
+            f"for attention={attention!r}; use attention='gather'"
+        )
+
+
+def cache_fits(model, cache, attention: str, geometry) -> None:
+    """``cache`` holds what ``model`` writes (``geometry``: its layers, KV heads and head dim), on
+    its device, within the kernels' limits; checked before any layer writes."""
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(
+            f"cache must be a kvlab.cache.paged.PagedKVCache, got {type(cache).__name__}"
+        )
+    names = ("num_layers", "num_kv_heads", "head_dim", "dtype")
+    for name, expected in zip(names, (*geometry, model.dtype)):
+        if getattr(cache, name) != expected:
+            raise ValueError(
+                f"cache.{name} is {getattr(cache, name)} but the model needs {expected}; {REBUILD}"
+            )
+    kernel_limits(cache.block_size, geometry[2], attention)
+    model_device = torch.device(model.device)
+    if (cache.device.type, cache.device.index or 0) != (model_device.type, model_device.index or 0):
+        raise ValueError(
+            f"cache.device is {cache.device} but the model is on {model_device}; {REBUILD}"
+        )
+
+
+def chunks(cache, chunks_) -> list[tuple[list[int], int, int]]:
+    """Each chunk's block table and token span, after checking everything the kernels will trust:
+    live resident sequences, each once, committed slots, one-token chunks first."""
+    if isinstance(chunks_, (str, bytes)) or not hasattr(chunks_, "__iter__"):
+        raise TypeError(
+            "chunks must be a list of (seq_id, start, token_ids) chunks, got"
+            f" {type(chunks_).__name__}"
+        )
+    spans, seen, longer = [], set(), False
+    for i, chunk in enumerate(chunks_):
+        if not isinstance(chunk, (tuple, list)) or len(chunk) != 3:
+            raise TypeError(
+                f"chunks[{i}] must be a (seq_id, start, token_ids) chunk, got {chunk!r}"
+            )
+        seq_id, start, ids = chunk
+        cache.require_in_step(seq_id)  # a live, resident sequence whose layers agree
+        start, count = integer(f"chunks[{i}].start", start, 0), len(ids)
+        committed = cache.num_computed(seq_id)
+        if not 1 <= count <= committed - start:
+            raise ValueError(
+                f"sequence {seq_id} has {committed - start} committed token(s) from position "
+                f"{start} (slots reserved and committed for this step); got a chunk of {count}"
+            )
+        if seq_id in seen:
+            raise ValueError(f"sequence {seq_id} appears twice in one step")
+        if count == 1 and longer:
+            raise ValueError(
+                "one-token chunks must come before longer ones (the decode rows are packed first)"
+            )
+        seen.add(seq_id)
+        longer = longer or count > 1
+        spans.append((cache.block_table(seq_id), start, start + count))
+    if not spans:
+        raise ValueError("chunks must name at least one (seq_id, start, token_ids) chunk")
+    return spans
+
+
+def engine_ready(engine) -> None:
+    """What a step relies on: the model still fits the cache (its dtype or device may have changed
+    since the engine was built), and every request's sequence is where the scheduler left it."""
+    runner, cache, s = engine.runner, engine.cache, engine.scheduler
+    cache_fits(engine.model, cache, runner.attention, runner.geometry)
+    live = set(cache.sequences())
+    recompute = [r for r in s.waiting if r.seq is not None]
+    for state, requests in (("resident", s.running), ("swap", s.swapped), ("recompute", recompute)):
+        for r in requests:
+            if r.seq not in live or cache.state(r.seq) != state:
+                raise RuntimeError(
+                    f"request {r.id} is {r.state} but its cache sequence {r.seq} is "
+                    f"{cache.state(r.seq) if r.seq in live else 'gone'}: a request's "
+                    "sequence must change only through the engine (free, preempt and resume "
+                    "it by stepping)"
+                )
+
+
+def engine_invariants(engine) -> None:
+    """The cache's invariants and each live request's place in it."""
+    engine.cache.check()
+    live = [r for r in engine.requests.values() if r.seq is not None]
+    queued = [*engine.scheduler.waiting, *engine.scheduler.running, *engine.scheduler.swapped]
+    _require(len(queued) == len({id(r) for r in queued}), "a request sits in two queues")
+    _require(
+        {r.seq for r in live} == set(engine.cache.sequences()),
+        "the cache's sequences are not the live requests'",
+    )
+    for r in live:
+        held, state = engine.cache.tokens(r.seq), engine.cache.state(r.seq)
+        _require(
+            held == r.tokens[: len(held)] and len(held) >= len(r.tokens) - 1,
+            f"request {r.id}'s cached tokens are not its own",
+        )
+        _require(
+            (state == "swap") == (r.state == "swapped"),
+            f"request {r.id} is {r.state} but its sequence is {state}",
+        )
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(f"engine invariant broken: {message}")
+
+
+# --------------------------------------------------------------------------- the plain loops
+
+
+def blocks_free(cache, needed: int, what: str | None = None, free: int | None = None) -> None:
+    """``needed`` blocks of ``cache`` free (or of ``free``), else :class:`OutOfBlocksError` with
+    the bytes."""
+    free = cache.num_free if free is None else free
+    if needed > free:
+        raise OutOfBlocksError(needed, free, cache.num_blocks, cache.bytes_per_block, what)
+
+
+def prefill_span(cache, seq_id: int, tokens: list[int], vocab: int, max_tokens):
+    """The tokens a prefill of ``seq_id`` computes after reserving ``tokens``: (first position,
+    count, the uncomputed tokens), all known to the model."""
+    cache.require_in_step(seq_id)
+    start, end = cache.num_computed(seq_id), cache.num_tokens(seq_id) + len(tokens)
+    if end == start:
+        raise ValueError(
+            f"sequence {seq_id} has no token left to compute; pass token_ids (at least one token)"
+        )
+    fed = token_ids(
+        f"the tokens of sequence {seq_id}", cache.tokens(seq_id)[start:] + tokens, vocab
+    )
+    count = (
+        end - start if max_tokens is None else min(end - start, integer("max_tokens", max_tokens))
+    )
+    blocks_free(cache, cache.blocks_to_append(seq_id, len(tokens)))
+    return start, count, fed
+
+
+def decoding(cache, seq_ids: list[int], tokens: list[int]) -> None:
+    """One token for each of distinct sequences that are fully computed, with room for them."""
+    if len(tokens) != len(seq_ids):
+        raise ValueError(
+            f"tokens must hold one token per sequence of seq_ids ({len(seq_ids)}), got"
+            f" {len(tokens)}"
+        )
+    if len(set(seq_ids)) != len(seq_ids):
+        raise ValueError(f"seq_ids must be distinct, got {seq_ids}")
+    for seq_id in seq_ids:
+        cache.require_in_step(seq_id)
+        if cache.num_computed(seq_id) != cache.num_tokens(seq_id):
+            raise ValueError(
+                f"sequence {seq_id} has reserved tokens not computed yet; prefill it first"
+            )
+    blocks_free(cache, sum(cache.blocks_to_append(s) for s in seq_ids))
+
+
+def stop_tokens(stop, vocab: int) -> set[int]:
+    """None, one token id, or a list of them."""
+    return (
+        set()
+        if stop is None
+        else set(token_ids("stop", [stop] if isinstance(stop, int) else stop, vocab))
+    )
