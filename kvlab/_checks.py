@@ -18,7 +18,8 @@ wrong value a ValueError; the message names the argument, the value and what is 
 - ``causal_lm``: a Hugging Face causal language model;
 - ``fresh_cache``: an empty transformers cache;
 - ``require_memory``: a size this machine can hold, refused by arithmetic before allocating;
-- ``named_shapes``: tensors whose dimensions agree with their layouts.
+- ``named_shapes``: tensors whose dimensions agree with their layouts;
+- ``decode_call``: every argument of ``kvlab.decode.decode_steps``.
 
 Checks run once, where a public call enters kvlab; what they return is passed on unchecked (a step
 that runs thousands of times calls an unchecked twin with values checked once). ``restoring`` is the
@@ -440,3 +441,43 @@ def restoring(obj, *, attn_implementation: str | None = None):
     except BaseException:
         obj.restore(snapshot)
         raise
+
+
+def decode_call(
+    method,
+    methods,
+    shape,
+    model,
+    input_ids,
+    max_new_tokens,
+    attention_mask,
+    cache=None,
+    compile=None,
+):
+    """The mask ``kvlab.decode.decode_steps`` decodes with, once every argument is what its loops
+    trust: ``method`` one of ``methods``, and for ``"static"`` a preallocated cache that fits
+    (``shape``: ``kvlab.theory.shapes.ModelShape``, which sizes it)."""
+    import torch
+
+    one_of("method", method, methods)
+    causal_lm("model", model)
+    if compile is not None:
+        flag("compile", compile)
+    token_id_tensor("input_ids", input_ids, getattr(model.config, "vocab_size", None))
+    integer("max_new_tokens", max_new_tokens, 0)
+    mask = padding_mask("attention_mask", attention_mask, input_ids)
+    batch, prompt = input_ids.shape
+    total = prompt + max_new_tokens
+    learned = getattr(getattr(model, "transformer", None), "wpe", None)  # GPT-2's position table
+    if isinstance(learned, torch.nn.Embedding) and total > learned.num_embeddings:
+        raise ValueError(
+            f"prompt ({prompt}) + max_new_tokens ({max_new_tokens}) must be <= "
+            f"{learned.num_embeddings}, the positions this model has embeddings for"
+        )
+    if cache is not None:
+        fresh_cache("cache", cache, getattr(model.config, "num_hidden_layers", None))
+    if method == "static":  # the preallocated cache must fit, refused by arithmetic
+        kv_bytes = shape.from_config(model.config).kv_bytes_per_token(model.dtype.itemsize)
+        needed = int(batch * total * kv_bytes)
+        require_memory(f"a static cache of {batch} x {total} tokens", needed, model.device)
+    return mask

@@ -10,8 +10,8 @@ All three take ``(model, input_ids, max_new_tokens, attention_mask=None)``, deco
 exactly ``max_new_tokens`` steps (no stop token), and return only the generated ids ``[batch,
 max_new_tokens]``. Left-padded batches work: positions come from the mask, as ``model.generate``
 computes them. Each loop is a generator of per-step tokens that trusts its inputs; ``decode_steps``
-checks them once (the checks close the module) and hands the generator out, so
-``kvlab.lab.decode_timing.profile_decode`` times the very code that produces the tokens.
+checks them once and hands the generator out, so ``kvlab.lab.decode_timing.profile_decode`` times
+the very code that produces the tokens.
 
 Sources: the Decode and KV Cache chapter, 2026, sections 9.1 and 9.2, on Hugging Face models and
 caches (Wolf et al. 2020); the PyTorch CUDA Graphs documentation. The work of each loop, in closed
@@ -170,17 +170,12 @@ _STEPS = {"naive": _naive_steps, "cached": _cached_steps, "static": _static_step
 
 
 def decode_steps(method, model, input_ids, max_new_tokens, attention_mask=None, **options):
-    """The loop ``method`` (one of ``METHODS``) as a generator of ``[batch, 1]`` tokens, one per
-    step.
-
-    Everything is checked here, before the generator exists; the first token comes out of prefill,
-    each later one out of one decode step. Options (``cache=`` for ``cached``, ``compile=`` for
-    ``static``) pass through. ``kvlab.lab.decode_timing.profile_decode`` times each step of it.
-    """
-    mask = _check(method, model, input_ids, max_new_tokens, attention_mask, **options)
-    if max_new_tokens == 0:
-        return iter(())
-    return _STEPS[method](model, input_ids, max_new_tokens, mask, **options)
+    """The loop ``method`` (one of ``METHODS``) as a generator of ``[batch, 1]`` tokens, checked
+    before the generator exists; options (``cache=`` for ``cached``, ``compile=`` for ``static``)
+    pass through. The first token comes out of prefill, each later one out of one decode step."""
+    args = (model, input_ids, max_new_tokens)
+    mask = check.decode_call(method, METHODS, ModelShape, *args, attention_mask, **options)
+    return _STEPS[method](*args, mask, **options) if max_new_tokens else iter(())
 
 
 def _run(method, model, input_ids, max_new_tokens, attention_mask, **options):
@@ -189,11 +184,8 @@ def _run(method, model, input_ids, max_new_tokens, attention_mask, **options):
 
 
 def naive_decode(model, input_ids, max_new_tokens, attention_mask=None):
-    """Greedy decode that reruns the model over the full sequence for every token (section 9.2).
-
-    Processes ``kvlab.theory.work.positions_processed(P, G)`` token positions. Returns
-    ``[batch, max_new_tokens]``.
-    """
+    """Greedy decode that reruns the model over the full sequence for every token (section 9.2):
+    ``kvlab.theory.work.positions_processed(P, G)`` token positions."""
     return _run("naive", model, input_ids, max_new_tokens, attention_mask)
 
 
@@ -202,8 +194,7 @@ def cached_decode(model, input_ids, max_new_tokens, attention_mask=None, cache=N
 
     By default the model's own cache class (transformers' ``DynamicCache``) grows by one position
     per layer per step. ``cache`` passes a fresh transformers ``Cache`` to fill instead (section
-    9.7: the windowed, sink, quantized and latent caches of ``kvlab.cache``). Returns ``[batch,
-    max_new_tokens]``.
+    9.7: the windowed, sink, quantized and latent caches of ``kvlab.cache``).
     """
     return _run("cached", model, input_ids, max_new_tokens, attention_mask, cache=cache)
 
@@ -213,36 +204,6 @@ def static_decode(model, input_ids, max_new_tokens, attention_mask=None, compile
 
     transformers' ``StaticCache`` holds ``P + max_new_tokens`` slots per layer from the start, so no
     step allocates, and every step sees inputs of the same shape at the same address. ``compile``
-    (default: on a GPU only) wraps the step in ``torch.compile(mode="reduce-overhead")``, which
-    captures it as a CUDA graph. Returns ``[batch, max_new_tokens]``.
+    (default: on a GPU only) compiles the step into one CUDA graph (``StaticStep``).
     """
     return _run("static", model, input_ids, max_new_tokens, attention_mask, compile=compile)
-
-
-# --- the checks -----------------------------------------------------------------------------------
-
-
-def _check(method, model, input_ids, max_new_tokens, attention_mask, cache=None, compile=None):
-    """The mask to decode with, once every argument is what the loops trust it to be."""
-    check.one_of("method", method, METHODS)
-    check.causal_lm("model", model)
-    if compile is not None:
-        check.flag("compile", compile)
-    check.token_id_tensor("input_ids", input_ids, getattr(model.config, "vocab_size", None))
-    check.integer("max_new_tokens", max_new_tokens, 0)
-    mask = check.padding_mask("attention_mask", attention_mask, input_ids)
-    batch, prompt = input_ids.shape
-    total = prompt + max_new_tokens
-    learned = getattr(getattr(model, "transformer", None), "wpe", None)  # GPT-2's position table
-    if isinstance(learned, torch.nn.Embedding) and total > learned.num_embeddings:
-        raise ValueError(
-            f"prompt ({prompt}) + max_new_tokens ({max_new_tokens}) must be <= "
-            f"{learned.num_embeddings}, the positions this model has embeddings for"
-        )
-    if cache is not None:
-        check.fresh_cache("cache", cache, getattr(model.config, "num_hidden_layers", None))
-    if method == "static":  # the preallocated cache must fit, refused by arithmetic
-        kv_bytes = ModelShape.from_config(model.config).kv_bytes_per_token(model.dtype.itemsize)
-        needed = int(batch * total * kv_bytes)
-        check.require_memory(f"a static cache of {batch} x {total} tokens", needed, model.device)
-    return mask
