@@ -7,69 +7,15 @@ validating a step once. The checked entry (:func:`paged_decode_attention`,
 :func:`paged_prefill_attention`, :func:`store_kv`, and the PyTorch twins) validates every argument
 at the door (``kvlab.kernels._validation``) and calls the mechanism.
 
-On a machine without CUDA the kernels run under Triton's interpreter, which ``triton.jit`` chooses
-when a kernel is decorated, that is when its module is imported. So importing this package switches
-the interpreter on (``TRITON_INTERPRET=1``) before it imports the kernel modules, when no CUDA
-device is present and ``TRITON_INTERPRET`` is not set (set it to 0 to compile, as
-``kvlab.kernels.targets`` does). The interpreter has no bf16 arithmetic: on a CPU use fp32 or fp16.
-Triton is a dependency of kvlab where it publishes wheels (Linux on x86_64); elsewhere importing
-this package raises one ``ModuleNotFoundError`` that says so.
+Without CUDA, importing this package first switches Triton's interpreter on
+(``kvlab.kernels._interpreter``, :func:`use_interpreter`): on a CPU use fp32 or fp16.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
+from kvlab.kernels._interpreter import switch_on_import, use_interpreter
 
-from kvlab.versions import triton_missing
-
-if importlib.util.find_spec("triton") is None:
-    raise ModuleNotFoundError(triton_missing(), name="triton")
-
-KERNEL_MODULES = (
-    "paged_attention",
-    "paged_attention_torch",
-    "paged_prefill",
-    "paged_tile",
-    "store",
-    "ssm_scan",
-)
-
-
-def use_interpreter() -> bool:
-    """Run kvlab's Triton kernels under Triton's interpreter when there is no CUDA device; returns
-    whether the interpreter is on. Importing this package calls it when ``TRITON_INTERPRET`` is
-    unset; calling it again changes nothing.
-
-    Sets ``TRITON_INTERPRET=1``. If something imported Triton before (transformers may), Triton's
-    own ``@triton.jit`` helpers were decorated without the switch, so those modules are dropped and
-    load again on next use (all but the compiled extension, which cannot load twice).
-    """
-    import torch
-
-    if torch.cuda.is_available():
-        return os.environ.get("TRITON_INTERPRET") == "1"
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return True
-    loaded = [m for m in KERNEL_MODULES if f"{__name__}.{m}" in sys.modules]
-    if loaded:
-        raise RuntimeError(
-            "kvlab.kernels.use_interpreter() must run before the kernels are imported, but "
-            f"{loaded} already were, compiled for a GPU this machine does not have; call it first "
-            "thing in the process (or start Python with TRITON_INTERPRET=1)"
-        )
-    os.environ["TRITON_INTERPRET"] = "1"
-    for name in [m for m in sys.modules if m == "triton" or m.startswith("triton.")]:
-        if not name.startswith("triton._C"):
-            del sys.modules[name]
-    return True
-
-
-if "TRITON_INTERPRET" not in os.environ and not any(
-    f"{__name__}.{m}" in sys.modules for m in KERNEL_MODULES
-):
-    use_interpreter()
+switch_on_import()
 
 from kvlab.kernels._validation import check_decode, check_prefill
 from kvlab.kernels.paged_attention import (
