@@ -1,6 +1,7 @@
-"""Notebooks 05b and 06: the launch geometry of the paged kernels (tile sizes, padded rows), and
-each kernel as its wrapper launches it at one size, a :class:`KernelConfig` for ``triton.compile``
-(``kvlab.kernels.targets``) and the shared-memory check (``require_fits``).
+"""Notebooks 05b and 06: the launch geometry of the paged kernels (tile sizes, padded rows, the
+decode kernel's split count), and each kernel as its wrapper launches it at one size, a
+:class:`KernelConfig` for ``triton.compile`` (``kvlab.kernels.targets``) and the shared-memory
+check (``require_fits``).
 
 A builder takes the ``@triton.jit`` function itself, so that this module, which the argument checks
 use, needs no kernel module.
@@ -8,9 +9,12 @@ use, needs no kernel module.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 
+from kvlab._checks import integer
 from kvlab.kernels.shared_memory import DTYPES, KernelConfig, signature
 
 TILE_TOKENS = 64  # tokens one decode program handles per loop iteration (may span several blocks)
@@ -18,6 +22,41 @@ MAX_SPLITS = 256  # the automatic split count never goes beyond this
 QUERY_ROWS = 64  # (token, query head) rows of one prefill program, the M of its tl.dot tiles
 TILE_KEYS = 64  # keys one prefill program reads per loop iteration (may span several blocks)
 PREFILL_WARPS = 4
+MIN_TILES_PER_SPLIT = 2  # below this a split's merge overhead outweighs the parallelism it adds
+PROGRAMS_PER_SM = 2
+CPU_PROGRAM_SLOTS = 4  # stands in for the multiprocessor count under the CPU interpreter
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, multiprocessors: int) -> int:
+    """Splits per sequence so that the stage-1 grid fills the machine (notebook 05b).
+
+    Aim for ``PROGRAMS_PER_SM`` programs per multiprocessor, but give every split at least
+    ``MIN_TILES_PER_SPLIT`` tiles of the longest sequence (shorter ones get empty splits), and stop
+    at ``MAX_SPLITS``.
+    """
+    for name in ("batch", "num_kv_heads", "max_seq_len", "multiprocessors"):
+        integer(name, locals()[name])
+    wanted = math.ceil(PROGRAMS_PER_SM * multiprocessors / max(1, batch * num_kv_heads))
+    useful = math.ceil(max_seq_len / (TILE_TOKENS * MIN_TILES_PER_SPLIT))
+    return max(1, min(wanted, useful, MAX_SPLITS))
+
+
+def multiprocessor_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; a fixed small number on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return CPU_PROGRAM_SLOTS
+
+
+def splits_for(q, k_cache, longest: int) -> int:
+    """:func:`choose_num_splits` for these tensors and a longest sequence of ``longest`` tokens."""
+    cores = multiprocessor_count(q.device)
+    return choose_num_splits(max(1, q.shape[0]), k_cache.shape[2], longest, cores)
+
+
+def longest(seq_lens) -> int:
+    """The longest sequence, read on the host (1 for an empty batch)."""
+    return int(seq_lens.max()) if seq_lens.numel() else 1
 
 
 def group_rows(group: int) -> int:

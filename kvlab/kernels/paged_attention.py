@@ -1,13 +1,8 @@
 """Notebooks 05 and 05b: paged decode attention (Kwon et al. 2023), split-K in Triton.
 
 One decode step: every sequence has one new query token per query head and attends to its whole
-history, stored in a paged KV cache
-
-    k_cache, v_cache : [num_blocks, block_size, num_kv_heads, head_dim]
-    block_table      : int32 [batch, max_blocks]   logical block -> physical block
-    seq_lens         : int32 [batch]               tokens in each sequence's cache
-
-Token ``t`` of sequence ``b`` lives at ``k_cache[block_table[b, t // block_size], t % block_size]``.
+history in a paged KV cache, ``k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim]``:
+token ``t`` of sequence ``b`` lives at ``k_cache[block_table[b, t // block_size], t % block_size]``.
 
 The design is Flash-Decoding (Dao et al. 2023), the same idea as vLLM's PagedAttention V2
 partitions and FlashInfer's split-KV: split each sequence's keys across programs, then merge. Two
@@ -22,10 +17,8 @@ kernels:
    log-sum-exp merge, the arithmetic of ``merge_partials``.
 
 Splitting is what lets a batch-1 long-context decode use the whole GPU: without it there are only
-``batch * num_kv_heads`` programs. The loop body shared with the prefill kernel, one tile of keys,
-is ``kvlab.kernels.paged_tile``. :func:`paged_decode` is the mechanism (no checks, no host sync);
-:func:`paged_decode_attention` checks its arguments once and calls it. Each stage also runs alone,
-checked: :func:`paged_decode_partials` and :func:`merge_splits`.
+``batch * num_kv_heads`` programs (how many splits: ``kvlab.kernels.configs.choose_num_splits``).
+The loop body shared with the prefill kernel, one tile of keys, is ``kvlab.kernels.paged_tile``.
 """
 
 from __future__ import annotations
@@ -36,15 +29,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kvlab._checks import integer
 from kvlab.kernels._validation import SUPPORTED_HEAD_DIMS as SUPPORTED_HEAD_DIMS
 from kvlab.kernels._validation import check_decode, check_merge
-from kvlab.kernels.configs import MAX_SPLITS, TILE_TOKENS, dot_precision, group_rows
+from kvlab.kernels.configs import MAX_SPLITS as MAX_SPLITS
+from kvlab.kernels.configs import MIN_TILES_PER_SPLIT as MIN_TILES_PER_SPLIT
+from kvlab.kernels.configs import PROGRAMS_PER_SM as PROGRAMS_PER_SM
+from kvlab.kernels.configs import TILE_TOKENS, dot_precision, group_rows, longest, splits_for
+from kvlab.kernels.configs import choose_num_splits as choose_num_splits
+from kvlab.kernels.configs import multiprocessor_count as multiprocessor_count
 from kvlab.kernels.paged_tile import load_kv_tile, online_softmax_update
 
-MIN_TILES_PER_SPLIT = 2  # below this a split's merge overhead outweighs the parallelism it adds
-PROGRAMS_PER_SM = 2
-CPU_PROGRAM_SLOTS = 4  # stands in for the multiprocessor count under the CPU interpreter
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))
 LOG2E = 1.0 / math.log(2.0)  # scores go through exp2, so the scale carries log2(e)
 
@@ -161,30 +155,8 @@ def merge_splits_kernel(
 # --------------------------------------------------------------------------- launch
 
 
-def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, multiprocessors: int) -> int:
-    """Splits per sequence so that the stage-1 grid fills the machine (notebook 05b).
-
-    Aim for ``PROGRAMS_PER_SM`` programs per multiprocessor, but give every split at least
-    ``MIN_TILES_PER_SPLIT`` tiles of the longest sequence (shorter ones get empty splits), and stop
-    at ``MAX_SPLITS``.
-    """
-    for name in ("batch", "num_kv_heads", "max_seq_len", "multiprocessors"):
-        integer(name, locals()[name])
-    wanted = math.ceil(PROGRAMS_PER_SM * multiprocessors / max(1, batch * num_kv_heads))
-    useful = math.ceil(max_seq_len / (TILE_TOKENS * MIN_TILES_PER_SPLIT))
-    return max(1, min(wanted, useful, MAX_SPLITS))
-
-
-def multiprocessor_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device; a fixed small number on a CPU."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return CPU_PROGRAM_SLOTS
-
-
 def launch_attend_split(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int):
-    """Stage 1: every split's normalised output ``[batch, num_q_heads, num_splits, head_dim]`` and
-    its log-sum-exp ``[batch, num_q_heads, num_splits]``, both fp32."""
+    """Stage 1: ``(partial_out, partial_lse)``, as :func:`paged_decode_partials` returns them."""
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
@@ -201,8 +173,7 @@ def launch_attend_split(q, k_cache, v_cache, block_table, seq_lens, scale: float
 
 
 def launch_merge(partial_out, partial_lse, out):
-    """Stage 2: the log-sum-exp merge of the splits into ``out`` ``[batch, num_q_heads,
-    head_dim]``."""
+    """Stage 2: the log-sum-exp merge of the splits into ``out``."""
     batch, num_q_heads, num_splits, head_dim = partial_out.shape
     merge_splits_kernel[(batch, num_q_heads)](
         partial_out, partial_lse, out, *out.stride(), num_splits,
@@ -212,12 +183,8 @@ def launch_merge(partial_out, partial_lse, out):
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits=None):
-    """The two launches, without a check: the mechanism, for a caller that validated its tensors
-    (``kvlab.serving.attention`` validates a step once, then calls this in every layer).
-
-    ``scale`` is the softmax scale (a float); ``num_splits`` None picks a count from the table's
-    width, which never reads a tensor on the host, so the call can be captured in a CUDA graph.
-    """
+    """The two launches, unchecked. ``num_splits`` None picks a count from the table's width, which
+    never reads a tensor on the host, so the call can be captured in a CUDA graph."""
     if q.shape[0] == 0:
         return torch.empty_like(q)
     if num_splits is None:
@@ -229,48 +196,31 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_s
     return launch_merge(partial_out, partial_lse, torch.empty_like(q))
 
 
-def splits_for(q, k_cache, longest: int) -> int:
-    """:func:`choose_num_splits` for these tensors and a longest sequence of ``longest`` tokens."""
-    cores = multiprocessor_count(q.device)
-    return choose_num_splits(max(1, q.shape[0]), k_cache.shape[2], longest, cores)
-
-
 # --------------------------------------------------------------------------- public entries
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):
-    """One decode step of attention over a paged KV cache, in Triton (notebooks 05 and 05b).
+    """One decode step of attention over a paged KV cache, in Triton: ``[batch, num_q_heads,
+    head_dim]`` in q's dtype, accumulated in fp32.
 
-    Args:
-        q: ``[batch, num_q_heads, head_dim]``, float16, bfloat16 or float32.
-        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, q's dtype;
-            ``block_size`` a power of two, ``head_dim`` in ``SUPPORTED_HEAD_DIMS``,
-            ``num_q_heads`` a multiple of ``num_kv_heads`` (grouped-query attention).
-        block_table: int32 ``[batch, max_blocks]``; the first ``ceil(seq_lens[b] / block_size)``
-            entries of row ``b`` must be in ``[0, num_blocks)``, the rest are never read.
-        seq_lens: int32 ``[batch]``, each in ``[1, max_blocks * block_size]``.
-        scale: softmax scale, default ``head_dim ** -0.5``.
-        num_splits: parts each sequence is split into; default :func:`choose_num_splits` for the
-            longest sequence.
-
-    Returns ``[batch, num_q_heads, head_dim]`` in q's dtype; accumulation is fp32. The checks read
-    ``seq_lens`` and ``block_table`` on the host, one device sync.
+    ``q`` ``[batch, num_q_heads, head_dim]`` in fp16, bf16 or fp32, the caches in its dtype
+    (``head_dim`` in ``SUPPORTED_HEAD_DIMS``, ``block_size`` a power of two, ``num_q_heads`` a
+    multiple of ``num_kv_heads``); ``block_table`` int32 ``[batch, max_blocks]``, of whose row ``b``
+    only the first ``ceil(seq_lens[b] / block_size)`` entries are read; ``seq_lens`` int32
+    ``[batch]``, each in ``[1, max_blocks * block_size]``. ``scale`` defaults to ``head_dim **
+    -0.5``, ``num_splits`` to :func:`choose_num_splits` for the longest sequence. The checks read
+    ``seq_lens`` and ``block_table`` on the host: one device sync.
     """
     args = (q, k_cache, v_cache, block_table, seq_lens)
     scale = check_decode(*args, scale, num_splits, attend_split_kernel, "paged_decode_attention")
     return paged_decode(*args, scale, num_splits or splits_for(q, k_cache, longest(seq_lens)))
 
 
-def longest(seq_lens) -> int:
-    """The longest sequence, read on the host (1 for an empty batch)."""
-    return int(seq_lens.max()) if seq_lens.numel() else 1
-
-
 def paged_decode_partials(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):
-    """Stage 1 alone, checked as :func:`paged_decode_attention` is (notebook 05b): ``(partial_out,
-    partial_lse)``, each split's normalised output ``[batch, num_q_heads, num_splits, head_dim]``
-    and the natural log-sum-exp of its scores ``[batch, num_q_heads, num_splits]``, in fp32. A split
-    that holds no token of its sequence stores output 0 and log-sum-exp ``-inf``."""
+    """Stage 1 alone, checked as :func:`paged_decode_attention` is: ``(partial_out, partial_lse)``,
+    each split's normalised output ``[batch, num_q_heads, num_splits, head_dim]`` and the natural
+    log-sum-exp of its scores ``[batch, num_q_heads, num_splits]``, in fp32. A split that holds no
+    token of its sequence stores output 0 and log-sum-exp ``-inf``."""
     args = (q, k_cache, v_cache, block_table, seq_lens)
     scale = check_decode(*args, scale, num_splits, attend_split_kernel, "paged_decode_partials")
     return launch_attend_split(
@@ -279,14 +229,9 @@ def paged_decode_partials(q, k_cache, v_cache, block_table, seq_lens, scale=None
 
 
 def merge_splits(partial_out, partial_lse, dtype=torch.float32):
-    """Stage 2 alone, the Triton merge (notebook 05b): ``[batch, num_q_heads, head_dim]`` in
-    ``dtype`` from stage 1's ``partial_out`` and ``partial_lse`` (fp32, contiguous, split 0 of every
-    row finite).
-
-    Unlike ``merge_partials`` it does not mask a split whose log-sum-exp is ``-inf``: it adds ``0 *
-    partial_out``, which is NaN when that output is NaN. Stage 1 stores 0 there, so the kernel is
-    exact; partials from anywhere else need the mask (see the comment in the kernel).
-    """
+    """Stage 2 alone: ``[batch, num_q_heads, head_dim]`` in ``dtype`` from stage 1's outputs (fp32,
+    contiguous, split 0 of every row finite). Unlike ``merge_partials`` it does not mask an empty
+    split (see the comment in the kernel): exact for stage 1's partials only."""
     check_merge(partial_out, partial_lse, dtype, merge_splits_kernel)
     batch, num_q_heads, _, head_dim = partial_out.shape
     out = partial_out.new_empty((batch, num_q_heads, head_dim), dtype=dtype)
