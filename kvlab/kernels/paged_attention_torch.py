@@ -3,10 +3,8 @@
 
 - :func:`paged_decode_attention_ref`: fp64, from the definition, one sequence at a time; the
   answer the kernel is tested against.
-- :func:`paged_decode_attention_gather`: vectorised PyTorch, what paging costs without a fused
-  kernel: gather every block through the table, then SDPA. :func:`paged_decode_gather` is
-  the mechanism without the checks, for a caller that validated a step once
-  (``kvlab.serving.attention``).
+- :func:`paged_decode_attention_gather`: what paging costs without a fused kernel: gather every
+  block through the table, then SDPA.
 - :func:`merge_partials`: the log-sum-exp merge of attention over disjoint parts of a sequence, the
   arithmetic of the kernel's second stage (and of context parallelism, ``kvlab.parallel.context``).
 """
@@ -22,13 +20,8 @@ from kvlab.kernels._validation import check_decode_args, check_merge_partials
 def paged_decode_attention_ref(
     q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None
 ):
-    """Plain-PyTorch paged decode attention in fp64, from the definition; same signature (notebook
-    05).
-
-    Gathers each sequence's K and V through its block table, repeats each KV head over
-    its GQA group, and applies softmax attention in float64. ``num_splits`` is validated
-    and otherwise ignored: one pass is the definition the splits must reproduce.
-    """
+    """Paged decode attention in fp64, from the definition. ``num_splits`` is checked and otherwise
+    ignored: one pass is the definition the splits must reproduce."""
     scale = check_decode_args(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
     group = q.shape[1] // k_cache.shape[2]
     out = torch.empty_like(q)
@@ -44,23 +37,16 @@ def paged_decode_attention_ref(
 def paged_decode_attention_gather(
     q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None
 ):
-    """Paged decode attention in vectorised PyTorch: gather through the block table, then SDPA
-    (notebook 05).
-
-    What paging costs without a fused kernel: every step first copies each sequence's blocks into a
-    contiguous ``[batch, max_blocks * block_size, kv_heads, head_dim]`` tensor (entries past a
-    sequence's length are masked out), then runs torch's SDPA on it. Same signature and checks as
-    the kernel, except its limits: any block size and head_dim.
-    """
-    scale = check_decode_args(
-        q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, kernel_limits=False
-    )
-    return paged_decode_gather(q, k_cache, v_cache, block_table, seq_lens, scale)
+    """Paged decode attention in vectorised PyTorch: every step copies each sequence's blocks into a
+    contiguous ``[batch, max_blocks * block_size, kv_heads, head_dim]`` tensor, then runs torch's
+    SDPA on it. The kernel's checks, but not its limits: any block size and head_dim."""
+    args = (q, k_cache, v_cache, block_table, seq_lens)
+    scale = check_decode_args(*args, scale, num_splits, kernel_limits=False)
+    return paged_decode_gather(*args, scale)
 
 
 def paged_decode_gather(q, k_cache, v_cache, block_table, seq_lens, scale: float):
-    """:func:`paged_decode_attention_gather` without its checks (and their host sync): the
-    mechanism."""
+    """:func:`paged_decode_attention_gather` without its checks (and their host sync)."""
     block_size, lens = k_cache.shape[1], seq_lens[:, None]
     in_use = torch.arange(block_table.shape[1], device=q.device)[None, :] * block_size < lens
     index = torch.where(in_use, block_table.long(), 0)  # unused entries may hold anything
@@ -86,18 +72,12 @@ def _gather_sequence(k_cache, v_cache, table_row, length: int):
 
 
 def merge_partials(outs: torch.Tensor, lses: torch.Tensor):
-    """Merge attention computed over disjoint parts of a sequence (notebook 05b, split-K).
-
-    ``outs[i]`` is softmax attention over part ``i`` alone (``[num_parts, ..., head_dim]``)
-    and ``lses[i]`` the natural log-sum-exp of that part's scaled scores
-    (``[num_parts, ...]``); an empty part has ``lse = -inf``. Returns ``(out, lse)`` of
-    the union, exactly what one pass over all the tokens gives.
-    """
+    """``(out, lse)`` of the union of disjoint parts of a sequence, exactly what one pass gives:
+    ``outs[i]`` ``[num_parts, ..., head_dim]`` is softmax attention over part ``i`` alone and
+    ``lses[i]`` the natural log-sum-exp of its scaled scores (``-inf`` for an empty part)."""
     check_merge_partials(outs, lses)
     top = lses.max(dim=0).values
-    top = torch.where(
-        torch.isfinite(top), top, torch.zeros_like(top)
-    )  # all parts empty: avoid -inf - -inf
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # all empty: not -inf - -inf
     weights = torch.exp(lses - top)  # <= 1, and exactly 0 for an empty part
     # An empty part's output is undefined (may be NaN); mask it so 0 * NaN cannot leak in.
     parts = torch.where(weights[..., None] > 0, outs, torch.zeros_like(outs))

@@ -2,18 +2,10 @@
 
 One step of a serving engine: each sequence brings a chunk of new query tokens (a whole prompt, a
 piece of one, or the suffix after a cached prefix) whose K and V are already stored in the paged
-pools, and attends to its cached tokens and, causally, to its own chunk:
-
-    q             : [num_tokens, num_q_heads, head_dim]   the step's new tokens, packed
-    cu_query_lens : int32 [batch + 1]   sequence b's are q[cu_query_lens[b]:cu_query_lens[b + 1]]
-    context_lens  : int32 [batch]       cached + new tokens of each sequence
-    block_table   : int32 [batch, max_blocks]
-    k_cache, v_cache : [num_blocks, block_size, num_kv_heads, head_dim]
-
-With ``n = cu_query_lens[b + 1] - cu_query_lens[b]`` and ``c = context_lens[b]``, the chunk's tokens
-sit at positions ``c - n, ..., c - 1`` of sequence b, and query ``i`` of the chunk sees the keys at
-positions ``0 ... c - n + i``: the whole cached prefix, and the chunk up to itself. A decode step is
-the case ``n = 1``; an empty cached prefix is ``n = c``; a chunk may start and end inside a block.
+pools, and attends to its cached tokens and, causally, to its own chunk. With ``n`` new tokens and
+``c = context_lens[b]``, the chunk sits at positions ``c - n, ..., c - 1`` of sequence b, and query
+``i`` of the chunk sees the keys at positions ``0 ... c - n + i``. A decode step is the case
+``n = 1``; an empty cached prefix is ``n = c``; a chunk may start and end inside a block.
 
 How the work is cut. FlashAttention-2's varlen kernel (Dao 2023) gives each program a tile of
 consecutive query tokens of one sequence and one query head; FlashInfer (Ye et al. 2025) packs the
@@ -21,10 +13,8 @@ query heads that share a KV head into the rows of one tile, so each K and V tile
 group, and plans the tiles on the host before the launch. This kernel does both: a program takes
 one KV head and one *query tile*, whose rows are the (token, query head) pairs of a run of tokens
 of one chunk and the ``group`` query heads of that KV head. It loops over the keys from position 0
-to the tile's last query with an online softmax in fp32 (the two steps of
-``kvlab.kernels.paged_tile``, shared with the decode kernel), masking the keys a row may not see.
-:func:`plan_query_tiles` lists the tiles once per step, heaviest first, so no program is empty.
-
+to the tile's last query with an online softmax in fp32 (``kvlab.kernels.paged_tile``), masking
+the keys a row may not see. :func:`plan_query_tiles` lists the tiles once per step, heaviest first.
 Not done here: splitting one tile's keys across programs, as FlashInfer does for long contexts,
 and skipping the mask on key tiles that every row sees whole.
 """
@@ -105,17 +95,10 @@ def paged_prefill_kernel(
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
 
 
-# --------------------------------------------------------------------------- launch
-
-
 def plan_query_tiles(query_lens, context_lens, group: int, device="cpu") -> torch.Tensor:
-    """The query tiles of one step, int32 ``[num_tiles, 2]``: (sequence, first token within its
-    chunk).
-
-    From host lists of each sequence's new tokens and context length (what an engine's scheduler
-    has when it builds a step). A sequence with no new tokens gets no tile. Tiles are ordered by the
-    keys they read, most first, so the longest programs start first and the GPU's tail is short.
-    """
+    """The query tiles of one step, int32 ``[num_tiles, 2]`` of (sequence, first token within its
+    chunk), from host lists (what a scheduler has when it builds a step). Ordered by the keys they
+    read, most first, so the longest programs start first and the GPU's tail is short."""
     check_plan(query_lens, context_lens, group)
     per_tile = query_tokens_per_tile(group)
     tiles = [(seq, start) for seq, n in enumerate(query_lens) for start in range(0, n, per_tile)]
@@ -132,8 +115,7 @@ def plan_query_tiles(query_lens, context_lens, group: int, device="cpu") -> torc
 def paged_extend(
     q, k_cache, v_cache, block_table, cu_query_lens, context_lens, scale: float, tiles
 ) -> torch.Tensor:
-    """The launch without a check: the mechanism, for a caller that validated the step (see
-    :func:`paged_prefill_attention`) and planned its ``tiles`` with :func:`plan_query_tiles`."""
+    """The launch, unchecked, over ``tiles`` from :func:`plan_query_tiles`."""
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
@@ -149,33 +131,18 @@ def paged_extend(
     return out
 
 
-# --------------------------------------------------------------------------- public entries
-
-
 def paged_prefill_attention(
     q, k_cache, v_cache, block_table, cu_query_lens, context_lens, scale=None
 ):
-    """Causal attention of each sequence's new tokens to its paged context, in Triton (notebooks 06,
-    11).
+    """Causal attention of each sequence's new tokens to its paged context, in Triton:
+    ``[num_tokens, num_q_heads, head_dim]`` in q's dtype, accumulated in fp32.
 
-    Args:
-        q: ``[num_tokens, num_q_heads, head_dim]``, float16, bfloat16 or float32: the step's new
-            tokens, sequence by sequence.
-        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, q's dtype, holding
-            every context token's K and V, the new tokens' included (store them first, e.g. with
-            ``store_kv``); ``block_size`` a power of two, ``head_dim`` in ``SUPPORTED_HEAD_DIMS``,
-            ``num_q_heads`` a multiple of ``num_kv_heads`` (grouped-query attention).
-        block_table: int32 ``[batch, max_blocks]``; the first ``ceil(context_lens[b] / block_size)``
-            entries of row ``b`` must be in ``[0, num_blocks)``, the rest are never read.
-        cu_query_lens: int32 ``[batch + 1]``, non-decreasing from 0 to ``num_tokens``; sequence
-            ``b``'s new tokens are ``q[cu_query_lens[b]:cu_query_lens[b + 1]]`` (none is allowed).
-        context_lens: int32 ``[batch]``, cached plus new tokens, each in ``[its new tokens,
-            max_blocks * block_size]``; the new tokens are the last of the context.
-        scale: softmax scale, default ``head_dim ** -0.5``.
-
-    Returns ``[num_tokens, num_q_heads, head_dim]`` in q's dtype, accumulated in fp32: token ``i``
-    of sequence ``b``'s chunk attends to positions ``0 ... context_lens[b] - n_b + i``. The checks
-    read the lengths and block table on the host, one device sync.
+    ``q`` ``[num_tokens, num_q_heads, head_dim]``: the step's new tokens, sequence ``b``'s at
+    ``q[cu_query_lens[b]:cu_query_lens[b + 1]]`` (``cu_query_lens`` int32 ``[batch + 1]``, from 0 to
+    ``num_tokens``, none allowed). The caches ``[num_blocks, block_size, num_kv_heads, head_dim]``
+    already hold every context token, the new ones included (``store_kv`` first); their limits and
+    ``block_table``'s are :func:`kvlab.kernels.paged_decode_attention`'s. ``context_lens`` int32
+    ``[batch]``: cached plus new tokens, the new ones last. The checks sync the host once.
     """
     args = (q, k_cache, v_cache, block_table, cu_query_lens, context_lens)
     scale = check_prefill(*args, scale, paged_prefill_kernel)
@@ -193,12 +160,8 @@ def plan_step(q, k_cache, cu_query_lens, context_lens) -> torch.Tensor:
 def paged_prefill_attention_ref(
     q, k_cache, v_cache, block_table, cu_query_lens, context_lens, scale=None
 ):
-    """Plain-PyTorch paged prefill attention in float64, same signature and checks (notebooks 06,
-    11).
-
-    Gathers each sequence's context through its block table, repeats each KV head over its GQA
-    group, and applies softmax attention with the causal mask of the chunk; returns q's dtype.
-    """
+    """Plain-PyTorch paged prefill attention in float64 with the chunk's causal mask, same
+    signature and checks; returns q's dtype."""
     scale = check_prefill_args(q, k_cache, v_cache, block_table, cu_query_lens, context_lens, scale)
     group = q.shape[1] // k_cache.shape[2]
     block_size = k_cache.shape[1]

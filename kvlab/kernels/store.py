@@ -3,10 +3,6 @@
 ``slot_mapping[i]`` says where token ``i`` goes: ``slot = block * block_size + offset``, so the
 token lands in ``k_cache[block, offset]``. A slot of -1 means "do not store" (padding tokens in a
 batch, such as a CUDA graph's spare rows).
-
-:func:`paged_store` is the mechanism, the launch alone (no checks, no host sync), which a caller
-that validated a step's slots once calls in every layer; :func:`store_kv` checks every argument and
-calls it; :func:`store_kv_ref` is the plain-PyTorch reference with the same signature and checks.
 """
 
 from __future__ import annotations
@@ -46,7 +42,7 @@ def store_kv_kernel(
 
 
 def paged_store(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """:func:`store_kv`'s launch without a check (no host sync): the mechanism, for valid slots."""
+    """:func:`store_kv`'s launch, unchecked (no host sync)."""
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
@@ -58,20 +54,15 @@ def paged_store(k, v, k_cache, v_cache, slot_mapping) -> None:
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """Store each token's K and V at its slot of the paged cache, in Triton (notebook 05).
-
-    Args:
-        k, v: ``[num_tokens, num_kv_heads, head_dim]``, the caches' dtype.
-        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, written in place.
-        slot_mapping: int32 or int64 ``[num_tokens]``, each ``block * block_size + offset``
-            in ``[0, num_blocks * block_size)``, or -1 to skip the token; no slot twice.
-    """
+    """Store each token's K and V at its slot of the paged cache, in place, in Triton: ``k, v``
+    ``[num_tokens, num_kv_heads, head_dim]`` in the caches' dtype; ``slot_mapping`` int32 or int64
+    ``[num_tokens]``, each in ``[0, num_blocks * block_size)`` or -1, no slot twice."""
     check_store(k, v, k_cache, v_cache, slot_mapping, store_kv_kernel)
     paged_store(k, v, k_cache, v_cache, slot_mapping)
 
 
 def store_kv_ref(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """Plain-PyTorch :func:`store_kv`, same signature and checks (notebook 05)."""
+    """Plain-PyTorch :func:`store_kv`, same signature and checks."""
     check_store(k, v, k_cache, v_cache, slot_mapping)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
