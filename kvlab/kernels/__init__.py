@@ -1,14 +1,11 @@
 """Notebooks 05, 05b, 06, 07 and 11: kvlab's Triton kernels, each beside a plain-PyTorch reference.
 
-Each kernel has two entries. The mechanism, a plain name (:func:`paged_decode`, :func:`paged_extend`
-for the prefill, :func:`paged_store`, and the PyTorch :func:`paged_decode_gather`), launches without
-a check and without a host sync: what ``kvlab.serving.attention`` calls in every layer after
-validating a step once. The checked entry (:func:`paged_decode_attention`,
-:func:`paged_prefill_attention`, :func:`store_kv`, and the PyTorch twins) validates every argument
-at the door (``kvlab.kernels._validation``) and calls the mechanism.
-
-Without CUDA, importing this package first switches Triton's interpreter on
-(``kvlab.kernels._interpreter``, :func:`use_interpreter`): on a CPU use fp32 or fp16.
+Each kernel has two entries: the mechanism, a plain name (:func:`paged_decode`, :func:`paged_extend`
+for the prefill, :func:`paged_store`, the PyTorch :func:`paged_decode_gather`), launches without a
+check or a host sync, as ``kvlab.serving.attention`` calls it in every layer; the checked entry
+(:func:`paged_decode_attention`, :func:`paged_prefill_attention`, :func:`store_kv`, the PyTorch
+twins) validates every argument at the door (``kvlab.kernels._validation``) and calls it. Without
+CUDA, importing this package first switches Triton's interpreter on (:func:`use_interpreter`).
 """
 
 from __future__ import annotations

@@ -152,9 +152,6 @@ def merge_splits_kernel(
     )
 
 
-# --------------------------------------------------------------------------- launch
-
-
 def launch_attend_split(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int):
     """Stage 1: ``(partial_out, partial_lse)``, as :func:`paged_decode_partials` returns them."""
     batch, num_q_heads, head_dim = q.shape
@@ -188,15 +185,9 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_s
     if q.shape[0] == 0:
         return torch.empty_like(q)
     if num_splits is None:
-        longest = max(1, block_table.shape[1] * k_cache.shape[1])
-        num_splits = splits_for(q, k_cache, longest)
-    partial_out, partial_lse = launch_attend_split(
-        q, k_cache, v_cache, block_table, seq_lens, scale, num_splits
-    )
-    return launch_merge(partial_out, partial_lse, torch.empty_like(q))
-
-
-# --------------------------------------------------------------------------- public entries
+        num_splits = splits_for(q, k_cache, max(1, block_table.shape[1] * k_cache.shape[1]))
+    parts = launch_attend_split(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+    return launch_merge(*parts, torch.empty_like(q))
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):

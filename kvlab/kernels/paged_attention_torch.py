@@ -1,12 +1,9 @@
 """Notebooks 05 and 05b: paged decode attention in plain PyTorch, beside the Triton kernel of
 ``kvlab.kernels.paged_attention``, with its signature and its checks.
 
-- :func:`paged_decode_attention_ref`: fp64, from the definition, one sequence at a time; the
-  answer the kernel is tested against.
-- :func:`paged_decode_attention_gather`: what paging costs without a fused kernel: gather every
-  block through the table, then SDPA.
-- :func:`merge_partials`: the log-sum-exp merge of attention over disjoint parts of a sequence, the
-  arithmetic of the kernel's second stage (and of context parallelism, ``kvlab.parallel.context``).
+:func:`paged_decode_attention_ref` is the answer the kernel is tested against,
+:func:`paged_decode_attention_gather` what paging costs without a fused kernel, and
+:func:`merge_partials` the arithmetic of the kernel's second stage (and of context parallelism).
 """
 
 from __future__ import annotations
@@ -23,12 +20,12 @@ def paged_decode_attention_ref(
     """Paged decode attention in fp64, from the definition. ``num_splits`` is checked and otherwise
     ignored: one pass is the definition the splits must reproduce."""
     scale = check_decode_args(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
-    group = q.shape[1] // k_cache.shape[2]
-    out = torch.empty_like(q)
+    group, block_size = q.shape[1] // k_cache.shape[2], k_cache.shape[1]
+    out = torch.empty_like(q)  # keys and values: [length, num_q_heads, head_dim]
     for b, length in enumerate(seq_lens.tolist()):
-        keys, values = _gather_sequence(k_cache, v_cache, block_table[b], length)
-        keys = keys.repeat_interleave(group, dim=1).double()  # [length, num_q_heads, head_dim]
-        values = values.repeat_interleave(group, dim=1).double()
+        blocks = block_table[b, : -(-length // block_size)].long()
+        keys = k_cache[blocks].flatten(0, 1)[:length].repeat_interleave(group, dim=1).double()
+        values = v_cache[blocks].flatten(0, 1)[:length].repeat_interleave(group, dim=1).double()
         scores = torch.einsum("hd,thd->ht", q[b].double(), keys) * scale
         out[b] = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), values).to(q.dtype)
     return out
@@ -60,15 +57,6 @@ def paged_decode_gather(q, k_cache, v_cache, block_table, seq_lens, scale: float
         q[:, :, None], keys, values, attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True
     )
     return out[:, :, 0]
-
-
-def _gather_sequence(k_cache, v_cache, table_row, length: int):
-    """K and V of one sequence in logical order, ``[length, num_kv_heads, head_dim]`` each."""
-    block_size = k_cache.shape[1]
-    blocks = table_row[: -(-length // block_size)].long()
-    keys = k_cache[blocks].flatten(0, 1)[:length]
-    values = v_cache[blocks].flatten(0, 1)[:length]
-    return keys, values
 
 
 def merge_partials(outs: torch.Tensor, lses: torch.Tensor):

@@ -1,16 +1,8 @@
 """Notebooks 05, 05b, 06 and 11: the two steps a paged attention kernel repeats for each tile of
-keys.
-
-Both the decode kernel (``kvlab.kernels.paged_attention``) and the prefill kernel
-(``kvlab.kernels.paged_prefill``) loop over their keys one tile of ``TILE_N`` consecutive positions
-at a time, and for each tile
-
-1. :func:`load_kv_tile` reads the tile's K and V through the sequence's block table, and
-2. :func:`online_softmax_update` folds the tile into the running softmax of every query row
-   (FlashAttention's online softmax, in fp32 and in log2 units: scores go through ``exp2``).
-
-Triton inlines ``@triton.jit`` helpers into the kernel that calls them: no call and no extra
-traffic, the same code as if each kernel spelled them out.
+keys, in both the decode and the prefill kernel: :func:`load_kv_tile` reads the tile's K and V
+through the block table, and :func:`online_softmax_update` folds it into every query row's running
+softmax (FlashAttention's online softmax, in fp32 and in log2 units: scores go through ``exp2``).
+Triton inlines ``@triton.jit`` helpers into the kernel that calls them: no call, no extra traffic.
 """
 
 from __future__ import annotations
@@ -28,10 +20,9 @@ def load_kv_tile(
 ):
     # fmt: on
     """K and V of sequence ``seq``'s tokens at ``positions`` for one KV head, ``[TILE_N, HEAD_DIM]``
-    each. A token where ``valid`` is false reads zeros, and its block-table entry is not read.
-
-    It looks the block table up once per token, so a tile may cover many small blocks or part of a
-    big one; vLLM and FlashInfer look it up once per block, and load a block's tokens together.
+    each; a token where ``valid`` is false reads zeros. It looks the block table up once per token,
+    so a tile may cover many small blocks or part of a big one; vLLM and FlashInfer look it up once
+    per block, and load a block's tokens together.
     """
     blocks = tl.load(
         block_table_ptr + seq * stride_btb + (positions // BLOCK_SIZE) * stride_btm,
@@ -64,13 +55,9 @@ def load_kv_tile(
 def online_softmax_update(
     q, k, v, visible, running_max, running_sum, acc, qk_scale_log2, DOT_PRECISION: tl.constexpr
 ):
-    """Fold one tile of keys into each query row's running ``(max, sum, acc)``; returns the new
-    three.
-
-    ``q`` ``[ROWS, HEAD_DIM]``, ``k`` and ``v`` ``[TILE_N, HEAD_DIM]``, ``visible`` a mask that
-    broadcasts to ``[ROWS, TILE_N]`` (which keys each row may see). ``running_max`` is in log2
-    units and ``acc`` is not yet divided by ``running_sum``. A row must see at least one key of the
-    first tile it is given: its max is ``-inf`` until then, and ``-inf - -inf`` is NaN.
+    """Fold one tile of keys into each query row's running ``(max, sum, acc)``; ``visible``
+    broadcasts to ``[ROWS, TILE_N]``, ``acc`` is not yet divided by ``running_sum``. A row must see
+    a key of the first tile it is given: its max is ``-inf`` until then, and ``-inf - -inf`` is NaN.
     """
     scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
     scores = tl.where(visible, scores, float("-inf"))
