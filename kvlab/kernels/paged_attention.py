@@ -17,8 +17,7 @@ kernels:
    log-sum-exp merge, the arithmetic of ``merge_partials``.
 
 Splitting is what lets a batch-1 long-context decode use the whole GPU: without it there are only
-``batch * num_kv_heads`` programs (how many splits: ``kvlab.kernels.configs.choose_num_splits``).
-The loop body shared with the prefill kernel, one tile of keys, is ``kvlab.kernels.paged_tile``.
+``batch * num_kv_heads`` programs. The loop body, one tile of keys, is ``kvlab.kernels.paged_tile``.
 """
 
 from __future__ import annotations
@@ -191,17 +190,10 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_s
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale=None, num_splits=None):
-    """One decode step of attention over a paged KV cache, in Triton: ``[batch, num_q_heads,
-    head_dim]`` in q's dtype, accumulated in fp32.
-
-    ``q`` ``[batch, num_q_heads, head_dim]`` in fp16, bf16 or fp32, the caches in its dtype
-    (``head_dim`` in ``SUPPORTED_HEAD_DIMS``, ``block_size`` a power of two, ``num_q_heads`` a
-    multiple of ``num_kv_heads``); ``block_table`` int32 ``[batch, max_blocks]``, of whose row ``b``
-    only the first ``ceil(seq_lens[b] / block_size)`` entries are read; ``seq_lens`` int32
-    ``[batch]``, each in ``[1, max_blocks * block_size]``. ``scale`` defaults to ``head_dim **
-    -0.5``, ``num_splits`` to :func:`choose_num_splits` for the longest sequence. The checks read
-    ``seq_lens`` and ``block_table`` on the host: one device sync.
-    """
+    """One decode step of attention over a paged KV cache, in Triton, accumulated in fp32: ``q``
+    ``[batch, num_q_heads, head_dim]`` (fp16, bf16, fp32; ``head_dim`` in ``SUPPORTED_HEAD_DIMS``),
+    ``block_size`` a power of two, int32 ``block_table [batch, max_blocks]`` and ``seq_lens
+    [batch]`` (each in ``[1, max_blocks * block_size]``). The checks sync the host once."""
     args = (q, k_cache, v_cache, block_table, seq_lens)
     scale = check_decode(*args, scale, num_splits, attend_split_kernel, "paged_decode_attention")
     return paged_decode(*args, scale, num_splits or splits_for(q, k_cache, longest(seq_lens)))

@@ -2,10 +2,9 @@
 
 One step of a serving engine: each sequence brings a chunk of new query tokens (a whole prompt, a
 piece of one, or the suffix after a cached prefix) whose K and V are already stored in the paged
-pools, and attends to its cached tokens and, causally, to its own chunk. With ``n`` new tokens and
-``c = context_lens[b]``, the chunk sits at positions ``c - n, ..., c - 1`` of sequence b, and query
-``i`` of the chunk sees the keys at positions ``0 ... c - n + i``. A decode step is the case
-``n = 1``; an empty cached prefix is ``n = c``; a chunk may start and end inside a block.
+pools. With ``n`` new tokens and ``c = context_lens[b]``, query ``i`` of the chunk (position
+``c - n + i``) sees the keys at positions ``0 ... c - n + i``: the cached prefix and, causally, the
+chunk. A decode step is ``n = 1``; a chunk may start and end inside a block.
 
 How the work is cut. FlashAttention-2's varlen kernel (Dao 2023) gives each program a tile of
 consecutive query tokens of one sequence and one query head; FlashInfer (Ye et al. 2025) packs the
@@ -96,9 +95,8 @@ def paged_prefill_kernel(
 
 
 def plan_query_tiles(query_lens, context_lens, group: int, device="cpu") -> torch.Tensor:
-    """The query tiles of one step, int32 ``[num_tiles, 2]`` of (sequence, first token within its
-    chunk), from host lists (what a scheduler has when it builds a step). Ordered by the keys they
-    read, most first, so the longest programs start first and the GPU's tail is short."""
+    """The query tiles of one step, int32 ``[num_tiles, 2]`` of (sequence, first token of its
+    chunk) from host lists; most keys first, the longest start first."""
     check_plan(query_lens, context_lens, group)
     per_tile = query_tokens_per_tile(group)
     tiles = [(seq, start) for seq, n in enumerate(query_lens) for start in range(0, n, per_tile)]
@@ -134,16 +132,10 @@ def paged_extend(
 def paged_prefill_attention(
     q, k_cache, v_cache, block_table, cu_query_lens, context_lens, scale=None
 ):
-    """Causal attention of each sequence's new tokens to its paged context, in Triton:
-    ``[num_tokens, num_q_heads, head_dim]`` in q's dtype, accumulated in fp32.
-
-    ``q`` ``[num_tokens, num_q_heads, head_dim]``: the step's new tokens, sequence ``b``'s at
-    ``q[cu_query_lens[b]:cu_query_lens[b + 1]]`` (``cu_query_lens`` int32 ``[batch + 1]``, from 0 to
-    ``num_tokens``, none allowed). The caches ``[num_blocks, block_size, num_kv_heads, head_dim]``
-    already hold every context token, the new ones included (``store_kv`` first); their limits and
-    ``block_table``'s are :func:`kvlab.kernels.paged_decode_attention`'s. ``context_lens`` int32
-    ``[batch]``: cached plus new tokens, the new ones last. The checks sync the host once.
-    """
+    """Causal attention of each sequence's new tokens to its paged context, in Triton, in fp32:
+    ``q [num_tokens, ...]`` packs them, sequence ``b``'s at ``q[cu_query_lens[b]:cu_query_lens[b +
+    1]]``; the caches already hold them (``store_kv`` first) and have the decode kernel's limits;
+    int32 ``context_lens [batch]`` counts cached plus new tokens. The checks sync the host once."""
     args = (q, k_cache, v_cache, block_table, cu_query_lens, context_lens)
     scale = check_prefill(*args, scale, paged_prefill_kernel)
     return paged_extend(*args, scale, plan_step(q, k_cache, cu_query_lens, context_lens))
@@ -160,8 +152,7 @@ def plan_step(q, k_cache, cu_query_lens, context_lens) -> torch.Tensor:
 def paged_prefill_attention_ref(
     q, k_cache, v_cache, block_table, cu_query_lens, context_lens, scale=None
 ):
-    """Plain-PyTorch paged prefill attention in float64 with the chunk's causal mask, same
-    signature and checks; returns q's dtype."""
+    """Plain-PyTorch paged prefill attention in float64, same signature and checks."""
     scale = check_prefill_args(q, k_cache, v_cache, block_table, cu_query_lens, context_lens, scale)
     group = q.shape[1] // k_cache.shape[2]
     block_size = k_cache.shape[1]

@@ -1,8 +1,7 @@
 """Notebooks 05 and 11: write new tokens' K and V into the paged KV cache (Kwon et al. 2023).
 
-``slot_mapping[i]`` says where token ``i`` goes: ``slot = block * block_size + offset``, so the
-token lands in ``k_cache[block, offset]``. A slot of -1 means "do not store" (padding tokens in a
-batch, such as a CUDA graph's spare rows).
+``slot_mapping[i] = block * block_size + offset`` puts token ``i`` in ``k_cache[block, offset]``;
+-1 skips it (padding tokens in a batch, such as a CUDA graph's spare rows).
 """
 
 from __future__ import annotations
@@ -54,9 +53,8 @@ def paged_store(k, v, k_cache, v_cache, slot_mapping) -> None:
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """Store each token's K and V at its slot of the paged cache, in place, in Triton: ``k, v``
-    ``[num_tokens, num_kv_heads, head_dim]`` in the caches' dtype; ``slot_mapping`` int32 or int64
-    ``[num_tokens]``, each in ``[0, num_blocks * block_size)`` or -1, no slot twice."""
+    """Store each token's K and V ``[num_tokens, num_kv_heads, head_dim]`` at its slot, in Triton;
+    ``slot_mapping`` int32/int64, each in ``[0, num_blocks * block_size)`` or -1, none twice."""
     check_store(k, v, k_cache, v_cache, slot_mapping, store_kv_kernel)
     paged_store(k, v, k_cache, v_cache, slot_mapping)
 
