@@ -10,10 +10,10 @@ CUDA, importing this package first switches Triton's interpreter on (:func:`use_
 
 from __future__ import annotations
 
-from kvlab.kernels._interpreter import switch_on_import, use_interpreter
+# First: importing it switches Triton's interpreter on where there is no CUDA (kernels.interpreter).
+from kvlab.kernels.interpreter import use_interpreter
 
-switch_on_import()
-
+# isort: split
 from kvlab.kernels._validation import check_decode, check_prefill
 from kvlab.kernels.paged_attention import (
     SUPPORTED_HEAD_DIMS,

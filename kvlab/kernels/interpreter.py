@@ -68,3 +68,7 @@ def switch_on_import() -> None:
         f"{PACKAGE}.{m}" in sys.modules for m in KERNEL_MODULES
     ):
         use_interpreter()
+
+
+# The switch itself, when ``kvlab.kernels`` imports this module before its kernel modules.
+switch_on_import()
