@@ -27,6 +27,7 @@ from kvlab.kernels.configs import paged_prefill_config
 from kvlab.kernels.paged_prefill import paged_prefill_kernel
 from kvlab.kernels.shared_memory import require_fits
 
+ATTENTION_PATHS = ("kernel", "gather", "reference")  # kvlab.serving.attention's three paths
 SUPPORTED_MODELS = ("llama", "qwen2", "mistral")
 REBUILD = "build the cache with kvlab.serving.paged_decode.cache_for(model, ...)"
 
@@ -52,14 +53,11 @@ def scheduler(preemption, max_batch, max_batched_tokens, watermark_blocks, log):
     )
 
 
-def runner(model, cache, attention: str, cuda_graphs, max_batch):
+def runner(model, cache, attention: str, cuda_graphs, max_batch, geometry) -> int:
     """``ModelRunner``'s arguments, and that the prefill kernel's program fits this GPU's shared
-    memory (a no-op on a CPU); returns the model's geometry and ``max_batch``."""
-    from kvlab.serving.attention import ATTENTION_PATHS
-    from kvlab.serving.runner import model_geometry
-
+    memory (a no-op on a CPU); returns ``max_batch``."""
     one_of("attention", attention, ATTENTION_PATHS)
-    cache_fits(model, cache, attention, geometry := model_geometry(model))
+    cache_fits(model, cache, attention, geometry)
     flag("cuda_graphs", cuda_graphs)
     max_batch = integer("max_batch", max_batch)
     if attention == "kernel":
@@ -70,7 +68,7 @@ def runner(model, cache, attention: str, cuda_graphs, max_batch):
             ),
             cache.device,
         )
-    return geometry, max_batch
+    return max_batch
 
 
 def supported_model(name: str, model):
@@ -98,15 +96,13 @@ def engine(
     """``Engine``'s arguments; returns (block_size, max_batch, max_batched_tokens, attention,
     cuda_graphs, watermark, eos ids), the defaults resolved: the kernels and CUDA graphs on a GPU,
     vectorised PyTorch on a CPU, where the kernels run in Triton's interpreter."""
-    from kvlab.serving.attention import ATTENTION_PATHS
-    from kvlab.serving.runner import model_geometry
-
     on_cuda = supported_model("model", model).device.type == "cuda"
     block_size = integer("block_size", block_size)
     max_batch = integer("max_batch", max_batch)
     max_batched_tokens = integer("max_batched_tokens", max_batched_tokens, low=max_batch)
     one_of("preemption", preemption, PREEMPTION_MODES)
-    flag("prefix_caching", prefix_caching), flag("debug", debug)
+    flag("prefix_caching", prefix_caching)
+    flag("debug", debug)
     cuda_graphs = on_cuda if cuda_graphs is None else flag("cuda_graphs", cuda_graphs)
     attention = ("kernel" if on_cuda else "gather") if attention is None else attention
     one_of("attention", attention, ATTENTION_PATHS)
@@ -116,7 +112,9 @@ def engine(
             f"pass num_blocks ({num_blocks!r}) or kv_budget_bytes ({kv_budget_bytes!r}), not"
             " both: either one sizes the pool"
         )
-    kernel_limits(block_size, model_geometry(model)[2], attention)
+    config = model.config  # the head dim as kvlab.serving.runner.model_geometry reads it
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kernel_limits(block_size, head_dim, attention)
     if num_blocks is not None:
         integer("num_blocks", num_blocks)
     eos = eos_ids("eos_token_id", eos_token_id, model)
@@ -197,12 +195,12 @@ def engine_generate(engine, prompts, max_new_tokens, stop):
     return prompts, counts_, stop_ids("stop", stop, engine.vocab_size)
 
 
-def progress(engine) -> None:
+def progress(engine, idle_steps: int) -> None:
     """A scheduler that made no progress for three steps with work left (never a normal state)."""
-    if engine._idle_steps > 2 and engine.has_work():
+    if idle_steps > 2 and engine.has_work():
         s = engine.scheduler
         raise RuntimeError(
-            f"the scheduler made no progress for {engine._idle_steps} steps: "
+            f"the scheduler made no progress for {idle_steps} steps: "
             f"{len(s.waiting)} waiting, {len(s.running)} running, "
             f"{len(s.swapped)} swapped, {engine.cache.num_free} blocks free"
         )
@@ -295,29 +293,27 @@ def cache_fits(model, cache, attention: str, geometry) -> None:
 
 def build_step(cache, chunks_, path: str, group: int):
     """``build_step``'s arguments; returns each chunk's block table and token span."""
-    from kvlab.serving.attention import ATTENTION_PATHS
-
     one_of("path", path, ATTENTION_PATHS)
     integer("group", group, 1)
     return chunks(cache, chunks_)
 
 
-def step_for(step, query, layer: int):
-    """``paged_attention``'s ``kvlab_step=``: a :class:`StepMetadata` for the model's heads."""
-    from kvlab.serving.attention import ATTN_NAME, StepMetadata
+def no_step(name: str, step) -> ValueError:
+    """The error of ``paged_attention`` called without ``kvlab_step=``."""
+    return ValueError(
+        f"attention {name!r} needs the kvlab_step= keyword (a StepMetadata), got "
+        f"{step!r}; run the model through kvlab.serving.attention.paged_forward"
+    )
 
-    if not isinstance(step, StepMetadata):
-        raise ValueError(
-            f"attention {ATTN_NAME!r} needs the kvlab_step= keyword (a StepMetadata), got "
-            f"{step!r}; run the model through kvlab.serving.attention.paged_forward"
-        )
+
+def heads(step, query, layer: int) -> None:
+    """The step was built for the model's query heads per KV head."""
     kv_heads = step.k_pools[layer].shape[2]
     if query.shape[1] != step.group * kv_heads:
         raise ValueError(
             f"the step was built for {step.group} query head(s) per KV head but the model has "
             f"{query.shape[1]} query and {kv_heads} KV heads; pass group= to build_step"
         )
-    return step
 
 
 def chunks(cache, chunks_) -> list[tuple[list[int], int, int]]:
@@ -440,14 +436,11 @@ def decode_step(model, cache, seq_ids, tokens):
     return seq_ids, tokens
 
 
-def generate(model, cache, tokens, max_new_tokens, salt, attention, stop):
+def generate(model, cache, tokens, max_new_tokens, salt, attention, stop, geometry):
     """``paged_decode.generate``'s arguments, converted, and the free blocks it needs: admitting
     the prompt, then the blocks its new tokens grow into (the last is never stored)."""
-    from kvlab.serving.attention import ATTENTION_PATHS
-    from kvlab.serving.runner import model_geometry
-
     one_of("attention", attention, ATTENTION_PATHS)
-    cache_fits(model, cache, attention, model_geometry(model))
+    cache_fits(model, cache, attention, geometry)
     max_new_tokens = integer("max_new_tokens", max_new_tokens)
     tokens = token_ids("token_ids", tokens, model.config.vocab_size)
     stop = stop_tokens(stop, model.config.vocab_size)

@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from kvlab import kernels
 from kvlab._checks import causal_lm, restoring
 from kvlab.serving import _checks
+from kvlab.serving._checks import ATTENTION_PATHS  # noqa: F401 (the three paths above)
 
 ATTN_NAME = "kvlab_paged"
-ATTENTION_PATHS = ("kernel", "gather", "reference")
 
 
 @dataclass
@@ -58,8 +58,7 @@ class StepMetadata:
 
 
 def build_step(cache, chunks, path: str, group: int = 1) -> StepMetadata:
-    """The checked metadata of a step feeding ``chunks`` (one-token chunks first, a sequence once);
-    ``group``: the model's query heads per KV head."""
+    """The checked metadata of a step; ``group``: the model's query heads per KV head."""
     spans = _checks.build_step(cache, chunks, path, group)
     bs, dev = cache.block_size, cache.device
     slots = [t[p // bs] * bs + p % bs for t, start, end in spans for p in range(start, end)]
@@ -68,8 +67,12 @@ def build_step(cache, chunks, path: str, group: int = 1) -> StepMetadata:
     tables, lens = _table_tensor([t for t, _ in decode], dev), _int32([n for _, n in decode], dev)
     slots = torch.tensor(slots, dtype=torch.long, device=dev)
     meta = StepMetadata(cache.k_pools, cache.v_pools, path, slots, len(decode), tables, lens, group)
-    if path == "kernel":
-        _plan_kernel_prefill(meta, longer, dev)
+    if path == "kernel":  # the prefill kernel's inputs, and its query tiles
+        query_lens, context_lens = [e - s for _, s, e in longer], [e for _, _, e in longer]
+        meta.prefill_tables = _table_tensor([table for table, _, _ in longer], dev)
+        meta.cu_query_lens = _int32([0, *accumulate(query_lens)], dev)
+        meta.context_lens = _int32(context_lens, dev)
+        meta.tiles = kernels.plan_query_tiles(query_lens, context_lens, group, dev)
     elif path == "gather":
         _plan_gather_prefill(meta, longer, bs, dev)
     else:
@@ -78,18 +81,8 @@ def build_step(cache, chunks, path: str, group: int = 1) -> StepMetadata:
     return meta
 
 
-def _plan_kernel_prefill(meta: StepMetadata, longer, dev) -> None:
-    query_lens = [end - start for _, start, end in longer]
-    context_lens = [end for _, _, end in longer]
-    meta.prefill_tables = _table_tensor([table for table, _, _ in longer], dev)
-    meta.cu_query_lens = _int32([0, *accumulate(query_lens)], dev)
-    meta.context_lens = _int32(context_lens, dev)
-    meta.tiles = kernels.plan_query_tiles(query_lens, context_lens, meta.group, dev)
-
-
 def _plan_gather_prefill(meta: StepMetadata, longer, bs: int, dev) -> None:
-    """The longer chunks' context slots, each chunk's query and key spans, and its causal mask
-    offset by what its context already holds (None: plain causal)."""
+    """The longer chunks' context slots, query and key spans, and offset causal masks."""
     context, spans, masks, rows = [], [], [], 0
     for table, start, end in longer:
         spans.append((rows, rows + end - start, len(context), len(context) + end))
@@ -117,8 +110,11 @@ def paged_attention(
     """The attention function registered as ``"kvlab_paged"``: ``query`` ``[1, num_q_heads, T,
     head_dim]``, ``key`` and ``value`` ``[1, num_kv_heads, T, head_dim]`` for the step's new tokens
     (rotated at their true positions); returns ``([1, T, num_q_heads, head_dim], None)``."""
-    meta = _checks.step_for(kvlab_step, query, module.layer_idx)
-    k_pool, v_pool = meta.k_pools[module.layer_idx], meta.v_pools[module.layer_idx]
+    if not isinstance(kvlab_step, StepMetadata):
+        raise _checks.no_step(ATTN_NAME, kvlab_step)
+    meta, layer = kvlab_step, module.layer_idx
+    _checks.heads(meta, query, layer)
+    k_pool, v_pool = meta.k_pools[layer], meta.v_pools[layer]
     _store(meta.path, key[0].transpose(0, 1), value[0].transpose(0, 1), k_pool, v_pool, meta.slots)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q, d = query[0].transpose(0, 1), meta.num_decode  # [T, num_q_heads, head_dim]
@@ -149,8 +145,7 @@ def _decode(meta: StepMetadata, q, k_pool, v_pool, scale: float):
 
 
 def _prefill(meta: StepMetadata, q, k_pool, v_pool, scale: float):
-    """The longer chunks, each query over its own sequence up to itself (one SDPA per gathered
-    chunk: no query scored against another sequence's keys)."""
+    """Each query over its own sequence up to itself (no query scored against another's keys)."""
     if meta.path == "kernel":
         return kernels.paged_extend(
             q, k_pool, v_pool, meta.prefill_tables, meta.cu_query_lens, meta.context_lens, scale,
@@ -185,8 +180,7 @@ def use_paged_attention(model):
 
 
 def paged_forward(model, input_ids, position_ids, meta: StepMetadata, logits_to_keep):
-    """One forward pass of ``model`` through :func:`paged_attention`, for this call only; the logits
-    at ``logits_to_keep``."""
+    """One forward pass through :func:`paged_attention` (for this call only): the kept logits."""
     with restoring(model, attn_implementation=register()):
         return model(
             input_ids=input_ids, position_ids=position_ids, use_cache=False,

@@ -1,7 +1,6 @@
 """Notebook 11: a continuous-batching engine in the shape of nano-vllm (Yu 2025) and vLLM (Kwon et
-al. 2023): one paged KV cache, one scheduler, one model runner. A step is three calls: the scheduler
-plans the step's chunks (reserving and committing their slots), the runner runs the model once over
-all of them, and the scheduler appends the sampled tokens and retires the requests that are done.
+al. 2023). A step is three calls: the scheduler plans the step's chunks, the runner runs the model
+once over them all, and the scheduler appends the sampled tokens and retires the finished requests.
 
 A step is all or nothing. It first checks that the model still fits the cache and that every
 request's sequence is where the scheduler left it; if the forward pass then fails, the engine is put
@@ -44,13 +43,10 @@ class EngineStats:
 
 
 class Engine:
-    """Continuous batching over a Hugging Face causal LM on a paged KV cache (notebook 11).
-
-    ``num_blocks=None`` sizes the pool by ``kv_budget_bytes`` (on a GPU, by default, from the memory
-    free after the weights). ``attention`` and ``cuda_graphs`` default to the kernels and graphs on
-    a GPU, ``"gather"`` on a CPU. ``debug=True`` checks the invariants after every step. A request
-    also ends at an end-of-sequence id (``eos_token_id="auto"``: ``model.generation_config``'s).
-    """
+    """``num_blocks=None`` sizes the pool by ``kv_budget_bytes`` (on a GPU, by default, from the
+    memory free after the weights); ``attention`` and ``cuda_graphs`` default to the kernels and
+    graphs on a GPU, ``"gather"`` on a CPU; ``debug=True`` checks the invariants after every step;
+    ``eos_token_id="auto"`` stops at ``model.generation_config``'s end-of-sequence ids."""
 
     def __init__(
         self, model, num_blocks: int | None = None, block_size: int = 16, max_batch: int = 32,
@@ -83,15 +79,12 @@ class Engine:
     pool_bytes = property(lambda self: self.num_blocks * self.cache.bytes_per_block)
 
     def add_request(self, prompt, max_new_tokens: int, stop=None) -> Request:
-        """Queue one request (``stop``: token ids that end it besides the engine's end-of-sequence
-        ids); one that could never fit the pool comes back ``rejected``, its ``error`` (and a
-        warning) saying the bytes it needs and the pool's."""
+        """Queue one request; one that could never fit comes back ``rejected``, saying why."""
         prompt, max_new_tokens, stop = _checks.add_request(self, prompt, max_new_tokens, stop)
         return self._add(prompt, max_new_tokens, stop)
 
     def generate(self, prompts, max_new_tokens, stop=None) -> list[list[int] | None]:
-        """Greedy continuation of each prompt (``max_new_tokens``: an int or one per prompt) until
-        every request has finished; a rejected request gives ``None``."""
+        """Greedy continuation of each prompt until all have finished; a rejected one gives None."""
         prompts, counts, stop = _checks.engine_generate(self, prompts, max_new_tokens, stop)
         requests = [self._add(p, n, stop) for p, n in zip(prompts, counts)]
         while self.has_work():
@@ -120,8 +113,7 @@ class Engine:
         return self.scheduler.has_work()
 
     def step(self) -> list[Request]:
-        """Schedule, run one forward pass, update, all or nothing (the module); returns the
-        requests that finished."""
+        """Schedule, run, update, all or nothing (the module); the requests that finished."""
         _checks.engine_ready(self)
         start = time.perf_counter()
         self._clock = self.stats.steps + 1  # the events of this step carry its number
@@ -145,7 +137,9 @@ class Engine:
 
     def _account(self, plan: list, seconds: float) -> None:
         self._idle_steps = 0 if plan else self._idle_steps + 1
-        _checks.progress(self)  # a scheduler that stalls with work left is a bug: fail loudly
+        _checks.progress(
+            self, self._idle_steps
+        )  # a scheduler that stalls with work left is a bug: fail loudly
         self.stats.batch_sizes.append(len(plan))
         self.stats.wall_s += seconds
         if self.debug:
@@ -172,24 +166,21 @@ class Engine:
         del self.events[events:]
 
     def metrics(self, requests=None) -> dict:
-        """Totals over ``requests`` (some of this engine's, each once; default: all) that finished
-        (notebook 11)."""
+        """Totals over the finished ``requests`` (some of this engine's; default: all)."""
         done = [r for r in _checks.engine_requests(requests, self) if r.state == "finished"]
         ttfts, tpots = [r.ttft for r in done], [r.tpot for r in done if r.tpot is not None]
         admitted, stats = sum(r.admitted_tokens for r in done), self.stats
         return {
-            "requests": len(done),
-            "generated_tokens": sum(len(r.output) for r in done),
+            "requests": len(done), "generated_tokens": sum(len(r.output) for r in done),
             "tokens_per_s": stats.generated_tokens / stats.wall_s if stats.wall_s else 0.0,
             "mean_ttft_s": sum(ttfts) / len(ttfts) if ttfts else None,
             "mean_tpot_s": sum(tpots) / len(tpots) if tpots else None,
             "mean_batch": sum(stats.batch_sizes) / max(1, len(stats.batch_sizes)),
-            "steps": stats.steps,
-            "preemptions": sum(r.preemptions for r in done),
+            "steps": stats.steps, "preemptions": sum(r.preemptions for r in done),
             "prefix_hit_rate": sum(r.cached_tokens for r in done) / admitted if admitted else 0.0,
             "stopped": sum(1 for r in done if r.finish_reason == "stop"),
             "prefill_tokens": stats.prefill_tokens,
-        }
+        }  # fmt: skip
 
     def check_invariants(self) -> None:
         """The cache's invariants and each live request's place in it."""
@@ -201,14 +192,13 @@ class Engine:
 
 
 def _pool_size(model, block_size: int, kv_budget_bytes: int | None, num_blocks) -> int:
-    """``num_blocks``, or the blocks that fit the memory left after the weights (GPU) or
-    ``kv_budget_bytes`` (CPU)."""
+    """``num_blocks``, or the blocks that fit ``kv_budget_bytes`` (or its default)."""
     if num_blocks is not None:
         return num_blocks
-    layers, kv_heads, head_dim = model_geometry(model)
-    per_block = 2 * layers * block_size * kv_heads * head_dim * model.dtype.itemsize
     if kv_budget_bytes is None and model.device.type == "cuda":
         kv_budget_bytes = int(GPU_MEMORY_FRACTION * torch.cuda.mem_get_info(model.device)[0])
     elif kv_budget_bytes is None:
         kv_budget_bytes = CPU_KV_BUDGET_BYTES
+    layers, kv_heads, head_dim = model_geometry(model)
+    per_block = 2 * layers * block_size * kv_heads * head_dim * model.dtype.itemsize
     return _checks.kv_budget(kv_budget_bytes, per_block, model.device) // per_block

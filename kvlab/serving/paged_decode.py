@@ -2,8 +2,7 @@
 
 :func:`prefill` and :func:`decode_step` are all or nothing: if even a layer in the middle of the
 model fails, the cache is as before (an evicted hash stays evicted), so a retry gives what a first
-success would have. :func:`generate` is notebook 06's one-prompt loop; :func:`paged_generate`
-notebook 05's multi-request loop."""
+success would have; :func:`generate` and :func:`paged_generate` loop over them, or an engine."""
 
 from __future__ import annotations
 
@@ -16,16 +15,15 @@ from kvlab.serving import _checks
 from kvlab.serving.attention import use_paged_attention  # noqa: F401 (notebook 05)
 from kvlab.serving.engine import Engine
 from kvlab.serving.request import Chunk
-from kvlab.serving.runner import ModelRunner, cache_for  # noqa: F401 (cache_for)
+from kvlab.serving.runner import ModelRunner, cache_for, model_geometry  # noqa: F401 (cache_for)
 
 
 @torch.inference_mode()
 def prefill(
     model, cache: PagedKVCache, seq_id: int, token_ids=None, attention="kernel", max_tokens=None
 ) -> int | None:
-    """Run ``seq_id``'s uncomputed tokens (after reserving ``token_ids`` behind them), all at once
-    or ``max_tokens`` at a time; after a prefix hit that is only the uncached suffix. Returns the
-    greedy next token, or None if ``max_tokens`` stopped short of the sequence's last token."""
+    """Run ``seq_id``'s uncomputed tokens (after reserving ``token_ids``), at most ``max_tokens``;
+    the greedy next token, or None if ``max_tokens`` stopped short of the sequence's last token."""
     runner = ModelRunner(model, cache, attention)  # checks the model against the cache first
     new, start, count, fed = _checks.prefill(model, cache, seq_id, token_ids, max_tokens)
     with cache.all_or_nothing():
@@ -42,12 +40,10 @@ def decode_step(model, cache: PagedKVCache, seq_ids, tokens, attention="kernel")
     runner = ModelRunner(model, cache, attention)
     seq_ids, tokens = _checks.decode_step(model, cache, seq_ids, tokens)
     with cache.all_or_nothing():
-        chunks = []
         for seq_id, token in zip(seq_ids, tokens):
             cache.reserve(seq_id, [token])
-            chunks.append(Chunk(seq_id, cache.num_computed(seq_id), [token]))
-            cache.commit(seq_id, cache.num_tokens(seq_id))
-        return runner.run(chunks)
+            cache.commit(seq_id, cache.num_tokens(seq_id))  # scheduled: its slot counts as written
+        return runner.run([Chunk(s, cache.num_tokens(s) - 1, [t]) for s, t in zip(seq_ids, tokens)])
 
 
 @dataclass(frozen=True)
@@ -63,13 +59,12 @@ def generate(
     model, cache: PagedKVCache, token_ids, max_new_tokens: int, salt=None, attention="kernel",
     stop=None,
 ) -> Generation:  # fmt: skip
-    """Greedy decoding of one prompt, admitted reusing whatever prefix ``cache`` holds, until
+    """Greedy decoding of one prompt, reusing whatever prefix ``cache`` holds, until
     ``max_new_tokens`` or a token in ``stop`` (kept); then freed, its full blocks staying cached.
-    The last token is never fed back. All or nothing: a generation the free blocks cannot hold is
-    refused before it starts (:class:`OutOfBlocksError`), and a failure leaves the cache as before.
-    """
-    args = _checks.generate(model, cache, token_ids, max_new_tokens, salt, attention, stop)
-    tokens, max_new_tokens, stop = args
+    All or nothing: a generation the free blocks cannot hold is refused before it starts."""
+    tokens, max_new_tokens, stop = _checks.generate(
+        model, cache, token_ids, max_new_tokens, salt, attention, stop, model_geometry(model)
+    )
     with cache.all_or_nothing():
         seq_id, cached = cache.admit(tokens, salt)
         out = [prefill(model, cache, seq_id, attention=attention)]
@@ -95,9 +90,8 @@ def paged_generate(
     model, prompts, max_new_tokens: int, block_size: int = 16, num_blocks: int | None = None,
     attention: str = "kernel", preemption: str = "recompute", max_batch: int = 64,
 ) -> PagedRun:  # fmt: skip
-    """Greedy decoding of several unpadded prompts: the engine of notebook 11 with prefix caching
-    off and no chunking, preempting by ``recompute`` or ``swap`` when blocks run out (notebook 05).
-    ``num_blocks`` defaults to enough for every request at once."""
+    """Greedy decoding of several unpadded prompts by notebook 11's engine, preempting when blocks
+    run out; ``num_blocks`` defaults to enough for every request at once."""
     args = _checks.paged_generate(model, prompts, max_new_tokens, block_size, max_batch, num_blocks)
     prompts, max_new_tokens, block_size, max_batch = args
     longest = -(-(max(map(len, prompts)) + max_new_tokens - 1) // block_size)  # in blocks
@@ -107,8 +101,6 @@ def paged_generate(
         preemption, attention=attention, cuda_graphs=False, watermark=0.0,
     )  # fmt: skip
     _checks.blocks_free(engine.cache, longest, free=num_blocks)  # the longest could never run
-    tokens, stats = engine.generate(prompts, max_new_tokens), engine.scheduler.stats
-    return PagedRun(
-        tokens, engine.stats.steps, stats.preemptions, stats.recomputed_tokens,
-        stats.swapped_blocks, engine.stats.peak_blocks,
-    )  # fmt: skip
+    tokens, s = engine.generate(prompts, max_new_tokens), engine.scheduler.stats
+    preempted = (s.preemptions, s.recomputed_tokens, s.swapped_blocks)
+    return PagedRun(tokens, engine.stats.steps, *preempted, engine.stats.peak_blocks)

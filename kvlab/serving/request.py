@@ -9,8 +9,7 @@ from kvlab.serving import _checks
 
 
 class Chunk(NamedTuple):
-    """What one step feeds one sequence: ``token_ids`` at positions ``start, start + 1, ...`` of the
-    cache's sequence ``seq_id``."""
+    """``token_ids`` at positions ``start, start + 1, ...`` of the cache's sequence ``seq_id``."""
 
     seq_id: int
     start: int
@@ -19,10 +18,9 @@ class Chunk(NamedTuple):
 
 @dataclass(eq=False)  # a request is itself: compared by identity
 class Request:
-    """``waiting`` -> ``running`` (prefill, maybe chunked, then decode) -> ``finished``, maybe
-    preempted back to ``waiting`` or ``swapped`` on the way; or ``rejected``. Greedy, it stops after
-    ``max_new_tokens`` or at a generated token in ``stop`` (kept). The cache holds the K and V of
-    its ``tokens`` but the newest, which the next decode step feeds."""
+    """``waiting`` -> ``running`` (prefill, maybe chunked, then decode) -> ``finished``, maybe via
+    ``waiting`` or ``swapped`` (preempted); or ``rejected``. Greedy, up to ``max_new_tokens`` or a
+    ``stop`` token (kept); the cache holds the K and V of all its ``tokens`` but the newest."""
 
     id: int
     prompt: list[int]
@@ -67,9 +65,8 @@ class Request:
     @property
     def tpot(self) -> float | None:
         """Time per output token after the first, seconds."""
-        if self.finish_time is None or len(self.output) < 2:
-            return None
-        return (self.finish_time - self.first_token_time) / (len(self.output) - 1)
+        if self.finish_time is not None and len(self.output) > 1:
+            return (self.finish_time - self.first_token_time) / (len(self.output) - 1)
 
 
 @dataclass(frozen=True)

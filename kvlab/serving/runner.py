@@ -1,6 +1,5 @@
-"""Notebooks 05, 06 and 11: the model runner (as in nano-vllm, Yu 2025), one forward pass per step,
-greedy. On a GPU, :class:`CudaGraphs` replays decode-only steps captured once per batch size, which
-takes a small model's per-step launch work off the critical path."""
+"""Notebooks 05, 06 and 11: the model runner (as in nano-vllm, Yu 2025), one greedy forward pass
+per step; on a GPU, :class:`CudaGraphs` replays decode-only steps, captured once per batch size."""
 
 from __future__ import annotations
 
@@ -31,21 +30,20 @@ def cache_for(
     """An empty :class:`PagedKVCache` shaped for ``model``; ``store`` replaces the ``store_kv``
     kernel of by-hand appends (e.g. ``store_kv_ref`` on a CPU)."""
     layers, kv_heads, head_dim = model_geometry(model)
-    device = device if device is not None else model.device
     return PagedKVCache(
-        layers, num_blocks, block_size, kv_heads, head_dim, dtype=model.dtype, device=device,
-        store=store, prefix_caching=prefix_caching,
+        layers, num_blocks, block_size, kv_heads, head_dim, dtype=model.dtype, store=store,
+        device=model.device if device is None else device, prefix_caching=prefix_caching,
     )  # fmt: skip
 
 
 class ModelRunner:
-    """One forward pass per step by a path of :mod:`kvlab.serving.attention`; ``cuda_graphs`` (a
-    GPU, the kernel path) replays decode-only steps of up to ``max_batch`` sequences."""
+    """One forward pass per step; ``cuda_graphs`` replays decode steps of up to ``max_batch``."""
 
     def __init__(
         self, model, cache, attention: str = "kernel", cuda_graphs: bool = False, max_batch: int = 1
     ):
-        geometry, max_batch = _checks.runner(model, cache, attention, cuda_graphs, max_batch)
+        geometry = model_geometry(model)
+        max_batch = _checks.runner(model, cache, attention, cuda_graphs, max_batch, geometry)
         self.model, self.cache, self.attention, self.geometry = model, cache, attention, geometry
         self.group = model.config.num_attention_heads // model.config.num_key_value_heads
         self.graphs = None
@@ -58,8 +56,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, chunks) -> list[int]:
-        """Feed each chunk ``(seq_id, start, token_ids)``; returns the greedy token after each
-        chunk's last one."""
+        """Feed each chunk ``(seq_id, start, token_ids)``; the greedy token after each."""
         chunks = [Chunk(*c) for c in chunks]
         if self.graphs is not None and self.graphs.covers(chunks):
             return self.graphs.run(chunks)
@@ -87,7 +84,7 @@ class CudaGraphs:
         sizes = (1, 2, 4, 8, *range(16, max_batch + 1, 16), max_batch)
         self.sizes = sorted({b for b in sizes if b <= max_batch})
         top, long, i32 = self.sizes[-1], torch.long, torch.int32
-        self.ids, self.positions = (torch.zeros((1, top), dtype=long, device=dev) for _ in "ab")
+        self.ids, self.positions = torch.zeros((2, 1, top), dtype=long, device=dev)  # two views
         self.slots = torch.full((top,), -1, dtype=long, device=dev)
         self.tables = torch.zeros((top, self.width), dtype=i32, device=dev)
         self.lens = torch.ones(top, dtype=i32, device=dev)
@@ -101,21 +98,17 @@ class CudaGraphs:
             len(c.token_ids) == 1 and len(table(c.seq_id)) <= self.width for c in chunks
         )
 
-    def _meta(self, batch: int) -> StepMetadata:
-        cache, width = self.runner.cache, self.width * self.runner.cache.block_size
-        sms = kernels.multiprocessor_count(cache.device)
-        return StepMetadata(
-            cache.k_pools, cache.v_pools, "kernel", self.slots[:batch], batch, self.tables[:batch],
-            self.lens[:batch], self.runner.group,
-            num_splits=kernels.choose_num_splits(batch, cache.num_kv_heads, width, sms),
-        )  # fmt: skip
-
     @torch.inference_mode()
     def capture(self) -> None:
-        pool = None
+        cache, pool = self.runner.cache, None
+        longest, sms = self.width * cache.block_size, kernels.multiprocessor_count(cache.device)
         for batch in reversed(self.sizes):  # the largest first: the smaller ones reuse its memory
-            args = (self.runner.model, self.ids[:, :batch], self.positions[:, :batch])
-            args += (self._meta(batch), 0)
+            meta = StepMetadata(
+                cache.k_pools, cache.v_pools, "kernel", self.slots[:batch], batch,
+                self.tables[:batch], self.lens[:batch], self.runner.group,
+                num_splits=kernels.choose_num_splits(batch, cache.num_kv_heads, longest, sms),
+            )  # fmt: skip
+            args = (self.runner.model, self.ids[:, :batch], self.positions[:, :batch], meta, 0)
             paged_forward(*args)  # warm-up outside the graph (compiles the kernels)
             torch.cuda.synchronize()
             self.graphs[batch] = graph = torch.cuda.CUDAGraph()

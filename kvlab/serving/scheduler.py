@@ -4,25 +4,23 @@ Every step the scheduler decides who runs and with how many tokens, on any *memo
 manager's calls (the engine's paged cache, or notebook 05's bare block manager or contiguous
 regions). kvlab's policy:
 
-- **make room first**: while the decoding requests' next tokens need more blocks than are free,
-  preempt the newest running request (as vLLM and nano-vllm do), by recompute (drop its blocks,
-  prefill again later; the full blocks it committed stay cached and serve its readmission) or swap
-  (copy its blocks to host memory). A request whose next token cannot fit its memory at all (a full
-  contiguous region) is preempted itself, by recompute;
+- **make room first**: while the decodes' next tokens need more blocks than are free, preempt the
+  newest running request (as vLLM and nano-vllm do) by recompute (drop its blocks, prefill again
+  later; its committed full blocks stay cached) or swap (copy its blocks to host memory); one whose
+  next token cannot fit its memory at all (a full contiguous region) is preempted, by recompute;
 - **swapped requests come back first**, oldest first, in a step that preempted nothing;
 - **decodes next**: one token for every decoding request;
 - **then prefill chunks**, first come first served, within ``max_batched_tokens`` tokens per step
   (chunked prefill): a long prompt runs over several steps while the others keep decoding;
-- **admission last**, first come first served, only in a step that preempted nothing with nothing
+- **admission last**, first come first served, in a step that preempted nothing with nothing
   swapped out, while ``max_batch`` and the free blocks allow, leaving ``watermark_blocks`` free
-  unless nothing else runs, so that a new request does not force a preemption at once.
+  unless nothing else runs (so a new request does not force a preemption at once).
 
-**A chunk is committed when it is scheduled**, as vLLM v1's KV-cache manager caches a request's
-full blocks when it allocates the step's slots: with prefix caching on, a request admitted later in
-the same step reuses the blocks an earlier chunk of this step computes, so a burst behind one system
-prompt computes it once (SGLang instead holds back a waiting request whose prefix another shares).
-It is safe because every layer stores before it attends (:mod:`kvlab.serving.attention`), and a
-failed step is rolled back whole (:mod:`kvlab.serving.engine`).
+**A chunk is committed when it is scheduled** (as vLLM v1 caches full blocks when it allocates a
+step's slots): with prefix caching, a request admitted later in the same step reuses the blocks an
+earlier chunk of this step computes, so a burst behind one system prompt computes it once (SGLang
+instead holds back a waiting request whose prefix another shares). Safe, as every layer stores
+before it attends (:mod:`~kvlab.serving.attention`), and a failed step is rolled back whole.
 """
 
 from __future__ import annotations
@@ -45,8 +43,7 @@ class Scheduled:
 
     @property
     def chunk(self) -> Chunk:
-        end = self.start + self.count
-        return Chunk(self.request.seq, self.start, self.request.tokens[self.start : end])
+        return Chunk(self.request.seq, self.start, self.request.tokens[self.start :][: self.count])
 
     @property
     def completes(self) -> bool:
@@ -66,8 +63,7 @@ class SchedulerStats:
 
 
 class Scheduler:
-    """Who runs this step, and with how many tokens; ``log(request, kind, detail)`` is called for
-    every admission, resumption, preemption, chunk and finish."""
+    """Who runs each step; ``log(request, kind, detail)`` records every move and chunk."""
 
     def __init__(
         self, memory, max_batch: int, max_batched_tokens: int, preemption: str = "recompute",
@@ -104,8 +100,7 @@ class Scheduler:
         return sorted(plan, key=lambda e: e.count > 1)
 
     def update(self, plan: list[Scheduled], next_tokens: list[int], now: float = 0.0):
-        """Append the tokens of the chunks that complete their request; free and return the requests
-        that are done."""
+        """Append each completing chunk's token; free and return the requests that are done."""
         finished = []
         for entry, token in zip(plan, next_tokens):
             request = entry.request
