@@ -10,10 +10,24 @@ from __future__ import annotations
 import torch
 
 from kvlab import kernels
-from kvlab._checks import causal_lm, integer, integers, real, require_memory, token_ids
-from kvlab.cache.blocks import OutOfBlocksError
+from kvlab._checks import (
+    causal_lm,
+    flag,
+    function,
+    integer,
+    integers,
+    one_of,
+    real,
+    require_memory,
+    token_ids,
+)
+from kvlab.cache.blocks import PREEMPTION_MODES, OutOfBlocksError
 from kvlab.cache.paged import PagedKVCache
+from kvlab.kernels.configs import paged_prefill_config
+from kvlab.kernels.paged_prefill import paged_prefill_kernel
+from kvlab.kernels.shared_memory import require_fits
 
+ATTENTION_PATHS = ("kernel", "gather", "reference")  # kvlab.serving.attention's three paths
 SUPPORTED_MODELS = ("llama", "qwen2", "mistral")
 REBUILD = "build the cache with kvlab.serving.paged_decode.cache_for(model, ...)"
 
@@ -28,6 +42,35 @@ def request(r) -> None:
     real("arrival", r.arrival)
 
 
+def scheduler(preemption, max_batch, max_batched_tokens, watermark_blocks, log):
+    """The scheduler's limits, checked: (max_batch, max_batched_tokens, watermark_blocks, log)."""
+    one_of("preemption", preemption, PREEMPTION_MODES)
+    return (
+        integer("max_batch", max_batch),
+        integer("max_batched_tokens", max_batched_tokens),
+        integer("watermark_blocks", watermark_blocks, 0),
+        function("log", log) if log is not None else lambda r, kind, detail=None: None,
+    )
+
+
+def runner(model, cache, attention: str, cuda_graphs, max_batch, geometry) -> int:
+    """``ModelRunner``'s arguments, and that the prefill kernel's program fits this GPU's shared
+    memory (a no-op on a CPU); returns ``max_batch``."""
+    one_of("attention", attention, ATTENTION_PATHS)
+    cache_fits(model, cache, attention, geometry)
+    flag("cuda_graphs", cuda_graphs)
+    max_batch = integer("max_batch", max_batch)
+    if attention == "kernel":
+        group = model.config.num_attention_heads // model.config.num_key_value_heads
+        require_fits(
+            paged_prefill_config(
+                paged_prefill_kernel, cache.dtype, group, cache.head_dim, cache.block_size
+            ),
+            cache.device,
+        )
+    return max_batch
+
+
 def supported_model(name: str, model):
     """A Hugging Face causal LM of an architecture the engine serves."""
     kind = getattr(causal_lm(name, model).config, "model_type", type(model).__name__)
@@ -39,12 +82,43 @@ def supported_model(name: str, model):
     return model
 
 
-def one_sizing(num_blocks, kv_budget_bytes) -> None:
+def window(config) -> int | None:
+    """The model's attention window (None: it attends to the whole context)."""
+    window = getattr(config, "sliding_window", None)
+    on = window is not None and getattr(config, "use_sliding_window", True) is not False
+    return int(window) if on else None
+
+
+def engine(
+    model, num_blocks, block_size, max_batch, max_batched_tokens, prefix_caching, preemption,
+    kv_budget_bytes, attention, cuda_graphs, watermark, eos_token_id, debug,
+):  # fmt: skip
+    """``Engine``'s arguments; returns (block_size, max_batch, max_batched_tokens, attention,
+    cuda_graphs, watermark, eos ids), the defaults resolved: the kernels and CUDA graphs on a GPU,
+    vectorised PyTorch on a CPU, where the kernels run in Triton's interpreter."""
+    on_cuda = supported_model("model", model).device.type == "cuda"
+    block_size = integer("block_size", block_size)
+    max_batch = integer("max_batch", max_batch)
+    max_batched_tokens = integer("max_batched_tokens", max_batched_tokens, low=max_batch)
+    one_of("preemption", preemption, PREEMPTION_MODES)
+    flag("prefix_caching", prefix_caching)
+    flag("debug", debug)
+    cuda_graphs = on_cuda if cuda_graphs is None else flag("cuda_graphs", cuda_graphs)
+    attention = ("kernel" if on_cuda else "gather") if attention is None else attention
+    one_of("attention", attention, ATTENTION_PATHS)
+    watermark = real("watermark", watermark, 0, 1, high_open=True)
     if num_blocks is not None and kv_budget_bytes is not None:
         raise ValueError(
             f"pass num_blocks ({num_blocks!r}) or kv_budget_bytes ({kv_budget_bytes!r}), not"
             " both: either one sizes the pool"
         )
+    config = model.config  # the head dim as kvlab.serving.runner.model_geometry reads it
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kernel_limits(block_size, head_dim, attention)
+    if num_blocks is not None:
+        integer("num_blocks", num_blocks)
+    eos = eos_ids("eos_token_id", eos_token_id, model)
+    return block_size, max_batch, max_batched_tokens, attention, cuda_graphs, watermark, eos
 
 
 def kv_budget(kv_budget_bytes: int, per_block: int, device) -> int:
@@ -105,10 +179,31 @@ def prompt(name: str, prompt, engine) -> list[int]:
     return [int(t) for t in prompt]
 
 
-def prompts(prompts_, engine) -> list[list[int]]:
-    if not isinstance(prompts_, (list, tuple)) or not prompts_:
+def add_request(engine, prompt_, max_new_tokens, stop):
+    """``Engine.add_request``'s arguments, converted."""
+    prompt_ = prompt("prompt", prompt_, engine)
+    max_new_tokens = integer("max_new_tokens", max_new_tokens)
+    return prompt_, max_new_tokens, stop_ids("stop", stop, engine.vocab_size)
+
+
+def engine_generate(engine, prompts, max_new_tokens, stop):
+    """``Engine.generate``'s arguments: the prompts, one count per prompt, the stop ids."""
+    if not isinstance(prompts, (list, tuple)) or not prompts:
         raise TypeError("prompts must be a non-empty list of token-id lists")
-    return [prompt(f"prompts[{i}]", p, engine) for i, p in enumerate(prompts_)]
+    prompts = [prompt(f"prompts[{i}]", p, engine) for i, p in enumerate(prompts)]
+    counts_ = counts(max_new_tokens, len(prompts))
+    return prompts, counts_, stop_ids("stop", stop, engine.vocab_size)
+
+
+def progress(engine, idle_steps: int) -> None:
+    """A scheduler that made no progress for three steps with work left (never a normal state)."""
+    if idle_steps > 2 and engine.has_work():
+        s = engine.scheduler
+        raise RuntimeError(
+            f"the scheduler made no progress for {idle_steps} steps: "
+            f"{len(s.waiting)} waiting, {len(s.running)} running, "
+            f"{len(s.swapped)} swapped, {engine.cache.num_free} blocks free"
+        )
 
 
 def counts(max_new_tokens, n: int) -> list[int]:
@@ -193,6 +288,31 @@ def cache_fits(model, cache, attention: str, geometry) -> None:
     if (cache.device.type, cache.device.index or 0) != (model_device.type, model_device.index or 0):
         raise ValueError(
             f"cache.device is {cache.device} but the model is on {model_device}; {REBUILD}"
+        )
+
+
+def build_step(cache, chunks_, path: str, group: int):
+    """``build_step``'s arguments; returns each chunk's block table and token span."""
+    one_of("path", path, ATTENTION_PATHS)
+    integer("group", group, 1)
+    return chunks(cache, chunks_)
+
+
+def no_step(name: str, step) -> ValueError:
+    """The error of ``paged_attention`` called without ``kvlab_step=``."""
+    return ValueError(
+        f"attention {name!r} needs the kvlab_step= keyword (a StepMetadata), got "
+        f"{step!r}; run the model through kvlab.serving.attention.paged_forward"
+    )
+
+
+def heads(step, query, layer: int) -> None:
+    """The step was built for the model's query heads per KV head."""
+    kv_heads = step.k_pools[layer].shape[2]
+    if query.shape[1] != step.group * kv_heads:
+        raise ValueError(
+            f"the step was built for {step.group} query head(s) per KV head but the model has "
+            f"{query.shape[1]} query and {kv_heads} KV heads; pass group= to build_step"
         )
 
 
@@ -289,23 +409,59 @@ def blocks_free(cache, needed: int, what: str | None = None, free: int | None = 
         raise OutOfBlocksError(needed, free, cache.num_blocks, cache.bytes_per_block, what)
 
 
-def prefill_span(cache, seq_id: int, tokens: list[int], vocab: int, max_tokens):
-    """The tokens a prefill of ``seq_id`` computes after reserving ``tokens``: (first position,
-    count, the uncomputed tokens), all known to the model."""
+def prefill(model, cache, seq_id: int, new, max_tokens):
+    """``prefill``'s arguments: (the tokens to reserve, the first position to compute, how many,
+    the uncomputed tokens), all known to the model."""
+    vocab = model.config.vocab_size
+    new = [] if new is None else token_ids("token_ids", new, vocab, empty=True)
     cache.require_in_step(seq_id)
-    start, end = cache.num_computed(seq_id), cache.num_tokens(seq_id) + len(tokens)
+    start, end = cache.num_computed(seq_id), cache.num_tokens(seq_id) + len(new)
     if end == start:
         raise ValueError(
             f"sequence {seq_id} has no token left to compute; pass token_ids (at least one token)"
         )
-    fed = token_ids(
-        f"the tokens of sequence {seq_id}", cache.tokens(seq_id)[start:] + tokens, vocab
-    )
+    fed = token_ids(f"the tokens of sequence {seq_id}", cache.tokens(seq_id)[start:] + new, vocab)
     count = (
         end - start if max_tokens is None else min(end - start, integer("max_tokens", max_tokens))
     )
-    blocks_free(cache, cache.blocks_to_append(seq_id, len(tokens)))
-    return start, count, fed
+    blocks_free(cache, cache.blocks_to_append(seq_id, len(new)))
+    return new, start, count, fed
+
+
+def decode_step(model, cache, seq_ids, tokens):
+    """``decode_step``'s arguments, converted."""
+    seq_ids = integers("seq_ids", seq_ids, 0)
+    tokens = token_ids("tokens", tokens, model.config.vocab_size)
+    decoding(cache, seq_ids, tokens)
+    return seq_ids, tokens
+
+
+def generate(model, cache, tokens, max_new_tokens, salt, attention, stop, geometry):
+    """``paged_decode.generate``'s arguments, converted, and the free blocks it needs: admitting
+    the prompt, then the blocks its new tokens grow into (the last is never stored)."""
+    one_of("attention", attention, ATTENTION_PATHS)
+    cache_fits(model, cache, attention, geometry)
+    max_new_tokens = integer("max_new_tokens", max_new_tokens)
+    tokens = token_ids("token_ids", tokens, model.config.vocab_size)
+    stop = stop_tokens(stop, model.config.vocab_size)
+    stored, bs = len(tokens) + max_new_tokens - 1, cache.block_size
+    needed = cache.blocks_to_admit(tokens, salt) + -(-stored // bs) - -(-len(tokens) // bs)
+    what = f"a {len(tokens)}-token prompt and {max_new_tokens} new tokens"
+    blocks_free(cache, needed, what)
+    return tokens, max_new_tokens, stop
+
+
+def paged_generate(model, prompts, max_new_tokens, block_size, max_batch, num_blocks):
+    """``paged_generate``'s arguments: (prompts, max_new_tokens, block_size, max_batch)."""
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise TypeError("prompts must be a non-empty list of token-id lists (or 1-D tensors)")
+    vocab = causal_lm("model", model).config.vocab_size
+    prompts = [token_ids(f"prompts[{i}]", p, vocab) for i, p in enumerate(prompts)]
+    max_new_tokens = integer("max_new_tokens", max_new_tokens)
+    block_size, max_batch = integer("block_size", block_size), integer("max_batch", max_batch)
+    if num_blocks is not None:
+        integer("num_blocks", num_blocks)
+    return prompts, max_new_tokens, block_size, max_batch
 
 
 def decoding(cache, seq_ids: list[int], tokens: list[int]) -> None:

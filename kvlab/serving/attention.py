@@ -1,23 +1,16 @@
-"""Notebooks 05, 06 and 11: the one attention function kvlab registers with Hugging Face
-transformers.
+"""Notebooks 05, 06 and 11: the attention function kvlab registers with Hugging Face transformers
+(Wolf et al. 2020) in a stock Llama, Qwen2 or Mistral.
 
-The model stays the stock ``transformers`` Llama (or Qwen2, Mistral); only its attention function
-changes (Wolf et al. 2020). A step's tokens are packed into one row, ``[1, T]``: each *chunk* feeds
-tokens of one sequence whose slots the :class:`~kvlab.cache.paged.PagedKVCache` has reserved and
-committed for the step. :func:`build_step` turns the chunks into a :class:`StepMetadata`, built and
-checked once per step (each new token's slot, what each query attends to); then every layer calls
-:func:`paged_attention`, which
-
-1. stores the layer's new K and V at their slots, every chunk's of the step;
-2. then attends, by one of three paths that give the same result.
-
-The order is what makes prefix sharing within a step correct: a request admitted behind another
-in the same step reads blocks that the other's chunk fills in this very pass, and at every layer
-those K and V are in the pool before any query reads it. The three paths:
+A step's tokens are packed into one row, ``[1, T]``, each chunk one sequence's committed slots;
+:func:`build_step` builds its :class:`StepMetadata` once. Every layer's :func:`paged_attention`
+first stores the layer's new K and V at their slots, every chunk's, and only then attends. So a
+request admitted behind another in the same step (prefix sharing) reads blocks the other's chunk
+fills in this very pass: at every layer their K and V are in the pool before any query reads it.
+Three paths give the same result:
 
 - ``"kernel"``: decode rows through the paged decode kernel, longer chunks through the paged
-  prefill ("extend") kernel over each sequence's block table (:mod:`kvlab.kernels.paged_prefill`),
-  as vLLM uses FlashAttention's varlen kernel (Dao 2023) and SGLang FlashInfer (Ye et al. 2025);
+  prefill ("extend") kernel over each sequence's block table, as vLLM uses FlashAttention's varlen
+  kernel (Dao 2023) and SGLang FlashInfer (Ye et al. 2025);
 - ``"gather"``, PyTorch for a CPU (where the kernels run in Triton's interpreter): decode rows by
   gathering blocks, each longer chunk by SDPA over its gathered context, causally offset;
 - ``"reference"``: every token as one fp64 row of :func:`kvlab.kernels.paged_decode_attention_ref`.
@@ -32,18 +25,17 @@ import torch
 import torch.nn.functional as F
 
 from kvlab import kernels
-from kvlab._checks import causal_lm, integer, one_of, restoring
+from kvlab._checks import causal_lm, restoring
 from kvlab.serving import _checks
+from kvlab.serving._checks import ATTENTION_PATHS  # noqa: F401 (the three paths above)
 
 ATTN_NAME = "kvlab_paged"
-ATTENTION_PATHS = ("kernel", "gather", "reference")
 
 
 @dataclass
 class StepMetadata:
-    """What every layer needs besides q, k and v, built once per step by :func:`build_step`: first
-    ``num_decode`` one-token chunks, then the longer ones. Each path fills the fields it reads;
-    tables are int32 ``[rows, width]``, lengths int32."""
+    """What every layer needs besides q, k and v: first ``num_decode`` one-token chunks, then the
+    longer ones. Each path fills the fields it reads; tables are int32 ``[rows, width]``."""
 
     k_pools: list
     v_pools: list
@@ -53,44 +45,34 @@ class StepMetadata:
     decode_tables: torch.Tensor
     decode_lens: torch.Tensor  # each decode row's context length, its new token included
     group: int = 1  # query heads per KV head, for which the kernel's tiles were planned
-    # "kernel": the longer chunks' tables, cumulative query lengths, context lengths, query tiles
-    prefill_tables: torch.Tensor | None = None
+    prefill_tables: torch.Tensor | None = None  # "kernel": the longer chunks' tables, ...
     cu_query_lens: torch.Tensor | None = None
     context_lens: torch.Tensor | None = None
     tiles: torch.Tensor | None = None
-    # "gather": the longer chunks' context slots; per chunk (row0, row1, slot0, slot1) and mask
-    prefill_context: torch.Tensor | None = None
-    prefill_spans: list | None = None
+    prefill_context: torch.Tensor | None = None  # "gather": the longer chunks' context slots, ...
+    prefill_spans: list | None = None  # per chunk (row0, row1, slot0, slot1)
     prefill_masks: list | None = None
-    # "reference": every token's table and context length
-    row_tables: torch.Tensor | None = None
+    row_tables: torch.Tensor | None = None  # "reference": every token's table and context length
     row_lens: torch.Tensor | None = None
     num_splits: int | None = None  # the decode kernel's split-K count (fixed for a CUDA graph)
 
 
 def build_step(cache, chunks, path: str, group: int = 1) -> StepMetadata:
-    """The metadata of one step that feeds ``chunks`` (:class:`~kvlab.serving.request.Chunk`, each
-    a sequence's committed slots, one-token chunks first, a sequence once) of ``cache``, checked;
-    ``group``: the model's query heads per KV head, for the kernel's query tiles."""
-    one_of("path", path, ATTENTION_PATHS)
-    integer("group", group, 1)
-    spans = _checks.chunks(cache, chunks)
+    """The checked metadata of a step; ``group``: the model's query heads per KV head."""
+    spans = _checks.build_step(cache, chunks, path, group)
     bs, dev = cache.block_size, cache.device
     slots = [t[p // bs] * bs + p % bs for t, start, end in spans for p in range(start, end)]
     decode = [(table, end) for table, start, end in spans if end - start == 1]
     longer = [span for span in spans if span[2] - span[1] > 1]
-    meta = StepMetadata(
-        cache.k_pools,
-        cache.v_pools,
-        path,
-        torch.tensor(slots, dtype=torch.long, device=dev),
-        len(decode),
-        _table_tensor([t for t, _ in decode], dev),
-        _int32([n for _, n in decode], dev),
-        group,
-    )
-    if path == "kernel":
-        _plan_kernel_prefill(meta, longer, dev)
+    tables, lens = _table_tensor([t for t, _ in decode], dev), _int32([n for _, n in decode], dev)
+    slots = torch.tensor(slots, dtype=torch.long, device=dev)
+    meta = StepMetadata(cache.k_pools, cache.v_pools, path, slots, len(decode), tables, lens, group)
+    if path == "kernel":  # the prefill kernel's inputs, and its query tiles
+        query_lens, context_lens = [e - s for _, s, e in longer], [e for _, _, e in longer]
+        meta.prefill_tables = _table_tensor([table for table, _, _ in longer], dev)
+        meta.cu_query_lens = _int32([0, *accumulate(query_lens)], dev)
+        meta.context_lens = _int32(context_lens, dev)
+        meta.tiles = kernels.plan_query_tiles(query_lens, context_lens, group, dev)
     elif path == "gather":
         _plan_gather_prefill(meta, longer, bs, dev)
     else:
@@ -99,27 +81,14 @@ def build_step(cache, chunks, path: str, group: int = 1) -> StepMetadata:
     return meta
 
 
-def _plan_kernel_prefill(meta: StepMetadata, longer, dev) -> None:
-    """The paged prefill kernel's inputs for the longer chunks, and its query tiles."""
-    query_lens = [end - start for _, start, end in longer]
-    context_lens = [end for _, _, end in longer]
-    meta.prefill_tables = _table_tensor([table for table, _, _ in longer], dev)
-    meta.cu_query_lens = _int32([0, *accumulate(query_lens)], dev)
-    meta.context_lens = _int32(context_lens, dev)
-    meta.tiles = kernels.plan_query_tiles(query_lens, context_lens, meta.group, dev)
-
-
 def _plan_gather_prefill(meta: StepMetadata, longer, bs: int, dev) -> None:
-    """The longer chunks' contexts as one list of slots, where each chunk's queries and keys sit,
-    and each chunk's causal mask offset by what its context already holds (None: plain causal)."""
+    """The longer chunks' context slots, query and key spans, and offset causal masks."""
     context, spans, masks, rows = [], [], [], 0
     for table, start, end in longer:
         spans.append((rows, rows + end - start, len(context), len(context) + end))
         context += [table[t // bs] * bs + t % bs for t in range(end)]
         rows += end - start
-        seen = (
-            torch.arange(end, device=dev)[None, :] <= torch.arange(start, end, device=dev)[:, None]
-        )
+        seen = torch.arange(end, device=dev)[None] <= torch.arange(start, end, device=dev)[:, None]
         masks.append(None if start == 0 else seen)  # query start + i sees keys 0 .. start + i
     meta.prefill_context = torch.tensor(context, dtype=torch.long, device=dev)
     meta.prefill_spans, meta.prefill_masks = spans, masks
@@ -135,38 +104,25 @@ def _table_tensor(rows: list[list[int]], device) -> torch.Tensor:
     return _int32(padded, device).reshape(len(rows), width)
 
 
-# --------------------------------------------------------------------------- the attention function
-
-
 def paged_attention(
     module, query, key, value, attention_mask, scaling=None, dropout=0.0, kvlab_step=None, **kwargs
 ):
-    """The attention function registered as ``"kvlab_paged"`` (notebooks 05, 06, 11).
-
-    ``query`` is ``[1, num_q_heads, T, head_dim]``, ``key`` and ``value`` ``[1, num_kv_heads, T,
-    head_dim]`` for the step's new tokens (already rotated by RoPE at their true positions). Returns
-    ``([1, T, num_q_heads, head_dim], None)`` as transformers expects.
-    """
+    """The attention function registered as ``"kvlab_paged"``: ``query`` ``[1, num_q_heads, T,
+    head_dim]``, ``key`` and ``value`` ``[1, num_kv_heads, T, head_dim]`` for the step's new tokens
+    (rotated at their true positions); returns ``([1, T, num_q_heads, head_dim], None)``."""
     if not isinstance(kvlab_step, StepMetadata):
-        raise ValueError(
-            f"attention {ATTN_NAME!r} needs the kvlab_step= keyword (a StepMetadata), got "
-            f"{kvlab_step!r}; run the model through kvlab.serving.attention.paged_forward"
-        )
+        raise _checks.no_step(ATTN_NAME, kvlab_step)
     meta, layer = kvlab_step, module.layer_idx
+    _checks.heads(meta, query, layer)
     k_pool, v_pool = meta.k_pools[layer], meta.v_pools[layer]
-    if query.shape[1] != meta.group * k_pool.shape[2]:
-        raise ValueError(
-            f"the step was built for {meta.group} query head(s) per KV head but the model has "
-            f"{query.shape[1]} query and {k_pool.shape[2]} KV heads; pass group= to build_step"
-        )
     _store(meta.path, key[0].transpose(0, 1), value[0].transpose(0, 1), k_pool, v_pool, meta.slots)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q, d = query[0].transpose(0, 1), meta.num_decode  # [T, num_q_heads, head_dim]
     if meta.path == "reference":
-        out = kernels.paged_decode_attention_ref(
-            q.contiguous(), k_pool, v_pool, meta.row_tables, meta.row_lens, scale=scale
-        )
-        return out[None], None
+        ref = kernels.paged_decode_attention_ref
+        return ref(q.contiguous(), k_pool, v_pool, meta.row_tables, meta.row_lens, scale)[
+            None
+        ], None
     parts = [_decode(meta, q[:d].contiguous(), k_pool, v_pool, scale)] if d else []
     if q.shape[0] > d:
         parts.append(_prefill(meta, q[d:], k_pool, v_pool, scale))
@@ -189,8 +145,7 @@ def _decode(meta: StepMetadata, q, k_pool, v_pool, scale: float):
 
 
 def _prefill(meta: StepMetadata, q, k_pool, v_pool, scale: float):
-    """The longer chunks, each query over its own sequence up to itself: the kernel in place, or
-    one SDPA per gathered chunk (no query scored against another sequence's keys)."""
+    """Each query over its own sequence up to itself (no query scored against another's keys)."""
     if meta.path == "kernel":
         return kernels.paged_extend(
             q, k_pool, v_pool, meta.prefill_tables, meta.cu_query_lens, meta.context_lens, scale,
@@ -210,9 +165,6 @@ def _prefill(meta: StepMetadata, q, k_pool, v_pool, scale: float):
     return torch.cat(parts, dim=1).transpose(0, 1)  # [rows, num_q_heads, head_dim]
 
 
-# --------------------------------------------------------------------------- the model call
-
-
 def register() -> str:
     """Add ``"kvlab_paged"`` to transformers' attention registry (idempotent); returns the name."""
     from transformers import AttentionInterface
@@ -228,8 +180,7 @@ def use_paged_attention(model):
 
 
 def paged_forward(model, input_ids, position_ids, meta: StepMetadata, logits_to_keep):
-    """One forward pass of ``model`` through :func:`paged_attention`, switched to it for this call
-    only (``kvlab._checks.restoring``); the logits at ``logits_to_keep``."""
+    """One forward pass through :func:`paged_attention` (for this call only): the kept logits."""
     with restoring(model, attn_implementation=register()):
         return model(
             input_ids=input_ids, position_ids=position_ids, use_cache=False,

@@ -1,18 +1,12 @@
-"""Notebook 11: a continuous-batching engine, the parts of kvlab's serving stack running together.
+"""Notebook 11: a continuous-batching engine in the shape of nano-vllm (Yu 2025) and vLLM (Kwon et
+al. 2023). A step is three calls: the scheduler plans the step's chunks, the runner runs the model
+once over them all, and the scheduler appends the sampled tokens and retires the finished requests.
 
-In the shape of nano-vllm (Yu 2025) and vLLM (Kwon et al. 2023): :class:`Engine` owns one
-:class:`~kvlab.cache.paged.PagedKVCache` (prefix caching on or off), one
-:class:`~kvlab.serving.scheduler.Scheduler` and one :class:`~kvlab.serving.runner.ModelRunner`. A
-step is three calls: the scheduler plans the step's chunks (reserving and committing their slots),
-the runner runs the model once over all of them, and the scheduler appends the sampled tokens and
-retires the requests that are done.
-
-A step is all or nothing. Before it schedules anything it checks that the model still fits the cache
-and that every request's sequence is where the scheduler left it; if the forward pass then fails,
-the engine is put back as it was before the step (cache, queues, requests, counters, the prefix
-hashes it registered), under two rollback rules: a prefix hash the step evicted stays evicted, and
-a preemption the step made to fit its decodes stands (the failed pass may have written into the
-preempted blocks). A request that could never fit is refused when it is added.
+A step is all or nothing. It first checks that the model still fits the cache and that every
+request's sequence is where the scheduler left it; if the forward pass then fails, the engine is put
+back as it was (cache, queues, requests, counters, the prefix hashes it registered), under two
+rollback rules: a prefix hash the step evicted stays evicted, and a preemption the step made to fit
+its decodes stands (the failed pass may have written into the preempted blocks).
 """
 
 from __future__ import annotations
@@ -25,10 +19,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from kvlab._checks import flag, integer, one_of, real, restoring
-from kvlab.cache.blocks import PREEMPTION_MODES
+from kvlab._checks import restoring
 from kvlab.serving import _checks
-from kvlab.serving.attention import ATTENTION_PATHS
 from kvlab.serving.request import Event, Request
 from kvlab.serving.runner import ModelRunner, cache_for, model_geometry
 from kvlab.serving.scheduler import Scheduler
@@ -51,108 +43,63 @@ class EngineStats:
 
 
 class Engine:
-    """Continuous batching over a Hugging Face causal LM on a paged KV cache (notebook 11).
-
-    ``num_blocks=None`` sizes the pool from ``GPU_MEMORY_FRACTION`` of the memory free after the
-    weights on a GPU, or ``kv_budget_bytes`` (default ``CPU_KV_BUDGET_BYTES``) on a CPU.
-    ``attention``: a path of :mod:`kvlab.serving.attention` (default: ``"kernel"`` on a GPU,
-    ``"gather"`` on a CPU). ``cuda_graphs`` (default: on a GPU) replays decode steps as CUDA graphs.
-    ``debug=True`` checks the invariants after every step. Decoding is greedy; a request ends after
-    its ``max_new_tokens`` or at its first generated token that is an end-of-sequence id
-    (``eos_token_id="auto"``: ``model.generation_config``'s, as ``generate``; or ids, or None) or
-    one of its own ``stop`` ids (kept in its output), and its blocks go back in that step.
-    """
+    """``num_blocks=None`` sizes the pool by ``kv_budget_bytes`` (on a GPU, by default, from the
+    memory free after the weights); ``attention`` and ``cuda_graphs`` default to the kernels and
+    graphs on a GPU, ``"gather"`` on a CPU; ``debug=True`` checks the invariants after every step;
+    ``eos_token_id="auto"`` stops at ``model.generation_config``'s end-of-sequence ids."""
 
     def __init__(
-        self,
-        model,
-        num_blocks: int | None = None,
-        block_size: int = 16,
-        max_batch: int = 32,
-        max_batched_tokens: int = 2048,
-        prefix_caching: bool = True,
-        preemption: str = "recompute",
-        *,
-        kv_budget_bytes: int | None = None,
-        attention: str | None = None,
-        cuda_graphs: bool | None = None,
-        watermark: float = WATERMARK,
-        eos_token_id="auto",
+        self, model, num_blocks: int | None = None, block_size: int = 16, max_batch: int = 32,
+        max_batched_tokens: int = 2048, prefix_caching: bool = True, preemption: str = "recompute",
+        *, kv_budget_bytes: int | None = None, attention: str | None = None,
+        cuda_graphs: bool | None = None, watermark: float = WATERMARK, eos_token_id="auto",
         debug: bool = False,
-    ):
-        on_cuda = _checks.supported_model("model", model).device.type == "cuda"
-        block_size = integer("block_size", block_size)
-        max_batch = integer("max_batch", max_batch)
-        max_batched_tokens = integer("max_batched_tokens", max_batched_tokens, low=max_batch)
-        one_of("preemption", preemption, PREEMPTION_MODES)
-        prefix_caching, self.debug = flag("prefix_caching", prefix_caching), flag("debug", debug)
-        cuda_graphs = on_cuda if cuda_graphs is None else flag("cuda_graphs", cuda_graphs)
-        attention = one_of("attention", _default(attention, on_cuda), ATTENTION_PATHS)
-        watermark = real("watermark", watermark, 0, 1, high_open=True)
-        _checks.one_sizing(num_blocks, kv_budget_bytes)
-        _checks.kernel_limits(block_size, model_geometry(model)[2], attention)
+    ):  # fmt: skip
+        checked = _checks.engine(
+            model, num_blocks, block_size, max_batch, max_batched_tokens, prefix_caching,
+            preemption, kv_budget_bytes, attention, cuda_graphs, watermark, eos_token_id, debug,
+        )  # fmt: skip
+        block_size, max_batch, max_batched_tokens, attention, cuda_graphs, watermark, eos = checked
         num_blocks = _pool_size(model, block_size, kv_budget_bytes, num_blocks)
-        self.eos_token_ids = _checks.eos_ids("eos_token_id", eos_token_id, model)
         self.cache = cache_for(model, num_blocks, block_size, prefix_caching)
         self.runner = ModelRunner(model, self.cache, attention, cuda_graphs, max_batch)
-        watermark_blocks = math.ceil(watermark * num_blocks)
         self.scheduler = Scheduler(
-            self.cache, max_batch, max_batched_tokens, preemption, watermark_blocks, self._log
-        )
+            self.cache, max_batch, max_batched_tokens, preemption,
+            math.ceil(watermark * num_blocks), self._log,
+        )  # fmt: skip
         self.model, self.block_size, self.num_blocks = model, block_size, num_blocks
-        self.vocab_size, self.window = model.config.vocab_size, _attention_window(model.config)
+        self.eos_token_ids, self.debug = eos, debug
+        self.vocab_size, self.window = model.config.vocab_size, _checks.window(model.config)
         self.requests, self.events, self.stats = {}, [], EngineStats()
         self._clock = self._idle_steps = 0
 
     max_batch = property(lambda self: self.scheduler.max_batch)
     max_batched_tokens = property(lambda self: self.scheduler.max_batched_tokens)
-
-    @property
-    def bytes_per_block(self) -> int:
-        return self.cache.bytes_per_block
-
-    @property
-    def pool_bytes(self) -> int:
-        return self.num_blocks * self.bytes_per_block
-
-    # -- requests ----------------------------------------------------------------------------
+    bytes_per_block = property(lambda self: self.cache.bytes_per_block)
+    pool_bytes = property(lambda self: self.num_blocks * self.cache.bytes_per_block)
 
     def add_request(self, prompt, max_new_tokens: int, stop=None) -> Request:
-        """Queue one request (``prompt``: token ids; ``stop``: token ids that end it besides the
-        engine's end-of-sequence ids); returns it. A request that could never fit the pool comes
-        back ``rejected``, its ``error`` (and a warning) saying the bytes it needs and the pool's.
-        """
-        prompt = _checks.prompt("prompt", prompt, self)
-        max_new_tokens = integer("max_new_tokens", max_new_tokens)
-        stop = _checks.stop_ids("stop", stop, self.vocab_size)
+        """Queue one request; one that could never fit comes back ``rejected``, saying why."""
+        prompt, max_new_tokens, stop = _checks.add_request(self, prompt, max_new_tokens, stop)
         return self._add(prompt, max_new_tokens, stop)
 
     def generate(self, prompts, max_new_tokens, stop=None) -> list[list[int] | None]:
-        """Greedy continuation of each prompt (token-id lists), ``max_new_tokens`` each (an int or
-        one per prompt), ``stop`` ids for every request; runs until every request has finished. A
-        rejected request (:meth:`add_request`) gives ``None`` in its place."""
-        prompts = _checks.prompts(prompts, self)
-        counts = _checks.counts(max_new_tokens, len(prompts))
-        stop = _checks.stop_ids("stop", stop, self.vocab_size)
+        """Greedy continuation of each prompt until all have finished; a rejected one gives None."""
+        prompts, counts, stop = _checks.engine_generate(self, prompts, max_new_tokens, stop)
         requests = [self._add(p, n, stop) for p, n in zip(prompts, counts)]
         while self.has_work():
             self.step()
         return [r.output if r.state == "finished" else None for r in requests]
 
     def _add(self, prompt: list[int], max_new_tokens: int, stop: frozenset) -> Request:
-        stop = self.eos_token_ids | stop
-        request = Request(
-            len(self.requests), prompt, max_new_tokens, time.perf_counter(), stop=stop
-        )
+        stop, arrival = self.eos_token_ids | stop, time.perf_counter()
+        request = Request(len(self.requests), prompt, max_new_tokens, arrival, stop=stop)
         self.requests[request.id] = request
         self._log(request, "arrive", len(prompt))
         why = _checks.never_fits(self, len(prompt), max_new_tokens)
-        if why is not None:
-            return self._reject(request, why)
-        self.scheduler.add(request)
-        return request
-
-    def _reject(self, request: Request, why: str) -> Request:
+        if why is None:
+            self.scheduler.add(request)
+            return request
         request.state, request.error = "rejected", f"request {request.id} rejected: {why}"
         self._log(request, "reject")
         warnings.warn(request.error, RuntimeWarning, stacklevel=3)
@@ -162,14 +109,11 @@ class Engine:
         """An event of the step running (``_clock``), or of the last one between steps."""
         self.events.append(Event(self._clock, request.id, kind, detail))
 
-    # -- stepping ----------------------------------------------------------------------------
-
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
     def step(self) -> list[Request]:
-        """Schedule, run one forward pass, update; returns the requests that finished in this step.
-        All or nothing (the module): checked first, rolled back if the forward pass fails."""
+        """Schedule, run, update, all or nothing (the module); the requests that finished."""
         _checks.engine_ready(self)
         start = time.perf_counter()
         self._clock = self.stats.steps + 1  # the events of this step carry its number
@@ -185,7 +129,6 @@ class Engine:
         return finished
 
     def _run(self, plan: list) -> list[Request]:
-        """The forward pass over the step's chunks, then the scheduler's update."""
         self.stats.peak_blocks = max(self.stats.peak_blocks, self.num_blocks - self.cache.num_free)
         next_tokens = self.runner.run([entry.chunk for entry in plan])
         self.stats.generated_tokens += sum(1 for entry in plan if entry.completes)
@@ -193,29 +136,19 @@ class Engine:
         return self.scheduler.update(plan, next_tokens, time.perf_counter())
 
     def _account(self, plan: list, seconds: float) -> None:
-        """The step's statistics; a scheduler that stalls with work left fails loudly."""
         self._idle_steps = 0 if plan else self._idle_steps + 1
-        if self._idle_steps > 2 and self.has_work():  # a scheduler bug, never a normal state
-            s = self.scheduler
-            raise RuntimeError(
-                f"the scheduler made no progress for {self._idle_steps} steps: "
-                f"{len(s.waiting)} waiting, {len(s.running)} running, "
-                f"{len(s.swapped)} swapped, {self.cache.num_free} blocks free"
-            )
+        _checks.progress(
+            self, self._idle_steps
+        )  # a scheduler that stalls with work left is a bug: fail loudly
         self.stats.batch_sizes.append(len(plan))
         self.stats.wall_s += seconds
         if self.debug:
             self.check_invariants()
 
-    # -- rollback, measurement, invariants -----------------------------------------------------
-
     def snapshot(self):
         """What a step changes, copied, for :meth:`restore` after a failed step."""
         s = self.scheduler
-        requests = [
-            (r, len(r.output), [getattr(r, name) for name in _STEP_FIELDS])
-            for r in [*s.waiting, *s.running, *s.swapped]
-        ]
+        requests = [(r, len(r.output), dict(vars(r))) for r in [*s.waiting, *s.running, *s.swapped]]
         queues = (deque(s.waiting), list(s.running), deque(s.swapped), replace(s.stats))
         stats = replace(self.stats, batch_sizes=list(self.stats.batch_sizes))
         return self.cache.snapshot(), queues, requests, stats, len(self.events)
@@ -226,73 +159,46 @@ class Engine:
         s = self.scheduler
         s.waiting, s.running, s.swapped = deque(waiting), list(running), deque(swapped)
         s.stats = replace(scheduler_stats)
-        for r, outputs, values in requests:
-            for name, value in zip(_STEP_FIELDS, values):
-                setattr(r, name, value)
+        for r, outputs, fields in requests:
+            vars(r).update(fields)
             del r.output[outputs:]  # a request's output only grows
         self.stats = replace(stats, batch_sizes=list(stats.batch_sizes))
         del self.events[events:]
 
     def metrics(self, requests=None) -> dict:
-        """Totals over ``requests`` (some of this engine's, each once; default: all) that finished:
-        time to first token, time per output token, tokens per second, batch size per step,
-        preemptions and prefix hit rate (notebook 11)."""
+        """Totals over the finished ``requests`` (some of this engine's; default: all)."""
         done = [r for r in _checks.engine_requests(requests, self) if r.state == "finished"]
         ttfts, tpots = [r.ttft for r in done], [r.tpot for r in done if r.tpot is not None]
         admitted, stats = sum(r.admitted_tokens for r in done), self.stats
         return {
-            "requests": len(done),
-            "generated_tokens": sum(len(r.output) for r in done),
+            "requests": len(done), "generated_tokens": sum(len(r.output) for r in done),
             "tokens_per_s": stats.generated_tokens / stats.wall_s if stats.wall_s else 0.0,
             "mean_ttft_s": sum(ttfts) / len(ttfts) if ttfts else None,
             "mean_tpot_s": sum(tpots) / len(tpots) if tpots else None,
             "mean_batch": sum(stats.batch_sizes) / max(1, len(stats.batch_sizes)),
-            "steps": stats.steps,
-            "preemptions": sum(r.preemptions for r in done),
+            "steps": stats.steps, "preemptions": sum(r.preemptions for r in done),
             "prefix_hit_rate": sum(r.cached_tokens for r in done) / admitted if admitted else 0.0,
             "stopped": sum(1 for r in done if r.finish_reason == "stop"),
             "prefill_tokens": stats.prefill_tokens,
-        }
+        }  # fmt: skip
 
     def check_invariants(self) -> None:
-        """The cache's invariants (every block counted once, reference counts equal holders,
-        registered blocks written and hashed from their tokens) and each live request's place."""
+        """The cache's invariants and each live request's place in it."""
         _checks.engine_invariants(self)
 
     def all_blocks_free_or_cached(self) -> bool:
-        """After the work is done: no block is held by anyone (each is free, or free and cached)."""
+        """After the work is done: no block is held by anyone."""
         return self.cache.num_free == self.num_blocks and not self.cache.sequences()
 
 
-# What a step changes in a request besides its output (which only grows), for the rollback.
-_STEP_FIELDS = (
-    "state", "seq", "first_token_time", "finish_time", "preemptions", "admitted_tokens",
-    "cached_tokens",
-)  # fmt: skip
-
-
-def _default(attention: str | None, on_cuda: bool):
-    """The kernels on a GPU; vectorised PyTorch on a CPU, where they run in Triton's interpreter."""
-    return ("kernel" if on_cuda else "gather") if attention is None else attention
-
-
-def _attention_window(config) -> int | None:
-    window = getattr(config, "sliding_window", None)
-    if window is None or getattr(config, "use_sliding_window", True) is False:
-        return None
-    return int(window)
-
-
 def _pool_size(model, block_size: int, kv_budget_bytes: int | None, num_blocks) -> int:
-    """``num_blocks``, or the blocks that fit the memory left after the weights (GPU) or
-    ``kv_budget_bytes`` (CPU)."""
+    """``num_blocks``, or the blocks that fit ``kv_budget_bytes`` (or its default)."""
     if num_blocks is not None:
-        return integer("num_blocks", num_blocks)
-    layers, kv_heads, head_dim = model_geometry(model)
-    itemsize = torch.empty((), dtype=model.dtype).element_size()
-    per_block = 2 * layers * block_size * kv_heads * head_dim * itemsize
+        return num_blocks
     if kv_budget_bytes is None and model.device.type == "cuda":
         kv_budget_bytes = int(GPU_MEMORY_FRACTION * torch.cuda.mem_get_info(model.device)[0])
     elif kv_budget_bytes is None:
         kv_budget_bytes = CPU_KV_BUDGET_BYTES
+    layers, kv_heads, head_dim = model_geometry(model)
+    per_block = 2 * layers * block_size * kv_heads * head_dim * model.dtype.itemsize
     return _checks.kv_budget(kv_budget_bytes, per_block, model.device) // per_block

@@ -1,32 +1,26 @@
-"""Notebooks 05 and 11: the one scheduler of kvlab's serving stack, continuous batching on a paged
-cache.
+"""Notebooks 05 and 11: continuous batching (Yu et al. 2022; on a paged cache, Kwon et al. 2023).
 
-Every step, the scheduler decides who runs and with how many tokens (iteration-level scheduling, Yu
-et al. 2022; on a paged cache, Kwon et al. 2023). It works on any *memory* with the block manager's
-calls (``admit``, ``reserve``, ``commit``, ``preempt``, ``resume``, ``free``, ``blocks_to_*``): the
-engine's :class:`~kvlab.cache.paged.PagedKVCache`, or notebook 05's bare
-:class:`~kvlab.cache.block_manager.BlockManager` or contiguous regions. kvlab's choices:
+Every step the scheduler decides who runs and with how many tokens, on any *memory* with the block
+manager's calls (the engine's paged cache, or notebook 05's bare block manager or contiguous
+regions). kvlab's policy:
 
-- **make room first**: while the decoding requests' next tokens need more blocks than are free,
-  preempt the newest running request (as vLLM and nano-vllm do), by recompute (drop its blocks,
-  prefill again later; the full blocks it committed stay cached and serve its readmission) or swap
-  (copy its blocks to host memory; notebook 05 compares the two). A request whose next token cannot
-  fit its memory at all (a full contiguous region) is preempted itself, by recompute;
+- **make room first**: while the decodes' next tokens need more blocks than are free, preempt the
+  newest running request (as vLLM and nano-vllm do) by recompute (drop its blocks, prefill again
+  later; its committed full blocks stay cached) or swap (copy its blocks to host memory); one whose
+  next token cannot fit its memory at all (a full contiguous region) is preempted, by recompute;
 - **swapped requests come back first**, oldest first, in a step that preempted nothing;
 - **decodes next**: one token for every decoding request;
 - **then prefill chunks**, first come first served, within ``max_batched_tokens`` tokens per step
   (chunked prefill): a long prompt runs over several steps while the others keep decoding;
-- **admission last**, first come first served, only in a step that preempted nothing with nothing
+- **admission last**, first come first served, in a step that preempted nothing with nothing
   swapped out, while ``max_batch`` and the free blocks allow, leaving ``watermark_blocks`` free
-  unless nothing else runs, so that a new request does not force a preemption at once.
+  unless nothing else runs (so a new request does not force a preemption at once).
 
-**A chunk is committed when it is scheduled**, as vLLM v1's KV-cache manager caches a request's
-full blocks when it allocates the step's slots: with prefix caching on, a request admitted later in
-the same step reuses the blocks an earlier chunk of this step computes, so a burst behind one system
-prompt computes it once (SGLang instead holds back a waiting request whose prefix another shares).
-It is safe because every layer stores the whole step's K and V before any of its attention reads
-the pool, and a failed step is rolled back whole (the engine). After the forward pass,
-:meth:`Scheduler.update` appends the sampled tokens and frees the requests that are done.
+**A chunk is committed when it is scheduled** (as vLLM v1 caches full blocks when it allocates a
+step's slots): with prefix caching, a request admitted later in the same step reuses the blocks an
+earlier chunk of this step computes, so a burst behind one system prompt computes it once (SGLang
+instead holds back a waiting request whose prefix another shares). Safe, as every layer stores
+before it attends (:mod:`~kvlab.serving.attention`), and a failed step is rolled back whole.
 """
 
 from __future__ import annotations
@@ -34,8 +28,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from kvlab._checks import function, integer, one_of
-from kvlab.cache.blocks import PREEMPTION_MODES
+from kvlab.serving import _checks
 from kvlab.serving.request import Chunk, Request
 
 
@@ -50,9 +43,7 @@ class Scheduled:
 
     @property
     def chunk(self) -> Chunk:
-        """What the model runner takes: the cache's sequence, the first position, the token ids."""
-        end = self.start + self.count
-        return Chunk(self.request.seq, self.start, self.request.tokens[self.start : end])
+        return Chunk(self.request.seq, self.start, self.request.tokens[self.start :][: self.count])
 
     @property
     def completes(self) -> bool:
@@ -72,30 +63,16 @@ class SchedulerStats:
 
 
 class Scheduler:
-    """Who runs this step, and with how many tokens (notebooks 05 and 11; the policy: the module).
-
-    ``log(request, kind, detail)`` is called for every admission, resumption, preemption, chunk and
-    finish (the engine's event log).
-    """
+    """Who runs each step; ``log(request, kind, detail)`` records every move and chunk."""
 
     def __init__(
-        self,
-        memory,
-        max_batch: int,
-        max_batched_tokens: int,
-        preemption: str = "recompute",
-        watermark_blocks: int = 0,
-        log=None,
-    ):
-        one_of("preemption", preemption, PREEMPTION_MODES)
-        self.max_batch = integer("max_batch", max_batch)
-        self.max_batched_tokens = integer("max_batched_tokens", max_batched_tokens)
-        self.watermark_blocks = integer("watermark_blocks", watermark_blocks, 0)
-        self.log = function("log", log) if log is not None else lambda r, kind, detail=None: None
+        self, memory, max_batch: int, max_batched_tokens: int, preemption: str = "recompute",
+        watermark_blocks: int = 0, log=None,
+    ):  # fmt: skip
+        limits = _checks.scheduler(preemption, max_batch, max_batched_tokens, watermark_blocks, log)
+        self.max_batch, self.max_batched_tokens, self.watermark_blocks, self.log = limits
         self.memory, self.preemption = memory, preemption
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-        self.swapped: deque[Request] = deque()
+        self.waiting, self.running, self.swapped = deque(), [], deque()  # of Requests
         self.stats = SchedulerStats()
 
     def add(self, request: Request) -> None:
@@ -103,8 +80,6 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
-
-    # -- one step ------------------------------------------------------------------------------
 
     def schedule(self, preempted: bool | None = None) -> list[Scheduled]:
         """This step's chunks, one-token chunks first (the attention packs decode rows first).
@@ -125,8 +100,7 @@ class Scheduler:
         return sorted(plan, key=lambda e: e.count > 1)
 
     def update(self, plan: list[Scheduled], next_tokens: list[int], now: float = 0.0):
-        """After the forward pass: append the tokens of the chunks that complete their request, and
-        free the requests that are done (their blocks go back in this step); returns those."""
+        """Append each completing chunk's token; free and return the requests that are done."""
         finished = []
         for entry, token in zip(plan, next_tokens):
             request = entry.request
@@ -142,8 +116,7 @@ class Scheduler:
         return finished
 
     def make_room(self) -> bool:
-        """A step's first part: preempt until every decoding request's next token has a slot; True
-        if anyone was."""
+        """Preempt until every decoding request's next token has a slot; True if anyone was."""
         preempted = False
         for request in [r for r in self.running if self._decoding(r)]:
             if self.memory.blocks_to_append(request.seq) > self.memory.num_blocks:
@@ -154,8 +127,6 @@ class Scheduler:
             preempted = True
         return preempted
 
-    # -- the parts of a step -------------------------------------------------------------------
-
     def _decoding(self, request: Request) -> bool:
         """Every token but the newest is computed: this step feeds the newest."""
         seq, memory = request.seq, self.memory
@@ -165,7 +136,6 @@ class Scheduler:
         return self.memory.num_tokens(request.seq) - self.memory.num_computed(request.seq)
 
     def _decode_blocks(self) -> int:
-        """The blocks this step's decodes take for their next tokens."""
         return sum(self.memory.blocks_to_append(r.seq) for r in self.running if self._decoding(r))
 
     def _preempt(self, request: Request, mode: str) -> None:
@@ -173,19 +143,16 @@ class Scheduler:
         request.preemptions += 1
         self.stats.preemptions += 1
         self.log(request, "preempt", mode)
-        held = self.memory.preempt(request.seq, mode)
+        held = self.memory.preempt(request.seq, mode)  # the tokens whose K and V it held
         if mode == "swap":
             self.stats.swapped_blocks += -(-held // self.memory.block_size)
-            request.state = "swapped"
-            self.swapped.appendleft(request)
         else:
             self.stats.recomputed_tokens += held
-            request.state = "waiting"
-            self.waiting.appendleft(request)
+        request.state = "swapped" if mode == "swap" else "waiting"
+        (self.swapped if mode == "swap" else self.waiting).appendleft(request)
 
     def _swap_in(self) -> None:
-        """Swapped requests back, oldest first, leaving the blocks this step's decodes will take
-        (its own next token's included)."""
+        """Swapped requests back, oldest first, leaving the blocks this step's decodes take."""
         while self.swapped and len(self.running) < self.max_batch:
             request = self.swapped[0]
             needed = self.memory.blocks_to_resume(request.seq, request.tokens[-1:])
@@ -203,14 +170,12 @@ class Scheduler:
         return self._scheduled(request, min(self._uncomputed(request), budget), "prefill")
 
     def _scheduled(self, request: Request, count: int, kind: str) -> Scheduled:
-        """Schedule ``count`` tokens of ``request`` and commit them now (the module: a request
-        admitted later in this step reuses their full blocks)."""
+        """``count`` tokens of ``request``, committed now (the module)."""
         start = self.memory.num_computed(request.seq)
         self.memory.commit(request.seq, start + count)
         return Scheduled(request, start, count, kind)
 
     def _admit(self, plan: list[Scheduled], budget: int) -> None:
-        """New requests, and those preempted by recompute, first come first served."""
         while self.waiting and budget > 0 and len(self.running) < self.max_batch:
             request = self.waiting[0]
             if request.seq is None:
