@@ -3,43 +3,41 @@ on it.
 
 :class:`BlockManager` keeps, per sequence, its tokens and block table over one
 :class:`~kvlab.cache.blocks.BlockAllocator`, as nano-vllm's ``BlockManager`` (Yu 2025) and vLLM's
-KV-cache manager (Kwon et al. 2023) do. ``commit`` registers the chained hashes of full blocks whose
-K and V are written, ``admit`` and ``resume`` reuse registered blocks (off: nothing is registered).
+KV-cache manager (Kwon et al. 2023) do. With prefix caching on, ``commit`` registers the chained
+hashes of full written blocks, and ``admit`` and ``resume`` reuse registered blocks.
 
 **A cached block costs no admission capacity.** A freed block keeps its K, V and hash but joins the
 free list, so ``num_free`` counts it; taking it for a new block evicts its hash (vLLM v1 keeps its
 free blocks in one queue the same way). Caching costs evictions (``stats.evictions``: hashes given
 up and, if asked for again, recomputed) and the hash table (``num_cached`` entries).
 
-**A hash is registered when its block's K and V are committed** (``commit``): written, or about
-to be written by the model step in flight. The engine commits a chunk when it schedules it, as
-vLLM v1's KV-cache manager caches a request's full blocks when it allocates the step's slots
-(capped at the request's own tokens, so no unverified speculative token is ever cached), so a
-request admitted later in the same step reuses them: in one forward pass every layer writes the
-whole step's K and V before any attention of that layer reads the pool. A step that fails is
-rolled back whole, registrations included. SGLang gets a burst's sharing the other way round: its
+**A hash is registered when its block's K and V are committed**: written, or about to be written by
+the model step in flight. The engine commits a chunk when it schedules it, as vLLM v1's KV-cache
+manager caches a request's full blocks when it allocates the step's slots (capped at the request's
+own tokens, so no unverified speculative token is ever cached), so a request admitted later in the
+same step reuses them: in one forward pass every layer writes the whole step's K and V before any
+attention of that layer reads the pool. SGLang gets a burst's sharing the other way round: its
 cache-aware scheduler holds back a waiting request whose prefix another waiting request shares
 (``IN_BATCH_PREFIX_CACHING_*`` in its ``schedule_policy.py``), so that one computes the prefix and
 the rest hit the radix tree in a later batch (Zheng et al. 2024).
 
-**Rollback rule** (``snapshot``/``restore``): a restore puts back every table, token count,
-reference count and the free list's order, but not a hash that the failed call evicted: the call may
-have overwritten that block. The cache may lose an entry; it never keeps a wrong one.
+**Rollback rule**: a call that raises changes nothing, and a failed step is rolled back whole
+(``snapshot``/``restore``): every table, token count, reference count and the free list's order,
+registrations included, but not a hash that the failed call evicted: the call may have overwritten
+that block. The cache may lose an entry; it never keeps a wrong one.
 
 >>> manager = BlockManager(num_blocks=8, block_size=4, prefix_caching=True)
->>> a, cached = manager.admit([1, 2, 3, 4, 5, 6, 7, 8, 9])  # nothing cached yet
+>>> a, _ = manager.admit([1, 2, 3, 4, 5, 6, 7, 8, 9])
 >>> manager.commit(a, 9)  # the prefill wrote all 9 tokens' K and V
->>> b, cached = manager.admit([1, 2, 3, 4, 5, 6, 7, 8, 42, 43])
->>> cached, manager.block_table(a)[:2] == manager.block_table(b)[:2]
-(8, True)
+>>> manager.admit([1, 2, 3, 4, 5, 6, 7, 8, 42, 43])[1]  # two blocks served from the cache
+8
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from kvlab._checks import flag, integer, one_of
-from kvlab._checks import token_ids as checked_tokens
+from kvlab._checks import integer
 from kvlab.cache import _checks
 from kvlab.cache.blocks import (
     PREEMPTION_MODES,
@@ -63,10 +61,26 @@ class _Sequence:
         return replace(self, tokens=[*self.tokens], blocks=[*self.blocks], hashes=[*self.hashes])
 
 
+@dataclass
+class CacheStats:
+    """Prefix-cache counters (notebook 06); ``hit_rate``: the share of admitted tokens that cached
+    blocks served."""
+
+    admissions: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    hit_blocks: int = 0
+    evictions: int = 0  # registered blocks whose hash was given up to make room
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
 class BlockManager:
-    """Block tables over one :class:`BlockAllocator`, with optional prefix caching (notebooks 05,
-    06, 11). ``max_cached_blocks`` caps the blocks that may hold a registered hash (None: no cap),
-    the knob behind notebook 06's "reserve" policy. A call that raises has changed nothing."""
+    """Block tables over one :class:`BlockAllocator`, with optional prefix caching.
+    ``max_cached_blocks`` caps the blocks that may hold a registered hash (None: no cap), the knob
+    behind notebook 06's "reserve" policy."""
 
     def __init__(
         self,
@@ -76,14 +90,10 @@ class BlockManager:
         max_cached_blocks: int | None = None,
         bytes_per_block: int | None = None,
     ):
-        self.prefix_caching = flag("prefix_caching", prefix_caching)
-        self.bytes_per_block = _checks.optional(integer, "bytes_per_block", bytes_per_block)
+        args = _checks.manager_args(prefix_caching, bytes_per_block, block_size, max_cached_blocks)
+        self.prefix_caching, self.bytes_per_block, self.block_size, self.max_cached_blocks = args
         self.allocator = BlockAllocator(num_blocks)
         self.num_blocks = self.allocator.num_blocks
-        self.block_size = integer("block_size", block_size)
-        self.max_cached_blocks = _checks.optional(
-            integer, "max_cached_blocks", max_cached_blocks, 0
-        )
         self._hash: list[bytes | None] = [None] * self.num_blocks  # what a block is registered as
         self._by_hash: dict[bytes, int] = {}
         self._seqs: dict[int, _Sequence] = {}
@@ -97,29 +107,22 @@ class BlockManager:
         return self._add(_Sequence([], [], root_hash(salt)))
 
     def admit(self, token_ids, salt=None) -> tuple[int, int]:
-        """A new sequence holding the slots of ``token_ids``; returns ``(seq_id, cached_tokens)``.
-
-        The leading full blocks whose hashes are registered are shared, their tokens computed; the
-        rest are new blocks. At least one token is always left to compute (its logits give the next
-        token), so a prompt of exactly ``n`` blocks reuses at most ``n - 1``.
-        """
-        tokens = checked_tokens("token_ids", token_ids)  # an empty prompt has nothing to compute
-        first_parent = root_hash(salt)
+        """A new sequence holding the slots of prompt ``token_ids``; returns ``(seq_id,
+        cached_tokens)``: its leading full blocks whose hashes are registered are shared, their
+        tokens computed, and at least one token is left to compute (its logits give the next
+        token)."""
+        tokens, first_parent = _checks.prompt(token_ids), root_hash(salt)
         hits, hashes = self._match(tokens, first_parent)
         _checks.free_blocks(self, self._blocks_needed(len(tokens), hits))
-        cached = len(hits) * self.block_size
-        seq = _Sequence(tokens, self._take(hits, len(tokens)), first_parent, cached, hashes)
-        self._count_admission(len(tokens), len(hits))
-        return self._add(seq), cached
+        seq = _Sequence(tokens, self._take(hits, len(tokens)), first_parent, 0, hashes)
+        seq.num_computed = self._count_admission(len(tokens), hits)
+        return self._add(seq), seq.num_computed
 
     def reserve(self, seq_id: int, token_ids) -> tuple[int, int] | None:
-        """Reserve the next slots for ``token_ids`` after ``seq_id``'s tokens, all or nothing.
-
-        Returns ``(source, copy)`` when the last block was partly filled and shared (after a fork):
-        the sequence now writes into ``copy``, and the caller copies ``source``'s K and V into it
-        (copy-on-write); otherwise None."""
-        _checks.sequence(self._seqs, seq_id, "resident")
-        return self._reserve(seq_id, checked_tokens("token_ids", token_ids, empty=True))
+        """Reserve the next slots for ``token_ids``, all or nothing. Returns ``(source, copy)`` when
+        the last block was partly filled and shared (after a fork): the sequence now writes into
+        ``copy``, and the caller copies ``source``'s K and V into it (copy-on-write); else None."""
+        return self._reserve(seq_id, _checks.new_tokens(self._seqs, seq_id, token_ids, "resident"))
 
     def _reserve(self, seq_id: int, tokens: list[int]) -> tuple[int, int] | None:
         seq = self._seqs[seq_id]
@@ -136,11 +139,9 @@ class BlockManager:
 
     def commit(self, seq_id: int, num_computed: int) -> None:
         """The first ``num_computed`` tokens of ``seq_id`` have their K and V written, or written by
-        the step in flight: register the hashes of the full blocks among them (prefix caching on),
-        which makes them reusable at once, by a request admitted later in the same step too."""
-        seq = _checks.sequence(self._seqs, seq_id, "resident")
-        high = len(seq.tokens) + 1
-        self._commit(seq_id, integer("num_computed", num_computed, seq.num_computed, high))
+        the step in flight: register the hashes of the full blocks among them, which makes them
+        reusable at once, by a request admitted later in the same step too."""
+        self._commit(seq_id, _checks.num_computed(self._seqs, seq_id, num_computed))
 
     def _commit(self, seq_id: int, num_computed: int) -> None:
         seq, size = self._seqs[seq_id], self.block_size
@@ -156,22 +157,16 @@ class BlockManager:
 
     def fork(self, seq_id: int) -> int:
         """A new sequence sharing every block of ``seq_id`` (reference counts, no copy)."""
-        seq = _checks.sequence(self._seqs, seq_id, "resident")
-        _checks.written(seq, seq_id)
+        seq = _checks.forkable(self._seqs, seq_id)
         for block in seq.blocks:
             self.allocator._refs[block] += 1
         return self._add(seq.copy())
 
     def preempt(self, seq_id: int, mode: str) -> int:
         """Give up ``seq_id``'s blocks (notebook 05); returns how many tokens' K and V it held.
-
-        ``"recompute"``: it keeps its tokens only; :meth:`resume` reserves them again (prefix hits
-        count as computed) and the caller prefills the rest. ``"swap"``: it keeps ``num_computed``
-        too; the caller has copied those tokens' K and V to host memory and copies them back after
-        :meth:`resume`. Its full written blocks stay registered (free, cached) in both."""
-        one_of("mode", mode, PREEMPTION_MODES)
-        _checks.sequence(self._seqs, seq_id, "resident")
-        return self._preempt(seq_id, mode)
+        ``"recompute"`` keeps its tokens only; ``"swap"`` keeps ``num_computed`` too (the caller has
+        copied their K and V to host memory). Its full written blocks stay registered."""
+        return self._preempt(seq_id, _checks.preemption(self, seq_id, mode, PREEMPTION_MODES))
 
     def _preempt(self, seq_id: int, mode: str) -> int:
         seq = self._seqs[seq_id]
@@ -183,13 +178,11 @@ class BlockManager:
         return held
 
     def resume(self, seq_id: int, token_ids=()) -> int:
-        """Blocks again for a preempted sequence's tokens and then ``token_ids`` (tokens it has not
-        held yet); returns how many leading tokens cached blocks serve. After ``"recompute"`` those
-        count as computed and the caller prefills the rest; after ``"swap"`` the caller copies
-        logical blocks ``cached // block_size`` up to the end of its ``num_computed`` tokens back
-        from host memory, then calls ``commit(seq_id, num_computed)``."""
-        _checks.sequence(self._seqs, seq_id, "preempted")
-        return self._resume(seq_id, checked_tokens("token_ids", token_ids, empty=True))
+        """Blocks again for a preempted sequence's tokens and then ``token_ids``; returns how many
+        leading tokens cached blocks serve. After ``"recompute"`` those count as computed and the
+        caller prefills the rest; after ``"swap"`` the caller copies logical blocks ``cached //
+        block_size`` up to its ``num_computed`` tokens back from host memory, then commits them."""
+        return self._resume(seq_id, _checks.new_tokens(self._seqs, seq_id, token_ids, "preempted"))
 
     def _resume(self, seq_id: int, extra: list[int]) -> int:
         seq = self._seqs[seq_id]
@@ -198,8 +191,7 @@ class BlockManager:
         seq.tokens += extra
         seq.blocks, seq.hashes = self._take(hits, len(seq.tokens)), hashes
         if seq.state == "recompute":
-            seq.num_computed = len(hits) * self.block_size
-            self._count_admission(len(seq.tokens), len(hits))
+            seq.num_computed = self._count_admission(len(seq.tokens), hits)
         seq.state = "resident"
         return len(hits) * self.block_size
 
@@ -230,8 +222,6 @@ class BlockManager:
         return hits, hashes
 
     def _resume_hits(self, seq: _Sequence, extra: list[int]):
-        """Hits for a preempted sequence: its tokens and ``extra`` as a prompt's, or after a swap
-        its written full blocks."""
         if seq.state == "swap":  # every written full block may come from the cache, not the host
             return self._match(seq.tokens, seq.first_parent, seq.num_computed // self.block_size)
         return self._match(seq.tokens + extra, seq.first_parent)
@@ -239,12 +229,9 @@ class BlockManager:
     def _register(self, block: int, h: bytes) -> None:
         """Make ``block`` the registered holder of ``h``, unless another block already is (then
         ``block`` stays an unregistered duplicate) or the cap is reached."""
-        if h in self._by_hash or self._hash[block] is not None:
-            return
-        if self.max_cached_blocks is not None and len(self._by_hash) >= self.max_cached_blocks:
-            return
-        self._by_hash[h] = block
-        self._hash[block] = h
+        full = self.max_cached_blocks is not None and len(self._by_hash) >= self.max_cached_blocks
+        if not full and h not in self._by_hash and self._hash[block] is None:
+            self._by_hash[h], self._hash[block] = block, h
 
     def _evict(self, block: int) -> None:
         del self._by_hash[self._hash[block]]
@@ -254,8 +241,7 @@ class BlockManager:
     # -- blocks: take, allocate, release -------------------------------------------------------
 
     def _take(self, hits: list[int], num_tokens: int) -> list[int]:
-        """Hold the hit blocks (taking free ones back) and allocate the rest of ``num_tokens``'
-        blocks."""
+        """Hold the hit blocks (taking free ones back) and new blocks for the rest."""
         for block in hits:
             if self.allocator._refs[block]:
                 self.allocator._refs[block] += 1
@@ -297,6 +283,13 @@ class BlockManager:
         partial = len(seq.tokens) % self.block_size != 0
         return partial and self.allocator._refs[seq.blocks[-1]] > 1
 
+    def _count_admission(self, num_tokens: int, hits: list[int]) -> int:
+        """Count an admission in ``stats``; returns the tokens the hits serve."""
+        s, cached = self.stats, len(hits) * self.block_size
+        s.admissions, s.prompt_tokens = s.admissions + 1, s.prompt_tokens + num_tokens
+        s.hit_blocks, s.hit_tokens = s.hit_blocks + len(hits), s.hit_tokens + cached
+        return cached
+
     # -- queries -------------------------------------------------------------------------------
 
     def __repr__(self) -> str:
@@ -329,7 +322,7 @@ class BlockManager:
         return _checks.sequence(self._seqs, seq_id).num_computed
 
     def state(self, seq_id: int) -> str:
-        """``"resident"``, or the preemption mode (``"recompute"``, ``"swap"``) while preempted."""
+        """``"resident"``, or the preemption mode while preempted."""
         return _checks.sequence(self._seqs, seq_id).state
 
     def block_table(self, seq_id: int) -> list[int]:
@@ -357,30 +350,26 @@ class BlockManager:
 
     def lookup(self, token_ids, salt=None) -> int:
         """Leading tokens of ``token_ids`` that ``admit`` would serve from the cache now."""
-        tokens = checked_tokens("token_ids", token_ids)
-        return len(self._match(tokens, root_hash(salt))[0]) * self.block_size
+        return len(self._match(_checks.prompt(token_ids), root_hash(salt))[0]) * self.block_size
 
     def blocks_to_admit(self, token_ids, salt=None) -> int:
-        """Free blocks ``admit`` would take now: new blocks, plus cached ones it takes back off the
-        free list."""
-        tokens = checked_tokens("token_ids", token_ids)
+        """Free blocks ``admit`` would take now (new ones, and cached ones taken back)."""
+        tokens = _checks.prompt(token_ids)
         return self._blocks_needed(len(tokens), self._match(tokens, root_hash(salt))[0])
 
     def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
-        """Free blocks reserving ``num_tokens`` more tokens would take: new blocks plus a
-        copy-on-write."""
+        """Free blocks ``num_tokens`` more tokens would take (new ones, and a copy-on-write)."""
         seq = _checks.sequence(self._seqs, seq_id, "resident")
         return self._blocks_to_append(seq, integer("num_tokens", num_tokens, 0))
 
     def blocks_to_resume(self, seq_id: int, token_ids=()) -> int:
         """Free blocks ``resume(seq_id, token_ids)`` would take now."""
-        seq = _checks.sequence(self._seqs, seq_id, "preempted")
-        extra = checked_tokens("token_ids", token_ids, empty=True)
+        extra = _checks.new_tokens(self._seqs, seq_id, token_ids, "preempted")
+        seq = self._seqs[seq_id]
         return self._blocks_needed(len(seq.tokens) + len(extra), self._resume_hits(seq, extra)[0])
 
     def check(self) -> None:
-        """Raise AssertionError unless the bookkeeping is consistent (every block counted once,
-        reference counts equal holders, registered blocks written): :mod:`kvlab.cache._checks`."""
+        """Raise AssertionError unless the bookkeeping is consistent."""
         _checks.manager_invariants(self)
 
     # -- rollback ------------------------------------------------------------------------------
@@ -395,36 +384,10 @@ class BlockManager:
         """Back to ``snapshot``, except that a hash evicted since stays evicted (the rollback
         rule)."""
         allocator, hashes, by_hash, seqs, self._next_id, stats = snapshot
-        evicted = [(h, b) for h, b in by_hash.items() if self._by_hash.get(h) != b]
+        evicted = [b for h, b in by_hash.items() if self._by_hash.get(h) != b]
         self.allocator.restore(allocator)
         self._hash, self._by_hash, self.stats = list(hashes), dict(by_hash), replace(stats)
         self._seqs = {i: s.copy() for i, s in seqs.items()}
-        for _, block in evicted:
+        for block in evicted:
             self._evict(block)
         self.stats.evictions += len(evicted)
-
-    # -- statistics ----------------------------------------------------------------------------
-
-    def _count_admission(self, num_tokens: int, hit_blocks: int) -> None:
-        s = self.stats
-        s.admissions, s.prompt_tokens = s.admissions + 1, s.prompt_tokens + num_tokens
-        s.hit_blocks, s.hit_tokens = (
-            s.hit_blocks + hit_blocks,
-            s.hit_tokens + hit_blocks * self.block_size,
-        )
-
-
-@dataclass
-class CacheStats:
-    """Prefix-cache counters since the manager was made (notebook 06). ``hit_rate``: the share of
-    admitted tokens that cached blocks served."""
-
-    admissions: int = 0
-    prompt_tokens: int = 0
-    hit_tokens: int = 0
-    hit_blocks: int = 0
-    evictions: int = 0  # registered blocks whose hash was given up to make room
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
