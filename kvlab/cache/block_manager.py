@@ -1,30 +1,24 @@
 """Notebooks 05, 06 and 11: the one block manager of kvlab's serving stack, prefix caching a switch
 on it.
 
-:class:`BlockManager` keeps, per sequence, its tokens and block table over one
+:class:`BlockManager` keeps each sequence's tokens and block table over one
 :class:`~kvlab.cache.blocks.BlockAllocator`, as nano-vllm's ``BlockManager`` (Yu 2025) and vLLM's
-KV-cache manager (Kwon et al. 2023) do. With prefix caching on, ``commit`` registers the chained
-hashes of full written blocks, and ``admit`` and ``resume`` reuse registered blocks.
+KV-cache manager (Kwon et al. 2023) do; with prefix caching on, ``admit`` and ``resume`` share
+blocks whose hashes are registered.
 
-**A cached block costs no admission capacity.** A freed block keeps its K, V and hash but joins the
-free list, so ``num_free`` counts it; taking it for a new block evicts its hash (vLLM v1 keeps its
-free blocks in one queue the same way). Caching costs evictions (``stats.evictions``: hashes given
-up and, if asked for again, recomputed) and the hash table (``num_cached`` entries).
+**A cached block costs no admission capacity**: a freed block keeps its K, V and hash but joins the
+free list, so ``num_free`` counts it, and taking it evicts its hash (``stats.evictions``), as in
+vLLM v1's single free queue.
 
-**A hash is registered when its block's K and V are committed**: written, or about to be written by
-the model step in flight. The engine commits a chunk when it schedules it, as vLLM v1's KV-cache
-manager caches a request's full blocks when it allocates the step's slots (capped at the request's
-own tokens, so no unverified speculative token is ever cached), so a request admitted later in the
-same step reuses them: in one forward pass every layer writes the whole step's K and V before any
-attention of that layer reads the pool. SGLang gets a burst's sharing the other way round: its
-cache-aware scheduler holds back a waiting request whose prefix another waiting request shares
-(``IN_BATCH_PREFIX_CACHING_*`` in its ``schedule_policy.py``), so that one computes the prefix and
-the rest hit the radix tree in a later batch (Zheng et al. 2024).
+**Hashes are registered when committed**: ``commit`` runs when the step that computes the tokens is
+scheduled, as vLLM v1 caches a request's full blocks when it allocates the step's slots, so a
+request admitted later in the same step reuses them (every layer writes the step's K and V before
+its attention reads the pool). SGLang instead holds back a waiting request whose prefix another one
+shares, to hit the radix tree in a later batch (``IN_BATCH_PREFIX_CACHING_*``; Zheng et al. 2024).
 
-**Rollback rule**: a call that raises changes nothing, and a failed step is rolled back whole
-(``snapshot``/``restore``): every table, token count, reference count and the free list's order,
-registrations included, but not a hash that the failed call evicted: the call may have overwritten
-that block. The cache may lose an entry; it never keeps a wrong one.
+**Rollback rule**: a call that raises changes nothing; ``restore`` puts back a failed step's tables,
+counts and free list, but not a hash the step evicted (it may have overwritten that block): the
+cache may lose an entry, never keep a wrong one.
 
 >>> manager = BlockManager(num_blocks=8, block_size=4, prefix_caching=True)
 >>> a, _ = manager.admit([1, 2, 3, 4, 5, 6, 7, 8, 9])
@@ -119,19 +113,16 @@ class BlockManager:
         return self._add(seq), seq.num_computed
 
     def reserve(self, seq_id: int, token_ids) -> tuple[int, int] | None:
-        """Reserve the next slots for ``token_ids``, all or nothing. Returns ``(source, copy)`` when
-        the last block was partly filled and shared (after a fork): the sequence now writes into
-        ``copy``, and the caller copies ``source``'s K and V into it (copy-on-write); else None."""
-        return self._reserve(seq_id, _checks.new_tokens(self._seqs, seq_id, token_ids, "resident"))
-
-    def _reserve(self, seq_id: int, tokens: list[int]) -> tuple[int, int] | None:
-        seq = self._seqs[seq_id]
+        """The next slots for ``token_ids``. Returns ``(source, copy)`` when the last block was
+        partly filled and shared (after a fork): the sequence now writes into ``copy``, and the
+        caller copies ``source``'s K and V into it (copy-on-write); else None."""
+        tokens = _checks.new_tokens(self._seqs, seq_id, token_ids, "resident")
+        seq, pair = self._seqs[seq_id], None
         _checks.free_blocks(self, self._blocks_to_append(seq, len(tokens)))
-        pair = None
         if tokens and self._last_block_shared(seq):
             (copy,) = self._allocate(1)
             pair = (seq.blocks[-1], copy)
-            self.allocator._free_block(seq.blocks[-1], False)  # others still hold it
+            self.allocator.free(seq.blocks[-1])  # others still hold it
             seq.blocks[-1] = copy
         seq.tokens += tokens
         seq.blocks += self._allocate(self._blocks_for(len(seq.tokens)) - len(seq.blocks))
@@ -159,16 +150,14 @@ class BlockManager:
         """A new sequence sharing every block of ``seq_id`` (reference counts, no copy)."""
         seq = _checks.forkable(self._seqs, seq_id)
         for block in seq.blocks:
-            self.allocator._refs[block] += 1
+            self.allocator.incref(block)
         return self._add(seq.copy())
 
     def preempt(self, seq_id: int, mode: str) -> int:
         """Give up ``seq_id``'s blocks (notebook 05); returns how many tokens' K and V it held.
         ``"recompute"`` keeps its tokens only; ``"swap"`` keeps ``num_computed`` too (the caller has
         copied their K and V to host memory). Its full written blocks stay registered."""
-        return self._preempt(seq_id, _checks.preemption(self, seq_id, mode, PREEMPTION_MODES))
-
-    def _preempt(self, seq_id: int, mode: str) -> int:
+        mode = _checks.preemption(self, seq_id, mode, PREEMPTION_MODES)
         seq = self._seqs[seq_id]
         held = seq.num_computed
         self._release(seq)
@@ -182,9 +171,7 @@ class BlockManager:
         leading tokens cached blocks serve. After ``"recompute"`` those count as computed and the
         caller prefills the rest; after ``"swap"`` the caller copies logical blocks ``cached //
         block_size`` up to its ``num_computed`` tokens back from host memory, then commits them."""
-        return self._resume(seq_id, _checks.new_tokens(self._seqs, seq_id, token_ids, "preempted"))
-
-    def _resume(self, seq_id: int, extra: list[int]) -> int:
+        extra = _checks.new_tokens(self._seqs, seq_id, token_ids, "preempted")
         seq = self._seqs[seq_id]
         hits, hashes = self._resume_hits(seq, extra)
         _checks.free_blocks(self, self._blocks_needed(len(seq.tokens) + len(extra), hits))
@@ -242,16 +229,14 @@ class BlockManager:
 
     def _take(self, hits: list[int], num_tokens: int) -> list[int]:
         """Hold the hit blocks (taking free ones back) and new blocks for the rest."""
+        pool = self.allocator
         for block in hits:
-            if self.allocator._refs[block]:
-                self.allocator._refs[block] += 1
-            else:
-                self.allocator._reclaim(block)
+            pool.incref(block) if pool._refs[block] else pool.reclaim(block)
         return hits + self._allocate(self._blocks_for(num_tokens) - len(hits))
 
     def _allocate(self, count: int) -> list[int]:
         """New blocks from the free list; one that still held a hash loses it (an eviction)."""
-        blocks = self.allocator._allocate(count)
+        blocks = self.allocator.allocate(count)
         for block in blocks:
             if self._hash[block] is not None:
                 self._evict(block)
@@ -260,7 +245,7 @@ class BlockManager:
 
     def _release(self, seq: _Sequence) -> None:
         for block in reversed(seq.blocks):  # tail first: a chain loses its last block first
-            self.allocator._free_block(block, cached=self._hash[block] is not None)
+            self.allocator.free(block, cached=self._hash[block] is not None)
 
     def _add(self, seq: _Sequence) -> int:
         seq_id, self._next_id = self._next_id, self._next_id + 1

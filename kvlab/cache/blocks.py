@@ -46,11 +46,17 @@ class BlockAllocator:
 
     def allocate(self, count: int) -> list[int]:
         """``count`` blocks from the front of the free list, each held once; all or none."""
-        return self._allocate(integer("count", count, 0))
+        if integer("count", count, 0) > len(self._free):
+            raise OutOfBlocksError(count, len(self._free), self.num_blocks)
+        blocks = [self._free.popitem(last=False)[0] for _ in range(count)]
+        for block in blocks:
+            self._refs[block] = 1
+        return blocks
 
     def reclaim(self, block: int) -> None:
         """Take a free block back off the free list (a prefix hit on a block nobody holds)."""
-        self._reclaim(_checks.free_block(self, block))
+        del self._free[_checks.free_block(self, block)]
+        self._refs[block] = 1
 
     def incref(self, block: int) -> None:
         """One more holder of a held block (another sequence shares it)."""
@@ -58,21 +64,7 @@ class BlockAllocator:
 
     def free(self, block: int, cached: bool = False) -> None:
         """Drop one holder; the last one puts the block on the free list."""
-        self._free_block(*_checks.free_args(self, block, cached))
-
-    def _allocate(self, count: int) -> list[int]:
-        if count > len(self._free):
-            raise OutOfBlocksError(count, len(self._free), self.num_blocks)
-        blocks = [self._free.popitem(last=False)[0] for _ in range(count)]
-        for block in blocks:
-            self._refs[block] = 1
-        return blocks
-
-    def _reclaim(self, block: int) -> None:
-        del self._free[block]
-        self._refs[block] = 1
-
-    def _free_block(self, block: int, cached: bool) -> None:
+        block, cached = _checks.free_args(self, block, cached)
         self._refs[block] -= 1
         if self._refs[block] == 0:
             self._free[block] = None  # at the back: evicted last
@@ -126,10 +118,6 @@ class BlockTable:
     def capacity(self) -> int:
         """Tokens the held blocks can store."""
         return len(self.blocks) * self.block_size
-
-    def blocks_for(self, num_tokens: int) -> int:
-        """Blocks needed to hold ``num_tokens`` tokens: ceil(num_tokens / block_size)."""
-        return -(-integer("num_tokens", num_tokens, 0) // self.block_size)
 
     def physical_location(self, token: int) -> tuple[int, int]:
         """(physical block, offset) of logical token ``token``."""

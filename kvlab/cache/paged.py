@@ -116,10 +116,10 @@ class PagedKVCache:
 
     def _reserve(self, seq_id: int, tokens: list[int]) -> None:
         if not (tokens and self.manager._last_block_shared(self.manager._seqs[seq_id])):
-            self.manager._reserve(seq_id, tokens)  # all or nothing: no tensor to copy
+            self.manager.reserve(seq_id, tokens)  # all or nothing: no tensor to copy
             return
         with self.all_or_nothing():
-            source, copy = self.manager._reserve(seq_id, tokens)
+            source, copy = self.manager.reserve(seq_id, tokens)
             for k_pool, v_pool in zip(self.k_pools, self.v_pools):
                 k_pool[copy].copy_(k_pool[source])
                 v_pool[copy].copy_(v_pool[source])
@@ -133,9 +133,10 @@ class PagedKVCache:
         back."""
         mode = _checks.preemption(self, seq_id, mode, PREEMPTION_MODES)
         if mode == "swap":
-            written = self.manager.block_table(seq_id)[: self._blocks(self.num_computed(seq_id))]
-            self._host[seq_id] = _copy_to_host(self.k_pools, self.v_pools, written)
-        held = self.manager._preempt(seq_id, mode)
+            written = self.manager._blocks_for(self.num_computed(seq_id))
+            table = self.manager.block_table(seq_id)[:written]
+            self._host[seq_id] = _copy_to_host(self.k_pools, self.v_pools, table)
+        held = self.manager.preempt(seq_id, mode)
         self._layer_tokens[seq_id] = [self.num_computed(seq_id)] * self.num_layers
         self.preemptions[mode] += 1
         return held
@@ -147,10 +148,10 @@ class PagedKVCache:
         seq = self.manager._seqs[seq_id]
         swapped = seq.state == "swap"
         with self.all_or_nothing():
-            cached = self.manager._resume(seq_id, extra)
+            cached = self.manager.resume(seq_id, extra)
             if swapped:
-                computed = seq.num_computed
-                self._copy_from_host(seq_id, cached // self.block_size, self._blocks(computed))
+                end, computed = self.manager._blocks_for(seq.num_computed), seq.num_computed
+                self._copy_from_host(seq_id, cached // self.block_size, end)
                 self.manager._commit(seq_id, computed)
         self._host.pop(seq_id, None)
         self._layer_tokens[seq_id] = [seq.num_computed] * self.num_layers
@@ -163,9 +164,6 @@ class PagedKVCache:
         for pools, host in zip((self.k_pools, self.v_pools), self._host[seq_id]):
             for layer, pool in enumerate(pools):
                 pool[index] = host[layer, first:end].to(self.device, non_blocking=True)
-
-    def _blocks(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
 
     # -- what the attention kernel reads -------------------------------------------------------
 
@@ -187,7 +185,7 @@ class PagedKVCache:
         head_dim]``."""
         layer = _checks.gather_layer(self, seq_id, layer)
         length = self._layer_tokens[seq_id][layer]
-        table = self.manager.block_table(seq_id)[: self._blocks(length)]
+        table = self.manager.block_table(seq_id)[: self.manager._blocks_for(length)]
         blocks = torch.tensor(table, dtype=torch.long, device=self.device)
         k = self.k_pools[layer][blocks].flatten(0, 1)[:length]
         v = self.v_pools[layer][blocks].flatten(0, 1)[:length]
