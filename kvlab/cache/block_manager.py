@@ -57,8 +57,7 @@ class _Sequence:
 
 @dataclass
 class CacheStats:
-    """Prefix-cache counters (notebook 06); ``hit_rate``: the share of admitted tokens that cached
-    blocks served."""
+    """Prefix-cache counters; ``hit_rate``: the share of admitted tokens cached blocks served."""
 
     admissions: int = 0
     prompt_tokens: int = 0
@@ -72,9 +71,7 @@ class CacheStats:
 
 
 class BlockManager:
-    """Block tables over one :class:`BlockAllocator`, with optional prefix caching.
-    ``max_cached_blocks`` caps the blocks that may hold a registered hash (None: no cap), the knob
-    behind notebook 06's "reserve" policy."""
+    """``max_cached_blocks`` caps the registered hashes (None: no cap; notebook 06's "reserve")."""
 
     def __init__(
         self,
@@ -94,17 +91,13 @@ class BlockManager:
         self._next_id = 0
         self.stats = CacheStats()
 
-    # -- admit, reserve, commit ----------------------------------------------------------------
-
     def new_sequence(self, salt=None) -> int:
         """An empty sequence (no tokens, no blocks); returns its id."""
         return self._add(_Sequence([], [], root_hash(salt)))
 
     def admit(self, token_ids, salt=None) -> tuple[int, int]:
-        """A new sequence holding the slots of prompt ``token_ids``; returns ``(seq_id,
-        cached_tokens)``: its leading full blocks whose hashes are registered are shared, their
-        tokens computed, and at least one token is left to compute (its logits give the next
-        token)."""
+        """A sequence holding the slots of prompt ``token_ids``; returns ``(seq_id, cached)``, the
+        tokens of leading blocks shared from the cache, always leaving one token to compute."""
         tokens, first_parent = _checks.prompt(token_ids), root_hash(salt)
         hits, hashes = self._match(tokens, first_parent)
         _checks.free_blocks(self, self._blocks_needed(len(tokens), hits))
@@ -129,9 +122,8 @@ class BlockManager:
         return pair
 
     def commit(self, seq_id: int, num_computed: int) -> None:
-        """The first ``num_computed`` tokens of ``seq_id`` have their K and V written, or written by
-        the step in flight: register the hashes of the full blocks among them, which makes them
-        reusable at once, by a request admitted later in the same step too."""
+        """``seq_id``'s first ``num_computed`` tokens are written, or scheduled to be: register the
+        hashes of the full blocks among them."""
         self._commit(seq_id, _checks.num_computed(self._seqs, seq_id, num_computed))
 
     def _commit(self, seq_id: int, num_computed: int) -> None:
@@ -144,8 +136,6 @@ class BlockManager:
             seq.hashes.append(chain_hash_unchecked(parent, seq.tokens[k * size : (k + 1) * size]))
             self._register(seq.blocks[k], seq.hashes[-1])
 
-    # -- fork, preempt, resume, free -----------------------------------------------------------
-
     def fork(self, seq_id: int) -> int:
         """A new sequence sharing every block of ``seq_id`` (reference counts, no copy)."""
         seq = _checks.forkable(self._seqs, seq_id)
@@ -154,9 +144,8 @@ class BlockManager:
         return self._add(seq.copy())
 
     def preempt(self, seq_id: int, mode: str) -> int:
-        """Give up ``seq_id``'s blocks (notebook 05); returns how many tokens' K and V it held.
-        ``"recompute"`` keeps its tokens only; ``"swap"`` keeps ``num_computed`` too (the caller has
-        copied their K and V to host memory). Its full written blocks stay registered."""
+        """Give up ``seq_id``'s blocks (they stay registered); returns its computed tokens, which
+        ``"swap"`` keeps (the caller copied their K and V to host memory), ``"recompute"`` not."""
         mode = _checks.preemption(self, seq_id, mode, PREEMPTION_MODES)
         seq = self._seqs[seq_id]
         held = seq.num_computed
@@ -167,10 +156,8 @@ class BlockManager:
         return held
 
     def resume(self, seq_id: int, token_ids=()) -> int:
-        """Blocks again for a preempted sequence's tokens and then ``token_ids``; returns how many
-        leading tokens cached blocks serve. After ``"recompute"`` those count as computed and the
-        caller prefills the rest; after ``"swap"`` the caller copies logical blocks ``cached //
-        block_size`` up to its ``num_computed`` tokens back from host memory, then commits them."""
+        """Blocks again for a preempted sequence's tokens and then ``token_ids``; returns the tokens
+        cached blocks serve. After a swap the caller copies the rest of its written blocks back."""
         extra = _checks.new_tokens(self._seqs, seq_id, token_ids, "preempted")
         seq = self._seqs[seq_id]
         hits, hashes = self._resume_hits(seq, extra)
@@ -183,12 +170,9 @@ class BlockManager:
         return len(hits) * self.block_size
 
     def free(self, seq_id: int) -> None:
-        """Drop ``seq_id``; blocks no one else holds join the free list tail first, keeping their
-        hash."""
+        """Drop ``seq_id``; blocks no one else holds join the free list, keeping their hash."""
         self._release(_checks.sequence(self._seqs, seq_id))
         del self._seqs[seq_id]
-
-    # -- hashes: match and register ------------------------------------------------------------
 
     def _match(self, tokens: list[int], first_parent: bytes, limit: int | None = None):
         """Registered blocks serving the longest run of leading full blocks, and their hashes. At
@@ -196,11 +180,9 @@ class BlockManager:
         if not self.prefix_caching:
             return [], []
         limit = (len(tokens) - 1) // self.block_size if limit is None else limit
-        hits, hashes, parent = [], [], first_parent
+        hits, hashes, parent, size = [], [], first_parent, self.block_size
         for k in range(limit):
-            parent = chain_hash_unchecked(
-                parent, tokens[k * self.block_size : (k + 1) * self.block_size]
-            )
+            parent = chain_hash_unchecked(parent, tokens[k * size : (k + 1) * size])
             block = self._by_hash.get(parent)
             if block is None:
                 break
@@ -214,8 +196,7 @@ class BlockManager:
         return self._match(seq.tokens + extra, seq.first_parent)
 
     def _register(self, block: int, h: bytes) -> None:
-        """Make ``block`` the registered holder of ``h``, unless another block already is (then
-        ``block`` stays an unregistered duplicate) or the cap is reached."""
+        """Register ``block`` as ``h``'s unless one already is (a duplicate) or the cap is hit."""
         full = self.max_cached_blocks is not None and len(self._by_hash) >= self.max_cached_blocks
         if not full and h not in self._by_hash and self._hash[block] is None:
             self._by_hash[h], self._hash[block] = block, h
@@ -224,8 +205,6 @@ class BlockManager:
         del self._by_hash[self._hash[block]]
         self._hash[block] = None
         self.allocator.uncache(block)
-
-    # -- blocks: take, allocate, release -------------------------------------------------------
 
     def _take(self, hits: list[int], num_tokens: int) -> list[int]:
         """Hold the hit blocks (taking free ones back) and new blocks for the rest."""
@@ -275,8 +254,6 @@ class BlockManager:
         s.hit_blocks, s.hit_tokens = s.hit_blocks + len(hits), s.hit_tokens + cached
         return cached
 
-    # -- queries -------------------------------------------------------------------------------
-
     def __repr__(self) -> str:
         return (
             f"BlockManager(num_blocks={self.num_blocks}, block_size={self.block_size},"
@@ -322,8 +299,7 @@ class BlockManager:
         return self.allocator.ref_count(block)
 
     def block_hash(self, block: int) -> bytes | None:
-        """The hash ``block`` is registered under, or None (not full, not written, evicted, a
-        duplicate)."""
+        """The hash ``block`` is registered under, or None."""
         return self._hash[integer("block", block, 0, self.num_blocks)]
 
     def cached_blocks(self) -> dict[bytes, int]:
@@ -357,8 +333,6 @@ class BlockManager:
         """Raise AssertionError unless the bookkeeping is consistent."""
         _checks.manager_invariants(self)
 
-    # -- rollback ------------------------------------------------------------------------------
-
     def snapshot(self):
         """Everything mutable, copied, for :meth:`restore` after a failed call."""
         seqs = {i: s.copy() for i, s in self._seqs.items()}
@@ -366,8 +340,7 @@ class BlockManager:
         return self.allocator.snapshot(), hashes, by_hash, seqs, self._next_id, stats
 
     def restore(self, snapshot) -> None:
-        """Back to ``snapshot``, except that a hash evicted since stays evicted (the rollback
-        rule)."""
+        """Back to ``snapshot``, but a hash evicted since stays evicted (the rollback rule)."""
         allocator, hashes, by_hash, seqs, self._next_id, stats = snapshot
         evicted = [b for h, b in by_hash.items() if self._by_hash.get(h) != b]
         self.allocator.restore(allocator)

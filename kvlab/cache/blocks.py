@@ -29,9 +29,8 @@ _ROOT = b"kvlab-prefix-root"
 class BlockAllocator:
     """Reference-counted pool of ``num_blocks`` physical KV-cache blocks (notebook 05).
 
-    Blocks are taken from the free list's front. A freed block that keeps a reusable hash
-    (``cached=True``) joins the back, so the least recently freed is evicted first; any other block
-    joins the front, where taking it evicts nothing.
+    Blocks are taken from the free list's front. A freed block that keeps its hash (``cached``)
+    joins the back, to be evicted last; any other joins the front, where taking it evicts nothing.
 
     >>> pool = BlockAllocator(4)
     >>> (block,) = pool.allocate(1)
@@ -169,11 +168,8 @@ def chain_hash_unchecked(parent: bytes, block_tokens: list[int]) -> bytes:
 
 def reusable_tokens(first_difference: int | None, num_tokens: int, block_size: int) -> int:
     """Tokens of a ``num_tokens``-token prompt that a cache holding another prompt serves, when the
-    two first differ at token ``first_difference`` (None: not within this prompt). Notebook 06.
-
-    The whole blocks before the first difference (a partial block has no hash), and never the
-    prompt's last token, whose logits give the first output token: a prompt of exactly ``n`` blocks
-    reuses at most ``n - 1``.
-    """
+    two first differ at token ``first_difference`` (None: not in this prompt): the whole blocks
+    before it (a partial block has no hash), never the last token, whose logits give the first
+    output token."""
     match, num_tokens, block_size = _checks.reusable_args(first_difference, num_tokens, block_size)
     return min(num_tokens if match is None else match, num_tokens - 1) // block_size * block_size

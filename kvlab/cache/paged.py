@@ -13,6 +13,7 @@ changes nothing (``all_or_nothing``, under the block manager's rollback rule).
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import torch
@@ -25,10 +26,19 @@ from kvlab.cache.blocks import PREEMPTION_MODES
 from kvlab.devices import device as default_device
 
 
+def _ask_manager(query):
+    """The block manager's ``query``, asked of a paged cache (same name, signature and doc)."""
+
+    @functools.wraps(query)
+    def ask(self, *args, **kwargs):
+        return query(self.manager, *args, **kwargs)
+
+    return ask
+
+
 class PagedKVCache:
-    """Per-layer K and V pools and one block manager. ``store`` writes the by-hand ``append``
-    (default :func:`kvlab.kernels.store_kv`; ``kvlab.kernels.store_kv_ref`` times host-side work on
-    a CPU); a model step stores through :mod:`kvlab.serving.attention`."""
+    """``store`` writes the by-hand ``append`` (default :func:`kvlab.kernels.store_kv`;
+    ``kvlab.kernels.store_kv_ref`` times host-side work on a CPU)."""
 
     def __init__(
         self,
@@ -61,8 +71,6 @@ class PagedKVCache:
         self._host: dict[int, tuple] = {}  # swapped-out sequences' K and V
         self.preemptions = Counter()  # {"recompute": n, "swap": n}
 
-    # -- sequences and slots -------------------------------------------------------------------
-
     def new_sequence(self, salt=None) -> int:
         """An empty sequence (no blocks yet); returns its id."""
         seq_id = self.manager.new_sequence(salt)
@@ -70,15 +78,13 @@ class PagedKVCache:
         return seq_id
 
     def admit(self, token_ids, salt=None) -> tuple[int, int]:
-        """:meth:`BlockManager.admit`: the first ``cached_tokens`` tokens' K and V are already in
-        the pools (prefix hits)."""
+        """:meth:`BlockManager.admit`; the cached tokens' K and V are already in the pools."""
         seq_id, cached = self.manager.admit(token_ids, salt)
         self._layer_tokens[seq_id] = [cached] * self.num_layers
         return seq_id, cached
 
     def reserve(self, seq_id: int, token_ids) -> None:
-        """Slots for ``token_ids`` after ``seq_id``'s tokens; a shared, partly filled last block is
-        copied first, in every layer (copy-on-write)."""
+        """:meth:`BlockManager.reserve`, copying a shared last block in every layer."""
         self._reserve(seq_id, _checks.step_tokens(self, seq_id, token_ids))
 
     def commit(self, seq_id: int, num_computed: int) -> None:
@@ -87,10 +93,9 @@ class PagedKVCache:
         self._layer_tokens[seq_id] = [num_computed] * self.num_layers
 
     def append(self, seq_id: int, layer: int, k, v, token_ids=None) -> None:
-        """Store ``k`` and ``v`` (``[tokens, num_kv_heads, head_dim]``) after ``seq_id``'s tokens in
-        ``layer``. Layer 0 writes first, into the slots ``admit`` reserved and past them into new
-        slots for tokens ``token_ids`` (required with prefix caching on, else ids 0); the other
-        layers follow. A token that every layer holds counts as computed."""
+        """Store ``k`` and ``v`` after ``seq_id``'s tokens in ``layer``. Layer 0 goes first and
+        reserves slots past ``admit``'s for ``token_ids`` (ids 0 without prefix caching); a token
+        that every layer holds counts as computed."""
         layer, k, v, new_ids = _checks.append_args(self, seq_id, layer, k, v, token_ids)
         start = self._layer_tokens[seq_id][layer]
         with self.all_or_nothing():
@@ -124,13 +129,9 @@ class PagedKVCache:
                 k_pool[copy].copy_(k_pool[source])
                 v_pool[copy].copy_(v_pool[source])
 
-    # -- preemption ----------------------------------------------------------------------------
-
     def preempt(self, seq_id: int, mode: str) -> int:
-        """Take ``seq_id``'s blocks back, even mid-prefill; returns the number of tokens whose K and
-        V it held. ``"recompute"`` drops them and the caller prefills again after ``resume``
-        (vLLM's default); ``"swap"`` first copies them to host memory, and ``resume`` copies them
-        back."""
+        """:meth:`BlockManager.preempt`, even mid-prefill; ``"swap"`` first copies the written
+        blocks' K and V to host memory."""
         mode = _checks.preemption(self, seq_id, mode, PREEMPTION_MODES)
         if mode == "swap":
             written = self.manager._blocks_for(self.num_computed(seq_id))
@@ -142,30 +143,25 @@ class PagedKVCache:
         return held
 
     def resume(self, seq_id: int, token_ids=()) -> int:
-        """:meth:`BlockManager.resume`; after ``"swap"`` the rest of the K and V are copied back
-        from host memory."""
-        extra = _checks.new_tokens(self.manager._seqs, seq_id, token_ids, "preempted")
-        seq = self.manager._seqs[seq_id]
-        swapped = seq.state == "swap"
+        """:meth:`BlockManager.resume`, copying back from host memory what a swap saved."""
+        swapped = self.is_swapped(seq_id)
         with self.all_or_nothing():
-            cached = self.manager.resume(seq_id, extra)
+            cached, computed = self.manager.resume(seq_id, token_ids), self.num_computed(seq_id)
             if swapped:
-                end, computed = self.manager._blocks_for(seq.num_computed), seq.num_computed
+                end = self.manager._blocks_for(computed)
                 self._copy_from_host(seq_id, cached // self.block_size, end)
                 self.manager._commit(seq_id, computed)
         self._host.pop(seq_id, None)
-        self._layer_tokens[seq_id] = [seq.num_computed] * self.num_layers
+        self._layer_tokens[seq_id] = [computed] * self.num_layers
         return cached
 
     def _copy_from_host(self, seq_id: int, first: int, end: int) -> None:
-        """Host copies of logical blocks ``first .. end - 1`` into their new physical blocks."""
+        """Host copies of logical blocks ``first .. end - 1`` back into the pools."""
         blocks = self.manager.block_table(seq_id)[first:end]
         index = torch.tensor(blocks, dtype=torch.long, device=self.device)
         for pools, host in zip((self.k_pools, self.v_pools), self._host[seq_id]):
             for layer, pool in enumerate(pools):
                 pool[index] = host[layer, first:end].to(self.device, non_blocking=True)
-
-    # -- what the attention kernel reads -------------------------------------------------------
 
     def block_tables(self, seq_ids) -> torch.Tensor:
         """``int32 [batch, max_blocks]``; entries past a sequence's blocks are 0 (never read)."""
@@ -181,8 +177,7 @@ class PagedKVCache:
         return torch.tensor(lengths, dtype=torch.int32, device=self.device)
 
     def gather(self, seq_id: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``seq_id``'s K and V in ``layer`` in logical order, contiguous ``[tokens, num_kv_heads,
-        head_dim]``."""
+        """``seq_id``'s K and V in ``layer``, contiguous ``[tokens, num_kv_heads, head_dim]``."""
         layer = _checks.gather_layer(self, seq_id, layer)
         length = self._layer_tokens[seq_id][layer]
         table = self.manager.block_table(seq_id)[: self.manager._blocks_for(length)]
@@ -191,8 +186,6 @@ class PagedKVCache:
         v = self.v_pools[layer][blocks].flatten(0, 1)[:length]
         return k.contiguous(), v.contiguous()
 
-    # -- sizes and queries ---------------------------------------------------------------------
-
     @property
     def bytes_per_block(self) -> int:
         """K and V of one block in every layer."""
@@ -200,63 +193,32 @@ class PagedKVCache:
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
 
     # The block manager's queries, asked of the cache (the scheduler asks either one).
-    @property
-    def num_free(self) -> int:
-        return self.manager.num_free
-
-    @property
-    def prefix_caching(self) -> bool:
-        return self.manager.prefix_caching
-
-    def sequences(self) -> list[int]:
-        return self.manager.sequences()
-
-    def table(self, seq_id: int):
-        return self.manager.table(seq_id)
-
-    def block_table(self, seq_id: int) -> list[int]:
-        return self.manager.block_table(seq_id)
-
-    def tokens(self, seq_id: int) -> list[int]:
-        return self.manager.tokens(seq_id)
-
-    def state(self, seq_id: int) -> str:
-        return self.manager.state(seq_id)
-
-    def num_tokens(self, seq_id: int) -> int:
-        return self.manager.num_tokens(seq_id)
-
-    def num_computed(self, seq_id: int) -> int:
-        return self.manager.num_computed(seq_id)
-
-    def blocks_to_admit(self, token_ids, salt=None) -> int:
-        return self.manager.blocks_to_admit(token_ids, salt)
-
-    def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
-        return self.manager.blocks_to_append(seq_id, num_tokens)
-
-    def blocks_to_resume(self, seq_id: int, token_ids=()) -> int:
-        return self.manager.blocks_to_resume(seq_id, token_ids)
+    num_free = property(lambda self: self.manager.num_free)
+    prefix_caching = property(lambda self: self.manager.prefix_caching)
+    sequences = _ask_manager(BlockManager.sequences)
+    table = _ask_manager(BlockManager.table)
+    block_table = _ask_manager(BlockManager.block_table)
+    tokens = _ask_manager(BlockManager.tokens)
+    state = _ask_manager(BlockManager.state)
+    num_tokens = _ask_manager(BlockManager.num_tokens)
+    num_computed = _ask_manager(BlockManager.num_computed)
+    blocks_to_admit = _ask_manager(BlockManager.blocks_to_admit)
+    blocks_to_append = _ask_manager(BlockManager.blocks_to_append)
+    blocks_to_resume = _ask_manager(BlockManager.blocks_to_resume)
 
     def is_swapped(self, seq_id: int) -> bool:
         return self.manager.state(seq_id) == "swap"
 
     def require_in_step(self, seq_id) -> None:
-        """Refuse a sequence that is unknown, preempted, or half way through a by-hand append (its
-        layers hold different numbers of tokens): a model step needs every layer at the same token.
-        """
+        """Refuse a sequence that is unknown, preempted, or mid-way through a by-hand append."""
         _checks.in_step(self, seq_id)
 
     def check(self) -> None:
-        """The block manager's invariants, and each sequence's layers between its computed and held
-        tokens (:mod:`kvlab.cache._checks`)."""
+        """The block manager's invariants, and each sequence's layers between computed and held."""
         _checks.paged_invariants(self)
 
-    # -- rollback ------------------------------------------------------------------------------
-
     def snapshot(self):
-        """The bookkeeping a failed call must put back (not the pools' contents: a failed call
-        writes only into slots whose K and V no registered hash or computed token vouches for)."""
+        """The bookkeeping, not the pools: a failed call writes only slots nothing vouches for."""
         layers = {i: list(t) for i, t in self._layer_tokens.items()}
         return self.manager.snapshot(), layers, dict(self._host), Counter(self.preemptions)
 
@@ -271,9 +233,8 @@ class PagedKVCache:
 
 
 def copy_blocks_to_host(k_pools, v_pools, blocks: list[int]) -> tuple:
-    """K and V of ``blocks`` in every layer, copied to host memory: ``(k, v)``, each ``[layers,
-    len(blocks), block_size, kv_heads, head_dim]`` (notebook 05, swap preemption). On a GPU the
-    host copies are pinned, so the transfer runs at the link's speed."""
+    """``(k, v)`` of ``blocks`` in every layer, copied to (pinned) host memory, each ``[layers,
+    len(blocks), block_size, kv_heads, head_dim]`` (notebook 05, swap preemption)."""
     return _copy_to_host(k_pools, v_pools, _checks.pool_blocks(k_pools, v_pools, blocks))
 
 
@@ -292,8 +253,7 @@ def _copy_to_host(k_pools, v_pools, blocks: list[int]) -> tuple:
 
 
 def tokens_in_budget(budget_bytes: float, shape, bytes_per_element: float = 2) -> int:
-    """KV slots (tokens, all layers) that ``budget_bytes`` holds for a ``ModelShape`` (notebook
-    05)."""
+    """KV slots (tokens, all layers) that ``budget_bytes`` holds for a ``ModelShape``."""
     shape = _checks.budget_args(budget_bytes, shape, bytes_per_element)
     return int(budget_bytes // shape.kv_bytes_per_token(bytes_per_element))
 
