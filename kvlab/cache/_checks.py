@@ -68,6 +68,13 @@ def free_args(pool, block, cached) -> tuple[int, bool]:
     return held_block(pool, block, "free"), cached
 
 
+def allocation(pool, count) -> int:
+    """``count`` as a number of blocks ``pool`` has free."""
+    if integer("count", count, 0) > pool.num_free:
+        raise OutOfBlocksError(count, pool.num_free, pool.num_blocks)
+    return count
+
+
 def known_block(pool, block) -> int:
     """``block`` as an id of ``pool``'s blocks."""
     return integer("block", block, 0, pool.num_blocks)

@@ -100,7 +100,6 @@ class BlockManager:
         tokens of leading blocks shared from the cache, always leaving one token to compute."""
         tokens, first_parent = _checks.prompt(token_ids), root_hash(salt)
         hits, hashes = self._match(tokens, first_parent)
-        _checks.free_blocks(self, self._blocks_needed(len(tokens), hits))
         seq = _Sequence(tokens, self._take(hits, len(tokens)), first_parent, 0, hashes)
         seq.num_computed = self._count_admission(len(tokens), hits)
         return self._add(seq), seq.num_computed
@@ -161,9 +160,8 @@ class BlockManager:
         extra = _checks.new_tokens(self._seqs, seq_id, token_ids, "preempted")
         seq = self._seqs[seq_id]
         hits, hashes = self._resume_hits(seq, extra)
-        _checks.free_blocks(self, self._blocks_needed(len(seq.tokens) + len(extra), hits))
-        seq.tokens += extra
-        seq.blocks, seq.hashes = self._take(hits, len(seq.tokens)), hashes
+        blocks = self._take(hits, len(seq.tokens) + len(extra))
+        seq.tokens, seq.blocks, seq.hashes = seq.tokens + extra, blocks, hashes
         if seq.state == "recompute":
             seq.num_computed = self._count_admission(len(seq.tokens), hits)
         seq.state = "resident"
@@ -207,7 +205,8 @@ class BlockManager:
         self.allocator.uncache(block)
 
     def _take(self, hits: list[int], num_tokens: int) -> list[int]:
-        """Hold the hit blocks (taking free ones back) and new blocks for the rest."""
+        """Hold the hit blocks (taking free ones back) and new blocks for the rest; all or none."""
+        _checks.free_blocks(self, self._blocks_needed(num_tokens, hits))
         pool = self.allocator
         for block in hits:
             pool.incref(block) if pool._refs[block] else pool.reclaim(block)
@@ -292,8 +291,8 @@ class BlockManager:
         return list(_checks.sequence(self._seqs, seq_id).blocks)
 
     def table(self, seq_id: int) -> BlockTable:
-        seq = _checks.sequence(self._seqs, seq_id)
-        return BlockTable(self.block_size, seq.blocks, len(seq.tokens) if seq.blocks else 0)
+        blocks, num_tokens = self.block_table(seq_id), self.num_tokens(seq_id)
+        return BlockTable(self.block_size, blocks, num_tokens if blocks else 0)
 
     def ref_count(self, block: int) -> int:
         return self.allocator.ref_count(block)
@@ -320,8 +319,7 @@ class BlockManager:
 
     def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
         """Free blocks ``num_tokens`` more tokens would take (new ones, and a copy-on-write)."""
-        seq = _checks.sequence(self._seqs, seq_id, "resident")
-        return self._blocks_to_append(seq, integer("num_tokens", num_tokens, 0))
+        return self._blocks_to_append(*_checks.append_count(self._seqs, seq_id, num_tokens))
 
     def blocks_to_resume(self, seq_id: int, token_ids=()) -> int:
         """Free blocks ``resume(seq_id, token_ids)`` would take now."""

@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 from kvlab._checks import integer
 from kvlab.cache import _checks
-from kvlab.cache._checks import OutOfBlocksError
+from kvlab.cache._checks import OutOfBlocksError  # noqa: F401 (re-exported: callers catch it here)
 
 MAX_BLOCK_ID = 2**31 - 1  # block tables are int32
 BOOKKEEPING_BYTES_PER_BLOCK = 64  # a free-list entry, a reference count and a hash slot, rounded up
@@ -45,8 +45,7 @@ class BlockAllocator:
 
     def allocate(self, count: int) -> list[int]:
         """``count`` blocks from the front of the free list, each held once; all or none."""
-        if integer("count", count, 0) > len(self._free):
-            raise OutOfBlocksError(count, len(self._free), self.num_blocks)
+        count = _checks.allocation(self, count)
         blocks = [self._free.popitem(last=False)[0] for _ in range(count)]
         for block in blocks:
             self._refs[block] = 1
