@@ -282,18 +282,15 @@ def gather_layer(cache, seq_id, layer) -> int:
 # --------------------------------------------------------------------------- tensors
 
 
-def cache_sizes(num_layers, block_size, num_kv_heads, head_dim) -> tuple[int, int, int, int]:
-    """The sizes of a ``PagedKVCache``, each a positive int."""
+def cache_args(num_layers, block_size, num_kv_heads, head_dim, dtype, store, device) -> tuple:
+    """The four sizes (positive ints), dtype, store and device (None or checked) of a
+    ``PagedKVCache``."""
     sizes = dict(
         num_layers=num_layers, block_size=block_size, num_kv_heads=num_kv_heads, head_dim=head_dim
     )
-    return tuple(integer(name, value) for name, value in sizes.items())
-
-
-def cache_options(dtype, store, device) -> tuple:
-    """``(dtype, store, device)`` of a ``PagedKVCache``; store and device may be None."""
+    sizes = [integer(name, value) for name, value in sizes.items()]
     dtype, store = checks.dtype("dtype", dtype), optional(checks.function, "store", store)
-    return dtype, store, optional(checks.device, "device", device)
+    return (*sizes, dtype, store, optional(checks.device, "device", device))
 
 
 def append_args(cache, seq_id, layer, k, v, ids) -> tuple:

@@ -3,12 +3,9 @@ on it.
 
 :class:`BlockManager` keeps each sequence's tokens and block table over one
 :class:`~kvlab.cache.blocks.BlockAllocator`, as nano-vllm's ``BlockManager`` (Yu 2025) and vLLM's
-KV-cache manager (Kwon et al. 2023) do; with prefix caching on, ``admit`` and ``resume`` share
-blocks whose hashes are registered.
-
-**A cached block costs no admission capacity**: a freed block keeps its K, V and hash but joins the
-free list, so ``num_free`` counts it, and taking it evicts its hash (``stats.evictions``), as in
-vLLM v1's single free queue.
+KV-cache manager (Kwon et al. 2023) do. **A cached block costs no admission capacity**: a freed
+block keeps its K, V and hash but joins the free list, so ``num_free`` counts it, and taking it
+evicts its hash (``stats.evictions``), as in vLLM v1's single free queue.
 
 **Hashes are registered when committed**: ``commit`` runs when the step that computes the tokens is
 scheduled, as vLLM v1 caches a request's full blocks when it allocates the step's slots, so a

@@ -1,14 +1,11 @@
 """Notebooks 05, 06 and 11: the paged KV cache, per-layer K and V pools over one block manager.
 
 ``k_pools[layer]`` and ``v_pools[layer]`` are ``[num_blocks, block_size, num_kv_heads, head_dim]``
-(Kwon et al. 2023); one :class:`~kvlab.cache.block_manager.BlockManager` owns the block tables,
-which every layer shares: token ``t`` sits in the same block and offset in every layer. K and V are
-written by a model step (:mod:`kvlab.serving`: ``admit`` or ``reserve`` the step's slots, run the
-model, whose attention stores every layer's K and V there, then ``commit``), or by hand, one layer
-at a time (notebook 05: ``append``). ``fork`` shares every block; the first write into a shared,
-partly filled last block copies it (copy-on-write). ``preempt`` drops a sequence's blocks, after
-copying their K and V to host memory for ``"swap"``; ``resume`` brings them back. A call that fails
-changes nothing (``all_or_nothing``, under the block manager's rollback rule).
+(Kwon et al. 2023); every layer shares one :class:`~kvlab.cache.block_manager.BlockManager`'s
+block tables. A model step (:mod:`kvlab.serving`) reserves its slots, stores every layer's K and V
+and commits; notebook 05 writes by hand, one layer at a time (``append``). ``fork`` shares every
+block, and the first write into a shared, partly filled last block copies it (copy-on-write). A
+call that fails changes nothing (``all_or_nothing``, under the block manager's rollback rule).
 """
 
 from __future__ import annotations
@@ -52,9 +49,9 @@ class PagedKVCache:
         store=None,
         prefix_caching: bool = False,
     ):
-        sizes = _checks.cache_sizes(num_layers, block_size, num_kv_heads, head_dim)
+        sizes = num_layers, block_size, num_kv_heads, head_dim
+        *sizes, self.dtype, self._store, device = _checks.cache_args(*sizes, dtype, store, device)
         self.num_layers, self.block_size, self.num_kv_heads, self.head_dim = sizes
-        self.dtype, self._store, device = _checks.cache_options(dtype, store, device)
         self.device = device or default_device()
         self.manager = BlockManager(
             num_blocks, block_size, prefix_caching, None, self.bytes_per_block
