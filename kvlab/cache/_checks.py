@@ -70,7 +70,8 @@ def free_args(pool, block, cached) -> tuple[int, bool]:
 
 def allocation(pool, count) -> int:
     """``count`` as a number of blocks ``pool`` has free."""
-    if integer("count", count, 0) > pool.num_free:
+    count = integer("count", count, 0)
+    if count > pool.num_free:
         raise OutOfBlocksError(count, pool.num_free, pool.num_blocks)
     return count
 

@@ -2,12 +2,11 @@
 stack.
 
 A paged KV cache stores each sequence in fixed-size blocks found through a per-sequence block table
-(Kwon et al. 2023). This module and :mod:`kvlab.cache.block_manager` move block ids only; the K and
-V tensors live in :class:`kvlab.cache.paged.PagedKVCache`. :func:`block_hashes` chains the hash of
-each full block to its parent's, as vLLM and nano-vllm (Yu 2025) do (vLLM's also carries extra
-keys: LoRA adapter ids, multimodal input hashes). SGLang's RadixAttention matches prefixes token by
-token in a radix tree (Zheng et al. 2024), so a hit there ends at the first differing token, not at
-a block boundary.
+(Kwon et al. 2023); these ids are all this module and :mod:`kvlab.cache.block_manager` move (the K
+and V live in :class:`kvlab.cache.paged.PagedKVCache`). :func:`block_hashes` chains each full
+block's hash to its parent's, as vLLM and nano-vllm (Yu 2025) do; SGLang's RadixAttention matches
+prefixes token by token in a radix tree (Zheng et al. 2024), so a hit there ends at the first
+differing token, not at a block boundary.
 """
 
 from __future__ import annotations
@@ -143,14 +142,12 @@ def block_hashes(token_ids, block_size: int, salt=None) -> list[bytes]:
 def root_hash(salt) -> bytes:
     """Where a chain starts: the root, with the salt (a tenant or isolation key) mixed in."""
     salt = _checks.salt(salt)
-    if salt is None:
-        key = b""
-    elif isinstance(salt, str):
+    if isinstance(salt, str):
         key = b"s" + salt.encode()
     elif isinstance(salt, bytes):
         key = b"b" + salt
-    else:
-        key = b"i" + str(int(salt)).encode()
+    else:  # None or an int
+        key = b"" if salt is None else b"i" + str(int(salt)).encode()
     return hashlib.blake2b(_ROOT + key, digest_size=16).digest()
 
 
