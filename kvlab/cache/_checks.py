@@ -2,9 +2,10 @@
 manager and the paged cache (:mod:`kvlab.cache.blocks`, :mod:`~kvlab.cache.block_manager`,
 :mod:`~kvlab.cache.paged`), and the error a pool without enough free blocks raises.
 
-Those modules hold the mechanism; a public method there opens with one line per argument, each a
-call into :mod:`kvlab._checks`' vocabulary or into the compound checks below. Every check runs
-before anything changes, and its message names the argument, the value and what is allowed.
+Those modules hold the mechanism; a public method there checks all its arguments in one call, into
+:mod:`kvlab._checks`' vocabulary or into the compound checks below, which return the converted
+values. Every check runs before anything changes, and its message names the argument, the value and
+what is allowed.
 ``manager_invariants`` and ``paged_invariants`` are the bodies of ``BlockManager.check`` and
 ``PagedKVCache.check`` (the property tests call them after every step).
 """
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import numbers
 
-from kvlab._checks import integer, token_ids
+from kvlab import _checks as checks
+from kvlab._checks import flag, integer, integers, one_of, positive, require_memory, token_ids
 
 
 def optional(check, name: str, value, *args):
@@ -52,6 +54,28 @@ def free_blocks(manager, needed: int) -> None:
 # --------------------------------------------------------------------------- blocks and tables
 
 
+def pool_size(num_blocks, max_block_id: int, bytes_per_block: int) -> int:
+    """``num_blocks`` as the size of a pool whose bookkeeping fits in host memory."""
+    num_blocks = integer("num_blocks", num_blocks, 1, max_block_id + 1)
+    what = f"a pool of {num_blocks:,} blocks (allocator bookkeeping)"
+    require_memory(what, num_blocks * bytes_per_block, "cpu")
+    return num_blocks
+
+
+def free_args(pool, block, cached) -> tuple[int, bool]:
+    """``(block, cached)`` for ``BlockAllocator.free``: a held block and a flag."""
+    flag("cached", cached)
+    return held_block(pool, block, "free"), cached
+
+
+def allocation(pool, count) -> int:
+    """``count`` as a number of blocks ``pool`` has free."""
+    count = integer("count", count, 0)
+    if count > pool.num_free:
+        raise OutOfBlocksError(count, pool.num_free, pool.num_blocks)
+    return count
+
+
 def known_block(pool, block) -> int:
     """``block`` as an id of ``pool``'s blocks."""
     return integer("block", block, 0, pool.num_blocks)
@@ -82,6 +106,13 @@ def block_ids(blocks, high: int) -> list[int]:
     return [integer(f"blocks[{i}]", b, 0, high) for i, b in enumerate(blocks)]
 
 
+def table_args(block_size, blocks, num_tokens, high: int) -> tuple[int, list[int], int]:
+    """``(block_size, blocks, num_tokens)`` of a ``BlockTable``."""
+    block_size = integer("block_size", block_size, 1)
+    blocks = block_ids(blocks, high)
+    return block_size, blocks, table_tokens(num_tokens, len(blocks), block_size)
+
+
 def table_tokens(num_tokens, num_blocks: int, block_size: int) -> int:
     """``num_tokens`` as a token count that ``num_blocks`` blocks of ``block_size`` hold."""
     integer("num_tokens", num_tokens, 0)
@@ -103,6 +134,22 @@ def token_span(start, end, capacity: int) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------- hashes
+
+
+def hash_args(ids, block_size) -> tuple[list[int], int]:
+    """``(token_ids, block_size)`` of ``block_hashes``."""
+    return token_ids("token_ids", ids, empty=True), integer("block_size", block_size)
+
+
+def chain_args(parent, block_tokens) -> tuple[bytes, list[int]]:
+    """``(parent, block_tokens)`` of ``chain_hash``."""
+    return parent_hash(parent), token_ids("block_tokens", block_tokens)
+
+
+def reusable_args(first_difference, num_tokens, block_size) -> tuple[int | None, int, int]:
+    """``(first_difference, num_tokens, block_size)`` of ``reusable_tokens``."""
+    num_tokens, block_size = integer("num_tokens", num_tokens), integer("block_size", block_size)
+    return optional(integer, "first_difference", first_difference, 0), num_tokens, block_size
 
 
 def salt(value):
@@ -140,17 +187,62 @@ def sequence(seqs: dict, seq_id, state: str | None = None):
     return seq
 
 
-def written(seq, seq_id) -> None:
-    """Refuse to fork a sequence with reserved tokens whose K and V are not written."""
+def manager_args(prefix_caching, bytes_per_block, block_size, max_cached_blocks) -> tuple:
+    """The checked arguments of a ``BlockManager``, but ``num_blocks`` (its allocator's)."""
+    prefix_caching = flag("prefix_caching", prefix_caching)
+    bytes_per_block = optional(integer, "bytes_per_block", bytes_per_block)
+    block_size = integer("block_size", block_size)
+    max_cached = optional(integer, "max_cached_blocks", max_cached_blocks, 0)
+    return prefix_caching, bytes_per_block, block_size, max_cached
+
+
+def prompt(ids) -> list[int]:
+    """``ids`` as a prompt's token ids (not empty: a prompt needs a token to compute)."""
+    return token_ids("token_ids", ids)
+
+
+def new_tokens(seqs: dict, seq_id, ids, state: str) -> list[int]:
+    """``ids`` as token ids (empty allowed), once ``seq_id`` is a live sequence in ``state``."""
+    sequence(seqs, seq_id, state)
+    return token_ids("token_ids", ids, empty=True)
+
+
+def num_computed(seqs: dict, seq_id, value) -> int:
+    """``value`` as a resident sequence's computed tokens: no fewer than before, no more than it
+    holds."""
+    seq = sequence(seqs, seq_id, "resident")
+    return integer("num_computed", value, seq.num_computed, len(seq.tokens) + 1)
+
+
+def append_count(seqs: dict, seq_id, num_tokens) -> tuple:
+    """``(sequence record, num_tokens)`` of ``blocks_to_append``."""
+    return sequence(seqs, seq_id, "resident"), integer("num_tokens", num_tokens, 0)
+
+
+def preemption(owner, seq_id, mode, modes) -> str:
+    """``mode`` if it is a preemption mode and ``seq_id`` a resident sequence of ``owner`` (a block
+    manager, or a paged cache, where it must not be mid-step)."""
+    one_of("mode", mode, modes)
+    if hasattr(owner, "manager"):
+        in_step(owner, seq_id)
+    else:
+        sequence(owner._seqs, seq_id, "resident")
+    return mode
+
+
+def forkable(seqs: dict, seq_id):
+    """The record of a resident sequence whose reserved tokens all have their K and V written."""
+    seq = sequence(seqs, seq_id, "resident")
     if seq.num_computed != len(seq.tokens):
         raise ValueError(
             f"sequence {seq_id} has {len(seq.tokens) - seq.num_computed} reserved token(s)"
             " whose K and V are not written yet; fork it once they are (commit)"
         )
+    return seq
 
 
-def in_step(cache, seq_id) -> None:
-    """Refuse a sequence that is unknown, preempted, or half way through a by-hand append."""
+def in_step(cache, seq_id):
+    """``seq_id`` unless it is unknown, preempted, or half way through a by-hand append."""
     sequence(cache.manager._seqs, seq_id, "resident")
     counts = cache._layer_tokens[seq_id]
     if len(set(counts)) != 1:
@@ -158,9 +250,56 @@ def in_step(cache, seq_id) -> None:
             f"sequence {seq_id} is mid-step (tokens per layer {counts}); finish appending "
             "to every layer first"
         )
+    return seq_id
+
+
+def step_tokens(cache, seq_id, ids) -> list[int]:
+    """``ids`` as token ids (empty allowed), once ``seq_id`` is ready for a step."""
+    in_step(cache, seq_id)
+    return token_ids("token_ids", ids, empty=True)
+
+
+def resident(cache, seq_ids) -> list[int]:
+    """``seq_ids`` as a list of ids of resident sequences."""
+    seq_ids = integers("seq_ids", seq_ids, 0, empty=True)
+    for seq_id in seq_ids:
+        sequence(cache.manager._seqs, seq_id, "resident")
+    return seq_ids
+
+
+def lens_args(cache, seq_ids, layer) -> tuple[int, list[int]]:
+    """``(layer, seq_ids)`` of ``seq_lens``; layer None is layer 0."""
+    layer = integer("layer", 0 if layer is None else layer, 0, cache.num_layers)
+    return layer, resident(cache, seq_ids)
+
+
+def gather_layer(cache, seq_id, layer) -> int:
+    """``layer`` as a layer of ``cache``, once ``seq_id`` is a resident sequence."""
+    layer = integer("layer", layer, 0, cache.num_layers)
+    sequence(cache.manager._seqs, seq_id, "resident")
+    return layer
 
 
 # --------------------------------------------------------------------------- tensors
+
+
+def cache_args(num_layers, block_size, num_kv_heads, head_dim, dtype, store, device) -> tuple:
+    """The four sizes (positive ints), dtype, store and device (None or checked) of a
+    ``PagedKVCache``."""
+    sizes = dict(
+        num_layers=num_layers, block_size=block_size, num_kv_heads=num_kv_heads, head_dim=head_dim
+    )
+    sizes = [integer(name, value) for name, value in sizes.items()]
+    dtype, store = checks.dtype("dtype", dtype), optional(checks.function, "store", store)
+    return (*sizes, dtype, store, optional(checks.device, "device", device))
+
+
+def append_args(cache, seq_id, layer, k, v, ids) -> tuple:
+    """``(layer, k, v, new token ids)`` of a by-hand ``append``."""
+    layer = integer("layer", layer, 0, cache.num_layers)
+    sequence(cache.manager._seqs, seq_id, "resident")
+    k, v = kv_rows(k, v, cache.num_kv_heads, cache.head_dim, cache.dtype, cache.device)
+    return layer, k, v, append_ids(cache, seq_id, layer, k.shape[0], ids)
 
 
 def kv_rows(k, v, heads: int, dim: int, dtype, device):
@@ -214,8 +353,9 @@ def append_ids(cache, seq_id, layer: int, count: int, ids) -> list[int]:
     return ids[count - fresh :]
 
 
-def pools(k_pools, v_pools) -> None:
-    """Refuse anything but equally long lists of 4-D tensors, one per layer."""
+def pool_blocks(k_pools, v_pools, blocks) -> list[int]:
+    """``blocks`` as ids of the blocks of ``k_pools`` and ``v_pools``, equally long lists of 4-D
+    tensors, one per layer."""
     import torch
 
     if (
@@ -228,12 +368,15 @@ def pools(k_pools, v_pools) -> None:
             "k_pools and v_pools must be equally long lists of [num_blocks, block_size, kv_heads, "
             "head_dim] tensors, one per layer (PagedKVCache.k_pools and .v_pools)"
         )
+    return integers("blocks", blocks, 0, k_pools[0].shape[0], empty=True)  # no wrap-around
 
 
-def model_shape(value):
-    """``value`` if it is a kvlab ``ModelShape``."""
+def budget_args(budget_bytes, value, bytes_per_element):
+    """``value`` if it is a kvlab ``ModelShape``, and the two sizes positive."""
     from kvlab.theory.shapes import ModelShape
 
+    positive("budget_bytes", budget_bytes)
+    positive("bytes_per_element", bytes_per_element)
     if not isinstance(value, ModelShape):
         raise TypeError(
             "shape must be a kvlab ModelShape (see kvlab.theory.shapes.SHAPES), got"

@@ -1,45 +1,34 @@
 """Notebooks 05, 06 and 11: the one block manager of kvlab's serving stack, prefix caching a switch
 on it.
 
-:class:`BlockManager` keeps, per sequence, its tokens and block table over one
+:class:`BlockManager` keeps each sequence's tokens and block table over one
 :class:`~kvlab.cache.blocks.BlockAllocator`, as nano-vllm's ``BlockManager`` (Yu 2025) and vLLM's
-KV-cache manager (Kwon et al. 2023) do. ``commit`` registers the chained hashes of full blocks whose
-K and V are written, ``admit`` and ``resume`` reuse registered blocks (off: nothing is registered).
+KV-cache manager (Kwon et al. 2023) do. **A cached block costs no admission capacity**: a freed
+block keeps its K, V and hash but joins the free list, so ``num_free`` counts it, and taking it
+evicts its hash (``stats.evictions``), as in vLLM v1's single free queue.
 
-**A cached block costs no admission capacity.** A freed block keeps its K, V and hash but joins the
-free list, so ``num_free`` counts it; taking it for a new block evicts its hash (vLLM v1 keeps its
-free blocks in one queue the same way). Caching costs evictions (``stats.evictions``: hashes given
-up and, if asked for again, recomputed) and the hash table (``num_cached`` entries).
+**Hashes are registered when committed**: ``commit`` runs when the step that computes the tokens is
+scheduled, as vLLM v1 caches a request's full blocks when it allocates the step's slots, so a
+request admitted later in the same step reuses them (every layer writes the step's K and V before
+its attention reads the pool). SGLang instead holds back a waiting request whose prefix another one
+shares, to hit the radix tree in a later batch (``IN_BATCH_PREFIX_CACHING_*``; Zheng et al. 2024).
 
-**A hash is registered when its block's K and V are committed** (``commit``): written, or about
-to be written by the model step in flight. The engine commits a chunk when it schedules it, as
-vLLM v1's KV-cache manager caches a request's full blocks when it allocates the step's slots
-(capped at the request's own tokens, so no unverified speculative token is ever cached), so a
-request admitted later in the same step reuses them: in one forward pass every layer writes the
-whole step's K and V before any attention of that layer reads the pool. A step that fails is
-rolled back whole, registrations included. SGLang gets a burst's sharing the other way round: its
-cache-aware scheduler holds back a waiting request whose prefix another waiting request shares
-(``IN_BATCH_PREFIX_CACHING_*`` in its ``schedule_policy.py``), so that one computes the prefix and
-the rest hit the radix tree in a later batch (Zheng et al. 2024).
-
-**Rollback rule** (``snapshot``/``restore``): a restore puts back every table, token count,
-reference count and the free list's order, but not a hash that the failed call evicted: the call may
-have overwritten that block. The cache may lose an entry; it never keeps a wrong one.
+**Rollback rule**: a call that raises changes nothing; ``restore`` puts back a failed step's tables,
+counts and free list, but not a hash the step evicted (it may have overwritten that block): the
+cache may lose an entry, never keep a wrong one.
 
 >>> manager = BlockManager(num_blocks=8, block_size=4, prefix_caching=True)
->>> a, cached = manager.admit([1, 2, 3, 4, 5, 6, 7, 8, 9])  # nothing cached yet
+>>> a, _ = manager.admit([1, 2, 3, 4, 5, 6, 7, 8, 9])
 >>> manager.commit(a, 9)  # the prefill wrote all 9 tokens' K and V
->>> b, cached = manager.admit([1, 2, 3, 4, 5, 6, 7, 8, 42, 43])
->>> cached, manager.block_table(a)[:2] == manager.block_table(b)[:2]
-(8, True)
+>>> manager.admit([1, 2, 3, 4, 5, 6, 7, 8, 42, 43])[1]  # two blocks served from the cache
+8
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from kvlab._checks import flag, integer, one_of
-from kvlab._checks import token_ids as checked_tokens
+from kvlab._checks import integer
 from kvlab.cache import _checks
 from kvlab.cache.blocks import (
     PREEMPTION_MODES,
@@ -63,10 +52,23 @@ class _Sequence:
         return replace(self, tokens=[*self.tokens], blocks=[*self.blocks], hashes=[*self.hashes])
 
 
+@dataclass
+class CacheStats:
+    """Prefix-cache counters; ``hit_rate``: the share of admitted tokens cached blocks served."""
+
+    admissions: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    hit_blocks: int = 0
+    evictions: int = 0  # registered blocks whose hash was given up to make room
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
 class BlockManager:
-    """Block tables over one :class:`BlockAllocator`, with optional prefix caching (notebooks 05,
-    06, 11). ``max_cached_blocks`` caps the blocks that may hold a registered hash (None: no cap),
-    the knob behind notebook 06's "reserve" policy. A call that raises has changed nothing."""
+    """``max_cached_blocks`` caps the registered hashes (None: no cap; notebook 06's "reserve")."""
 
     def __init__(
         self,
@@ -76,71 +78,49 @@ class BlockManager:
         max_cached_blocks: int | None = None,
         bytes_per_block: int | None = None,
     ):
-        self.prefix_caching = flag("prefix_caching", prefix_caching)
-        self.bytes_per_block = _checks.optional(integer, "bytes_per_block", bytes_per_block)
+        args = _checks.manager_args(prefix_caching, bytes_per_block, block_size, max_cached_blocks)
+        self.prefix_caching, self.bytes_per_block, self.block_size, self.max_cached_blocks = args
         self.allocator = BlockAllocator(num_blocks)
         self.num_blocks = self.allocator.num_blocks
-        self.block_size = integer("block_size", block_size)
-        self.max_cached_blocks = _checks.optional(
-            integer, "max_cached_blocks", max_cached_blocks, 0
-        )
         self._hash: list[bytes | None] = [None] * self.num_blocks  # what a block is registered as
         self._by_hash: dict[bytes, int] = {}
         self._seqs: dict[int, _Sequence] = {}
         self._next_id = 0
         self.stats = CacheStats()
 
-    # -- admit, reserve, commit ----------------------------------------------------------------
-
     def new_sequence(self, salt=None) -> int:
         """An empty sequence (no tokens, no blocks); returns its id."""
         return self._add(_Sequence([], [], root_hash(salt)))
 
     def admit(self, token_ids, salt=None) -> tuple[int, int]:
-        """A new sequence holding the slots of ``token_ids``; returns ``(seq_id, cached_tokens)``.
-
-        The leading full blocks whose hashes are registered are shared, their tokens computed; the
-        rest are new blocks. At least one token is always left to compute (its logits give the next
-        token), so a prompt of exactly ``n`` blocks reuses at most ``n - 1``.
-        """
-        tokens = checked_tokens("token_ids", token_ids)  # an empty prompt has nothing to compute
-        first_parent = root_hash(salt)
+        """A sequence holding the slots of prompt ``token_ids``; returns ``(seq_id, cached)``, the
+        tokens of leading blocks shared from the cache, always leaving one token to compute."""
+        tokens, first_parent = _checks.prompt(token_ids), root_hash(salt)
         hits, hashes = self._match(tokens, first_parent)
-        _checks.free_blocks(self, self._blocks_needed(len(tokens), hits))
-        cached = len(hits) * self.block_size
-        seq = _Sequence(tokens, self._take(hits, len(tokens)), first_parent, cached, hashes)
-        self._count_admission(len(tokens), len(hits))
-        return self._add(seq), cached
+        seq = _Sequence(tokens, self._take(hits, len(tokens)), first_parent, 0, hashes)
+        seq.num_computed = self._count_admission(len(tokens), hits)
+        return self._add(seq), seq.num_computed
 
     def reserve(self, seq_id: int, token_ids) -> tuple[int, int] | None:
-        """Reserve the next slots for ``token_ids`` after ``seq_id``'s tokens, all or nothing.
-
-        Returns ``(source, copy)`` when the last block was partly filled and shared (after a fork):
-        the sequence now writes into ``copy``, and the caller copies ``source``'s K and V into it
-        (copy-on-write); otherwise None."""
-        _checks.sequence(self._seqs, seq_id, "resident")
-        return self._reserve(seq_id, checked_tokens("token_ids", token_ids, empty=True))
-
-    def _reserve(self, seq_id: int, tokens: list[int]) -> tuple[int, int] | None:
-        seq = self._seqs[seq_id]
+        """The next slots for ``token_ids``. Returns ``(source, copy)`` when the last block was
+        partly filled and shared (after a fork): the sequence now writes into ``copy``, and the
+        caller copies ``source``'s K and V into it (copy-on-write); else None."""
+        tokens = _checks.new_tokens(self._seqs, seq_id, token_ids, "resident")
+        seq, pair = self._seqs[seq_id], None
         _checks.free_blocks(self, self._blocks_to_append(seq, len(tokens)))
-        pair = None
         if tokens and self._last_block_shared(seq):
             (copy,) = self._allocate(1)
             pair = (seq.blocks[-1], copy)
-            self.allocator._free_block(seq.blocks[-1], False)  # others still hold it
+            self.allocator.free(seq.blocks[-1])  # others still hold it
             seq.blocks[-1] = copy
         seq.tokens += tokens
         seq.blocks += self._allocate(self._blocks_for(len(seq.tokens)) - len(seq.blocks))
         return pair
 
     def commit(self, seq_id: int, num_computed: int) -> None:
-        """The first ``num_computed`` tokens of ``seq_id`` have their K and V written, or written by
-        the step in flight: register the hashes of the full blocks among them (prefix caching on),
-        which makes them reusable at once, by a request admitted later in the same step too."""
-        seq = _checks.sequence(self._seqs, seq_id, "resident")
-        high = len(seq.tokens) + 1
-        self._commit(seq_id, integer("num_computed", num_computed, seq.num_computed, high))
+        """``seq_id``'s first ``num_computed`` tokens are written, or scheduled to be: register the
+        hashes of the full blocks among them."""
+        self._commit(seq_id, _checks.num_computed(self._seqs, seq_id, num_computed))
 
     def _commit(self, seq_id: int, num_computed: int) -> None:
         seq, size = self._seqs[seq_id], self.block_size
@@ -152,28 +132,17 @@ class BlockManager:
             seq.hashes.append(chain_hash_unchecked(parent, seq.tokens[k * size : (k + 1) * size]))
             self._register(seq.blocks[k], seq.hashes[-1])
 
-    # -- fork, preempt, resume, free -----------------------------------------------------------
-
     def fork(self, seq_id: int) -> int:
         """A new sequence sharing every block of ``seq_id`` (reference counts, no copy)."""
-        seq = _checks.sequence(self._seqs, seq_id, "resident")
-        _checks.written(seq, seq_id)
+        seq = _checks.forkable(self._seqs, seq_id)
         for block in seq.blocks:
-            self.allocator._refs[block] += 1
+            self.allocator.incref(block)
         return self._add(seq.copy())
 
     def preempt(self, seq_id: int, mode: str) -> int:
-        """Give up ``seq_id``'s blocks (notebook 05); returns how many tokens' K and V it held.
-
-        ``"recompute"``: it keeps its tokens only; :meth:`resume` reserves them again (prefix hits
-        count as computed) and the caller prefills the rest. ``"swap"``: it keeps ``num_computed``
-        too; the caller has copied those tokens' K and V to host memory and copies them back after
-        :meth:`resume`. Its full written blocks stay registered (free, cached) in both."""
-        one_of("mode", mode, PREEMPTION_MODES)
-        _checks.sequence(self._seqs, seq_id, "resident")
-        return self._preempt(seq_id, mode)
-
-    def _preempt(self, seq_id: int, mode: str) -> int:
+        """Give up ``seq_id``'s blocks (they stay registered); returns its computed tokens, which
+        ``"swap"`` keeps (the caller copied their K and V to host memory), ``"recompute"`` not."""
+        mode = _checks.preemption(self, seq_id, mode, PREEMPTION_MODES)
         seq = self._seqs[seq_id]
         held = seq.num_computed
         self._release(seq)
@@ -183,33 +152,22 @@ class BlockManager:
         return held
 
     def resume(self, seq_id: int, token_ids=()) -> int:
-        """Blocks again for a preempted sequence's tokens and then ``token_ids`` (tokens it has not
-        held yet); returns how many leading tokens cached blocks serve. After ``"recompute"`` those
-        count as computed and the caller prefills the rest; after ``"swap"`` the caller copies
-        logical blocks ``cached // block_size`` up to the end of its ``num_computed`` tokens back
-        from host memory, then calls ``commit(seq_id, num_computed)``."""
-        _checks.sequence(self._seqs, seq_id, "preempted")
-        return self._resume(seq_id, checked_tokens("token_ids", token_ids, empty=True))
-
-    def _resume(self, seq_id: int, extra: list[int]) -> int:
+        """Blocks again for a preempted sequence's tokens and then ``token_ids``; returns the tokens
+        cached blocks serve. After a swap the caller copies the rest of its written blocks back."""
+        extra = _checks.new_tokens(self._seqs, seq_id, token_ids, "preempted")
         seq = self._seqs[seq_id]
         hits, hashes = self._resume_hits(seq, extra)
-        _checks.free_blocks(self, self._blocks_needed(len(seq.tokens) + len(extra), hits))
-        seq.tokens += extra
-        seq.blocks, seq.hashes = self._take(hits, len(seq.tokens)), hashes
+        blocks = self._take(hits, len(seq.tokens) + len(extra))
+        seq.tokens, seq.blocks, seq.hashes = seq.tokens + extra, blocks, hashes
         if seq.state == "recompute":
-            seq.num_computed = len(hits) * self.block_size
-            self._count_admission(len(seq.tokens), len(hits))
+            seq.num_computed = self._count_admission(len(seq.tokens), hits)
         seq.state = "resident"
         return len(hits) * self.block_size
 
     def free(self, seq_id: int) -> None:
-        """Drop ``seq_id``; blocks no one else holds join the free list tail first, keeping their
-        hash."""
+        """Drop ``seq_id``; blocks no one else holds join the free list, keeping their hash."""
         self._release(_checks.sequence(self._seqs, seq_id))
         del self._seqs[seq_id]
-
-    # -- hashes: match and register ------------------------------------------------------------
 
     def _match(self, tokens: list[int], first_parent: bytes, limit: int | None = None):
         """Registered blocks serving the longest run of leading full blocks, and their hashes. At
@@ -217,11 +175,9 @@ class BlockManager:
         if not self.prefix_caching:
             return [], []
         limit = (len(tokens) - 1) // self.block_size if limit is None else limit
-        hits, hashes, parent = [], [], first_parent
+        hits, hashes, parent, size = [], [], first_parent, self.block_size
         for k in range(limit):
-            parent = chain_hash_unchecked(
-                parent, tokens[k * self.block_size : (k + 1) * self.block_size]
-            )
+            parent = chain_hash_unchecked(parent, tokens[k * size : (k + 1) * size])
             block = self._by_hash.get(parent)
             if block is None:
                 break
@@ -230,42 +186,32 @@ class BlockManager:
         return hits, hashes
 
     def _resume_hits(self, seq: _Sequence, extra: list[int]):
-        """Hits for a preempted sequence: its tokens and ``extra`` as a prompt's, or after a swap
-        its written full blocks."""
         if seq.state == "swap":  # every written full block may come from the cache, not the host
             return self._match(seq.tokens, seq.first_parent, seq.num_computed // self.block_size)
         return self._match(seq.tokens + extra, seq.first_parent)
 
     def _register(self, block: int, h: bytes) -> None:
-        """Make ``block`` the registered holder of ``h``, unless another block already is (then
-        ``block`` stays an unregistered duplicate) or the cap is reached."""
-        if h in self._by_hash or self._hash[block] is not None:
-            return
-        if self.max_cached_blocks is not None and len(self._by_hash) >= self.max_cached_blocks:
-            return
-        self._by_hash[h] = block
-        self._hash[block] = h
+        """Register ``block`` as ``h``'s unless one already is (a duplicate) or the cap is hit."""
+        full = self.max_cached_blocks is not None and len(self._by_hash) >= self.max_cached_blocks
+        if not full and h not in self._by_hash and self._hash[block] is None:
+            self._by_hash[h], self._hash[block] = block, h
 
     def _evict(self, block: int) -> None:
         del self._by_hash[self._hash[block]]
         self._hash[block] = None
         self.allocator.uncache(block)
 
-    # -- blocks: take, allocate, release -------------------------------------------------------
-
     def _take(self, hits: list[int], num_tokens: int) -> list[int]:
-        """Hold the hit blocks (taking free ones back) and allocate the rest of ``num_tokens``'
-        blocks."""
+        """Hold the hit blocks (taking free ones back) and new blocks for the rest; all or none."""
+        _checks.free_blocks(self, self._blocks_needed(num_tokens, hits))
+        pool = self.allocator
         for block in hits:
-            if self.allocator._refs[block]:
-                self.allocator._refs[block] += 1
-            else:
-                self.allocator._reclaim(block)
+            pool.incref(block) if pool._refs[block] else pool.reclaim(block)
         return hits + self._allocate(self._blocks_for(num_tokens) - len(hits))
 
     def _allocate(self, count: int) -> list[int]:
         """New blocks from the free list; one that still held a hash loses it (an eviction)."""
-        blocks = self.allocator._allocate(count)
+        blocks = self.allocator.allocate(count)
         for block in blocks:
             if self._hash[block] is not None:
                 self._evict(block)
@@ -274,7 +220,7 @@ class BlockManager:
 
     def _release(self, seq: _Sequence) -> None:
         for block in reversed(seq.blocks):  # tail first: a chain loses its last block first
-            self.allocator._free_block(block, cached=self._hash[block] is not None)
+            self.allocator.free(block, cached=self._hash[block] is not None)
 
     def _add(self, seq: _Sequence) -> int:
         seq_id, self._next_id = self._next_id, self._next_id + 1
@@ -297,7 +243,12 @@ class BlockManager:
         partial = len(seq.tokens) % self.block_size != 0
         return partial and self.allocator._refs[seq.blocks[-1]] > 1
 
-    # -- queries -------------------------------------------------------------------------------
+    def _count_admission(self, num_tokens: int, hits: list[int]) -> int:
+        """Count an admission in ``stats``; returns the tokens the hits serve."""
+        s, cached = self.stats, len(hits) * self.block_size
+        s.admissions, s.prompt_tokens = s.admissions + 1, s.prompt_tokens + num_tokens
+        s.hit_blocks, s.hit_tokens = s.hit_blocks + len(hits), s.hit_tokens + cached
+        return cached
 
     def __repr__(self) -> str:
         return (
@@ -329,7 +280,7 @@ class BlockManager:
         return _checks.sequence(self._seqs, seq_id).num_computed
 
     def state(self, seq_id: int) -> str:
-        """``"resident"``, or the preemption mode (``"recompute"``, ``"swap"``) while preempted."""
+        """``"resident"``, or the preemption mode while preempted."""
         return _checks.sequence(self._seqs, seq_id).state
 
     def block_table(self, seq_id: int) -> list[int]:
@@ -337,15 +288,14 @@ class BlockManager:
         return list(_checks.sequence(self._seqs, seq_id).blocks)
 
     def table(self, seq_id: int) -> BlockTable:
-        seq = _checks.sequence(self._seqs, seq_id)
-        return BlockTable(self.block_size, seq.blocks, len(seq.tokens) if seq.blocks else 0)
+        blocks, num_tokens = self.block_table(seq_id), self.num_tokens(seq_id)
+        return BlockTable(self.block_size, blocks, num_tokens if blocks else 0)
 
     def ref_count(self, block: int) -> int:
         return self.allocator.ref_count(block)
 
     def block_hash(self, block: int) -> bytes | None:
-        """The hash ``block`` is registered under, or None (not full, not written, evicted, a
-        duplicate)."""
+        """The hash ``block`` is registered under, or None."""
         return self._hash[integer("block", block, 0, self.num_blocks)]
 
     def cached_blocks(self) -> dict[bytes, int]:
@@ -357,33 +307,26 @@ class BlockManager:
 
     def lookup(self, token_ids, salt=None) -> int:
         """Leading tokens of ``token_ids`` that ``admit`` would serve from the cache now."""
-        tokens = checked_tokens("token_ids", token_ids)
-        return len(self._match(tokens, root_hash(salt))[0]) * self.block_size
+        return len(self._match(_checks.prompt(token_ids), root_hash(salt))[0]) * self.block_size
 
     def blocks_to_admit(self, token_ids, salt=None) -> int:
-        """Free blocks ``admit`` would take now: new blocks, plus cached ones it takes back off the
-        free list."""
-        tokens = checked_tokens("token_ids", token_ids)
+        """Free blocks ``admit`` would take now (new ones, and cached ones taken back)."""
+        tokens = _checks.prompt(token_ids)
         return self._blocks_needed(len(tokens), self._match(tokens, root_hash(salt))[0])
 
     def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
-        """Free blocks reserving ``num_tokens`` more tokens would take: new blocks plus a
-        copy-on-write."""
-        seq = _checks.sequence(self._seqs, seq_id, "resident")
-        return self._blocks_to_append(seq, integer("num_tokens", num_tokens, 0))
+        """Free blocks ``num_tokens`` more tokens would take (new ones, and a copy-on-write)."""
+        return self._blocks_to_append(*_checks.append_count(self._seqs, seq_id, num_tokens))
 
     def blocks_to_resume(self, seq_id: int, token_ids=()) -> int:
         """Free blocks ``resume(seq_id, token_ids)`` would take now."""
-        seq = _checks.sequence(self._seqs, seq_id, "preempted")
-        extra = checked_tokens("token_ids", token_ids, empty=True)
+        extra = _checks.new_tokens(self._seqs, seq_id, token_ids, "preempted")
+        seq = self._seqs[seq_id]
         return self._blocks_needed(len(seq.tokens) + len(extra), self._resume_hits(seq, extra)[0])
 
     def check(self) -> None:
-        """Raise AssertionError unless the bookkeeping is consistent (every block counted once,
-        reference counts equal holders, registered blocks written): :mod:`kvlab.cache._checks`."""
+        """Raise AssertionError unless the bookkeeping is consistent."""
         _checks.manager_invariants(self)
-
-    # -- rollback ------------------------------------------------------------------------------
 
     def snapshot(self):
         """Everything mutable, copied, for :meth:`restore` after a failed call."""
@@ -392,39 +335,12 @@ class BlockManager:
         return self.allocator.snapshot(), hashes, by_hash, seqs, self._next_id, stats
 
     def restore(self, snapshot) -> None:
-        """Back to ``snapshot``, except that a hash evicted since stays evicted (the rollback
-        rule)."""
+        """Back to ``snapshot``, but a hash evicted since stays evicted (the rollback rule)."""
         allocator, hashes, by_hash, seqs, self._next_id, stats = snapshot
-        evicted = [(h, b) for h, b in by_hash.items() if self._by_hash.get(h) != b]
+        evicted = [b for h, b in by_hash.items() if self._by_hash.get(h) != b]
         self.allocator.restore(allocator)
         self._hash, self._by_hash, self.stats = list(hashes), dict(by_hash), replace(stats)
         self._seqs = {i: s.copy() for i, s in seqs.items()}
-        for _, block in evicted:
+        for block in evicted:
             self._evict(block)
         self.stats.evictions += len(evicted)
-
-    # -- statistics ----------------------------------------------------------------------------
-
-    def _count_admission(self, num_tokens: int, hit_blocks: int) -> None:
-        s = self.stats
-        s.admissions, s.prompt_tokens = s.admissions + 1, s.prompt_tokens + num_tokens
-        s.hit_blocks, s.hit_tokens = (
-            s.hit_blocks + hit_blocks,
-            s.hit_tokens + hit_blocks * self.block_size,
-        )
-
-
-@dataclass
-class CacheStats:
-    """Prefix-cache counters since the manager was made (notebook 06). ``hit_rate``: the share of
-    admitted tokens that cached blocks served."""
-
-    admissions: int = 0
-    prompt_tokens: int = 0
-    hit_tokens: int = 0
-    hit_blocks: int = 0
-    evictions: int = 0  # registered blocks whose hash was given up to make room
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0

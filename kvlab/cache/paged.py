@@ -1,36 +1,41 @@
 """Notebooks 05, 06 and 11: the paged KV cache, per-layer K and V pools over one block manager.
 
 ``k_pools[layer]`` and ``v_pools[layer]`` are ``[num_blocks, block_size, num_kv_heads, head_dim]``
-(Kwon et al. 2023); one :class:`~kvlab.cache.block_manager.BlockManager` owns the block tables,
-which every layer shares: token ``t`` sits in the same block and offset in every layer. K and V are
-written by a model step (:mod:`kvlab.serving`: ``admit`` or ``reserve`` the step's slots, run the
-model, whose attention stores every layer's K and V there, then ``commit``), or by hand, one layer
-at a time (notebook 05: ``append``; layer 0 reserves the slots, the others follow). ``fork`` shares
-every block; the first write into a shared, partly filled last block copies it (copy-on-write).
-``preempt`` drops a sequence's blocks, after copying their K and V to host memory for ``"swap"``;
-``resume`` brings them back. A call that fails changes nothing (``all_or_nothing``, under the block
-manager's rollback rule).
+(Kwon et al. 2023); every layer shares one :class:`~kvlab.cache.block_manager.BlockManager`'s
+block tables. A model step (:mod:`kvlab.serving`) reserves its slots, stores every layer's K and V
+and commits; notebook 05 writes by hand, one layer at a time (``append``). ``fork`` shares every
+block, and the first write into a shared, partly filled last block copies it (copy-on-write). A
+call that fails changes nothing (``all_or_nothing``, under the block manager's rollback rule).
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import torch
 
-from kvlab import _checks as checks
 from kvlab import kernels
-from kvlab._checks import integer, integers, one_of, positive, require_memory, restoring
+from kvlab._checks import require_memory, restoring
 from kvlab.cache import _checks
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.blocks import PREEMPTION_MODES
 from kvlab.devices import device as default_device
 
 
+def _ask_manager(query):
+    """The block manager's ``query``, asked of a paged cache (same name, signature and doc)."""
+
+    @functools.wraps(query)
+    def ask(self, *args, **kwargs):
+        return query(self.manager, *args, **kwargs)
+
+    return ask
+
+
 class PagedKVCache:
-    """Per-layer K and V pools and one block manager (notebooks 05, 06, 11). ``store`` writes the
-    by-hand ``append`` (default :func:`kvlab.kernels.store_kv`; ``kvlab.kernels.store_kv_ref`` times
-    host-side work on a CPU); a model step stores through :mod:`kvlab.serving.attention`."""
+    """``store`` writes the by-hand ``append`` (default :func:`kvlab.kernels.store_kv`;
+    ``kvlab.kernels.store_kv_ref`` times host-side work on a CPU)."""
 
     def __init__(
         self,
@@ -44,31 +49,24 @@ class PagedKVCache:
         store=None,
         prefix_caching: bool = False,
     ):
-        self.num_layers = integer("num_layers", num_layers)
-        self.block_size = integer("block_size", block_size)
-        self.num_kv_heads = integer("num_kv_heads", num_kv_heads)
-        self.head_dim = integer("head_dim", head_dim)
-        self.dtype = checks.dtype("dtype", dtype)
-        self._store = _checks.optional(checks.function, "store", store)
-        self.device = _checks.optional(checks.device, "device", device) or default_device()
+        sizes = num_layers, block_size, num_kv_heads, head_dim
+        *sizes, self.dtype, self._store, device = _checks.cache_args(*sizes, dtype, store, device)
+        self.num_layers, self.block_size, self.num_kv_heads, self.head_dim = sizes
+        self.device = device or default_device()
         self.manager = BlockManager(
             num_blocks, block_size, prefix_caching, None, self.bytes_per_block
         )
         self.num_blocks = self.manager.num_blocks
         shape = (self.num_blocks, block_size, num_kv_heads, head_dim)
-        pools = f"K and V pools {shape} x {num_layers} layers"
-        require_memory(pools, self.num_blocks * self.bytes_per_block, self.device)
-        self.k_pools = [
-            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+        what = f"K and V pools {shape} x {num_layers} layers"
+        require_memory(what, self.num_blocks * self.bytes_per_block, self.device)
+        pools = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * num_layers)
         ]
-        self.v_pools = [
-            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
-        ]
+        self.k_pools, self.v_pools = pools[:num_layers], pools[num_layers:]
         self._layer_tokens: dict[int, list[int]] = {}  # per sequence: tokens each layer holds
         self._host: dict[int, tuple] = {}  # swapped-out sequences' K and V
         self.preemptions = Counter()  # {"recompute": n, "swap": n}
-
-    # -- sequences and slots -------------------------------------------------------------------
 
     def new_sequence(self, salt=None) -> int:
         """An empty sequence (no blocks yet); returns its id."""
@@ -77,18 +75,14 @@ class PagedKVCache:
         return seq_id
 
     def admit(self, token_ids, salt=None) -> tuple[int, int]:
-        """A sequence holding the slots of prompt ``token_ids``; returns ``(seq_id,
-        cached_tokens)``. The first ``cached_tokens`` tokens' K and V are already in the pools
-        (prefix hits)."""
+        """:meth:`BlockManager.admit`; the cached tokens' K and V are already in the pools."""
         seq_id, cached = self.manager.admit(token_ids, salt)
         self._layer_tokens[seq_id] = [cached] * self.num_layers
         return seq_id, cached
 
     def reserve(self, seq_id: int, token_ids) -> None:
-        """Slots for ``token_ids`` after ``seq_id``'s tokens; a shared, partly filled last block is
-        copied first, in every layer (copy-on-write)."""
-        self.require_in_step(seq_id)
-        self._reserve(seq_id, checks.token_ids("token_ids", token_ids, empty=True))
+        """:meth:`BlockManager.reserve`, copying a shared last block in every layer."""
+        self._reserve(seq_id, _checks.step_tokens(self, seq_id, token_ids))
 
     def commit(self, seq_id: int, num_computed: int) -> None:
         """Every layer now holds the K and V of ``seq_id``'s first ``num_computed`` tokens."""
@@ -96,137 +90,98 @@ class PagedKVCache:
         self._layer_tokens[seq_id] = [num_computed] * self.num_layers
 
     def append(self, seq_id: int, layer: int, k, v, token_ids=None) -> None:
-        """Store ``k`` and ``v`` (``[tokens, num_kv_heads, head_dim]``) after ``seq_id``'s tokens in
-        ``layer``.
-
-        Layer 0 writes first: into slots ``admit`` reserved and, past them, into new slots it
-        reserves for tokens ``token_ids`` (one per row; required with prefix caching on, else ids
-        0). Other layers follow. When every layer holds a token, it counts as computed (``commit``).
-        All or nothing: on any error no block, count or table has changed."""
-        layer = integer("layer", layer, 0, self.num_layers)
-        _checks.sequence(self.manager._seqs, seq_id, "resident")
-        k, v = _checks.kv_rows(k, v, self.num_kv_heads, self.head_dim, self.dtype, self.device)
-        new_ids = _checks.append_ids(self, seq_id, layer, k.shape[0], token_ids)
-        start, end = self._layer_tokens[seq_id][layer], self._layer_tokens[seq_id][layer] + len(k)
+        """Store ``k`` and ``v`` after ``seq_id``'s tokens in ``layer``. Layer 0 goes first and
+        reserves slots past ``admit``'s for ``token_ids`` (ids 0 without prefix caching); a token
+        that every layer holds counts as computed."""
+        layer, k, v, new_ids = _checks.append_args(self, seq_id, layer, k, v, token_ids)
+        start = self._layer_tokens[seq_id][layer]
         with self.all_or_nothing():
             if new_ids:
                 self._reserve(seq_id, new_ids)
-            table, size = self.manager.block_table(seq_id), self.block_size
-            slots = [table[t // size] * size + t % size for t in range(start, end)]
+            slots = self.manager.table(seq_id).slots(start, start + len(k))
             slots = torch.tensor(slots, dtype=torch.int64, device=self.device)
             (self._store or kernels.store_kv)(k, v, self.k_pools[layer], self.v_pools[layer], slots)
-            self._layer_tokens[seq_id][layer] = end
+            self._layer_tokens[seq_id][layer] = start + len(k)
             self.manager._commit(seq_id, min(self._layer_tokens[seq_id]))
 
     def fork(self, seq_id: int) -> int:
         """A new sequence that shares every block of ``seq_id`` (reference counts, no copy)."""
-        self.require_in_step(seq_id)
-        child = self.manager.fork(seq_id)
+        child = self.manager.fork(_checks.in_step(self, seq_id))
         self._layer_tokens[child] = list(self._layer_tokens[seq_id])
         return child
 
     def free(self, seq_id: int) -> None:
-        """Drop ``seq_id`` and its hold on every block (with prefix caching, full written blocks
-        stay cached)."""
+        """Drop ``seq_id`` and its hold on every block."""
         self.manager.free(seq_id)
         del self._layer_tokens[seq_id]
         self._host.pop(seq_id, None)
 
     def _reserve(self, seq_id: int, tokens: list[int]) -> None:
         if not (tokens and self.manager._last_block_shared(self.manager._seqs[seq_id])):
-            self.manager._reserve(seq_id, tokens)  # all or nothing: no tensor to copy
+            self.manager.reserve(seq_id, tokens)  # all or nothing: no tensor to copy
             return
         with self.all_or_nothing():
-            source, copy = self.manager._reserve(seq_id, tokens)
+            source, copy = self.manager.reserve(seq_id, tokens)
             for k_pool, v_pool in zip(self.k_pools, self.v_pools):
                 k_pool[copy].copy_(k_pool[source])
                 v_pool[copy].copy_(v_pool[source])
 
-    # -- preemption ----------------------------------------------------------------------------
-
     def preempt(self, seq_id: int, mode: str) -> int:
-        """Take ``seq_id``'s blocks back; returns the number of tokens whose K and V it held.
-
-        ``"recompute"``: the blocks are dropped; after ``resume`` the caller prefills the tokens
-        again (notebook 05, vLLM's default). ``"swap"``: their K and V are copied to host memory
-        first, and ``resume`` copies them back. A sequence may be preempted in the middle of its
-        prefill.
-        """
-        one_of("mode", mode, PREEMPTION_MODES)
-        self.require_in_step(seq_id)
+        """:meth:`BlockManager.preempt`, even mid-prefill; ``"swap"`` first copies the written
+        blocks' K and V to host memory."""
+        mode = _checks.preemption(self, seq_id, mode, PREEMPTION_MODES)
         if mode == "swap":
-            written = self.manager.block_table(seq_id)[: self._blocks(self.num_computed(seq_id))]
-            host = _copy_to_host(self.k_pools, self.v_pools, written)
-        held = self.manager._preempt(seq_id, mode)
-        if mode == "swap":
-            self._host[seq_id] = host
+            written = self.manager._blocks_for(self.num_computed(seq_id))
+            table = self.manager.block_table(seq_id)[:written]
+            self._host[seq_id] = _copy_to_host(self.k_pools, self.v_pools, table)
+        held = self.manager.preempt(seq_id, mode)
         self._layer_tokens[seq_id] = [self.num_computed(seq_id)] * self.num_layers
         self.preemptions[mode] += 1
         return held
 
     def resume(self, seq_id: int, token_ids=()) -> int:
-        """Blocks again for a preempted sequence (and slots for ``token_ids`` after its tokens);
-        returns how many leading tokens cached blocks served. After ``"swap"`` the rest of its K and
-        V are copied back from host memory (all or nothing)."""
-        seq = _checks.sequence(self.manager._seqs, seq_id, "preempted")
-        extra = checks.token_ids("token_ids", token_ids, empty=True)
-        swapped = seq.state == "swap"
+        """:meth:`BlockManager.resume`, copying back from host memory what a swap saved."""
+        swapped = self.is_swapped(seq_id)
         with self.all_or_nothing():
-            cached = self.manager._resume(seq_id, extra)
+            cached, computed = self.manager.resume(seq_id, token_ids), self.num_computed(seq_id)
             if swapped:
-                computed = seq.num_computed
-                self._copy_from_host(seq_id, cached // self.block_size, self._blocks(computed))
+                end = self.manager._blocks_for(computed)
+                self._copy_from_host(seq_id, cached // self.block_size, end)
                 self.manager._commit(seq_id, computed)
         self._host.pop(seq_id, None)
-        self._layer_tokens[seq_id] = [seq.num_computed] * self.num_layers
+        self._layer_tokens[seq_id] = [computed] * self.num_layers
         return cached
 
     def _copy_from_host(self, seq_id: int, first: int, end: int) -> None:
-        """Host copies of logical blocks ``first .. end - 1`` into their new physical blocks."""
+        """Host copies of logical blocks ``first .. end - 1`` back into the pools."""
         blocks = self.manager.block_table(seq_id)[first:end]
         index = torch.tensor(blocks, dtype=torch.long, device=self.device)
         for pools, host in zip((self.k_pools, self.v_pools), self._host[seq_id]):
             for layer, pool in enumerate(pools):
                 pool[index] = host[layer, first:end].to(self.device, non_blocking=True)
 
-    def _blocks(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
-
-    # -- what the attention kernel reads -------------------------------------------------------
-
     def block_tables(self, seq_ids) -> torch.Tensor:
         """``int32 [batch, max_blocks]``; entries past a sequence's blocks are 0 (never read)."""
-        seq_ids = integers("seq_ids", seq_ids, 0, empty=True)
-        for seq_id in seq_ids:
-            _checks.sequence(self.manager._seqs, seq_id, "resident")
-        tables = [self.manager.block_table(s) for s in seq_ids]
+        tables = [self.manager.block_table(s) for s in _checks.resident(self, seq_ids)]
         width = max((len(t) for t in tables), default=0) or 1
         rows = [t + [0] * (width - len(t)) for t in tables]
         return torch.tensor(rows, dtype=torch.int32, device=self.device).reshape(len(tables), width)
 
     def seq_lens(self, seq_ids, layer: int | None = None) -> torch.Tensor:
         """``int32 [batch]``: tokens stored for each sequence (in ``layer``; default layer 0)."""
-        layer = integer("layer", 0 if layer is None else layer, 0, self.num_layers)
-        seq_ids = integers("seq_ids", seq_ids, 0, empty=True)
-        lengths = [self._layer_count(s, layer) for s in seq_ids]
+        layer, seq_ids = _checks.lens_args(self, seq_ids, layer)
+        lengths = [self._layer_tokens[s][layer] for s in seq_ids]
         return torch.tensor(lengths, dtype=torch.int32, device=self.device)
 
     def gather(self, seq_id: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``seq_id``'s K and V in ``layer`` in logical order, contiguous ``[tokens, num_kv_heads,
-        head_dim]``."""
-        layer = integer("layer", layer, 0, self.num_layers)
-        length = self._layer_count(seq_id, layer)
-        table = self.manager.block_table(seq_id)[: self._blocks(length)]
+        """``seq_id``'s K and V in ``layer``, contiguous ``[tokens, num_kv_heads, head_dim]``."""
+        layer = _checks.gather_layer(self, seq_id, layer)
+        length = self._layer_tokens[seq_id][layer]
+        table = self.manager.block_table(seq_id)[: self.manager._blocks_for(length)]
         blocks = torch.tensor(table, dtype=torch.long, device=self.device)
         k = self.k_pools[layer][blocks].flatten(0, 1)[:length]
         v = self.v_pools[layer][blocks].flatten(0, 1)[:length]
         return k.contiguous(), v.contiguous()
-
-    def _layer_count(self, seq_id, layer: int) -> int:
-        _checks.sequence(self.manager._seqs, seq_id, "resident")
-        return self._layer_tokens[seq_id][layer]
-
-    # -- sizes and queries ---------------------------------------------------------------------
 
     @property
     def bytes_per_block(self) -> int:
@@ -235,63 +190,32 @@ class PagedKVCache:
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
 
     # The block manager's queries, asked of the cache (the scheduler asks either one).
-    @property
-    def num_free(self) -> int:
-        return self.manager.num_free
-
-    @property
-    def prefix_caching(self) -> bool:
-        return self.manager.prefix_caching
-
-    def sequences(self) -> list[int]:
-        return self.manager.sequences()
-
-    def table(self, seq_id: int):
-        return self.manager.table(seq_id)
-
-    def block_table(self, seq_id: int) -> list[int]:
-        return self.manager.block_table(seq_id)
-
-    def tokens(self, seq_id: int) -> list[int]:
-        return self.manager.tokens(seq_id)
-
-    def state(self, seq_id: int) -> str:
-        return self.manager.state(seq_id)
-
-    def num_tokens(self, seq_id: int) -> int:
-        return self.manager.num_tokens(seq_id)
-
-    def num_computed(self, seq_id: int) -> int:
-        return self.manager.num_computed(seq_id)
-
-    def blocks_to_admit(self, token_ids, salt=None) -> int:
-        return self.manager.blocks_to_admit(token_ids, salt)
-
-    def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
-        return self.manager.blocks_to_append(seq_id, num_tokens)
-
-    def blocks_to_resume(self, seq_id: int, token_ids=()) -> int:
-        return self.manager.blocks_to_resume(seq_id, token_ids)
+    num_free = property(lambda self: self.manager.num_free)
+    prefix_caching = property(lambda self: self.manager.prefix_caching)
+    sequences = _ask_manager(BlockManager.sequences)
+    table = _ask_manager(BlockManager.table)
+    block_table = _ask_manager(BlockManager.block_table)
+    tokens = _ask_manager(BlockManager.tokens)
+    state = _ask_manager(BlockManager.state)
+    num_tokens = _ask_manager(BlockManager.num_tokens)
+    num_computed = _ask_manager(BlockManager.num_computed)
+    blocks_to_admit = _ask_manager(BlockManager.blocks_to_admit)
+    blocks_to_append = _ask_manager(BlockManager.blocks_to_append)
+    blocks_to_resume = _ask_manager(BlockManager.blocks_to_resume)
 
     def is_swapped(self, seq_id: int) -> bool:
         return self.manager.state(seq_id) == "swap"
 
     def require_in_step(self, seq_id) -> None:
-        """Refuse a sequence that is unknown, preempted, or half way through a by-hand append (its
-        layers hold different numbers of tokens): a model step needs every layer at the same token.
-        """
+        """Refuse a sequence that is unknown, preempted, or mid-way through a by-hand append."""
         _checks.in_step(self, seq_id)
 
     def check(self) -> None:
-        """The block manager's invariants, and each sequence's layers between its computed and held
-        tokens (:mod:`kvlab.cache._checks`)."""
+        """The block manager's invariants, and each sequence's layers between computed and held."""
         _checks.paged_invariants(self)
 
-    # -- rollback ------------------------------------------------------------------------------
-
     def snapshot(self):
-        """The bookkeeping a failed call must put back (not the pools' contents: a failed call
-        writes only into slots whose K and V no registered hash or computed token vouches for)."""
+        """The bookkeeping, not the pools: a failed call writes only slots nothing vouches for."""
         layers = {i: list(t) for i, t in self._layer_tokens.items()}
         return self.manager.snapshot(), layers, dict(self._host), Counter(self.preemptions)
 
@@ -301,21 +225,14 @@ class PagedKVCache:
         self._layer_tokens, self._host = {i: list(t) for i, t in layers.items()}, dict(host)
 
     def all_or_nothing(self):
-        """Everything as it was if the block raises (a model step, a write, a copy):
-        ``kvlab._checks.restoring`` over :meth:`snapshot` and :meth:`restore`."""
+        """Everything as it was if the block raises (a model step, a write, a copy)."""
         return restoring(self)
 
 
 def copy_blocks_to_host(k_pools, v_pools, blocks: list[int]) -> tuple:
-    """K and V of ``blocks`` in every layer, copied to host memory: ``(k, v)``, each
-    ``[layers, len(blocks), block_size, kv_heads, head_dim]``. Notebook 05 (swap preemption).
-
-    On a GPU the host copies are pinned, so the transfer runs at the link's speed; the call returns
-    once they are complete.
-    """
-    _checks.pools(k_pools, v_pools)
-    blocks = integers("blocks", blocks, 0, k_pools[0].shape[0], empty=True)  # no wrap-around
-    return _copy_to_host(k_pools, v_pools, blocks)
+    """``(k, v)`` of ``blocks`` in every layer, copied to (pinned) host memory, each ``[layers,
+    len(blocks), block_size, kv_heads, head_dim]`` (notebook 05, swap preemption)."""
+    return _copy_to_host(k_pools, v_pools, _checks.pool_blocks(k_pools, v_pools, blocks))
 
 
 def _copy_to_host(k_pools, v_pools, blocks: list[int]) -> tuple:
@@ -328,16 +245,14 @@ def _copy_to_host(k_pools, v_pools, blocks: list[int]) -> tuple:
         copy.copy_(stacked, non_blocking=pin)
         host.append(copy)
     if pin:
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(device)  # the call returns once the copies are complete
     return tuple(host)
 
 
 def tokens_in_budget(budget_bytes: float, shape, bytes_per_element: float = 2) -> int:
-    """KV slots (tokens, all layers) that ``budget_bytes`` holds for a ``ModelShape`` (notebook
-    05)."""
-    positive("budget_bytes", budget_bytes)
-    positive("bytes_per_element", bytes_per_element)
-    return int(budget_bytes // _checks.model_shape(shape).kv_bytes_per_token(bytes_per_element))
+    """KV slots (tokens, all layers) that ``budget_bytes`` holds for a ``ModelShape``."""
+    shape = _checks.budget_args(budget_bytes, shape, bytes_per_element)
+    return int(budget_bytes // shape.kv_bytes_per_token(bytes_per_element))
 
 
 __all__ = ["PREEMPTION_MODES", "PagedKVCache", "copy_blocks_to_host", "tokens_in_budget"]
