@@ -46,11 +46,12 @@ LESSON_PATH = (
         ),
     ),
     (
-        "the paged kernels, each beside its reference",
+        # Their PyTorch references (kernels/paged_attention_torch.py, the *_ref beside each kernel)
+        # are the oracles the kernels are tested against, not a hop on the path.
+        "the paged kernels and their entry points",
         (
             "kernels/__init__.py",
             "kernels/paged_attention.py",
-            "kernels/paged_attention_torch.py",
             "kernels/paged_prefill.py",
             "kernels/paged_tile.py",
             "kernels/store.py",
@@ -62,9 +63,16 @@ LESSON_PATH = (
 ONE_LINERS = {
     "decode.py": "three greedy decode loops: naive, cached (a KV cache) and static (preallocated,"
     " compiled).",
-    "kernels/paged_attention_torch.py": "paged decode attention in plain PyTorch, the reference the"
-    " Triton kernel is tested against, with its signature.",
+    "serving/scheduler.py": "who runs each step and with how many tokens: continuous batching,"
+    " chunked prefill, preemption.",
+    "serving/attention.py": "the one attention function a stock Hugging Face model calls: store the"
+    " step's K and V, then attend.",
+    "serving/runner.py": "one forward pass per step over the step's chunks, greedy sampling; CUDA"
+    " graphs for decode on a GPU.",
+    "serving/engine.py": "the engine: add requests, step (schedule, run, update) all or nothing.",
     "kernels/paged_prefill.py": 'paged prefill ("extend") attention in Triton (section 9.5).',
+    "kernels/paged_tile.py": "the two steps both paged kernels repeat per tile of keys: load it"
+    " through the block table, fold it into the online softmax.",
 }
 
 BLOCK = re.compile(
