@@ -53,7 +53,7 @@ def test_new_serving_modules_join_the_path_and_missing_files_are_skipped(tmp_pat
             "the serving stack",
             ["serving/request.py", "serving/engine.py", "serving/alpha.py", "serving/zeta.py"],
         ),
-        ("the paged kernels, each beside its reference", ["kernels/store.py"]),
+        ("the paged kernels and their entry points", ["kernels/store.py"]),
     ]
     sentence = lesson_path.lesson_path_block(root)
     assert "the 6 modules" in sentence and "is 18 lines of Python" in sentence
