@@ -137,9 +137,7 @@ class Engine:
 
     def _account(self, plan: list, seconds: float) -> None:
         self._idle_steps = 0 if plan else self._idle_steps + 1
-        _checks.progress(
-            self, self._idle_steps
-        )  # a scheduler that stalls with work left is a bug: fail loudly
+        _checks.progress(self, self._idle_steps)  # a scheduler stalled with work left: fail loudly
         self.stats.batch_sizes.append(len(plan))
         self.stats.wall_s += seconds
         if self.debug:
