@@ -221,6 +221,7 @@ def test_burst_reading_says_whether_the_system_prompt_was_computed_once():
     assert "3.20** times" in once and "(rounds 3.00 to 3.40)" in once
     assert "equal `generate`'s" in once
     assert "rounds" not in burst_reading(16, 1152, 192, 192, True, (3.2, 3.2, 3.2))
+    assert "first token was 12.5 ms" in burst_reading(16, 1152, 192, 192, True, None, 0.0125)
     again = burst_reading(16, 1152, 1152, 192, True)
     assert "+960 against computing" in again and "computed shared blocks again" in again
     assert "times the engine" not in again

@@ -308,11 +308,13 @@ def burst_reading(
     once: int,
     same_tokens: bool,
     peer_ratio: tuple[float, float, float] | None = None,
+    ttft_s: float | None = None,
 ) -> str:
     """A burst behind one system prompt (notebook 11): the prompt tokens the engine's prefill steps
     computed (``computed``) against computing the system prompt once and every request's own tokens
     (``once``); ``peer_ratio`` is transformers' continuous batching's time over the engine's
-    (median, lowest and highest round), or None when not timed."""
+    (median, lowest and highest round), or None when not timed; ``ttft_s`` the engine's mean time
+    to first token."""
     text = (
         f"The {number(requests)} prompts hold {prompt_tokens:,} tokens; the engine's prefill steps "
         f"computed **{computed:,}** of them"
@@ -331,6 +333,8 @@ def burst_reading(
     if not same_tokens:
         return text + " A contender's tokens differ from `generate`'s, so no time is reported."
     text += " Every request's tokens equal `generate`'s."
+    if ttft_s is not None:
+        text += f" The engine's mean time to first token was {si(ttft_s, 's')}."
     if peer_ratio is not None:
         median, low, high = peer_ratio
         spread = f" (rounds {low:.2f} to {high:.2f})" if high - low >= 0.005 else ""
