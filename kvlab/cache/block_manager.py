@@ -206,7 +206,7 @@ class BlockManager:
         _checks.free_blocks(self, self._blocks_needed(num_tokens, hits))
         pool = self.allocator
         for block in hits:
-            pool.incref(block) if pool._refs[block] else pool.reclaim(block)
+            pool.incref(block) if pool.ref_count(block) else pool.reclaim(block)
         return hits + self._allocate(self._blocks_for(num_tokens) - len(hits))
 
     def _allocate(self, count: int) -> list[int]:
@@ -233,7 +233,7 @@ class BlockManager:
     def _blocks_needed(self, num_tokens: int, hits: list[int]) -> int:
         """Free blocks taken: new ones, and hits that nobody holds (taken back off the list)."""
         new = self._blocks_for(num_tokens) - len(hits)
-        return new + sum(1 for b in hits if self.allocator._refs[b] == 0)
+        return new + sum(1 for b in hits if self.allocator.ref_count(b) == 0)
 
     def _blocks_to_append(self, seq: _Sequence, num_tokens: int) -> int:
         new = self._blocks_for(len(seq.tokens) + num_tokens) - len(seq.blocks)
@@ -241,7 +241,7 @@ class BlockManager:
 
     def _last_block_shared(self, seq: _Sequence) -> bool:
         partial = len(seq.tokens) % self.block_size != 0
-        return partial and self.allocator._refs[seq.blocks[-1]] > 1
+        return partial and self.allocator.ref_count(seq.blocks[-1]) > 1
 
     def _count_admission(self, num_tokens: int, hits: list[int]) -> int:
         """Count an admission in ``stats``; returns the tokens the hits serve."""
@@ -313,6 +313,10 @@ class BlockManager:
         """Free blocks ``admit`` would take now (new ones, and cached ones taken back)."""
         tokens = _checks.prompt(token_ids)
         return self._blocks_needed(len(tokens), self._match(tokens, root_hash(salt))[0])
+
+    def last_block_shared(self, seq_id: int) -> bool:
+        """Its last block is partly filled and held by another sequence too (after a fork)."""
+        return self._last_block_shared(_checks.sequence(self._seqs, seq_id))
 
     def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
         """Free blocks ``num_tokens`` more tokens would take (new ones, and a copy-on-write)."""

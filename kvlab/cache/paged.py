@@ -102,7 +102,7 @@ class PagedKVCache:
             slots = torch.tensor(slots, dtype=torch.int64, device=self.device)
             (self._store or kernels.store_kv)(k, v, self.k_pools[layer], self.v_pools[layer], slots)
             self._layer_tokens[seq_id][layer] = start + len(k)
-            self.manager._commit(seq_id, min(self._layer_tokens[seq_id]))
+            self.manager.commit(seq_id, min(self._layer_tokens[seq_id]))
 
     def fork(self, seq_id: int) -> int:
         """A new sequence that shares every block of ``seq_id`` (reference counts, no copy)."""
@@ -117,7 +117,7 @@ class PagedKVCache:
         self._host.pop(seq_id, None)
 
     def _reserve(self, seq_id: int, tokens: list[int]) -> None:
-        if not (tokens and self.manager._last_block_shared(self.manager._seqs[seq_id])):
+        if not (tokens and self.manager.last_block_shared(seq_id)):
             self.manager.reserve(seq_id, tokens)  # all or nothing: no tensor to copy
             return
         with self.all_or_nothing():
@@ -131,7 +131,7 @@ class PagedKVCache:
         blocks' K and V to host memory."""
         mode = _checks.preemption(self, seq_id, mode, PREEMPTION_MODES)
         if mode == "swap":
-            written = self.manager._blocks_for(self.num_computed(seq_id))
+            written = -(-self.num_computed(seq_id) // self.block_size)
             table = self.manager.block_table(seq_id)[:written]
             self._host[seq_id] = _copy_to_host(self.k_pools, self.v_pools, table)
         held = self.manager.preempt(seq_id, mode)
@@ -145,9 +145,9 @@ class PagedKVCache:
         with self.all_or_nothing():
             cached, computed = self.manager.resume(seq_id, token_ids), self.num_computed(seq_id)
             if swapped:
-                end = self.manager._blocks_for(computed)
+                end = -(-computed // self.block_size)
                 self._copy_from_host(seq_id, cached // self.block_size, end)
-                self.manager._commit(seq_id, computed)
+                self.manager.commit(seq_id, computed)
         self._host.pop(seq_id, None)
         self._layer_tokens[seq_id] = [computed] * self.num_layers
         return cached
@@ -177,7 +177,7 @@ class PagedKVCache:
         """``seq_id``'s K and V in ``layer``, contiguous ``[tokens, num_kv_heads, head_dim]``."""
         layer = _checks.gather_layer(self, seq_id, layer)
         length = self._layer_tokens[seq_id][layer]
-        table = self.manager.block_table(seq_id)[: self.manager._blocks_for(length)]
+        table = self.manager.block_table(seq_id)[: -(-length // self.block_size)]
         blocks = torch.tensor(table, dtype=torch.long, device=self.device)
         k = self.k_pools[layer][blocks].flatten(0, 1)[:length]
         v = self.v_pools[layer][blocks].flatten(0, 1)[:length]
