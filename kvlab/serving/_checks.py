@@ -152,18 +152,11 @@ def eos_ids(name: str, ids, model) -> frozenset:
 
 def prompt(name: str, prompt, engine) -> list[int]:
     """Token ids the engine's model knows, in one tensor row or a list, that fit its pool."""
-    if isinstance(prompt, torch.Tensor):
-        if prompt.dim() != 1:
-            raise ValueError(
-                f"{name} must be a 1-D tensor of token ids, got shape {tuple(prompt.shape)}"
-            )
-        prompt = prompt.tolist()
-    if not isinstance(prompt, (list, tuple)):
+    if not isinstance(prompt, (list, tuple, torch.Tensor)):  # a set or a generator has no order
         raise TypeError(f"{name} must be a list of token ids, got {type(prompt).__name__}")
+    prompt = token_ids(name, prompt, engine.vocab_size, empty=True)
     if not prompt:
         raise ValueError(f"{name} is empty: a request needs at least one prompt token")
-    for i, t in enumerate(prompt):
-        integer(f"{name}[{i}]", t, low=0, high=engine.vocab_size)
     blocks = -(-len(prompt) // engine.block_size)
     if blocks > engine.num_blocks:
         raise ValueError(
@@ -176,7 +169,7 @@ def prompt(name: str, prompt, engine) -> list[int]:
             f"{name} has {len(prompt)} tokens, more than the model's attention window "
             f"({engine.window}); this engine attends to the whole context"
         )
-    return [int(t) for t in prompt]
+    return prompt
 
 
 def add_request(engine, prompt_, max_new_tokens, stop):

@@ -45,6 +45,11 @@ class Request:
     def tokens(self) -> list[int]:
         return self.prompt + self.output
 
+    def tokens_at(self, start: int, count: int) -> list[int]:
+        """``tokens[start:start + count]``, sliced from prompt and output without joining them."""
+        n, end = len(self.prompt), start + count
+        return self.prompt[start:end] + self.output[max(start - n, 0) : max(end - n, 0)]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt) + len(self.output)

@@ -43,7 +43,7 @@ class Scheduled:
 
     @property
     def chunk(self) -> Chunk:
-        return Chunk(self.request.seq, self.start, self.request.tokens[self.start :][: self.count])
+        return Chunk(self.request.seq, self.start, self.request.tokens_at(self.start, self.count))
 
     @property
     def completes(self) -> bool:
