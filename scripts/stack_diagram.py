@@ -72,10 +72,11 @@ LAYERS = (
     ),
     Layer(
         "decode & serving",
-        "the loops over a model: decode, scheduler, attention, runner, engine, across devices",
+        "the loops over a model: decode, speculation, scheduler, attention, runner, engine, across"
+        " devices",
         "lesson",
         packages=("kvlab.serving", "kvlab.parallel"),
-        modules=("kvlab.decode",),
+        modules=("kvlab.decode", "kvlab.speculative"),
     ),
     Layer(
         "lab",
