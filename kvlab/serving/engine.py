@@ -92,8 +92,8 @@ class Engine:
         return [r.output if r.state == "finished" else None for r in requests]
 
     def _add(self, prompt: list[int], max_new_tokens: int, stop: frozenset) -> Request:
-        stop, arrival = self.eos_token_ids | stop, time.perf_counter()
-        request = Request(len(self.requests), prompt, max_new_tokens, arrival, stop=stop)
+        request = Request(len(self.requests), prompt, max_new_tokens, checked=True)  # door checked
+        request.arrival, request.stop = time.perf_counter(), self.eos_token_ids | stop
         self.requests[request.id] = request
         self._log(request, "arrive", len(prompt))
         why = _checks.never_fits(self, len(prompt), max_new_tokens)
@@ -146,7 +146,7 @@ class Engine:
     def snapshot(self):
         """What a step changes, copied, for :meth:`restore` after a failed step."""
         s = self.scheduler
-        requests = [(r, len(r.output), dict(vars(r))) for r in [*s.waiting, *s.running, *s.swapped]]
+        requests = [(r, r.num_tokens, dict(vars(r))) for r in [*s.waiting, *s.running, *s.swapped]]
         queues = (deque(s.waiting), list(s.running), deque(s.swapped), replace(s.stats))
         stats = replace(self.stats, batch_sizes=list(self.stats.batch_sizes))
         return self.cache.snapshot(), queues, requests, stats, len(self.events)
@@ -157,9 +157,9 @@ class Engine:
         s = self.scheduler
         s.waiting, s.running, s.swapped = deque(waiting), list(running), deque(swapped)
         s.stats = replace(scheduler_stats)
-        for r, outputs, fields in requests:
+        for r, num_tokens, fields in requests:
             vars(r).update(fields)
-            del r.output[outputs:]  # a request's output only grows
+            del r.token_ids[num_tokens:]  # a request's tokens only grow
         self.stats = replace(stats, batch_sizes=list(stats.batch_sizes))
         del self.events[events:]
 

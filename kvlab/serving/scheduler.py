@@ -43,7 +43,8 @@ class Scheduled:
 
     @property
     def chunk(self) -> Chunk:
-        return Chunk(self.request.seq, self.start, self.request.tokens_at(self.start, self.count))
+        ids = self.request.token_ids[self.start : self.start + self.count]
+        return Chunk(self.request.seq, self.start, ids)
 
     @property
     def completes(self) -> bool:
@@ -107,7 +108,7 @@ class Scheduler:
             self.log(request, entry.kind, entry.count)
             if not entry.completes:
                 continue
-            request.output.append(token)
+            request.token_ids.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
             if request.done:
@@ -155,15 +156,16 @@ class Scheduler:
         """Swapped requests back, oldest first, leaving the blocks this step's decodes take."""
         while self.swapped and len(self.running) < self.max_batch:
             request = self.swapped[0]
-            needed = self.memory.blocks_to_resume(request.seq, request.tokens[-1:])
+            held = request.token_ids[: self.memory.num_tokens(request.seq)]
+            needed = self.memory.blocks_to_resume(request.seq, request.token_ids)  # and its decode
             if not self._fits(needed + self._decode_blocks()):
                 return
             self.swapped.popleft()
-            self.memory.resume(request.seq)
+            self.memory.resume(request.seq, held)
             self._run(request, "resume", "swap")
 
     def _decode(self, request: Request) -> Scheduled:
-        self.memory.reserve(request.seq, request.output[-1:])  # the slot of the token fed this step
+        self.memory.reserve(request.seq, 1)  # the slot of the token fed this step
         return self._scheduled(request, 1, "decode")
 
     def _chunk(self, request: Request, budget: int) -> Scheduled:
@@ -172,27 +174,26 @@ class Scheduler:
     def _scheduled(self, request: Request, count: int, kind: str) -> Scheduled:
         """``count`` tokens of ``request``, committed now (the module)."""
         start = self.memory.num_computed(request.seq)
-        self.memory.commit(request.seq, start + count)
+        self.memory.commit(request.seq, start + count, request.token_ids)
         return Scheduled(request, start, count, kind)
 
     def _admit(self, plan: list[Scheduled], budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_batch:
-            request = self.waiting[0]
+            request, tokens = self.waiting[0], self.waiting[0].token_ids
             if request.seq is None:
-                if not self._fits(self.memory.blocks_to_admit(request.tokens)):
+                if not self._fits(self.memory.blocks_to_admit(tokens)):
                     return
-                request.seq, cached = self.memory.admit(request.tokens)
+                request.seq, cached = self.memory.admit(tokens)
                 self._run(request, "admit", cached)
-            else:  # its prompt and generated tokens, all but the newest held when preempted
-                unheld = request.tokens[self.memory.num_tokens(request.seq) :]
-                if not self._fits(self.memory.blocks_to_resume(request.seq, unheld)):
+            else:  # preempted by recompute: its prompt and generated tokens again
+                if not self._fits(self.memory.blocks_to_resume(request.seq, tokens)):
                     return
-                cached = self.memory.resume(request.seq, unheld)
-                self.stats.readmitted_tokens += len(request.tokens)
+                cached = self.memory.resume(request.seq, tokens)
+                self.stats.readmitted_tokens += len(tokens)
                 self.stats.readmitted_cached += cached
                 self._run(request, "resume", "recompute")
             self.waiting.popleft()
-            request.admitted_tokens += len(request.tokens)
+            request.admitted_tokens += len(tokens)
             request.cached_tokens += cached
             plan.append(self._chunk(request, budget))
             budget -= plan[-1].count
