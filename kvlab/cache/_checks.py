@@ -216,21 +216,23 @@ def resume_tokens(seqs: dict, seq_id, ids) -> list[int]:
 def commit_args(manager, seq_id, value, ids) -> tuple[int, list[int]]:
     """``(num_computed, the ids of the blocks it fills)`` of ``commit``: ``value`` no fewer than
     the computed tokens before, no more than it holds; ``ids`` the sequence's tokens, read (with
-    prefix caching) from its first block without a hash to its last full computed one."""
+    prefix caching) from its first block without a hash to its last full computed one it holds."""
     seq = sequence(manager._seqs, seq_id, "resident")
     value = integer("num_computed", value, seq.num_computed, seq.num_tokens + 1)
     if not manager.prefix_caching:
         return value, []
-    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__") or len(ids) < value:
-        raise ValueError(
-            f"token_ids must hold sequence {seq_id}'s first {value} tokens (num_computed), got"
-            f" {ids!r:.80}"
-        )
-    start, end = (
-        len(seq.hashes) * manager.block_size,
-        value // manager.block_size * manager.block_size,
-    )
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+        raise TypeError(f"token_ids must be sequence {seq_id}'s token ids, got {ids!r:.80}")
+    size = manager.block_size
+    start, end = len(seq.hashes) * size, min(value, len(ids)) // size * size
     return value, token_ids(f"token_ids[{start}:{end}]", ids[start:end], empty=True)
+
+
+def truncation(seqs: dict, seq_id, num_tokens, block_size: int) -> tuple:
+    """``(sequence record, num_tokens)`` of ``truncate``: no more than it holds, and not into a
+    block whose hash it registered."""
+    seq = sequence(seqs, seq_id, "resident")
+    return seq, integer("num_tokens", num_tokens, len(seq.hashes) * block_size, seq.num_tokens + 1)
 
 
 def append_count(seqs: dict, seq_id, num_tokens) -> tuple:

@@ -122,7 +122,8 @@ class BlockManager:
 
     def commit(self, seq_id: int, num_computed: int, token_ids) -> None:
         """``seq_id``'s first ``num_computed`` tokens are written, or scheduled to be: register the
-        hashes of the full blocks among them, read from ``token_ids``, the sequence's tokens."""
+        hashes of the full blocks among them that ``token_ids`` holds (its finalized tokens: a
+        speculative step's draft is computed, never cached, as in vLLM v1)."""
         num_computed, filled = _checks.commit_args(self, seq_id, num_computed, token_ids)
         seq, size = self._seqs[seq_id], self.block_size
         seq.num_computed = num_computed
@@ -130,6 +131,15 @@ class BlockManager:
             parent = seq.hashes[-1] if seq.hashes else seq.first_parent
             seq.hashes.append(chain_hash_unchecked(parent, filled[start : start + size]))
             self._register(seq.blocks[len(seq.hashes) - 1], seq.hashes[-1])
+
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Give back the slots past ``seq_id``'s first ``num_tokens`` (a speculative step's rejected
+        draft): blocks past them return to the free list."""
+        seq, num_tokens = _checks.truncation(self._seqs, seq_id, num_tokens, self.block_size)
+        for block in reversed(seq.blocks[self._blocks_for(num_tokens) :]):
+            self.allocator.free(block, cached=self._hash[block] is not None)
+        del seq.blocks[self._blocks_for(num_tokens) :]
+        seq.num_tokens, seq.num_computed = num_tokens, min(seq.num_computed, num_tokens)
 
     def fork(self, seq_id: int) -> int:
         """A new sequence sharing every block of ``seq_id`` (reference counts, no copy)."""

@@ -89,6 +89,11 @@ class PagedKVCache:
         self.manager.commit(seq_id, num_computed, token_ids)
         self._layer_tokens[seq_id] = [num_computed] * self.num_layers
 
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """:meth:`BlockManager.truncate`, in every layer."""
+        self.manager.truncate(_checks.in_step(self, seq_id), num_tokens)
+        self._layer_tokens[seq_id] = [self.num_computed(seq_id)] * self.num_layers
+
     def append(self, seq_id: int, layer: int, k, v, token_ids=None) -> None:
         """Store ``k`` and ``v`` after ``seq_id``'s tokens in ``layer``. Layer 0 goes first and
         reserves the slots past those held; ``token_ids``: the sequence's tokens through these rows

@@ -42,9 +42,10 @@ def request(r) -> None:
     real("arrival", r.arrival)
 
 
-def scheduler(preemption, max_batch, max_batched_tokens, watermark_blocks, log):
+def scheduler(preemption, max_batch, max_batched_tokens, watermark_blocks, log, speculate):
     """The scheduler's limits, checked: (max_batch, max_batched_tokens, watermark_blocks, log)."""
     one_of("preemption", preemption, PREEMPTION_MODES)
+    integer("speculate", speculate, 0)
     return (
         integer("max_batch", max_batch),
         integer("max_batched_tokens", max_batched_tokens),
@@ -319,11 +320,12 @@ def chunks(cache, chunks_) -> list[tuple[list[int], int, int]]:
         )
     spans, seen, longer = [], set(), False
     for i, chunk in enumerate(chunks_):
-        if not isinstance(chunk, (tuple, list)) or len(chunk) != 3:
+        if not isinstance(chunk, (tuple, list)) or len(chunk) not in (3, 4):
             raise TypeError(
                 f"chunks[{i}] must be a (seq_id, start, token_ids) chunk, got {chunk!r}"
             )
-        seq_id, start, ids = chunk
+        seq_id, start, ids = chunk[:3]
+        integer(f"chunks[{i}].num_outputs", (*chunk, 1)[3], 1, max(len(ids), 1) + 1)
         cache.require_in_step(seq_id)  # a live, resident sequence whose layers agree
         start, count = integer(f"chunks[{i}].start", start, 0), len(ids)
         committed = cache.num_computed(seq_id)

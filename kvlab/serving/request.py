@@ -9,11 +9,13 @@ from kvlab.serving import _checks
 
 
 class Chunk(NamedTuple):
-    """``token_ids`` at positions ``start, start + 1, ...`` of the cache's sequence ``seq_id``."""
+    """``token_ids`` at positions ``start, start + 1, ...`` of the cache's sequence ``seq_id``; the
+    greedy token is wanted after each of the last ``num_outputs`` (a speculative step's check)."""
 
     seq_id: int
     start: int
     token_ids: list[int]
+    num_outputs: int = 1
 
 
 @dataclass(eq=False)  # a request is itself: compared by identity

@@ -262,6 +262,27 @@ def test_a_reserved_block_is_a_hit_only_once_written():
         m.commit(a, 9, range(10))  # what is written stays written
 
 
+def test_only_the_tokens_handed_over_are_cached_and_a_draft_is_given_back():
+    """A speculative step computes draft tokens the request does not hold yet: commit hashes only
+    the blocks of the tokens it is handed, and truncate gives the rejected slots back."""
+    m = BlockManager(8, 2, prefix_caching=True)
+    tokens = [1, 2, 3]
+    seq, _ = written(m, tokens)
+    m.reserve(seq, 4)  # the newest token's slot, then three drafted
+    m.commit(seq, 7, tokens)  # all seven computed; only [1, 2] is a full block of finalized tokens
+    assert m.num_cached == 1 and len(m.block_table(seq)) == 4 and m.num_free == 4
+    tokens += [4, 9]  # the model agreed with the first draft token (4) and then chose 9
+    m.truncate(seq, len(tokens) - 1)
+    assert (m.num_tokens(seq), m.num_computed(seq), len(m.block_table(seq))) == (4, 4, 2)
+    assert m.num_free == 6 and m.num_cached == 1
+    m.reserve(seq, 1)
+    m.commit(seq, 5, tokens)  # the accepted token's block is cached now that it is the request's
+    assert m.num_cached == 2 and m.lookup([1, 2, 3, 4, 7]) == 4
+    with pytest.raises(ValueError, match=r"num_tokens must be an int in \[4, 6\)"):
+        m.truncate(seq, 3)  # not into a block whose hash it registered
+    m.check()
+
+
 def test_prefix_caching_off_never_registers():
     m = BlockManager(8, 2)
     written(m, [1, 2, 3, 4, 5])
@@ -488,7 +509,8 @@ def test_bad_arguments():
         (lambda: m.reserve(a, -3), ValueError, "num_tokens"),
         (lambda: m.ref_count(4), ValueError, "block"),
         (lambda: m.commit(a, 4, [1, 2, 3]), ValueError, "num_computed"),
-        (lambda: m.commit(a, 3, [1, 2]), ValueError, "token_ids must hold sequence 0's first 3"),
+        (lambda: m.commit(a, 3, 7), TypeError, "token_ids must be sequence 0's token ids"),
+        (lambda: m.truncate(a, 4), ValueError, r"num_tokens must be an int in \[0, 4\)"),
         (lambda: m.commit(a, 3, [1, -2, 3]), ValueError, r"token_ids\[0:2\]\[1\]"),
         (lambda: m.preempt(a, "drop"), ValueError, "mode"),
         (lambda: m.blocks_to_append(a, -1), ValueError, "num_tokens"),
