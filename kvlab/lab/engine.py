@@ -628,14 +628,19 @@ def cuda_graph_rows(model, prompts, news, reps: int = 3) -> list:
     ]
 
 
-def quoting_requests(tokenizer, n: int = 4, chars: int = 360) -> list[list[int]]:
+def quoting_requests(tokenizer, n: int = 4, chars: int = 240) -> list[list[int]]:
     """``n`` chat prompts asking to copy a passage of ``chars`` characters of the held-out King
     James text (each its own passage): answers that quote their prompt, where prompt lookup pays."""
     from kvlab.lab.pretrained import chat_ids
     from kvlab.lab.trained import heldout_text
 
-    text, asks = heldout_text(), "Copy the following text exactly, word for word:\n\n"
-    passages = [text[1000 + i * chars : 1000 + (i + 1) * chars] for i in range(n)]
+    lines, passages = heldout_text().splitlines()[20:], []
+    for _ in range(n):  # whole verses, about ``chars`` characters each
+        passage = ""
+        while len(passage) < chars:
+            passage += lines.pop(0).strip() + "\n"
+        passages.append(passage)
+    asks = "Copy the following text exactly, word for word:\n\n"
     return [chat_ids(tokenizer, asks + passage)[0].tolist() for passage in passages]
 
 
