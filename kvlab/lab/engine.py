@@ -654,12 +654,12 @@ def speculation_rows(k: int = 8, new_tokens: int = 48, reps: int = 2) -> list:
     model, tokenizer = pretrained_model()
     prompts = quoting_requests(tokenizer)
     stop = set(Engine(model, num_blocks=4).eos_token_ids)
-    model.set_attn_implementation("sdpa")
     expected = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt], device=model.device)
-        out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
-        expected.append(_until_stop(out[0, len(prompt) :].tolist(), new_tokens, stop))
+    with _checks.restoring(model, attn_implementation="sdpa"):  # given back with its own attention
+        for prompt in prompts:
+            ids = torch.tensor([prompt], device=model.device)
+            out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
+            expected.append(_until_stop(out[0, len(prompt) :].tolist(), new_tokens, stop))
 
     def run(speculate: int):
         engine = Engine(model, max_batch=len(prompts), speculate=speculate)
