@@ -241,9 +241,9 @@ def block_manager(prefix_caching=True):
 
     m = BlockManager(8, 4, prefix_caching=prefix_caching)
     a, _ = m.admit([1, 2, 3, 4, 5, 6])
-    m.commit(a, 6)
+    m.commit(a, 6, [1, 2, 3, 4, 5, 6])
     b, _ = m.admit([1, 2, 3, 4, 9])
-    m.commit(b, 5)
+    m.commit(b, 5, [1, 2, 3, 4, 9])
     c = m.fork(a)
     m.preempt(c, "recompute")
     return m
@@ -258,7 +258,7 @@ def paged_cache(prefix_caching=True, blocks=8, block_size=4):
 
     c = cache_for(model(), blocks, block_size, prefix_caching=prefix_caching)
     a, _ = c.admit([1, 2, 3, 4, 5, 6])
-    prefill(model(), c, a, attention="gather")
+    prefill(model(), c, a, [1, 2, 3, 4, 5, 6], attention="gather")
     b = c.new_sequence()
     prefill(model(), c, b, [1, 2, 3, 4, 9], attention="gather")
     return c
@@ -471,17 +471,17 @@ def entries() -> list[Entry]:
     add(
         "BlockManager.reserve",
         lambda o, **k: o.reserve(**k),
-        dict(seq_id=1, token_ids=[7, 8]),
-        dict(seq_id="seq"),
-        allow={"token_ids": {"token-past-vocab", "empty"}},
+        dict(seq_id=1, num_tokens=2),
+        dict(seq_id="seq", num_tokens="int0"),
         **mgr,
     )
     add(
         "BlockManager.commit",
         lambda o, **k: o.commit(**k),
-        dict(seq_id=1, num_computed=6),
+        dict(seq_id=1, num_computed=8, token_ids=[1, 2, 3, 4, 9, 7, 8, 6]),
         dict(seq_id="seq", num_computed="int"),
-        setup=lambda: (lambda m: (m.reserve(1, [7, 8]), m)[1])(block_manager()),
+        allow={"token_ids": {"token-past-vocab"}},
+        setup=lambda: (lambda m: (m.reserve(1, 3), m)[1])(block_manager()),
         observe=manager_state,
     )
     add("BlockManager.fork", lambda o, **k: o.fork(**k), dict(seq_id=0), dict(seq_id="seq"), **mgr)
@@ -496,9 +496,9 @@ def entries() -> list[Entry]:
     add(
         "BlockManager.resume",
         lambda o, **k: o.resume(**k),
-        dict(seq_id=2, token_ids=[5]),
+        dict(seq_id=2, token_ids=[1, 2, 3, 4, 5, 6, 7]),
         dict(seq_id="seq"),
-        allow={"token_ids": {"token-past-vocab", "empty"}},
+        allow={"token_ids": {"token-past-vocab"}},
         **mgr,
     )
     add(
@@ -520,13 +520,6 @@ def entries() -> list[Entry]:
         lambda o, **k: o.ref_count(**k),
         dict(block=0),
         dict(block="seq"),
-        **mgr,
-    )
-    add(
-        "BlockManager.tokens",
-        lambda o, **k: o.tokens(**k),
-        dict(seq_id=0),
-        dict(seq_id="seq"),
         **mgr,
     )
     add(
@@ -571,7 +564,13 @@ def entries() -> list[Entry]:
     add(
         "PagedKVCache.append",
         lambda o, **k: o.append(**k),
-        dict(seq_id=1, layer=0, k=torch.ones(2, 2, 16), v=torch.ones(2, 2, 16), token_ids=[5, 6]),
+        dict(
+            seq_id=1,
+            layer=0,
+            k=torch.ones(2, 2, 16),
+            v=torch.ones(2, 2, 16),
+            token_ids=[1, 2, 3, 4, 9, 5, 6],
+        ),
         dict(seq_id="seq", layer="int0", k="tensor", v="tensor", token_ids="tokens?"),
         allow={"token_ids": {"token-past-vocab"}},
         **pc,
@@ -579,17 +578,17 @@ def entries() -> list[Entry]:
     add(
         "PagedKVCache.reserve",
         lambda o, **k: o.reserve(**k),
-        dict(seq_id=1, token_ids=[5, 6]),
-        dict(seq_id="seq"),
-        allow={"token_ids": {"token-past-vocab", "empty"}},
+        dict(seq_id=1, num_tokens=2),
+        dict(seq_id="seq", num_tokens="int0"),
         **pc,
     )
     add(
         "PagedKVCache.commit",
         lambda o, **k: o.commit(**k),
-        dict(seq_id=1, num_computed=6),
+        dict(seq_id=1, num_computed=8, token_ids=[1, 2, 3, 4, 9, 5, 6, 7]),
         dict(seq_id="seq", num_computed="int"),
-        setup=lambda: (lambda c: (c.reserve(1, [5]), c)[1])(paged_cache()),
+        allow={"token_ids": {"token-past-vocab"}},
+        setup=lambda: (lambda c: (c.reserve(1, 3), c)[1])(paged_cache()),
         observe=cache_state,
     )
     add("PagedKVCache.fork", lambda o, **k: o.fork(**k), dict(seq_id=0), dict(seq_id="seq"), **pc)
@@ -656,15 +655,20 @@ def entries() -> list[Entry]:
     add(
         "paged_decode.prefill",
         lambda o, **k: paged_decode.prefill(cache=o, **k),
-        dict(model=M, seq_id=1, token_ids=[5, 6], attention="gather", max_tokens=2),
-        dict(seq_id="seq", token_ids="tokens?", max_tokens="int?"),
+        dict(model=M, seq_id=1, token_ids=[1, 2, 3, 4, 9, 5, 6], attention="gather", max_tokens=2),
+        dict(seq_id="seq", max_tokens="int?"),
         **pc,
     )
     add(
         "paged_decode.decode_step",
         lambda o, **k: paged_decode.decode_step(cache=o, **k),
-        dict(model=M, seq_ids=[0, 1], tokens=[5, 6], attention="gather"),
-        dict(seq_ids="ints"),
+        dict(
+            model=M,
+            seq_ids=[0, 1],
+            token_ids=[[1, 2, 3, 4, 5, 6, 5], [1, 2, 3, 4, 9, 6]],
+            attention="gather",
+        ),
+        dict(seq_ids="ints", token_ids="any"),
         allow={"seq_ids": {"zero"}},
         **pc,
     )
@@ -792,14 +796,14 @@ def entries() -> list[Entry]:
         lambda o, **k: runner.ModelRunner(M, o, "gather").run(**k),
         dict(chunks=[(0, 1)]),
         dict(chunks="any"),
-        setup=lambda: (lambda c: (c.reserve(0, [7]), c)[1])(paged_cache()),
+        setup=lambda: (lambda c: (c.reserve(0, 1), c)[1])(paged_cache()),
         observe=cache_state,
     )
     add(
         "attention.build_step",
         lambda o, **k: attention.build_step(o, **k),
         dict(chunks=[(1, 1)], path="gather"),
-        setup=lambda: (lambda c: (c.reserve(1, [7]), c)[1])(paged_cache()),
+        setup=lambda: (lambda c: (c.reserve(1, 1), c)[1])(paged_cache()),
         observe=cache_state,
     )
 
@@ -1613,7 +1617,7 @@ def _scenarios():
     def layers_mismatch():
         c = paged_cache()
         return (
-            lambda: paged_decode.prefill(model(3), c, 1, [5, 6], attention="gather"),
+            lambda: paged_decode.prefill(model(3), c, 1, [1, 2, 3, 4, 9, 5], attention="gather"),
             "cache",
             [c],
         )
@@ -1621,7 +1625,7 @@ def _scenarios():
     def odd_block_kernel():
         c = paged_cache(block_size=3)
         return (
-            lambda: paged_decode.prefill(model(), c, 1, [5, 6], attention="kernel"),
+            lambda: paged_decode.prefill(model(), c, 1, [1, 2, 3, 4, 9, 5], attention="kernel"),
             "block_size",
             [c],
         )
@@ -1638,9 +1642,11 @@ def _scenarios():
 
     def decode_after_reserve():
         c = paged_cache()
-        c.reserve(1, [7])
+        c.reserve(1, 1)
         return (
-            lambda: paged_decode.decode_step(model(), c, [1], [8], attention="gather"),
+            lambda: paged_decode.decode_step(
+                model(), c, [1], [[1, 2, 3, 4, 9, 8]], attention="gather"
+            ),
             "prefill",
             [c],
         )

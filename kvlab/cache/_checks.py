@@ -201,17 +201,38 @@ def prompt(ids) -> list[int]:
     return token_ids("token_ids", ids)
 
 
-def new_tokens(seqs: dict, seq_id, ids, state: str) -> list[int]:
-    """``ids`` as token ids (empty allowed), once ``seq_id`` is a live sequence in ``state``."""
-    sequence(seqs, seq_id, state)
-    return token_ids("token_ids", ids, empty=True)
+def resume_tokens(seqs: dict, seq_id, ids) -> list[int]:
+    """``ids`` as the token ids of preempted sequence ``seq_id``: at least the tokens it held."""
+    seq = sequence(seqs, seq_id, "preempted")
+    ids = token_ids("token_ids", ids)
+    if len(ids) < seq.num_tokens:
+        raise ValueError(
+            f"token_ids must hold sequence {seq_id}'s {seq.num_tokens} tokens (then any new"
+            f" ones), got {len(ids)}"
+        )
+    return ids
 
 
-def num_computed(seqs: dict, seq_id, value) -> int:
-    """``value`` as a resident sequence's computed tokens: no fewer than before, no more than it
-    holds."""
+def commit_args(manager, seq_id, value, ids) -> tuple[int, list[int]]:
+    """``(num_computed, the ids of the blocks it fills)`` of ``commit``: ``value`` no fewer than
+    the computed tokens before, no more than it holds; ``ids`` the sequence's tokens, read (with
+    prefix caching) from its first block without a hash to its last full computed one it holds."""
+    seq = sequence(manager._seqs, seq_id, "resident")
+    value = integer("num_computed", value, seq.num_computed, seq.num_tokens + 1)
+    if not manager.prefix_caching:
+        return value, []
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+        raise TypeError(f"token_ids must be sequence {seq_id}'s token ids, got {ids!r:.80}")
+    size = manager.block_size
+    start, end = len(seq.hashes) * size, min(value, len(ids)) // size * size
+    return value, token_ids(f"token_ids[{start}:{end}]", ids[start:end], empty=True)
+
+
+def truncation(seqs: dict, seq_id, num_tokens, block_size: int) -> tuple:
+    """``(sequence record, num_tokens)`` of ``truncate``: no more than it holds, and not into a
+    block whose hash it registered."""
     seq = sequence(seqs, seq_id, "resident")
-    return integer("num_computed", value, seq.num_computed, len(seq.tokens) + 1)
+    return seq, integer("num_tokens", num_tokens, len(seq.hashes) * block_size, seq.num_tokens + 1)
 
 
 def append_count(seqs: dict, seq_id, num_tokens) -> tuple:
@@ -233,9 +254,9 @@ def preemption(owner, seq_id, mode, modes) -> str:
 def forkable(seqs: dict, seq_id):
     """The record of a resident sequence whose reserved tokens all have their K and V written."""
     seq = sequence(seqs, seq_id, "resident")
-    if seq.num_computed != len(seq.tokens):
+    if seq.num_computed != seq.num_tokens:
         raise ValueError(
-            f"sequence {seq_id} has {len(seq.tokens) - seq.num_computed} reserved token(s)"
+            f"sequence {seq_id} has {seq.num_tokens - seq.num_computed} reserved token(s)"
             " whose K and V are not written yet; fork it once they are (commit)"
         )
     return seq
@@ -253,10 +274,10 @@ def in_step(cache, seq_id):
     return seq_id
 
 
-def step_tokens(cache, seq_id, ids) -> list[int]:
-    """``ids`` as token ids (empty allowed), once ``seq_id`` is ready for a step."""
+def step_count(cache, seq_id, num_tokens) -> int:
+    """``num_tokens`` as a count of tokens (0 allowed), once ``seq_id`` is ready for a step."""
     in_step(cache, seq_id)
-    return token_ids("token_ids", ids, empty=True)
+    return integer("num_tokens", num_tokens, 0)
 
 
 def resident(cache, seq_ids) -> list[int]:
@@ -295,7 +316,7 @@ def cache_args(num_layers, block_size, num_kv_heads, head_dim, dtype, store, dev
 
 
 def append_args(cache, seq_id, layer, k, v, ids) -> tuple:
-    """``(layer, k, v, new token ids)`` of a by-hand ``append``."""
+    """``(layer, k, v, the sequence's token ids)`` of a by-hand ``append``."""
     layer = integer("layer", layer, 0, cache.num_layers)
     sequence(cache.manager._seqs, seq_id, "resident")
     k, v = kv_rows(k, v, cache.num_kv_heads, cache.head_dim, cache.dtype, cache.device)
@@ -327,30 +348,27 @@ def kv_rows(k, v, heads: int, dim: int, dtype, device):
 
 
 def append_ids(cache, seq_id, layer: int, count: int, ids) -> list[int]:
-    """The ids of the tokens a by-hand append of ``count`` rows reserves (layer 0, past the reserved
-    slots): ``ids``' tail, or zeros without prefix caching."""
+    """The sequence's tokens through the ``count`` rows a by-hand append stores in ``layer`` (the
+    ids its commit hashes; required with prefix caching, else zeros by default)."""
     start, ahead = cache._layer_tokens[seq_id][layer], cache._layer_tokens[seq_id][0]
     if layer > 0 and start + count > ahead:
         raise ValueError(
             f"layer {layer} of sequence {seq_id} would hold {start + count} tokens but layer 0 "
             f"holds {ahead}: append to layer 0 first (it reserves the slots)"
         )
-    fresh = max(0, start + count - cache.num_tokens(seq_id)) if layer == 0 else 0
     if ids is None:
-        if fresh and cache.prefix_caching:
+        if cache.prefix_caching:
             raise ValueError(
                 "token_ids is required with prefix caching on: the block hashes are made of them"
             )
-        return [0] * fresh
+        return [0] * (start + count)
     ids = token_ids("token_ids", ids, empty=True)
-    if len(ids) != count:
-        raise ValueError(f"token_ids must hold one id per row of k ({count}), got {len(ids)}")
-    if layer == 0 and ids[: count - fresh] != cache.tokens(seq_id)[start : start + count - fresh]:
+    if len(ids) != start + count:
         raise ValueError(
-            f"token_ids disagree with the tokens sequence {seq_id} reserved at positions "
-            f"{start}..{start + count - fresh - 1}"
+            f"token_ids must hold sequence {seq_id}'s tokens through these rows ({start} + {count}"
+            f" = {start + count}), got {len(ids)}"
         )
-    return ids[count - fresh :]
+    return ids
 
 
 def pool_blocks(k_pools, v_pools, blocks) -> list[int]:
@@ -396,8 +414,8 @@ def _require(condition: bool, message: str, what: str = "block manager") -> None
 def manager_invariants(m) -> None:
     """Raise AssertionError unless ``m``'s bookkeeping is consistent: every block counted once (free
     plus held equals the pool), reference counts equal holders, tables sized to their tokens, a
-    block shared only by tables that agree on its place and tokens, and every registered block
-    that someone holds written and hashed from its holders' tokens."""
+    block shared only by tables that agree on its place and hashes, and every registered block
+    that someone holds written and hashed as its holders hashed it."""
     holders = _holders(m)
     free = set(m.allocator.free_order())
     _require(len(free) + len(holders) == m.num_blocks, "free plus held blocks is not the pool")
@@ -408,7 +426,7 @@ def manager_invariants(m) -> None:
     for block, places in holders.items():
         _require(
             all(p[:2] == places[0][:2] for p in places),
-            f"block {block} is shared by tables that disagree on its place or tokens",
+            f"block {block} is shared by tables that disagree on its place or hashes",
         )
     for h, block in m.cached_blocks().items():
         _require(m.block_hash(block) == h, f"block {block}'s hash does not match the hash table")
@@ -420,23 +438,23 @@ def manager_invariants(m) -> None:
 
 
 def _holders(m) -> dict[int, list]:
-    """Each held block's holders: (logical index, the tokens up to its end, the sequence)."""
+    """Each held block's holders: (logical index, the hashes up to it, the sequence)."""
     holders: dict[int, list] = {}
     for i, seq in m._seqs.items():
         _require(
             len(set(seq.blocks)) == len(seq.blocks),
             f"sequence {i} names a block twice: {seq.blocks}",
         )
-        expected = -(-len(seq.tokens) // m.block_size) if seq.state == "resident" else 0
+        expected = -(-seq.num_tokens // m.block_size) if seq.state == "resident" else 0
         _require(
             len(seq.blocks) == expected,
-            f"sequence {i}: {len(seq.tokens)} tokens in {len(seq.blocks)} blocks",
+            f"sequence {i}: {seq.num_tokens} tokens in {len(seq.blocks)} blocks",
         )
         _require(
-            0 <= seq.num_computed <= len(seq.tokens), f"sequence {i} computed more than it holds"
+            0 <= seq.num_computed <= seq.num_tokens, f"sequence {i} computed more than it holds"
         )
         for k, block in enumerate(seq.blocks):
-            holders.setdefault(block, []).append((k, seq.tokens[: (k + 1) * m.block_size], seq))
+            holders.setdefault(block, []).append((k, seq.hashes[: k + 1], seq))
     return holders
 
 

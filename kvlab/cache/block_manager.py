@@ -1,11 +1,14 @@
 """Notebooks 05, 06 and 11: the one block manager of kvlab's serving stack, prefix caching a switch
 on it.
 
-:class:`BlockManager` keeps each sequence's tokens and block table over one
+:class:`BlockManager` keeps each sequence's block table and block hashes over one
 :class:`~kvlab.cache.blocks.BlockAllocator`, as nano-vllm's ``BlockManager`` (Yu 2025) and vLLM's
-KV-cache manager (Kwon et al. 2023) do. **A cached block costs no admission capacity**: a freed
-block keeps its K, V and hash but joins the free list, so ``num_free`` counts it, and taking it
-evicts its hash (``stats.evictions``), as in vLLM v1's single free queue.
+KV-cache manager (Kwon et al. 2023) do. **Tokens live with the caller** (the engine's ``Request``):
+``admit``, ``commit`` and ``resume`` read the sequence's tokens they are handed, and keep none.
+
+**A cached block costs no admission capacity**: a freed block keeps its K, V and hash but joins the
+free list, so ``num_free`` counts it, and taking it evicts its hash (``stats.evictions``), as in
+vLLM v1's single free queue.
 
 **Hashes are registered when committed**: ``commit`` runs when the step that computes the tokens is
 scheduled, as vLLM v1 caches a request's full blocks when it allocates the step's slots, so a
@@ -19,7 +22,7 @@ cache may lose an entry, never keep a wrong one.
 
 >>> manager = BlockManager(num_blocks=8, block_size=4, prefix_caching=True)
 >>> a, _ = manager.admit([1, 2, 3, 4, 5, 6, 7, 8, 9])
->>> manager.commit(a, 9)  # the prefill wrote all 9 tokens' K and V
+>>> manager.commit(a, 9, [1, 2, 3, 4, 5, 6, 7, 8, 9])  # the prefill wrote their K and V
 >>> manager.admit([1, 2, 3, 4, 5, 6, 7, 8, 42, 43])[1]  # two blocks served from the cache
 8
 """
@@ -41,7 +44,7 @@ from kvlab.cache.blocks import (
 
 @dataclass
 class _Sequence:
-    tokens: list[int]  # the tokens whose slots are reserved
+    num_tokens: int  # tokens whose slots are reserved (their ids live with the caller)
     blocks: list[int]
     first_parent: bytes  # the root hash of its salt
     num_computed: int = 0  # leading tokens whose K and V are written
@@ -49,7 +52,7 @@ class _Sequence:
     state: str = "resident"  # "resident", or "recompute"/"swap" while preempted (no blocks held)
 
     def copy(self) -> "_Sequence":
-        return replace(self, tokens=[*self.tokens], blocks=[*self.blocks], hashes=[*self.hashes])
+        return replace(self, blocks=[*self.blocks], hashes=[*self.hashes])
 
 
 @dataclass
@@ -90,47 +93,53 @@ class BlockManager:
 
     def new_sequence(self, salt=None) -> int:
         """An empty sequence (no tokens, no blocks); returns its id."""
-        return self._add(_Sequence([], [], root_hash(salt)))
+        return self._add(_Sequence(0, [], root_hash(salt)))
 
     def admit(self, token_ids, salt=None) -> tuple[int, int]:
         """A sequence holding the slots of prompt ``token_ids``; returns ``(seq_id, cached)``, the
         tokens of leading blocks shared from the cache, always leaving one token to compute."""
         tokens, first_parent = _checks.prompt(token_ids), root_hash(salt)
         hits, hashes = self._match(tokens, first_parent)
-        seq = _Sequence(tokens, self._take(hits, len(tokens)), first_parent, 0, hashes)
+        seq = _Sequence(len(tokens), self._take(hits, len(tokens)), first_parent, 0, hashes)
         seq.num_computed = self._count_admission(len(tokens), hits)
         return self._add(seq), seq.num_computed
 
-    def reserve(self, seq_id: int, token_ids) -> tuple[int, int] | None:
-        """The next slots for ``token_ids``. Returns ``(source, copy)`` when the last block was
-        partly filled and shared (after a fork): the sequence now writes into ``copy``, and the
+    def reserve(self, seq_id: int, num_tokens: int) -> tuple[int, int] | None:
+        """The slots of ``num_tokens`` more tokens. Returns ``(source, copy)`` when the last block
+        was partly filled and shared (after a fork): the sequence now writes into ``copy``, and the
         caller copies ``source``'s K and V into it (copy-on-write); else None."""
-        tokens = _checks.new_tokens(self._seqs, seq_id, token_ids, "resident")
-        seq, pair = self._seqs[seq_id], None
-        _checks.free_blocks(self, self._blocks_to_append(seq, len(tokens)))
-        if tokens and self._last_block_shared(seq):
+        seq, num_tokens = _checks.append_count(self._seqs, seq_id, num_tokens)
+        pair = None
+        _checks.free_blocks(self, self._blocks_to_append(seq, num_tokens))
+        if num_tokens and self._last_block_shared(seq):
             (copy,) = self._allocate(1)
             pair = (seq.blocks[-1], copy)
             self.allocator.free(seq.blocks[-1])  # others still hold it
             seq.blocks[-1] = copy
-        seq.tokens += tokens
-        seq.blocks += self._allocate(self._blocks_for(len(seq.tokens)) - len(seq.blocks))
+        seq.num_tokens += num_tokens
+        seq.blocks += self._allocate(self._blocks_for(seq.num_tokens) - len(seq.blocks))
         return pair
 
-    def commit(self, seq_id: int, num_computed: int) -> None:
+    def commit(self, seq_id: int, num_computed: int, token_ids) -> None:
         """``seq_id``'s first ``num_computed`` tokens are written, or scheduled to be: register the
-        hashes of the full blocks among them."""
-        self._commit(seq_id, _checks.num_computed(self._seqs, seq_id, num_computed))
-
-    def _commit(self, seq_id: int, num_computed: int) -> None:
+        hashes of the full blocks among them that ``token_ids`` holds (its finalized tokens: a
+        speculative step's draft is computed, never cached, as in vLLM v1)."""
+        num_computed, filled = _checks.commit_args(self, seq_id, num_computed, token_ids)
         seq, size = self._seqs[seq_id], self.block_size
         seq.num_computed = num_computed
-        if not self.prefix_caching:
-            return
-        for k in range(len(seq.hashes), num_computed // size):
+        for start in range(0, len(filled), size):  # each block it fills (none if not caching)
             parent = seq.hashes[-1] if seq.hashes else seq.first_parent
-            seq.hashes.append(chain_hash_unchecked(parent, seq.tokens[k * size : (k + 1) * size]))
-            self._register(seq.blocks[k], seq.hashes[-1])
+            seq.hashes.append(chain_hash_unchecked(parent, filled[start : start + size]))
+            self._register(seq.blocks[len(seq.hashes) - 1], seq.hashes[-1])
+
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Give back the slots past ``seq_id``'s first ``num_tokens`` (a speculative step's rejected
+        draft): blocks past them return to the free list."""
+        seq, num_tokens = _checks.truncation(self._seqs, seq_id, num_tokens, self.block_size)
+        for block in reversed(seq.blocks[self._blocks_for(num_tokens) :]):
+            self.allocator.free(block, cached=self._hash[block] is not None)
+        del seq.blocks[self._blocks_for(num_tokens) :]
+        seq.num_tokens, seq.num_computed = num_tokens, min(seq.num_computed, num_tokens)
 
     def fork(self, seq_id: int) -> int:
         """A new sequence sharing every block of ``seq_id`` (reference counts, no copy)."""
@@ -151,16 +160,17 @@ class BlockManager:
             seq.num_computed = 0
         return held
 
-    def resume(self, seq_id: int, token_ids=()) -> int:
-        """Blocks again for a preempted sequence's tokens and then ``token_ids``; returns the tokens
-        cached blocks serve. After a swap the caller copies the rest of its written blocks back."""
-        extra = _checks.new_tokens(self._seqs, seq_id, token_ids, "preempted")
+    def resume(self, seq_id: int, token_ids) -> int:
+        """Blocks again for a preempted sequence's ``token_ids`` (those it held, then any new ones);
+        returns the tokens cached blocks serve. After a swap the caller copies the rest of its
+        written blocks back."""
+        tokens = _checks.resume_tokens(self._seqs, seq_id, token_ids)
         seq = self._seqs[seq_id]
-        hits, hashes = self._resume_hits(seq, extra)
-        blocks = self._take(hits, len(seq.tokens) + len(extra))
-        seq.tokens, seq.blocks, seq.hashes = seq.tokens + extra, blocks, hashes
+        hits, hashes = self._resume_hits(seq, tokens)
+        seq.blocks, seq.hashes = self._take(hits, len(tokens)), hashes
+        seq.num_tokens = len(tokens)
         if seq.state == "recompute":
-            seq.num_computed = self._count_admission(len(seq.tokens), hits)
+            seq.num_computed = self._count_admission(len(tokens), hits)
         seq.state = "resident"
         return len(hits) * self.block_size
 
@@ -185,10 +195,10 @@ class BlockManager:
             hashes.append(parent)
         return hits, hashes
 
-    def _resume_hits(self, seq: _Sequence, extra: list[int]):
+    def _resume_hits(self, seq: _Sequence, tokens: list[int]):
         if seq.state == "swap":  # every written full block may come from the cache, not the host
-            return self._match(seq.tokens, seq.first_parent, seq.num_computed // self.block_size)
-        return self._match(seq.tokens + extra, seq.first_parent)
+            return self._match(tokens, seq.first_parent, seq.num_computed // self.block_size)
+        return self._match(tokens, seq.first_parent)
 
     def _register(self, block: int, h: bytes) -> None:
         """Register ``block`` as ``h``'s unless one already is (a duplicate) or the cap is hit."""
@@ -236,11 +246,11 @@ class BlockManager:
         return new + sum(1 for b in hits if self.allocator.ref_count(b) == 0)
 
     def _blocks_to_append(self, seq: _Sequence, num_tokens: int) -> int:
-        new = self._blocks_for(len(seq.tokens) + num_tokens) - len(seq.blocks)
+        new = self._blocks_for(seq.num_tokens + num_tokens) - len(seq.blocks)
         return new + int(num_tokens > 0 and self._last_block_shared(seq))
 
     def _last_block_shared(self, seq: _Sequence) -> bool:
-        partial = len(seq.tokens) % self.block_size != 0
+        partial = seq.num_tokens % self.block_size != 0
         return partial and self.allocator.ref_count(seq.blocks[-1]) > 1
 
     def _count_admission(self, num_tokens: int, hits: list[int]) -> int:
@@ -270,11 +280,8 @@ class BlockManager:
     def sequences(self) -> list[int]:
         return list(self._seqs)
 
-    def tokens(self, seq_id: int) -> list[int]:
-        return list(_checks.sequence(self._seqs, seq_id).tokens)
-
     def num_tokens(self, seq_id: int) -> int:
-        return len(_checks.sequence(self._seqs, seq_id).tokens)
+        return _checks.sequence(self._seqs, seq_id).num_tokens
 
     def num_computed(self, seq_id: int) -> int:
         return _checks.sequence(self._seqs, seq_id).num_computed
@@ -322,11 +329,10 @@ class BlockManager:
         """Free blocks ``num_tokens`` more tokens would take (new ones, and a copy-on-write)."""
         return self._blocks_to_append(*_checks.append_count(self._seqs, seq_id, num_tokens))
 
-    def blocks_to_resume(self, seq_id: int, token_ids=()) -> int:
+    def blocks_to_resume(self, seq_id: int, token_ids) -> int:
         """Free blocks ``resume(seq_id, token_ids)`` would take now."""
-        extra = _checks.new_tokens(self._seqs, seq_id, token_ids, "preempted")
-        seq = self._seqs[seq_id]
-        return self._blocks_needed(len(seq.tokens) + len(extra), self._resume_hits(seq, extra)[0])
+        tokens = _checks.resume_tokens(self._seqs, seq_id, token_ids)
+        return self._blocks_needed(len(tokens), self._resume_hits(self._seqs[seq_id], tokens)[0])
 
     def check(self) -> None:
         """Raise AssertionError unless the bookkeeping is consistent."""

@@ -80,29 +80,35 @@ class PagedKVCache:
         self._layer_tokens[seq_id] = [cached] * self.num_layers
         return seq_id, cached
 
-    def reserve(self, seq_id: int, token_ids) -> None:
+    def reserve(self, seq_id: int, num_tokens: int) -> None:
         """:meth:`BlockManager.reserve`, copying a shared last block in every layer."""
-        self._reserve(seq_id, _checks.step_tokens(self, seq_id, token_ids))
+        self._reserve(seq_id, _checks.step_count(self, seq_id, num_tokens))
 
-    def commit(self, seq_id: int, num_computed: int) -> None:
-        """Every layer now holds the K and V of ``seq_id``'s first ``num_computed`` tokens."""
-        self.manager.commit(seq_id, num_computed)
+    def commit(self, seq_id: int, num_computed: int, token_ids) -> None:
+        """Every layer holds the K and V of the first ``num_computed`` of its ``token_ids``."""
+        self.manager.commit(seq_id, num_computed, token_ids)
         self._layer_tokens[seq_id] = [num_computed] * self.num_layers
+
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """:meth:`BlockManager.truncate`, in every layer."""
+        self.manager.truncate(_checks.in_step(self, seq_id), num_tokens)
+        self._layer_tokens[seq_id] = [self.num_computed(seq_id)] * self.num_layers
 
     def append(self, seq_id: int, layer: int, k, v, token_ids=None) -> None:
         """Store ``k`` and ``v`` after ``seq_id``'s tokens in ``layer``. Layer 0 goes first and
-        reserves slots past ``admit``'s for ``token_ids`` (ids 0 without prefix caching); a token
-        that every layer holds counts as computed."""
-        layer, k, v, new_ids = _checks.append_args(self, seq_id, layer, k, v, token_ids)
+        reserves the slots past those held; ``token_ids``: the sequence's tokens through these rows
+        (required with prefix caching: the hashes are made of them). A token that every layer holds
+        counts as computed."""
+        layer, k, v, ids = _checks.append_args(self, seq_id, layer, k, v, token_ids)
         start = self._layer_tokens[seq_id][layer]
         with self.all_or_nothing():
-            if new_ids:
-                self._reserve(seq_id, new_ids)
+            if layer == 0:
+                self._reserve(seq_id, max(0, start + len(k) - self.num_tokens(seq_id)))
             slots = self.manager.table(seq_id).slots(start, start + len(k))
             slots = torch.tensor(slots, dtype=torch.int64, device=self.device)
             (self._store or kernels.store_kv)(k, v, self.k_pools[layer], self.v_pools[layer], slots)
             self._layer_tokens[seq_id][layer] = start + len(k)
-            self.manager.commit(seq_id, min(self._layer_tokens[seq_id]))
+            self.manager.commit(seq_id, min(self._layer_tokens[seq_id]), ids)
 
     def fork(self, seq_id: int) -> int:
         """A new sequence that shares every block of ``seq_id`` (reference counts, no copy)."""
@@ -116,12 +122,12 @@ class PagedKVCache:
         del self._layer_tokens[seq_id]
         self._host.pop(seq_id, None)
 
-    def _reserve(self, seq_id: int, tokens: list[int]) -> None:
-        if not (tokens and self.manager.last_block_shared(seq_id)):
-            self.manager.reserve(seq_id, tokens)  # all or nothing: no tensor to copy
+    def _reserve(self, seq_id: int, num_tokens: int) -> None:
+        if not (num_tokens and self.manager.last_block_shared(seq_id)):
+            self.manager.reserve(seq_id, num_tokens)  # all or nothing: no tensor to copy
             return
         with self.all_or_nothing():
-            source, copy = self.manager.reserve(seq_id, tokens)
+            source, copy = self.manager.reserve(seq_id, num_tokens)
             for k_pool, v_pool in zip(self.k_pools, self.v_pools):
                 k_pool[copy].copy_(k_pool[source])
                 v_pool[copy].copy_(v_pool[source])
@@ -139,7 +145,7 @@ class PagedKVCache:
         self.preemptions[mode] += 1
         return held
 
-    def resume(self, seq_id: int, token_ids=()) -> int:
+    def resume(self, seq_id: int, token_ids) -> int:
         """:meth:`BlockManager.resume`, copying back from host memory what a swap saved."""
         swapped = self.is_swapped(seq_id)
         with self.all_or_nothing():
@@ -147,7 +153,7 @@ class PagedKVCache:
             if swapped:
                 end = -(-computed // self.block_size)
                 self._copy_from_host(seq_id, cached // self.block_size, end)
-                self.manager.commit(seq_id, computed)
+                self.manager.commit(seq_id, computed, token_ids)
         self._host.pop(seq_id, None)
         self._layer_tokens[seq_id] = [computed] * self.num_layers
         return cached
@@ -195,7 +201,6 @@ class PagedKVCache:
     sequences = _ask_manager(BlockManager.sequences)
     table = _ask_manager(BlockManager.table)
     block_table = _ask_manager(BlockManager.block_table)
-    tokens = _ask_manager(BlockManager.tokens)
     state = _ask_manager(BlockManager.state)
     num_tokens = _ask_manager(BlockManager.num_tokens)
     num_computed = _ask_manager(BlockManager.num_computed)

@@ -17,6 +17,9 @@
   prompt tokens the engine computes for it when every request arrives at once or one per step;
   :func:`burst_rows`, their bench rows beside transformers' continuous batching with block
   sharing (notebooks 06 and 11);
+- :func:`quoting_requests` and :func:`speculation_rows`: chat prompts whose answers copy a passage
+  of the held-out King James text, and the engine with prompt-lookup speculation against without
+  on them (issue 34), tokens checked equal to ``generate``'s first;
 - :func:`timeline`: each request's state step by step, read back from an engine's event log;
 - :func:`bench_rows`: the section's rows of ``python -m kvlab bench``.
 """
@@ -625,6 +628,68 @@ def cuda_graph_rows(model, prompts, news, reps: int = 3) -> list:
     ]
 
 
+def quoting_requests(tokenizer, n: int = 4, chars: int = 240) -> list[list[int]]:
+    """``n`` chat prompts asking to copy a passage of ``chars`` characters of the held-out King
+    James text (each its own passage): answers that quote their prompt, where prompt lookup pays."""
+    from kvlab.lab.pretrained import chat_ids
+    from kvlab.lab.trained import heldout_text
+
+    lines, passages = heldout_text().splitlines()[20:], []
+    for _ in range(n):  # whole verses, about ``chars`` characters each
+        passage = ""
+        while len(passage) < chars:
+            passage += lines.pop(0).strip() + "\n"
+        passages.append(passage)
+    asks = "Copy the following text exactly, word for word:\n\n"
+    return [chat_ids(tokenizer, asks + passage)[0].tolist() for passage in passages]
+
+
+def speculation_rows(k: int = 8, new_tokens: int = 48, reps: int = 2) -> list:
+    """The engine with prompt-lookup speculation (``speculate=k``) against without, on
+    :func:`quoting_requests` with SmolLM2-135M-Instruct (fp32): both engines' tokens checked equal
+    to ``generate``'s per request first, then timed in ``reps`` interleaved rounds."""
+    from kvlab.lab.bench import Row
+    from kvlab.lab.pretrained import pretrained_model
+
+    model, tokenizer = pretrained_model()
+    prompts = quoting_requests(tokenizer)
+    stop = set(Engine(model, num_blocks=4).eos_token_ids)
+    expected = []
+    with _checks.restoring(model, attn_implementation="sdpa"):  # given back with its own attention
+        for prompt in prompts:
+            ids = torch.tensor([prompt], device=model.device)
+            out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
+            expected.append(_until_stop(out[0, len(prompt) :].tolist(), new_tokens, stop))
+
+    def run(speculate: int):
+        engine = Engine(model, max_batch=len(prompts), speculate=speculate)
+        start = time.perf_counter()
+        out = engine.generate(prompts, new_tokens)
+        return out, time.perf_counter() - start, engine.scheduler.stats
+
+    (plain, _, _), (guessed, _, stats) = run(0), run(k)
+    what = f"{len(prompts)} copy requests, {sum(map(len, prompts)):,} prompt tokens, k = {k}"
+    same = plain == expected and guessed == expected
+    rows = [Row("speculative engine: tokens equal generate's", float(same), "bool", what)]
+    if not same:
+        return rows
+    seconds = {0: [], k: []}
+    for r in range(reps):
+        for speculate in (0, k) if r % 2 == 0 else (k, 0):
+            seconds[speculate].append(run(speculate)[1])
+    rounds = [p / g for p, g in zip(seconds[0], seconds[k])]
+    accepted = stats.accepted_tokens / max(stats.proposed_tokens, 1)
+    return rows + [
+        Row(
+            f"engine without / with speculation (k = {k}), quoting",
+            statistics.median(seconds[0]) / statistics.median(seconds[k]),
+            "x",
+            f"{what}; ratio of medians of {reps} interleaved rounds, one round {min(rounds):.2f}x"
+            f" to {max(rounds):.2f}x; {accepted:.0%} of {stats.proposed_tokens} guesses accepted",
+        )
+    ]
+
+
 def bench_rows():
     """The engine against transformers' continuous batching (block sharing on and off) and padded
     ``generate`` on one 64-request trace (notebook 11); on a GPU also its CUDA-graph decode against
@@ -658,7 +723,7 @@ def bench_rows():
         f"{model.shape.name}, {n} requests, max_batch {n},"
         f" {str(model.dtype).removeprefix('torch.')}"
     )
-    rows = peer_rows(result, where)
+    rows = peer_rows(result, where) + speculation_rows()
     if gpu:  # weight bytes read per step over the step time, against the calibrated copy bandwidth
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         achieved = (

@@ -84,7 +84,7 @@ def make_trace(
 class _Region:
     start: int
     size: int
-    tokens: list[int]
+    num_tokens: int
     prompt: int
     num_computed: int = 0
     state: str = "resident"
@@ -118,7 +118,7 @@ class ContiguousMemory:
         return self._region(seq_id).size
 
     def num_tokens(self, seq_id: int) -> int:
-        return len(self._region(seq_id).tokens)
+        return self._region(seq_id).num_tokens
 
     def num_computed(self, seq_id: int) -> int:
         return self._region(seq_id).num_computed
@@ -129,19 +129,19 @@ class ContiguousMemory:
     def admit(self, token_ids, salt=None) -> tuple[int, int]:
         size = self._size(len(token_ids), False)
         seq_id, self._next_id = self._next_id, self._next_id + 1
-        self._seqs[seq_id] = _Region(self._first_fit(size), size, list(token_ids), len(token_ids))
+        self._seqs[seq_id] = _Region(self._first_fit(size), size, len(token_ids), len(token_ids))
         return seq_id, 0
 
     def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
         """0 while the region has room; more than the whole memory once it is full: it cannot
         grow."""
         region = self._region(seq_id)
-        return 0 if len(region.tokens) + num_tokens <= region.size else self.num_blocks + 1
+        return 0 if region.num_tokens + num_tokens <= region.size else self.num_blocks + 1
 
-    def reserve(self, seq_id: int, token_ids) -> None:
-        self._region(seq_id).tokens += list(token_ids)
+    def reserve(self, seq_id: int, num_tokens: int) -> None:
+        self._region(seq_id).num_tokens += num_tokens
 
-    def commit(self, seq_id: int, num_computed: int) -> None:
+    def commit(self, seq_id: int, num_computed: int, token_ids=None) -> None:
         self._region(seq_id).num_computed = num_computed
 
     def preempt(self, seq_id: int, mode: str) -> int:
@@ -150,18 +150,18 @@ class ContiguousMemory:
         )  # a region's contents are not swapped in this simulation
         region = self._region(seq_id)
         held, region.num_computed, region.state = region.num_computed, 0, "recompute"
-        region.outgrown = region.outgrown or len(region.tokens) == region.size
+        region.outgrown = region.outgrown or region.num_tokens == region.size
         return held
 
-    def blocks_to_resume(self, seq_id: int, token_ids=()) -> int:
+    def blocks_to_resume(self, seq_id: int, token_ids) -> int:
         region = self._region(seq_id)
         return self._slots_if_placed(self._size(0, region.outgrown, region.prompt))
 
-    def resume(self, seq_id: int, token_ids=()) -> int:
+    def resume(self, seq_id: int, token_ids) -> int:
         region = self._region(seq_id)
         region.size = self._size(0, region.outgrown, region.prompt)
         region.start, region.state = self._first_fit(region.size), "resident"
-        region.tokens += list(token_ids)
+        region.num_tokens = len(token_ids)
         return 0
 
     def free(self, seq_id: int) -> None:

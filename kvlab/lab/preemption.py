@@ -79,13 +79,13 @@ def measure_preemption_cost(
 
     def recompute():
         cache.preempt(seq, "recompute")
-        cache.resume(seq)
-        prefill(model, cache, seq, attention=attention)
+        cache.resume(seq, tokens)
+        prefill(model, cache, seq, tokens, attention)
 
     steps = {
         "recompute": recompute,
         "swap_out": lambda: cache.preempt(seq, "swap"),
-        "swap_in": lambda: cache.resume(seq),
+        "swap_in": lambda: cache.resume(seq, tokens),
     }
     for _ in range(warmup):
         for step in steps.values():

@@ -156,10 +156,11 @@ def replay(trace, num_blocks: int, block_size: int, policy: str = "lru") -> Repl
     manager = BlockManager(num_blocks, block_size, prefix_caching=True, max_cached_blocks=cap)
     for request in trace:
         seq_id, cached = manager.admit(request.prompt)
-        manager.commit(seq_id, len(request.prompt))
-        for token in request.reply[:-1]:
-            manager.reserve(seq_id, [token])
-            manager.commit(seq_id, manager.num_tokens(seq_id))
+        tokens = request.prompt + request.reply[:-1]
+        manager.commit(seq_id, len(request.prompt), tokens)
+        for _ in request.reply[:-1]:
+            manager.reserve(seq_id, 1)
+            manager.commit(seq_id, manager.num_tokens(seq_id), tokens)
         manager.free(seq_id)
         result.prompt_tokens.append(len(request.prompt))
         result.cached_tokens.append(cached)
@@ -258,12 +259,12 @@ def measure_ttft(
     vocab = model.config.vocab_size
     shared = torch.randint(0, vocab, (prompt_tokens,), generator=generator).tolist()
     seq, _ = cache.admit(shared)
-    prefill(model, cache, seq, attention=attention)  # caches the shared stream's blocks
+    prefill(model, cache, seq, shared, attention)  # caches the shared stream's blocks
     cache.free(seq)
 
     def run(prompt, cached_out):
         seq_id, cached = cache.admit(prompt)
-        prefill(model, cache, seq_id, attention=attention)
+        prefill(model, cache, seq_id, prompt, attention)
         cached_out.append((seq_id, cached))
 
     timings = {c: [] for c in prefix_tokens}
@@ -330,13 +331,13 @@ def measure_decode_after_prefix(
     vocab = model.config.vocab_size
     shared = torch.randint(0, vocab, (prompt_tokens - 1,), generator=generator).tolist()
     cold, _ = cache.admit(shared + [1])
-    cold_token = prefill(model, cache, cold, attention=attention)
+    cold_token = prefill(model, cache, cold, shared + [1], attention)
     warm, warm_hit = cache.admit(shared + [2])
-    warm_token = prefill(model, cache, warm, attention=attention)
-    state = {cold: cold_token, warm: warm_token}
+    warm_token = prefill(model, cache, warm, shared + [2], attention)
+    state = {cold: shared + [1, cold_token], warm: shared + [2, warm_token]}  # each one's tokens
 
     def step(seq_id):
-        (state[seq_id],) = decode_step(model, cache, [seq_id], [state[seq_id]], attention)
+        state[seq_id] += decode_step(model, cache, [seq_id], [state[seq_id]], attention)
 
     runs = {cold: [], warm: []}
     for i in range(steps):

@@ -74,7 +74,7 @@ def _kvlab_first(model, cache, prompt, salt, attention: str, cached: list) -> in
     """The first token of ``prompt`` from a paged cache, which serves what it holds; ``cached`` gets
     the hit."""
     seq, hit = cache.admit(prompt, salt)
-    token = prefill(model, cache, seq, attention=attention)
+    token = prefill(model, cache, seq, prompt, attention)
     cache.free(seq)
     cached.append(hit)
     return token
@@ -143,7 +143,7 @@ def compare_prefix_reuse(
             seq, _ = warm.admit(
                 prompts[0][:shared], salt=r
             )  # an earlier request leaves the prefix's blocks
-            prefill(model, warm, seq, attention=attention)
+            prefill(model, warm, seq, prompts[0][:shared], attention)
             warm.free(seq)
             with torch.inference_mode():
                 prefix_ids = torch.tensor([prompts[0][:shared]], device=model.device)

@@ -215,7 +215,7 @@ class RepeatableStep:
         for seq, row in zip(self.seqs, self.ids.tolist()):
             prefill(self.model, self.cache, seq, row, self.attention)
         self.forks = [self.cache.fork(s) for s in self.seqs]
-        self.tokens = self.token[:, 0].tolist()
+        self.tokens = [row + [t] for row, t in zip(self.ids.tolist(), self.token[:, 0].tolist())]
 
     def _step_paged(self):
         from kvlab.serving.paged_decode import decode_step

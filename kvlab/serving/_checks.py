@@ -35,16 +35,17 @@ REBUILD = "build the cache with kvlab.serving.paged_decode.cache_for(model, ...)
 def request(r) -> None:
     """A :class:`~kvlab.serving.request.Request` built by hand."""
     integer("id", r.id, 0)
-    r.prompt = token_ids("prompt", r.prompt)
+    r.token_ids = token_ids("prompt", r.token_ids)
     integer("max_new_tokens", r.max_new_tokens, 1)  # a request that generates nothing never ends
     if not isinstance(r.stop, frozenset):
         raise TypeError(f"stop must be a frozenset of token ids, got {type(r.stop).__name__}")
     real("arrival", r.arrival)
 
 
-def scheduler(preemption, max_batch, max_batched_tokens, watermark_blocks, log):
+def scheduler(preemption, max_batch, max_batched_tokens, watermark_blocks, log, speculate):
     """The scheduler's limits, checked: (max_batch, max_batched_tokens, watermark_blocks, log)."""
     one_of("preemption", preemption, PREEMPTION_MODES)
+    integer("speculate", speculate, 0)
     return (
         integer("max_batch", max_batch),
         integer("max_batched_tokens", max_batched_tokens),
@@ -319,11 +320,12 @@ def chunks(cache, chunks_) -> list[tuple[list[int], int, int]]:
         )
     spans, seen, longer = [], set(), False
     for i, chunk in enumerate(chunks_):
-        if not isinstance(chunk, (tuple, list)) or len(chunk) != 3:
+        if not isinstance(chunk, (tuple, list)) or len(chunk) not in (3, 4):
             raise TypeError(
                 f"chunks[{i}] must be a (seq_id, start, token_ids) chunk, got {chunk!r}"
             )
-        seq_id, start, ids = chunk
+        seq_id, start, ids = chunk[:3]
+        integer(f"chunks[{i}].num_outputs", (*chunk, 1)[3], 1, max(len(ids), 1) + 1)
         cache.require_in_step(seq_id)  # a live, resident sequence whose layers agree
         start, count = integer(f"chunks[{i}].start", start, 0), len(ids)
         committed = cache.num_computed(seq_id)
@@ -375,10 +377,10 @@ def engine_invariants(engine) -> None:
         "the cache's sequences are not the live requests'",
     )
     for r in live:
-        held, state = engine.cache.tokens(r.seq), engine.cache.state(r.seq)
+        held, state = engine.cache.num_tokens(r.seq), engine.cache.state(r.seq)
         _require(
-            held == r.tokens[: len(held)] and len(held) >= len(r.tokens) - 1,
-            f"request {r.id}'s cached tokens are not its own",
+            r.num_tokens - 1 <= held <= r.num_tokens,
+            f"request {r.id} holds slots for {held} of its {r.num_tokens} tokens",
         )
         _require(
             (state == "swap") == (r.state == "swapped"),
@@ -402,31 +404,39 @@ def blocks_free(cache, needed: int, what: str | None = None, free: int | None = 
         raise OutOfBlocksError(needed, free, cache.num_blocks, cache.bytes_per_block, what)
 
 
-def prefill(model, cache, seq_id: int, new, max_tokens):
-    """``prefill``'s arguments: (the tokens to reserve, the first position to compute, how many,
-    the uncomputed tokens), all known to the model."""
-    vocab = model.config.vocab_size
-    new = [] if new is None else token_ids("token_ids", new, vocab, empty=True)
+def prefill(model, cache, seq_id: int, ids, max_tokens):
+    """``prefill``'s arguments: (the sequence's tokens, the first position to compute, how many),
+    all known to the model, at least as many as it holds slots for, one at least uncomputed."""
+    tokens = token_ids("token_ids", ids, model.config.vocab_size)
     cache.require_in_step(seq_id)
-    start, end = cache.num_computed(seq_id), cache.num_tokens(seq_id) + len(new)
-    if end == start:
+    start, held = cache.num_computed(seq_id), cache.num_tokens(seq_id)
+    if len(tokens) < held:
         raise ValueError(
-            f"sequence {seq_id} has no token left to compute; pass token_ids (at least one token)"
+            f"token_ids must hold sequence {seq_id}'s {held} tokens (then any new ones), got"
+            f" {len(tokens)}"
         )
-    fed = token_ids(f"the tokens of sequence {seq_id}", cache.tokens(seq_id)[start:] + new, vocab)
-    count = (
-        end - start if max_tokens is None else min(end - start, integer("max_tokens", max_tokens))
-    )
-    blocks_free(cache, cache.blocks_to_append(seq_id, len(new)))
-    return new, start, count, fed
+    if len(tokens) == start:
+        raise ValueError(
+            f"sequence {seq_id} has no token left to compute; pass token_ids with a new token"
+        )
+    count = len(tokens) - start
+    count = count if max_tokens is None else min(count, integer("max_tokens", max_tokens))
+    blocks_free(cache, cache.blocks_to_append(seq_id, len(tokens) - held))
+    return tokens, start, count
 
 
-def decode_step(model, cache, seq_ids, tokens):
-    """``decode_step``'s arguments, converted."""
+def decode_step(model, cache, seq_ids, ids):
+    """``decode_step``'s arguments, converted: each sequence's tokens, one past those computed."""
     seq_ids = integers("seq_ids", seq_ids, 0)
-    tokens = token_ids("tokens", tokens, model.config.vocab_size)
-    decoding(cache, seq_ids, tokens)
-    return seq_ids, tokens
+    if not isinstance(ids, (list, tuple)) or len(ids) != len(seq_ids):
+        raise ValueError(
+            f"token_ids must hold one token list per sequence of seq_ids ({len(seq_ids)}), got"
+            f" {ids!r:.80}"
+        )
+    vocab = model.config.vocab_size
+    ids = [token_ids(f"token_ids[{i}]", t, vocab) for i, t in enumerate(ids)]
+    decoding(cache, seq_ids, ids)
+    return seq_ids, ids
 
 
 def generate(model, cache, tokens, max_new_tokens, salt, attention, stop, geometry):
@@ -457,20 +467,20 @@ def paged_generate(model, prompts, max_new_tokens, block_size, max_batch, num_bl
     return prompts, max_new_tokens, block_size, max_batch
 
 
-def decoding(cache, seq_ids: list[int], tokens: list[int]) -> None:
-    """One token for each of distinct sequences that are fully computed, with room for them."""
-    if len(tokens) != len(seq_ids):
-        raise ValueError(
-            f"tokens must hold one token per sequence of seq_ids ({len(seq_ids)}), got"
-            f" {len(tokens)}"
-        )
+def decoding(cache, seq_ids: list[int], token_ids: list[list[int]]) -> None:
+    """Distinct sequences, each fully computed and handed its tokens and one more, with room."""
     if len(set(seq_ids)) != len(seq_ids):
         raise ValueError(f"seq_ids must be distinct, got {seq_ids}")
-    for seq_id in seq_ids:
+    for seq_id, tokens in zip(seq_ids, token_ids):
         cache.require_in_step(seq_id)
         if cache.num_computed(seq_id) != cache.num_tokens(seq_id):
             raise ValueError(
                 f"sequence {seq_id} has reserved tokens not computed yet; prefill it first"
+            )
+        if len(tokens) != cache.num_tokens(seq_id) + 1:
+            raise ValueError(
+                f"token_ids of sequence {seq_id} must hold its {cache.num_tokens(seq_id)} tokens"
+                f" and the one to feed, got {len(tokens)}"
             )
     blocks_free(cache, sum(cache.blocks_to_append(s) for s in seq_ids))
 

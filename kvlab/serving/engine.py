@@ -46,14 +46,16 @@ class Engine:
     """``num_blocks=None`` sizes the pool by ``kv_budget_bytes`` (on a GPU, by default, from the
     memory free after the weights); ``attention`` and ``cuda_graphs`` default to the kernels and
     graphs on a GPU, ``"gather"`` on a CPU; ``debug=True`` checks the invariants after every step;
-    ``eos_token_id="auto"`` stops at ``model.generation_config``'s end-of-sequence ids."""
+    ``eos_token_id="auto"`` stops at ``model.generation_config``'s end-of-sequence ids;
+    ``speculate=k`` checks up to ``k`` prompt-lookup guesses per decode in each step (the
+    scheduler)."""
 
     def __init__(
         self, model, num_blocks: int | None = None, block_size: int = 16, max_batch: int = 32,
         max_batched_tokens: int = 2048, prefix_caching: bool = True, preemption: str = "recompute",
         *, kv_budget_bytes: int | None = None, attention: str | None = None,
         cuda_graphs: bool | None = None, watermark: float = WATERMARK, eos_token_id="auto",
-        debug: bool = False,
+        debug: bool = False, speculate: int = 0,
     ):  # fmt: skip
         checked = _checks.engine(
             model, num_blocks, block_size, max_batch, max_batched_tokens, prefix_caching,
@@ -65,7 +67,7 @@ class Engine:
         self.runner = ModelRunner(model, self.cache, attention, cuda_graphs, max_batch)
         self.scheduler = Scheduler(
             self.cache, max_batch, max_batched_tokens, preemption,
-            math.ceil(watermark * num_blocks), self._log,
+            math.ceil(watermark * num_blocks), self._log, speculate,
         )  # fmt: skip
         self.model, self.block_size, self.num_blocks = model, block_size, num_blocks
         self.eos_token_ids, self.debug = eos, debug
@@ -92,8 +94,8 @@ class Engine:
         return [r.output if r.state == "finished" else None for r in requests]
 
     def _add(self, prompt: list[int], max_new_tokens: int, stop: frozenset) -> Request:
-        stop, arrival = self.eos_token_ids | stop, time.perf_counter()
-        request = Request(len(self.requests), prompt, max_new_tokens, arrival, stop=stop)
+        request = Request(len(self.requests), prompt, max_new_tokens, checked=True)  # door checked
+        request.arrival, request.stop = time.perf_counter(), self.eos_token_ids | stop
         self.requests[request.id] = request
         self._log(request, "arrive", len(prompt))
         why = _checks.never_fits(self, len(prompt), max_new_tokens)
@@ -131,9 +133,11 @@ class Engine:
     def _run(self, plan: list) -> list[Request]:
         self.stats.peak_blocks = max(self.stats.peak_blocks, self.num_blocks - self.cache.num_free)
         next_tokens = self.runner.run([entry.chunk for entry in plan])
-        self.stats.generated_tokens += sum(1 for entry in plan if entry.completes)
+        held = sum(e.request.num_tokens for e in plan)
         self.stats.prefill_tokens += sum(e.count for e in plan if e.kind == "prefill")
-        return self.scheduler.update(plan, next_tokens, time.perf_counter())
+        finished = self.scheduler.update(plan, next_tokens, time.perf_counter())
+        self.stats.generated_tokens += sum(e.request.num_tokens for e in plan) - held
+        return finished
 
     def _account(self, plan: list, seconds: float) -> None:
         self._idle_steps = 0 if plan else self._idle_steps + 1
@@ -146,7 +150,7 @@ class Engine:
     def snapshot(self):
         """What a step changes, copied, for :meth:`restore` after a failed step."""
         s = self.scheduler
-        requests = [(r, len(r.output), dict(vars(r))) for r in [*s.waiting, *s.running, *s.swapped]]
+        requests = [(r, r.num_tokens, dict(vars(r))) for r in [*s.waiting, *s.running, *s.swapped]]
         queues = (deque(s.waiting), list(s.running), deque(s.swapped), replace(s.stats))
         stats = replace(self.stats, batch_sizes=list(self.stats.batch_sizes))
         return self.cache.snapshot(), queues, requests, stats, len(self.events)
@@ -157,9 +161,9 @@ class Engine:
         s = self.scheduler
         s.waiting, s.running, s.swapped = deque(waiting), list(running), deque(swapped)
         s.stats = replace(scheduler_stats)
-        for r, outputs, fields in requests:
+        for r, num_tokens, fields in requests:
             vars(r).update(fields)
-            del r.output[outputs:]  # a request's output only grows
+            del r.token_ids[num_tokens:]  # a request's tokens only grow
         self.stats = replace(stats, batch_sizes=list(stats.batch_sizes))
         del self.events[events:]
 

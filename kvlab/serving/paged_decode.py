@@ -20,30 +20,30 @@ from kvlab.serving.runner import ModelRunner, cache_for, model_geometry  # noqa:
 
 @torch.inference_mode()
 def prefill(
-    model, cache: PagedKVCache, seq_id: int, token_ids=None, attention="kernel", max_tokens=None
+    model, cache: PagedKVCache, seq_id: int, token_ids, attention="kernel", max_tokens=None
 ) -> int | None:
-    """Run ``seq_id``'s uncomputed tokens (after reserving ``token_ids``), at most ``max_tokens``;
-    the greedy next token, or None if ``max_tokens`` stopped short of the sequence's last token."""
+    """Run ``seq_id``'s uncomputed tokens, at most ``max_tokens``; ``token_ids`` are the sequence's
+    tokens (those it holds slots for, then any new ones, whose slots it reserves). The greedy next
+    token, or None if ``max_tokens`` stopped short of the sequence's last token."""
     runner = ModelRunner(model, cache, attention)  # checks the model against the cache first
-    new, start, count, fed = _checks.prefill(model, cache, seq_id, token_ids, max_tokens)
+    tokens, start, count = _checks.prefill(model, cache, seq_id, token_ids, max_tokens)
     with cache.all_or_nothing():
-        if new:
-            cache.reserve(seq_id, new)
-        cache.commit(seq_id, start + count)  # the step is scheduled: its slots count as written
-        (next_token,) = runner.run([Chunk(seq_id, start, fed[:count])])
-    return next_token if count == len(fed) else None
+        cache.reserve(seq_id, len(tokens) - cache.num_tokens(seq_id))
+        cache.commit(seq_id, start + count, tokens)  # scheduled: its slots count as written
+        (next_token,) = runner.run([Chunk(seq_id, start, tokens[start : start + count])])
+    return next_token if start + count == len(tokens) else None
 
 
 @torch.inference_mode()
-def decode_step(model, cache: PagedKVCache, seq_ids, tokens, attention="kernel") -> list[int]:
-    """Feed ``tokens[i]`` to ``seq_ids[i]``; returns the next tokens."""
+def decode_step(model, cache: PagedKVCache, seq_ids, token_ids, attention="kernel") -> list[int]:
+    """Feed each of ``seq_ids`` the last of its ``token_ids`` (the others computed): next tokens."""
     runner = ModelRunner(model, cache, attention)
-    seq_ids, tokens = _checks.decode_step(model, cache, seq_ids, tokens)
+    seq_ids, token_ids = _checks.decode_step(model, cache, seq_ids, token_ids)
     with cache.all_or_nothing():
-        for seq_id, token in zip(seq_ids, tokens):
-            cache.reserve(seq_id, [token])
-            cache.commit(seq_id, cache.num_tokens(seq_id))  # scheduled: its slot counts as written
-        return runner.run([Chunk(s, cache.num_tokens(s) - 1, [t]) for s, t in zip(seq_ids, tokens)])
+        for seq_id, tokens in zip(seq_ids, token_ids):
+            cache.reserve(seq_id, 1)
+            cache.commit(seq_id, len(tokens), tokens)  # scheduled: its slot counts as written
+        return runner.run([Chunk(s, len(t) - 1, t[-1:]) for s, t in zip(seq_ids, token_ids)])
 
 
 @dataclass(frozen=True)
@@ -67,11 +67,11 @@ def generate(
     )
     with cache.all_or_nothing():
         seq_id, cached = cache.admit(tokens, salt)
-        out = [prefill(model, cache, seq_id, attention=attention)]
-        while len(out) < max_new_tokens and out[-1] not in stop:
-            out += decode_step(model, cache, [seq_id], out[-1:], attention)
+        sequence = tokens + [prefill(model, cache, seq_id, tokens, attention)]
+        while len(sequence) - len(tokens) < max_new_tokens and sequence[-1] not in stop:
+            sequence += decode_step(model, cache, [seq_id], [sequence], attention)
         cache.free(seq_id)
-    return Generation(out, cached, len(tokens))
+    return Generation(sequence[len(tokens) :], cached, len(tokens))
 
 
 @dataclass(frozen=True)

@@ -2,31 +2,33 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import NamedTuple
 
 from kvlab.serving import _checks
 
 
 class Chunk(NamedTuple):
-    """``token_ids`` at positions ``start, start + 1, ...`` of the cache's sequence ``seq_id``."""
+    """``token_ids`` at positions ``start, start + 1, ...`` of the cache's sequence ``seq_id``; the
+    greedy token is wanted after each of the last ``num_outputs`` (a speculative step's check)."""
 
     seq_id: int
     start: int
     token_ids: list[int]
+    num_outputs: int = 1
 
 
 @dataclass(eq=False)  # a request is itself: compared by identity
 class Request:
     """``waiting`` -> ``running`` (prefill, maybe chunked, then decode) -> ``finished``, maybe via
     ``waiting`` or ``swapped`` (preempted); or ``rejected``. Greedy, up to ``max_new_tokens`` or a
-    ``stop`` token (kept); the cache holds the K and V of all its ``tokens`` but the newest."""
+    ``stop`` token (kept). ``token_ids``, the prompt then the output, is the one home of its tokens:
+    the cache reads them, keeping none. Checked here, unless ``checked`` (by the engine's door)."""
 
     id: int
-    prompt: list[int]
+    token_ids: list[int]
     max_new_tokens: int
     arrival: float = 0.0
-    output: list[int] = field(default_factory=list)
     state: str = "waiting"
     seq: int | None = None  # the cache's sequence id, from the first admission on
     first_token_time: float | None = None
@@ -37,30 +39,33 @@ class Request:
     error: str | None = None
     stop: frozenset = frozenset()
     finish_reason: str | None = None
+    checked: InitVar[bool] = False
+    num_prompt_tokens: int = field(init=False)
 
-    def __post_init__(self):
-        _checks.request(self)  # built by hand in notebook 05's simulator
+    def __post_init__(self, checked: bool):
+        if not checked:
+            _checks.request(self)  # copies token_ids: the request owns its list
+        self.num_prompt_tokens = len(self.token_ids)
 
     @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.output
+    def prompt(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
 
-    def tokens_at(self, start: int, count: int) -> list[int]:
-        """``tokens[start:start + count]``, sliced from prompt and output without joining them."""
-        n, end = len(self.prompt), start + count
-        return self.prompt[start:end] + self.output[max(start - n, 0) : max(end - n, 0)]
+    @property
+    def output(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt) + len(self.output)
+        return len(self.token_ids)
 
     @property
     def stopped(self) -> bool:
-        return bool(self.output) and self.output[-1] in self.stop
+        return self.num_tokens > self.num_prompt_tokens and self.token_ids[-1] in self.stop
 
     @property
     def done(self) -> bool:
-        return self.stopped or len(self.output) >= self.max_new_tokens
+        return self.stopped or self.num_tokens - self.num_prompt_tokens >= self.max_new_tokens
 
     @property
     def ttft(self) -> float | None:

@@ -56,7 +56,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, chunks) -> list[int]:
-        """Feed each chunk ``(seq_id, start, token_ids)``; the greedy token after each."""
+        """Feed each chunk ``(seq_id, start, token_ids[, num_outputs])``; the greedy tokens after
+        each chunk's last ``num_outputs`` tokens, in order (one per chunk by default)."""
         chunks = [Chunk(*c) for c in chunks]
         if self.graphs is not None and self.graphs.covers(chunks):
             return self.graphs.run(chunks)
@@ -65,7 +66,9 @@ class ModelRunner:
         token_ids("the step's token ids", ids, self.model.config.vocab_size)  # else a device assert
         positions = [p for c in chunks for p in range(c.start, c.start + len(c.token_ids))]
         dev = self.cache.device
-        last = torch.tensor(list(accumulate(len(c.token_ids) for c in chunks)), device=dev) - 1
+        ends = accumulate(len(c.token_ids) for c in chunks)
+        kept = [p for c, end in zip(chunks, ends) for p in range(end - c.num_outputs, end)]
+        last = torch.tensor(kept, device=dev)
         ids, positions = torch.tensor([ids], device=dev), torch.tensor([positions], device=dev)
         logits = paged_forward(self.model, ids, positions, meta, last)
         return logits[0].argmax(dim=-1).tolist()

@@ -21,34 +21,45 @@ step's slots): with prefix caching, a request admitted later in the same step re
 earlier chunk of this step computes, so a burst behind one system prompt computes it once (SGLang
 instead holds back a waiting request whose prefix another shares). Safe, as every layer stores
 before it attends (:mod:`~kvlab.serving.attention`), and a failed step is rolled back whole.
+
+**Speculation** (``speculate=k``; Saxena 2023, Leviathan et al. 2023): a decoding request feeds its
+newest token and up to ``k`` tokens that prompt lookup proposes, within the step's token budget and
+the blocks free; the step's one forward pass checks them all. The longest prefix the model's own
+greedy tokens agree with is kept, and the model's next token after it; the rejected draft's slots
+are given back. A draft is computed but never cached: ``commit`` hashes only a request's finalized
+tokens, as vLLM v1 caps cached blocks at them.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvlab.serving import _checks
 from kvlab.serving.request import Chunk, Request
+from kvlab.speculative import prompt_lookup
 
 
 @dataclass
 class Scheduled:
-    """One chunk of a step: ``request``'s tokens ``start .. start + count - 1``."""
+    """One chunk of a step: ``request``'s tokens ``start .. start + count - 1``, the last
+    ``len(draft)`` of them proposed (a speculative decode), not yet the request's."""
 
     request: Request
     start: int
     count: int
     kind: str  # "decode" or "prefill"
+    draft: list[int] = field(default_factory=list)
 
     @property
     def chunk(self) -> Chunk:
-        return Chunk(self.request.seq, self.start, self.request.tokens_at(self.start, self.count))
+        ids = self.request.token_ids[self.start : self.start + self.count] + self.draft
+        return Chunk(self.request.seq, self.start, ids, 1 + len(self.draft))
 
     @property
     def completes(self) -> bool:
         """Every token of the request is computed after it: its last logits give the next token."""
-        return self.start + self.count == self.request.num_tokens
+        return self.start + self.count - len(self.draft) == self.request.num_tokens
 
 
 @dataclass
@@ -60,6 +71,8 @@ class SchedulerStats:
     swapped_blocks: int = 0  # blocks copied to host memory (and later back) by swap preemptions
     readmitted_tokens: int = 0  # tokens of requests readmitted after a recompute preemption
     readmitted_cached: int = 0  # of which the prefix cache served
+    proposed_tokens: int = 0  # draft tokens fed by speculative decodes
+    accepted_tokens: int = 0  # of which the model agreed with
 
 
 class Scheduler:
@@ -67,11 +80,12 @@ class Scheduler:
 
     def __init__(
         self, memory, max_batch: int, max_batched_tokens: int, preemption: str = "recompute",
-        watermark_blocks: int = 0, log=None,
+        watermark_blocks: int = 0, log=None, speculate: int = 0,
     ):  # fmt: skip
-        limits = _checks.scheduler(preemption, max_batch, max_batched_tokens, watermark_blocks, log)
+        limits = preemption, max_batch, max_batched_tokens, watermark_blocks, log, speculate
+        limits = _checks.scheduler(*limits)
         self.max_batch, self.max_batched_tokens, self.watermark_blocks, self.log = limits
-        self.memory, self.preemption = memory, preemption
+        self.memory, self.preemption, self.speculate = memory, preemption, speculate
         self.waiting, self.running, self.swapped = deque(), [], deque()  # of Requests
         self.stats = SchedulerStats()
 
@@ -91,6 +105,8 @@ class Scheduler:
         plan = [self._decode(r) for r in self.running if self._decoding(r)]
         scheduled = {id(e.request) for e in plan}
         budget = self.max_batched_tokens - len(plan)
+        for entry in plan if self.speculate else []:  # every decode's own slot is reserved first
+            budget -= self._propose(entry, budget)
         for request in self.running:
             if budget and id(request) not in scheduled and self._uncomputed(request):
                 plan.append(self._chunk(request, budget))
@@ -100,14 +116,16 @@ class Scheduler:
         return sorted(plan, key=lambda e: e.count > 1)
 
     def update(self, plan: list[Scheduled], next_tokens: list[int], now: float = 0.0):
-        """Append each completing chunk's token; free and return the requests that are done."""
-        finished = []
-        for entry, token in zip(plan, next_tokens):
+        """Append each completing chunk's tokens (the runner's tokens after each chunk's last
+        ``num_outputs``); free and return the requests that are done."""
+        finished, next_tokens = [], iter(next_tokens)
+        for entry in plan:
             request = entry.request
+            outputs = [next(next_tokens) for _ in range(1 + len(entry.draft))]
             self.log(request, entry.kind, entry.count)
             if not entry.completes:
                 continue
-            request.output.append(token)
+            self._accept(entry, outputs)
             if request.first_token_time is None:
                 request.first_token_time = now
             if request.done:
@@ -155,16 +173,46 @@ class Scheduler:
         """Swapped requests back, oldest first, leaving the blocks this step's decodes take."""
         while self.swapped and len(self.running) < self.max_batch:
             request = self.swapped[0]
-            needed = self.memory.blocks_to_resume(request.seq, request.tokens[-1:])
+            held = request.token_ids[: self.memory.num_tokens(request.seq)]
+            needed = self.memory.blocks_to_resume(request.seq, request.token_ids)  # and its decode
             if not self._fits(needed + self._decode_blocks()):
                 return
             self.swapped.popleft()
-            self.memory.resume(request.seq)
+            self.memory.resume(request.seq, held)
             self._run(request, "resume", "swap")
 
     def _decode(self, request: Request) -> Scheduled:
-        self.memory.reserve(request.seq, request.output[-1:])  # the slot of the token fed this step
+        self.memory.reserve(request.seq, 1)  # the slot of the token fed this step
         return self._scheduled(request, 1, "decode")
+
+    def _propose(self, entry: Scheduled, budget: int) -> int:
+        """Add to a decode up to ``speculate`` proposed tokens, within the budget, the free blocks
+        and the tokens left to generate, their slots reserved and committed; returns how many."""
+        request = entry.request
+        room = min(self.speculate, budget, request.max_new_tokens - len(request.output) - 1)
+        draft = prompt_lookup(request.token_ids, room) if room > 0 else []
+        while draft and not self._fits(self.memory.blocks_to_append(request.seq, len(draft))):
+            draft.pop()
+        if draft:
+            self.memory.reserve(request.seq, len(draft))
+            self.memory.commit(request.seq, entry.start + 1 + len(draft), request.token_ids)
+            entry.draft, entry.count = draft, 1 + len(draft)
+            self.stats.proposed_tokens += len(draft)
+        return len(draft)
+
+    def _accept(self, entry: Scheduled, outputs: list[int]) -> None:
+        """Append the model's tokens while the draft agrees (its longest matching prefix, then the
+        token after it), up to a stop or ``max_new_tokens``; give back the rejected slots."""
+        request, guesses = entry.request, entry.draft + [None]
+        for token, guess in zip(outputs, guesses):
+            request.token_ids.append(token)
+            if request.done or token != guess:
+                break
+        if entry.draft:
+            new = request.token_ids[entry.start + 1 :]
+            self.stats.accepted_tokens += sum(t == g for t, g in zip(new, entry.draft))
+        if entry.draft and not request.done:  # all but the newest are computed
+            self.memory.truncate(request.seq, request.num_tokens - 1)
 
     def _chunk(self, request: Request, budget: int) -> Scheduled:
         return self._scheduled(request, min(self._uncomputed(request), budget), "prefill")
@@ -172,27 +220,26 @@ class Scheduler:
     def _scheduled(self, request: Request, count: int, kind: str) -> Scheduled:
         """``count`` tokens of ``request``, committed now (the module)."""
         start = self.memory.num_computed(request.seq)
-        self.memory.commit(request.seq, start + count)
+        self.memory.commit(request.seq, start + count, request.token_ids)
         return Scheduled(request, start, count, kind)
 
     def _admit(self, plan: list[Scheduled], budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_batch:
-            request = self.waiting[0]
+            request, tokens = self.waiting[0], self.waiting[0].token_ids
             if request.seq is None:
-                if not self._fits(self.memory.blocks_to_admit(request.tokens)):
+                if not self._fits(self.memory.blocks_to_admit(tokens)):
                     return
-                request.seq, cached = self.memory.admit(request.tokens)
+                request.seq, cached = self.memory.admit(tokens)
                 self._run(request, "admit", cached)
-            else:  # its prompt and generated tokens, all but the newest held when preempted
-                unheld = request.tokens[self.memory.num_tokens(request.seq) :]
-                if not self._fits(self.memory.blocks_to_resume(request.seq, unheld)):
+            else:  # preempted by recompute: its prompt and generated tokens again
+                if not self._fits(self.memory.blocks_to_resume(request.seq, tokens)):
                     return
-                cached = self.memory.resume(request.seq, unheld)
-                self.stats.readmitted_tokens += len(request.tokens)
+                cached = self.memory.resume(request.seq, tokens)
+                self.stats.readmitted_tokens += len(tokens)
                 self.stats.readmitted_cached += cached
                 self._run(request, "resume", "recompute")
             self.waiting.popleft()
-            request.admitted_tokens += len(request.tokens)
+            request.admitted_tokens += len(tokens)
             request.cached_tokens += cached
             plan.append(self._chunk(request, budget))
             budget -= plan[-1].count

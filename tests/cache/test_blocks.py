@@ -22,7 +22,7 @@ from kvlab.cache.blocks import BlockAllocator, BlockTable, OutOfBlocksError, blo
 def state(m: BlockManager):
     """Everything a failed call must leave alone."""
     seqs = {
-        s: (m.block_table(s), m.tokens(s), m.num_computed(s), m.state(s)) for s in m.sequences()
+        s: (m.block_table(s), m.num_tokens(s), m.num_computed(s), m.state(s)) for s in m.sequences()
     }
     return (
         m.free_order(),
@@ -36,7 +36,7 @@ def state(m: BlockManager):
 def written(m: BlockManager, tokens, salt=None):
     """Admit ``tokens`` and commit them all, as a prefill that wrote every token's K and V."""
     seq, cached = m.admit(tokens, salt)
-    m.commit(seq, len(tokens))
+    m.commit(seq, len(tokens), tokens)
     return seq, cached
 
 
@@ -251,15 +251,36 @@ def test_a_reserved_block_is_a_hit_only_once_written():
     m = BlockManager(16, 4, prefix_caching=True)
     a, _ = m.admit(list(range(10)))
     assert m.lookup(list(range(10))) == 0 and m.num_cached == 0  # reserved, not written: no promise
-    m.commit(a, 6)  # the first block is written, the second half
+    m.commit(a, 6, range(10))  # the first block is written, the second half
     assert m.lookup(list(range(10))) == 4 and m.num_cached == 1
-    m.commit(a, 10)
+    m.commit(a, 10, range(10))
     b, cached = m.admit(list(range(8)) + [50, 51, 52])
     assert cached == 8 and m.block_table(a)[:2] == m.block_table(b)[:2]
     assert [m.ref_count(x) for x in m.block_table(a)] == [2, 2, 1]
     assert m.stats.hit_tokens == 8 and m.stats.hit_rate == pytest.approx(8 / 21)
     with pytest.raises(ValueError, match=r"num_computed must be an int in \[10, 11\)"):
-        m.commit(a, 9)  # what is written stays written
+        m.commit(a, 9, range(10))  # what is written stays written
+
+
+def test_only_the_tokens_handed_over_are_cached_and_a_draft_is_given_back():
+    """A speculative step computes draft tokens the request does not hold yet: commit hashes only
+    the blocks of the tokens it is handed, and truncate gives the rejected slots back."""
+    m = BlockManager(8, 2, prefix_caching=True)
+    tokens = [1, 2, 3]
+    seq, _ = written(m, tokens)
+    m.reserve(seq, 4)  # the newest token's slot, then three drafted
+    m.commit(seq, 7, tokens)  # all seven computed; only [1, 2] is a full block of finalized tokens
+    assert m.num_cached == 1 and len(m.block_table(seq)) == 4 and m.num_free == 4
+    tokens += [4, 9]  # the model agreed with the first draft token (4) and then chose 9
+    m.truncate(seq, len(tokens) - 1)
+    assert (m.num_tokens(seq), m.num_computed(seq), len(m.block_table(seq))) == (4, 4, 2)
+    assert m.num_free == 6 and m.num_cached == 1
+    m.reserve(seq, 1)
+    m.commit(seq, 5, tokens)  # the accepted token's block is cached now that it is the request's
+    assert m.num_cached == 2 and m.lookup([1, 2, 3, 4, 7]) == 4
+    with pytest.raises(ValueError, match=r"num_tokens must be an int in \[4, 6\)"):
+        m.truncate(seq, 3)  # not into a block whose hash it registered
+    m.check()
 
 
 def test_prefix_caching_off_never_registers():
@@ -326,15 +347,18 @@ def test_salt_isolates_tenants():
 
 def test_decode_fills_and_registers_a_block_once_written():
     m = BlockManager(8, 4, prefix_caching=True)
-    seq, _ = written(m, [1, 2, 3])
-    assert m.blocks_to_append(seq) == 0 and m.reserve(seq, [4]) is None
+    tokens = [1, 2, 3]  # the caller's list: the block manager keeps none
+    seq, _ = written(m, tokens)
+    tokens.append(4)
+    assert m.blocks_to_append(seq) == 0 and m.reserve(seq, 1) is None
     assert m.num_cached == 0  # full, but token 4's K and V are not written yet
-    m.commit(seq, 4)
+    m.commit(seq, 4, tokens)
     assert m.block_hash(m.block_table(seq)[0]) == block_hashes([1, 2, 3, 4], 4)[0]
     assert m.blocks_to_append(seq) == 1
     for t in (5, 6, 7, 8):
-        m.reserve(seq, [t])
-        m.commit(seq, m.num_tokens(seq))
+        tokens.append(t)
+        m.reserve(seq, 1)
+        m.commit(seq, m.num_tokens(seq), tokens)
     assert m.num_cached == 2 and len(m.block_table(seq)) == 2
     other, cached = m.admit([1, 2, 3, 4, 5, 6, 7, 8, 9])
     assert cached == 8 and m.block_table(other)[:2] == m.block_table(seq)
@@ -397,27 +421,30 @@ def test_fork_shares_and_the_first_write_copies_the_last_block():
     child = m.fork(parent)
     assert m.block_table(child) == m.block_table(parent) and m.blocks_to_append(child) == 1
     last = m.block_table(parent)[1]
-    source, copy = m.reserve(child, [7])
+    source, copy = m.reserve(child, 1)
     assert source == last and m.block_table(child) == [m.block_table(parent)[0], copy]
-    assert m.ref_count(last) == 1 and m.ref_count(copy) == 1 and m.reserve(parent, [8]) is None
+    assert m.ref_count(last) == 1 and m.ref_count(copy) == 1 and m.reserve(parent, 1) is None
     m.check()
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preempt_and_resume_reuse_the_sequences_own_cached_blocks(mode):
     m = BlockManager(8, 2, prefix_caching=True)
-    seq, _ = m.admit([1, 2, 3, 4, 5, 6, 7])
-    m.commit(seq, 5)  # mid-prefill: blocks 0 and 1 written, block 2 half
+    tokens = [1, 2, 3, 4, 5, 6, 7]
+    seq, _ = m.admit(tokens)
+    m.commit(seq, 5, tokens)  # mid-prefill: blocks 0 and 1 written, block 2 half
     assert m.preempt(seq, mode) == 5 and m.num_free == 8 and m.state(seq) == mode
     assert m.num_computed(seq) == (5 if mode == "swap" else 0) and m.num_cached == 2
     with pytest.raises(ValueError, match="is preempted"):
-        m.reserve(seq, [1])
+        m.reserve(seq, 1)
+    with pytest.raises(ValueError, match="must hold sequence .*'s 7 tokens"):
+        m.resume(seq, tokens[:6])
     assert (
-        m.blocks_to_resume(seq) == 4 and m.resume(seq) == 4
+        m.blocks_to_resume(seq, tokens) == 4 and m.resume(seq, tokens) == 4
     )  # the two written blocks come back as hits
     assert m.state(seq) == "resident" and m.num_computed(seq) == (5 if mode == "swap" else 4)
     with pytest.raises(ValueError, match="is not preempted"):
-        m.resume(seq)
+        m.resume(seq, tokens)
     m.check()
 
 
@@ -434,11 +461,10 @@ def test_failed_admission_and_reservation_change_nothing():
     assert (info.value.needed, info.value.free, info.value.total) == (4, 3, 4) and state(
         m
     ) == before
-    b, _ = m.admit([1, 2, 3, 4, 5])
-    m.commit(b, 5)
+    b, _ = written(m, [1, 2, 3, 4, 5])
     before = state(m)
     with pytest.raises(OutOfBlocksError, match="need 1 .* only 0 of 4"):
-        m.reserve(b, [6, 7])
+        m.reserve(b, 2)
     assert state(m) == before
 
 
@@ -477,15 +503,18 @@ def test_bad_arguments():
         (lambda: m.admit([1.5]), TypeError, r"\[0\]"),
         (lambda: m.admit([1, 2**63]), ValueError, r"2\*\*63"),
         (lambda: m.admit([1], salt=[1]), TypeError, "salt"),
-        (lambda: m.reserve(99, [1]), ValueError, "seq_id 99 is not a live sequence"),
+        (lambda: m.reserve(99, 1), ValueError, "seq_id 99 is not a live sequence"),
         (lambda: m.free(99), ValueError, "seq_id 99"),
         (lambda: m.block_table(99), ValueError, "seq_id 99"),
-        (lambda: m.reserve(a, [-3]), ValueError, "token_ids"),
+        (lambda: m.reserve(a, -3), ValueError, "num_tokens"),
         (lambda: m.ref_count(4), ValueError, "block"),
-        (lambda: m.commit(a, 4), ValueError, "num_computed"),
+        (lambda: m.commit(a, 4, [1, 2, 3]), ValueError, "num_computed"),
+        (lambda: m.commit(a, 3, 7), TypeError, "token_ids must be sequence 0's token ids"),
+        (lambda: m.truncate(a, 4), ValueError, r"num_tokens must be an int in \[0, 4\)"),
+        (lambda: m.commit(a, 3, [1, -2, 3]), ValueError, r"token_ids\[0:2\]\[1\]"),
         (lambda: m.preempt(a, "drop"), ValueError, "mode"),
         (lambda: m.blocks_to_append(a, -1), ValueError, "num_tokens"),
-        (lambda: m.resume(a), ValueError, "not"),
+        (lambda: m.resume(a, [1, 2, 3]), ValueError, "not"),
     ]:
         with pytest.raises(error, match=match):
             call()
@@ -530,6 +559,7 @@ class ManagerMachine(RuleBasedStateMachine):
         super().__init__()
         self.m = BlockManager(10, self.block_size, prefix_caching=True)
         self.salt = {}
+        self.tokens = {}  # each sequence's tokens: the caller's, as the engine's Request holds them
         self.content = {}  # block -> identity of the written full block it holds
 
     tokens = st.lists(st.integers(0, 2), min_size=1, max_size=9)
@@ -560,7 +590,7 @@ class ManagerMachine(RuleBasedStateMachine):
             assert state(self.m) == before
             return
         assert cached == expected * bs == self.m.num_computed(seq)
-        self.salt[seq] = salt
+        self.salt[seq], self.tokens[seq] = salt, tokens
 
     @rule(data=st.data(), tokens=st.lists(st.integers(0, 2), min_size=1, max_size=3))
     def reserve(self, data, tokens):
@@ -569,22 +599,25 @@ class ManagerMachine(RuleBasedStateMachine):
             return
         before = state(self.m)
         try:
-            self.m.reserve(seq, tokens)
+            self.m.reserve(seq, len(tokens))
         except OutOfBlocksError:
             assert state(self.m) == before
+            return
+        self.tokens[seq] = self.tokens[seq] + tokens
 
     @rule(data=st.data(), share=st.floats(0, 1))
     def commit(self, data, share):
         seq = self._live(data)
         if seq is not None:
             done, held = self.m.num_computed(seq), self.m.num_tokens(seq)
-            self.m.commit(seq, done + round(share * (held - done)))
+            self.m.commit(seq, done + round(share * (held - done)), self.tokens[seq])
 
     @rule(data=st.data())
     def fork(self, data):
         seq = self._live(data)
         if seq is not None and self.m.num_computed(seq) == self.m.num_tokens(seq):
-            self.salt[self.m.fork(seq)] = self.salt[seq]
+            child = self.m.fork(seq)
+            self.salt[child], self.tokens[child] = self.salt[seq], self.tokens[seq]
 
     @rule(data=st.data(), mode=st.sampled_from(["recompute", "swap"]))
     def preempt(self, data, mode):
@@ -599,7 +632,7 @@ class ManagerMachine(RuleBasedStateMachine):
             return
         before = state(self.m)
         try:
-            self.m.resume(seq)
+            self.m.resume(seq, self.tokens[seq])
         except OutOfBlocksError:
             assert state(self.m) == before
 
@@ -608,7 +641,7 @@ class ManagerMachine(RuleBasedStateMachine):
         seq = self._live(data, ("resident", "recompute", "swap"))
         if seq is not None:
             self.m.free(seq)
-            del self.salt[seq]
+            del self.salt[seq], self.tokens[seq]
 
     @rule(tokens=tokens)
     def failed_call(self, tokens):
@@ -630,7 +663,7 @@ class ManagerMachine(RuleBasedStateMachine):
         m, bs = self.m, self.block_size
         m.check()
         for seq in m.sequences():
-            tokens, table = m.tokens(seq), m.block_table(seq)
+            tokens, table = self.tokens[seq], m.block_table(seq)
             for k in range(m.num_computed(seq) // bs if m.state(seq) == "resident" else 0):
                 self.content[table[k]] = identity(self.salt[seq], tokens, k, bs)
         for h, block in m.cached_blocks().items():  # a registered block holds what its hash names
@@ -683,7 +716,7 @@ def test_reusable_tokens_is_what_the_block_manager_serves(length, first, block_s
         variant[first] = (variant[first] + 1) % 1000
     manager = BlockManager(num_blocks=128, block_size=block_size, prefix_caching=True)
     seq, _ = manager.admit(reference)
-    manager.commit(seq, len(reference))
+    manager.commit(seq, len(reference), reference)
     assert manager.lookup(variant) == reusable_tokens(differs, length, block_size)
 
 
@@ -722,7 +755,7 @@ def _manager_with_one():
             ValueError,
             "seq_id 99 is not a live sequence",
         ),  # not a bare KeyError
-        (lambda m, s: m.reserve(s, [1.0]), TypeError, r"token_ids\[0\]"),
+        (lambda m, s: m.reserve(s, 1.0), TypeError, "num_tokens must be an int"),
         (lambda m, s: m.preempt(s, "drop"), ValueError, "mode must be one of"),
         (
             lambda m, s: BlockManager(8, 4, prefix_caching="no"),

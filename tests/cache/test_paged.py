@@ -68,7 +68,7 @@ def snapshot(cache: PagedKVCache) -> tuple:
             else None
         )
         data = [cache.gather(s, layer) for layer in range(cache.num_layers)] if resident else None
-        seqs[s] = (m.block_table(s), m.tokens(s), m.num_computed(s), m.state(s), counts, data)
+        seqs[s] = (m.block_table(s), m.num_tokens(s), m.num_computed(s), m.state(s), counts, data)
     return (
         m.free_order(),
         [m.ref_count(b) for b in range(m.num_blocks)],
@@ -108,8 +108,8 @@ def fails_cleanly(cache, call, error, match=None, evicts=False):
 
 
 class PagedMachine(RuleBasedStateMachine):
-    """See the module docstring. ``self.salt`` and the manager's token lists are the shadow
-    model."""
+    """See the module docstring. ``self.salt`` and ``self.tokens`` (each sequence's tokens, which
+    the caller keeps: the cache keeps none) are the shadow model."""
 
     prefix_caching = True
 
@@ -127,7 +127,7 @@ class PagedMachine(RuleBasedStateMachine):
             store=self.store,
             prefix_caching=self.prefix_caching,
         )
-        self.salt = {}
+        self.salt, self.tokens = {}, {}
         self.content = {}  # block -> (salt, tokens) of the written full block it holds
 
     def _pick(self, data, states=("resident",)):
@@ -137,13 +137,14 @@ class PagedMachine(RuleBasedStateMachine):
     def _write(self, seq, count, fail_layer=None):
         """The next ``count`` reserved-or-new tokens' K and V, layer by layer (layer 0 reserves)."""
         c, salt = self.cache, self.salt[seq]
-        start, tokens = c.num_computed(seq), c.tokens(seq)
+        start, tokens = c.num_computed(seq), self.tokens[seq]
+        ids = tokens[: start + count]
         for layer in range(LAYERS):
             k = rows(salt, tokens, start, start + count, layer)
             if layer == fail_layer:
                 self.store.armed = True
-                fails_cleanly(c, lambda: c.append(seq, layer, k, -k), RuntimeError, "injected")
-            c.append(seq, layer, k, -k)
+                fails_cleanly(c, lambda: c.append(seq, layer, k, -k, ids), RuntimeError, "injected")
+            c.append(seq, layer, k, -k, ids)
 
     @rule(
         tokens=st.lists(st.integers(0, 2), min_size=1, max_size=8),
@@ -157,7 +158,7 @@ class PagedMachine(RuleBasedStateMachine):
             return
         seq, cached = c.admit(tokens, salt)
         assert c.num_computed(seq) == cached < len(tokens)
-        self.salt[seq] = salt
+        self.salt[seq], self.tokens[seq] = salt, tokens
         self._write(
             seq, min(chunk, len(tokens) - cached)
         )  # the first chunk of its prefill, maybe empty
@@ -182,6 +183,7 @@ class PagedMachine(RuleBasedStateMachine):
                     0,
                     rows(salt, tokens, cached, len(tokens), 0),
                     torch.zeros(len(tokens) - cached, HEADS, DIM),
+                    tokens,
                 )
                 raise RuntimeError("the model failed")
         del self.salt[seq]
@@ -205,29 +207,29 @@ class PagedMachine(RuleBasedStateMachine):
         seq = self._pick(data)
         if seq is None or c.num_computed(seq) != c.num_tokens(seq):
             return
-        k = rows(
-            self.salt[seq], c.tokens(seq) + [token], c.num_tokens(seq), c.num_tokens(seq) + 1, 0
-        )
+        tokens = self.tokens[seq] + [token]
+        k = rows(self.salt[seq], tokens, c.num_tokens(seq), c.num_tokens(seq) + 1, 0)
         if c.blocks_to_append(seq) > c.num_free:
-            fails_cleanly(c, lambda: c.append(seq, 0, k, -k, token_ids=[token]), OutOfBlocksError)
+            fails_cleanly(c, lambda: c.append(seq, 0, k, -k, token_ids=tokens), OutOfBlocksError)
             return
         if fail == 0:  # the store fails after layer 0 reserved (maybe copying a shared block first)
             self.store.armed = True
             fails_cleanly(
                 c,
-                lambda: c.append(seq, 0, k, -k, token_ids=[token]),
+                lambda: c.append(seq, 0, k, -k, token_ids=tokens),
                 RuntimeError,
                 "injected",
                 evicts=True,
             )
-        c.append(seq, 0, k, -k, token_ids=[token])
-        k1 = rows(self.salt[seq], c.tokens(seq), c.num_tokens(seq) - 1, c.num_tokens(seq), 1)
+        c.append(seq, 0, k, -k, token_ids=tokens)
+        self.tokens[seq] = tokens
+        k1 = rows(self.salt[seq], tokens, len(tokens) - 1, len(tokens), 1)
         if fail == 1:
             self.store.armed = True
-            fails_cleanly(c, lambda: c.append(seq, 1, k1, -k1), RuntimeError, "injected")
+            fails_cleanly(c, lambda: c.append(seq, 1, k1, -k1, tokens), RuntimeError, "injected")
             fails_cleanly(c, lambda: c.fork(seq), ValueError, "mid-step")
             fails_cleanly(c, lambda: c.preempt(seq, "swap"), ValueError, "mid-step")
-        c.append(seq, 1, k1, -k1)
+        c.append(seq, 1, k1, -k1, tokens)
 
     @rule(data=st.data())
     def fork(self, data):
@@ -237,7 +239,8 @@ class PagedMachine(RuleBasedStateMachine):
         if self.cache.num_computed(seq) != self.cache.num_tokens(seq):
             fails_cleanly(self.cache, lambda: self.cache.fork(seq), ValueError, "not written yet")
             return
-        self.salt[self.cache.fork(seq)] = self.salt[seq]
+        child = self.cache.fork(seq)
+        self.salt[child], self.tokens[child] = self.salt[seq], self.tokens[seq]
 
     @rule(data=st.data(), mode=st.sampled_from(["recompute", "swap"]))
     def preempt(self, data, mode):
@@ -252,8 +255,9 @@ class PagedMachine(RuleBasedStateMachine):
         seq = self._pick(data, ("recompute", "swap"))
         if seq is None:
             return
-        if c.blocks_to_resume(seq) > c.num_free:
-            fails_cleanly(c, lambda: c.resume(seq), OutOfBlocksError)
+        tokens = self.tokens[seq]
+        if c.blocks_to_resume(seq, tokens) > c.num_free:
+            fails_cleanly(c, lambda: c.resume(seq, tokens), OutOfBlocksError)
             return
         if fail and c.is_swapped(seq):  # the copy back fails after writing part of it
             real = c._copy_from_host
@@ -264,17 +268,19 @@ class PagedMachine(RuleBasedStateMachine):
 
             c._copy_from_host = broken
             try:
-                fails_cleanly(c, lambda: c.resume(seq), RuntimeError, "injected", evicts=True)
+                fails_cleanly(
+                    c, lambda: c.resume(seq, tokens), RuntimeError, "injected", evicts=True
+                )
             finally:
                 del c._copy_from_host
-        c.resume(seq)
+        c.resume(seq, tokens)
 
     @rule(data=st.data())
     def free(self, data):
         seq = self._pick(data, ("resident", "recompute", "swap"))
         if seq is not None:
             self.cache.free(seq)
-            del self.salt[seq]
+            del self.salt[seq], self.tokens[seq]
 
     @rule(
         data=st.data(),
@@ -320,8 +326,8 @@ class PagedMachine(RuleBasedStateMachine):
             k = torch.zeros(c.num_tokens(seq) + 1, HEADS, DIM)
         elif kind == "not a tensor":
             k, error = k.tolist(), TypeError
-        elif kind == "token ids":
-            ids = [0, 1]
+        elif kind == "token ids":  # not one id per token through the row
+            ids = [0] * (c.num_tokens(seq) + 5)
         fails_cleanly(c, lambda: c.append(seq, layer, k, k, token_ids=ids), error)
 
     @invariant()
@@ -331,7 +337,7 @@ class PagedMachine(RuleBasedStateMachine):
         for seq in c.sequences():
             if c.state(seq) != "resident":
                 continue
-            salt, tokens, table = self.salt[seq], c.tokens(seq), c.block_table(seq)
+            salt, tokens, table = self.salt[seq], self.tokens[seq], c.block_table(seq)
             for layer in range(LAYERS):
                 k, v = c.gather(seq, layer)
                 expected = rows(salt, tokens, 0, k.shape[0], layer)
@@ -428,7 +434,7 @@ def test_layers_follow_layer_zero_and_errors_name_the_problem():
         cache.preempt(seq, "drop")
 
 
-def test_prefix_caching_needs_token_ids_for_new_slots():
+def test_prefix_caching_needs_the_sequences_token_ids():
     cache = PagedKVCache(
         1, 4, 2, HEADS, DIM, torch.float32, "cpu", store=store_kv_ref, prefix_caching=True
     )
@@ -436,8 +442,8 @@ def test_prefix_caching_needs_token_ids_for_new_slots():
     k = rows(None, [5, 6, 7, 8], 0, 4, 0)
     with pytest.raises(ValueError, match="token_ids is required"):
         cache.append(seq, 0, k, k)
-    with pytest.raises(ValueError, match="disagree with the tokens"):
-        cache.append(seq, 0, k, k, token_ids=[5, 6, 9, 8])
+    with pytest.raises(ValueError, match="tokens through these rows"):
+        cache.append(seq, 0, k, k, token_ids=[5, 6, 7])
     cache.append(seq, 0, k, k, token_ids=[5, 6, 7, 8])  # three reserved slots, one new
     assert cache.num_computed(seq) == 4 and cache.manager.num_cached == 2
 
@@ -552,7 +558,7 @@ BAD_CALLS = {
         ValueError,
         r"mode must be one of",
     ),
-    "resume resident": (lambda: _valid_cache()[0].resume(0), ValueError, "is not preempted"),
+    "resume resident": (lambda: _valid_cache()[0].resume(0, [1]), ValueError, "is not preempted"),
     "tokens_in_budget nan": (
         lambda: tokens_in_budget(float("nan"), SHAPES["llama-3-8b"]),
         ValueError,

@@ -28,19 +28,20 @@ def _cache():
         seq = cache.new_sequence()
         k = torch.randn(written, KV_HEADS, DIM, generator=gen)
         cache.append(seq, 0, k, -k)
-        cache.reserve(seq, [1] * more)
+        cache.reserve(seq, more)
         seqs.append(seq)
     seqs.append(cache.admit([2] * 7)[0])
     return cache, seqs, gen
 
 
 def _schedule(cache, pairs):
-    """Each ``(seq, count)`` as a step schedules it: its next ``count`` reserved tokens, committed."""
+    """Each ``(seq, count)`` as a step schedules it: its next ``count`` reserved tokens, committed
+    (without prefix caching, their ids are never read: ones)."""
     chunks = []
     for seq, count in pairs:
         start = cache.num_computed(seq)
-        chunks.append(Chunk(seq, start, cache.tokens(seq)[start : start + count]))
-        cache.commit(seq, start + count)
+        chunks.append(Chunk(seq, start, [1] * count))
+        cache.commit(seq, start + count, ())
     return chunks
 
 
@@ -102,8 +103,8 @@ def test_a_mixed_step_matches_fp64_attention_and_stores_every_token(path):
 
 def test_the_step_is_checked_once_and_names_the_problem():
     cache, (a, b, c), _ = _cache()
-    cache.commit(a, 10)  # a's decode token and b's five prefill tokens are scheduled
-    cache.commit(b, 11)
+    cache.commit(a, 10, ())  # a's decode token and b's five prefill tokens are scheduled
+    cache.commit(b, 11, ())
     d = cache.admit([3] * 5)[0]
     cache.preempt(d, "recompute")
     for chunks, error, match in [
@@ -148,7 +149,7 @@ def _mixed_cache(dtype, group, seed):
         if written:
             k = torch.randn(written, KV_HEADS, DIM, generator=gen).to(dtype)
             cache.append(seq, 0, k, torch.randn(written, KV_HEADS, DIM, generator=gen).to(dtype))
-        cache.reserve(seq, [1] * new)
+        cache.reserve(seq, new)
         chunks.append((seq, new))
     total = sum(n for _, n in chunks)
     chunks = _schedule(cache, chunks)

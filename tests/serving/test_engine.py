@@ -268,6 +268,37 @@ def test_prefix_cache_serves_a_later_request():
         assert later.output == _generate_one(model, system + [7], 2)
 
 
+def test_a_requests_tokens_have_one_home(monkeypatch):
+    """The request's ``token_ids`` is the list every commit reads (no copy is kept or made); the
+    caller's prompt is left alone; the engine's door checks a prompt and its Request does not again;
+    a Request built by hand is still checked."""
+    from kvlab.serving import _checks as serving_checks
+    from kvlab.serving.request import Request
+
+    model, prompt = _model("llama"), [3, 1, 4, 1, 5, 9, 2, 6, 5]
+    engine = Engine(model, num_blocks=16, block_size=4, max_batched_tokens=32, debug=True)
+    read, commit = [], engine.cache.commit
+    monkeypatch.setattr(
+        engine.cache, "commit", lambda s, n, ids: read.append(ids) or commit(s, n, ids)
+    )
+    monkeypatch.setattr(serving_checks, "request", lambda r: pytest.fail("checked twice"))
+    request = engine.add_request(prompt, 6)
+    while engine.has_work():
+        engine.step()
+    assert prompt == [3, 1, 4, 1, 5, 9, 2, 6, 5] and request.prompt == prompt
+    assert request.token_ids == prompt + request.output and request.output == _generate_one(
+        model, prompt, 6
+    )
+    assert len(read) == 6 and all(ids is request.token_ids for ids in read)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=r"prompt\[1\] must be a token id"):
+        Request(0, [1, -2], 3)
+    own = [1, 2]
+    hand_built = Request(0, own, 3)
+    hand_built.token_ids.append(7)
+    assert own == [1, 2]  # a hand-built request copies its prompt: appends never reach the caller
+
+
 def test_life_of_a_request_in_the_event_log():
     engine = Engine(
         _model("llama"), num_blocks=8, block_size=4, max_batched_tokens=6, max_batch=2, debug=True

@@ -108,14 +108,13 @@ def test_chunked_prefill_and_a_forked_decode_give_generates_tokens(model):
     cache = cache_for(model, 8, 4)
     seq = cache.new_sequence()
     assert prefill(model, cache, seq, prompt, attention="gather", max_tokens=3) is None
-    while (token := prefill(model, cache, seq, attention="gather", max_tokens=3)) is None:
+    while (token := prefill(model, cache, seq, prompt, attention="gather", max_tokens=3)) is None:
         pass
-    child = cache.fork(seq)
-    out = [token]
+    child, tokens = cache.fork(seq), prompt + [token]  # the caller keeps the child's tokens
     for _ in range(3):
-        (token,) = decode_step(model, cache, [child], [out[-1]], attention="gather")
-        out.append(token)
-    assert out == expected and cache.block_table(child)[:2] == cache.block_table(seq)[:2]
+        tokens += decode_step(model, cache, [child], [tokens], attention="gather")
+    assert tokens[len(prompt) :] == expected
+    assert cache.block_table(child)[:2] == cache.block_table(seq)[:2]
     assert cache.block_table(child)[2] != cache.block_table(seq)[2]
     cache.check()
 
@@ -158,7 +157,7 @@ def snapshot(cache):
     seqs = {
         s: (
             m.block_table(s),
-            m.tokens(s),
+            m.num_tokens(s),
             m.num_computed(s),
             m.state(s),
             (
@@ -235,7 +234,7 @@ def test_a_cache_that_does_not_fit_the_model_is_refused_first(model, case):
     )
     fails_cleanly(
         cache,
-        lambda: decode_step(model, cache, [seq], [1], attention="kernel"),
+        lambda: decode_step(model, cache, [seq], [[1]], attention="kernel"),
         ValueError,
         message,
     )
@@ -259,24 +258,29 @@ def test_decode_step_fails_cleanly(model, case):
     cache = _cache()
     seq = cache.new_sequence()
     prefill(model, cache, seq, [1, 2, 3], attention="gather")
-    attention, seqs, tokens, error, match, layer = "gather", [seq], [4], ValueError, None, None
+    attention, seqs, tokens, error, match, layer = (
+        "gather",
+        [seq],
+        [[1, 2, 3, 4]],
+        ValueError,
+        None,
+        None,
+    )
     if case == "attention name":
         attention, match = (
             "flash",
             r"attention must be one of \('kernel', 'gather', 'reference'\), got 'flash'",
         )
     elif case == "token out of vocab":
-        tokens, match = [512], r"tokens\[0\] must be a token id in \[0, 512\)"
+        tokens, match = [[1, 2, 3, 512]], r"token_ids\[0\]\[3\] must be a token id in \[0, 512\)"
     elif case == "unfinished prefill":
-        cache.reserve(seq, [7])
+        cache.reserve(seq, 1)
         match = "prefill it first"
     elif case == "out of blocks":
         while cache.num_free:
             prefill(model, cache, cache.new_sequence(), [1], attention="gather")
-        decode_step(
-            model, cache, [seq], [4], attention="gather"
-        )  # seq's block is now full: the next needs one
-        error, match = OutOfBlocksError, "bytes needed"
+        decode_step(model, cache, [seq], tokens, attention="gather")  # seq's block is now full
+        tokens, error, match = [[1, 2, 3, 4, 5]], OutOfBlocksError, "bytes needed"
     elif case.startswith("layer"):
         layer, error, match = int(case[6]), RuntimeError, "injected"
     elif case == "not a cache":
@@ -285,7 +289,7 @@ def test_decode_step_fails_cleanly(model, case):
             decode_step(model, cache_arg, seqs, tokens)
         return
     elif case == "duplicate":
-        seqs, tokens, match = [seq, seq], [4, 4], "distinct"
+        seqs, tokens, match = [seq, seq], tokens * 2, "distinct"
     elif case == "unknown seq":
         seqs, match = [10**6], "not a live sequence"
     if layer is None:
@@ -317,14 +321,13 @@ def test_failed_prefill_and_decode_step_retried_give_the_first_success(model):
             RuntimeError,
         )
     assert prefill(model, flaky, 0, [5, 6, 7, 8, 9], attention="gather") == expected
-    step = decode_step(model, clean, [0], [expected], attention="gather")
+    tokens = [[5, 6, 7, 8, 9, expected]]
+    step = decode_step(model, clean, [0], tokens, attention="gather")
     with failing_layer(model, 1):
         fails_cleanly(
-            flaky,
-            lambda: decode_step(model, flaky, [0], [expected], attention="gather"),
-            RuntimeError,
+            flaky, lambda: decode_step(model, flaky, [0], tokens, attention="gather"), RuntimeError
         )
-    assert decode_step(model, flaky, [0], [expected], attention="gather") == step
+    assert decode_step(model, flaky, [0], tokens, attention="gather") == step
     assert_same(snapshot(clean), snapshot(flaky))
 
 
@@ -335,8 +338,22 @@ def test_prefill_refuses_what_it_cannot_run(model):
         cache,
         lambda: prefill(model, cache, seq, [], attention="gather"),
         ValueError,
+        "at least one token id",
+    )
+    prefill(model, cache, seq, [1, 2], attention="gather")
+    fails_cleanly(
+        cache,
+        lambda: prefill(model, cache, seq, [1, 2], attention="gather"),
+        ValueError,
         "no token left",
     )
+    fails_cleanly(
+        cache,
+        lambda: prefill(model, cache, seq, [1], attention="gather"),
+        ValueError,
+        "must hold sequence 0's 2 tokens",
+    )
+    seq = cache.new_sequence()
     fails_cleanly(
         cache,
         lambda: prefill(model, cache, seq, [1, -2], attention="gather"),
@@ -361,7 +378,7 @@ class DecodeWithFailures(RuleBasedStateMachine):
         super().__init__()
         self.model = _model()
         self.clean, self.faulty = _cache(num_blocks=12), _cache(num_blocks=12)
-        self.running = {}  # seq -> its last token
+        self.running = {}  # seq -> its tokens (the caller's: the cache keeps none)
 
     def _both(self, call):
         a, b = call(self.clean), call(self.faulty)
@@ -388,9 +405,9 @@ class DecodeWithFailures(RuleBasedStateMachine):
                     RuntimeError,
                     "injected",
                 )
-        self.running[seq] = self._both(
-            lambda c: prefill(self.model, c, seq, prompt, attention="gather")
-        )
+        self.running[seq] = prompt + [
+            self._both(lambda c: prefill(self.model, c, seq, prompt, attention="gather"))
+        ]
 
     @precondition(lambda self: self.running)
     @rule(fail=st.sampled_from([None, 0, 1]))
@@ -414,12 +431,9 @@ class DecodeWithFailures(RuleBasedStateMachine):
                     RuntimeError,
                     "injected",
                 )
-        self.running.update(
-            zip(
-                seqs,
-                self._both(lambda c: decode_step(self.model, c, seqs, tokens, attention="gather")),
-            )
-        )
+        new = self._both(lambda c: decode_step(self.model, c, seqs, tokens, attention="gather"))
+        for seq, token in zip(seqs, new):
+            self.running[seq] = self.running[seq] + [token]
 
     @invariant()
     def caches_agree(self):

@@ -60,7 +60,7 @@ def _state(cache):
         [m.ref_count(b) for b in range(m.num_blocks)],
         m.cached_blocks(),
         repr(m.stats),
-        {s: (m.block_table(s), m.tokens(s), m.num_computed(s)) for s in m.sequences()},
+        {s: (m.block_table(s), m.num_tokens(s), m.num_computed(s)) for s in m.sequences()},
     )
 
 
@@ -101,30 +101,27 @@ def test_salt_and_batched_decode(llama):
     for salt in ("a", "b", "a"):
         seq, cached = cache.admit(prompt, salt)
         seqs.append(seq)
-        out.append([prefill(llama, cache, seq, attention="gather")])
+        out.append(prompt + [prefill(llama, cache, seq, prompt, attention="gather")])
         assert cached == (8 if len(seqs) == 3 else 0)
     for _ in range(3):
-        for o, t in zip(
-            out, decode_step(llama, cache, seqs, [o[-1] for o in out], attention="gather")
-        ):
+        for o, t in zip(out, decode_step(llama, cache, seqs, out, attention="gather")):
             o.append(t)
-    assert out[0] == out[1] == out[2] == _expected(llama, prompt, 4)
+    assert out[0] == out[1] == out[2] == prompt + _expected(llama, prompt, 4)
 
 
 def test_out_of_blocks_changes_nothing(llama):
     cache = cache_for(llama, 4, 4, prefix_caching=True)
-    s, _ = cache.admit(_tokens(10, seed=8))  # 3 blocks
-    token = prefill(llama, cache, s, attention="gather")
+    tokens = list(_tokens(10, seed=8))
+    s, _ = cache.admit(tokens)  # 3 blocks
+    tokens.append(prefill(llama, cache, s, tokens, attention="gather"))
     before = _state(cache)
     with pytest.raises(OutOfBlocksError, match="needs 2 KV-cache block.* bytes needed") as info:
         generate(llama, cache, _tokens(7, seed=9), 2)
     assert (info.value.needed, info.value.free, info.value.total) == (2, 1, 4) and _state(
         cache
     ) == before
-    decode_step(llama, cache, [s], [token], attention="gather")
-    decode_step(
-        llama, cache, [s], [token], attention="gather"
-    )  # 12 tokens: the third block is full
+    tokens += decode_step(llama, cache, [s], [tokens], attention="gather")
+    tokens += decode_step(llama, cache, [s], [tokens], attention="gather")  # the third block full
     before = _state(cache)
     with pytest.raises(OutOfBlocksError):
         generate(llama, cache, _tokens(5, seed=10), 2)

@@ -73,7 +73,7 @@ class raising_layer:
 def state(cache):
     m = cache.manager
     seqs = {
-        s: (m.block_table(s), m.tokens(s), m.num_computed(s), m.state(s)) for s in m.sequences()
+        s: (m.block_table(s), m.num_tokens(s), m.num_computed(s), m.state(s)) for s in m.sequences()
     }
     return m.free_order(), [m.ref_count(b) for b in range(m.num_blocks)], m.cached_blocks(), seqs
 
@@ -83,6 +83,7 @@ class StepsWithFailures(RuleBasedStateMachine):
         super().__init__()
         self.model = _model()
         self.cache = cache_for(self.model, 6, BLOCK, prefix_caching=True)
+        self.tokens = {}  # each sequence's tokens: the caller keeps them, the cache none
         self.next_token = {}  # a sequence whose tokens are all computed -> the token its last logits chose
         self.content = {}  # block -> the tokens of the written full block it holds (as last seen)
 
@@ -105,7 +106,7 @@ class StepsWithFailures(RuleBasedStateMachine):
     def admit(self, prefix, cut, own):
         tokens = prefix[:cut] + own
         if self.cache.blocks_to_admit(tokens) <= self.cache.num_free:
-            self.cache.admit(tokens)
+            self.tokens[self.cache.admit(tokens)[0]] = tokens
 
     @precondition(lambda self: self.cache.manager.num_cached)
     @rule(tokens=st.lists(st.integers(0, 127), min_size=9, max_size=20))
@@ -142,11 +143,11 @@ class StepsWithFailures(RuleBasedStateMachine):
         if fail:  # a prefill that fails in its last layer, after layer 0 stored its chunk
             before = state(self.cache)
             with raising_layer(self.model), pytest.raises(RuntimeError, match="injected"):
-                prefill(self.model, self.cache, seq, attention="gather", max_tokens=chunk)
+                prefill(self.model, self.cache, seq, self.tokens[seq], "gather", chunk)
             assert (
                 state(self.cache) == before
             )  # reserved slots only: nothing to allocate, nothing evicted
-        token = prefill(self.model, self.cache, seq, attention="gather", max_tokens=chunk)
+        token = prefill(self.model, self.cache, seq, self.tokens[seq], "gather", chunk)
         if token is not None:
             self.next_token[seq] = token
 
@@ -162,7 +163,7 @@ class StepsWithFailures(RuleBasedStateMachine):
         if not ready:
             return
         seqs = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=3, unique=True))
-        tokens = [self.next_token[s] for s in seqs]
+        tokens = [self.tokens[s] + [self.next_token[s]] for s in seqs]
         if sum(c.blocks_to_append(s) for s in seqs) > c.num_free:
             before = state(c)
             with pytest.raises(OutOfBlocksError):
@@ -185,6 +186,7 @@ class StepsWithFailures(RuleBasedStateMachine):
         self.next_token.update(
             zip(seqs, decode_step(self.model, c, seqs, tokens, attention="gather"))
         )
+        self.tokens.update(zip(seqs, tokens))
 
     @precondition(lambda self: any(self._resident(s) for s in self.cache.sequences()))
     @rule(data=st.data(), mode=st.sampled_from(["recompute", "swap"]))
@@ -199,8 +201,9 @@ class StepsWithFailures(RuleBasedStateMachine):
     @rule(data=st.data())
     def resume(self, data):
         seq = self._pick(data, lambda s: not self._resident(s))
-        if seq is not None and self.cache.blocks_to_resume(seq) <= self.cache.num_free:
-            self.cache.resume(seq)
+        tokens = self.tokens.get(seq)
+        if seq is not None and self.cache.blocks_to_resume(seq, tokens) <= self.cache.num_free:
+            self.cache.resume(seq, tokens)
 
     @precondition(lambda self: self.cache.sequences())
     @rule(data=st.data())
@@ -209,6 +212,7 @@ class StepsWithFailures(RuleBasedStateMachine):
         if seq is not None:
             self.cache.free(seq)
             self.next_token.pop(seq, None)
+            del self.tokens[seq]
 
     @invariant()
     def cached_blocks_hold_what_the_model_computes(self):
@@ -216,7 +220,7 @@ class StepsWithFailures(RuleBasedStateMachine):
         c.check()
         for seq in c.sequences():
             if self._resident(seq):
-                tokens, table = c.tokens(seq), c.block_table(seq)
+                tokens, table = self.tokens[seq], c.block_table(seq)
                 for k in range(c.num_computed(seq) // BLOCK):
                     self.content[table[k]] = tuple(tokens[: (k + 1) * BLOCK])
         for block in c.manager.cached_blocks().values():
