@@ -8,7 +8,7 @@ import pytest
 from kvlab.show.format import si
 from kvlab.show.readings import decode_loop
 from kvlab.theory import decode_step as dt
-from kvlab.theory.agreement import edges
+from kvlab.theory.agreement import factor_edges
 
 
 def no_roles(text):
@@ -32,7 +32,7 @@ def test_decode_loop_step_follows_the_three_pass_model_on_both_sides(side, verdi
     """The prediction from ``predicted_step``; medians at 0.9x and 1.1x of both edges of its
     tolerance."""
     predicted = dt.predicted_step(10e-3, 256, 1024 + 16, K, BETA)
-    low, high = edges(predicted, dt.STEP_TOLERANCE)
+    low, high = factor_edges(predicted, dt.STEP_TOLERANCE)
     measured = side * predicted
     assert (low < measured < high) == (verdict == "sits on the line")
     text = no_roles(decode_loop.step_reading(1024, 32, measured, predicted))
@@ -44,7 +44,7 @@ def test_decode_loop_step_follows_the_three_pass_model_on_both_sides(side, verdi
     "side, verdict", [(0.9, "less than the three passes"), (1.1, "explains how the step grows")]
 )
 def test_decode_loop_slope_below_the_tolerance(side, verdict):
-    slope_low, _ = edges(dt.step_slope(K, BETA), dt.SLOPE_TOLERANCE)
+    slope_low, _ = factor_edges(dt.step_slope(K, BETA), dt.SLOPE_TOLERANCE)
     text = no_roles(decode_loop.slope_reading(K, BETA, side * slope_low, **ARGS))
     assert verdict in text
 
@@ -53,7 +53,7 @@ def test_decode_loop_slope_below_the_tolerance(side, verdict):
     "side, verdict", [(0.9, "explains how the step grows"), (1.1, "more than the three passes")]
 )
 def test_decode_loop_slope_above_the_tolerance(side, verdict):
-    _, slope_high = edges(dt.step_slope(K, BETA), dt.SLOPE_TOLERANCE)
+    _, slope_high = factor_edges(dt.step_slope(K, BETA), dt.SLOPE_TOLERANCE)
     text = no_roles(decode_loop.slope_reading(K, BETA, side * slope_high, **ARGS))
     assert verdict in text and "step_slope" in text and si(dt.step_slope(K, BETA), "s") in text
 

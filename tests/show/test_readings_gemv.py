@@ -1,5 +1,5 @@
 """kvlab.show.readings.gemv: every decision fed measurements computed from its model at 0.9x and
-1.1x of the edges of its tolerance (``kvlab.theory.agreement.edges``), so a wrong model or
+1.1x of the edges of its tolerance (``kvlab.theory.agreement.factor_edges``), so a wrong model or
 inequality fails (CONTRIBUTING.md, readings).
 """
 
@@ -12,7 +12,7 @@ from kvlab import SHAPES
 from kvlab.show.format import si
 from kvlab.show.readings import gemv as gemv_readings
 from kvlab.theory import matmul, roofline
-from kvlab.theory.agreement import edges
+from kvlab.theory.agreement import factor_edges
 
 K, N, W = 4096, 6144, 4  # the CPU sweep's weight, fp32
 COPY, PEAK = 10e9, 40e9  # calibrated copy bandwidth and matmul rate
@@ -25,7 +25,7 @@ def no_roles(text):
 
 def _sides(predicted, tolerance):
     """(below, within, within, above): 0.9x and 1.1x of both edges."""
-    low, high = edges(predicted, tolerance)
+    low, high = factor_edges(predicted, tolerance)
     return 0.9 * low, 1.1 * low, 0.9 * high, 1.1 * high
 
 

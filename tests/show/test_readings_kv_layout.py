@@ -9,7 +9,7 @@ from kvlab.cache.layout import new_cache
 from kvlab.lab.layout_timing import AppendMeasurement, ReadMeasurement, append_traffic, read_traffic
 from kvlab.lab.timing import Timing
 from kvlab.show.readings import kv_layout
-from kvlab.theory.agreement import edges
+from kvlab.theory.agreement import factor_edges
 from kvlab.theory.kv_traffic import BYTES_TOLERANCE
 
 BETA = 8e9  # a calibrated copy bandwidth, bytes/s
@@ -45,7 +45,7 @@ def append(method, seconds, layout="BHTD", batch=2, context=256, kv_heads=4):
 
 def past(tolerance=BYTES_TOLERANCE):
     """Factors 10% past each edge of the agreement band, and one inside it."""
-    low, high = edges(1.0, tolerance)
+    low, high = factor_edges(1.0, tolerance)
     return 0.9 * low, 1.0, 1.1 * high
 
 
@@ -83,7 +83,7 @@ def test_gqa_reading_three_ways():
     # Four times fewer KV heads: the model's byte ratio is 4; measured ratios past each edge of it.
     mha = read(1.0, kv_heads=8)
     small_t = mha.timing.median / (mha.predicted_s / read(1.0, kv_heads=2).predicted_s)
-    low, high = edges(
+    low, high = factor_edges(
         small_t, BYTES_TOLERANCE
     )  # the small read's time at which the outcome changes
     fell_more = read(seconds=0.9 * low, kv_heads=2)
@@ -104,7 +104,7 @@ def test_append_reading_branches():
     cat_pred = append("cat", 1.0).predicted_s
     # The index append's time at the model's byte ratio, and on both sides of it.
     at_ratio = r.timing.median / (r.predicted_s / index_pred)
-    low, high = edges(at_ratio, BYTES_TOLERANCE)
+    low, high = factor_edges(at_ratio, BYTES_TOLERANCE)
     usual = no_roles(
         kv_layout.append_reading(
             r,

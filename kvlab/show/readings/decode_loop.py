@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
-from kvlab.theory.agreement import ABOVE, compare
+from kvlab.theory.agreement import ABOVE, within_factor
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
 
@@ -28,7 +28,7 @@ def step_reading(P: int, G: int, median_s: float, predicted_s: float) -> str:
     ``decode_step.STEP_TOLERANCE``."""
     from kvlab.theory.decode_step import STEP_TOLERANCE
 
-    c = compare(median_s, predicted_s, STEP_TOLERANCE)
+    c = within_factor(median_s, predicted_s, STEP_TOLERANCE)
     head = (
         f"With a {P:,}-token prompt, the median of {G - 1} decode steps took"
         f" **{si(median_s, 's')}**; {MODEL} gives {si(predicted_s, 's')} there: the step is"
@@ -73,7 +73,7 @@ def slope_reading(
     )
 
     slope_pred = step_slope(kv_bytes_per_token, bandwidth)
-    c = compare(slope_meas, slope_pred, SLOPE_TOLERANCE)
+    c = within_factor(slope_meas, slope_pred, SLOPE_TOLERANCE)
     text = [
         "The three-pass model (`kvlab.theory.decode_step.step_slope`: $3k/\\beta$, with $k$ ="
         f" {si(kv_bytes_per_token, 'B')} per token and $\\beta$ = {si(bandwidth, 'B/s')}) says each"
@@ -99,7 +99,7 @@ def slope_reading(
             "timer noise of a shared machine flattened the line."
         )
     cache_long = DYNAMIC_CACHE_PASSES * kv_bytes_per_token * s_long
-    growth = compare(t_long, t0, GROWTH_TOLERANCE)
+    growth = within_factor(t_long, t0, GROWTH_TOLERANCE)
     text.append(
         f"A step at {s0:,} tokens of context took {si(t0, 's')}; at {s_long:,} tokens it took"
         f" {si(t_long, 's')}, {ratio_text(t_long, t0)} the short-context step, where the model"

@@ -16,7 +16,7 @@ import statistics
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.theory import matmul
-from kvlab.theory.agreement import ABOVE, BELOW, Comparison, compare
+from kvlab.theory.agreement import ABOVE, BELOW, FactorComparison, within_factor
 from kvlab.theory.roofline import STEP_FLOOR_TOLERANCE
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
@@ -97,7 +97,7 @@ def ridge_reading(
             "shows how) to see the bend."
         )
         return " ".join(text)
-    c = compare(fit_knee, ridge_cal, matmul.RIDGE_TOLERANCE)
+    c = within_factor(fit_knee, ridge_cal, matmul.RIDGE_TOLERANCE)
     text.append(
         f"Fitting both segments to the sweep (a bandwidth line of {si(fit_bandwidth, 'B/s')} and a"
         f" flat roof of {si(fit_peak, 'FLOP/s')}) puts the **measured knee at {fit_knee:.3g} FLOP"
@@ -125,7 +125,7 @@ def ridge_reading(
             "rows before arithmetic limits them. On a shared machine the calibration and the "
             "sweep can also meet it in different moods."
         )
-    if compare(math.exp(fit_rms_log_error), 1.0, matmul.CORNER_TOLERANCE).outcome == ABOVE:
+    if within_factor(math.exp(fit_rms_log_error), 1.0, matmul.CORNER_TOLERANCE).outcome == ABOVE:
         text.append(
             "The points bend gradually rather than at a corner (the two segments miss them by "
             f"{math.expm1(fit_rms_log_error):.0%} on average, more than the "
@@ -157,7 +157,7 @@ def doubling_reading(
 
     growth = math.exp(statistics.fmean(math.log(f) for _, f in steps))
     expected = math.exp(statistics.fmean(math.log(roof(2 * n) / roof(n)) for n, _ in steps))
-    c = compare(growth, expected, matmul.DOUBLING_TOLERANCE)
+    c = within_factor(growth, expected, matmul.DOUBLING_TOLERANCE)
     factors = ", ".join(f"{f:.2f}" for _, f in steps)
     text = (
         f"Left of the fitted knee, each doubling of $n$ multiplied the product's time by {factors}"
@@ -194,14 +194,14 @@ def step_profile_reading(
     weight_bytes: float,
     weight_read_s: float,
     matmul_fraction: float,
-    gemv: Comparison,
+    gemv: FactorComparison,
 ) -> str:
     """One decode step against the weight-read floor (weight bytes / copy bandwidth,
     ``weight_read_s``), agreement within ``decode_step.FLOOR_BAND``; ``gemv`` is the sweep's n = 1
     product against its roofline time (``matmul.compare_with_roofline``)."""
     from kvlab.theory.decode_step import FLOOR_BAND
 
-    c = compare(step_s, weight_read_s, FLOOR_BAND)
+    c = within_factor(step_s, weight_read_s, FLOOR_BAND)
     text = [
         f"One step of {model} took **{si(step_s, 's')}**. It reads {si(weight_bytes, 'B')} of"
         " parameters; the weight-read floor, weight bytes over the copy bandwidth"
@@ -253,7 +253,7 @@ def explore_reading(
 ) -> str:
     """Under the step explorer: this step against its floor with the cache counted three times
     (``roofline.step_time_floor``), agreement within ``roofline.STEP_FLOOR_TOLERANCE``."""
-    c = compare(measured_s, floor_copy_s, STEP_FLOOR_TOLERANCE)
+    c = within_factor(measured_s, floor_copy_s, STEP_FLOOR_TOLERANCE)
     text = (
         f"Batch {batch}, {context:,} tokens each: the step took **{si(measured_s, 's')}**. Its"
         f" floor, {STEP_FLOOR}, is {si(floor_s, 's')}, and {si(floor_copy_s, 's')} with the cache"
@@ -282,7 +282,7 @@ def floor_ratio_reading(
     """The smallest and the largest setting, each as measured step over its floor with the cache
     counted three times (``roofline.step_time_floor``); the largest against agreement within
     ``roofline.STEP_FLOOR_TOLERANCE``, where the cache's bytes should set the step."""
-    c = compare(r_hi, 1.0, STEP_FLOOR_TOLERANCE)
+    c = within_factor(r_hi, 1.0, STEP_FLOOR_TOLERANCE)
     text = (
         f"At batch {b_lo} and {s_lo:,} tokens a measured step took {r_lo:.1f} times its floor"
         f" (counting the cache three times); at batch {b_hi} and {s_hi:,} tokens,"
