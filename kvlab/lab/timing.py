@@ -35,10 +35,19 @@ class Timing:
 
     @property
     def spread_above_min(self) -> float:
-        """(median - min) / min: how far a typical repeat sat above the fastest one. The run-to-run
-        scatter of the minimum (the robust statistic a ceiling and a roofline compare) stays within
-        it; a stray slow repeat, which a shared machine makes often, does not widen it."""
-        return (self.median - self.min) / self.min if self.min > 0 else 0.0
+        """(lower quartile - min) / min: how far the faster quarter of the repeats sat above the
+        fastest one. The minimum is the robust statistic a ceiling and a roofline compare, and this
+        is the scatter it carries from run to run; repeats that a busy neighbour slowed, which a
+        shared machine makes often, sit above the quartile and do not widen it until they are more
+        than a quarter of the run."""
+        if self.min <= 0:
+            return 0.0
+        ordered = sorted(self.times) if self.times else [self.min, self.median]
+        position = (len(ordered) - 1) / 4
+        low, frac = int(position), position - int(position)
+        high = min(low + 1, len(ordered) - 1)
+        quartile = ordered[low] + frac * (ordered[high] - ordered[low])
+        return (quartile - self.min) / self.min
 
 
 def measure(fn, warmup: int = 2, reps: int = 5, device=None) -> Timing:

@@ -7,7 +7,8 @@ the ceiling's the prediction was computed from, added: ``combined_spread``). The
 beyond the factor ``(1 + a) ** 3`` **disagrees**, above or below. In between the run **cannot
 tell**: the miss is larger than the noise explains, but not by enough to call. ``FLOOR`` (10%) is
 the least a model of a few terms and a ceiling measured once are asked to match; it keeps a quiet
-run from calling a 2% miss a disagreement.
+run from calling a 2% miss a disagreement. A run whose spread exceeds ``AGREE_SPREAD_LIMIT`` (25%)
+is too noisy to confirm anything: it can still disagree, beyond its wide edge, but never agrees.
 
 Why three outcomes and the gap between them: two runs of one commit measure two ratios. When each
 run's spread is honest (the two log-ratios differ by no more than the smaller run's ``a``) and
@@ -38,6 +39,7 @@ WITHIN, ABOVE, BELOW = "within", "above", "below"
 OUTCOMES = (WITHIN, ABOVE, BELOW)
 FLOOR = 0.10
 DISAGREE_POWER = 3
+AGREE_SPREAD_LIMIT = 0.25
 
 
 @dataclass(frozen=True)
@@ -74,11 +76,16 @@ class Comparison:
         return self.agree_factor**DISAGREE_POWER
 
     @property
+    def can_agree(self) -> bool:
+        """False when the spread exceeds ``AGREE_SPREAD_LIMIT``: too noisy to confirm a model."""
+        return self.spread <= AGREE_SPREAD_LIMIT
+
+    @property
     def outcome(self) -> str:
         if self.measured <= 0:
             return DISAGREES
         distance = abs(math.log(self.ratio))
-        if distance <= math.log(self.agree_factor):
+        if distance <= math.log(self.agree_factor) and self.can_agree:
             return AGREES
         if distance > math.log(self.disagree_factor):
             return DISAGREES
@@ -137,9 +144,10 @@ def edges(
     """The four measurements at which ``compare(measured, predicted, spread, floor)`` changes
     outcome, lowest first: disagrees below the first, cannot tell up to the second, agrees up to
     the third, cannot tell up to the fourth, disagrees beyond it. Tests step 10% past each, and
-    feed the geometric mean of the first two (or last two) for the cannot-tell band."""
+    feed the geometric mean of the first two (or last two) for the cannot-tell band. A spread above
+    ``AGREE_SPREAD_LIMIT`` has no agreement band: its middle two edges are the prediction."""
     c = compare(predicted, predicted, spread, floor)
-    a, d = c.agree_factor, c.disagree_factor
+    a, d = (c.agree_factor if c.can_agree else 1.0), c.disagree_factor
     return predicted / d, predicted / a, predicted * a, predicted * d
 
 

@@ -43,8 +43,11 @@ def test_interleaved_refuses_bad_calls_before_running_any(kwargs, kind, words):
         interleaved(**kwargs)
 
 
-def test_spread_above_min_is_the_median_over_the_fastest():
+def test_spread_above_min_is_the_lower_quartile_over_the_fastest():
     from kvlab.lab.timing import Timing
 
-    t = Timing(median=1.2, min=1.0, max=5.0, times=(1.0, 1.2, 5.0))
-    assert t.spread_above_min == pytest.approx(0.2) and t.spread == pytest.approx(4 / 1.2)
+    t = Timing(median=1.2, min=1.0, max=5.0, times=(5.0, 1.0, 1.1, 1.2, 1.3))
+    assert t.spread_above_min == pytest.approx(0.1) and t.spread == pytest.approx(4 / 1.2)
+    t = Timing(median=1.2, min=1.0, max=1.4, times=(1.0, 1.4))
+    assert t.spread_above_min == pytest.approx(0.1)  # a quarter of the way from 1.0 to 1.4
+    assert Timing(0.0, 0.0, 0.0, (0.0,)).spread_above_min == 0.0

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from kvlab.theory.agreement import (
     ABOVE,
+    AGREE_SPREAD_LIMIT,
     AGREES,
     BELOW,
     CANNOT_TELL,
@@ -102,7 +103,7 @@ def test_bytes_model_and_residency():
     assert not cache_resident(1.0, None)  # unknown size: never assume residency
 
 
-@pytest.mark.parametrize("spread", [0.0, 0.05, FLOOR, 0.2, 0.6])
+@pytest.mark.parametrize("spread", [0.0, 0.05, FLOOR, 0.2, AGREE_SPREAD_LIMIT])
 def test_compare_on_both_sides_of_each_edge_and_in_the_cannot_tell_band(spread):
     lo_dis, lo_agree, hi_agree, hi_dis = edges(2.0, spread)
     band = max(FLOOR, spread)
@@ -131,9 +132,17 @@ def test_compare_describes_its_outcome_without_the_rule():
     assert compare(1.2, 1.0, 0.02).describe().startswith("1.2 times the prediction: cannot tell")
 
 
+def test_a_run_too_noisy_to_confirm_never_agrees():
+    lo_dis, lo_agree, hi_agree, hi_dis = edges(1.0, 0.6)
+    assert lo_agree == hi_agree == 1.0 and hi_dis == pytest.approx(1.6**3)
+    assert compare(1.0, 1.0, 0.6).outcome == CANNOT_TELL
+    assert compare(1.1 * hi_dis, 1.0, 0.6).outcome == DISAGREES
+    assert compare(0.9 * hi_dis, 1.0, 0.6).outcome == CANNOT_TELL
+
+
 def test_a_wider_spread_widens_both_bands():
     assert compare(1.25, 1.0, 0.0).outcome == CANNOT_TELL
-    assert compare(1.25, 1.0, 0.3).outcome == AGREES
+    assert compare(1.25, 1.0, 0.25).outcome == AGREES
     assert compare(1.5, 1.0, 0.0).outcome == DISAGREES
     assert compare(1.5, 1.0, 0.2).outcome == CANNOT_TELL
     assert compare(1.5, 1.0, 0.1, floor=0.05).band == 0.1
@@ -147,7 +156,7 @@ def test_combined_spread_adds_and_refuses_a_negative_one():
 
 
 log_ratio = st.floats(-1.5, 1.5)
-spread = st.floats(0.0, 0.5)
+spread = st.floats(0.0, 0.6)
 
 
 @given(log_ratio, spread, spread, st.floats(0.0, 1.0))
