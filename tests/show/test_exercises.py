@@ -163,7 +163,7 @@ def _layout_reads():
         kv, moved = read_traffic(cache(layout, batch, block))
         t = factor * moved / beta
         return ReadMeasurement(
-            layout, batch, 256, 8, 4, 16, "float32", Timing(t, t, t, (t,)), kv, moved, beta
+            layout, batch, 256, 8, 4, 16, "float32", Timing(t, t, t, (t,)), kv, moved, beta, beta
         )
 
     def append(method, seconds, batch=2):
