@@ -10,6 +10,7 @@ what compilation cost and what it saves per step, and so after how many tokens i
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
@@ -208,3 +209,72 @@ def bench_rows(new_tokens: int = 32, reps: int = 3, calibration=None) -> list:
             "1.0 = reads its weights at copy speed",
         ),
     ]
+
+
+@dataclass(frozen=True)
+class CompilePayoff:
+    """Compiled against eager static steps of one request, measured one way (section 9.2):
+    ``compile_seconds``, what the compiled loop's first ``warm`` steps took beyond as many steady
+    compiled steps; ``eager`` and ``compiled``, their steady steps timed in interleaved rounds."""
+
+    compile_seconds: float
+    eager: object  # kvlab.lab.timing.Timing
+    compiled: object
+    eager_first: tuple[float, ...] = ()
+    compiled_first: tuple[float, ...] = ()
+
+    def cost_after(self, warm: int) -> float:
+        """The compile cost estimated from the first ``warm`` steps of each loop (at most
+        ``len(compiled_first)``): their extra time over as many steady steps, compiled less
+        eager."""
+        warm = integer("warm", warm, 1, len(self.compiled_first) + 1)
+        extra = sum(self.compiled_first[:warm]) - warm * self.compiled.min
+        return max(0.0, extra - (sum(self.eager_first[:warm]) - warm * self.eager.min))
+
+    @property
+    def step_gain(self) -> float:
+        """Seconds the fastest compiled step saves over the fastest eager one."""
+        return self.eager.min - self.compiled.min
+
+    @property
+    def spread(self) -> float:
+        return self.eager.spread_above_min + self.compiled.spread_above_min
+
+    @property
+    def tokens(self) -> float:
+        """Tokens after which compiling has paid for itself (``break_even_tokens``)."""
+        return break_even_tokens(self.compile_seconds, self.step_gain)
+
+
+def compile_payoff(model, input_ids, rounds: int = 12, warm: int = 4) -> CompilePayoff:
+    """Prefill ``input_ids`` in an eager and a compiled static loop, time the first ``warm`` steps
+    of each (the compiled loop compiles and, on a GPU, captures there), then time ``rounds`` steady
+    steps of both, interleaved, so that the page's one comparison of compiled and eager steps sees
+    both under the same load."""
+    from kvlab.lab.timing import interleaved
+
+    rounds, warm = integer("rounds", rounds, 2), integer("warm", warm, 1)
+    length = 1 + warm + rounds + 1
+    loops = {
+        name: decode_steps("static", model, input_ids, length, compile=compiled)
+        for name, compiled in (("eager", False), ("compiled", True))
+    }
+    first = {}
+    for name, steps in loops.items():
+        next(steps)  # prefill, untimed
+        first[name] = []
+        for _ in range(warm):
+            _sync(input_ids.device)
+            start = time.perf_counter()
+            next(steps)
+            _sync(input_ids.device)
+            first[name].append(time.perf_counter() - start)
+    t = interleaved(
+        {name: (lambda s=steps: next(s)) for name, steps in loops.items()}, reps=rounds, warmup=0
+    )
+    for steps in loops.values():
+        steps.close()
+    payoff = CompilePayoff(
+        0.0, t["eager"], t["compiled"], tuple(first["eager"]), tuple(first["compiled"])
+    )
+    return dataclasses.replace(payoff, compile_seconds=payoff.cost_after(warm))

@@ -83,3 +83,27 @@ def test_compile_break_even_from_profiles():
         compile_break_even(eager, [0.1], warm=1)
     with pytest.raises(ValueError, match="same number"):
         compile_break_even(eager, _profile([0.001] * 12), warm=4)
+
+
+def test_compile_payoff_cost_counts_the_first_steps_beyond_steady_ones():
+    from kvlab.lab.decode_timing import CompilePayoff
+    from kvlab.lab.timing import Timing
+
+    eager = Timing(0.010, 0.010, 0.012, (0.010, 0.012))
+    compiled = Timing(0.006, 0.006, 0.007, (0.006, 0.007))
+    p = CompilePayoff(0.0, eager, compiled, (0.011, 0.010), (5.0, 0.5))
+    assert p.cost_after(1) == pytest.approx(5.0 - 0.006 - 0.001)
+    assert p.cost_after(2) == pytest.approx(5.5 - 0.012 - 0.001)
+    assert p.step_gain == pytest.approx(0.004) and p.spread == pytest.approx(0.05 + 0.25 / 6)
+    with pytest.raises(ValueError, match=r"warm must be an int in \[1, 3\)"):
+        p.cost_after(3)
+
+
+def test_compile_payoff_refuses_bad_counts_before_compiling(model):
+    from kvlab.lab.decode_timing import compile_payoff
+
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="rounds must be an int >= 2"):
+        compile_payoff(model, ids, rounds=1)
+    with pytest.raises(ValueError, match="warm must be an int >= 1"):
+        compile_payoff(model, ids, warm=0)

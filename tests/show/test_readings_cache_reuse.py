@@ -4,7 +4,7 @@ outcomes (CONTRIBUTING.md, readings)."""
 import re
 
 from kvlab.show.readings import cache_reuse
-from kvlab.theory.agreement import edges
+from kvlab.theory.agreement import factor_edges
 from kvlab.theory.work import (
     POSITIONS_TOLERANCE,
     REQUEST_TOLERANCE,
@@ -34,7 +34,7 @@ def test_cache_reuse_speedup_follows_the_two_pass_model_on_both_sides():
     edges of ``REQUEST_TOLERANCE``, the gap put on the cached loop (the naive loop's on the other
     side)."""
     naive, cached = request_time(P, G, A, B), request_time(P, G, A, B, cached=True)
-    low, high = edges(naive / cached, REQUEST_TOLERANCE)
+    low, high = factor_edges(naive / cached, REQUEST_TOLERANCE)
     assert "explains most of both loops' time" in _speedup(naive, naive / (1.1 * low))
     assert "explains most of both loops' time" in _speedup(naive, naive / (0.9 * high))
     assert "request_time" in _speedup(naive, cached) and f"{naive / cached:.1f} times" in _speedup(
@@ -53,7 +53,7 @@ def test_cache_reuse_speedup_follows_the_two_pass_model_on_both_sides():
 
 def test_cache_reuse_speedup_against_the_positions_ratio_on_both_sides():
     work = positions_processed(P, G) / positions_processed(P, G, cached=True)
-    low, high = edges(work, POSITIONS_TOLERANCE)
+    low, high = factor_edges(work, POSITIONS_TOLERANCE)
     assert "fixed cost $a$" in _speedup(
         0.9 * low, 1.0
     ) and f"{work:.0f} times as many positions" in _speedup(1, 1)
@@ -67,8 +67,8 @@ def test_cache_reuse_speedup_against_the_positions_ratio_on_both_sides():
 def test_cache_reuse_step_growth_on_both_sides():
     """Each loop's last step over its first at 0.9x and 1.1x of the edges around the model's
     growth."""
-    naive_low, naive_high = edges(GROWTHS["naive_growth"], REQUEST_TOLERANCE)
-    cached_low, cached_high = edges(1.0, REQUEST_TOLERANCE)
+    naive_low, naive_high = factor_edges(GROWTHS["naive_growth"], REQUEST_TOLERANCE)
+    cached_low, cached_high = factor_edges(1.0, REQUEST_TOLERANCE)
     speedup = request_time(P, G, A, B) / request_time(P, G, A, B, cached=True)
     for growths in (
         dict(naive_growth=1.1 * naive_low),
@@ -122,20 +122,47 @@ def test_cache_reuse_latency_follows_the_spread_on_both_sides():
     assert "17 ms" in usual and "70 ms" in usual
 
 
-def test_cache_reuse_compile_follows_the_break_even_model():
-    """The break-even from the model itself; requests of 0.9x and 1.1x that many tokens fall on
-    either side."""
+def test_cache_reuse_compile_on_every_side_of_no_gain():
+    """The eager step is the prediction of a compiled step that gains nothing: compiled steps past
+    each edge of ``agreement.edges`` and inside the cannot-tell band; below it, the break-even model
+    decides for requests of 0.9x and 1.1x the break-even."""
+    import math
+
+    from kvlab.theory.agreement import edges
     from kvlab.theory.work import break_even_tokens
 
-    cost, eager, compiled = 60.0, 6e-3, 1e-3
+    eager, spread = 6e-3, 0.05
+    lo_dis, lo_agree, hi_agree, hi_dis = edges(eager, spread)
+    compiled = 0.9 * lo_dis
+    cost = 60.0
     n = break_even_tokens(cost, eager - compiled)
-    short = no_roles(cache_reuse.compile_reading(cost, eager, compiled, n, int(0.9 * n)))
-    long = no_roles(cache_reuse.compile_reading(cost, eager, compiled, n, int(1.1 * n) + 1))
-    assert "12,000 tokens" in short and "gain of 5 ms" in short and "did not repay it" in short
-    assert "which compiling already paid for" in long and "break-even model" in long
-    never = no_roles(cache_reuse.compile_reading(60.0, 1e-3, 1.5e-3, float("inf"), 48))
-    assert "never" in never and "500 µs slower" in never and "tokens" not in never
-    assert "expected result on a CPU" not in short + long + never
+
+    def read(t, tokens=48, k=n):
+        return no_roles(cache_reuse.compile_reading(cost, eager, t, spread, k, tokens))
+
+    short, long = read(compiled, int(0.9 * n)), read(compiled, int(1.1 * n) + 1)
+    assert f"{n:,.0f} tokens" in short and "does not repay it" in short and "disagrees" in short
+    assert "which compiling already paid for" in long
+    same = read(eager, k=math.inf)
+    assert "no faster within this run's noise" in same and "agrees" in same
+    unsure = read(math.sqrt(lo_dis * lo_agree), k=math.inf)
+    assert "no break-even worth stating" in unsure and "cannot tell" in unsure
+    slower = read(1.1 * hi_dis, k=math.inf)
+    assert "never pays off" in slower and "target" not in slower
+
+
+def test_ttft_reading_on_every_side():
+    from kvlab.lab.timing import Timing
+
+    def t(x):
+        return Timing(x, x, x, (x, x, x))
+
+    same = no_roles(cache_reuse.ttft_reading({"naive": t(0.10), "cached": t(0.105)}))
+    assert "fastest of 3 prefills" in same and "agrees" in same and "lost in the prefill" in same
+    apart = no_roles(cache_reuse.ttft_reading({"naive": t(0.10), "static": t(0.153)}))
+    assert "disagrees" in apart and "part of the first token's cost" in apart
+    unsure = no_roles(cache_reuse.ttft_reading({"naive": t(0.10), "static": t(0.12)}))
+    assert "cannot tell" in unsure
 
 
 def test_cache_reuse_gpu_break_even_quotes_the_measured_gain():
@@ -160,21 +187,23 @@ def _peers(speedup_over_hf: float, speedup_over_cached: float):
     return PeerComparison("tiny-llama", "float32", "cpu", 1, 128, 128, times, times, {})
 
 
-def test_cache_reuse_peers_follow_the_targets_on_both_sides():
-    """Ratios at 0.9x and 1.1x of each target (``kvlab.theory.peers.TARGETS``): met above, missed
-    below."""
-    from kvlab.theory.peers import GENERATE_COMPILED, TARGETS
+def test_cache_reuse_peers_on_every_side_of_as_fast():
+    """Speed-ups past each edge of ``agreement.edges`` around 1 (as fast), and in between."""
+    import math
 
-    hf, cached = (
-        TARGETS["static, compiled", GENERATE_COMPILED],
-        TARGETS["static, compiled", "cached"],
-    )
-    met = no_roles(cache_reuse.peers_reading(_peers(1.1 * hf, 1.1 * cached)))
-    assert met.count("at least as fast") == 2 and "short of" not in met
-    assert "1.10x (one round: 1.10x to 1.10x)" in met and "tiny-llama, float32, P=128" in met
-    missed = no_roles(cache_reuse.peers_reading(_peers(0.9 * hf, 0.9 * cached)))
-    assert missed.count("short of the target") == 2 and "same compiler" in missed
-    assert "preallocated slot" in missed
+    from kvlab.theory.agreement import edges
+
+    lo_dis, lo_agree, hi_agree, hi_dis = edges(1.0, 0.0)
+    fast = no_roles(cache_reuse.peers_reading(_peers(1.1 * hi_dis, 1.1 * hi_dis)))
+    assert fast.count(": faster.") == 2 and "target" not in fast
+    assert "tiny-llama, float32, P=128" in fast and "single rounds" in fast
+    slow = no_roles(cache_reuse.peers_reading(_peers(0.9 * lo_dis, 0.9 * lo_dis)))
+    assert slow.count(": slower.") == 2
+    even = no_roles(cache_reuse.peers_reading(_peers(1.0, 1.0)))
+    assert even.count("as fast, within the spread") == 2
+    g = math.sqrt(hi_agree * hi_dis)
+    unsure = no_roles(cache_reuse.peers_reading(_peers(g, g)))
+    assert unsure.count("cannot resolve") == 2
 
 
 def test_cache_reuse_explore_follows_the_positions_ratio_on_both_sides():
@@ -185,7 +214,7 @@ def test_cache_reuse_explore_follows_the_positions_ratio_on_both_sides():
         {"naive": 0.08, "cached": 0.02, "static": 0.02},
     )
     work = positions_processed(32, 8) / positions_processed(32, 8, cached=True)
-    low, high = edges(work, POSITIONS_TOLERANCE)
+    low, high = factor_edges(work, POSITIONS_TOLERANCE)
 
     def text(ratio):
         return no_roles(cache_reuse.explore_reading(32, 8, 1, "cpu", tt, tp, ratio, work))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from kvlab.show.format import si
-from kvlab.theory.agreement import BELOW, compare
+from kvlab.show.readings.verdicts import verdict_words
+from kvlab.theory.agreement import ABOVE, BELOW, CANNOT_TELL, compare, within_factor
 from kvlab.theory.work import (
     POSITIONS_TOLERANCE,
     REQUEST_TOLERANCE,
@@ -44,7 +45,7 @@ def speedup_reading(
     last step's time over the first step's, per loop.
     """
     naive_pred, cached_pred = request_time(P, G, a, b), request_time(P, G, a, b, cached=True)
-    c = compare(naive_s / cached_s, naive_pred / cached_pred, REQUEST_TOLERANCE)
+    c = within_factor(naive_s / cached_s, naive_pred / cached_pred, REQUEST_TOLERANCE)
     text = [
         f"At $P = {P}$ and $G = {G}$, the cached loop finished the request **{c.measured:.1f}"
         f" times** faster than the naive one. {TWO_PASS[0].upper()}{TWO_PASS[1:]}, fitted to two"
@@ -56,8 +57,8 @@ def speedup_reading(
         text.append("The cost of a pass, $a + b\\,n$, explains most of both loops' time.")
     else:
         loops = {
-            "naive": compare(naive_s, naive_pred, REQUEST_TOLERANCE),
-            "cached": compare(cached_s, cached_pred, REQUEST_TOLERANCE),
+            "naive": within_factor(naive_s, naive_pred, REQUEST_TOLERANCE),
+            "cached": within_factor(cached_s, cached_pred, REQUEST_TOLERANCE),
         }
         off = max(loops, key=lambda name: abs(math.log(loops[name].ratio)))
         text.append(
@@ -73,7 +74,7 @@ def speedup_reading(
 def _positions_sentence(P: int, G: int, speedup: float) -> str:
     """The measured speedup against the positions ratio, the two-pass model without its fixed cost
     a."""
-    work = compare(
+    work = within_factor(
         speedup,
         positions_processed(P, G) / positions_processed(P, G, cached=True),
         POSITIONS_TOLERANCE,
@@ -104,10 +105,10 @@ def _growth_sentence(
 ) -> str:
     """Each loop's last step over its first against the two-pass model: a naive pass over P + G - 1
     tokens against one over P + 1; a cached step is a one-token pass throughout."""
-    naive = compare(
+    naive = within_factor(
         naive_growth, pass_time(P + G - 1, a, b) / pass_time(P + 1, a, b), REQUEST_TOLERANCE
     )
-    cached = compare(cached_growth, 1.0, REQUEST_TOLERANCE)
+    cached = within_factor(cached_growth, 1.0, REQUEST_TOLERANCE)
     text = (
         f"On the right, the last naive token cost {naive_growth:.1f} times the first, where the"
         f" model predicts {naive.predicted:.2f} ($t(P + G - 1) / t(P + 1)$), and the last cached"
@@ -217,34 +218,79 @@ def latency_reading(
 
 
 def compile_reading(
-    compile_cost: float, t_eager: float, t_comp: float, break_even: float, tokens: int
+    compile_cost: float,
+    t_eager: float,
+    t_comp: float,
+    spread: float,
+    break_even: float,
+    tokens: int,
 ) -> str:
-    """The one-time cost of compilation against its per-step gain, in a request of ``tokens``
-    tokens; the outcome from the break-even model (``kvlab.theory.work.compile_repaid``)."""
+    """The one-time cost of compilation against its per-step gain: the fastest compiled step
+    against the fastest eager one (measured in the same rounds, with their ``spread``) judged by
+    ``agreement.compare``; where the compiled step is faster beyond doubt, the break-even model
+    (``kvlab.theory.work.compile_repaid``) says when it pays in a request of ``tokens`` tokens."""
     from kvlab.theory.work import compile_repaid
 
-    gain = t_eager - t_comp
+    c = compare(t_comp, t_eager, spread)
     text = (
-        f"Compilation and capture cost **{si(compile_cost, 's')}**. A steady step took "
-        f"{si(t_eager, 's')} eager and {si(t_comp, 's')} compiled"
+        f"Compilation cost **{si(compile_cost, 's')}** beyond the eager loop's first steps. In the"
+        f" same rounds, the fastest steady step took {si(t_eager, 's')} eager and"
+        f" {si(t_comp, 's')} compiled, {c.ratio:.2g} times, which {verdict_words(c)}"
+        " (the eager step is the prediction: no gain)."
     )
-    if not (gain > 0 and math.isfinite(break_even)):
-        return (
-            text
-            + f": the compiled step was not faster ({si(-gain, 's')} slower), so by the break-even "
-            "model, compile time over the gain per step, compiling never pays off on this machine."
+    if c.agrees:
+        return text + (
+            " The compiled step is no faster within this run's noise, so by the break-even model,"
+            " compile time over the gain per step, compiling does not pay for itself on this"
+            " machine at this size."
         )
+    if c.outcome == CANNOT_TELL:
+        return text + (
+            " A difference this small against the spread of the steps gives no break-even worth"
+            " stating; a longer run, or a quieter machine, would decide it."
+        )
+    if c.side == ABOVE:
+        return text + (
+            " The compiled step was slower: by the break-even model, compile time over the gain"
+            " per step, compiling never pays off at this size on this machine."
+        )
+    gain = t_eager - t_comp
     text += (
-        f", a gain of {si(gain, 's')} per token ({t_eager / t_comp:.1f}x). By the break-even model,"
-        " compile time over the gain per step, the compiled loop catches up after"
+        f" The gain is {si(gain, 's')} per token, so the compiled loop catches up after"
         f" **{break_even:,.0f} tokens**, where the two extrapolated lines in the figure cross"
     )
     if compile_repaid(compile_cost, gain, tokens):
         return text + f": within this {tokens}-token request, which compiling already paid for."
-    return (
-        text
-        + f": this {tokens}-token request did not repay it. Compiling pays for requests longer "
-        "than that, or when one compilation serves many requests, as in a serving engine."
+    return text + (
+        f": a {tokens}-token request does not repay it. Compiling pays for requests longer than"
+        " that, or when one compilation serves many requests, as in a serving engine."
+    )
+
+
+def ttft_reading(ttft: dict) -> str:
+    """Time to first token of the three loops (``ttft``: loop name to a Timing of its prefill,
+    fastest repeat taken): what differs between them although the prompt is the same."""
+    fastest = {name: t.min for name, t in ttft.items()}
+    low, high = min(fastest.values()), max(fastest.values())
+    spread = max(t.spread_above_min for t in ttft.values())
+    c = compare(high, low, spread)
+    parts = ", ".join(f"{name} {si(v, 's')}" for name, v in fastest.items())
+    repeats = len(next(iter(ttft.values())).times)
+    text = (
+        f"The first token, fastest of {repeats} prefills each: {parts}."
+        " All three loops run the same prefill over the prompt; what differs is the cache each one"
+        " fills: none for the naive loop, a `DynamicCache` built as the prompt's keys and values"
+        " arrive for the cached one, and a cache preallocated for the whole request for the static"
+        f" one. The slowest is {c.ratio:.2g} times the fastest, which {verdict_words(c)}"
+        " (the fastest is the prediction)."
+    )
+    if c.agrees:
+        return text + " At this size the cache's allocation and writes are lost in the prefill."
+    if c.outcome == CANNOT_TELL:
+        return text + " Any difference is within what these repeats resolve."
+    return text + (
+        " The difference is the cache: allocating and writing it is part of the first token's"
+        " cost, and larger for a cache sized for the whole request."
     )
 
 
@@ -267,7 +313,7 @@ def explore_reading(
         f"{si(min(ttft.values()), 's')} to {si(max(ttft.values()), 's')}."
     ]
     pairs_ratio = attention_work(P, G) / attention_work(P, G, cached=True)
-    c = compare(time_ratio, work_ratio, POSITIONS_TOLERANCE)
+    c = within_factor(time_ratio, work_ratio, POSITIONS_TOLERANCE)
     text.append(
         f"The naive loop took {time_ratio:.1f} times as long as the cached one. The positions ratio"
         f" (`kvlab.theory.work.positions_processed`, naive over cached) is {work_ratio:.1f}, the"
@@ -324,48 +370,37 @@ def gpu_break_even_reading(compile_cost: float, measured_gain: float) -> str:
 
 def peers_reading(result) -> str:
     """kvlab's compiled static loop against transformers' fastest batch-1 path and kvlab's cached
-    loop (a ``kvlab.lab.decode_peers.PeerComparison``); each outcome from
-    ``kvlab.theory.peers.target_met``.
-    """
-    from kvlab.theory.peers import GENERATE, GENERATE_COMPILED, TARGETS, target_met
+    loop (a ``kvlab.lab.decode_peers.PeerComparison``): each speed-up against 1 (as fast), with the
+    spread of its rounds, judged by ``agreement.compare``."""
+    from kvlab.theory.peers import GENERATE, GENERATE_COMPILED
 
     rounds = len(next(iter(result.seconds.values())))
     text = [
         f"On {result.where}, on the {result.device}, every loop decoded exactly `generate`'s tokens"
         f" before any was timed. The figures are ratios of median whole-request times over {rounds}"
         " interleaved rounds, first calls (and so compilation) left out. kvlab's cached loop ran"
-        f" at {result.speedup('cached', GENERATE)} the speed of `generate` with its dynamic cache."
+        f" at {result.speedup('cached', GENERATE).median:.2f} times the speed of `generate` with"
+        " its dynamic cache."
     ]
-    for over, what, miss in (
+    for over, what in (
         (
             GENERATE_COMPILED,
-            (
-                "transformers' fastest batch-1 path (a static cache and the forward compiled "
-                "with `reduce-overhead`)"
-            ),
-            (
-                "both run the same model code through the same compiler, so the gap "
-                "is the Python around each step and what each compiled graph holds"
-            ),
+            "transformers' fastest batch-1 path (a static cache and the forward compiled with"
+            " `reduce-overhead`)",
         ),
-        (
-            "cached",
-            "kvlab's cached loop",
-            (
-                "the compiled step did not save enough to pay for attending "
-                "over every preallocated slot from the first step"
-            ),
-        ),
+        ("cached", "kvlab's cached loop"),
     ):
-        r, target = result.speedup("static, compiled", over), TARGETS["static, compiled", over]
-        if target_met(r.median, target):
-            text.append(
-                f"The compiled static loop ran at {r} the speed of {what}: at least as fast, the "
-                f"target of {target:g}x."
-            )
+        r = result.speedup("static, compiled", over)
+        spread = (r.high - r.low) / (2 * r.median)
+        c = compare(r.median, 1.0, spread)
+        if c.agrees:
+            verdict = "as fast, within the spread of the rounds"
+        elif c.outcome == CANNOT_TELL:
+            verdict = "a difference the rounds cannot resolve"
         else:
-            text.append(
-                f"The compiled static loop ran at {r} the speed of {what}, short of the target of "
-                f"{target:g}x; the likely reason on this machine: {miss}."
-            )
+            verdict = "faster" if c.side == ABOVE else "slower"
+        text.append(
+            f"The compiled static loop ran at {r.median:.2f} times the speed of {what}"
+            f" (single rounds {r.low:.2f} to {r.high:.2f}): {verdict}."
+        )
     return " ".join(text)
