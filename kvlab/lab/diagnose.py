@@ -305,10 +305,10 @@ def _fractions(trace: StepTrace, b) -> tuple[float, float, float]:
     )
 
 
-# The matmul probe a verdict divides FLOPs by: a square product of this many rows, the machine's
-# compute ceiling. A probe of the step's own few rows would time the cache's bandwidth, not the
+# The matmul probe a verdict divides FLOPs by: this many rows by a 1024 x 1024 weight held in the
+# last-level cache, the machine's compute ceiling (near a large square product's rate). A probe of the step's own few rows would time the cache's bandwidth, not the
 # arithmetic (a 1-row product reads its weight once per 2 FLOPs), and could not tell the two apart.
-COMPUTE_ROWS = 1024
+COMPUTE_ROWS = 256
 
 
 def _beside(r: _Request, trace: StepTrace):
@@ -369,7 +369,7 @@ def _per_token_trace(r: _Request, shape, batch: int, threads: int | None):
         },
         {
             "read bytes/s (beside)": b.read.rate,
-            "matmul FLOP/s, a square product (beside)": b.matmul.rate,
+            f"matmul FLOP/s, {COMPUTE_ROWS} rows (beside)": b.matmul.rate,
             "roofline floor s": floor,
         },
         _step2_finding(trace, bw_frac, fl_frac),
