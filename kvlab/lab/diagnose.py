@@ -306,8 +306,9 @@ def _fractions(trace: StepTrace, b) -> tuple[float, float, float]:
 
 
 # The matmul probe a verdict divides FLOPs by: this many rows by a 1024 x 1024 weight held in the
-# last-level cache, the machine's compute ceiling (near a large square product's rate). A probe of the step's own few rows would time the cache's bandwidth, not the
-# arithmetic (a 1-row product reads its weight once per 2 FLOPs), and could not tell the two apart.
+# last-level cache, the machine's compute ceiling (near a large square product's rate). A probe of
+# the step's own few rows would time the cache's bandwidth, not the arithmetic (a 1-row product
+# reads its weight once per 2 FLOPs), and could not tell the two apart.
 COMPUTE_ROWS = 256
 
 
