@@ -138,6 +138,18 @@ def test_reading_batch_on_every_side_of_the_roofline():
         assert "model agrees" in reading_batch(sweep, Target(), 16, 5, *args)
 
 
+def test_reading_batch_names_the_point_that_decided_the_sweep():
+    # Batch 2 is further from the model but inside its wide band; batch 16 misses clearly.
+    rates = {1: 1e10, 2: 1e10, 16: 2e10}
+    pred = [0.010] + [
+        verdict.batch_tpot(0.010, b, 80e6, 1e5, 40e6, 1e10, 1e10, rates[b]) for b in (2, 16)
+    ]
+    sweep = [_point(1, 0.010), _point(2, 1.9 * pred[1]), _point(16, 1.5 * pred[2])]
+    text = reading_batch(sweep, Target(), 16, 5, pred, [0.05, 0.9, 0.05], 1e10, rates, 80e6, 40e6)
+    assert "the furthest point, batch 16, is 1.5 times the prediction: above it" in text
+    assert "from batch 1 to 16 TPOT grew" in text
+
+
 def test_reading_diagnosis_says_when_a_run_cannot_tell():
     firm = dataclasses.replace(_diagnosis("weights"), verdicts=("weights",))
     text = reading_diagnosis(firm)

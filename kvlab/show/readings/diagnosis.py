@@ -196,7 +196,9 @@ def reading_batch(
         for p, pred, spread in zip(sweep, predicted, spreads)
     ]
     outcome = model.sweep_outcome(checks[1:]) if len(checks) > 1 else AGREES
-    worst_i = max(range(len(checks)), key=lambda i: abs(math.log(checks[i].ratio)))
+    # The point the reading names: the furthest of those that decided the sweep's outcome.
+    deciding = [i for i in range(1, len(checks)) if checks[i].outcome == outcome] or [0]
+    worst_i = max(deciding, key=lambda i: abs(math.log(checks[i].ratio)))
     worst, worst_b = checks[worst_i], sweep[worst_i].batch
     # The batch from which the products, at this machine's rate, outlast the weights' read.
     leaves = next(
@@ -228,13 +230,13 @@ def reading_batch(
         )
     elif outcome == DISAGREES and worst.side == ABOVE:
         head += (
-            f"Over the sweep the model disagrees: from batch {first.batch} to {last.batch} TPOT"
-            f" grew by {_ms(last.tpot - first.tpot)}, the roofline's products and cache reads by"
-            f" {_ms(predicted[-1] - first.tpot)}. The model misses a term that grows with the"
-            " batch. Two candidates, neither in it: on this CPU's one thread the weights' read and"
-            " the products' arithmetic may add rather than overlap (the roofline takes the larger"
-            " of the two), and each sequence brings its own attention, norms, cache append and"
-            " logits, which no matmul probe times. "
+            f"Over the sweep the model disagrees: from batch {first.batch} to {worst_b} TPOT grew"
+            f" by {_ms(sweep[worst_i].tpot - first.tpot)}, the roofline's products and cache reads"
+            f" by {_ms(predicted[worst_i] - first.tpot)}. The model misses a term that grows with"
+            " the batch. Two candidates, neither in it: on this CPU's one thread the weights' read"
+            " and the products' arithmetic may add rather than overlap (the roofline takes the"
+            " larger of the two), and each sequence brings its own attention, norms, cache append"
+            " and logits, which no matmul probe times. "
         )
     elif outcome == DISAGREES:
         head += (

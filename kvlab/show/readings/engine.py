@@ -285,7 +285,9 @@ def curve_reading(
     ]
     predicted, spreads = curve_predictions(points, weight_bytes, sequence_flops)
     outcome, checks = curve_agreement([p.tokens_per_s for p in points], predicted, spreads)
-    worst = max(range(1, len(points)), key=lambda i: abs(checks[i].ratio - 1), default=0)
+    # The point the reading names: the furthest of those that decided the curve's outcome.
+    deciding = [i for i in range(1, len(points)) if checks[i].outcome == outcome] or [0]
+    worst = max(deciding, key=lambda i: abs(checks[i].ratio - 1))
     w = points[worst]
     flat = w.mean_batch * first.tokens_per_s / first.mean_batch
     text.append(
