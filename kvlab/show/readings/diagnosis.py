@@ -231,12 +231,12 @@ def reading_batch(
     elif outcome == DISAGREES and worst.side == ABOVE:
         head += (
             f"Over the sweep the model disagrees: from batch {first.batch} to {worst_b} TPOT grew"
-            f" by {_ms(sweep[worst_i].tpot - first.tpot)}, the roofline's products and cache reads"
-            f" by {_ms(predicted[worst_i] - first.tpot)}. The model misses a term that grows with"
-            " the batch. Two candidates, neither in it: on this CPU's one thread the weights' read"
-            " and the products' arithmetic may add rather than overlap (the roofline takes the"
-            " larger of the two), and each sequence brings its own attention, norms, cache append"
-            " and logits, which no matmul probe times. "
+            f" by {si(sweep[worst_i].tpot - first.tpot, 's')}, the roofline's products and cache"
+            f" reads by {si(predicted[worst_i] - first.tpot, 's')}. The model misses a term that"
+            " grows with the batch. Two candidates, neither in it: on this CPU's one thread the"
+            " weights' read and the products' arithmetic may add rather than overlap (the roofline"
+            " takes the larger of the two), and each sequence brings its own attention, norms,"
+            " cache append and logits, which no matmul probe times. "
         )
     elif outcome == DISAGREES:
         head += (
