@@ -33,11 +33,13 @@ import torch
 
 from kvlab._checks import flag, integer, integers
 from kvlab.devices import on_gpu
+from kvlab.lab.batch_tpot import step_beside_ceilings
 from kvlab.lab.bench import Row
 from kvlab.lab.hardware import calibrate, calibrated_device, cpu_threads
 from kvlab.lab.models import tiny_model
 from kvlab.lab.repeatable_step import (
     CPU_THREADS,
+    RepeatableStep,
     element_bytes,
     measurement_threads,
     model_shape_of,
@@ -59,6 +61,7 @@ from kvlab.theory.verdict import (
     decide,
     lever,
     useful_batch,
+    verdicts_within,
 )
 
 
@@ -96,6 +99,14 @@ class Diagnosis:
     useful_batch: int | None
     target: Target
     threads: int | None = None
+    verdicts: tuple = ()
+
+    @property
+    def firm(self) -> bool:
+        """Whether every measurement within its band reaches the same verdict
+        (``kvlab.theory.verdict.verdicts_within``); if not, ``verdicts`` lists those it reaches
+        and the run cannot tell between them."""
+        return len(self.verdicts) <= 1
 
     def __str__(self) -> str:
         lines = [
@@ -111,7 +122,8 @@ class Diagnosis:
             lines.append(wrap("   measured: " + _fmt(s.measured)))
             lines.append(wrap("   ceiling:  " + _fmt(s.ceiling)))
             lines.append(wrap("   finding:  " + s.finding))
-        lines += [wrap(f"verdict: {self.verdict} ({self.because})"), wrap(f"lever: {self.lever}")]
+        verdict = self.verdict if self.firm else f"{' or '.join(self.verdicts)} (cannot tell)"
+        lines += [wrap(f"verdict: {verdict} ({self.because})"), wrap(f"lever: {self.lever}")]
         return "\n".join(lines)
 
 
@@ -225,7 +237,7 @@ def _diagnose(
         steps = [_naive_against_cached(r)]
         bar.update()
         bar.set_postfix_str("2 trace")
-        trace, fit, step2 = _per_token_trace(r, shape, batch, threads)
+        trace, fit, step2, fractions = _per_token_trace(r, shape, batch, threads)
         steps.append(step2)
         bar.update()
         bar.set_postfix_str("3 stable loop")
@@ -241,13 +253,21 @@ def _diagnose(
         bar.update()
     finally:
         bar.close()
-    bw_frac = trace.achieved_bandwidth / r.cal.copy_bytes_per_s
-    fl_frac = trace.achieved_flops / r.cal.matmul_flops
+    bw_frac, fl_frac, fraction_spread = fractions
     verdict, because = decide(
         busy_fraction=trace.busy_fraction,
         bandwidth_fraction=bw_frac,
         flops_fraction=fl_frac,
         kv_share=trace.work.kv_share,
+        admitted=fit,
+    )
+    reachable = verdicts_within(
+        busy_fraction=trace.busy_fraction,
+        bandwidth_fraction=bw_frac,
+        flops_fraction=fl_frac,
+        kv_share=trace.work.kv_share,
+        busy_spread=trace.busy_spread,
+        fraction_spread=fraction_spread,
         admitted=fit,
     )
     return Diagnosis(
@@ -268,7 +288,37 @@ def _diagnose(
         useful,
         target,
         threads,
+        reachable,
     )
+
+
+def _fractions(trace: StepTrace, b) -> tuple[float, float, float]:
+    """The traced step's shares of the read bandwidth and of the matmul rate at its rows, each
+    timed beside the step (``_beside``; the fastest repeats), and the relative spread behind
+    them."""
+    step_s = b.step.min
+    spread = b.step_spread + max(b.read.spread, b.matmul.spread)
+    return (
+        trace.work.total_bytes / step_s / b.read.rate,
+        trace.work.flops / step_s / b.matmul.rate,
+        spread,
+    )
+
+
+# The matmul probe a verdict divides FLOPs by: this many rows by a 1024 x 1024 weight held in the
+# last-level cache, the machine's compute ceiling (near a large square product's rate). A probe of
+# the step's own few rows would time the cache's bandwidth, not the arithmetic (a 1-row product
+# reads its weight once per 2 FLOPs), and could not tell the two apart.
+COMPUTE_ROWS = 256
+
+
+def _beside(r: _Request, trace: StepTrace):
+    """The step timed again, interleaved with the read probe and the compute ceiling's probe."""
+    stepper = RepeatableStep(r.model, r.ids, r.method, r.compile)
+    try:
+        return step_beside_ceilings(stepper, COMPUTE_ROWS)
+    finally:
+        stepper.close()
 
 
 def _check_request(model, input_ids, max_new_tokens, method: str, compile):
@@ -303,11 +353,9 @@ def _per_token_trace(r: _Request, shape, batch: int, threads: int | None):
     trace = trace_step(
         r.model, r.input_ids, r.context, r.method, compile=r.compile, threads=threads
     )
-    bw_frac = trace.achieved_bandwidth / r.cal.copy_bytes_per_s
-    fl_frac = trace.achieved_flops / r.cal.matmul_flops
-    floor = max(
-        trace.work.total_bytes / r.cal.copy_bytes_per_s, trace.work.flops / r.cal.matmul_flops
-    )
+    b = _beside(r, trace)
+    bw_frac, fl_frac, spread = _fractions(trace, b)
+    floor = max(trace.work.total_bytes / b.read.rate, trace.work.flops / b.matmul.rate)
     fit = roofline.admitted(shape, r.machine, batch, r.final, r.w, r.w)
     step = Step(
         "per-token trace",
@@ -321,13 +369,13 @@ def _per_token_trace(r: _Request, shape, batch: int, threads: int | None):
             "FLOP/s": trace.achieved_flops,
         },
         {
-            "copy bytes/s": r.cal.copy_bytes_per_s,
-            "matmul FLOP/s": r.cal.matmul_flops,
+            "read bytes/s (beside)": b.read.rate,
+            f"matmul FLOP/s, {COMPUTE_ROWS} rows (beside)": b.matmul.rate,
             "roofline floor s": floor,
         },
         _step2_finding(trace, bw_frac, fl_frac),
     )
-    return trace, fit, step
+    return trace, fit, step, (bw_frac, fl_frac, spread)
 
 
 def _stable_loop(r: _Request, trace: StepTrace) -> Step:
@@ -339,7 +387,7 @@ def _stable_loop(r: _Request, trace: StepTrace) -> Step:
     )
     base = "cached" if r.method == "static" else r.method
     floor = max(
-        trace.work.total_bytes / r.cal.copy_bytes_per_s, trace.work.flops / r.cal.matmul_flops
+        trace.work.total_bytes / r.cal.stream_bytes_per_s, trace.work.flops / r.cal.matmul_flops
     )
     return Step(
         "stable loop (compile, CUDA graph)",
@@ -469,7 +517,7 @@ def _step2_finding(trace: StepTrace, bw_frac: float, fl_frac: float) -> str:
             "bytes and FLOPs do not"
         )
     return (
-        f"busy {trace.busy_fraction:.0%} of the step, at {bw_frac:.0%} of copy bandwidth and "
+        f"busy {trace.busy_fraction:.0%} of the step, at {bw_frac:.0%} of read bandwidth and "
         f"{fl_frac:.0%} of the matmul rate; {trace.work.kv_share:.0%} of the bytes are KV"
     )
 

@@ -424,7 +424,11 @@ def compare_serving(
 
 @dataclass(frozen=True)
 class CurvePoint:
-    """One engine run of the latency-throughput curve (notebook 11)."""
+    """One point of the latency-throughput curve (notebook 11): the fastest of its engine runs.
+
+    ``spread``: how far the other runs' tokens per second sat below the fastest's, relative.
+    ``read_rate`` and ``matmul_rate`` (with the latter's spread): the read bandwidth and the matmul
+    rate at the mean running batch's rows, timed right after the runs (None when not asked for)."""
 
     max_batch: int
     tokens_per_s: float
@@ -432,33 +436,63 @@ class CurvePoint:
     mean_batch: float
     preemptions: int
     prefix_hit_rate: float
+    spread: float = 0.0
+    read_rate: float | None = None
+    matmul_rate: float | None = None
+    matmul_spread: float = 0.0
 
 
 def latency_throughput(
-    model, prompts, max_new_tokens, batches=(1, 2, 4, 8, 16), **engine_options
+    model,
+    prompts,
+    max_new_tokens,
+    batches=(1, 2, 4, 8, 16),
+    reps: int = 1,
+    ceilings: bool = False,
+    **engine_options,
 ) -> list[CurvePoint]:
     """The engine on one trace at each ``max_batch`` of ``batches``: tokens per second against time
-    per output token (notebook 11). A fresh engine per point, so no point inherits another's cached
-    prefixes.
+    per output token (notebook 11). A fresh engine per run, so no run inherits another's cached
+    prefixes; the fastest of ``reps`` runs is kept. With ``ceilings``, the read bandwidth and the
+    matmul rate at the point's mean running batch are timed beside it
+    (``kvlab.lab.batch_tpot.time_beside``): the ceilings of
+    ``kvlab.theory.serving.roofline_throughput``.
     """
     prompts, max_new_tokens = _requests(model, prompts, max_new_tokens)
     batches = _checks.integers("batches", list(batches) if isinstance(batches, tuple) else batches)
+    _checks.integer("reps", reps, 1)
+    _checks.flag("ceilings", ceilings)
     points = []
     for max_batch in batches:
-        engine = Engine(model, max_batch=max_batch, **engine_options)
-        engine.generate(prompts, list(max_new_tokens))
-        m = engine.metrics()
-        points.append(
-            CurvePoint(
-                max_batch,
-                m["tokens_per_s"],
-                m["mean_tpot_s"] or 0.0,
-                m["mean_batch"],
-                m["preemptions"],
-                m["prefix_hit_rate"],
-            )
+        runs = []
+        for _ in range(reps):
+            engine = Engine(model, max_batch=max_batch, **engine_options)
+            engine.generate(prompts, list(max_new_tokens))
+            runs.append(engine.metrics())
+        m = max(runs, key=lambda r: r["tokens_per_s"])
+        rates = sorted((r["tokens_per_s"] for r in runs), reverse=True)
+        point = CurvePoint(
+            max_batch,
+            m["tokens_per_s"],
+            m["mean_tpot_s"] or 0.0,
+            m["mean_batch"],
+            m["preemptions"],
+            m["prefix_hit_rate"],
+            spread=rates[0] / rates[1] - 1 if len(rates) > 1 and rates[1] > 0 else 0.0,
         )
+        if ceilings:
+            point = _with_ceilings(point)
+        points.append(point)
     return points
+
+
+def _with_ceilings(point: CurvePoint) -> CurvePoint:
+    from kvlab.lab.batch_tpot import time_beside
+
+    b = time_beside(lambda: None, max(1, round(point.mean_batch)), reps=3)
+    return dataclasses.replace(
+        point, read_rate=b.read.rate, matmul_rate=b.matmul.rate, matmul_spread=b.matmul.spread
+    )
 
 
 # The bench's request set: 64 requests (issue 25's setting), the engine's target against

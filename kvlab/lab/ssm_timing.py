@@ -17,6 +17,7 @@ form are ``kvlab.theory.ssm``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import logging
 import statistics
@@ -27,6 +28,7 @@ from transformers import DynamicCache
 from kvlab._checks import integer
 from kvlab.cache.mamba import selective_scan
 from kvlab.devices import on_gpu
+from kvlab.lab.batch_tpot import min_scatter
 from kvlab.lab.bench import Row
 from kvlab.lab.models import tiny_model
 from kvlab.lab.timing import Timing, measure
@@ -88,7 +90,9 @@ def _filled_cache(model, context: int):
     return cache
 
 
-def decode_step_times(models: dict, contexts, warmup: int = 2, reps: int = 7) -> dict:
+def decode_step_times(
+    models: dict, contexts, warmup: int = 2, reps: int = 7, probes: dict | None = None
+) -> dict:
     """Time one decode token of each Hugging Face model after each context (section 9.6).
 
     ``models`` maps a name to a model: attention models get a ``DynamicCache`` filled with
@@ -98,7 +102,8 @@ def decode_step_times(models: dict, contexts, warmup: int = 2, reps: int = 7) ->
     ``{name: [Timing per context]}``. kvlab.decode's loops pass the whole attention mask at every
     step, which ``MambaForCausalLM`` mis-broadcasts, hence this loop. transformers' warnings that
     Mamba runs its PyTorch path are held back (``quiet_mamba_fallback``); ``mamba_path`` names the
-    path.
+    path. ``probes`` (name to ``kvlab.lab.hardware.Probe``) are timed once per round among the
+    steps, the ceilings the slope is compared with; their ``Ceiling`` comes back under their names.
     """
     if not isinstance(models, dict) or not models:
         raise TypeError(
@@ -116,13 +121,21 @@ def decode_step_times(models: dict, contexts, warmup: int = 2, reps: int = 7) ->
         for step in steps.values():
             for _ in range(warmup):
                 step()
+        probes = probes or {}
         times = {key: [] for key in steps}
+        probe_times = {name: [] for name in probes}
         for _ in range(reps):
             for key, step in steps.items():
                 times[key].append(
                     measure(step, warmup=0, reps=1, device=models[key[0]].device).median
                 )
-    return {name: [_timing(times[name, c]) for c in contexts] for name in models}
+            for name, probe in probes.items():
+                probe_times[name].append(measure(probe.run, warmup=0, reps=1).median)
+    out = {name: [_timing(times[name, c]) for c in contexts] for name in models}
+    for name, probe in probes.items():
+        t = _timing(probe_times[name])
+        out[name] = dataclasses.replace(probe.ceiling(t), spread=min_scatter(t))
+    return out
 
 
 def _timing(times):

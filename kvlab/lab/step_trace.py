@@ -15,6 +15,7 @@ import math
 import os
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 
 from torch.autograd import DeviceType
@@ -60,6 +61,25 @@ class StepTrace:
     work: StepWork
     step_times: tuple = field(repr=False, default=())
     threads: int | None = None
+    busy_fractions: tuple = field(repr=False, default=())
+
+    @property
+    def busy_spread(self) -> float:
+        """How far the busy share of the second-best traced step sat from the kept one's
+        (``busy_fractions`` holds one per profiled step, the least disturbed first),
+        relative to it: the scatter of the least disturbed trace, as ``Timing.spread_above_min``
+        is of the fastest repeat (0 with one trace)."""
+        f = self.busy_fractions
+        if len(f) < 2 or f[0] <= 0:
+            return 0.0
+        return abs(f[1] - f[0]) / f[0]
+
+    @property
+    def step_spread(self) -> float:
+        """How far a typical untraced step sat above the fastest (median over minimum, less 1)."""
+        if not self.step_times or min(self.step_times) <= 0:
+            return 0.0
+        return statistics.median(self.step_times) / min(self.step_times) - 1
 
     @property
     def idle_s(self) -> float:
@@ -92,6 +112,7 @@ class StepTrace:
             "ops": [list(o) for o in self.ops],
             "timeline": [list(t) for t in self.timeline],
             "threads": self.threads,
+            "busy_fractions": list(self.busy_fractions),
             "work": {
                 "weights_read": self.work.weights_read,
                 "kv_read": self.work.kv_read,
@@ -114,6 +135,7 @@ class StepTrace:
             tuple(tuple(t) for t in d["timeline"]),
             StepWork(**d["work"]),
             threads=d.get("threads"),
+            busy_fractions=tuple(d.get("busy_fractions", ())),
         )
 
 
@@ -149,13 +171,17 @@ def _native_stderr_silenced():
 
 
 def _profile(stepper):
-    """Profile one step; returns (traced span, busy time, ranked ops, timeline) in seconds."""
+    """Profile one step; returns (traced span, busy time, ranked ops, timeline) in seconds, and the
+    share of the step's wall time this thread spent on a core (its CPU time over its wall time:
+    below 1 when the process was descheduled, which a shared machine does often)."""
     gpu = stepper.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     with _native_stderr_silenced():  # the profiler's C++ side logs its start and stop on stderr
         with profile(activities=activities) as prof:
+            wall, cpu = time.perf_counter(), time.thread_time()
             stepper.step()
             sync(stepper.device)
+            cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
     stepper.reset()
     events = [e for e in prof.events() if e.time_range.end > e.time_range.start]
     if gpu:
@@ -188,7 +214,7 @@ def _profile(stepper):
         )
     )
     ranked = tuple(sorted(((n, s, c) for n, (s, c) in by_op.items()), key=lambda t: -t[1]))
-    return span, busy, ranked, timeline
+    return span, busy, ranked, timeline, min(1.0, cpu / wall) if wall > 0 else 1.0
 
 
 def trace_step(
@@ -199,7 +225,7 @@ def trace_step(
     warmup: int = 2,
     reps: int = 3,
     compile: bool | None = None,
-    traces: int = 3,
+    traces: int = 5,
     threads: int | None = CPU_THREADS,
 ) -> StepTrace:
     """Time and trace one decode step of ``method`` with ``context`` tokens cached per sequence
@@ -208,9 +234,10 @@ def trace_step(
     ``input_ids`` ``[batch, P]`` fills the cache (repeated up to ``context``, which defaults to P);
     the step feeds each sequence one more token. The step runs ``warmup`` times untimed, ``reps``
     times timed (each from the same cache state), then ``traces`` times under ``torch.profiler``
-    with CPU and, on a GPU, CUDA activities; the trace kept is the shortest (the least disturbed by
-    other processes). ``compile`` applies to ``static`` (default: on a GPU only). ``paged`` runs
-    kvlab's Triton kernels on a GPU and their PyTorch references on a CPU. On a CPU the step runs on
+    with CPU and, on a GPU, CUDA activities; the trace kept is the one whose thread spent the
+    largest share of it on a core (on a CPU), then the shortest: the least disturbed by other
+    processes. ``compile`` applies to ``static`` (default: on a GPU only). ``paged`` runs kvlab's
+    Triton kernels on a GPU and their PyTorch references on a CPU. On a CPU the step runs on
     ``threads`` of torch's threads (default ``CPU_THREADS``; None: the caller's count), restored
     after.
     """
@@ -223,12 +250,15 @@ def trace_step(
         stepper = RepeatableStep(model, ids, method, compile)
         try:
             times = stepper.time(warmup, reps)
-            # The shortest of ``traces`` profiled steps: on a shared machine a step that was
-            # descheduled shows the pause as a gap or as one long operator, neither of which is the
-            # step's own.
-            span, busy, ops, timeline = min(
-                (_profile(stepper) for _ in range(traces)), key=lambda t: t[0]
+            # The trace kept is the one whose thread was on a core for the largest share of it
+            # (then the shortest): on a shared machine a descheduled step shows the pause as a gap
+            # or as one long operator, neither of which is the step's own.
+            cpu = stepper.device.type != "cuda"  # a GPU step's thread waits on the device
+            profiles = sorted(
+                (_profile(stepper) for _ in range(traces)),
+                key=lambda t: (-round(t[4], 2) if cpu else 0, t[0]),
             )
+            span, busy, ops, timeline, _ = profiles[0]
         finally:
             stepper.close()
     w = element_bytes(model)
@@ -246,4 +276,5 @@ def trace_step(
         work,
         tuple(times),
         threads=threads,
+        busy_fractions=tuple(p[1] / p[0] if p[0] > 0 else 0.0 for p in profiles),
     )

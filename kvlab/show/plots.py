@@ -255,15 +255,26 @@ def step_timelines(panels, width: float = 9.0):
 
 
 def useful_batch_figure(
-    points, tpot_target_s: float, capacity: int, useful: int | None, title: str
+    points, tpot_target_s: float, capacity: int, useful: int | None, title: str, predicted=None
 ):
     """Section 9.8, step 4: measured TPOT and tokens/s against batch, the TPOT target, the batches
-    that do not fit (``capacity``, from ``kvlab.theory.roofline.admitted``) and the useful batch.
+    that do not fit (``capacity``, from ``kvlab.theory.roofline.admitted``) and the useful batch;
+    ``predicted`` (seconds per point, optional) draws the model's TPOT over the measurement.
     Returns the figure.
     """
     fig, ax = new_figure(width=7.6, height=3.6)
     b = [p.batch for p in points]
     ax.plot(b, [p.tpot * 1e3 for p in points], "o-", color="C0", label="TPOT, measured")
+    if predicted is not None:
+        ax.plot(
+            b,
+            [t * 1e3 for t in predicted],
+            "-",
+            color="C1",
+            lw=2,
+            alpha=0.7,
+            label="TPOT, roofline with this machine's ceilings",
+        )
     ax.axhline(
         tpot_target_s * 1e3, color="C0", ls=":", label=f"TPOT target {tpot_target_s * 1e3:.3g} ms"
     )

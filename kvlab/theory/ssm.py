@@ -190,6 +190,19 @@ def attention_step_slope(kv_bytes_per_token: float, bandwidth: float, passes: in
     return passes * kv_bytes_per_token / bandwidth
 
 
+def cache_step_slope(
+    kv_bytes_per_token: float, read_bytes_per_s: float, copy_bytes_per_s: float
+) -> float:
+    """Seconds an attention decode step on transformers' ``DynamicCache`` grows per token of
+    context, each pass at the ceiling of its traffic: attention reads each cached token's
+    ``kv_bytes_per_token`` once at the read bandwidth, and ``torch.cat`` reads and writes it again
+    at the copy rate (``copy_bytes_per_s`` counts bytes read plus written): k / R + 2k / C."""
+    k = positive("kv_bytes_per_token", kv_bytes_per_token)
+    return k / positive("read_bytes_per_s", read_bytes_per_s) + 2 * k / positive(
+        "copy_bytes_per_s", copy_bytes_per_s
+    )
+
+
 # A measured slope within this factor of attention_step_slope's follows the three-pass model.
 SLOPE_TOLERANCE = 2.0
 # A fixed state's step counts as flat while its slope stays under this share of the attention slope

@@ -3,15 +3,17 @@
 The Decode and KV Cache chapter, 2026, section 9.8, ends its reasoning path in one of five
 verdicts: the step is lost to overhead between kernels, bound by the weights it reads, by the KV
 cache it reads, by compute, or the request does not fit at all. ``decide`` turns the path's
-measurements (the busy share of a traced step, its share of the copy bandwidth and of the matmul
+measurements (the busy share of a traced step, its share of the read bandwidth and of the matmul
 rate, the KV share of its bytes, the admission check) into that verdict, in the chapter's order,
 with the thresholds named below; ``lever`` names the change the path recommends next.
 ``useful_batch`` is step 4, the largest batch within a service target; ``bandwidth_batch`` and
-``shared_weight_tpot`` are the byte model of batching a step that reads its weights (exercise 1 and
-the batch sweep of notebook 09). The readings of notebook 09 decide with the models here:
+``shared_weight_tpot`` are the byte model of batching a step that reads its weights (exercise 1),
+and ``batch_tpot`` the roofline of the batch sweep of notebook 09, with this machine's read
+bandwidth and its matmul rate at each batch. ``verdicts_within`` lists the verdicts a diagnosis
+reaches within its measurements' spread. The readings of notebook 09 decide with the models here:
 ``compare_loops`` (two loops that run the same forward pass), ``compare_idle`` (a stable loop's
-gaps), ``compare_batch_tpot`` (the batch sweep against the shared-weight model), ``past_ridge`` and
-``exceeds_ceilings``.
+gaps), ``compare_batch_tpot`` and ``sweep_outcome`` (the batch sweep against ``batch_tpot``),
+``past_ridge`` and ``exceeds_ceilings``.
 
 Plain functions of numbers, so that a reader (and a test) can check the arithmetic; the
 measurements themselves are taken by ``kvlab.lab.diagnose``. Pure Python.
@@ -23,14 +25,23 @@ from dataclasses import dataclass
 
 from kvlab._checks import integer, items, one_of, positive, real
 from kvlab.theory import roofline
-from kvlab.theory.agreement import FactorComparison, within_factor
+from kvlab.theory.agreement import (
+    AGREES,
+    CANNOT_TELL,
+    DISAGREES,
+    FLOOR,
+    Comparison,
+    FactorComparison,
+    compare,
+    within_factor,
+)
 from kvlab.theory.work import check_method, step_work
 
 VERDICTS = ("overhead", "weights", "kv", "compute", "capacity")
 # Below this share of the traced step spent inside operators (CPU) or kernels (GPU), the gaps
 # between them (Python, dispatch, launches) are the larger part of the step.
 BUSY_THRESHOLD = 0.5
-# Below this share of both ceilings (copy bandwidth, matmul rate) the step uses neither: its time
+# Below this share of both ceilings (read bandwidth, matmul rate) the step uses neither: its time
 # goes to fixed per-operator costs, even where the profiler counts them as "inside" an operator.
 CEILING_THRESHOLD = 0.05
 # Above this share of the step's bytes, the KV cache (not the weights) is what the step reads.
@@ -93,7 +104,7 @@ def decide(
         real("busy_fraction", busy_fraction, 0, 1),
         real("kv_share", kv_share, 0, 1),
     )
-    # Shares of a calibrated ceiling may pass 1 (a CPU's caches beat its copy bandwidth); never
+    # Shares of a calibrated ceiling may pass 1 (a CPU's caches beat its read bandwidth); never
     # below 0.
     bandwidth_fraction = real("bandwidth_fraction", bandwidth_fraction, 0)
     flops_fraction = real("flops_fraction", flops_fraction, 0)
@@ -103,7 +114,7 @@ def decide(
             f"{type(admitted).__name__} {admitted!r}"
         )
     ceilings = (
-        f"{bandwidth_fraction:.0%} of the copy bandwidth and {flops_fraction:.0%} of the matmul"
+        f"{bandwidth_fraction:.0%} of the read bandwidth and {flops_fraction:.0%} of the matmul"
         " rate"
     )
     if not admitted:
@@ -146,6 +157,43 @@ def decide(
             " the bytes it moves"
         ),
     )
+
+
+def verdicts_within(
+    *,
+    busy_fraction: float,
+    bandwidth_fraction: float,
+    flops_fraction: float,
+    kv_share: float,
+    busy_spread: float = 0.0,
+    fraction_spread: float = 0.0,
+    admitted: "bool | roofline.Admission" = True,
+) -> tuple[str, ...]:
+    """Every verdict ``decide`` reaches while each measured share moves within its band: the busy
+    share by a factor ``1 + max(FLOOR, busy_spread)`` either way, the two ceiling shares each by
+    ``1 + max(FLOOR, fraction_spread)`` (the agreement band of ``kvlab.theory.agreement``). The KV
+    share is arithmetic and does not move. One verdict: the diagnosis is firm. Two or more: the
+    measurement sits on a threshold, and the run cannot tell between them (a second run may land
+    on either side). In the order of ``VERDICTS``."""
+    busy = real("busy_fraction", busy_fraction, 0, 1)
+    bw = real("bandwidth_fraction", bandwidth_fraction, 0)
+    fl = real("flops_fraction", flops_fraction, 0)
+    a = 1 + max(FLOOR, real("busy_spread", busy_spread, 0))
+    f = 1 + max(FLOOR, real("fraction_spread", fraction_spread, 0))
+    found = set()
+    for b in (busy / a, busy, min(1.0, busy * a)):
+        for x in (bw / f, bw * f):
+            for y in (fl / f, fl * f):
+                found.add(
+                    decide(
+                        busy_fraction=b,
+                        bandwidth_fraction=x,
+                        flops_fraction=y,
+                        kv_share=kv_share,
+                        admitted=admitted,
+                    )[0]
+                )
+    return tuple(v for v in VERDICTS if v in found)
 
 
 def lever(verdict: str, method: str) -> str:
@@ -317,13 +365,76 @@ def compare_idle(
     )
 
 
-def compare_batch_tpot(
-    tpot_1: float, batch: int, tpot_b: float, sequence_bytes: float, bandwidth: float
-) -> FactorComparison:
-    """The TPOT measured at ``batch`` against ``shared_weight_tpot``, agreeing within
-    ``BATCH_TOLERANCE``."""
-    predicted = shared_weight_tpot(tpot_1, batch, sequence_bytes, bandwidth)
-    return within_factor(tpot_b, predicted, BATCH_TOLERANCE)
+def batch_tpot(
+    tpot_1: float,
+    batch: int,
+    weight_bytes: float,
+    sequence_bytes: float,
+    sequence_flops: float,
+    bandwidth: float,
+    rate_1: float,
+    rate_b: float,
+) -> float:
+    """TPOT at ``batch`` from the batch-1 TPOT and the roofline with this machine's ceilings:
+    t(b) = t(1) + roof(b) - roof(1) + (b - 1) B_seq / R, with roof(b) = max(P w / R, b F / M(b)).
+
+    ``weight_bytes`` P w are read once per step at the read bandwidth R (``bandwidth``); each
+    sequence adds ``sequence_bytes`` B_seq (its cache read and new token) and ``sequence_flops`` F,
+    done at ``rate_b`` M(b), the matmul rate measured at ``batch`` rows (``rate_1`` at one). What
+    batch 1 paid beyond its roof (dispatch, the operators' fixed costs) is shared by the batch. On a
+    GPU M(b) grows almost in proportion to b up to the ridge and the step stays flat; on a CPU M(b)
+    grows slowly and the products' time sets TPOT from batch 2 or so."""
+    positive("tpot_1", tpot_1)
+    integer("batch", batch, 1)
+    for name, value in (
+        ("weight_bytes", weight_bytes),
+        ("sequence_bytes", sequence_bytes),
+        ("sequence_flops", sequence_flops),
+        ("bandwidth", bandwidth),
+        ("rate_1", rate_1),
+        ("rate_b", rate_b),
+    ):
+        positive(name, value)
+    roof_1 = max(weight_bytes / bandwidth, sequence_flops / rate_1)
+    roof_b = max(weight_bytes / bandwidth, batch * sequence_flops / rate_b)
+    return tpot_1 + roof_b - roof_1 + (batch - 1) * sequence_bytes / bandwidth
+
+
+def batch_tpot_spread(
+    predicted: float,
+    tpot_1: float,
+    spread_1: float,
+    products_s: float,
+    rate_spread: float,
+    measured_spread: float,
+) -> float:
+    """The relative spread behind measured TPOT over ``batch_tpot``'s ``predicted``: the measured
+    step's own ``measured_spread``, plus each uncertain term of the prediction weighted by its share
+    of it: the batch-1 time ``tpot_1`` (``spread_1``) and the products' time ``products_s``, b F /
+    M(b), whose rate was measured with ``rate_spread``. First-order propagation: a term that is a
+    tenth of the prediction adds a tenth of its spread."""
+    positive("predicted", predicted)
+    positive("tpot_1", tpot_1)
+    real("products_s", products_s, 0)
+    spreads = [real(n, v, 0) for n, v in (("spread_1", spread_1), ("rate_spread", rate_spread))]
+    own = real("measured_spread", measured_spread, 0)
+    return own + (tpot_1 * spreads[0] + products_s * spreads[1]) / predicted
+
+
+def compare_batch_tpot(tpot_b: float, predicted: float, spread: float) -> Comparison:
+    """The TPOT measured at a batch against ``batch_tpot``'s prediction, with the relative
+    ``spread`` of the timings behind both (``kvlab.theory.agreement.compare``)."""
+    return compare(tpot_b, predicted, spread)
+
+
+def sweep_outcome(comparisons) -> str:
+    """One outcome for a sweep of comparisons: ``"disagrees"`` when any point disagrees,
+    ``"agrees"`` when every point agrees, else ``"cannot tell"``."""
+    comparisons = items("comparisons", comparisons, Comparison, what="Comparison")
+    outcomes = {c.outcome for c in comparisons}
+    if DISAGREES in outcomes:
+        return DISAGREES
+    return AGREES if outcomes == {AGREES} else CANNOT_TELL
 
 
 def past_ridge(intensity: float, ridge: float) -> bool:

@@ -128,6 +128,13 @@ def test_compare_serving_checks_tokens_and_times_every_contender(model):
         compare_serving(model, prompts, news, contenders=(lab.ENGINE,))
     points = latency_throughput(model, prompts, news, batches=(1, 3), block_size=4)
     assert [p.max_batch for p in points] == [1, 3] and all(p.tokens_per_s > 0 for p in points)
+    assert all(p.read_rate is None and p.spread == 0 for p in points)
+    timed = latency_throughput(
+        model, prompts, news, batches=(2,), block_size=4, reps=2, ceilings=True
+    )
+    assert timed[0].read_rate > 0 and timed[0].matmul_rate > 0 and timed[0].spread >= 0
+    with pytest.raises(ValueError, match="reps must be an int >= 1"):
+        latency_throughput(model, prompts, news, batches=(1,), reps=0)
 
 
 # issue 22's bad calls of this module: (call on the fixture's model, error, a pattern naming the

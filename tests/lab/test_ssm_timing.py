@@ -19,6 +19,11 @@ def test_decode_step_times_runs_attention_and_mamba_models():
     assert all(len(v) == 2 and all(len(t.times) == 2 for t in v) for v in times.values())
     with pytest.raises(ValueError, match="context must be an int >= 1"):
         decode_step_times(models, [0])
+    # Ceilings timed among the steps come back under their names, with their scatter.
+    from kvlab.lab.hardware import read_probe
+
+    probed = decode_step_times(models, [3], warmup=0, reps=2, probes={"read": read_probe(1 << 20)})
+    assert probed["read"].unit == "B/s" and probed["read"].rate > 0 and probed["read"].spread >= 0
 
 
 # name: (call, error, a regex the message must match: the argument's name and what is allowed)

@@ -507,6 +507,9 @@ def test_diagnosis_solutions():
     assert "did not rest on the cache" in ex.diagnosis_gqa(
         16, 2, 520, 0.83, 0.39, 0.4, "overhead", "overhead"
     )
+    # A run that cannot tell names both verdicts; the cache's part is still read from them.
+    torn = ex.diagnosis_gqa(16, 2, 520, 0.83, 0.39, 0.4, "overhead or kv", "overhead or weights")
+    assert "lever worked" in torn and "**overhead or weights** after" in torn
     ridge = 20.0  # intensities 10% past the ridge on each side, through verdict.past_ridge
     agree = folded(ex.diagnosis_naive_ridge(ridge, 4, 40, 39, 72, 1.1 * ridge, "compute"), 3)
     assert "**39**" in agree and "past the ridge point" in agree and "agrees" in agree

@@ -15,7 +15,7 @@ from kvlab.show.readings.diagnosis import (
     reading_workloads,
 )
 from kvlab.theory import roofline, verdict
-from kvlab.theory.agreement import factor_edges
+from kvlab.theory.agreement import edges, factor_edges
 from kvlab.theory.verdict import KV_SHARE_THRESHOLD, BatchPoint, Target, lever
 from kvlab.theory.work import STEP_METHODS, StepWork
 
@@ -97,21 +97,68 @@ def test_reading_timeline_on_both_sides_of_the_stable_loop_model():
     assert "Not less idle, against the model" in not_graphed
 
 
-def test_reading_batch_on_both_sides_of_the_shared_weight_model():
-    seq_bytes, beta = 1e5, 1e10
-    predicted = verdict.shared_weight_tpot(0.010, 4, seq_bytes, beta)
-    low, high = factor_edges(predicted, verdict.BATCH_TOLERANCE)
-    shared = reading_batch(
-        [_point(1, 0.010), _point(4, predicted)], Target(tpot=0.011), 1, 1000, seq_bytes, beta
-    )
-    assert "as the model says" in shared and "useful batch is 1" in shared and "1,000" in shared
-    assert "shared_weight_tpot" in shared and "100.0 kB" in shared
-    grew = reading_batch(
-        [_point(1, 0.010), _point(4, 1.1 * high)], Target(tpot=0.001), None, 5, seq_bytes, beta
-    )
-    assert "grew more than the model allows" in grew and "No measured batch met TPOT" in grew
-    less = reading_batch([_point(1, 0.010), _point(4, 0.9 * low)], Target(), 4, 5, seq_bytes, beta)
-    assert "grew less than even the cache bytes predict" in less and "no latency limit" in less
+def _batch_case(measured_16, spread=0.15):
+    """A sweep of batches 1 and 16 whose batch-16 TPOT is ``measured_16``, with the prediction of
+    ``verdict.batch_tpot`` for weights of 80 MB at 10 GB/s and 40 MFLOP per sequence."""
+    rates = {1: 1e10, 16: 2e10}
+    pred = [0.010, verdict.batch_tpot(0.010, 16, 80e6, 1e5, 40e6, 1e10, 1e10, 2e10)]
+    sweep = [_point(1, 0.010), _point(16, measured_16)]
+    return sweep, pred, [spread, spread], rates
+
+
+def test_reading_batch_on_every_side_of_the_roofline():
+    sweep, pred, spreads, rates = _batch_case(0.0)
+    lo_d, lo_a, hi_a, hi_d = edges(pred[1], spreads[1])
+    args = (pred, spreads, 1e10, rates, 80e6, 40e6)
+
+    sweep[1] = _point(16, pred[1])
+    agrees = reading_batch(sweep, Target(tpot=0.011), 1, 1000, *args)
+    assert "Over the sweep the model agrees" in agrees and "from batch 16 the products" in agrees
+    assert "useful batch is 1" in agrees and "1,000" in agrees and "batch_tpot" in agrees
+    assert "flat region" not in agrees
+    gpu = reading_batch(sweep, Target(), 1, 1000, *args, gpu_ridge=295.4)
+    assert "near batch 295 for bf16" in gpu and "H100 datasheet" in gpu
+
+    sweep[1] = _point(16, 1.1 * hi_d)
+    above = reading_batch(sweep, Target(tpot=0.001), None, 5, *args)
+    assert "the model disagrees: from batch 1 to 16 TPOT grew by" in above
+    assert "No measured batch met TPOT" in above
+    assert "misses a term that grows with the batch" in above
+
+    sweep[1] = _point(16, 0.9 * lo_d)
+    below = reading_batch(sweep, Target(), 16, 5, *args)
+    assert "disagrees: TPOT grew less" in below and "no latency limit" in below
+
+    for inside in ((hi_a * hi_d) ** 0.5, (lo_a * lo_d) ** 0.5):
+        sweep[1] = _point(16, inside)
+        assert "cannot tell" in reading_batch(sweep, Target(), 16, 5, *args)
+    # Just inside the agreement band, on either side.
+    for edge in (0.99 * hi_a, 1.01 * lo_a):
+        sweep[1] = _point(16, edge)
+        assert "model agrees" in reading_batch(sweep, Target(), 16, 5, *args)
+
+
+def test_reading_batch_names_the_point_that_decided_the_sweep():
+    # Batch 2 is further from the model but inside its wide band; batch 16 misses clearly.
+    rates = {1: 1e10, 2: 1e10, 16: 2e10}
+    pred = [0.010] + [
+        verdict.batch_tpot(0.010, b, 80e6, 1e5, 40e6, 1e10, 1e10, rates[b]) for b in (2, 16)
+    ]
+    sweep = [_point(1, 0.010), _point(2, 1.9 * pred[1]), _point(16, 1.5 * pred[2])]
+    text = reading_batch(sweep, Target(), 16, 5, pred, [0.05, 0.9, 0.05], 1e10, rates, 80e6, 40e6)
+    assert "the furthest point, batch 16, is 1.5 times the prediction: above it" in text
+    assert "from batch 1 to 16 TPOT grew" in text
+
+
+def test_reading_diagnosis_says_when_a_run_cannot_tell():
+    firm = dataclasses.replace(_diagnosis("weights"), verdicts=("weights",))
+    text = reading_diagnosis(firm)
+    assert "verdict `weights`." in text and "Next lever" in text and "cannot tell" not in text
+    torn = dataclasses.replace(_diagnosis("weights"), verdicts=("overhead", "weights"))
+    text = reading_diagnosis(torn)
+    assert "`overhead` or `weights` (cannot tell)" in text and "Both levers apply" in text
+    both = reading_workloads({"chat": torn, "rag": _diagnosis("kv")})
+    assert "chat: `overhead` or `weights` (cannot tell)" in both
 
 
 def test_reading_workloads_both_branches():

@@ -10,12 +10,14 @@ from kvlab.lab.engine import CurvePoint, PaddedRun, ServingComparison
 from kvlab.show.readings.engine import (
     burst_reading,
     comparison_reading,
+    curve_predictions,
     curve_reading,
     life_reading,
     number,
     times,
 )
 from kvlab.theory import serving as model
+from kvlab.theory.agreement import edges
 
 
 def test_counts_read_as_words():
@@ -182,37 +184,56 @@ def test_comparison_reading_says_why_nothing_was_served_from_the_cache():
     assert "medians of 3 interleaved rounds" in comparison_reading(three, on_gpu=True)
 
 
-def test_curve_reading_decides_by_the_flat_step_and_pool_models():
-    base = [
-        CurvePoint(1, 20.0, 0.05, 1.0, 0, 0.2),
-        CurvePoint(4, 0.0, 0.057, 3.9, 0, 0.2),
-        CurvePoint(8, 1.0, 0.06, 4.4, 2, 0.2),
+def _curve(last_tokens_per_s, spread=0.15):
+    """Three points: one request at 20 tokens/s, then 3.9 and 4.4 mean requests; weights of 80 MB
+    at 10 GB/s (8 ms) and 40 MFLOP a request at 10 GFLOP/s for one row, 20 GFLOP/s for four."""
+    ceil = dict(read_rate=1e10, matmul_spread=0.0)
+    return [
+        CurvePoint(1, 20.0, 0.05, 1.0, 0, 0.2, spread, matmul_rate=1e10, **ceil),
+        CurvePoint(4, 60.0, 0.057, 3.9, 0, 0.2, spread, matmul_rate=2e10, **ceil),
+        CurvePoint(8, last_tokens_per_s, 0.06, 4.4, 2, 0.2, spread, matmul_rate=2e10, **ceil),
     ]
-    predicted = 4.4 * 20.0  # the best point's mean batch times the one-request rate
 
-    def at(factor):
-        points = [base[0], base[1], CurvePoint(8, factor * predicted, 0.06, 4.4, 2, 0.2)]
-        assert model.flat_step_prediction(points) == pytest.approx(predicted)
+
+def test_curve_reading_decides_by_the_roofline_and_pool_models():
+    sizes = dict(weight_bytes=80e6, sequence_flops=40e6)
+    predicted, spreads = curve_predictions(_curve(1.0), **sizes)
+    # One request: 50 ms a step, of which the weights' 8 ms; 4.4 requests: 50 - 8 + 8.8 ms.
+    assert predicted[2] == pytest.approx(4.4 / (0.050 - 0.008 + 4.4 * 40e6 / 2e10))
+    # The middle point sits on its prediction, so the last point decides.
+    middle = predicted[1]
+
+    def at(last):
+        points = _curve(last)
+        points[1] = dataclasses.replace(points[1], tokens_per_s=middle)
         return points
 
-    tol = model.FLAT_STEP_TOLERANCE
-    text = curve_reading(at(0.9 * tol), capacity=4.5, chosen=4)
+    lo_d, lo_a, hi_a, hi_d = edges(predicted[2], spreads[2])
+    text = curve_reading(at(predicted[2]), capacity=4.5, chosen=4, **sizes)
     assert (
-        "as the model says" in text
+        "Over the curve the model agrees" in text
         and "the pool, not `max_batch`, bounds" in text
         and "preempted twice" in text
     )
-    assert "20% of the tokens admitted came from cached" in text
-    assert "less than the model predicts" in curve_reading(at(0.9 / tol), capacity=4.5, chosen=4)
-    assert "more than the model predicts" in curve_reading(at(1.1 * tol), capacity=4.5, chosen=4)
+    assert "20% of the tokens admitted came from cached" in text and "roofline_throughput" in text
+    assert "disagrees: throughput fell short" in curve_reading(
+        at(0.9 * lo_d), capacity=4.5, chosen=4, **sizes
+    )
+    assert "disagrees: throughput beat it" in curve_reading(
+        at(1.1 * hi_d), capacity=4.5, chosen=4, **sizes
+    )
+    for inside in ((lo_d * lo_a) ** 0.5, (hi_a * hi_d) ** 0.5):
+        assert "cannot tell" in curve_reading(at(inside), capacity=4.5, chosen=4, **sizes)
+    for edge in (1.01 * lo_a, 0.99 * hi_a):
+        assert "model agrees" in curve_reading(at(edge), capacity=4.5, chosen=4, **sizes)
     bound, _ = model.batch_bound(8.0, 8)
     assert bound == "max_batch" and "does not bind" in curve_reading(
-        at(1.0), capacity=8.0, chosen=1
+        at(1.0), capacity=8.0, chosen=1, **sizes
     )
     assert model.batch_bound(8.0 * 0.99, 8)[0] == "pool"
-    flat = [CurvePoint(1, 20.0, 0.05, 1.0, 0, 0.0), CurvePoint(4, 21.0, 0.19, 3.9, 0, 0.0)]
-    assert "no admission hit" in curve_reading(flat, capacity=20.0, chosen=1)
-    assert "was off" in curve_reading(flat, capacity=20.0, chosen=1, prefix_caching=False)
+    flat = [dataclasses.replace(p, prefix_hit_rate=0.0) for p in _curve(21.0)[:2]]
+    assert "no admission hit" in curve_reading(flat, capacity=20.0, chosen=1, **sizes)
+    assert "was off" in curve_reading(flat, capacity=20.0, chosen=1, prefix_caching=False, **sizes)
 
 
 def test_burst_reading_says_whether_the_system_prompt_was_computed_once():

@@ -11,6 +11,7 @@ from kvlab.lab import prefix as lab
 from kvlab.show.readings import prefix_caching as r
 from kvlab.theory import prefix as model
 from kvlab.theory import roofline
+from kvlab.theory.agreement import edges
 from kvlab.theory.shapes import SHAPES
 
 SHAPE, HW = SHAPES["llama-3-8b"], "h100-sxm"
@@ -66,24 +67,30 @@ def test_ttft_decides_by_prefill_flops(factor, verdict):
     assert "With 1,024 tokens cached it took 500 ms against 450 ms predicted (1.1 times)" in text
 
 
+_LO_D, _LO_A, _HI_A, _HI_D = edges(1.0, 0.2)  # the reuse ratio's bands at a 20% spread
+
+
 @pytest.mark.parametrize(
     "saving, reuse, verdicts",
     [
         (
             1.1 * model.TTFT_TOLERANCE,
-            1.1 * model.TTFT_TOLERANCE,
-            ("larger than the FLOPs predict", "copying the whole"),
+            1.1 * _HI_D,
+            ("larger than the FLOPs predict", "copying the whole", "above it"),
         ),
         (
             0.9 * model.TTFT_TOLERANCE,
-            0.9 * model.TTFT_TOLERANCE,
-            ("follows the FLOPs", "follow their FLOPs"),
+            0.99 * _HI_A,
+            ("follows the FLOPs", "follow their FLOPs", "agrees"),
         ),
+        (0.9 * model.TTFT_TOLERANCE, 1.01 * _LO_A, ("follow their FLOPs",)),
         (
             0.9 / model.TTFT_TOLERANCE,
-            0.9 / model.TTFT_TOLERANCE,
+            0.9 * _LO_D,
             ("smaller than the FLOPs predict", "kvlab took longer"),
         ),
+        (1.0, (_HI_A * _HI_D) ** 0.5, ("cannot tell", "above the FLOPs' prediction")),
+        (1.0, (_LO_A * _LO_D) ** 0.5, ("cannot tell", "below the FLOPs' prediction")),
     ],
 )
 def test_chat_decides_by_prefill_flops(saving, reuse, verdicts):
@@ -92,7 +99,7 @@ def test_chat_decides_by_prefill_flops(saving, reuse, verdicts):
     hf_reused = cached * reuse * hf_pred / warm_pred
     text = clean(
         r.chat_reading(
-            120, 16, 4, 0.7, cold, cached, 0.55, hf_reused, cold_pred, warm_pred, hf_pred
+            120, 16, 4, 0.7, cold, cached, 0.55, hf_reused, cold_pred, warm_pred, hf_pred, 0.2
         )
     )
     assert all(v in text for v in verdicts) and "**70%**" in text and "120 tokens" in text

@@ -8,7 +8,7 @@ import pytest
 
 from kvlab.show.readings import ssm_state
 from kvlab.theory import ssm
-from kvlab.theory.agreement import factor_edges
+from kvlab.theory.agreement import edges, factor_edges
 
 
 def no_roles(text):
@@ -64,36 +64,37 @@ def test_scan_reading_on_the_issues_numbers():
     assert "29.7 ms sequential and 38.6 ms parallel" in text
 
 
-def test_ssm_step_reading_both_sides():
-    k, beta = 4096.0, 8e9
-    predicted = ssm.attention_step_slope(k, beta)
-    low, high = factor_edges(predicted, ssm.SLOPE_TOLERANCE)
+def test_ssm_step_reading_on_every_side():
+    k, read, copy = 4096.0, 11e9, 12e9
+    predicted = ssm.cache_step_slope(k, read, copy)
+    assert predicted == pytest.approx(k / read + 2 * k / copy)
+    lo_d, lo_a, hi_a, hi_d = edges(predicted, 0.2)
     flat_edge = ssm.FLAT_SHARE * predicted
     args = dict(
         llama="L",
         mamba="M",
-        s0=256,
+        s0=2048,
         s1=8192,
         llama_t=(0.034, 0.166),
         mamba_t=(0.043, 0.050),
         kv_bytes_per_token=k,
-        bandwidth=beta,
+        read_bytes_per_s=read,
+        copy_bytes_per_s=copy,
+        slope_spread=0.2,
     )
-    near = no_roles(
-        ssm_state.step_reading(slope_llama=predicted, slope_mamba=0.9 * flat_edge, **args)
-    )
-    steep = no_roles(
-        ssm_state.step_reading(slope_llama=1.1 * high, slope_mamba=0.9 * flat_edge, **args)
-    )
-    shallow = no_roles(
-        ssm_state.step_reading(slope_llama=0.9 * low, slope_mamba=-0.9 * flat_edge, **args)
-    )
-    noisy = no_roles(
-        ssm_state.step_reading(slope_llama=predicted, slope_mamba=1.1 * flat_edge, **args)
-    )
-    assert "within a factor of 2" in near and "noise of a shared machine:" in near
-    assert "exceeds the prediction" in steep and "below the prediction" in shallow
-    assert "Rerun the cell" in noisy and "3k/\\beta" in near
+
+    def text(slope, mamba=0.9 * flat_edge):
+        return no_roles(ssm_state.step_reading(slope_llama=slope, slope_mamba=mamba, **args))
+
+    for agree in (predicted, 0.99 * hi_a, 1.01 * lo_a):
+        assert "one read and one copy of the cache" in text(agree)
+    assert "exceeds the two passes" in text(1.1 * hi_d)
+    assert "below the two passes" in text(0.9 * lo_d)
+    for inside in ((hi_a * hi_d) ** 0.5, (lo_a * lo_d) ** 0.5):
+        assert "This run cannot tell" in text(inside)
+    assert "noise of a shared machine." in text(predicted) and "k/R + 2k/C" in text(predicted)
+    assert "as large as the attention growth" in text(predicted, 1.1 * flat_edge)
+    assert "as large as the attention growth" in text(predicted, -1.1 * flat_edge)
 
 
 def test_ssm_recall_both_sides():

@@ -134,12 +134,6 @@ def test_idle_batch_and_parity_models_on_both_sides():
     assert verdict.compare_idle(0.1e-3, 1e-3, 100, 120, graphed=True).outcome == "below"
     tpot = verdict.shared_weight_tpot(0.01, 16, 1e5, 1e10)
     assert tpot == pytest.approx(0.01 + 15 * 1e-5)
-    assert (
-        verdict.compare_batch_tpot(
-            0.01, 16, 1.1 * verdict.BATCH_TOLERANCE * tpot, 1e5, 1e10
-        ).outcome
-        == "above"
-    )
     assert verdict.compare_loops(50.0, 50.0 * 1.1 * verdict.LOOP_TOLERANCE).outcome == "below"
     assert verdict.past_ridge(1.1 * 3.5, 3.5) and not verdict.past_ridge(0.9 * 3.5, 3.5)
     assert verdict.exceeds_ceilings(0.2, 1.1) and not verdict.exceeds_ceilings(0.9, 0.5)
@@ -210,3 +204,75 @@ GOOD = dict(
 def test_decide_refuses_each_bad_argument(field, value, error, match):
     with pytest.raises(error, match=match):
         decide(**dict(GOOD, **{field: value}))
+
+
+def test_batch_tpot_is_the_roofline_anchored_at_batch_one():
+    from kvlab.theory import verdict
+
+    # Weights 80 MB at 10 GB/s: 8 ms. One sequence's 40 MFLOP at 10 GFLOP/s: 4 ms at batch 1,
+    # 16 sequences at 20 GFLOP/s: 32 ms. Batch 1 paid 2 ms beyond its roof.
+    t = verdict.batch_tpot(0.010, 16, 80e6, 1e5, 40e6, 1e10, 1e10, 2e10)
+    assert t == pytest.approx(0.010 + 0.032 - 0.008 + 15 * 1e-5)
+    # Below the ridge the weights' read bounds the step: only the cache term grows.
+    flat = verdict.batch_tpot(0.010, 2, 80e6, 1e5, 4e6, 1e10, 1e10, 2e10)
+    assert flat == pytest.approx(0.010 + 1e-5)
+    with pytest.raises(ValueError, match="rate_b must be a finite number > 0"):
+        verdict.batch_tpot(0.010, 2, 80e6, 1e5, 4e6, 1e10, 1e10, 0.0)
+
+
+def test_batch_tpot_comparison_and_sweep_outcome_on_every_side():
+    from kvlab.theory import verdict
+    from kvlab.theory.agreement import edges
+
+    pred, spread = 0.020, 0.15
+    lo_d, lo_a, hi_a, hi_d = edges(pred, spread)
+    agree = verdict.compare_batch_tpot(0.99 * hi_a, pred, spread)
+    tell = verdict.compare_batch_tpot((hi_a * hi_d) ** 0.5, pred, spread)
+    above = verdict.compare_batch_tpot(1.1 * hi_d, pred, spread)
+    below = verdict.compare_batch_tpot(0.9 * lo_d, pred, spread)
+    assert (agree.outcome, tell.outcome, above.outcome, below.outcome) == (
+        "agrees",
+        "cannot tell",
+        "disagrees",
+        "disagrees",
+    )
+    assert verdict.compare_batch_tpot(1.01 * lo_a, pred, spread).outcome == "agrees"
+    assert verdict.sweep_outcome([agree, agree]) == "agrees"
+    assert verdict.sweep_outcome([agree, tell]) == "cannot tell"
+    assert verdict.sweep_outcome([tell, above, agree]) == "disagrees"
+    with pytest.raises(TypeError, match="comparisons"):
+        verdict.sweep_outcome([0.5])
+
+
+def test_verdicts_within_names_both_sides_of_a_threshold():
+    from kvlab.theory import verdict
+
+    common = dict(bandwidth_fraction=0.4, flops_fraction=0.05, kv_share=0.2)
+    t = verdict.BUSY_THRESHOLD
+    # Well above the busy threshold: one verdict; well below: one; on it: both.
+    assert verdict.verdicts_within(busy_fraction=1.3 * t, **common) == ("weights",)
+    assert verdict.verdicts_within(busy_fraction=0.7 * t, **common) == ("overhead",)
+    assert verdict.verdicts_within(busy_fraction=1.05 * t, **common) == ("overhead", "weights")
+    # A wider measured spread widens the band past the floor.
+    assert verdict.verdicts_within(busy_fraction=1.3 * t, busy_spread=0.4, **common) == (
+        "overhead",
+        "weights",
+    )
+    # The ceiling shares move too: a step near both ceilings alike cannot tell compute from weights.
+    near = dict(busy_fraction=0.9, bandwidth_fraction=0.3, flops_fraction=0.31, kv_share=0.2)
+    assert verdict.verdicts_within(**near) == ("weights", "compute")
+    # The verdict decide gives is always among them.
+    for busy in (0.3, 0.48, 0.52, 0.8):
+        v, _ = verdict.decide(busy_fraction=busy, **common)
+        assert v in verdict.verdicts_within(busy_fraction=busy, **common)
+
+
+def test_batch_tpot_spread_weights_each_term_by_its_share():
+    from kvlab.theory import verdict
+
+    # A prediction of 40 ms: 10 ms of batch 1 at 20%, 30 ms of products at 10%, measured at 5%.
+    assert verdict.batch_tpot_spread(0.040, 0.010, 0.2, 0.030, 0.1, 0.05) == pytest.approx(
+        0.05 + (0.010 * 0.2 + 0.030 * 0.1) / 0.040
+    )
+    with pytest.raises(ValueError, match="rate_spread"):
+        verdict.batch_tpot_spread(0.040, 0.010, 0.2, 0.030, -0.1, 0.05)

@@ -3,16 +3,18 @@
 Each function takes what :mod:`kvlab.lab.diagnose` measured and returns the paragraph printed under
 the result. Every sentence that depends on the outcome has all its branches written, and takes its
 decision from a model in :mod:`kvlab.theory.verdict` (``compare_loops``, ``compare_idle``,
-``compare_batch_tpot``, ``exceeds_ceilings``), which the reading names with its formula.
+``compare_batch_tpot`` with ``sweep_outcome``, ``exceeds_ceilings``), which the reading names with
+its formula.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from kvlab.show.format import si
 from kvlab.theory import verdict as model
-from kvlab.theory.agreement import ABOVE, BELOW
+from kvlab.theory.agreement import ABOVE, AGREES, BELOW, DISAGREES
 
 if TYPE_CHECKING:  # annotations only: a reading imports no torch
     from kvlab.lab.diagnose import Diagnosis
@@ -24,20 +26,38 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
 
+def verdict_label(d: Diagnosis) -> str:
+    """A diagnosis's verdict as the readings print it: ```weights``` when it is firm,
+    ```overhead` or `weights` (cannot tell)`` when its measurements sit on a threshold."""
+    if d.firm:
+        return f"`{d.verdict}`"
+    return " or ".join(f"`{v}`" for v in d.verdicts) + " (cannot tell)"
+
+
 def reading_diagnosis(d: Diagnosis) -> str:
-    """The verdict of one diagnosis, the measurements it rests on, and the lever."""
+    """The verdict of one diagnosis, the measurements it rests on, and the lever; when the
+    measurements sit on a threshold (``Diagnosis.firm`` is False), the verdicts they reach."""
     threads = (
         f", on {d.threads} CPU thread{'s' * (d.threads != 1)} (set for the measurement)"
         if d.threads is not None
         else ""
     )
     text = (
-        f"**{d.method} loop: verdict `{d.verdict}`.** Traced at {d.context} cached tokens and batch"
-        f" {d.batch}{threads}, one step took {_ms(d.trace.step_s)} and moved bytes at"
-        f" {d.bandwidth_fraction:.0%} of this machine's copy bandwidth and FLOPs at"
-        f" {d.flops_fraction:.0%} of its matmul rate. The verdict rests on this: {d.because}. Next"
-        f" lever: {d.lever}."
+        f"**{d.method} loop: verdict {verdict_label(d)}.** Traced at {d.context} cached tokens and"
+        f" batch {d.batch}{threads}, one step took {_ms(d.trace.step_s)} and moved bytes at"
+        f" {d.bandwidth_fraction:.0%} of this machine's read bandwidth and FLOPs at"
+        f" {d.flops_fraction:.0%} of its matmul rate. "
     )
+    if d.firm:
+        text += f"The verdict rests on this: {d.because}. Next lever: {d.lever}."
+    else:
+        text += (
+            f"This run's measurements fall on `{d.verdict}` ({d.because}), but within their"
+            f" spread (busy share {d.trace.busy_fraction:.0%}, its traces"
+            f" {d.trace.busy_spread:.0%} apart) they reach"
+            f" {' and '.join(f'`{v}`' for v in d.verdicts)} too: the step sits on a threshold of"
+            " the path, and another run may land on the other side. Both levers apply."
+        )
     if model.exceeds_ceilings(d.bandwidth_fraction, d.flops_fraction):
         text += (
             " A fraction above 100% means the step beat a ceiling that `kvlab.calibrate()` measured"
@@ -55,7 +75,7 @@ def reading_methods(
 
     Both run the same cached forward pass, so the model is parity
     (``kvlab.theory.verdict.compare_loops``, within ``LOOP_TOLERANCE``)."""
-    verdicts = ", ".join(f"{m} `{d.verdict}`" for m, d in diagnoses.items())
+    verdicts = ", ".join(f"{m} {verdict_label(d)}" for m, d in diagnoses.items())
     head = f"The four loops' verdicts on this machine: {verdicts}. "
     c = model.compare_loops(best_tokens_per_s, generate_tokens_per_s)
     numbers = (
@@ -156,42 +176,86 @@ def reading_batch(
     target: Target,
     useful: int | None,
     capacity: int,
-    sequence_bytes: float,
+    predicted,
+    spreads,
     bandwidth: float,
+    rates: dict,
+    weight_bytes: float,
+    sequence_flops: float,
+    gpu_ridge: float | None = None,
 ) -> str:
-    """Step 4: what batching bought, against the shared-weight model
-    (``kvlab.theory.verdict.shared_weight_tpot``), and the useful batch under the target.
-
-    ``sequence_bytes``: what one more sequence adds to a step (its cache read and its new token);
-    ``bandwidth``: the calibrated copy bandwidth."""
+    """Step 4: TPOT across the batch sweep against the roofline with this machine's ceilings
+    (``kvlab.theory.verdict.batch_tpot``: ``predicted`` per point, with the relative ``spreads`` of
+    the timings behind each), decided over the sweep by ``sweep_outcome``; then the useful batch
+    under the target. ``bandwidth``: the read bandwidth measured beside the steps; ``rates``: batch
+    to the matmul rate measured beside it; ``weight_bytes`` and ``sequence_flops``: the step's
+    weight bytes and one sequence's FLOPs."""
     first, last = sweep[0], sweep[-1]
-    gain = last.tokens_per_s / first.tokens_per_s
-    c = model.compare_batch_tpot(first.tpot, last.batch, last.tpot, sequence_bytes, bandwidth)
-    head = (
-        f"From batch {first.batch} to {last.batch}, tokens per second rose {gain:.1f} times while"
-        f" TPOT rose {last.tpot / first.tpot:.1f} times. The shared-weight model"
-        " (`kvlab.theory.verdict.shared_weight_tpot`: $t(b) = t(1) + (b -"
-        " 1)\\,B_\\text{seq}/\\beta$, everything batch 1 paid shared by the batch, each further"
-        f" sequence adding its own $B_\\text{{seq}}$ = {sequence_bytes / 1e3:,.1f} kB of cache at"
-        f" copy bandwidth) predicts a TPOT of {_ms(c.predicted)} at batch {last.batch}; measured,"
-        f" {_ms(last.tpot)}, {c.describe()}. "
+    checks = [
+        model.compare_batch_tpot(p.tpot, pred, spread)
+        for p, pred, spread in zip(sweep, predicted, spreads)
+    ]
+    outcome = model.sweep_outcome(checks[1:]) if len(checks) > 1 else AGREES
+    # The point the reading names: the furthest of those that decided the sweep's outcome.
+    deciding = [i for i in range(1, len(checks)) if checks[i].outcome == outcome] or [0]
+    worst_i = max(deciding, key=lambda i: abs(math.log(checks[i].ratio)))
+    worst, worst_b = checks[worst_i], sweep[worst_i].batch
+    # The batch from which the products, at this machine's rate, outlast the weights' read.
+    leaves = next(
+        (
+            p.batch
+            for p in sweep
+            if p.batch * sequence_flops / rates[p.batch] > weight_bytes / bandwidth
+        ),
+        None,
     )
-    if c.agrees:
-        head += (
-            "Batching shared the weight reads as the model says: a bigger batch is cheaper per"
-            " token. "
+    head = (
+        f"From batch {first.batch} to {last.batch}, tokens per second rose"
+        f" {last.tokens_per_s / first.tokens_per_s:.1f} times while TPOT rose"
+        f" {last.tpot / first.tpot:.1f} times. The roofline with this machine's ceilings, measured"
+        f" beside each step (read bandwidth {si(bandwidth, 'B/s')}; matmul rate"
+        f" {si(rates[first.batch], 'FLOP/s')} at {first.batch} row and"
+        f" {si(rates[last.batch], 'FLOP/s')} at {last.batch}), predicts TPOT from batch"
+        f" {first.batch}'s (`kvlab.theory.verdict.batch_tpot`): {_ms(predicted[-1])} at batch"
+        f" {last.batch} against {_ms(last.tpot)} measured; the furthest point, batch {worst_b}, is"
+        f" {worst.describe()} (the spread of the timings behind it: {worst.spread:.0%}). "
+    )
+    if outcome == AGREES:
+        head += "Over the sweep the model agrees. Batching is not free here: " + (
+            f"from batch {leaves} the products of the batch's rows take longer than reading the"
+            " weights, because this CPU multiplies a few rows at a small fraction of its"
+            " large-product rate, so its ridge sits near batch 1. "
+            if leaves is not None
+            else "the weights' read still bounds every step of the sweep. "
         )
-    elif c.outcome == ABOVE:
+    elif outcome == DISAGREES and worst.side == ABOVE:
         head += (
-            "TPOT grew more than the model allows: something besides the cache bytes grows with the"
-            " batch. On a CPU that is the matrix products themselves, whose time grows with the"
-            " rows they multiply once the step leaves the weight-read floor, and each sequence's"
-            " attention and activations. Batching still paid wherever tokens per second rose. "
+            f"Over the sweep the model disagrees: from batch {first.batch} to {worst_b} TPOT grew"
+            f" by {si(sweep[worst_i].tpot - first.tpot, 's')}, the roofline's products and cache"
+            f" reads by {si(predicted[worst_i] - first.tpot, 's')}. The model misses a term that"
+            " grows with the batch. Two candidates, neither in it: on this CPU's one thread the"
+            " weights' read and the products' arithmetic may add rather than overlap (the roofline"
+            " takes the larger of the two), and each sequence brings its own attention, norms,"
+            " cache append and logits, which no matmul probe times. "
+        )
+    elif outcome == DISAGREES:
+        head += (
+            "Over the sweep the model disagrees: TPOT grew less than the roofline predicts. The"
+            " products inside the step ran faster than the probe's rate at that width (the"
+            " model's projections have other shapes than the probe's), or batch 1 itself was"
+            " slowed, which raises every prediction. "
         )
     else:
         head += (
-            "TPOT grew less than even the cache bytes predict: the batch-1 step was slowed by other"
-            " work on this machine, or the added cache was read from the CPU's caches. "
+            f"Over the sweep this run cannot tell: a point sits {worst.side} the model, further"
+            " than its spread explains but not far enough to call it a miss. "
+        )
+    if gpu_ridge is not None:
+        head += (
+            "This CPU cannot show the flat region that batching is known for: its ridge sits near"
+            " batch 1. The same roofline with the H100 SXM's datasheet figures ([NVIDIA H100"
+            f" datasheet](../book/references.md)) puts the ridge near batch {gpu_ridge:,.0f} for"
+            " bf16 weights, below which a step's time barely grows with the batch. "
         )
     limits = (
         " and ".join(
@@ -216,8 +280,8 @@ def reading_batch(
 
 def reading_workloads(diagnoses: dict) -> str:
     """The three workloads side by side: whether they end in different verdicts and levers."""
-    parts = [f"{name}: `{d.verdict}` ({d.because})" for name, d in diagnoses.items()]
-    verdicts = {d.verdict for d in diagnoses.values()}
+    parts = [f"{name}: {verdict_label(d)} ({d.because})" for name, d in diagnoses.items()]
+    verdicts = {d.verdicts if not d.firm else d.verdict for d in diagnoses.values()}
     if len(verdicts) == len(diagnoses):
         tail = (
             "Each workload ended in a different verdict on the same model, so each needs a"
@@ -240,14 +304,15 @@ def reading_real_model(
     ``kvlab.theory.verdict.decide``, and why they agree or differ (a step's work depends on the
     shape, not on what the weights learned)."""
     text = (
-        f"**{real_name}, cached loop: verdict `{real_d.verdict}`** ({real_d.because}). Traced at"
-        f" {real_d.context} cached tokens, one step took {_ms(real_d.trace.step_s)} and read"
+        f"**{real_name}, cached loop: verdict {verdict_label(real_d)}** ({real_d.because})."
+        f" Traced at {real_d.context} cached tokens, one step took {_ms(real_d.trace.step_s)} and"
+        " read"
         f" {si(real_d.trace.work.weights_read, 'B')} of weights. Beside it, the random-weight"
-        f" {random_name} of the four loops above: verdict `{random_d.verdict}`,"
+        f" {random_name} of the four loops above: verdict {verdict_label(random_d)},"
         f" {_ms(random_d.trace.step_s)} a step for {si(random_d.trace.work.weights_read, 'B')} of"
         " weights. "
     )
-    if real_d.verdict == random_d.verdict:
+    if verdict_label(real_d) == verdict_label(random_d):
         return (
             text
             + "The two models share the verdict. It rests on the bytes and FLOPs of a step, which"
@@ -261,7 +326,7 @@ def reading_real_model(
         + "The verdicts differ, and not because one model is trained: a step's work depends only"
         " on the shape, and the shapes differ. The pretrained step was busy for"
         f" {real_d.trace.busy_fraction:.0%} of its trace at {real_d.bandwidth_fraction:.0%} of"
-        f" the copy bandwidth, with {real_d.trace.work.kv_share:.0%} of its bytes in the cache,"
+        f" the read bandwidth, with {real_d.trace.work.kv_share:.0%} of its bytes in the cache,"
         f" against {random_d.trace.busy_fraction:.0%}, {random_d.bandwidth_fraction:.0%} and"
         f" {random_d.trace.work.kv_share:.0%} for the random one: those are what `decide`"
         " compared."

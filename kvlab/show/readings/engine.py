@@ -2,24 +2,26 @@
 
 Each sentence that decides between outcomes takes the decision from the model that predicts it:
 two cost models of a step (:func:`kvlab.theory.serving.work_ratio`, judged by
-:func:`kvlab.theory.serving.speedup_verdict`), the flat-step model of the latency-throughput curve
-(:func:`kvlab.theory.serving.flat_step_prediction`) and the pool model of what bounds the batch
+:func:`kvlab.theory.serving.speedup_verdict`), the roofline of the latency-throughput curve with
+this machine's ceilings (:func:`kvlab.theory.serving.roofline_throughput`, judged by
+:func:`kvlab.theory.serving.curve_agreement`) and the pool model of what bounds the batch
 (:func:`kvlab.theory.serving.batch_bound`).
 """
 
 from __future__ import annotations
 
 from kvlab.show.format import si
-from kvlab.theory.agreement import within_factor
+from kvlab.theory.agreement import AGREES, DISAGREES
 from kvlab.theory.serving import (
     CB,
     CB_NO_SHARING,
     ENGINE,
     ENGINE_NO_CACHE,
-    FLAT_STEP_TOLERANCE,
     GENERATE,
     batch_bound,
-    flat_step_prediction,
+    curve_agreement,
+    roofline_throughput,
+    roofline_throughput_spread,
     speedup_verdict,
     work_ratio,
 )
@@ -228,40 +230,98 @@ def comparison_reading(result, on_gpu: bool) -> str:
     return "\n\n".join(parts)
 
 
-def curve_reading(points, capacity: float, chosen: int, prefix_caching: bool = True) -> str:
+def curve_predictions(points, weight_bytes: float, sequence_flops: float):
+    """The roofline's tokens per second at each point's mean batch
+    (:func:`kvlab.theory.serving.roofline_throughput`, anchored at the first point's rate per
+    request and its matmul rate) and the relative spread behind each comparison."""
+    first = points[0]
+    rate_1 = first.tokens_per_s / first.mean_batch
+    predicted, spreads = [], []
+    for p in points:
+        t = roofline_throughput(
+            rate_1,
+            p.mean_batch,
+            weight_bytes,
+            sequence_flops,
+            p.read_rate,
+            first.matmul_rate,
+            p.matmul_rate,
+        )
+        predicted.append(t)
+        spreads.append(
+            roofline_throughput_spread(
+                t,
+                p.mean_batch,
+                rate_1,
+                first.spread,
+                sequence_flops,
+                p.matmul_rate,
+                p.matmul_spread,
+                p.spread,
+            )
+        )
+    return predicted, spreads
+
+
+def curve_reading(
+    points,
+    capacity: float,
+    chosen: int,
+    prefix_caching: bool = True,
+    weight_bytes: float = 1.0,
+    sequence_flops: float = 1.0,
+) -> str:
     """The latency-throughput curve. ``points``: :class:`kvlab.lab.engine.CurvePoint` in
-    ``max_batch`` order; ``capacity``: mean requests the pool holds at once; ``chosen``: the
-    slider's ``max_batch``."""
-    first, best = points[0], max(points, key=lambda p: p.tokens_per_s)
+    ``max_batch`` order, measured with their ceilings; ``capacity``: mean requests the pool holds
+    at once; ``chosen``: the slider's ``max_batch``; ``weight_bytes`` and ``sequence_flops``: a
+    step's weight bytes and one request's FLOPs, for the roofline
+    (:func:`kvlab.theory.serving.roofline_throughput`)."""
+    first = points[0]
     here = next(p for p in points if p.max_batch == chosen)
     text = [
         f"At `max_batch` {chosen} the engine made {here.tokens_per_s:.0f} tokens/s at"
         f" {si(here.mean_tpot_s, 's')} per output token, running {here.mean_batch:.1f} requests per"
         " step on average."
     ]
-    predicted = flat_step_prediction(points)
-    verdict = within_factor(best.tokens_per_s, predicted, FLAT_STEP_TOLERANCE).outcome
+    predicted, spreads = curve_predictions(points, weight_bytes, sequence_flops)
+    outcome, checks = curve_agreement([p.tokens_per_s for p in points], predicted, spreads)
+    # The point the reading names: the furthest of those that decided the curve's outcome.
+    deciding = [i for i in range(1, len(points)) if checks[i].outcome == outcome] or [0]
+    worst = max(deciding, key=lambda i: abs(checks[i].ratio - 1))
+    w = points[worst]
+    flat = w.mean_batch * first.tokens_per_s / first.mean_batch
     text.append(
-        "The flat-step model (a step costs the same whatever the batch, so throughput is the mean"
-        f" batch times the rate of one request, {first.tokens_per_s / first.mean_batch:.0f}"
-        f" tokens/s) predicts {predicted:.0f} tokens/s at `max_batch` {best.max_batch}, where the"
-        f" engine ran {best.mean_batch:.1f} requests per step; it made {best.tokens_per_s:.0f}."
+        "The roofline with this machine's ceilings (`kvlab.theory.serving.roofline_throughput`:"
+        " the weights read at the read bandwidth, each request's products at the matmul rate"
+        " measured at the running batch's rows, anchored at `max_batch` 1) predicts"
+        f" {predicted[worst]:.0f} tokens/s at `max_batch` {w.max_batch}, where the engine ran"
+        f" {w.mean_batch:.1f} requests per step and made {w.tokens_per_s:.0f}:"
+        f" {checks[worst].describe()} (the spread behind it: {checks[worst].spread:.0%}). A step"
+        f" that cost the same whatever the batch would have made {flat:.0f}."
     )
-    if verdict == "within":
+    if outcome == AGREES:
         text.append(
-            "Throughput grew with the batch as the model says: the weights read once per step still"
-            " set the cost of a step."
+            "Over the curve the model agrees: on this CPU the products of a few rows run far below"
+            " the large-product rate, so a fuller step costs more and throughput grows more slowly"
+            " than the batch. On a GPU the matmul rate grows with the rows up to a ridge of"
+            " hundreds of requests, and the same model gives the flat step."
         )
-    elif verdict == "below":
+    elif outcome == DISAGREES and checks[worst].side == "below":
         text.append(
-            "That is less than the model predicts: steps grew with the batch, because prefill"
-            " chunks ride along in the decode steps and, on a CPU, the per-token work of a small"
-            " model is not small next to reading its weights."
+            "Over the curve the model disagrees: throughput fell short of it. The term it misses"
+            " grows with the batch outside the products the probe times: prefill chunks riding in"
+            " the decode steps, and each request's attention and scheduling."
+        )
+    elif outcome == DISAGREES:
+        text.append(
+            "Over the curve the model disagrees: throughput beat it. The `max_batch` 1 run, which"
+            " anchors every prediction, carried costs a fuller step shares out (its prefills ran"
+            " alone), or was slowed by other work on this machine."
         )
     else:
         text.append(
-            "That is more than the model predicts: the one-request rate carries fixed per-step"
-            " costs that a fuller step shares out."
+            "Over the curve this run cannot tell: a point sits further from the model than its"
+            " spread explains, but not far enough to call it a miss."
         )
     bound, limit = batch_bound(capacity, points[-1].max_batch)
     widest = max(p.mean_batch for p in points)

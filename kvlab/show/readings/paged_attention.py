@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvlab.lab.timing import compare_timings
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
-from kvlab.theory.agreement import within_factor
+from kvlab.theory.agreement import ABOVE, AGREES, DISAGREES, compare, within_factor
 from kvlab.theory.paging import gather_overhead_s, paging_saves
 
 GEMV = "[GEMV-like behaviour in decode](03_gemv.ipynb)"
@@ -97,10 +97,14 @@ def waste_reading(
     return " ".join(text)
 
 
-def attention_reading(context: int, timing, copy_bytes_per_s: float) -> str:
+def attention_reading(
+    context: int, timing, copy_bytes_per_s: float, gap_spread: float = 0.0
+) -> str:
     """Paged against contiguous decode attention at the longest context (``timing``: an
     ``AttentionTiming``); the verdict is ``kvlab.lab.timing.compare_timings`` on the two timings'
-    repeats."""
+    repeats. On the gather path the gap between the fastest repeats is compared with
+    ``gather_overhead_s`` (``kvlab.theory.agreement.compare``, band ``gap_spread``: the gap's
+    relative scatter from one run to the next)."""
     c = compare_timings(timing.contiguous, timing.paged)  # ratio: paged time / contiguous time
     text = (
         f"At a context of {context:,} tokens the paged path ({timing.path}) read the cache at"
@@ -112,16 +116,39 @@ def attention_reading(context: int, timing, copy_bytes_per_s: float) -> str:
     if c.outcome == "faster":
         if timing.path == "gather":
             extra = gather_overhead_s(timing.kv_bytes, copy_bytes_per_s)
-            gap = timing.paged.median - timing.contiguous.median
-            return (
-                text
-                + " On a CPU the gap is the gather: before attending, the paged path copies the"
+            gap = timing.paged.min - timing.contiguous.min
+            g = compare(gap, extra, gap_spread)
+            text += (
+                " On a CPU the paged path gathers before it attends: it copies the"
                 f" {si(timing.kv_bytes, 'B')} of keys and values out of their blocks and zeroes"
-                f" the slots past each sequence's end, two passes that take {si(extra, 's')} at"
-                " the copy bandwidth (`gather_overhead_s`), against a measured gap of"
-                f" {si(gap, 's')}. A fused kernel reads each block in place, which is the point"
-                " of writing one; whether kvlab's reaches the copy bandwidth is a GPU"
-                " measurement."
+                " the slots past each sequence's end, two passes that would take"
+                f" {si(extra, 's')} at the copy bandwidth (`gather_overhead_s`). The measured gap"
+                f" (fastest repeats) is {si(gap, 's')}, {g.describe()}."
+            )
+            if g.outcome == AGREES:
+                return text + (
+                    " The gather's two passes are the gap. A fused kernel reads each block in"
+                    " place, which is the point of writing one; whether kvlab's reaches the copy"
+                    " bandwidth is a GPU measurement."
+                )
+            if g.outcome == DISAGREES and g.side == ABOVE:
+                return text + (
+                    " The model misses what the passes cost beyond their bytes: the gather is an"
+                    " advanced index (`k_cache[index]`), which PyTorch's CPU path moves element by"
+                    " element, several times slower than a copy of the same bytes (an"
+                    " `index_select` over whole blocks runs near the copy rate); the zeroing is a"
+                    " `masked_fill_`, and SDPA then reads the gathered keys through a transposed,"
+                    " strided view. None of that is reading the cache, and a fused kernel does"
+                    " none of it."
+                )
+            if g.outcome == DISAGREES:
+                return text + (
+                    " The gap is smaller than the two passes predict: part of the gathered cache"
+                    " stayed in the CPU's caches, which a copy of this size mostly does not."
+                )
+            return text + (
+                f" This run cannot tell: the gap sits {g.side} the two passes by more than its"
+                " spread, not by enough to call the model wrong."
             )
         return (
             text + " The kernel reads blocks in place, so the gap is the kernel's own efficiency: "

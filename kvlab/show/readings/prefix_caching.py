@@ -14,8 +14,8 @@ from __future__ import annotations
 from kvlab.cache.blocks import reusable_tokens
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
-from kvlab.theory.agreement import within_factor
-from kvlab.theory.prefix import TTFT_TOLERANCE, decode_steps_agree, policy_winner, ttft_saving
+from kvlab.theory.agreement import ABOVE, AGREES, DISAGREES, compare
+from kvlab.theory.prefix import decode_steps_agree, policy_winner, ttft_saving
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
 PAGED = "[PagedAttention](05_paged_attention.ipynb)"
@@ -75,11 +75,14 @@ def chat_reading(
     pred_cold_s: float,
     pred_cached_s: float,
     pred_hf_reused_s: float,
+    reuse_spread: float = 0.0,
 ) -> str:
     """The real chat prompts: kvlab's prefix cache against computing everything and against
     transformers' copied prefix cache. Times are mean time to first token per question (medians over
     rounds); the predictions are prefill FLOPs at the calibrated matmul rate
-    (``roofline.prefill_time``)."""
+    (``roofline.prefill_time``). ``reuse_spread``: the relative spread of transformers' time over
+    kvlab's from one interleaved round to the next, the band of the three-outcome comparison of
+    that ratio with its FLOPs (``kvlab.theory.agreement.compare``)."""
     saving = ttft_saving(cold_s, cached_s, pred_cold_s, pred_cached_s)
     text = [
         f"{questions} questions behind one system prompt of {system_tokens:,} tokens: the cache"
@@ -110,20 +113,26 @@ def chat_reading(
         " time. It computes slightly fewer tokens, since it caches the prefix token by token and"
         f" kvlab only in whole blocks of {block_size}, so the FLOPs predict {predicted:.2f} times."
     )
-    verdict = within_factor(measured, predicted, TTFT_TOLERANCE).outcome
-    if verdict == "within":
+    c = compare(measured, predicted, reuse_spread)
+    text.append(f"Measured: {c.describe()} (its rounds {reuse_spread:.0%} apart).")
+    if c.outcome == AGREES:
         text.append("The two follow their FLOPs: a prefix cache saves the same work either way.")
-    elif verdict == "above":
+    elif c.outcome == DISAGREES and c.side == ABOVE:
         text.append(
             "transformers took longer than its FLOPs predict: copying the whole prefix cache for"
             " every request (a deep copy of every layer's K and V) and `generate`'s own setup are"
-            " paid per request, while kvlab's blocks are shared in place."
+            " paid per request, while kvlab's blocks are shared in place; neither is in the FLOPs."
         )
-    else:
+    elif c.outcome == DISAGREES:
         text.append(
             "kvlab took longer than the FLOPs predict against transformers: its step builds the "
             "paged metadata and gathers the cached blocks for attention, work a contiguous cache "
             "does not do, and on a short suffix that shows."
+        )
+    else:
+        text.append(
+            f"This run cannot tell: the ratio sits {c.side} the FLOPs' prediction by more than its"
+            " rounds' spread, not by enough to call it a miss."
         )
     return " ".join(text)
 

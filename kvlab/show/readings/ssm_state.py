@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kvlab.show.format import si
 from kvlab.theory import ssm
-from kvlab.theory.agreement import ABOVE, within_factor
+from kvlab.theory.agreement import ABOVE, AGREES, DISAGREES, compare, within_factor
 
 COST_MODEL = (
     r"$t = \tau\cdot\text{rounds} + \gamma\cdot\text{compositions}\cdot E$ "
@@ -106,18 +106,25 @@ def step_reading(
     slope_llama: float,
     slope_mamba: float,
     kv_bytes_per_token: float,
-    bandwidth: float,
+    read_bytes_per_s: float,
+    copy_bytes_per_s: float,
+    slope_spread: float,
 ) -> str:
-    """Decode step time against context: the attention slope against ``ssm.attention_step_slope``
-    (three passes over each cached token's ``kv_bytes_per_token`` at ``bandwidth``), and Mamba's."""
-    predicted = ssm.attention_step_slope(kv_bytes_per_token, bandwidth)
-    c = within_factor(slope_llama, predicted, ssm.SLOPE_TOLERANCE)
+    """Decode step time against context: the attention slope, fitted over contexts ``s0`` to ``s1``,
+    against ``ssm.cache_step_slope`` (one read pass at ``read_bytes_per_s``, the append's copy at
+    ``copy_bytes_per_s``, both timed among the steps), decided by
+    ``kvlab.theory.agreement.compare`` with ``slope_spread``; and Mamba's slope against flat."""
+    predicted = ssm.cache_step_slope(kv_bytes_per_token, read_bytes_per_s, copy_bytes_per_s)
+    c = compare(slope_llama, predicted, slope_spread)
     text = [
         f"From {s0:,} to {s1:,} tokens of context, the {llama} step went from {si(llama_t[0], 's')}"
         f" to **{si(llama_t[1], 's')}**, a fitted slope of {si(slope_llama, 's')} per token of"
-        " context. The three-pass model (`kvlab.theory.ssm.attention_step_slope`: $3k/\\beta$,"
-        f" with $k$ = {si(kv_bytes_per_token, 'B')} per token and $\\beta$ ="
-        f" {si(bandwidth, 'B/s')}) predicts {si(predicted, 's')}: the slope is {c.describe()}. The"
+        " context. The model (`kvlab.theory.ssm.cache_step_slope`: $k/R + 2k/C$, one read of the"
+        f" cache and the append's copy, with $k$ = {si(kv_bytes_per_token, 'B')} per token, the"
+        f" read bandwidth $R$ = {si(read_bytes_per_s, 'B/s')} and the copy rate $C$ ="
+        f" {si(copy_bytes_per_s, 'B/s')} of bytes read plus written, timed among the steps)"
+        " predicts"
+        f" {si(predicted, 's')}: the slope is {c.describe()} (its spread {slope_spread:.0%}). The"
         f" {mamba} step went from {si(mamba_t[0], 's')} to **{si(mamba_t[1], 's')}**, a slope of"
         f" {si(slope_mamba, 's')} per token."
     ]
@@ -125,34 +132,37 @@ def step_reading(
         text.append(
             "Its state has the same size at every context, so the model predicts no slope; what"
             f" remains is under {ssm.FLAT_SHARE:.0%} of the attention slope predicted"
-            " (`ssm.is_flat`), the noise of a shared machine: the error bars span the fastest and"
-            " slowest of the repeats."
+            " (`ssm.is_flat`), the noise of a shared machine."
         )
     else:
         text.append(
             "Its state has the same size at every context, so the model predicts no slope; here it"
-            f" is more than {ssm.FLAT_SHARE:.0%} of the attention slope predicted (`ssm.is_flat`),"
-            " which means the noise of a shared machine was as large as the attention growth in"
-            " this run. Rerun the cell."
+            f" is more than {ssm.FLAT_SHARE:.0%} of the attention slope predicted (`ssm.is_flat`):"
+            " the noise of a shared machine was as large as the attention growth in this run."
         )
-    if c.agrees:
+    if c.outcome == AGREES:
         text.append(
-            f"The attention slope is within a factor of {ssm.SLOPE_TOLERANCE:g} of three passes"
-            " over the cache at copy bandwidth."
+            "The attention slope is one read and one copy of the cache per step, at this machine's"
+            " ceilings."
         )
-    elif c.outcome == ABOVE:
+    elif c.outcome == DISAGREES and c.side == ABOVE:
         text.append(
-            "The attention slope exceeds the prediction: the step costs more per cached byte than"
-            " three passes at copy bandwidth. A likely cause on a CPU, not verified here: each"
-            " `torch.cat` allocates a fresh buffer for the whole cache, and the operating system"
-            " zeroes freshly mapped pages on first touch, work that a copy-bandwidth figure does"
-            " not include. A cache preallocated once ([Recompute, cache reuse, optimized"
+            "The attention slope exceeds the two passes: the step costs more per cached byte than"
+            " reading the cache and copying it once. A likely cause on a CPU, not verified here:"
+            " each `torch.cat` allocates a fresh buffer for the whole cache, and the operating"
+            " system zeroes freshly mapped pages on first touch, a write pass the model does not"
+            " count. A cache preallocated once ([Recompute, cache reuse, optimized"
             " decode](02_cache_reuse.ipynb)) avoids both the copy and the allocation."
+        )
+    elif c.outcome == DISAGREES:
+        text.append(
+            "The attention slope is below the two passes: part of the cache stayed in the CPU's "
+            "caches between steps, which read faster than the streaming ceilings."
         )
     else:
         text.append(
-            "The attention slope is below the prediction: part of the cache stayed in the CPU's "
-            "caches between steps, which read faster than the calibrated streaming bandwidth."
+            f"This run cannot tell: the slope sits {c.side} the two passes by more than its spread,"
+            " not by enough to call the model wrong."
         )
     return " ".join(text)
 

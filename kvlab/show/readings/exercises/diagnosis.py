@@ -23,12 +23,12 @@ def diagnosis_batch(
     verdict_1: str,
     verdict_b: str,
 ) -> str:
-    """Exercise 1 of 9.8: the batch at which the chatbot's step would reach the copy bandwidth.
+    """Exercise 1 of 9.8: the batch at which the chatbot's step would reach the read bandwidth.
 
     ``weight_bytes`` (P w) and ``sequence_bytes`` ((s + 1) K, one sequence's cache read and new
     token) are the step's bytes at ``context`` cached tokens (``kvlab.theory.work.step_work``);
     ``predicted_batch`` is ``kvlab.theory.verdict.bandwidth_batch``; ``batch`` the batch diagnosed,
-    at ``step_b`` seconds and ``fraction_b`` of the copy ``bandwidth``.
+    at ``step_b`` seconds and ``fraction_b`` of the read ``bandwidth``.
     """
     flat = model.flat_step_fraction(batch, step_1, weight_bytes, sequence_bytes, bandwidth)
     c = within_factor(fraction_b, flat, model.BATCH_TOLERANCE)
@@ -37,7 +37,7 @@ def diagnosis_batch(
         f" of the batch ({si(weight_bytes, 'B')}) and each sequence's cache read and new token"
         f" ({si(sequence_bytes, 'B')} at {context:,} cached tokens). Only the second term grows"
         f" with $b$. At batch 1 the step took {si(step_1, 's')} and moved its"
-        f" {si(weight_bytes + sequence_bytes, 'B')} at {fraction_1:.1%} of the copy bandwidth"
+        f" {si(weight_bytes + sequence_bytes, 'B')} at {fraction_1:.1%} of the read bandwidth"
         f" $\\beta$ = {si(bandwidth, 'B/s')}. If the step time stayed $t_1$, the bytes per second"
         " would reach $\\beta$ at $b = (\\beta t_1 - P w)/((s + 1) K)$ ="
         f" **{predicted_batch:,.1f}** (`kvlab.theory.verdict.bandwidth_batch`), not at"
@@ -49,7 +49,7 @@ def diagnosis_batch(
     text += (
         f" Measured: one step took {si(step_1, 's')} at batch 1 ({verdict_1}) and {si(step_b, 's')}"
         f" at batch {batch} ({verdict_b}), {step_b / step_1:.2f} times as long, at {fraction_b:.1%}"
-        f" of the copy bandwidth against the {flat:.1%} a flat step would reach"
+        f" of the read bandwidth against the {flat:.1%} a flat step would reach"
         f" (`verdict.flat_step_fraction`): {c.describe()}."
     )
     if c.agrees:
@@ -62,7 +62,7 @@ def diagnosis_batch(
             " The step did not stay flat, so the fraction fell short of the prediction: something"
             " else grew with the batch, each sequence's attention and activations, and on a CPU the"
             " matrix products themselves, whose time grows with the rows they multiply well before"
-            " the copy bandwidth binds. The prediction is an upper bound on the bytes per second"
+            " the read bandwidth binds. The prediction is an upper bound on the bytes per second"
             " batching buys."
         )
     else:
@@ -94,12 +94,14 @@ def diagnosis_gqa(
         " included. The share is arithmetic; what the measurement adds is the verdict:"
         f" **{verdict_before}** before, **{verdict_after}** after."
     )
-    if verdict_before == "kv" and verdict_after != "kv":
+    # A verdict may name two ("overhead or kv") when the run cannot tell between them.
+    kv_before, kv_after = ("kv" in v.split(" or ") for v in (verdict_before, verdict_after))
+    if kv_before and not kv_after:
         text += (
             " The cache no longer limits the step: the lever worked, and the next limit is the one"
             " the new verdict names. Run the path again from there."
         )
-    elif verdict_after == "kv":
+    elif kv_after:
         text += (
             " The cache still dominates the bytes the step moves, so the verdict stays: a smaller"
             " cache shortens the step but a longer context would bring it back; KV quantization or"
