@@ -274,3 +274,40 @@ def test_static_pages_in_chromium(book, width, tmp_path):
         ]
     print(f"screenshots: {tmp_path}")
     assert not problems, "\n".join(problems)
+
+
+# -- what a reader meets on each built page ------------------------------------------------------
+
+LONGEST_VISIBLE_CODE = 25  # lines; book/_ext/cell_visibility.py folds longer cells
+MOST_WORDS = 3_500  # a page read in about 15 minutes
+# The pages that met MOST_WORDS when the count was introduced: they must keep meeting it. The others
+# are reported (each page's count is printed), until their prose is shortened and they join here.
+WITHIN_WORDS = {"book/intro", "book/gpu", "book/models", "book/references", "book/architecture"}
+
+
+@pytest.mark.notebook
+def test_no_visible_code_cell_is_longer_than_the_limit(book):
+    import pages
+
+    html = _build(book)
+    long = {}
+    for page in toc_pages(book["root"]):
+        lines = pages.visible_code_lines((html / f"{page}.html").read_text(encoding="utf-8"))
+        if any(n > LONGEST_VISIBLE_CODE for n in lines):
+            long[page] = [n for n in lines if n > LONGEST_VISIBLE_CODE]
+    assert not long, f"code cells longer than {LONGEST_VISIBLE_CODE} lines in view: {long}"
+
+
+@pytest.mark.notebook
+def test_rendered_words_per_page(book):
+    import pages
+
+    html = _build(book)
+    words = {
+        page: pages.rendered_words((html / f"{page}.html").read_text(encoding="utf-8"))
+        for page in toc_pages(book["root"])
+    }
+    for page, n in words.items():
+        print(f"{n:6d} words  {page}")
+    over = {p: words[p] for p in WITHIN_WORDS & words.keys() if words[p] > MOST_WORDS}
+    assert not over, f"pages past {MOST_WORDS} words: {over}"
