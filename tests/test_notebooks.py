@@ -280,9 +280,20 @@ def test_static_pages_in_chromium(book, width, tmp_path):
 
 LONGEST_VISIBLE_CODE = 25  # lines; book/_ext/cell_visibility.py folds longer cells
 MOST_WORDS = 3_500  # a page read in about 15 minutes
-# The pages that met MOST_WORDS when the count was introduced: they must keep meeting it. The others
-# are reported (each page's count is printed), until their prose is shortened and they join here.
-WITHIN_WORDS = {"book/intro", "book/gpu", "book/models", "book/references", "book/architecture"}
+# The pages that met MOST_WORDS with a margin when the count was introduced (measured on the built
+# book of issue 32's branch): they must keep meeting it. The others are reported (each page's count is
+# printed) until their prose is shortened and they join here. Then: 02 3,453 words; 05b 3,593; 03
+# 3,852; 04 4,020; 11 4,025; 09 4,119; 07 4,124; 12 4,394; 05 4,515; 06 4,680; 08 4,841; 10 6,645.
+WITHIN_WORDS = {
+    "book/intro",
+    "book/architecture",
+    "book/gpu",
+    "book/measurements",
+    "book/models",
+    "book/glossary",
+    "book/references",
+    "notebooks/01_decode_loop",
+}
 
 
 @pytest.mark.notebook
