@@ -219,3 +219,16 @@ def test_quant_reading_orders_the_layouts_by_the_rounding_model():
         "opposite of the order" in against
         and f"{rounding_rms(1.1 * 0.4):.3f} per-channel" in against
     )
+
+
+def test_fp8_reading_gives_bytes_and_a_verdict_on_each_side_of_the_spread():
+    from kvlab.show.readings.long_context import fp8_reading
+    from kvlab.theory.long_context import paired_spread
+
+    held = {"full": 4000, "fp8": 1000, "int4": 560}
+    clear = paired_spread([1.0, 1.1, 0.9, 1.0], [1.2, 1.31, 1.1, 1.21])  # +0.2 every window
+    noisy = paired_spread([1.0, 1.1, 0.9, 1.0], [1.3, 0.9, 1.0, 0.95])
+    text = fp8_reading(38.8, 39.1, clear, held, 39.8)
+    assert "4.0 times less than the full cache" in text and "1.8 times less again" in text
+    assert "larger than the spread" in text and 'kv_cache_dtype="fp8"' in text
+    assert "**within the spread**" in fp8_reading(38.8, 38.9, noisy, held, 39.8)

@@ -336,6 +336,26 @@ def kivi_layout_reading(
     return " ".join(text)
 
 
+def fp8_reading(
+    full_ppl: float, fp8_ppl: float, spread: rules.Spread, bytes_held: dict, int4_ppl: float
+) -> str:
+    """Beside the KIVI layouts: the FP8 (E4M3) cache engines ship. ``spread``: loss with the FP8
+    cache minus loss with the full cache, over the text windows; ``bytes_held`` ``{"full", "fp8",
+    "int4"}``: what each cache holds for the same tokens; ``int4_ppl``: 4-bit groups, keys per
+    channel."""
+    gap = spread_text(spread, "windows")
+    verdict = "larger than the spread" if spread.resolved else "**within the spread**"
+    return (
+        "An FP8 cache, E4M3 with one scale per layer for the keys and one for the values (what vLLM"
+        ' and SGLang ship as `kv_cache_dtype="fp8"`), holds'
+        f" {bytes_held['full'] / bytes_held['fp8']:.1f} times less than the full cache and scores"
+        f" {fp8_ppl:.1f} against its {full_ppl:.1f}: {gap}, {verdict}. The 4-bit groups hold"
+        f" {bytes_held['fp8'] / bytes_held['int4']:.1f} times less again and score {int4_ppl:.1f}:"
+        " a float keeps every element within 2^-4 of itself under one scale, integer groups buy"
+        " their extra saving with a scale and a zero point per group."
+    )
+
+
 def fewer_reading(rows: list, same_bytes: rules.Spread, gqa: str, latent: str) -> str:
     """Under the fewer-entries figure. ``rows``: ``kvlab.lab.cache_quality.fewer_entries`` (full
     cache first); ``same_bytes``: loss of ``latent`` minus loss of ``gqa`` (the pooled GQA cache and
