@@ -232,3 +232,15 @@ def test_fp8_reading_gives_bytes_and_a_verdict_on_each_side_of_the_spread():
     assert "4.0 times less than the full cache" in text and "1.8 times less again" in text
     assert "larger than the spread" in text and 'kv_cache_dtype="fp8"' in text
     assert "**within the spread**" in fp8_reading(38.8, 38.9, noisy, held, 39.8)
+
+
+def test_needle_reading_names_what_eviction_forgot_and_what_it_kept():
+    from kvlab.lab.streams import NeedleProbe
+    from kvlab.show.readings.long_context import needle_reading
+
+    probes = [NeedleProbe(0.5, 149, False, 0.76, 15.91), NeedleProbe(0.9, 47, True, 0.94, 0.99)]
+    text = needle_reading(probes, 4, 60, " 4817")
+    assert "probability 0.47, 0.39" in text  # exp(-0.76), exp(-0.94)
+    assert "the needle 149 tokens back has left the cache" in text and "15.2 nats lost" in text
+    assert "(47 tokens back) the evicting cache scores 0.37" in text
+    assert "left the cache" not in needle_reading(probes[1:], 4, 60, " 4817")

@@ -356,6 +356,42 @@ def fp8_reading(
     )
 
 
+def needle_reading(probes: list, num_sink: int, window: int, answer: str) -> str:
+    """Under the needle figure. ``probes``: ``kvlab.lab.streams.NeedleProbe`` at several depths;
+    the answer's probability is ``exp(-nll)`` of its tokens together."""
+    kept = [p for p in probes if p.in_cache]
+    lost = [p for p in probes if not p.in_cache]
+
+    def chance(nll: float) -> str:
+        return f"{math.exp(-nll):.2g}"
+
+    full = ", ".join(chance(p.full_nll) for p in probes)
+    text = [
+        f"With the full cache the model completes the number{answer} with probability {full} for"
+        f" the needle at depths {', '.join(f'{p.depth:g}' for p in probes)}: it copies the fact"
+        " from wherever it sits."
+    ]
+    if lost:
+        worst = max(p.evicting_nll - p.full_nll for p in lost)
+        text.append(
+            f"With {num_sink} sinks and a window of {window}, the needle {_distances(lost)} tokens"
+            f" back has left the cache, and the answer's probability falls to"
+            f" {', '.join(chance(p.evicting_nll) for p in lost)}: up to {worst:.1f} nats lost"
+            " on one short answer, far more than the stream above loses per token."
+        )
+    if kept:
+        text.append(
+            f"Where the needle is still in the window ({_distances(kept)} tokens back) the"
+            f" evicting cache scores {', '.join(chance(p.evicting_nll) for p in kept)}, as the full"
+            " one does."
+        )
+    return " ".join(text)
+
+
+def _distances(probes) -> str:
+    return ", ".join(f"{p.distance:,}" for p in probes)
+
+
 def fewer_reading(rows: list, same_bytes: rules.Spread, gqa: str, latent: str) -> str:
     """Under the fewer-entries figure. ``rows``: ``kvlab.lab.cache_quality.fewer_entries`` (full
     cache first); ``same_bytes``: loss of ``latent`` minus loss of ``gqa`` (the pooled GQA cache and
