@@ -215,17 +215,23 @@ def over_median(rms: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def quantized_cache_quality(
-    model, chunks: torch.Tensor, bits: int | None, group_size: int = 32, key_groups: str = "channel"
+    model,
+    chunks: torch.Tensor,
+    bits: int | str | None,
+    group_size: int = 32,
+    key_groups: str = "channel",
+    residual: int = 0,
 ) -> dict:
     """Perplexity of ``chunks [batch, n]`` when every cached key and value is quantized, section
     9.7.
 
-    Each chunk is one prefill through ``QuantizedKVCache(bits, group_size, residual=0, key_groups)``
+    Each chunk is one prefill through ``QuantizedKVCache(bits, group_size, residual, key_groups)``
     so attention reads the quantized keys and values of every complete group (the last partial group
-    of ``group_size`` tokens stays exact, as KIVI's residual does); ``bits=None`` is the
+    of ``group_size`` tokens stays exact, as KIVI's residual does); ``residual`` keeps each chunk's
+    newest tokens exact too, as KIVI runs it (0: the worst case). ``bits=None`` is the
     full-precision cache, ``bits="fp8"`` the FP8 (E4M3) cache engines ship (``FP8KVCache``, one
-    scale per layer, no groups). Returns ``{"ppl", "nll", "logits", "nbytes", "full_bytes"}``: ``nll
-    [batch]`` is each chunk's mean next-token loss (so that a difference can be given with its
+    scale per layer, no groups). Returns ``{"ppl", "nll", "logits", "nbytes", "full_bytes"}``:
+    ``nll [batch]`` is each chunk's mean next-token loss (so that a difference can be given with its
     spread over chunks), ``nbytes`` what the cache holds and ``full_bytes`` what the same tokens
     take unquantized.
     """
@@ -241,7 +247,7 @@ def quantized_cache_quality(
     elif bits == "fp8":
         cache = FP8KVCache()
     else:
-        cache = QuantizedKVCache(bits, group_size, residual=0, key_groups=key_groups)
+        cache = QuantizedKVCache(bits, group_size, residual=residual, key_groups=key_groups)
 
     logits = model(ids, use_cache=True, **cache_kwargs(model, cache)).logits[:, :-1].float()
     per_token = torch.nn.functional.cross_entropy(

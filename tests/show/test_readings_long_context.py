@@ -244,3 +244,13 @@ def test_needle_reading_names_what_eviction_forgot_and_what_it_kept():
     assert "the needle 149 tokens back has left the cache" in text and "15.2 nats lost" in text
     assert "(47 tokens back) the evicting cache scores 0.37" in text
     assert "left the cache" not in needle_reading(probes[1:], 4, 60, " 4817")
+
+
+def test_kivi_residual_quality_reading_compares_with_the_worst_case():
+    from kvlab.show.readings.long_context import kivi_residual_quality_reading
+
+    text = kivi_residual_quality_reading(
+        2, 32, 64, {"ppl": 45.0, "nbytes": 3000}, {"ppl": 92.2, "nbytes": 1000}
+    )
+    assert "a residual of 32 of each window's 64 tokens" in text
+    assert "scores 45.0, against 92.2 with no residual" in text and "3.0 times the bytes" in text
