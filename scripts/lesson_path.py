@@ -70,7 +70,7 @@ ONE_LINERS = {
     "serving/runner.py": "one forward pass per step over the step's chunks, greedy sampling; CUDA"
     " graphs for decode on a GPU.",
     "serving/engine.py": "the engine: add requests, step (schedule, run, update) all or nothing.",
-    "kernels/paged_prefill.py": 'paged prefill ("extend") attention in Triton (section 9.5).',
+    "kernels/paged_prefill.py": 'paged prefill ("extend") attention in Triton (chapter 5).',
     "kernels/paged_tile.py": "the two steps both paged kernels repeat per tile of keys: load it"
     " through the block table, fold it into the online softmax.",
 }

@@ -148,8 +148,14 @@ settle(loaded.then(typeset), 45000).then((mathjax) => { try {
     explorerErrors: [...document.querySelectorAll(".kvlab-error")].filter(visible).map((e) => e.textContent),
     rawMath: [...document.querySelectorAll(".math")].filter((e) => !e.querySelector("mjx-container")
       && e.tagName !== "MJX-CONTAINER").length,
-    images: [...document.querySelectorAll(".cell_output img, .kvlab-explorer img")].filter(visible)
-      .map((i) => ({alt: i.alt, scale: i.getBoundingClientRect().width / (i.naturalWidth || 1)})),
+    images: [...document.querySelectorAll(".cell_output img, .kvlab-explorer img, article figure img")]
+      .filter(visible).map((i) => {
+        const r = i.getBoundingClientRect();
+        const column = (i.closest("article") || document.body).getBoundingClientRect();
+        return {alt: i.alt, width: Math.round(r.width),
+                fits: r.left >= column.left - 1 && r.right <= column.right + 1,
+                column: Math.round(column.width)};
+      }),
     pageWidth: document.documentElement.scrollWidth,
     viewport: window.innerWidth,
   });
@@ -210,7 +216,7 @@ def _remote(urls):
 def test_static_pages_in_chromium(book, width, tmp_path):
     """Every page of the table of contents, loaded from disk in headless Chromium: no raw role text,
     no console error, no remote request, no raw pipe table, no stray value output, no explorer
-    error, every slider swaps its figure and reading, and (at 390 px) figures stay legible."""
+    error, every slider swaps its figure and reading, and every figure fits its column (at 390 px too)."""
     html = _build(book)
     driver = chromium(width=width, height=900)
     from selenium.webdriver.support.ui import WebDriverWait
@@ -260,11 +266,59 @@ def test_static_pages_in_chromium(book, width, tmp_path):
                 problems.append(
                     f"{page}: the page scrolls sideways at {width} px ({f['pageWidth']} px wide)"
                 )
-            problems += [
-                f"{page}: a figure is shrunk to {i['scale']:.2f} of its size at {width} px"
-                f" ({i['alt']})"
-                for i in f["images"]
-                if i["scale"] < 0.75
-            ]
+        problems += [
+            f"{page}: a figure {i['width']} px wide does not fit its {i['column']} px column at"
+            f" {width} px ({i['alt']})"
+            for i in f["images"]
+            if not i["fits"]
+        ]
     print(f"screenshots: {tmp_path}")
     assert not problems, "\n".join(problems)
+
+
+# -- what a reader meets on each built page ------------------------------------------------------
+
+LONGEST_VISIBLE_CODE = 25  # lines; book/_ext/cell_visibility.py folds longer cells
+MOST_WORDS = 3_500  # a page read in about 15 minutes
+# The pages that met MOST_WORDS with a margin when the count was introduced (measured on the built
+# book of issue 32's branch): they must keep meeting it. The others are reported (each page's count is
+# printed) until their prose is shortened and they join here. Then: 02 3,453 words; 05b 3,593; 03
+# 3,852; 04 4,020; 11 4,025; 09 4,119; 07 4,124; 12 4,394; 05 4,515; 06 4,680; 08 4,841; 10 6,645.
+WITHIN_WORDS = {
+    "book/intro",
+    "book/architecture",
+    "book/gpu",
+    "book/measurements",
+    "book/models",
+    "book/glossary",
+    "book/references",
+    "notebooks/01_decode_loop",
+}
+
+
+@pytest.mark.notebook
+def test_no_visible_code_cell_is_longer_than_the_limit(book):
+    import pages
+
+    html = _build(book)
+    long = {}
+    for page in toc_pages(book["root"]):
+        lines = pages.visible_code_lines((html / f"{page}.html").read_text(encoding="utf-8"))
+        if any(n > LONGEST_VISIBLE_CODE for n in lines):
+            long[page] = [n for n in lines if n > LONGEST_VISIBLE_CODE]
+    assert not long, f"code cells longer than {LONGEST_VISIBLE_CODE} lines in view: {long}"
+
+
+@pytest.mark.notebook
+def test_rendered_words_per_page(book):
+    import pages
+
+    html = _build(book)
+    words = {
+        page: pages.rendered_words((html / f"{page}.html").read_text(encoding="utf-8"))
+        for page in toc_pages(book["root"])
+    }
+    for page, n in words.items():
+        print(f"{n:6d} words  {page}")
+    over = {p: words[p] for p in WITHIN_WORDS & words.keys() if words[p] > MOST_WORDS}
+    assert not over, f"pages past {MOST_WORDS} words: {over}"

@@ -40,6 +40,22 @@ def test_records_stand_side_by_side_gpu_first():
     assert "No GPU run" not in text
     assert "No GPU run has been recorded yet" in records_markdown([cpu])
     assert records_markdown([]) == "No run has been recorded yet."
+    assert "**Chapter 5: paged**" in text  # the record's section 9.5 is the book's chapter 5
+
+
+def test_chapter_headings_follow_the_book():
+    from kvlab.lab.bench import chapter_heading
+
+    assert chapter_heading("9.6 SSM state and scans") == "Chapter 7: SSM state and scans"
+    assert chapter_heading("prefix caching") == "Chapter 6: prefix caching"
+    assert chapter_heading("12 decode across devices") == "Chapter 12: decode across devices"
+    assert chapter_heading("something new") == "something new"
+
+
+def test_each_row_says_what_it_measures():
+    cpu = _record("CPU: AMD EPYC (2 logical cores)", "2026-12-01", [("paged", 3.0)])
+    cpu["results"]["9.5 paged"][0]["note"] = "batch 4, context 512 | gather path"
+    assert "| paged | 3 | GB/s | batch 4, context 512 \\| gather path |" in records_markdown([cpu])
 
 
 def test_committed_records_load_and_render(tmp_path):

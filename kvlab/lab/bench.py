@@ -117,15 +117,50 @@ def _column(record: dict) -> str:
     return f"{s['device']}, {s['date']}"
 
 
+# A benchmark section's name in a record (``"9.5 paged attention and admission"``, the numbering the
+# records were written with) -> the book chapter it serves.
+CHAPTER_OF_SECTION = {
+    "9.1": "1",
+    "9.2": "2",
+    "9.3": "3",
+    "9.4": "4",
+    "9.5": "5",
+    "prefix": "6",
+    "9.6": "7",
+    "9.7": "8",
+    "9.8": "9",
+    "11": "11",
+    "12": "12",
+}
+
+
+def chapter_heading(section: str) -> str:
+    """``"9.5 paged attention and admission"`` -> ``"Chapter 5: paged attention and admission"``."""
+    first, _, rest = section.partition(" ")
+    if first not in CHAPTER_OF_SECTION:
+        return section
+    numbered = first[0].isdigit()  # "prefix caching" names its section without a number
+    return f"Chapter {CHAPTER_OF_SECTION[first]}: {rest if numbered else section}"
+
+
 def records_markdown(records: list[dict]) -> str:
     """The recorded runs (``python -m kvlab record`` files) as Markdown, for the book's page of
-    recorded measurements: one table of stamps, then one table per benchmark with one column per
-    run, so a GPU's figures stand beside the CPU's. Rows missing from a run show a dash."""
+    recorded measurements: one table of stamps, then one table per chapter with one column per
+    run, so a GPU's figures stand beside the CPU's, and what each row measures (its note). Rows
+    missing from a run show a dash."""
     if not records:
         return "No run has been recorded yet."
     records = sorted(records, key=lambda r: ("CPU" in r["stamp"]["device"], r["stamp"]["date"]))
+    lines = []
+    if all("CPU" in r["stamp"]["device"] for r in records):
+        lines += [
+            "No GPU run has been recorded yet: the sessions that built this edition had no GPU, so"
+            " each table below has the CPU's column only. Read a row as what this CPU does; the"
+            " chapters say where a GPU's constants change the picture.",
+            "",
+        ]
     keys = ("device", "driver", "torch", "triton", "transformers", "date")
-    lines = [
+    lines += [
         "| run | " + " | ".join(keys) + " | copy bandwidth | matmul |",
         "|---|" + "---|" * len(keys) + "---:|---:|",
     ]
@@ -145,22 +180,21 @@ def records_markdown(records: list[dict]) -> str:
         found = [{row["name"]: row for row in r["results"].get(section, [])} for r in records]
         lines += [
             "",
-            f"**{section}**",
+            f"**{chapter_heading(section)}**",
             "",
             "| benchmark | "
             + " | ".join(f"run {i}" for i in range(1, len(records) + 1))
-            + " | unit |",
-            "|---|" + "---:|" * len(records) + "---|",
+            + " | unit | what it measures |",
+            "|---|" + "---:|" * len(records) + "---|---|",
         ]
         for name in names:
             unit = next(f[name]["unit"] for f in found if name in f)
+            note = next(
+                (f[name].get("note") for f in found if name in f and f[name].get("note")), ""
+            )
             cells = [f"{f[name]['value']:.4g}" if name in f else "–" for f in found]
-            lines.append(f"| {name} | " + " | ".join(cells) + f" | {unit} |")
-    if all("CPU" in r["stamp"]["device"] for r in records):
-        lines += [
-            "",
-            "No GPU run has been recorded yet: the sessions that built this edition had no GPU.",
-        ]
+            note = note.replace("|", "\\|")
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {unit} | {note} |")
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from kvlab._checks import causal_lm, integer, positive, require_memory, token_ids
+from kvlab.cache.fp8 import FP8KVCache
 from kvlab.cache.hf_cache import layer_nbytes
 from kvlab.cache.latent import LatentKVCache, gqa_from_mha, kv_bases
 from kvlab.cache.quantized import QuantizedKVCache
@@ -214,29 +215,39 @@ def over_median(rms: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def quantized_cache_quality(
-    model, chunks: torch.Tensor, bits: int | None, group_size: int = 32, key_groups: str = "channel"
+    model,
+    chunks: torch.Tensor,
+    bits: int | str | None,
+    group_size: int = 32,
+    key_groups: str = "channel",
+    residual: int = 0,
 ) -> dict:
     """Perplexity of ``chunks [batch, n]`` when every cached key and value is quantized, section
     9.7.
 
-    Each chunk is one prefill through ``QuantizedKVCache(bits, group_size, residual=0, key_groups)``
+    Each chunk is one prefill through ``QuantizedKVCache(bits, group_size, residual, key_groups)``
     so attention reads the quantized keys and values of every complete group (the last partial group
-    of ``group_size`` tokens stays exact, as KIVI's residual does); ``bits=None`` is the
-    full-precision cache. Returns ``{"ppl", "nll", "logits", "nbytes", "full_bytes"}``: ``nll
-    [batch]`` is each chunk's mean next-token loss (so that a difference can be given with its
+    of ``group_size`` tokens stays exact, as KIVI's residual does); ``residual`` keeps each chunk's
+    newest tokens exact too, as KIVI runs it (0: the worst case). ``bits=None`` is the
+    full-precision cache, ``bits="fp8"`` the FP8 (E4M3) cache engines ship (``FP8KVCache``, one
+    scale per layer, no groups). Returns ``{"ppl", "nll", "logits", "nbytes", "full_bytes"}``:
+    ``nll [batch]`` is each chunk's mean next-token loss (so that a difference can be given with its
     spread over chunks), ``nbytes`` what the cache holds and ``full_bytes`` what the same tokens
     take unquantized.
     """
-    if bits is not None and (isinstance(bits, bool) or bits not in BITS):
-        raise ValueError(f"bits must be None (full precision) or one of {BITS}, got {bits!r}")
+    if bits is not None and bits != "fp8" and (isinstance(bits, bool) or bits not in BITS):
+        raise ValueError(
+            f"bits must be None (full precision), 'fp8' or one of {BITS}, got {bits!r}"
+        )
     ids = chunks.to(model.device)
     if ids.dim() != 2 or ids.shape[1] < 2:
         raise ValueError(f"chunks must be [batch, n] with n >= 2, got shape {tuple(ids.shape)}")
-    cache = (
-        DynamicCache()
-        if bits is None
-        else QuantizedKVCache(bits, group_size, residual=0, key_groups=key_groups)
-    )
+    if bits is None:
+        cache = DynamicCache()
+    elif bits == "fp8":
+        cache = FP8KVCache()
+    else:
+        cache = QuantizedKVCache(bits, group_size, residual=residual, key_groups=key_groups)
 
     logits = model(ids, use_cache=True, **cache_kwargs(model, cache)).logits[:, :-1].float()
     per_token = torch.nn.functional.cross_entropy(

@@ -24,7 +24,16 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.models.llama.modeling_llama import repeat_kv
 
-from kvlab._checks import causal_lm, flag, integer, one_of, require_memory, restoring, token_ids
+from kvlab._checks import (
+    causal_lm,
+    flag,
+    integer,
+    one_of,
+    real,
+    require_memory,
+    restoring,
+    token_ids,
+)
 from kvlab.cache.rope import rotary_of, rotate
 from kvlab.cache.window import ROPE_MODES
 from kvlab.theory.long_context import block_means, paired_spread
@@ -357,3 +366,56 @@ def compare(a: torch.Tensor, b: torch.Tensor, block: int):
             f"a and b must cover the same positions, got {tuple(a.shape)} and {tuple(b.shape)}"
         )
     return paired_spread(block_means(a.tolist(), block), block_means(b.tolist(), block))
+
+
+@dataclass(frozen=True)
+class NeedleProbe:
+    """One needle-in-a-haystack probe (section 9.7): how well the model completes a fact stated
+    once, ``distance`` tokens before the question, with the full cache and with an evicting one."""
+
+    depth: float  # where the needle sits in the haystack, 0 (start) to 1 (end)
+    distance: int  # tokens from the needle's first token to the question's last
+    in_cache: bool  # whether the evicting cache still holds the whole needle when the answer starts
+    full_nll: float  # the answer's summed negative log-likelihood, full cache (nats)
+    evicting_nll: float  # the same with sinks plus a window
+
+
+def needle_probe(
+    model,
+    haystack: torch.Tensor,
+    needle: torch.Tensor,
+    question: torch.Tensor,
+    answer: torch.Tensor,
+    depth: float,
+    num_sink: int,
+    window: int,
+) -> NeedleProbe:
+    """Put ``needle`` (token ids of a sentence stating a fact) at ``depth`` of ``haystack``, follow
+    with ``question`` and ``answer`` (the fact's completion), and score the answer's tokens with the
+    full cache and with ``num_sink`` sinks plus a ``window`` (``masked_stream_eval``, StreamingLLM's
+    positions inside the cache). What eviction forgets, a full cache recalls by copying.
+    """
+    parts = {"haystack": haystack, "needle": needle, "question": question, "answer": answer}
+    for name, ids in parts.items():
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype.is_floating_point:
+            raise TypeError(
+                f"{name} must be a 1-D integer torch.Tensor of token ids, got {ids!r:.60}"
+            )
+    depth = real("depth", depth, 0, 1)
+    integer("num_sink", num_sink, 0)
+    integer("window", window, 1)
+    at = round(depth * len(haystack))
+    ids = torch.cat([haystack[:at], needle, haystack[at:], question, answer])
+    k = len(answer)
+    full = masked_stream_eval(model, ids, attention=False).nll[-k:]
+    evicting = masked_stream_eval(model, ids, num_sink, window, rope="cache", attention=False).nll[
+        -k:
+    ]
+    first_answer_step = len(ids) - k - 1  # the step that predicts the answer's first token
+    return NeedleProbe(
+        depth=float(depth),
+        distance=first_answer_step - at,
+        in_cache=at >= first_answer_step - window + 1 or at + len(needle) <= num_sink,
+        full_nll=float(full.sum()),
+        evicting_nll=float(evicting.sum()),
+    )

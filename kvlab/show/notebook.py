@@ -3,6 +3,8 @@
 Serves every section: a notebook asks ``sizes`` for small problems on a CPU and real ones on a GPU,
 and writes each paragraph that quotes a number with ``reading``: the cell that measured the number
 prints the paragraph as Markdown, so it reads the same in the book, JupyterLab, VS Code and Colab.
+A table of numbers is shown the same way with ``table``, never printed as text (which wraps and
+loses its columns on a narrow page).
 """
 
 from __future__ import annotations
@@ -30,3 +32,18 @@ def reading(markdown_text: str) -> None:
     from IPython.display import Markdown, display
 
     display(Markdown(markdown_text))
+
+
+def table(header, rows, align: str | None = None, caption: str = "") -> None:
+    """Show ``rows`` under ``header`` as a table of the page (a Markdown table); returns None.
+
+    ``align``: one letter per column, ``l`` or ``r`` (default: the first column left, the others
+    right); floats are written to three significant figures (``kvlab.show.format.markdown_table``).
+    ``caption``, if given, is a sentence of Markdown shown above the table.
+    """
+    from kvlab.show.format import markdown_table
+
+    if not isinstance(caption, str):
+        raise TypeError(f"caption must be a str of Markdown, got {type(caption).__name__}")
+    text = markdown_table(header, rows, align)
+    reading(f"{caption}\n\n{text}" if caption else text)

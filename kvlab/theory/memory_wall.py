@@ -21,6 +21,7 @@ from kvlab.theory.roofline import (
     admitted,
     capacity_context,
     compression_speedup,
+    compute_bound_context,
     crossover_context,
     effective_bandwidth,
     free_beside_weights,
@@ -60,6 +61,26 @@ def ridge_admitted(shape: ModelShape, hw, context: int, w_p: float = 2, w_kv: fl
     chapter, 2026, 9.3).
     """
     return max_batch(shape, hw, context, w_p, w_kv) >= round(ridge_batch(hw, w_p))
+
+
+def map_regime(
+    shape: ModelShape, hw, context: int, batch: int, w_p: float = 2, w_kv: float = 2
+) -> str:
+    """Where a decode step of ``batch`` sequences of ``context`` tokens sits on the regime map:
+
+    - ``"beyond capacity"``: their cache does not fit beside the weights (s > s_cap(b));
+    - ``"compute-bound"``: its arithmetic intensity reaches the ridge (s <= s_c(b), only above the
+      ridge batch), whichever of weights or cache moves more bytes;
+    - ``"KV-bound"``: the cache moves at least as many bytes as the weights (s >= s*(b));
+    - ``"weight-bound"``: otherwise.
+    """
+    context, batch = integer("context", context), integer("batch", batch)
+    s_cap = capacity_context(shape, hw, w_p, w_kv, batch=batch)
+    if s_cap is None or context > s_cap:
+        return "beyond capacity"
+    if context <= compute_bound_context(shape, hw, batch, w_p, w_kv):
+        return "compute-bound"
+    return "KV-bound" if context >= crossover_context(shape, batch, w_p, w_kv) else "weight-bound"
 
 
 # --------------------------------------------------------------------------- footprint

@@ -294,6 +294,23 @@ def ridge_batch(hw, w_p: float = 2) -> float:
     return ridge_point(hw) * positive("w_p", w_p) / 2
 
 
+def compute_bound_context(
+    shape: ModelShape, hw, batch: int, w_p: float = 2, w_kv: float = 2
+) -> float:
+    """s_c(b) = P (2b - I* w_p) / (b (I* K - A)): the longest context at which a decode step of
+    ``batch`` sequences is compute-bound, AI(s, b) >= I* (Eq. 7 solved for s; dense shapes, no
+    window). 0 at or below the ridge batch (``ridge_batch``: no context is compute-bound there);
+    ``math.inf`` where attention alone reaches the ridge (A / K >= I*).
+    """
+    batch = integer("batch", batch)
+    ridge, k = ridge_point(hw), kv_bytes_per_token(shape, w_kv)
+    a = attention_flops_per_token(shape)
+    weights = 2 * batch - ridge * positive("w_p", w_p)
+    if a >= ridge * k:
+        return math.inf
+    return max(0.0, shape.params * weights / (batch * (ridge * k - a)))
+
+
 # --------------------------------------------------------------------------- crossovers
 
 

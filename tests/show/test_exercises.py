@@ -134,7 +134,10 @@ def test_gemv_solutions_and_capacity_readings():
         and "**9.7 GB**" in margin
         and "140.4 GiB" in margin
         and "70.55e9" in margin
+        and "does not fit one device there at all" in margin  # 0.9 x 150.8e9 < 141.1e9
     )
+    assert "leaves 10.0e9 bytes" in capacity.engine_fraction_reading(80e9, 100e9, "X")
+    assert "1.0e9 fewer than the weights" in capacity.engine_fraction_reading(91e9, 100e9, "X")
     short = capacity.largest_batch_reading(
         1024
     )  # half the context: twice the batch, past the ridge batch

@@ -2,9 +2,12 @@
 matplotlib."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from kvlab.show.format import sci, si, sig
 from kvlab.show.readings import ratio_text, within
@@ -85,3 +88,34 @@ def test_si_refuses_bad_digits():
     for digits, error in [(0, ValueError), (True, TypeError), (2.0, TypeError)]:
         with pytest.raises(error, match="digits must be an int"):
             si(1.0, "B", digits)
+
+
+def test_markdown_table_aligns_numbers_right_and_escapes_pipes():
+    from kvlab.show.format import markdown_table
+
+    text = markdown_table(["layout", "GB/s"], [["a|b", 1.23456], ["NHD", 12]])
+    assert text.splitlines() == [
+        "| layout | GB/s |",
+        "|:---|---:|",
+        "| a\\|b | 1.23 |",
+        "| NHD | 12 |",
+    ]
+    assert markdown_table(["x", "y"], [], align="rl").splitlines()[1] == "|---:|:---|"
+
+
+@pytest.mark.parametrize(
+    "header, rows, align, error, words",
+    [
+        ("ab", [], None, TypeError, "header must be a list"),
+        ([], [], None, ValueError, "header must name at least one column"),
+        (["a"], [1], None, TypeError, "rows[0] must be a list"),
+        (["a"], [[1, 2]], None, ValueError, "rows[0] must have one cell per column"),
+        (["a", "b"], [], "l", ValueError, "align must be a str of one letter per column"),
+        (["a", "b"], [], "lx", ValueError, "align[1] must be one of"),
+    ],
+)
+def test_markdown_table_refuses_a_table_it_cannot_draw(header, rows, align, error, words):
+    from kvlab.show.format import markdown_table
+
+    with pytest.raises(error, match=re.escape(words)):
+        markdown_table(header, rows, align)

@@ -219,3 +219,38 @@ def test_quant_reading_orders_the_layouts_by_the_rounding_model():
         "opposite of the order" in against
         and f"{rounding_rms(1.1 * 0.4):.3f} per-channel" in against
     )
+
+
+def test_fp8_reading_gives_bytes_and_a_verdict_on_each_side_of_the_spread():
+    from kvlab.show.readings.long_context import fp8_reading
+    from kvlab.theory.long_context import paired_spread
+
+    held = {"full": 4000, "fp8": 1000, "int4": 560}
+    clear = paired_spread([1.0, 1.1, 0.9, 1.0], [1.2, 1.31, 1.1, 1.21])  # +0.2 every window
+    noisy = paired_spread([1.0, 1.1, 0.9, 1.0], [1.3, 0.9, 1.0, 0.95])
+    text = fp8_reading(38.8, 39.1, clear, held, 39.8)
+    assert "4.0 times less than the full cache" in text and "1.8 times less again" in text
+    assert "larger than the spread" in text and 'kv_cache_dtype="fp8"' in text
+    assert "**within the spread**" in fp8_reading(38.8, 38.9, noisy, held, 39.8)
+
+
+def test_needle_reading_names_what_eviction_forgot_and_what_it_kept():
+    from kvlab.lab.streams import NeedleProbe
+    from kvlab.show.readings.long_context import needle_reading
+
+    probes = [NeedleProbe(0.5, 149, False, 0.76, 15.91), NeedleProbe(0.9, 47, True, 0.94, 0.99)]
+    text = needle_reading(probes, 4, 60, " 4817")
+    assert "probability 0.47, 0.39" in text  # exp(-0.76), exp(-0.94)
+    assert "the needle 149 tokens back has left the cache" in text and "15.2 nats lost" in text
+    assert "(47 tokens back) the evicting cache scores 0.37" in text
+    assert "left the cache" not in needle_reading(probes[1:], 4, 60, " 4817")
+
+
+def test_kivi_residual_quality_reading_compares_with_the_worst_case():
+    from kvlab.show.readings.long_context import kivi_residual_quality_reading
+
+    text = kivi_residual_quality_reading(
+        2, 32, 64, {"ppl": 45.0, "nbytes": 3000}, {"ppl": 92.2, "nbytes": 1000}
+    )
+    assert "a residual of 32 of each window's 64 tokens" in text
+    assert "scores 45.0, against 92.2 with no residual" in text and "3.0 times the bytes" in text

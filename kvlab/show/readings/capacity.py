@@ -72,8 +72,34 @@ def h200_margin_reading(context_cap_seed: float) -> str:
         f" {real.params / 1e9:.2f}e9 parameters ({real.params * 2 / 1e9:.1f}e9 bytes in bf16). The"
         f" real margin is **{real_margin / 1e9:.1f} GB**, room for about {real_cap:,.0f} tokens:"
         f" still a thin margin for a 128k context, but not the {seed_margin / 1e9:.0f} GB the"
-        " rounding makes of it."
+        " rounding makes of it. "
+        + engine_fraction_reading(real.params * 2, real_h200.hbm_bytes, h200.name)
     )
+
+
+# vLLM's default share of device memory for weights, activations and KV cache
+# (``gpu_memory_utilization``); SGLang's ``mem_fraction_static`` plays the same part.
+ENGINE_MEMORY_FRACTION = 0.9
+
+
+def engine_fraction_reading(
+    weight_bytes: float, device_bytes: float, device: str, fraction: float = ENGINE_MEMORY_FRACTION
+) -> str:
+    """Whether the weights fit in the share of the device a serving engine uses, and what is left
+    there for the cache."""
+    usable = fraction * device_bytes
+    left = usable - weight_bytes
+    head = (
+        f"A serving engine does not hand the whole device to the model: at vLLM's default memory"
+        f" fraction of {fraction:g} it uses {usable / 1e9:.1f}e9 of the {device}'s bytes"
+    )
+    if left <= 0:
+        return (
+            f"{head}, {-left / 1e9:.1f}e9 fewer than the weights need, so the model does not fit"
+            " one device there at all: a deployment shards it, quantizes its weights or raises"
+            " the fraction and gives up headroom for activations."
+        )
+    return f"{head}, which leaves {left / 1e9:.1f}e9 bytes beside the weights for the cache."
 
 
 def kivi_residual_reading(

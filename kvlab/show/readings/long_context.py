@@ -336,6 +336,78 @@ def kivi_layout_reading(
     return " ".join(text)
 
 
+def fp8_reading(
+    full_ppl: float, fp8_ppl: float, spread: rules.Spread, bytes_held: dict, int4_ppl: float
+) -> str:
+    """Beside the KIVI layouts: the FP8 (E4M3) cache engines ship. ``spread``: loss with the FP8
+    cache minus loss with the full cache, over the text windows; ``bytes_held`` ``{"full", "fp8",
+    "int4"}``: what each cache holds for the same tokens; ``int4_ppl``: 4-bit groups, keys per
+    channel."""
+    gap = spread_text(spread, "windows")
+    verdict = "larger than the spread" if spread.resolved else "**within the spread**"
+    return (
+        "An FP8 cache, E4M3 with one scale per layer for the keys and one for the values (what vLLM"
+        ' and SGLang ship as `kv_cache_dtype="fp8"`), holds'
+        f" {bytes_held['full'] / bytes_held['fp8']:.1f} times less than the full cache and scores"
+        f" {fp8_ppl:.1f} against its {full_ppl:.1f}: {gap}, {verdict}. The 4-bit groups hold"
+        f" {bytes_held['fp8'] / bytes_held['int4']:.1f} times less again and score {int4_ppl:.1f}:"
+        " a float keeps every element within 2^-4 of itself under one scale, integer groups buy"
+        " their extra saving with a scale and a zero point per group."
+    )
+
+
+def kivi_residual_quality_reading(
+    bits: int, residual: int, length: int, with_residual: dict, without: dict
+) -> str:
+    """KIVI as its paper runs it, beside the worst case: ``with_residual`` and ``without`` are
+    ``quantized_cache_quality`` results (``ppl``, ``nbytes``) at ``bits`` with per-channel keys."""
+    return (
+        "KIVI as its paper runs it keeps the newest tokens exact: at"
+        f" {bits} bits with a residual of {residual} of each window's {length} tokens, the cache"
+        f" scores {with_residual['ppl']:.1f},"
+        f" against {without['ppl']:.1f} with no residual (the worst case above), and holds"
+        f" {with_residual['nbytes'] / without['nbytes']:.1f} times the bytes. Over a long context"
+        " the residual is a small share of the tokens, so its bytes fade and its exact recent"
+        " tokens stay."
+    )
+
+
+def needle_reading(probes: list, num_sink: int, window: int, answer: str) -> str:
+    """Under the needle figure. ``probes``: ``kvlab.lab.streams.NeedleProbe`` at several depths;
+    the answer's probability is ``exp(-nll)`` of its tokens together."""
+    kept = [p for p in probes if p.in_cache]
+    lost = [p for p in probes if not p.in_cache]
+
+    def chance(nll: float) -> str:
+        return f"{math.exp(-nll):.2g}"
+
+    full = ", ".join(chance(p.full_nll) for p in probes)
+    text = [
+        f"With the full cache the model completes the number{answer} with probability {full} for"
+        f" the needle at depths {', '.join(f'{p.depth:g}' for p in probes)}: it copies the fact"
+        " from wherever it sits."
+    ]
+    if lost:
+        worst = max(p.evicting_nll - p.full_nll for p in lost)
+        text.append(
+            f"With {num_sink} sinks and a window of {window}, the needle {_distances(lost)} tokens"
+            f" back has left the cache, and the answer's probability falls to"
+            f" {', '.join(chance(p.evicting_nll) for p in lost)}: up to {worst:.1f} nats lost"
+            " on one short answer, far more than the stream above loses per token."
+        )
+    if kept:
+        text.append(
+            f"Where the needle is still in the window ({_distances(kept)} tokens back) the"
+            f" evicting cache scores {', '.join(chance(p.evicting_nll) for p in kept)}, as the full"
+            " one does."
+        )
+    return " ".join(text)
+
+
+def _distances(probes) -> str:
+    return ", ".join(f"{p.distance:,}" for p in probes)
+
+
 def fewer_reading(rows: list, same_bytes: rules.Spread, gqa: str, latent: str) -> str:
     """Under the fewer-entries figure. ``rows``: ``kvlab.lab.cache_quality.fewer_entries`` (full
     cache first); ``same_bytes``: loss of ``latent`` minus loss of ``gqa`` (the pooled GQA cache and
