@@ -8,6 +8,7 @@ wrong value a ValueError; the message names the argument, the value and what is 
 - ``integer`` and ``integers``: an int in a range (never a bool, never a float, not even 4.0), or a
   list of them;
 - ``real`` and ``positive``: a finite real number in a range (never a bool, an infinity or NaN);
+- ``reals``: a list of such numbers; ``same_length``: lists that pair up one to one;
 - ``flag``: True or False (never ``"no"``, ``1`` or None);
 - ``one_of``: one of a tuple of choices;
 - ``token_ids``: token ids, ints in ``[0, vocab)``; ``token_id_tensor``: a ``[batch, length]``
@@ -104,6 +105,45 @@ def real(
 def positive(name: str, value) -> float:
     """``value`` as a finite float > 0 (bytes, rates, widths, factors)."""
     return real(name, value, 0, low_open=True)
+
+
+def nonnegative(name: str, value) -> float:
+    """``value`` as a finite float >= 0 (seconds, bytes, fractions of a step)."""
+    return real(name, value, 0)
+
+
+def reals(
+    name: str,
+    value,
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    low_open: bool = False,
+    empty: bool = False,
+) -> list[float]:
+    """``value`` (a list, tuple or 1-D array) as a list of floats, each checked as
+    ``real(f"{name}[i]", ...)``; an empty list only if ``empty``."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise TypeError(f"{name} must be a list of numbers, got {_got(value)}")
+    if getattr(value, "ndim", 1) != 1:
+        raise ValueError(f"{name} must be a flat list of numbers, got shape {value.shape}")
+    if len(value) == 0 and not empty:
+        raise ValueError(
+            f"{name} must hold at least one number, got an empty {type(value).__name__}"
+        )
+    return [real(f"{name}[{i}]", v, low, high, low_open=low_open) for i, v in enumerate(value)]
+
+
+def same_length(**lists) -> int:
+    """The one length of ``lists`` (given by their argument names), which pair up one to one: lists
+    of different lengths are refused, never zipped down to the shorter."""
+    lengths = {name: len(v) for name, v in lists.items()}
+    if len(set(lengths.values())) > 1:
+        said = ", ".join(f"{name} has {n}" for name, n in lengths.items())
+        raise ValueError(
+            f"{' and '.join(lengths)} must have the same length (one entry each), got: {said}"
+        )
+    return next(iter(lengths.values()), 0)
 
 
 def flag(name: str, value) -> bool:

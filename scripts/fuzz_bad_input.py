@@ -838,8 +838,8 @@ def entries() -> list[Entry]:
         dict(prompts="tokens", max_new_tokens="ints", batch_size="int"),
     )
     add(
-        "lab.engine.compare_with_generate",
-        lab_engine.compare_with_generate,
+        "lab.engine.compare_serving",
+        lab_engine.compare_serving,
         dict(
             model=M,
             prompts=[[1, 2, 3], [4, 5]],
@@ -847,8 +847,8 @@ def entries() -> list[Entry]:
             max_batch=2,
             block_size=4,
             num_blocks=8,
-            prefix_caching=True,
             reps=1,
+            contenders=("engine", "generate"),
             attention="gather",
         ),
         dict(
