@@ -15,6 +15,7 @@ wrong value a ValueError; the message names the argument, the value and what is 
   tensor of them; ``padding_mask``: the 0/1 attention mask of a left-padded batch;
 - ``items``: a list of things of one kind (requests, events, measured points);
 - ``function``: something to call;
+- ``unmeasured``: what a reading says instead of a verdict when a measurement is missing;
 - ``device`` and ``dtype``: a torch device this machine has, a floating torch dtype;
 - ``causal_lm``: a Hugging Face causal language model;
 - ``fresh_cache``: an empty transformers cache;
@@ -308,6 +309,25 @@ def items(name: str, value, kind: type, *, what: str | None = None, each: str | 
         if not isinstance(v, kind):
             raise TypeError(f"{name}[{i}] must be {each}, got {type(v).__name__}")
     return value
+
+
+def unmeasured(**measurements) -> str | None:
+    """The sentence a reading gives instead of a verdict when a measurement it was handed is
+    missing or no finite number (None, NaN, an infinity: a run that failed or was skipped); None
+    when every one was measured. A model refuses such a value; the reading says so in words."""
+    missing = [
+        f"{name} (got {value!r})"
+        for name, value in measurements.items()
+        if isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+    ]
+    if not missing:
+        return None
+    return (
+        f"Not measured: {', '.join(missing)}. Without {'it' if len(missing) == 1 else 'them'} the"
+        " model has nothing to be compared with, so no verdict is drawn; rerun the measurement."
+    )
 
 
 def function(name: str, value):

@@ -109,7 +109,7 @@ def new_static_cache(model, max_len: int):
     """transformers' ``StaticCache`` for ``model``: ``max_len`` slots per layer, allocated now."""
     from transformers import StaticCache
 
-    return StaticCache(config=model.config, max_cache_len=check.static_cache(model, max_len))
+    return StaticCache(max_cache_len=check.static_cache(model, max_len), config=model.config)
 
 
 # --- the optimized step --------------------------------------------------------------------------

@@ -293,6 +293,7 @@ def _check_sim_args(
     if trace and need > budget_tokens:
         raise ValueError(
             f"budget_tokens ({budget_tokens}) cannot hold one request: {policy} needs {need} tokens"
+            f" (max_len {max_len}, block_size {block_size})"
         )
     return trace
 

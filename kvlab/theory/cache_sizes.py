@@ -287,7 +287,10 @@ def rounding_rms(step: float) -> float:
 def rounding_explains(measured_rms: float, step_rms: float) -> bool:
     """True when a measured RMS rounding error is within ``ROUNDING_TOLERANCE`` of
     ``rounding_rms(step_rms)`` (``step_rms``: the RMS of the elements' quantization steps)."""
-    measured_rms, predicted = nonnegative("measured_rms", measured_rms), rounding_rms(step_rms)
+    measured_rms, predicted = (
+        nonnegative("measured_rms", measured_rms),
+        rounding_rms(nonnegative("step_rms", step_rms)),
+    )
     return predicted > 0 and abs(measured_rms / predicted - 1) <= ROUNDING_TOLERANCE
 
 

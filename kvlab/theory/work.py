@@ -79,7 +79,7 @@ def pass_time(tokens, a: float, b: float) -> float:
     pass).
     """
     a, b = nonnegative("a", a), nonnegative("b", b)
-    if isinstance(tokens, (int, float, bool)):
+    if not hasattr(tokens, "shape"):  # a NumPy array of token counts passes as it is
         tokens = real("tokens", tokens, 0)
     return a + b * tokens
 
@@ -91,7 +91,7 @@ def request_time(P: int, G: int, a: float, b: float, cached: bool = False) -> fl
     with the cached loop's positions. Attention terms and the cache reads of 9.1 are left out.
     """
     a, b = nonnegative("a", a), nonnegative("b", b)
-    return G * a + b * positions_processed(P, G, cached)
+    return b * positions_processed(P, G, cached) + G * a
 
 
 # --- section 9.2: compilation against its per-step gain

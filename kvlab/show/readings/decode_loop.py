@@ -9,6 +9,7 @@ over its cache bytes (``predicted_step``, ``step_slope``; ``STEP_TOLERANCE``, ``
 
 from __future__ import annotations
 
+from kvlab._checks import unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.theory.agreement import ABOVE, compare
@@ -26,6 +27,8 @@ def step_reading(P: int, G: int, median_s: float, predicted_s: float) -> str:
     """Under the step-time figure: the median step at this prompt length against ``predicted_s``,
     what the three-pass model (``decode_step.predicted_step``) gives there; agreement within
     ``decode_step.STEP_TOLERANCE``."""
+    if missing := unmeasured(median_s=median_s, predicted_s=predicted_s):
+        return missing
     from kvlab.theory.decode_step import STEP_TOLERANCE
 
     c = compare(median_s, predicted_s, STEP_TOLERANCE)
@@ -64,6 +67,8 @@ def slope_reading(
     """ "Reading the result" of 9.1: the fitted slope against ``decode_step.step_slope`` (3k/beta,
     agreement within ``SLOPE_TOLERANCE``), and the step at ``s_long`` against the one at ``s0``
     (grown beyond ``GROWTH_TOLERANCE`` or not)."""
+    if missing := unmeasured(slope_meas=slope_meas, t0=t0, t_long=t_long, bandwidth=bandwidth):
+        return missing
     from kvlab.theory.decode_step import (
         DYNAMIC_CACHE_PASSES,
         GROWTH_TOLERANCE,
@@ -131,6 +136,8 @@ def slope_reading(
 def intercept_reading(floor_s: float, t0: float) -> str:
     """The step at short context against the weight-read floor (``decode_step.weight_read_floor``:
     weight bytes / copy bandwidth); ``decode_step.near_floor`` decides."""
+    if missing := unmeasured(floor_s=floor_s, t0=t0):
+        return missing
     from kvlab.theory.decode_step import FLOOR_BAND, near_floor
 
     text = (
