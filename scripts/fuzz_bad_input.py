@@ -846,14 +846,14 @@ def entries() -> list[Entry]:
         lambda o, **k: runner.ModelRunner(M, o, "gather").run(**k),
         dict(chunks=[(0, 6, [7])]),
         dict(chunks="any"),
-        setup=lambda: (lambda c: (c.reserve(0, [7]), c)[1])(paged_cache()),
+        setup=lambda: (lambda c: (c.reserve(0, [7]), c.commit(0, 7), c)[2])(paged_cache()),
         observe=cache_state,
     )
     add(
         "attention.build_step",
         lambda o, **k: attention.build_step(o, **k),
         dict(chunks=[(1, 5, [7])], path="gather"),
-        setup=lambda: (lambda c: (c.reserve(1, [7]), c)[1])(paged_cache()),
+        setup=lambda: (lambda c: (c.reserve(1, [7]), c.commit(1, 6), c)[2])(paged_cache()),
         observe=cache_state,
     )
 
