@@ -123,7 +123,7 @@ def sink_heads(share: Sequence[Sequence[float]], uniform: float) -> list[tuple[i
     attention on the first token), by the page's one definition: ``share >=
     sink_threshold(uniform)``."""
     threshold = sink_threshold(uniform)
-    share = [reals(f"share[{layer}]", row, 0, 1) for layer, row in enumerate(share)]
+    share = [reals(f"share[{layer}]", row, 0) for layer, row in enumerate(share)]
     return [
         (layer, head, float(s))
         for layer, row in enumerate(share)
