@@ -8,18 +8,21 @@ wrong value a ValueError; the message names the argument, the value and what is 
 - ``integer`` and ``integers``: an int in a range (never a bool, never a float, not even 4.0), or a
   list of them;
 - ``real`` and ``positive``: a finite real number in a range (never a bool, an infinity or NaN);
+- ``reals``: a list of such numbers; ``same_length``: lists that pair up one to one;
 - ``flag``: True or False (never ``"no"``, ``1`` or None);
 - ``one_of``: one of a tuple of choices;
 - ``token_ids``: token ids, ints in ``[0, vocab)``; ``token_id_tensor``: a ``[batch, length]``
   tensor of them; ``padding_mask``: the 0/1 attention mask of a left-padded batch;
 - ``items``: a list of things of one kind (requests, events, measured points);
 - ``function``: something to call;
+- ``unmeasured``: what a reading says instead of a verdict when a measurement is missing;
 - ``device`` and ``dtype``: a torch device this machine has, a floating torch dtype;
 - ``causal_lm``: a Hugging Face causal language model;
 - ``fresh_cache``: an empty transformers cache;
 - ``require_memory``: a size this machine can hold, refused by arithmetic before allocating;
 - ``named_shapes``: tensors whose dimensions agree with their layouts;
-- ``decode_call``: every argument of ``kvlab.decode.decode_steps``.
+- ``decode_call``: every argument of ``kvlab.decode.decode_steps``; ``static_cache`` and
+  ``static_step``: ``kvlab.decode.new_static_cache``'s and ``StaticStep.step``'s.
 
 Checks run once, where a public call enters kvlab; what they return is passed on unchecked (a step
 that runs thousands of times calls an unchecked twin with values checked once). ``restoring`` is the
@@ -106,6 +109,45 @@ def positive(name: str, value) -> float:
     return real(name, value, 0, low_open=True)
 
 
+def nonnegative(name: str, value) -> float:
+    """``value`` as a finite float >= 0 (seconds, bytes, fractions of a step)."""
+    return real(name, value, 0)
+
+
+def reals(
+    name: str,
+    value,
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    low_open: bool = False,
+    empty: bool = False,
+) -> list[float]:
+    """``value`` (a list, tuple or 1-D array) as a list of floats, each checked as
+    ``real(f"{name}[i]", ...)``; an empty list only if ``empty``."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise TypeError(f"{name} must be a list of numbers, got {_got(value)}")
+    if getattr(value, "ndim", 1) != 1:
+        raise ValueError(f"{name} must be a flat list of numbers, got shape {value.shape}")
+    if len(value) == 0 and not empty:
+        raise ValueError(
+            f"{name} must hold at least one number, got an empty {type(value).__name__}"
+        )
+    return [real(f"{name}[{i}]", v, low, high, low_open=low_open) for i, v in enumerate(value)]
+
+
+def same_length(**lists) -> int:
+    """The one length of ``lists`` (given by their argument names), which pair up one to one: lists
+    of different lengths are refused, never zipped down to the shorter."""
+    lengths = {name: len(v) for name, v in lists.items()}
+    if len(set(lengths.values())) > 1:
+        said = ", ".join(f"{name} has {n}" for name, n in lengths.items())
+        raise ValueError(
+            f"{' and '.join(lengths)} must have the same length (one entry each), got: {said}"
+        )
+    return next(iter(lengths.values()), 0)
+
+
 def flag(name: str, value) -> bool:
     """``value`` if it is True or False; ``"no"``, ``1`` and None are refused (a string is always
     true)."""
@@ -190,6 +232,8 @@ def token_id_tensor(name: str, value, vocab: int | None = None):
         raise ValueError(
             f"{name} must have shape [batch, prompt_length >= 1], got {list(value.shape)}"
         )
+    if value.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device, which holds no token ids")
     if vocab is not None and value.numel() and (int(value.min()) < 0 or int(value.max()) >= vocab):
         bad = value[(value < 0) | (value >= vocab)].flatten()[:3].tolist()
         raise ValueError(
@@ -265,6 +309,25 @@ def items(name: str, value, kind: type, *, what: str | None = None, each: str | 
         if not isinstance(v, kind):
             raise TypeError(f"{name}[{i}] must be {each}, got {type(v).__name__}")
     return value
+
+
+def unmeasured(**measurements) -> str | None:
+    """The sentence a reading gives instead of a verdict when a measurement it was handed is
+    missing or no finite number (None, NaN, an infinity: a run that failed or was skipped); None
+    when every one was measured. A model refuses such a value; the reading says so in words."""
+    missing = [
+        f"{name} (got {value!r})"
+        for name, value in measurements.items()
+        if isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+    ]
+    if not missing:
+        return None
+    return (
+        f"Not measured: {', '.join(missing)}. Without {'it' if len(missing) == 1 else 'them'} the"
+        " model has nothing to be compared with, so no verdict is drawn; rerun the measurement."
+    )
 
 
 def function(name: str, value):
@@ -460,7 +523,7 @@ def decode_call(
     import torch
 
     one_of("method", method, methods)
-    causal_lm("model", model)
+    causal_lm("model", model) if method != "static" else static_model("model", model)
     if compile is not None:
         flag("compile", compile)
     token_id_tensor("input_ids", input_ids, getattr(model.config, "vocab_size", None))
@@ -481,3 +544,64 @@ def decode_call(
         needed = int(batch * total * kv_bytes)
         require_memory(f"a static cache of {batch} x {total} tokens", needed, model.device)
     return mask
+
+
+def static_model(name: str, value):
+    """``value`` if it is a causal LM with attention layers (what a ``StaticCache`` preallocates
+    for) whose weights are on a device with data."""
+    causal_lm(name, value)
+    if value.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device (it holds no weights): load it first")
+    if not getattr(value.config, "num_attention_heads", None):
+        raise ValueError(
+            f"{name} ({type(value).__name__}) has no attention layers to preallocate a KV cache"
+            " for (a state-space model keeps a fixed-size state): use the cached loop"
+        )
+    return value
+
+
+def static_cache(model, max_len) -> int:
+    """``max_len`` for a ``StaticCache`` of ``model``: at least one slot, and slots that fit this
+    machine's memory (refused by arithmetic, before allocating)."""
+    static_model("model", model)
+    max_len = integer("max_len", max_len)
+    config = model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize
+    require_memory(f"a static cache of {max_len} slots", max_len * per_token, model.device)
+    return max_len
+
+
+def static_step(inputs: dict, model, token, position, mask):
+    """``(token, position, mask)`` for one ``StaticStep.step`` once they fit its preallocated cache
+    (the ``StaticCache`` among ``inputs``): a ``[batch, 1]`` token, its position and the slot it is
+    written to inside the cache, and a 0/1 mask over every slot."""
+    import torch
+    from transformers import StaticCache
+
+    cache = next((v for v in inputs.values() if isinstance(v, StaticCache)), None)
+    if cache is None:
+        raise TypeError("inputs must hold the preallocated cache (kvlab.decode.new_static_cache)")
+    slots = int(cache.get_max_length())
+    token_id_tensor("token", token, getattr(model.config, "vocab_size", None))
+    batch = token.shape[0]
+    if token.shape[1] != 1:
+        raise ValueError(f"token must have shape [batch, 1], got {list(token.shape)}")
+    for what, value, shape in (("position", position, [batch, 1]), ("mask", mask, [batch, slots])):
+        if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point:
+            raise TypeError(f"{what} must be an integer torch.Tensor {shape}, got {_got(value)}")
+        if list(value.shape) != shape:
+            raise ValueError(
+                f"{what} must have shape {shape} (the cache's {slots} slots), got"
+                f" {list(value.shape)}"
+            )
+    slot = inputs.get("cache_position")
+    written = int(slot.max()) if slot is not None else int(cache.get_seq_length())
+    for what, value in (("position", int(position.max())), ("the slot written", written)):
+        if not 0 <= value < slots:
+            raise ValueError(f"{what} must be in [0, {slots}), the cache's slots, got {value}")
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("mask must hold only 0 (a slot not yet visible) and 1")
+    return token, position, mask

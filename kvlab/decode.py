@@ -80,13 +80,12 @@ def _static_steps(model, input_ids, max_new_tokens, mask, compile=None):
     compile = input_ids.device.type == "cuda" if compile is None else compile
     step = StaticStep(model, _static_inputs(model, cache, slot), compile)
     position = position[:, -1:].clone()
-    # The hot loop: three in-place updates of fixed tensors and one call of the step; everything was
-    # checked, allocated and (when compiling) traced before it.
+    # The hot loop: three in-place updates and one step; all checked and allocated before it.
     for i in range(max_new_tokens - 1):
         full[:, prompt + i] = 1
         position += 1
         slot += 1
-        token = step.step(token, position, full).clone()  # a CUDA graph reuses its output buffer
+        token = step.advance(token, position, full).clone()  # a CUDA graph reuses its output buffer
         yield token
 
 
@@ -100,9 +99,8 @@ def _greedy(logits):
 
 
 def _static_inputs(model, cache, slots) -> dict:
-    """What transformers' generate passes with a static cache: the cache, and ``cache_position``
-    (the slots written) to a model whose forward still declares it (a StaticCache otherwise keeps
-    the write position itself, in a tensor, so the step never recompiles)."""
+    """What generate passes with a static cache: the cache, and ``cache_position`` (the slots
+    written) where the forward declares it (else the cache keeps it, so no step recompiles)."""
     with_slots = {"cache_position": slots} if takes(model, "cache_position") else {}
     return dict(cache_kwargs(model, cache), **with_slots)
 
@@ -111,7 +109,7 @@ def new_static_cache(model, max_len: int):
     """transformers' ``StaticCache`` for ``model``: ``max_len`` slots per layer, allocated now."""
     from transformers import StaticCache
 
-    return StaticCache(config=model.config, max_cache_len=max_len)
+    return StaticCache(max_cache_len=check.static_cache(model, max_len), config=model.config)
 
 
 # --- the optimized step --------------------------------------------------------------------------
@@ -126,14 +124,13 @@ COMPILE_OPTIONS = dict(mode="reduce-overhead", fullgraph=True)
 class StaticStep:
     """One decode step on a preallocated cache, with every input at a fixed shape and address.
 
-    With ``compile`` the step is compiled with ``mode="reduce-overhead"``: torch.compile fuses what
-    it can and, on a GPU, replays the whole step as one CUDA graph, so the CPU launches one graph
-    instead of hundreds of kernels. The first call pays for compilation (and, later, graph capture);
-    every later call skips the compiled code's guards, since nothing they check can change (below).
+    With ``compile`` it is compiled with ``mode="reduce-overhead"``: torch.compile fuses what it can
+    and, on a GPU, replays the step as one CUDA graph (one launch, not hundreds of kernels). The
+    first call pays for compilation and capture; later calls skip the guards, which cannot change.
     """
 
     def __init__(self, model, inputs: dict, compile: bool):
-        check.flag("compile", compile)
+        check.flag("compile", compile), check.static_model("model", model)
         self.model, self.inputs = model, inputs
         # torch.compile keeps what it compiled with the code of ``_forward``, not with this object:
         # a later request with the same shapes on the same model reuses it and compiles nothing.
@@ -148,12 +145,15 @@ class StaticStep:
 
     def step(self, token, position, mask):
         """The next greedy token ``[batch, 1]`` after ``token``, written into the cache in place."""
+        return self.advance(*check.static_step(self.inputs, self.model, token, position, mask))
+
+    def advance(self, token, position, mask):
+        """``step`` on inputs checked once by the caller: the loop's fixed tensors."""
         if self.compiled is None:
             return self._forward(token, position, mask)
         self.calls += 1
-        # torch.compile checks its guards (shapes, dtypes, the modules' attributes) before every
-        # call: a validation per step. Every input here keeps its shape, dtype and address, and the
-        # first call compiled for exactly them, so later calls skip that check where torch can.
+        # torch.compile checks its guards (shapes, dtypes, attributes) before every call; each input
+        # keeps the shape, dtype and address it was compiled for, so later calls skip that check.
         if self.calls == 1 or not _SKIPS_GUARDS:
             return self.compiled(token, position, mask)
         with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):

@@ -170,6 +170,60 @@ def bad_values(kind: str):
         "hw": [("none", None), ("str-as-hw", "nonsense"), ("int-as-hw", 3)],
         "salt": [("float-salt", 1.5), ("list-salt", [1]), ("bool-salt", True)],
         "text": [("int-as-str", 3), ("none", None), ("bytes-as-str", b"x")],
+        "reals": [
+            ("nan-in-list", [1.0, math.nan]),
+            ("inf-in-list", [1.0, math.inf]),
+            ("negative-in-list", [1.0, -2.0]),
+            ("bool-in-list", [True, 1.0]),
+            ("str-as-list", "ab"),
+            ("none", None),
+        ],
+        "paired": [
+            ("unpaired", [1.0, 2.0]),
+            ("nan-in-list", [1.0, math.nan, 2.0, 3.0]),
+            ("negative-in-list", [1.0, -2.0, 2.0, 3.0]),
+            ("str-as-list", "ab"),
+            ("none", None),
+        ],
+        "cuts": [
+            ("int-as-list", 5),
+            ("str-as-list", "ab"),
+            ("negative", [-1]),
+            ("past-end", [11]),
+            ("float-as-int", [1.5]),
+            ("none-in-list", [None]),
+        ],
+        "nonempty_text": [
+            ("empty", ""),
+            ("blank", "  "),
+            ("int-as-str", 3),
+            ("bytes-as-str", b"x"),
+        ],
+        "trace": [("none", None), ("str", "abc"), ("int", 3), ("dicts", [{"prompt": [1]}])],
+        "path": [("not-a-path", "not a path"), ("int", 3), ("none", None)],
+        "stopset": [
+            ("negative", frozenset({-5})),
+            ("float-token", frozenset({1.5})),
+            ("bool-token", frozenset({True})),
+            ("list-as-set", [1]),
+        ],
+        "position": [
+            ("past-end", torch.tensor([[8]])),
+            ("float-position", torch.tensor([[1.0]])),
+            ("wrong-shape", torch.tensor([0])),
+            ("none", None),
+        ],
+        "mask8": [
+            ("longer", torch.ones(1, 9, dtype=torch.long)),
+            ("fractional", torch.full((1, 8), 0.5)),
+            ("none", None),
+        ],
+        "static_model": [
+            ("mamba", "mamba"),
+            ("meta-model", "meta"),
+            ("none", None),
+            ("str-as-model", "model"),
+        ],
         "any": [],
     }[kind]
     return [(c, v) for c, v in table if not (optional and v is None)]
@@ -794,7 +848,7 @@ def entries() -> list[Entry]:
     add(
         "runner.ModelRunner.run",
         lambda o, **k: runner.ModelRunner(M, o, "gather").run(**k),
-        dict(chunks=[(0, 1)]),
+        dict(chunks=[(0, 6, [7])]),
         dict(chunks="any"),
         setup=lambda: (lambda c: (c.reserve(0, 1), c)[1])(paged_cache()),
         observe=cache_state,
@@ -842,8 +896,8 @@ def entries() -> list[Entry]:
         dict(prompts="tokens", max_new_tokens="ints", batch_size="int"),
     )
     add(
-        "lab.engine.compare_with_generate",
-        lab_engine.compare_with_generate,
+        "lab.engine.compare_serving",
+        lab_engine.compare_serving,
         dict(
             model=M,
             prompts=[[1, 2, 3], [4, 5]],
@@ -851,8 +905,8 @@ def entries() -> list[Entry]:
             max_batch=2,
             block_size=4,
             num_blocks=8,
-            prefix_caching=True,
             reps=1,
+            contenders=("engine", "padded generate"),
             attention="gather",
         ),
         dict(
@@ -1585,7 +1639,361 @@ def entries() -> list[Entry]:
             static="flag?",
         ),
     )
+    return E + newer_entries()
+
+
+def newer_entries() -> list[Entry]:
+    """Issue 33: the names added since the sweep was first written (the models the readings decide
+    by, decode across devices without spawning, the static step and cache, the lab's new doors)."""
+    import tempfile
+
+    from kvlab import decode
+    from kvlab.cache.layout import new_cache
+    from kvlab.lab import decode_peers, layout_timing, paging, pretrained, trained
+    from kvlab.parallel import context
+    from kvlab.serving.request import Request
+    from kvlab.theory import (
+        cache_sizes,
+        decode_step,
+        kernel_rounding,
+        long_context,
+        matmul,
+        peers,
+        prefill_attention,
+        prefix,
+        serving,
+        shapes,
+        verdict,
+        work,
+    )
+    from kvlab.theory import paging as paging_model
+    from kvlab.theory import parallel as par
+    from kvlab.versions import cache_kwargs
+
+    M, E = model(), []
+    add = lambda *a, **k: E.append(Entry(*a, **k))  # noqa: E731
+    signed = {"zero", "negative"}  # a difference or a change may be zero or negative
+    trace = [Request(0, [1] * 10, 20)]
+    l1b, l70 = shapes.SHAPES["llama-3.2-1b"], shapes.SHAPES["llama-3-70b"]
+    T = lambda name, fn, args, kinds, **k: add("theory." + name, fn, args, kinds, **k)  # noqa: E731
+
+    T(
+        "decode_step.near_floor",
+        decode_step.near_floor,
+        dict(step=1.2, floor=1.0, band=1.5),
+        dict(step="real", floor="real", band="real"),
+    )
+    T(
+        "decode_step.stands_out",
+        decode_step.stands_out,
+        dict(change=0.1, step=1.0, spread=0.05),
+        dict(change="real", step="real", spread="real0"),
+        allow={"change": signed},
+    )
+    T(
+        "decode_step.predicted_step",
+        decode_step.predicted_step,
+        dict(t0=0.01, s0=10, context=100, kv_bytes_per_token=1024, bandwidth=1e10, passes=3),
+        dict(t0="real0", s0="real0", kv_bytes_per_token="real0", bandwidth="real", passes="int"),
+        skip=("context",),
+    )
+    T(
+        "decode_step.step_slope",
+        decode_step.step_slope,
+        dict(kv_bytes_per_token=1024, bandwidth=1e10, passes=3),
+        dict(kv_bytes_per_token="real0", bandwidth="real", passes="int"),
+    )
+    T(
+        "decode_step.step_spread",
+        decode_step.step_spread,
+        dict(step_times=[1.0, 1.1, 1.2, 0.9]),
+        dict(step_times="reals"),
+    )
+    T(
+        "decode_step.weight_read_floor",
+        decode_step.weight_read_floor,
+        dict(weight_bytes=1e6, bandwidth=1e10),
+        dict(weight_bytes="real0", bandwidth="real"),
+    )
+    T("cache_sizes.rounding_rms", cache_sizes.rounding_rms, dict(step=0.1), dict(step="real0"))
+    T(
+        "cache_sizes.rounding_explains",
+        cache_sizes.rounding_explains,
+        dict(measured_rms=0.03, step_rms=0.1),
+        dict(measured_rms="real0", step_rms="real0"),
+    )
+    T(
+        "kernel_rounding.explained_by_rounding",
+        kernel_rounding.explained_by_rounding,
+        dict(difference=1e-6, dtype="float32"),
+        dict(difference="real0", dtype="choice"),
+    )
+    T(
+        "peers.target_met",
+        peers.target_met,
+        dict(value=1.2, target=1.0),
+        dict(value="real", target="real"),
+    )
+    T(
+        "prefix.policy_winner",
+        prefix.policy_winner,
+        dict(lru_hit=0.5, reserve_hit=0.4, margin=0.02),
+        dict(lru_hit="real", reserve_hit="real", margin="real0"),
+        allow={"lru_hit": signed, "reserve_hit": signed},
+    )
+    T(
+        "serving.speedup_verdict",
+        serving.speedup_verdict,
+        dict(measured=2.0, low=1.5, high=3.0, tolerance=1.25),
+        dict(measured="real", low="real", high="real", tolerance="real"),
+    )
+    T(
+        "serving.batch_bound",
+        serving.batch_bound,
+        dict(capacity=4.0, max_batch=8),
+        dict(capacity="real0", max_batch="int"),
+    )
+    T(
+        "paging.within_waste_bound",
+        paging_model.within_waste_bound,
+        dict(waste=0.1, block_size=16, mean_tokens=100.0),
+        dict(waste="frac", block_size="size", mean_tokens="real0"),
+        allow={"block_size": {"huge"}},  # a formula: a huge block is no wrong answer
+    )
+    for name in ("predicted_waste", "paging_saves"):
+        args = dict(trace=trace, block_size=16, max_len=29)
+        if name == "predicted_waste":
+            args = dict(args, policy="paged")
+        T(
+            f"paging.{name}",
+            getattr(paging_model, name),
+            args,
+            dict(block_size="size", max_len="size", policy="choice"),
+            skip=("trace",),
+            allow={"max_len": {"huge"}, "block_size": {"huge"}},
+        )
+    T(
+        "long_context.sink_heads",
+        long_context.sink_heads,
+        dict(share=[[0.5, 0.1]], uniform=0.1),
+        dict(uniform="real"),
+        skip=("share",),
+    )
+    T(
+        "long_context.outlier_count",
+        long_context.outlier_count,
+        dict(ratios=[1.0, 5.0]),
+        dict(ratios="reals"),
+    )
+    T(
+        "long_context.keys_have_outliers",
+        long_context.keys_have_outliers,
+        dict(key_ratios=[5.0, 1.0], value_ratios=[1.0, 1.0]),
+        dict(key_ratios="reals", value_ratios="reals"),
+    )
+    T(
+        "long_context.same_up_to_rounding",
+        long_context.same_up_to_rounding,
+        dict(gap=1e-4),
+        dict(gap="real"),
+        allow={"gap": signed},
+    )
+    T(
+        "long_context.block_means",
+        long_context.block_means,
+        dict(values=[1.0, 2.0, 3.0], block=1),
+        dict(values="reals", block="int"),
+        allow={"values": {"negative-in-list"}},
+    )
+    T(
+        "matmul.fit_roofline",
+        matmul.fit_roofline,
+        dict(intensities=[1.0, 2.0, 4.0, 8.0], rates=[1e9, 2e9, 3e9, 3e9]),
+        dict(intensities="paired", rates="paired"),
+    )
+    T(
+        "parallel.link_table",
+        par.link_table,
+        dict(shapes=[l70, l1b], hw="h200", batch=1, context=4096, world=2, latency=0.0),
+        dict(hw="hw", batch="int", context="int", world="int", latency="real0"),
+        skip=("shapes",),
+    )
+    T(
+        "parallel.tensor_parallel_step",
+        par.tensor_parallel_step,
+        dict(
+            shape=l1b,
+            hw="h200",
+            batch=1,
+            context=1024,
+            world=2,
+            link="nvlink4",
+            latency=0.0,
+            vocab_sharded=False,
+        ),
+        dict(
+            shape="shape",
+            hw="hw",
+            batch="int",
+            context="int",
+            world="int",
+            link="choice",
+            latency="real0",
+            vocab_sharded="flag",
+        ),
+    )
+    work_ = prefill_attention.prefill_attention_work([8], [8], 32, 8, 128, 2, 16)
+    T(
+        "prefill_attention.attention_floor",
+        prefill_attention.attention_floor,
+        dict(work=work_, hw="h200", tiled=True),
+        dict(hw="hw", tiled="flag"),
+        skip=("work",),
+    )
+    T(
+        "work.pass_time",
+        work.pass_time,
+        dict(tokens=10, a=1.0, b=0.1),
+        dict(tokens="real0", a="real0", b="real0"),
+    )
+    T(
+        "work.request_time",
+        work.request_time,
+        dict(P=4, G=2, a=1.0, b=0.1, cached=False),
+        dict(P="int", G="int0", a="real0", b="real0", cached="flag"),
+    )
+    T(
+        "work.compile_repaid",
+        work.compile_repaid,
+        dict(compile_seconds=1.0, step_gain=0.01, tokens=200),
+        dict(compile_seconds="real0", step_gain="real", tokens="int0"),
+        allow={"step_gain": signed},
+    )
+    T(
+        "verdict.compare_loops",
+        verdict.compare_loops,
+        dict(tokens_per_s=100.0, reference_tokens_per_s=110.0),
+        dict(tokens_per_s="real", reference_tokens_per_s="real"),
+    )
+    T(
+        "verdict.compare_idle",
+        verdict.compare_idle,
+        dict(static_idle_s=0.1, cached_idle_s=0.2, cached_ops=10, static_ops=10, graphed=False),
+        dict(
+            static_idle_s="real0",
+            cached_idle_s="real",
+            cached_ops="int",
+            static_ops="int",
+            graphed="flag",
+        ),
+    )
+    T(
+        "verdict.compare_batch_tpot",
+        verdict.compare_batch_tpot,
+        dict(tpot_1=0.01, batch=4, tpot_b=0.012, sequence_bytes=1e6, bandwidth=1e10),
+        dict(tpot_1="real", batch="int", tpot_b="real", sequence_bytes="real", bandwidth="real"),
+    )
+    T(
+        "verdict.past_ridge",
+        verdict.past_ridge,
+        dict(intensity=5.0, ridge=10.0),
+        dict(intensity="real0", ridge="real"),
+    )
+    T(
+        "verdict.exceeds_ceilings",
+        verdict.exceeds_ceilings,
+        dict(bandwidth_fraction=0.5, flops_fraction=0.2),
+        dict(bandwidth_fraction="real0", flops_fraction="real0"),
+    )
+
+    add(
+        "parallel.context.split_positions",
+        context.split_positions,
+        dict(length=10, world_size=2, cuts=[5]),
+        dict(length="int0", world_size="int", cuts="cuts"),
+    )
+    add(
+        "parallel.context.partial_attention",
+        context.partial_attention,
+        dict(
+            q=torch.randn(1, 4, 8), k=torch.randn(1, 2, 5, 8), v=torch.randn(1, 2, 5, 8), scale=0.25
+        ),
+        dict(scale="real?", q="tensor", k="tensor", v="tensor"),
+    )
+
+    add(
+        "decode.new_static_cache",
+        decode.new_static_cache,
+        dict(model=M, max_len=8),
+        dict(max_len="size"),
+    )
+    add(
+        "decode.StaticStep.step",
+        lambda o, **k: o.step(**k),
+        dict(
+            token=torch.tensor([[1]]),
+            position=torch.tensor([[0]]),
+            mask=torch.ones(1, 8, dtype=torch.long),
+        ),
+        dict(token="ids", position="position", mask="mask8"),
+        setup=lambda: decode.StaticStep(M, cache_kwargs(M, decode.new_static_cache(M, 8)), False),
+    )
+    add(
+        "decode.static_decode",
+        lambda model, **k: decode.static_decode(_as_model(model), **k),
+        dict(model=M, input_ids=ids(), max_new_tokens=2),
+        dict(model="static_model", input_ids="ids", max_new_tokens="int0"),
+    )
+
+    cache = new_cache("BHTD", batch=1, length=4, kv_heads=2, head_dim=8)
+    add(
+        "lab.layout_timing.append_traffic",
+        layout_timing.append_traffic,
+        dict(cache=cache, method="cat"),
+        dict(method="choice", cache="model"),
+    )
+    add(
+        "lab.trained.heldout_ids",
+        trained.heldout_ids,
+        dict(text="some text"),
+        dict(text="nonempty_text"),
+    )
+    add(
+        "lab.decode_peers.generate_peer",
+        decode_peers.generate_peer,
+        dict(model=M, input_ids=ids(), max_new_tokens=2),
+        dict(model="model", input_ids="ids", max_new_tokens="int"),
+    )
+    add(
+        "lab.paging.simulate",
+        paging.simulate,
+        dict(trace=trace, policy="paged", budget_tokens=256, block_size=16),
+        dict(trace="trace", policy="choice", budget_tokens="size", block_size="size"),
+    )
+    stamp = tempfile.NamedTemporaryFile(suffix=".gguf", delete=False)
+    add(
+        "lab.pretrained.cache_stamp",
+        pretrained.cache_stamp,
+        dict(gguf_file=__import__("pathlib").Path(stamp.name)),
+        dict(gguf_file="path"),
+    )
+    add(
+        "serving.request.Request(stop)",
+        Request,
+        dict(id=0, prompt=[1, 2], max_new_tokens=3, stop=frozenset({3})),
+        dict(stop="stopset"),
+        skip=("id", "prompt", "max_new_tokens"),
+    )
     return E
+
+
+def _as_model(value):
+    """The model a ``static_model`` class names: a Mamba, a model on the meta device."""
+    if value == "mamba":
+        return kvlab.tiny_model("mamba", layers=1, hidden=32, vocab=VOCAB)
+    if value == "meta":
+        return kvlab.tiny_model("llama", layers=1, hidden=32, q_heads=2, vocab=VOCAB).to("meta")
+    return value
 
 
 def _static_cache(m):

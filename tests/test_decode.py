@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.decode import cached_decode, naive_decode, static_decode
+from kvlab.decode import StaticStep, cached_decode, naive_decode, new_static_cache, static_decode
 from kvlab.theory.work import positions_processed
 
 DECODERS = {"naive": naive_decode, "cached": cached_decode, "static": static_decode}
@@ -256,7 +256,73 @@ BAD_CALLS = {
         TypeError,
         r"model must be a Hugging Face causal LM",
     ),
+    "static cache of no slots": (lambda m: new_static_cache(m, 0), ValueError, "max_len"),
+    "static cache of negative slots": (lambda m: new_static_cache(m, -4), ValueError, "max_len"),
+    "static cache of 2.5 slots": (lambda m: new_static_cache(m, 2.5), TypeError, "max_len"),
+    "static cache past memory": (
+        lambda m: new_static_cache(m, 10**12),
+        MemoryError,
+        "static cache of 1000000000000 slots",
+    ),
+    "static step past the last slot": (
+        lambda m: _step(m).step(torch.tensor([[1]]), torch.tensor([[8]]), torch.ones(1, 8).long()),
+        ValueError,
+        r"position must be in \[0, 8\)",
+    ),
+    "static step mask longer than the cache": (
+        lambda m: _step(m).step(torch.tensor([[1]]), torch.tensor([[2]]), torch.ones(1, 9).long()),
+        ValueError,
+        r"mask must have shape \[1, 8\]",
+    ),
+    "static step float position": (
+        lambda m: _step(m).step(
+            torch.tensor([[1]]), torch.tensor([[2.0]]), torch.ones(1, 8).long()
+        ),
+        TypeError,
+        "position must be an integer",
+    ),
+    "static step token past the vocabulary": (
+        lambda m: _step(m).step(
+            torch.tensor([[128]]), torch.tensor([[2]]), torch.ones(1, 8).long()
+        ),
+        ValueError,
+        "token must be token ids",
+    ),
+    "static step compile not a flag": (
+        lambda m: StaticStep(m, {}, "no"),
+        TypeError,
+        "compile must be True or False",
+    ),
+    "static decode of a Mamba": (
+        lambda m: static_decode(
+            kvlab.tiny_model("mamba", layers=1, hidden=32, vocab=64), torch.tensor([[1, 2]]), 2
+        ),
+        ValueError,
+        "model .MambaForCausalLM. has no attention layers",
+    ),
+    "static decode of meta ids": (
+        lambda m: static_decode(m, torch.tensor([[1, 2]], device="meta"), 2),
+        ValueError,
+        "input_ids is on the meta device",
+    ),
+    "static decode of a meta model": (
+        lambda m: static_decode(_meta_llama(), torch.tensor([[1, 2]]), 2),
+        ValueError,
+        "model is on the meta device",
+    ),
 }
+
+
+def _step(model):
+    from kvlab.versions import cache_kwargs
+
+    step = StaticStep(model, cache_kwargs(model, new_static_cache(model, 8)), False)
+    step.step(torch.tensor([[1]]), torch.tensor([[0]]), torch.ones(1, 8).long())  # a valid one
+    return step
+
+
+def _meta_llama():
+    return kvlab.tiny_model("llama", layers=1, hidden=32, q_heads=2, vocab=64).to("meta")
 
 
 @pytest.mark.parametrize("name", BAD_CALLS)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvlab import _checks
 from kvlab._checks import integer
 from kvlab.decode import cached_decode, naive_decode, static_decode
 from kvlab.devices import on_gpu
@@ -64,7 +65,10 @@ def generate_peer(
     for exactly ``max_new_tokens`` tokens: a function returning the new ids ``[batch,
     max_new_tokens]``.
     """
-    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+    _checks.causal_lm("model", model)
+    _checks.token_id_tensor("input_ids", input_ids, getattr(model.config, "vocab_size", None))
+    integer("max_new_tokens", max_new_tokens)
+    mask = _checks.padding_mask("attention_mask", attention_mask, input_ids)
     config = _greedy_config(model, max_new_tokens)
     prompt = input_ids.shape[1]
 

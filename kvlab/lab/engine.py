@@ -359,6 +359,7 @@ def compare_serving(
     """
     prompts, max_new_tokens = _requests(model, prompts, max_new_tokens)
     reps = _checks.integer("reps", reps)
+    num_blocks = None if num_blocks is None else _checks.integer("num_blocks", num_blocks)
     unknown = [c for c in contenders if c not in CONTENDERS]
     if unknown or GENERATE not in contenders:
         raise ValueError(

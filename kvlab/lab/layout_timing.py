@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab._checks import integer
+from kvlab._checks import integer, one_of
 from kvlab.cache.addresses import LAYOUTS, PAGED, KVGeometry, as_block_table
 from kvlab.cache.layout import APPEND_METHODS, KVCache, decode_reader, new_cache, token_writer
 from kvlab.devices import on_gpu
@@ -191,6 +191,9 @@ def append_traffic(cache: KVCache, method: str) -> tuple[int, int]:
     An in-place write reads the new token and writes it (``2 * new``). ``cat`` reads the held
     tokens and the new one and writes them all to a new tensor.
     """
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"cache must be a kvlab.cache.layout.KVCache, got {type(cache).__name__}")
+    one_of("method", method, APPEND_METHODS[cache.layout])
     new = cache.geometry.layers * cache.batch * cache.bytes_per_token
     if method == "cat":
         return new, 2 * new * (cache.length + 1)

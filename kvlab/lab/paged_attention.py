@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlab import kernels
-from kvlab._checks import integer, one_of
+from kvlab._checks import integer, named_shapes, one_of, token_ids
 from kvlab.lab.timing import Timing, measure, merge_timings
 from kvlab.serving.attention import ATTENTION_PATHS
 from kvlab.theory.prefill_attention import PrefillWork, prefill_attention_work
@@ -122,12 +122,13 @@ def paged_prefill_launcher(
 
 def paged_prefill_work(q, k_cache, cu_query_lens, context_lens) -> PrefillWork:
     """FLOPs and bytes of one launch on these tensors (``kvlab.theory.prefill_attention``), with
-    this kernel's query tile, so that a measured time gives fractions of the machine's ceilings."""
-    cu = cu_query_lens.tolist()
+    this kernel's query tile, so that a measured time gives fractions of the machine's ceilings. A
+    launch the kernel would refuse is refused here too."""
+    cu, lens = _launch_lens(q, k_cache, cu_query_lens, context_lens)
     group = q.shape[1] // k_cache.shape[2]
     return prefill_attention_work(
         [b - a for a, b in zip(cu, cu[1:])],
-        context_lens.tolist(),
+        lens,
         q.shape[1],
         k_cache.shape[2],
         q.shape[2],
@@ -135,6 +136,39 @@ def paged_prefill_work(q, k_cache, cu_query_lens, context_lens) -> PrefillWork:
         k_cache.shape[1],
         kernels.configs.query_tokens_per_tile(group),
     )
+
+
+def _launch_lens(q, k_cache, cu_query_lens, context_lens) -> tuple[list[int], list[int]]:
+    """``(cu_query_lens, context_lens)`` as lists once they describe a launch the prefill kernel
+    accepts: shapes that agree, cumulative new tokens from 0 to ``q``'s tokens, each context at
+    least its new tokens, a power-of-two block and a head dim the kernel supports."""
+    layouts = {
+        "q": "[tokens, q_heads, head_dim]",
+        "k_cache": "[blocks, block_size, kv_heads, head_dim]",
+    }
+    sizes = named_shapes(layouts, q=q, k_cache=k_cache)
+    if sizes["q_heads"] % sizes["kv_heads"]:
+        raise ValueError(
+            f"q's {sizes['q_heads']} heads must be a multiple of k_cache's {sizes['kv_heads']}"
+        )
+    block, dim = sizes["block_size"], sizes["head_dim"]
+    if block & (block - 1) or dim not in kernels.SUPPORTED_HEAD_DIMS:
+        raise ValueError(
+            f"k_cache's block_size must be a power of two and its head_dim one of "
+            f"{kernels.SUPPORTED_HEAD_DIMS} (the kernel's limits), got {block} and {dim}"
+        )
+    cu = token_ids("cu_query_lens", cu_query_lens)
+    lens = token_ids("context_lens", context_lens)
+    if cu[0] != 0 or cu[-1] != sizes["tokens"] or cu != sorted(cu):
+        raise ValueError(
+            f"cu_query_lens must rise from 0 to q's {sizes['tokens']} tokens, got {cu}"
+        )
+    new = [b - a for a, b in zip(cu, cu[1:])]
+    if len(lens) != len(new) or any(n > c for n, c in zip(new, lens)):
+        raise ValueError(
+            f"context_lens must hold each sequence's new tokens and more ({new}), got {lens}"
+        )
+    return cu, lens
 
 
 def _alternate(contenders: dict, warmup: int, reps: int) -> dict:

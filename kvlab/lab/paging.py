@@ -293,6 +293,7 @@ def _check_sim_args(
     if trace and need > budget_tokens:
         raise ValueError(
             f"budget_tokens ({budget_tokens}) cannot hold one request: {policy} needs {need} tokens"
+            f" (max_len {max_len}, block_size {block_size})"
         )
     return trace
 
@@ -318,12 +319,9 @@ def simulate(
     (``reserve-estimate``) defaults to the trace's mean output. The requests of ``trace`` are
     copied, not changed.
     """
-    trace = (
-        list(trace) if not isinstance(trace, (str, bytes)) and hasattr(trace, "__iter__") else trace
-    )
-    longest = max(
-        (len(r.prompt) + r.max_new_tokens for r in trace if isinstance(r, Request)), default=1
-    )
+    what = "kvlab.serving.request.Request"
+    trace = items("trace", trace, Request, what=what, each=f"a {what}")
+    longest = max((len(r.prompt) + r.max_new_tokens for r in trace), default=1)
     max_len = max_len if max_len is not None else longest
     trace = _check_sim_args(
         trace, policy, budget_tokens, block_size, max_batch, max_len, preemption

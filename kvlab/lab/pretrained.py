@@ -95,6 +95,9 @@ def cache_stamp(gguf_file: Path) -> dict:
     this cache layout."""
     import transformers
 
+    if not isinstance(gguf_file, (str, os.PathLike)) or not Path(gguf_file).is_file():
+        raise ValueError(f"gguf_file must be the path of an existing GGUF file, got {gguf_file!r}")
+    gguf_file = Path(gguf_file)
     return {
         "gguf": gguf_file.name,
         "gguf_bytes": gguf_file.stat().st_size,
@@ -259,6 +262,10 @@ def pretrained_model(
             "attn_implementation must be a str ('sdpa', 'eager', ...) or None, got "
             f"{type(attn_implementation).__name__}"
         )
+    if attn_implementation is not None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        one_of("attn_implementation", attn_implementation, ("eager", *ALL_ATTENTION_FUNCTIONS))
     dev, dtype = device_and_dtype(device, dtype)
     if source == "hub":
         model = load_model(HUB_ID, dtype=dtype, device=dev)
@@ -294,6 +301,12 @@ def chat_ids(tokenizer, messages, device=None):
             "messages must be a str or a list of {'role': ..., 'content': ...} dicts, got "
             f"{type(messages).__name__}"
         )
+    for i, m in enumerate(messages):
+        if not isinstance(m["role"], str) or not isinstance(m["content"], str):
+            raise TypeError(
+                f"messages[{i}] must have a str role and a str content, got "
+                f"{type(m['role']).__name__} and {type(m['content']).__name__}"
+            )
     encoded = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, return_dict=True, return_tensors="pt"
     )

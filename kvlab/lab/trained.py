@@ -89,7 +89,9 @@ def heldout_ids(tokenizer=None, text: str | None = None):
             f"text must be a str (or None for the held-out books), got {type(text).__name__}"
         )
     text = heldout_text() if text is None else text
-    return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+    if not text.strip():
+        raise ValueError("text must hold some text to tokenize, got an empty or blank str")
+    return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]], dtype=torch.long)
 
 
 def heldout_perplexity(

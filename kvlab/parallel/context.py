@@ -17,7 +17,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from kvlab._checks import integer
+from kvlab._checks import integer, integers, positive
 from kvlab.parallel import launch
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -55,7 +55,7 @@ def partial_attention(q, k, v, scale: float | None = None) -> tuple[torch.Tensor
     _check_qkv(q, k, v)
     batch, q_heads, dim = q.shape
     kv_heads = k.shape[1]
-    scale = 1 / math.sqrt(dim) if scale is None else float(scale)
+    scale = 1 / math.sqrt(dim) if scale is None else positive("scale", scale)
     work = torch.promote_types(q.dtype, torch.float32)
     grouped = q.to(work).view(batch, kv_heads, q_heads // kv_heads, dim)
     scores = torch.einsum("bhgd,bhtd->bhgt", grouped, k.to(work)) * scale
@@ -74,7 +74,7 @@ def split_positions(length: int, world_size: int, cuts=None) -> list[tuple[int, 
         base, extra = divmod(length, world_size)
         sizes = [base + (r < extra) for r in range(world_size)]
         cuts = [sum(sizes[: r + 1]) for r in range(world_size - 1)]
-    cuts = [integer(f"cuts[{i}]", c, 0, length + 1) for i, c in enumerate(cuts)]
+    cuts = integers("cuts", cuts, 0, length + 1, empty=True)
     if len(cuts) != world_size - 1 or cuts != sorted(cuts):
         raise ValueError(
             f"cuts must be {world_size - 1} nondecreasing positions in [0, {length}], got {cuts}"
@@ -123,6 +123,7 @@ def context_parallel_decode_attention(
     only its shard; returns the merged output, which every rank must agree on (fp32, fp64 for fp64).
     """
     _check_qkv(q, k, v)
+    scale = None if scale is None else positive("scale", scale)
     world_size = launch.world_of(workers, world_size, backend, device)
     bounds = split_positions(k.shape[2], world_size, cuts)
     shards = [(k[:, :, a:b].contiguous(), v[:, :, a:b].contiguous()) for a, b in bounds]

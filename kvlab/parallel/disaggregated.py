@@ -5,7 +5,9 @@ another rank, which continues the generation from them.
 The prefill rank runs ``kvlab.serving.paged_decode.prefill`` as a single-device engine would, then
 sends, with ``torch.distributed`` point-to-point messages:
 
-1. a header: the prompt length, the first generated token and the number of blocks;
+1. a header: the prompt length, the first generated token, the number of blocks, and the layout
+   the blocks have (block size, layers, KV heads, head dim, dtype), which the decode rank checks
+   against its own cache and against the length before it receives anything sized by it;
 2. the block table (``int32``; the prefill pool's block ids, in the sequence's logical order);
 3. the blocks: for every layer its K and V blocks, gathered from the pools in table order, one
    tensor ``[layers, 2, blocks, block_size, kv_heads, head_dim]``.
@@ -28,11 +30,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from kvlab._checks import integer, one_of
-from kvlab.parallel import launch
+from kvlab._checks import integer, token_ids
+from kvlab.parallel import _checks, launch
 from kvlab.parallel.tensor import save_checkpoint
-
-ATTENTION_PATHS = ("kernel", "reference")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +83,8 @@ def send_prompt_cache(model, cache, prompt: list[int], to_rank: int, attention: 
             for layer in range(cache.num_layers)
         ]
     )
-    header = torch.tensor([len(prompt), first, len(table)], dtype=torch.long, device=cache.device)
+    header = _checks.header_for(cache, len(prompt), first, len(table))
+    header = torch.tensor(header, dtype=torch.long, device=cache.device)
     table_tensor = torch.tensor(table, dtype=torch.int32, device=cache.device)
     messages = [m.contiguous() for m in (header, table_tensor, blocks)]
     dist.barrier()  # both ranks ready: the time below is the transfer, not the receiver's start-up
@@ -99,15 +100,17 @@ def send_prompt_cache(model, cache, prompt: list[int], to_rank: int, attention: 
     }
 
 
-def receive_prompt_cache(cache, from_rank: int) -> tuple[int, int, list[int]]:
+def receive_prompt_cache(cache, from_rank: int, vocab: int = 2**63) -> tuple[int, int, list[int]]:
     """Receive a prompt's blocks into a new sequence of ``cache``; returns (sequence id, first
-    token, the sender's table)."""
-    header = torch.empty(3, dtype=torch.long, device=cache.device)
+    token, the sender's table). The header is checked on arrival, before anything sized by it."""
+    header = torch.full((len(_checks.HEADER),), -1, dtype=torch.long, device=cache.device)
     dist.barrier()
     dist.recv(header, src=from_rank)
-    length, first, count = header.tolist()
-    table = torch.empty(count, dtype=torch.int32, device=cache.device)
+    got = _checks.header_on_arrival(cache, header.tolist(), vocab)
+    length, first, count = got["length"], got["first"], got["blocks"]
+    table = torch.full((count,), -1, dtype=torch.int32, device=cache.device)
     dist.recv(table, src=from_rank)
+    _checks.received_table(table.tolist())
     blocks = torch.empty(
         (cache.num_layers, 2, count, cache.block_size, cache.num_kv_heads, cache.head_dim),
         dtype=cache.dtype,
@@ -140,12 +143,13 @@ def handoff_on_rank(
         dist.barrier()  # the handoff's barrier is collective: every rank takes part
         return None
     device = launch.rank_device()
-    model = _paged_model(path, device)
+    paths = (path, path) if isinstance(path, str) else path  # (prefill's, decode's) checkpoints
+    model = _paged_model(paths[rank == decode_rank], device)
     blocks = -(-(len(prompt) + max_new_tokens) // block_size) + 1
     cache = cache_for(model, blocks, block_size, device=device)
     if rank == prefill_rank:
         return send_prompt_cache(model, cache, prompt, decode_rank, attention)
-    seq, token, sent_table = receive_prompt_cache(cache, prefill_rank)
+    seq, token, sent_table = receive_prompt_cache(cache, prefill_rank, model.config.vocab_size)
     tokens = [token]
     for _ in range(max_new_tokens - 1):
         tokens += decode_step(model, cache, [seq], [tokens[-1]], attention=attention)
@@ -165,6 +169,8 @@ def disaggregated_generate(
     decode_rank: int = 1,
     world_size: int = 2,
     attention: str | None = None,
+    decode_model=None,
+    decode_block_size: int | None = None,
     workers: launch.Workers | None = None,
     backend: str | None = None,
     device: str = "cpu",
@@ -176,7 +182,9 @@ def disaggregated_generate(
 
     ``attention`` is the decode rank's paged attention path: the Triton ``"kernel"`` (default on a
     GPU) or its PyTorch ``"reference"`` (default on the CPU, where the kernel would run in Triton's
-    interpreter). Everything is checked before a process starts.
+    interpreter). ``decode_model`` and ``decode_block_size`` are the decode rank's own (default:
+    ``model`` and ``block_size``); the blocks travel as they are, so both ranks must agree on the
+    block size, dtype, layers and KV heads. Everything is checked before a process starts.
     """
     world_size = launch.world_of(workers, world_size, backend, device)
     world_size = integer("world_size", world_size, 2)
@@ -185,21 +193,20 @@ def disaggregated_generate(
     if prefill_rank == decode_rank:
         raise ValueError(f"prefill_rank and decode_rank must differ, both are {prefill_rank}")
     max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
-    block_size = integer("block_size", block_size, 1)
-    attention = attention or ("kernel" if device == "cuda" else "reference")
-    one_of("attention", attention, ATTENTION_PATHS)
-    vocab = model.config.vocab_size
-    if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__iter__"):
-        raise TypeError(f"prompt must be a list of int token ids, got {type(prompt).__name__}")
-    prompt = [integer(f"prompt[{i}]", t, 0, vocab) for i, t in enumerate(prompt)]
-    if not prompt:
-        raise ValueError("prompt must hold at least one token")
+    attention = _checks.attention_path(attention, device)
+    decode_model, block_size = _checks.handoff_ranks(
+        model, decode_model, block_size, decode_block_size, attention
+    )
+    prompt = token_ids("prompt", prompt, model.config.vocab_size)
     with tempfile.TemporaryDirectory(prefix="kvlab-pd-") as path:
-        save_checkpoint(model, path)
+        save_checkpoint(model, f"{path}/prefill")
+        if decode_model is not model:
+            save_checkpoint(decode_model, f"{path}/decode")
+        paths = (f"{path}/prefill", f"{path}/{'prefill' if decode_model is model else 'decode'}")
         ranks = launch.call(
             workers,
             handoff_on_rank,
-            path,
+            paths,
             prompt,
             max_new_tokens,
             block_size,

@@ -136,7 +136,7 @@ class Workers:
             while len(returned) < self.world_size:
                 _drain(self._results, returned)
                 if any(isinstance(v, _Failed) for v in returned.values()):
-                    raise _first_failure(returned, None)
+                    raise _first_failure(returned, None, self._silent(returned))
                 self._processes.join(timeout=POLL_S, grace_period=1.0)  # raises if a rank died
                 if time.monotonic() > deadline:
                     raise TimeoutError(
@@ -144,16 +144,31 @@ class Workers:
                         "timeout; every rank was stopped"
                     )
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            _drain(self._results, returned)
+            silent = self._silent(returned)  # before stopping: who left on its own
             self._stop()
             _drain(self._results, returned)
-            raise _first_failure(returned, e) from None
+            raise _first_failure(returned, e, silent) from None
+        except WorkerError:
+            self._stop()
+            raise
         except BaseException:
+            silent = self._silent(returned)
             self._stop()
             _drain(self._results, returned)
             if any(isinstance(v, _Failed) for v in returned.values()):
-                raise _first_failure(returned, None) from None
+                raise _first_failure(returned, None, silent) from None
             raise
         return [returned[rank] for rank in range(self.world_size)]
+
+    def _silent(self, returned: dict) -> dict[int, int]:
+        """``{rank: exit code}`` of the ranks whose process has exited without a result or a
+        traceback (killed, crashed, ``os._exit``)."""
+        return {
+            rank: p.exitcode
+            for rank, p in enumerate(self._processes.processes)
+            if p.exitcode is not None and rank not in returned
+        }
 
     def _stop(self) -> None:
         self.closed = True
@@ -228,12 +243,21 @@ class _Failed:
         self.traceback, self.when = traceback_text, time.time()
 
 
-def _first_failure(returned: dict, error) -> WorkerError:
+def _first_failure(returned: dict, error, silent: dict) -> WorkerError:
     """The rank that failed first: the others usually fail only because it left (a closed
-    socket)."""
+    socket). A rank whose process exited without a word (``silent``: rank to exit code) failed
+    before any rank that was still alive to write its traceback."""
     failed = sorted(
         (f.when, rank, f.traceback) for rank, f in returned.items() if isinstance(f, _Failed)
     )
+    if silent:
+        rank = min(silent)
+        others = "".join(f"\n(then rank {r} failed too:)\n{text}" for _, r, text in failed)
+        return WorkerError(
+            rank,
+            f"its process exited with code {silent[rank]} and left no Python traceback (killed,"
+            f" crashed or os._exit) while the other ranks were still running{others}",
+        )
     if not failed:
         return WorkerError(
             error.error_index, f"{error} (it left no Python traceback: killed, or it crashed)"
@@ -299,8 +323,9 @@ def init_from_env(backend: str | None = None, timeout_s: float = 120.0) -> tuple
     """Join the process group described by ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
     ``MASTER_PORT`` (what torchrun and :class:`Workers` set); returns ``(rank, world_size)``.
     Under NCCL each rank takes the GPU of its ``LOCAL_RANK``."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = _rank_from_env()
     backend = backend or default_backend("cuda" if torch.cuda.is_available() else "cpu")
+    one_of("backend", backend, BACKENDS), positive("timeout_s", timeout_s)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     if not dist.is_initialized():
@@ -308,6 +333,27 @@ def init_from_env(backend: str | None = None, timeout_s: float = 120.0) -> tuple
             backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
         )
     return rank, world
+
+
+def _rank_from_env() -> tuple[int, int]:
+    """``(RANK, WORLD_SIZE)`` from the environment, each there and a whole number in range."""
+    values = {}
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(name):
+            raise ValueError(
+                f"init_from_env needs the environment variable {name}, which is not set: start the"
+                " ranks with torchrun or kvlab.parallel.launch.Workers"
+            )
+        values[name] = os.environ[name]
+    numbers = {}
+    for name in ("RANK", "WORLD_SIZE"):
+        if not values[name].isdigit():
+            raise ValueError(
+                f"environment variable {name} must be a whole number, got {values[name]!r}"
+            )
+        numbers[name] = int(values[name])
+    world = integer("WORLD_SIZE", numbers["WORLD_SIZE"], 1, MAX_WORLD + 1)
+    return integer("RANK", numbers["RANK"], 0, world), world
 
 
 def rank_device() -> torch.device:

@@ -39,6 +39,7 @@ def request(r) -> None:
     integer("max_new_tokens", r.max_new_tokens, 1)  # a request that generates nothing never ends
     if not isinstance(r.stop, frozenset):
         raise TypeError(f"stop must be a frozenset of token ids, got {type(r.stop).__name__}")
+    token_ids("stop", sorted(r.stop, key=repr), empty=True)
     real("arrival", r.arrival)
 
 

@@ -20,7 +20,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from kvlab._checks import integer, integers, one_of, positive
+from kvlab._checks import integer, integers, nonnegative, one_of, positive
 from kvlab.theory import memory_wall
 from kvlab.theory.shapes import SHAPES, ModelShape
 
@@ -281,13 +281,16 @@ def rounding_rms(step: float) -> float:
     """The RMS error of rounding to the nearest level of spacing ``step`` when the error is spread
     evenly over [-step/2, step/2]: step / sqrt(12), the prediction ``quantize``'s errors are drawn
     against (section 9.7)."""
-    return float(step) / math.sqrt(12)
+    return nonnegative("step", step) / math.sqrt(12)
 
 
 def rounding_explains(measured_rms: float, step_rms: float) -> bool:
     """True when a measured RMS rounding error is within ``ROUNDING_TOLERANCE`` of
     ``rounding_rms(step_rms)`` (``step_rms``: the RMS of the elements' quantization steps)."""
-    predicted = rounding_rms(step_rms)
+    measured_rms, predicted = (
+        nonnegative("measured_rms", measured_rms),
+        rounding_rms(nonnegative("step_rms", step_rms)),
+    )
     return predicted > 0 and abs(measured_rms / predicted - 1) <= ROUNDING_TOLERANCE
 
 

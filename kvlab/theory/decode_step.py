@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 
-from kvlab._checks import positive
+from kvlab._checks import integer, nonnegative, positive, real, reals
 
 # Notebook 01's model of a cached step: t(s) = t(s0) + copies * k * (s - s0) / beta.
 # ``DynamicCache`` reads every cached byte and its ``torch.cat`` copies it (a read and a write):
@@ -32,6 +32,10 @@ def predicted_step_growth(
     """Seconds by which a cached decode step grows over ``tokens`` more tokens of history, at
     ``kv_bytes_per_token`` bytes each moved ``passes`` times at ``bandwidth`` bytes/s (notebook 01).
     """
+    kv_bytes_per_token, passes = (
+        nonnegative("kv_bytes_per_token", kv_bytes_per_token),
+        integer("passes", passes),
+    )
     return passes * kv_bytes_per_token * tokens / positive("bandwidth", bandwidth)
 
 
@@ -67,6 +71,7 @@ def predicted_step(
     """Notebook 01's model of a cached step at ``context`` tokens of history, t(s) = t(s0) + passes
     k (s - s0) / beta, from the step ``t0`` measured at ``s0`` tokens (``context`` may be a NumPy
     array)."""
+    t0, s0 = nonnegative("t0", t0), nonnegative("s0", s0)
     return t0 + predicted_step_growth(kv_bytes_per_token, context - s0, bandwidth, passes)
 
 
@@ -80,6 +85,9 @@ GROWTH_TOLERANCE = 1.1
 
 def step_spread(step_times) -> float:
     """How much single steps of one run move: their interquartile range over their median."""
+    step_times = reals("step_times", step_times, 0, low_open=True)
+    if len(step_times) < 2:
+        raise ValueError(f"step_times must hold at least two steps, got {len(step_times)}")
     q1, _, q3 = statistics.quantiles(step_times, n=4)
     return (q3 - q1) / statistics.median(step_times)
 
@@ -87,6 +95,11 @@ def step_spread(step_times) -> float:
 def stands_out(change: float, step: float, spread: float) -> bool:
     """Whether a change of ``change`` seconds in a step of ``step`` seconds exceeds the ``spread``
     (a fraction of a step, ``step_spread``) by which single steps of the run move anyway."""
+    change, step, spread = (
+        real("change", change),
+        positive("step", step),
+        nonnegative("spread", spread),
+    )
     return abs(change) > spread * step
 
 
@@ -97,9 +110,10 @@ FLOOR_BAND = 1.5
 def weight_read_floor(weight_bytes: float, bandwidth: float) -> float:
     """Seconds to read a step's weights once at ``bandwidth`` bytes/s: the floor of a batch-1 decode
     step whose cache is small next to its weights (notebooks 01 and 03)."""
-    return weight_bytes / positive("bandwidth", bandwidth)
+    return nonnegative("weight_bytes", weight_bytes) / positive("bandwidth", bandwidth)
 
 
 def near_floor(step: float, floor: float, band: float = FLOOR_BAND) -> bool:
     """Whether a step of ``step`` seconds is within ``band`` times its ``floor``."""
+    step, floor, band = positive("step", step), positive("floor", floor), real("band", band, 1)
     return step <= band * floor

@@ -12,6 +12,8 @@ reading decides without importing torch. The kernel's grid and records are in
 
 from __future__ import annotations
 
+from kvlab._checks import nonnegative
+
 # The kernel against fp64 attention. In fp16 and bf16 it rounds the softmax weights to the cache's
 # dtype before the second product and rounds the output once: about two units of that dtype's
 # roundoff (2^-10 and 2^-7) on outputs of order one. In fp32 its sums run in another order than
@@ -33,4 +35,4 @@ def rounding_tolerance(dtype) -> float:
 def explained_by_rounding(difference: float, dtype) -> bool:
     """Whether a largest difference from fp64 attention is within what ``dtype`` rounding
     explains."""
-    return difference <= rounding_tolerance(dtype)
+    return nonnegative("difference", difference) <= rounding_tolerance(dtype)

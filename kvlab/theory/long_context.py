@@ -29,7 +29,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvlab._checks import integer, positive
+from kvlab._checks import integer, positive, real, reals
 
 SINK_SHARE = 0.3
 SINK_FACTOR = 4.0
@@ -108,7 +108,7 @@ def same_up_to_rounding(gap: float) -> bool:
     """True when the largest log-probability difference ``gap`` of two runs is fp32 rounding
     (at most ``ROUNDING_GAP``): what RoPE's relative positions predict for two conventions that keep
     every distance."""
-    return abs(float(gap)) <= ROUNDING_GAP
+    return abs(real("gap", gap)) <= ROUNDING_GAP
 
 
 def sink_threshold(uniform: float) -> float:
@@ -123,6 +123,7 @@ def sink_heads(share: Sequence[Sequence[float]], uniform: float) -> list[tuple[i
     attention on the first token), by the page's one definition: ``share >=
     sink_threshold(uniform)``."""
     threshold = sink_threshold(uniform)
+    share = [reals(f"share[{layer}]", row, 0) for layer, row in enumerate(share)]
     return [
         (layer, head, float(s))
         for layer, row in enumerate(share)
@@ -134,6 +135,7 @@ def sink_heads(share: Sequence[Sequence[float]], uniform: float) -> list[tuple[i
 def outlier_count(ratios: Sequence[float]) -> int:
     """How many channels have an RMS at least ``OUTLIER_FACTOR`` times their head's median
     (``ratios``: each channel's RMS over its head's median, flattened)."""
+    ratios = reals("ratios", ratios, 0, empty=True)
     return sum(1 for r in ratios if r >= OUTLIER_FACTOR)
 
 
@@ -142,6 +144,10 @@ def keys_have_outliers(key_ratios: Sequence[float], value_ratios: Sequence[float
     channels at ``OUTLIER_FACTOR`` times their median or more. KIVI's case for per-channel key
     groups.
     """
+    key_ratios, value_ratios = (
+        reals("key_ratios", key_ratios, 0),
+        reals("value_ratios", value_ratios, 0),
+    )
     return outlier_count(key_ratios) > outlier_count(value_ratios)
 
 
@@ -198,7 +204,7 @@ def block_means(values: Sequence[float], block: int) -> list[float]:
     """Means of consecutive blocks of ``block`` values (a last partial block is dropped):
     neighbouring positions of one text are not independent, blocks of them nearly are."""
     integer("block", block, 1)
-    values = [float(v) for v in values]
+    values = reals("values", values, empty=True)
     return [
         statistics.fmean(values[i : i + block]) for i in range(0, len(values) - block + 1, block)
     ]

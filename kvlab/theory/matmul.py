@@ -19,7 +19,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from kvlab._checks import integer, positive
+from kvlab._checks import integer, positive, reals, same_length
 from kvlab.theory.agreement import FactorComparison, within_factor
 
 
@@ -121,11 +121,11 @@ def fit_roofline(intensities, rates) -> RooflineFit:
     part (log rate = log peak); the split with the smallest error wins. Nothing is anchored to one
     point, so the knee is a property of the whole sweep, not of its first measurement.
     """
+    intensities = reals("intensities", intensities, 0, low_open=True)
+    rates = reals("rates", rates, 0, low_open=True)
+    if same_length(intensities=intensities, rates=rates) < 2:
+        raise ValueError(f"intensities and rates must hold at least two points, got {len(rates)}")
     pts = sorted(zip(intensities, rates))
-    if len(pts) < 2 or any(not (x > 0 and y > 0) for x, y in pts):
-        raise ValueError(
-            f"fit_roofline needs at least two points with positive intensity and rate, got {pts!r}"
-        )
     lx = [math.log(x) for x, _ in pts]
     ly = [math.log(y) for _, y in pts]
     best = None

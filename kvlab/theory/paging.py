@@ -28,6 +28,11 @@ def predicted_waste(trace, policy: str, block_size: int, max_len: int) -> float:
     one_of("policy", policy, ("reserve-max", "paged"))
     integer("block_size", block_size, 1)
     integer("max_len", max_len, 1)
+    longest = max((len(r.prompt) + r.max_new_tokens - 1 for r in trace), default=0)
+    if max_len < longest:
+        raise ValueError(
+            f"max_len must hold the trace's longest request ({longest} tokens), got {max_len}"
+        )
     used = slots = 0
     for r in trace:
         for step in range(1, r.max_new_tokens + 1):
@@ -61,7 +66,7 @@ def waste_bound(block_size: int, mean_tokens: float) -> float:
 def within_waste_bound(waste: float, block_size: int, mean_tokens: float) -> bool:
     """Whether a measured paged waste respects :func:`waste_bound` (a simulation that breaks it
     miscounts)."""
-    return waste <= waste_bound(block_size, mean_tokens)
+    return real("waste", waste, 0, 1) <= waste_bound(block_size, mean_tokens)
 
 
 def gather_overhead_s(kv_bytes: float, copy_bytes_per_s: float) -> float:

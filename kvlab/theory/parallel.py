@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab._checks import integer, one_of, positive, real
+from kvlab._checks import flag, integer, one_of, positive, real
 from kvlab.theory import roofline
 from kvlab.theory.shapes import ModelShape
 from kvlab.theory.specs import LINKS, Accelerator, Link, spec
@@ -196,7 +196,7 @@ def tensor_parallel_step(
     and an all-gather of the logits, b V / p w_a bytes per device). Communication: 2L all-reduces
     of b h w_a bytes, each with ``latency``.
     """
-    shape = _shape(shape)
+    shape, vocab_sharded = _shape(shape), flag("vocab_sharded", vocab_sharded)
     tensor_parallel_heads(shape, world)
     batch = integer("batch", batch)
     one = roofline.step_time_floor(shape, hw, batch, context, w_p, w_kv, placement)
@@ -425,8 +425,9 @@ def link_table(
 ) -> list[LinkRow]:
     """For each shape (``ModelShape``s) and each link: tensor- and context-parallel steps at
     (``batch``, ``context``) on ``world`` devices, and the handoff of one ``context``-token prompt.
-    Shapes that tensor parallelism cannot split over ``world`` devices are skipped."""
-    rows = []
+    Shapes that tensor parallelism cannot split over ``world`` devices are skipped; a ``world``
+    that splits none of them is refused."""
+    world, rows = integer("world", world), []
     for shape in shapes:
         try:
             tensor_parallel_heads(shape, world)
@@ -442,4 +443,6 @@ def link_table(
                     handoff(shape, hw, context, key, latency),
                 )
             )
+    if not rows:
+        raise ValueError(f"world must split the heads of at least one of the shapes, got {world}")
     return rows

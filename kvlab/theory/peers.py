@@ -11,6 +11,8 @@ Pure Python; the timings are in ``kvlab.lab.decode_peers``.
 
 from __future__ import annotations
 
+from kvlab._checks import positive
+
 GENERATE = "generate, dynamic cache"
 GENERATE_COMPILED = "generate, static cache + compile"
 
@@ -21,4 +23,4 @@ TARGETS = {("static, compiled", GENERATE_COMPILED): 1.0, ("static, compiled", "c
 
 def target_met(value: float, target: float) -> bool:
     """Whether a measured speed-up ``value`` reaches its ``target`` (one of ``TARGETS``)."""
-    return value >= target
+    return positive("value", value) >= positive("target", target)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab._checks import integer
+from kvlab._checks import flag, integer
 from kvlab.theory.specs import accelerator
 
 INDEX_BYTES = 4  # int32 block-table entries and lengths
@@ -143,6 +143,6 @@ def attention_floor(work: PrefillWork, hw, tiled: bool = True) -> AttentionFloor
         raise TypeError(
             f"work must be a PrefillWork (from prefill_attention_work), got {type(work).__name__}"
         )
-    hw = accelerator(hw)
+    hw, tiled = accelerator(hw), flag("tiled", tiled)
     nbytes = work.tile_bytes if tiled else work.bytes
     return AttentionFloor(work.flops / hw.bf16_flops, nbytes / hw.hbm_bytes_per_s)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab._checks import positive
+from kvlab._checks import positive, real
 from kvlab.theory.agreement import within_factor
 
 # A measured quantity within this factor of its prediction is said to follow it (both ways).
@@ -80,6 +80,8 @@ def decode_steps_agree(
 
 def policy_winner(lru_hit: float, reserve_hit: float, margin: float = POLICY_MARGIN) -> str:
     """``"lru"``, ``"reserve"`` or ``"tie"``: the policy whose replay served more prompt tokens."""
+    lru_hit, reserve_hit = real("lru_hit", lru_hit), real("reserve_hit", reserve_hit)
+    margin = real("margin", margin, 0)
     if abs(lru_hit - reserve_hit) <= margin:
         return "tie"
     return "lru" if lru_hit > reserve_hit else "reserve"

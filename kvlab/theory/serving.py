@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab._checks import items, positive, real
+from kvlab._checks import integer, items, positive, real
 from kvlab.theory.agreement import AGREES, CANNOT_TELL, DISAGREES, Comparison, compare
 
 # A measured speed-up within this factor of the range its two work models predict is said to follow
@@ -78,6 +78,7 @@ def speedup_verdict(
     """``"within"`` when ``measured`` lies in ``[low / tolerance, high * tolerance]``, else
     ``"below"`` or ``"above"``: a measured speed-up against the range two cost models predict."""
     measured, low = positive("measured", measured), positive("low", low)
+    tolerance = real("tolerance", tolerance, 1)
     high = real("high", high, low)
     if measured < low / tolerance:
         return "below"
@@ -177,4 +178,5 @@ def curve_agreement(measured, predicted, spreads) -> tuple[str, tuple[Comparison
 def batch_bound(capacity: float, max_batch: int) -> tuple[str, float]:
     """What bounds the running batch, by the pool model: ``("pool", capacity)`` when the pool holds
     fewer mean requests than ``max_batch``, else ``("max_batch", max_batch)``."""
+    capacity, max_batch = real("capacity", capacity, 0), integer("max_batch", max_batch)
     return ("pool", capacity) if capacity < max_batch else ("max_batch", float(max_batch))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab._checks import integer, items, one_of, positive, real
+from kvlab._checks import flag, integer, items, nonnegative, one_of, positive, real
 from kvlab.theory import roofline
 from kvlab.theory.agreement import (
     AGREES,
@@ -331,6 +331,7 @@ BATCH_TOLERANCE = 1.25
 def compare_loops(tokens_per_s: float, reference_tokens_per_s: float) -> FactorComparison:
     """A loop's tokens per second against a reference loop running the same forward pass, whose
     expected ratio is 1 (parity), agreeing within ``LOOP_TOLERANCE``."""
+    positive("tokens_per_s", tokens_per_s)
     positive("reference_tokens_per_s", reference_tokens_per_s)
     return within_factor(tokens_per_s, reference_tokens_per_s, LOOP_TOLERANCE)
 
@@ -355,7 +356,7 @@ def compare_idle(
     time (expected outcome ``"below"``). Eager, it is against ``expected_static_idle`` (expected
     ``"within"``).
     """
-    real("static_idle_s", static_idle_s)
+    nonnegative("static_idle_s", static_idle_s), flag("graphed", graphed)
     if graphed:
         return within_factor(
             static_idle_s, positive("cached_idle_s", cached_idle_s), IDLE_TOLERANCE
@@ -440,13 +441,16 @@ def sweep_outcome(comparisons) -> str:
 def past_ridge(intensity: float, ridge: float) -> bool:
     """The roofline's side of the ridge (Williams et al. 2009): a step whose arithmetic intensity
     (FLOP per byte) exceeds the machine's ridge point is compute-bound, below it memory-bound."""
-    return real("intensity", intensity) > positive("ridge", ridge)
+    return nonnegative("intensity", intensity) > positive("ridge", ridge)
 
 
 def exceeds_ceilings(bandwidth_fraction: float, flops_fraction: float) -> bool:
     """Whether a step measured above either calibrated ceiling (a fraction over 1), which the
     roofline does not allow: the calibration, not the step, is then what is off."""
     return (
-        max(real("bandwidth_fraction", bandwidth_fraction), real("flops_fraction", flops_fraction))
+        max(
+            nonnegative("bandwidth_fraction", bandwidth_fraction),
+            nonnegative("flops_fraction", flops_fraction),
+        )
         > 1
     )

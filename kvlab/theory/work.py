@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab._checks import flag, integer, one_of, real
+from kvlab._checks import flag, integer, nonnegative, one_of, real
 from kvlab.theory import roofline
 
 # The loops notebook 09 can trace: kvlab.decode's three, and the paged loop of notebook 05.
@@ -78,6 +78,9 @@ def pass_time(tokens, a: float, b: float) -> float:
     cache, from a fixed cost a and a cost b per position (fitted through a one-token and a long
     pass).
     """
+    a, b = nonnegative("a", a), nonnegative("b", b)
+    if not hasattr(tokens, "shape"):  # a NumPy array of token counts passes as it is
+        tokens = real("tokens", tokens, 0)
     return a + b * tokens
 
 
@@ -87,7 +90,8 @@ def request_time(P: int, G: int, a: float, b: float, cached: bool = False) -> fl
     Naive, G passes over P, P+1, ..., P+G-1 tokens; cached, t(P) + (G-1) t(1), which is the same sum
     with the cached loop's positions. Attention terms and the cache reads of 9.1 are left out.
     """
-    return G * a + b * positions_processed(P, G, cached)
+    a, b = nonnegative("a", a), nonnegative("b", b)
+    return b * positions_processed(P, G, cached) + G * a
 
 
 # --- section 9.2: compilation against its per-step gain
@@ -110,7 +114,7 @@ def break_even_tokens(compile_seconds: float, step_gain: float) -> float:
 def compile_repaid(compile_seconds: float, step_gain: float, tokens: int) -> bool:
     """Whether a request of ``tokens`` output tokens repays the compile cost: ``tokens`` at least
     ``break_even_tokens(compile_seconds, step_gain)`` (section 9.2)."""
-    return tokens >= break_even_tokens(compile_seconds, step_gain)
+    return integer("tokens", tokens, 0) >= break_even_tokens(compile_seconds, step_gain)
 
 
 # --- section 9.8: the bytes and FLOPs of one step

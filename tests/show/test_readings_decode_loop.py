@@ -74,3 +74,17 @@ def test_decode_loop_intercept_follows_the_floor_model_on_both_sides():
     above = no_roles(decode_loop.intercept_reading(floor, 1.1 * edge))
     assert "within 1.5 times the floor" in near and "more than" not in near and "10 ms" in near
     assert "more than 1.5 times the floor" in above and "dispatch" in above
+
+
+@pytest.mark.parametrize(
+    "reading, missing",
+    [
+        (lambda: decode_loop.step_reading(64, 32, float("nan"), 1e-3), "median_s"),
+        (lambda: decode_loop.step_reading(64, 32, 1e-3, None), "predicted_s"),
+        (lambda: decode_loop.slope_reading(K, BETA, float("inf"), **ARGS), "slope_meas"),
+        (lambda: decode_loop.intercept_reading(1e-3, float("nan")), "t0"),
+    ],
+)
+def test_a_reading_handed_no_measurement_says_so_instead_of_a_verdict(reading, missing):
+    text = reading()
+    assert text.startswith("Not measured: " + missing) and "no verdict" in text

@@ -8,6 +8,7 @@ bounded by reading its weights once (``weight_read_floor``, ``near_floor``).
 
 from __future__ import annotations
 
+from kvlab._checks import unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.verdicts import sweep_summary, verdict_words
@@ -80,6 +81,8 @@ def history_reading(
 def intercept_reading(floor_s: float, t0: float) -> str:
     """The step at short context against the weight-read floor (``decode_step.weight_read_floor``:
     weight bytes / read bandwidth); ``decode_step.near_floor`` decides."""
+    if missing := unmeasured(floor_s=floor_s, t0=t0):
+        return missing
     from kvlab.theory.decode_step import FLOOR_BAND, near_floor
 
     text = (
