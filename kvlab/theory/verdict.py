@@ -425,6 +425,7 @@ def batch_tpot_spread(
 def compare_batch_tpot(tpot_b: float, predicted: float, spread: float) -> Comparison:
     """The TPOT measured at a batch against ``batch_tpot``'s prediction, with the relative
     ``spread`` of the timings behind both (``kvlab.theory.agreement.compare``)."""
+    positive("tpot_b", tpot_b)
     return compare(tpot_b, predicted, spread)
 
 
