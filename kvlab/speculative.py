@@ -37,7 +37,7 @@ from kvlab import _checks as check
 from kvlab.theory.shapes import ModelShape
 from kvlab.versions import cache_kwargs, crop_cache, last_logits_only, returned_cache
 
-# --- the proposers: propose(tokens, k) -> up to k tokens ------------------------------------------
+# --- the proposers: propose(tokens, k) -> up to k tokens -----------------------------------------
 
 
 def prompt_lookup(tokens: list[int], k: int, max_ngram: int = 3) -> list[int]:
@@ -112,7 +112,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-# --- the loop --------------------------------------------------------------------------------------
+# --- the loop -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,9 @@ class Step:
 
 
 @torch.inference_mode()
-def _steps(model, input_ids, max_new_tokens, propose, k) -> Iterator[Step]:
+def verify_steps(model, input_ids, max_new_tokens, propose, k) -> Iterator[Step]:
+    """The loop: prefill, then propose, verify in one pass, keep, roll back, until
+    ``max_new_tokens`` tokens are out. Trusts its inputs (``speculative_steps`` checks them)."""
     out = model(input_ids, use_cache=True, **last_logits_only(model))
     cache = returned_cache(out)
     tokens = input_ids[0].tolist() + [int(out.logits[0, -1].argmax())]
@@ -146,7 +148,7 @@ def _steps(model, input_ids, max_new_tokens, propose, k) -> Iterator[Step]:
         yield Step(len(guesses), accepted, emitted)
 
 
-# --- the door: every argument checked once, then the loop ------------------------------------------
+# --- the door: every argument checked once, then the loop -----------------------------------------
 
 DRAFTS = ("prompt_lookup", "early_exit")
 MAX_K = 64
@@ -181,7 +183,9 @@ def speculative_steps(
             )
         layers = every // 2 if layers is None else layers
         propose = EarlyExit(model, check.integer("layers", layers, 1, every))
-    return _steps(model, input_ids, max_new_tokens, propose, k) if max_new_tokens else iter(())
+    return (
+        verify_steps(model, input_ids, max_new_tokens, propose, k) if max_new_tokens else iter(())
+    )
 
 
 def speculative_decode(model, input_ids, max_new_tokens, draft="prompt_lookup", k=4, layers=None):

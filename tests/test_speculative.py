@@ -106,7 +106,9 @@ def pretrained():
     return kvlab.pretrained_model()
 
 
-@pytest.mark.parametrize("draft, k", [("prompt_lookup", 1), ("prompt_lookup", 8), ("early_exit", 3)])
+@pytest.mark.parametrize(
+    "draft, k", [("prompt_lookup", 1), ("prompt_lookup", 8), ("early_exit", 3)]
+)
 def test_real_model_equals_generate(pretrained, draft, k):
     from kvlab.lab.speculative import generate_run, task_ids
 

@@ -27,16 +27,11 @@ from kvlab._checks import integer, one_of
 from kvlab.decode import cached_decode
 from kvlab.lab.bench import Row
 from kvlab.speculative import prompt_lookup, speculative_decode
-from kvlab.theory.speculative import (
-    acceptance_rate,
-    empty_fraction,
-    request_speedup,
-    speedup,
-)
+from kvlab.theory.speculative import acceptance_rate, empty_fraction, request_speedup, speedup
 from kvlab.versions import cache_kwargs, crop_cache, returned_cache
 
 TASKS = ("quote", "chat")
-QUOTE_CHARS = 600  # a passage of the held-out text: about 140 tokens to copy
+QUOTE_CHARS = 400  # a passage of the held-out text: about 100 tokens to copy
 CHAT = "What makes a good morning routine? Answer in a few sentences."
 
 
@@ -93,34 +88,33 @@ def verify_times(model, input_ids, sizes=range(1, 10), reps: int = 3) -> dict[in
 @dataclass(frozen=True)
 class Race:
     """Interleaved whole-request seconds of each contender (the first decodes plain greedy, the
-    reference), every contender's tokens checked equal to the reference's first."""
+    reference, whose ``tokens`` every contender's equal), one entry per round."""
 
     seconds: dict
+    tokens: list
 
     def speedup(self, name: str, over: str) -> tuple[float, float, float]:
-        """``(median, lowest, highest)``: ``over``'s time over ``name``'s, the median of the ratio
-        of medians and the extremes of one round's ratio."""
+        """``(median, lowest, highest)``: ``over``'s time over ``name``'s, the ratio of medians and
+        the extremes of one round's ratio."""
         rounds = [b / a for a, b in zip(self.seconds[name], self.seconds[over])]
         whole = statistics.median(self.seconds[over]) / statistics.median(self.seconds[name])
         return whole, min(rounds), max(rounds)
 
 
 def race(runs: dict, rounds: int = 2) -> Race:
-    """Run each of ``runs`` (name -> function returning ``[1, G]`` tokens) once, checking its
-    tokens against the first's, then ``rounds`` interleaved timed rounds (order rotated)."""
-    names, reference = list(runs), None
-    for name in names:
-        tokens = runs[name]()
-        reference = tokens if reference is None else reference
-        if not torch.equal(tokens, reference):
-            raise RuntimeError(f"{name} decoded other tokens than {names[0]}; no time is reported")
-    seconds = {name: [] for name in names}
-    for r in range(integer("rounds", rounds)):
+    """Run each of ``runs`` (name -> function returning ``[1, G]`` tokens) once in the given order,
+    timed, checking its tokens against the first's (a ``RuntimeError`` names one that differs), then
+    ``rounds`` more timed rounds, the order rotated by one each round."""
+    names, seconds, reference = list(runs), {name: [] for name in runs}, None
+    for r in range(integer("rounds", rounds, 0) + 1):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             began = time.perf_counter()
-            runs[name]()
+            tokens = runs[name]()
             seconds[name].append(time.perf_counter() - began)
-    return Race(seconds)
+            reference = tokens if reference is None else reference
+            if r == 0 and not torch.equal(tokens, reference):
+                raise RuntimeError(f"{name} decoded other tokens than {names[0]}; no time is kept")
+    return Race(seconds, reference[0].tolist())
 
 
 def generate_run(model, input_ids, new_tokens: int, **options):
@@ -134,9 +128,9 @@ def generate_run(model, input_ids, new_tokens: int, **options):
     mask, prompt = torch.ones_like(input_ids), input_ids.shape[1]
 
     def run():
-        return model.generate(
-            input_ids, attention_mask=mask, generation_config=config, **options
-        )[:, prompt:]
+        return model.generate(input_ids, attention_mask=mask, generation_config=config, **options)[
+            :, prompt:
+        ]
 
     return run
 
@@ -197,9 +191,8 @@ def bench_rows(model=None, new_tokens: int = BENCH_NEW, rounds: int = 2) -> list
             median, low, high = result.speedup(name, over)
             note = f"{where}; one round {low:.2f}x to {high:.2f}x; tokens equal"
             rows.append(Row(f"{task}: {name} / {over}", median, "x", note))
-        output = cached_decode(model, ids, new_tokens)[0].tolist()
-        steps = replay(ids[0].tolist(), output, BENCH_K)
-        predicted = predicted_speedup(model, ids, output, BENCH_K)
+        steps = replay(ids[0].tolist(), result.tokens, BENCH_K)
+        predicted = predicted_speedup(model, ids, result.tokens, BENCH_K)
         note = f"alpha {acceptance_rate(steps):.2f}, empty {empty_fraction(steps):.2f}, k={BENCH_K}"
         rows.append(Row(f"{task}: prompt lookup, predicted", predicted, "x", note))
     return rows

@@ -63,12 +63,7 @@ def verify_time(t1: float, positions: int, ridge_batch: float) -> float:
 
 
 def speedup(
-    alpha: float,
-    k: int,
-    t1: float,
-    t_verify: float,
-    draft_s: float = 0.0,
-    empty: float = 0.0,
+    alpha: float, k: int, t1: float, t_verify: float, draft_s: float = 0.0, empty: float = 0.0
 ) -> float:
     """S: plain decoding's time per token over the speculative loop's, for acceptance ``alpha``,
     ``k`` guesses, a decode step ``t1``, a verify step ``t_verify`` = t(k + 1), a draft costing

@@ -26,7 +26,9 @@ def test_readings_follow_the_outcome():
     agree = r.speedup_reading("quote", 8, 2.6, 2.5, 2.7, 2.4)
     assert "agrees" in agree and "pays" in agree
     costs = r.speedup_reading("chat", 8, 0.8, 0.78, 0.82, 0.75)
-    assert "costs" in costs
+    assert "it costs" in costs and "rounds: 0.78x" in costs
+    even = r.speedup_reading("chat", 8, 1.02, 1.02, 1.02, 0.95)
+    assert "as much as it costs" in even and "rounds" not in even
     assert "beyond the factor" in r.speedup_reading("quote", 8, 1.5, 1.45, 1.55, 3.0)
     assert "cannot tell" in r.speedup_reading("quote", 8, 1.5, 1.0, 2.0, 3.0)
     text = r.acceptance_reading("quote", 4, 1.0, 0.0, 6, 24)
