@@ -34,8 +34,9 @@ from dataclasses import dataclass
 import torch
 
 from kvlab import _checks as check
+from kvlab.decode import COMPILE_OPTIONS, new_static_cache
 from kvlab.theory.shapes import ModelShape
-from kvlab.versions import cache_kwargs, crop_cache, last_logits_only, returned_cache
+from kvlab.versions import cache_kwargs, crop_cache, last_logits_only, returned_cache, takes
 
 # --- the proposers: propose(tokens, k) -> up to k tokens -----------------------------------------
 
@@ -148,6 +149,75 @@ def verify_steps(model, input_ids, max_new_tokens, propose, k) -> Iterator[Step]
         yield Step(len(guesses), accepted, emitted)
 
 
+@torch.inference_mode()
+def static_verify_steps(model, input_ids, max_new_tokens, propose, k, compile) -> Iterator[Step]:
+    """The same loop on a cache preallocated for prompt, output and ``k`` spare slots, with every
+    verify pass of one shape: ``k + 1`` tokens, the guesses padded with the last token (their
+    answers are never read). Rolling back moves the cache's write position back
+    (``StaticCache.crop``); the next pass overwrites the rejected slots. Trusts its inputs."""
+    prompt = input_ids.shape[1]
+    cache = new_static_cache(model, prompt + max_new_tokens + k)
+    mask = torch.zeros((1, prompt + max_new_tokens + k), dtype=torch.long, device=input_ids.device)
+    mask[:, :prompt] = 1  # a slot becomes visible when its token is written
+    block = torch.zeros((1, k + 1), dtype=torch.long, device=input_ids.device)
+    slots = torch.arange(prompt, device=input_ids.device)
+    verify = VerifyStep(model, cache, slots, compile)
+    tokens = input_ids[0].tolist() + [int(verify.prefill(input_ids, mask, slots[None]))]
+    yield Step(0, 0, tokens[-1:])
+    positions = torch.zeros((1, k + 1), dtype=torch.long, device=input_ids.device)
+    verify.slots = positions[0]  # updated in place: a compiled pass sees one address throughout
+    while (left := prompt + max_new_tokens - len(tokens)) > 0:
+        guesses = propose(tokens, min(k, left - 1))
+        start = len(tokens) - 1
+        block.copy_(torch.tensor([tokens[-1:] + guesses + tokens[-1:] * (k - len(guesses))]))
+        positions.copy_(torch.arange(start, start + k + 1)[None])
+        mask[:, start : start + k + 1] = 1
+        greedy = verify.step(block, positions, mask).tolist()
+        accepted = _common_prefix(guesses, greedy)
+        crop_cache(cache, k - accepted)
+        mask[:, start + accepted + 1 :] = 0
+        emitted = guesses[:accepted] + [greedy[accepted]]
+        tokens += emitted
+        yield Step(len(guesses), accepted, emitted)
+
+
+class VerifyStep:
+    """One verify pass of fixed shape on a static cache: the model's argmax at every position of a
+    ``[1, k + 1]`` block. With ``compile``, compiled once with ``COMPILE_OPTIONS`` (on a GPU, one
+    CUDA graph), as ``kvlab.decode.StaticStep`` compiles a decode step."""
+
+    def __init__(self, model, cache, slots, compile: bool):
+        self.model, self.given, self.slots = model, cache_kwargs(model, cache), slots
+        self.run = torch.compile(self._forward, **COMPILE_OPTIONS) if compile else self._forward
+
+    def _inputs(self) -> dict:
+        # ``cache_position`` (the slots written) for a model whose forward still declares it.
+        slots = {"cache_position": self.slots} if takes(self.model, "cache_position") else {}
+        return dict(self.given, **slots)
+
+    def _forward(self, block, positions, mask):
+        logits = self.model(
+            block, attention_mask=mask, position_ids=positions, use_cache=True, **self._inputs()
+        ).logits
+        return logits[0].argmax(dim=-1)
+
+    def prefill(self, input_ids, mask, positions):
+        """The prompt's pass (uncompiled: its shape is the prompt's): the first greedy token."""
+        last = last_logits_only(self.model)
+        logits = self.model(
+            input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **self._inputs(),
+            **last,
+        ).logits
+        return logits[0, -1].argmax()
+
+    def step(self, block, positions, mask):
+        return self.run(block, positions, mask).clone()  # a CUDA graph reuses its output buffer
+
+
 # --- the door: every argument checked once, then the loop -----------------------------------------
 
 DRAFTS = ("prompt_lookup", "early_exit")
@@ -155,21 +225,38 @@ MAX_K = 64
 
 
 def speculative_steps(
-    model, input_ids, max_new_tokens, draft="prompt_lookup", k=4, layers=None
+    model,
+    input_ids,
+    max_new_tokens,
+    draft="prompt_lookup",
+    k=4,
+    layers=None,
+    static=False,
+    compile=None,
 ) -> Iterator[Step]:
     """The speculative loop as a generator of ``Step`` records, checked before it exists.
 
     ``draft``: one of ``DRAFTS``; ``k``: the most guesses per step (1 to ``MAX_K``); ``layers``: the
     early-exit proposer's depth (default: half the model's layers; only with ``"early_exit"``).
+    ``static``: verify on a preallocated cache in passes of one shape (``static_verify_steps``);
+    ``compile`` (default: on a GPU only; only with ``static``) compiles that pass.
     """
-    check.decode_call("cached", ("cached",), ModelShape, model, input_ids, max_new_tokens, None)
+    check.flag("static", static)
+    check.one_of("draft", draft, DRAFTS)
+    check.integer("k", k, 1, MAX_K + 1)
+    check.integer("max_new_tokens", max_new_tokens, 0)
+    if compile is not None and not static:
+        raise ValueError(f"compile is for static=True only, got compile={compile!r}")
+    # The static cache keeps k spare slots: the last pass may write k guesses past the output.
+    method, room = ("static", k) if static else ("cached", 0)
+    check.decode_call(
+        method, (method,), ModelShape, model, input_ids, max_new_tokens + room, None, None, compile
+    )
     if input_ids.shape[0] != 1:
         raise ValueError(
             f"input_ids must hold one sequence (batch 1) for the speculative loop, got batch "
             f"{input_ids.shape[0]}: the serving engine (kvlab.serving) speculates per request"
         )
-    check.one_of("draft", draft, DRAFTS)
-    check.integer("k", k, 1, MAX_K + 1)
     if draft == "prompt_lookup":
         if layers is not None:
             raise ValueError(f"layers is for draft='early_exit' only, got layers={layers!r}")
@@ -183,15 +270,27 @@ def speculative_steps(
             )
         layers = every // 2 if layers is None else layers
         propose = EarlyExit(model, check.integer("layers", layers, 1, every))
-    return (
-        verify_steps(model, input_ids, max_new_tokens, propose, k) if max_new_tokens else iter(())
-    )
+    if not max_new_tokens:
+        return iter(())
+    if static:
+        compile = input_ids.device.type == "cuda" if compile is None else compile
+        return static_verify_steps(model, input_ids, max_new_tokens, propose, k, compile)
+    return verify_steps(model, input_ids, max_new_tokens, propose, k)
 
 
-def speculative_decode(model, input_ids, max_new_tokens, draft="prompt_lookup", k=4, layers=None):
+def speculative_decode(
+    model,
+    input_ids,
+    max_new_tokens,
+    draft="prompt_lookup",
+    k=4,
+    layers=None,
+    static=False,
+    compile=None,
+):
     """Greedy decode, ``k`` guesses verified per forward pass: exactly ``cached_decode``'s tokens
     (``[1, max_new_tokens]``), in fewer passes where the guesses are right. ``speculative_steps``
-    gives each pass's counts."""
-    steps = speculative_steps(model, input_ids, max_new_tokens, draft, k, layers)
+    gives each pass's counts; ``static`` and ``compile`` choose the static, compiled verify pass."""
+    steps = speculative_steps(model, input_ids, max_new_tokens, draft, k, layers, static, compile)
     tokens = [token for step in steps for token in step.tokens]
     return torch.tensor([tokens], dtype=input_ids.dtype, device=input_ids.device)

@@ -32,14 +32,15 @@ def _model(arch, seed):
     prompt=st.integers(1, 24),
     repeat=st.integers(0, 16),
     new=st.integers(1, 20),
+    static=st.booleans(),
     data=st.data(),
 )
-def test_tokens_equal_greedy(arch, seed, draft, k, prompt, repeat, new, data):
+def test_tokens_equal_greedy(arch, seed, draft, k, prompt, repeat, new, static, data):
     model = _model(arch, seed)
     ids = torch.tensor([data.draw(st.lists(st.integers(0, 40), min_size=prompt, max_size=prompt))])
     ids = torch.cat([ids, ids[:, :repeat]], dim=1)  # a repeat gives prompt lookup work to do
     layers = data.draw(st.integers(1, model.config.num_hidden_layers - 1))
-    extra = {"layers": layers} if draft == "early_exit" else {}
+    extra = dict({"layers": layers} if draft == "early_exit" else {}, static=static)
     out = speculative_decode(model, ids, new, draft=draft, k=k, **extra)
     assert torch.equal(out, cached_decode(model, ids, new))
     steps = list(speculative_steps(model, ids, new, draft=draft, k=k, **extra))
@@ -53,8 +54,32 @@ def test_tokens_equal_greedy(arch, seed, draft, k, prompt, repeat, new, data):
 def test_gpt2_prompt_lookup_and_zero_tokens():
     model = _model("gpt2", 0)
     ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
-    assert torch.equal(speculative_decode(model, ids, 12, k=5), cached_decode(model, ids, 12))
+    expected = cached_decode(model, ids, 12)
+    assert torch.equal(speculative_decode(model, ids, 12, k=5), expected)
+    assert torch.equal(speculative_decode(model, ids, 12, k=5, static=True), expected)
     assert speculative_decode(model, ids, 0).shape == (1, 0)
+
+
+def test_compiled_verify_is_one_graph_with_no_recompiles(monkeypatch):
+    """The static verify pass has one shape, [1, k + 1]: traced whole and compiled once for every
+    step of a request, tokens equal to greedy's."""
+    from kvlab import speculative
+
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    options = dict(backend=counting_backend, fullgraph=True)
+    monkeypatch.setattr(speculative, "COMPILE_OPTIONS", options)
+    model = _model("llama", 0)
+    ids = torch.tensor([[3, 4, 5, 6, 7, 3, 4, 5, 9, 9, 3, 4]])
+    steps = list(speculative_steps(model, ids, 20, k=4, static=True, compile=True))
+    assert len(steps) > 3 and len(graphs) == 1, f"{len(graphs)} graphs for {len(steps)} steps"
+    tokens = [t for s in steps for t in s.tokens]
+    assert tokens == cached_decode(model, ids, 20)[0].tolist()
 
 
 def test_prompt_lookup_finds_the_first_continuation():
@@ -87,6 +112,8 @@ def test_early_exit_leaves_the_model_whole():
         ({"input_ids": torch.ones(2, 4, dtype=torch.long)}, ValueError, "batch 1"),
         ({"input_ids": torch.ones(1, 4)}, TypeError, "input_ids"),
         ({"model": "llama"}, TypeError, "model"),
+        ({"static": 1}, TypeError, "static must be"),
+        ({"compile": True}, ValueError, "compile is for static=True only"),
     ],
 )
 def test_bad_input_is_refused(kwargs, error, words):
