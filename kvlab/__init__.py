@@ -53,8 +53,16 @@ def env() -> str:
     each missing piece with the one command that fixes it."""
     s, c = stamp(), calibrate()
     lines = [f"{k:>12}: {v}" for k, v in s.items()]
-    lines.append(f"{'copy':>12}: {c.copy_bytes_per_s / 1e9:.1f} GB/s (bytes read + written)")
-    lines.append(f"{'matmul':>12}: {c.matmul_flops / 1e12:.3f} TFLOP/s ({c.matmul_dtype})")
+    for name, rate, spread, what in (
+        ("read", c.read_bytes_per_s, c.read_spread, "a read-only stream"),
+        ("write", c.write_bytes_per_s, c.write_spread, "a fill"),
+        ("copy", c.copy_bytes_per_s, c.copy_spread, "bytes read + written"),
+    ):
+        lines.append(f"{name:>12}: {rate / 1e9:.1f} GB/s ({what}; repeats within {spread:.0%})")
+    lines.append(
+        f"{'matmul':>12}: {c.matmul_flops / 1e12:.3f} TFLOP/s ({c.matmul_dtype}, a large square"
+        f" product; repeats within {c.matmul_spread:.0%})"
+    )
     lines += [f"{'missing':>12}: {what}; fix: {command}" for what, command in missing()]
     return "\n".join(lines)
 

@@ -328,7 +328,8 @@ class ModuleTime:
 
 @dataclass(frozen=True)
 class StepProfile:
-    """One decode step taken apart. ``step_seconds`` is the median step without hooks;
+    """One decode step taken apart. ``step_seconds`` is the fastest step without hooks (its
+    ``step_spread`` the scatter of the repeats above it);
     ``hooked_seconds`` the median step with a synchronised timer around every weight matrix, whose
     own times are in ``modules``. ``weight_bytes`` is what the step reads of its parameters
     (``weight_read_bytes``) and ``kv_bytes`` the cache it attends over, read once.
@@ -344,7 +345,8 @@ class StepProfile:
     modules: tuple[ModuleTime, ...]
     weight_bytes: int
     kv_bytes: int
-    copy_bytes_per_s: float
+    read_bytes_per_s: float
+    step_spread: float = 0.0
 
     @property
     def matmul_seconds(self) -> float:
@@ -363,19 +365,19 @@ class StepProfile:
 
     @property
     def weight_read_seconds(self) -> float:
-        """The floor: weight bytes / calibrated copy bandwidth."""
-        return self.weight_bytes / self.copy_bytes_per_s
+        """The floor: weight bytes / calibrated read bandwidth."""
+        return self.weight_bytes / self.read_bytes_per_s
 
     @property
     def weight_read_fraction(self) -> float:
-        """Share of the measured step that reading the weights once at copy bandwidth accounts
-        for."""
+        """Share of the measured step that reading the weights once at the read bandwidth
+        accounts for."""
         return self.weight_read_seconds / self.step_seconds
 
     @property
     def floor_seconds(self) -> float:
-        """Weights plus cache, each read once at copy bandwidth (the roofline floor of 9.3)."""
-        return (self.weight_bytes + self.kv_bytes) / self.copy_bytes_per_s
+        """Weights plus cache, each read once at the read bandwidth (the roofline floor of 9.3)."""
+        return (self.weight_bytes + self.kv_bytes) / self.read_bytes_per_s
 
     def by_part(self) -> dict[str, float]:
         """Hooked seconds per part of the model (attention projections, MLP, output head, other
@@ -485,12 +487,13 @@ def profile_step(
         device=device_name(),
         batch=batch,
         context=context,
-        step_seconds=plain.median,
+        step_seconds=plain.min,
+        step_spread=plain.spread_above_min,
         hooked_seconds=statistics.median(totals),
         modules=tuple(rows),
         weight_bytes=weight_read_bytes(model, batch),
         kv_bytes=int(kv),
-        copy_bytes_per_s=cal.copy_bytes_per_s,
+        read_bytes_per_s=cal.stream_bytes_per_s,
     )
 
 

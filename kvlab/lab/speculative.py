@@ -137,7 +137,9 @@ def generate_run(model, input_ids, new_tokens: int, **options):
 
 # --------------------------------------------------------------------------- bench rows
 
-BENCH_NEW, BENCH_K, BENCH_EARLY_K = 48, 8, 3
+# 48 new tokens, each contender timed twice (the checking round and one rotated round): minutes on
+# the 2-core CPU, most of them in generate's early-exit assistant.
+BENCH_NEW, BENCH_K, BENCH_EARLY_K, BENCH_ROUNDS = 48, 8, 3, 1
 
 
 def contenders(model, input_ids, new_tokens: int, k: int = BENCH_K, early_k: int = BENCH_EARLY_K):
@@ -169,7 +171,7 @@ def predicted_speedup(model, input_ids, output: list[int], k: int, times=None) -
     return request_speedup(per_step, times[0], times[1], len(output))
 
 
-def bench_rows(model=None, new_tokens: int = BENCH_NEW, rounds: int = 2) -> list[Row]:
+def bench_rows(model=None, new_tokens: int = BENCH_NEW, rounds: int = BENCH_ROUNDS) -> list[Row]:
     """Rows for ``python -m kvlab bench`` (notebook 13): per task, the speed-up of each speculative
     contender over its own plain greedy, kvlab's prompt lookup over transformers', and the theory's
     prediction from the counted alpha and the measured step times."""

@@ -2,9 +2,11 @@
 repeats.
 
 On a GPU each repeat is bracketed by CUDA events; on a CPU by ``time.perf_counter``. This module
-depends on nothing else in ``kvlab.lab`` (``hardware.calibrate`` times with it), and imports no
-torch: ``compare_timings``, whether two timings differ by more than their repeats' spread (notebooks
-05 and 05b), decides readings.
+depends on nothing else in ``kvlab.lab`` (``hardware.calibrate`` times with it), and imports torch
+only inside the timers. ``interleaved`` times several calls round-robin, a measurement beside the
+ceiling it is compared with, so that load on a shared machine changes both. ``compare_timings``,
+whether two timings differ by more than their repeats' spread (notebooks 05 and 05b), decides
+readings.
 """
 
 from __future__ import annotations
@@ -31,6 +33,22 @@ class Timing:
         """(max - min) / median: how noisy the repeats were."""
         return (self.max - self.min) / self.median if self.median > 0 else 0.0
 
+    @property
+    def spread_above_min(self) -> float:
+        """(lower quartile - min) / min: how far the faster quarter of the repeats sat above the
+        fastest one. The minimum is the robust statistic a ceiling and a roofline compare, and this
+        is the scatter it carries from run to run; repeats that a busy neighbour slowed, which a
+        shared machine makes often, sit above the quartile and do not widen it until they are more
+        than a quarter of the run."""
+        if self.min <= 0:
+            return 0.0
+        ordered = sorted(self.times) if self.times else [self.min, self.median]
+        position = (len(ordered) - 1) / 4
+        low, frac = int(position), position - int(position)
+        high = min(low + 1, len(ordered) - 1)
+        quartile = ordered[low] + frac * (ordered[high] - ordered[low])
+        return (quartile - self.min) / self.min
+
 
 def measure(fn, warmup: int = 2, reps: int = 5, device=None) -> Timing:
     """Time ``fn()``: ``warmup`` untimed calls, then ``reps`` timed ones.
@@ -49,22 +67,61 @@ def measure(fn, warmup: int = 2, reps: int = 5, device=None) -> Timing:
     cuda = dev.type == "cuda"
     for _ in range(warmup):
         fn()
-    times = []
     if cuda:
         torch.cuda.synchronize()
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-    else:
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+    return _timing([_time_once(fn, cuda) for _ in range(reps)])
+
+
+def _time_once(fn, cuda: bool) -> float:
+    if cuda:
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _timing(times: list[float]) -> Timing:
     return Timing(statistics.median(times), min(times), max(times), tuple(times))
+
+
+def interleaved(fns: dict, reps: int = 5, warmup: int = 1, device=None) -> dict[str, Timing]:
+    """Time several calls round-robin: ``warmup`` untimed rounds, then ``reps`` rounds in each of
+    which every call in ``fns`` (a dict, name to function) runs once, the starting call rotating
+    from round to round. Returns a ``Timing`` per name.
+
+    A measurement and the ceiling it is compared with (``kvlab.lab.hardware``'s probes), or two
+    rivals, timed this way see the same load: a neighbour that slows the machine for a second
+    slows both, and their ratio holds where two measurements taken a minute apart would not.
+    """
+    import torch
+
+    if not isinstance(fns, dict) or not fns:
+        raise TypeError(f"fns must be a non-empty dict of name to function, got {fns!r:.80}")
+    for name, fn in fns.items():
+        function(f"fns[{name!r}]", fn)
+    integer("reps", reps, 1)
+    integer("warmup", warmup, 0)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    cuda = _checks.device("device", device).type == "cuda"
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    if cuda:
+        torch.cuda.synchronize()
+    times = {name: [] for name in names}
+    for r in range(reps):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            times[name].append(_time_once(fns[name], cuda))
+    return {name: _timing(times[name]) for name in names}
 
 
 def merge_timings(parts) -> Timing:

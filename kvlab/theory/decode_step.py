@@ -1,9 +1,10 @@
 """Notebooks 01, 02 and 03, the decode loop, cache reuse and the GEMV (sections 9.1 to 9.3): what a
 decode step should cost.
 
-- ``predicted_step``, ``predicted_step_growth`` and ``step_slope``: notebook 01's model of a cached
-  step, t(s) = t(s0) + passes k (s - s0) / beta (``DYNAMIC_CACHE_PASSES`` passes over the cache),
-  and how far a measurement may sit from it (``STEP_TOLERANCE``, ``SLOPE_TOLERANCE``,
+- ``history_slope``: notebook 01's slope with each pass at its own ceiling, k / read + 2 k / copy;
+- ``predicted_step``, ``predicted_step_growth`` and ``step_slope``: the single-bandwidth model of
+  a cached step, t(s) = t(s0) + passes k (s - s0) / beta (``DYNAMIC_CACHE_PASSES`` passes over
+  the cache), and how far a measurement may sit from it (``STEP_TOLERANCE``, ``SLOPE_TOLERANCE``,
   ``GROWTH_TOLERANCE``);
 - ``step_spread`` and ``stands_out``: how much single steps of one run move, and whether a change
   exceeds it;
@@ -40,6 +41,19 @@ def step_slope(
     """Seconds each extra token of history adds to a cached step, ``passes`` k / beta: the slope of
     notebook 01's model."""
     return predicted_step_growth(kv_bytes_per_token, 1, bandwidth, passes)
+
+
+def history_slope(
+    kv_bytes_per_token: int, read_bytes_per_s: float, copy_bytes_per_s: float
+) -> float:
+    """Seconds each extra token of history adds to a ``DynamicCache`` step, with each pass at the
+    ceiling of its traffic: attention reads the token's ``kv_bytes_per_token`` bytes once at the
+    read bandwidth, and ``torch.cat`` copies them (read and written) at the copy rate, which counts
+    bytes read plus written: k / read + 2 k / copy (notebook 01)."""
+    k = positive("kv_bytes_per_token", kv_bytes_per_token)
+    return k / positive("read_bytes_per_s", read_bytes_per_s) + 2 * k / positive(
+        "copy_bytes_per_s", copy_bytes_per_s
+    )
 
 
 def predicted_step(

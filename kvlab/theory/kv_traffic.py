@@ -17,7 +17,7 @@ Pure Python.
 from __future__ import annotations
 
 from kvlab._checks import positive
-from kvlab.theory.agreement import Comparison, compare
+from kvlab.theory.agreement import FactorComparison, within_factor
 
 # A time within a quarter of what its moved bytes take at the calibrated copy bandwidth follows its
 # bytes; further off, something besides the bytes (arithmetic, fixed per-call costs, the hardware
@@ -28,10 +28,10 @@ BYTES_TOLERANCE = 1.25
 RESIDENT_SHARE = 0.5
 
 
-def compare_with_bytes(measured: float, predicted: float) -> Comparison:
+def compare_with_bytes(measured: float, predicted: float) -> FactorComparison:
     """A measured time (or ratio of times) against the bytes model's prediction, agreeing within
     ``BYTES_TOLERANCE``."""
-    return compare(measured, predicted, BYTES_TOLERANCE)
+    return within_factor(measured, predicted, BYTES_TOLERANCE)
 
 
 def cache_resident(nbytes: float, cache_bytes: int | None) -> bool:

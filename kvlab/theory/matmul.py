@@ -8,7 +8,7 @@ limit (Williams et al. 2009; the Decode and KV Cache chapter, 2026, section 9.3)
 
 ``roofline_time`` is the time the roofline allows a product, ``ridge_intensity`` where its segments
 meet; the tolerances say how far notebook 03's measurements may sit from them and still follow them
-(``kvlab.theory.agreement.compare``). ``fit_roofline`` fits both segments of a roofline to measured
+(``agreement.within_factor``). ``fit_roofline`` fits both segments of a roofline to measured
 points, so the knee of a sweep (``kvlab.lab.gemv``) is a property of all its points. Pure Python;
 units are SI.
 """
@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass
 
 from kvlab._checks import integer, positive
-from kvlab.theory.agreement import Comparison, compare
+from kvlab.theory.agreement import FactorComparison, within_factor
 
 
 def matmul_flops(n: int, K: int, N: int) -> int:
@@ -82,10 +82,10 @@ CORNER_TOLERANCE = 1.25
 
 def compare_with_roofline(
     seconds: float, n: int, K: int, N: int, element_size: float, bandwidth: float, peak: float
-) -> Comparison:
+) -> FactorComparison:
     """A product's measured ``seconds`` against its ``roofline_time``, agreeing within
     ``ROOFLINE_TOLERANCE``."""
-    return compare(
+    return within_factor(
         seconds, roofline_time(n, K, N, element_size, bandwidth, peak), ROOFLINE_TOLERANCE
     )
 

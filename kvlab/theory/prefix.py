@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvlab._checks import positive
-from kvlab.theory.agreement import compare
+from kvlab.theory.agreement import within_factor
 
 # A measured quantity within this factor of its prediction is said to follow it (both ways).
 TTFT_TOLERANCE = 1.5
@@ -32,7 +32,7 @@ POLICY_MARGIN = 0.02
 class TTFTSaving:
     """Cold against cached time to first token (notebook 06): the measured ratio, the ratio that
     :func:`kvlab.theory.roofline.prefill_time` predicts, the outcome of
-    :func:`kvlab.theory.agreement.compare` (``verdict``), and ``fixed_s``, the cost per prefill that
+    :func:`agreement.within_factor` (``verdict``), and ``fixed_s``, the cost per prefill that
     the FLOPs leave out (the intercept of ``measured = fixed_s + a * predicted`` through the two
     points).
     """
@@ -64,7 +64,7 @@ def ttft_saving(
     return TTFTSaving(
         measured,
         predicted,
-        compare(measured, predicted, tolerance).outcome,
+        within_factor(measured, predicted, tolerance).outcome,
         cold_s - slope * cold_pred_s,
     )
 
@@ -75,7 +75,7 @@ def decode_steps_agree(
     """Whether two decode steps that read the same bytes took the same time, as predicted (ratio
     1)."""
     ratio = positive("cached_s", cached_s) / positive("computed_s", computed_s)
-    return compare(ratio, 1.0, tolerance).agrees
+    return within_factor(ratio, 1.0, tolerance).agrees
 
 
 def policy_winner(lru_hit: float, reserve_hit: float, margin: float = POLICY_MARGIN) -> str:

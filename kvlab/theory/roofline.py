@@ -149,7 +149,7 @@ def step_time_floor(
 
 
 # A measured step within this factor of its floor counts as bound by the bytes it moves (notebook
-# 03's readings, through ``kvlab.theory.agreement.compare``); the floor leaves out dispatch and
+# 03's readings, through ``agreement.within_factor``); the floor leaves out dispatch and
 # small kernels.
 STEP_FLOOR_TOLERANCE = 2.0
 

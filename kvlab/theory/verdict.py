@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from kvlab._checks import integer, items, one_of, positive, real
 from kvlab.theory import roofline
-from kvlab.theory.agreement import Comparison, compare
+from kvlab.theory.agreement import FactorComparison, within_factor
 from kvlab.theory.work import check_method, step_work
 
 VERDICTS = ("overhead", "weights", "kv", "compute", "capacity")
@@ -280,11 +280,11 @@ IDLE_TOLERANCE = 1.25
 BATCH_TOLERANCE = 1.25
 
 
-def compare_loops(tokens_per_s: float, reference_tokens_per_s: float) -> Comparison:
+def compare_loops(tokens_per_s: float, reference_tokens_per_s: float) -> FactorComparison:
     """A loop's tokens per second against a reference loop running the same forward pass, whose
     expected ratio is 1 (parity), agreeing within ``LOOP_TOLERANCE``."""
     positive("reference_tokens_per_s", reference_tokens_per_s)
-    return compare(tokens_per_s, reference_tokens_per_s, LOOP_TOLERANCE)
+    return within_factor(tokens_per_s, reference_tokens_per_s, LOOP_TOLERANCE)
 
 
 def expected_static_idle(cached_idle_s: float, cached_ops: int, static_ops: int) -> float:
@@ -299,7 +299,7 @@ def expected_static_idle(cached_idle_s: float, cached_ops: int, static_ops: int)
 
 def compare_idle(
     static_idle_s: float, cached_idle_s: float, cached_ops: int, static_ops: int, graphed: bool
-) -> Comparison:
+) -> FactorComparison:
     """The static step's idle time against step 3's model, agreeing within ``IDLE_TOLERANCE``.
 
     Replayed as one CUDA graph (``graphed``) the static step should have almost no gaps: the model
@@ -309,19 +309,21 @@ def compare_idle(
     """
     real("static_idle_s", static_idle_s)
     if graphed:
-        return compare(static_idle_s, positive("cached_idle_s", cached_idle_s), IDLE_TOLERANCE)
-    return compare(
+        return within_factor(
+            static_idle_s, positive("cached_idle_s", cached_idle_s), IDLE_TOLERANCE
+        )
+    return within_factor(
         static_idle_s, expected_static_idle(cached_idle_s, cached_ops, static_ops), IDLE_TOLERANCE
     )
 
 
 def compare_batch_tpot(
     tpot_1: float, batch: int, tpot_b: float, sequence_bytes: float, bandwidth: float
-) -> Comparison:
+) -> FactorComparison:
     """The TPOT measured at ``batch`` against ``shared_weight_tpot``, agreeing within
     ``BATCH_TOLERANCE``."""
     predicted = shared_weight_tpot(tpot_1, batch, sequence_bytes, bandwidth)
-    return compare(tpot_b, predicted, BATCH_TOLERANCE)
+    return within_factor(tpot_b, predicted, BATCH_TOLERANCE)
 
 
 def past_ridge(intensity: float, ridge: float) -> bool:

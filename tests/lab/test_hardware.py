@@ -59,6 +59,66 @@ CAL = Calibration(
 )
 
 
+def test_calibrate_measures_read_write_copy_and_matmul_with_spreads():
+    c = calibrate()
+    for rate in (c.read_bytes_per_s, c.write_bytes_per_s, c.copy_bytes_per_s, c.matmul_flops):
+        assert rate > 1e8
+    for spread in (c.read_spread, c.write_spread, c.copy_spread, c.matmul_spread):
+        assert spread >= 0
+    assert c.stream_bytes_per_s == c.read_bytes_per_s
+    assert c.ridge_point == c.matmul_flops / c.read_bytes_per_s
+    assert "read" in kvlab.env() and "write" in kvlab.env()
+
+
+def test_probes_count_what_they_move_and_compute():
+    from kvlab.lab.hardware import (
+        PROBE_FLOPS,
+        copy_probe,
+        matmul_probe,
+        measure_ceiling,
+        read_probe,
+        write_probe,
+    )
+    from kvlab.lab.timing import interleaved
+
+    nbytes = 4 << 20
+    probes = [read_probe(nbytes), write_probe(nbytes), copy_probe(nbytes), matmul_probe(3, 64, 32)]
+    assert [p.amount for p in probes[:3]] == [nbytes, nbytes, 2 * nbytes]
+    mm = probes[3]
+    assert mm.amount == pytest.approx(2 * 3 * 64 * 32 * round(PROBE_FLOPS / (2 * 3 * 64 * 32)))
+    assert mm.unit == "FLOP/s" and probes[0].unit == "B/s"
+    timings = interleaved({p.name: p.run for p in probes}, reps=2, device="cpu")
+    for p in probes:
+        c = p.ceiling(timings[p.name])
+        assert c.rate == p.amount / timings[p.name].min and c.spread >= 0
+    assert measure_ceiling(probes[0], reps=2).rate > 0
+
+
+def test_probes_refuse_bad_sizes():
+    from kvlab.lab.hardware import matmul_probe, measure_ceiling, read_probe
+
+    with pytest.raises(ValueError, match="nbytes must be an int >= 1048576"):
+        read_probe(1024)
+    with pytest.raises(ValueError, match="n must be an int >= 1"):
+        matmul_probe(0)
+    with pytest.raises(TypeError, match="k must be an int"):
+        matmul_probe(1, k=64.0)
+    with pytest.raises(TypeError, match="probe must be a kvlab.lab.hardware.Probe"):
+        measure_ceiling(lambda: None)
+
+
+def test_calibrated_device_uses_the_read_bandwidth_when_measured():
+    cal = Calibration(
+        copy_bytes_per_s=20e9,
+        matmul_flops=60e9,
+        matmul_dtype="float32",
+        device="test CPU",
+        read_bytes_per_s=30e9,
+    )
+    hw = calibrated_device(cal, memory=32e9)
+    assert hw.hbm_bytes_per_s == 30e9 and cal.ridge_point == 2.0
+
+
 def test_calibrated_device_feeds_the_roofline():
     hw = calibrated_device(CAL, memory=32e9)
     assert isinstance(hw, Accelerator)

@@ -64,11 +64,13 @@ def test_decode_loop_static_follows_the_growth_model_on_both_sides():
 
 def test_cache_reuse_solutions_and_corrections():
     from kvlab.show.readings import cache_reuse
-    from kvlab.theory.agreement import edges
+    from kvlab.theory.agreement import factor_edges
     from kvlab.theory.work import DOUBLING_TOLERANCE, request_time
 
     a, b = 0.01, 1e-4
-    low, high = edges(request_time(128, 64, a, b) / request_time(128, 32, a, b), DOUBLING_TOLERANCE)
+    low, high = factor_edges(
+        request_time(128, 64, a, b) / request_time(128, 32, a, b), DOUBLING_TOLERANCE
+    )
     for factor in (1.1 * low, 0.9 * high):
         ok = folded(ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * factor), 1)
         assert "The prediction holds" in ok and "4,592" in ok and "request_time" in ok
@@ -77,13 +79,13 @@ def test_cache_reuse_solutions_and_corrections():
         assert "does not hold in this run" in off and "holds." not in off
     # Both boundaries from their models: the recompilation model's edge, and the later steps'
     # spread.
-    from kvlab.theory.agreement import edges
+    from kvlab.theory.agreement import factor_edges
     from kvlab.theory.decode_step import step_spread
 
     steady, first, later = 0.001, 5.0, [0.00095, 0.001, 0.001, 0.00105, 0.001]
     from kvlab.show.readings.exercises.cache_reuse import RECOMPILE_TOLERANCE
 
-    low, _ = edges(first - steady, RECOMPILE_TOLERANCE)
+    low, _ = factor_edges(first - steady, RECOMPILE_TOLERANCE)
     w = folded(
         ex.cache_reuse_warm({2: 10.0, 8: 10.5}, [first, steady + 1.1 * low] + later, steady), 2
     )
@@ -109,10 +111,10 @@ def test_cache_reuse_solutions_and_corrections():
 def test_gemv_solutions_and_capacity_readings():
     from kvlab.show.readings import capacity
     from kvlab.theory import matmul
-    from kvlab.theory.agreement import edges
+    from kvlab.theory.agreement import factor_edges
 
     predicted = matmul.roofline_time(1, 8192, 28672, 4, 6e9, 1e11)
-    low, high = edges(predicted, matmul.ROOFLINE_TOLERANCE)
+    low, high = factor_edges(predicted, matmul.ROOFLINE_TOLERANCE)
     for measured in (1.1 * low, 0.9 * high):
         near = folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 1e11, measured), 1)
         assert "157 ms" in near and "time is bytes" in near and "roofline_time" in near
@@ -161,7 +163,7 @@ def _layout_reads():
         kv, moved = read_traffic(cache(layout, batch, block))
         t = factor * moved / beta
         return ReadMeasurement(
-            layout, batch, 256, 8, 4, 16, "float32", Timing(t, t, t, (t,)), kv, moved, beta
+            layout, batch, 256, 8, 4, 16, "float32", Timing(t, t, t, (t,)), kv, moved, beta, beta
         )
 
     def append(method, seconds, batch=2):
@@ -184,11 +186,11 @@ def _layout_reads():
 
 
 def test_kv_layout_solutions():
-    from kvlab.theory.agreement import edges
+    from kvlab.theory.agreement import factor_edges
     from kvlab.theory.kv_traffic import BYTES_TOLERANCE
 
     read, append = _layout_reads()
-    low, high = edges(1.0, BYTES_TOLERANCE)
+    low, high = factor_edges(1.0, BYTES_TOLERANCE)
     lo, hi = read(2), read(8)
     a_lo, a_hi = append("index", 5e-6), append("index", 6e-6, batch=8)
     ok = folded(ex.kv_layout_batch(lo, hi, a_lo, a_hi, None), 1)
@@ -463,7 +465,7 @@ def test_long_context_sinks_solution():
 
 def test_diagnosis_solutions():
     from kvlab.theory import verdict
-    from kvlab.theory.agreement import edges
+    from kvlab.theory.agreement import factor_edges
     from kvlab.theory.shapes import SHAPES
     from kvlab.theory.work import step_work
 
@@ -472,7 +474,7 @@ def test_diagnosis_solutions():
     weights, seq = one.weights_read, one.kv_read + one.kv_written
     b_pred = verdict.bandwidth_batch(shape, context, step_1, beta, 4, 4)
     flat_16 = verdict.flat_step_fraction(16, step_1, weights, seq, beta)
-    low, high = edges(flat_16, verdict.BATCH_TOLERANCE)
+    low, high = factor_edges(flat_16, verdict.BATCH_TOLERANCE)
     args = (weights, seq, context, beta, step_1, one.total_bytes / step_1 / beta, b_pred, 16)
     flat = folded(ex.diagnosis_batch(*args, step_1, flat_16, "weights", "weights"), 1)
     assert f"**{b_pred:,.1f}**" in flat and "batch 16" in flat and "nearly flat" in flat

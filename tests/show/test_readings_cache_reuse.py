@@ -4,7 +4,7 @@ outcomes (CONTRIBUTING.md, readings)."""
 import re
 
 from kvlab.show.readings import cache_reuse
-from kvlab.theory.agreement import edges
+from kvlab.theory.agreement import factor_edges
 from kvlab.theory.work import (
     POSITIONS_TOLERANCE,
     REQUEST_TOLERANCE,
@@ -34,7 +34,7 @@ def test_cache_reuse_speedup_follows_the_two_pass_model_on_both_sides():
     edges of ``REQUEST_TOLERANCE``, the gap put on the cached loop (the naive loop's on the other
     side)."""
     naive, cached = request_time(P, G, A, B), request_time(P, G, A, B, cached=True)
-    low, high = edges(naive / cached, REQUEST_TOLERANCE)
+    low, high = factor_edges(naive / cached, REQUEST_TOLERANCE)
     assert "explains most of both loops' time" in _speedup(naive, naive / (1.1 * low))
     assert "explains most of both loops' time" in _speedup(naive, naive / (0.9 * high))
     assert "request_time" in _speedup(naive, cached) and f"{naive / cached:.1f} times" in _speedup(
@@ -53,7 +53,7 @@ def test_cache_reuse_speedup_follows_the_two_pass_model_on_both_sides():
 
 def test_cache_reuse_speedup_against_the_positions_ratio_on_both_sides():
     work = positions_processed(P, G) / positions_processed(P, G, cached=True)
-    low, high = edges(work, POSITIONS_TOLERANCE)
+    low, high = factor_edges(work, POSITIONS_TOLERANCE)
     assert "fixed cost $a$" in _speedup(
         0.9 * low, 1.0
     ) and f"{work:.0f} times as many positions" in _speedup(1, 1)
@@ -67,8 +67,8 @@ def test_cache_reuse_speedup_against_the_positions_ratio_on_both_sides():
 def test_cache_reuse_step_growth_on_both_sides():
     """Each loop's last step over its first at 0.9x and 1.1x of the edges around the model's
     growth."""
-    naive_low, naive_high = edges(GROWTHS["naive_growth"], REQUEST_TOLERANCE)
-    cached_low, cached_high = edges(1.0, REQUEST_TOLERANCE)
+    naive_low, naive_high = factor_edges(GROWTHS["naive_growth"], REQUEST_TOLERANCE)
+    cached_low, cached_high = factor_edges(1.0, REQUEST_TOLERANCE)
     speedup = request_time(P, G, A, B) / request_time(P, G, A, B, cached=True)
     for growths in (
         dict(naive_growth=1.1 * naive_low),
@@ -185,7 +185,7 @@ def test_cache_reuse_explore_follows_the_positions_ratio_on_both_sides():
         {"naive": 0.08, "cached": 0.02, "static": 0.02},
     )
     work = positions_processed(32, 8) / positions_processed(32, 8, cached=True)
-    low, high = edges(work, POSITIONS_TOLERANCE)
+    low, high = factor_edges(work, POSITIONS_TOLERANCE)
 
     def text(ratio):
         return no_roles(cache_reuse.explore_reading(32, 8, 1, "cpu", tt, tp, ratio, work))

@@ -1,6 +1,7 @@
 """kvlab.show.readings.decode_loop: the sentences that depend on a measurement, each fed both
 outcomes (CONTRIBUTING.md, readings)."""
 
+import math
 import re
 
 import pytest
@@ -8,7 +9,7 @@ import pytest
 from kvlab.show.format import si
 from kvlab.show.readings import decode_loop
 from kvlab.theory import decode_step as dt
-from kvlab.theory.agreement import edges
+from kvlab.theory.agreement import compare, edges
 
 
 def no_roles(text):
@@ -16,69 +17,50 @@ def no_roles(text):
     return text
 
 
-K, BETA = 65_536, 10e9  # cache bytes per token and bandwidth the model is fed
+K, READ, COPY = 65_536, 10e9, 6e9  # cache bytes per token and the two ceilings
+SPREAD = 0.05
 
 
-@pytest.mark.parametrize(
-    "side, verdict",
-    [
-        (0.9 / dt.STEP_TOLERANCE, "faster than the line"),
-        (1.1 / dt.STEP_TOLERANCE, "sits on the line"),
-        (0.9 * dt.STEP_TOLERANCE, "sits on the line"),
-        (1.1 * dt.STEP_TOLERANCE, "slower than the bytes"),
-    ],
-)
-def test_decode_loop_step_follows_the_three_pass_model_on_both_sides(side, verdict):
-    """The prediction from ``predicted_step``; medians at 0.9x and 1.1x of both edges of its
-    tolerance."""
-    predicted = dt.predicted_step(10e-3, 256, 1024 + 16, K, BETA)
-    low, high = edges(predicted, dt.STEP_TOLERANCE)
-    measured = side * predicted
-    assert (low < measured < high) == (verdict == "sits on the line")
-    text = no_roles(decode_loop.step_reading(1024, 32, measured, predicted))
-    assert verdict in text and "1,024-token" in text and "31 decode steps" in text
-    assert "three-pass model" in text and "predicted_step" in text and si(predicted, "s") in text
-
-
-@pytest.mark.parametrize(
-    "side, verdict", [(0.9, "less than the three passes"), (1.1, "explains how the step grows")]
-)
-def test_decode_loop_slope_below_the_tolerance(side, verdict):
-    slope_low, _ = edges(dt.step_slope(K, BETA), dt.SLOPE_TOLERANCE)
-    text = no_roles(decode_loop.slope_reading(K, BETA, side * slope_low, **ARGS))
-    assert verdict in text
-
-
-@pytest.mark.parametrize(
-    "side, verdict", [(0.9, "explains how the step grows"), (1.1, "more than the three passes")]
-)
-def test_decode_loop_slope_above_the_tolerance(side, verdict):
-    _, slope_high = edges(dt.step_slope(K, BETA), dt.SLOPE_TOLERANCE)
-    text = no_roles(decode_loop.slope_reading(K, BETA, side * slope_high, **ARGS))
-    assert verdict in text and "step_slope" in text and si(dt.step_slope(K, BETA), "s") in text
-
-
-ARGS = dict(s0=256, t0=0.030, s_long=4096, t_long=0.080, weight_bytes=9e7)
-
-
-@pytest.mark.parametrize(
-    "side, verdict",
-    [
-        (0.9 / dt.GROWTH_TOLERANCE, "faster than the short-context one"),
-        (1.1 / dt.GROWTH_TOLERANCE, "grew by less than"),
-        (0.9 * dt.GROWTH_TOLERANCE, "grew by less than"),
-        (1.1 * dt.GROWTH_TOLERANCE, "keeps growing"),
-    ],
-)
-def test_decode_loop_growth_on_both_sides(side, verdict):
-    """The long-context step at 0.9x and 1.1x of both edges around the short-context step."""
-    t0 = ARGS["t0"]
-    text = no_roles(
-        decode_loop.slope_reading(K, BETA, dt.step_slope(K, BETA), **{**ARGS, "t_long": side * t0})
+def _five(predicted, spread=SPREAD):
+    """(disagrees below, cannot tell below, agrees, cannot tell above, disagrees above)."""
+    lo_dis, lo_agree, hi_agree, hi_dis = edges(predicted, spread)
+    return (
+        0.9 * lo_dis,
+        math.sqrt(lo_dis * lo_agree),
+        predicted,
+        math.sqrt(hi_agree * hi_dis),
+        1.1 * hi_dis,
     )
-    assert verdict in text
-    assert si(dt.predicted_step(t0, 256, 4096, K, BETA), "s") in text
-    assert si(3 * K * 4096, "B") in text
+
+
+def _reading(slope):
+    contexts = [264.0, 1032.0, 4104.0]
+    steps = [0.03, 0.03 + slope * 768, 0.03 + slope * 3840]
+    points = [compare(t, t, SPREAD) for t in steps]
+    return no_roles(
+        decode_loop.history_reading(K, READ, COPY, slope_c(slope), contexts, steps, points, 88e6)
+    )
+
+
+def slope_c(slope):
+    return compare(slope, dt.history_slope(K, READ, COPY), SPREAD)
+
+
+def test_history_slope_counts_a_read_and_a_copy():
+    assert dt.history_slope(K, READ, COPY) == pytest.approx(K / READ + 2 * K / COPY)
+    with pytest.raises(ValueError, match="copy_bytes_per_s must be a finite number > 0"):
+        dt.history_slope(K, READ, 0)
+
+
+def test_history_reading_on_every_side_of_the_slope():
+    predicted = dt.history_slope(K, READ, COPY)
+    below, unsure_low, agrees, unsure_high, above = (_reading(s) for s in _five(predicted))
+    assert si(predicted, "s") in agrees and "explain how the step grows" in agrees
+    assert "passes the model does not count" in above and "disagrees" in above
+    assert "less than the model predicts" in below
+    assert "scatter too widely" in unsure_low and "scatter too widely" in unsure_high
+    assert "4,104" in agrees and "agrees at 264 tokens, 1,032 tokens and 4,104 tokens" in agrees
+    assert "\\beta_\\text{read}" in agrees
 
 
 def test_decode_loop_intercept_follows_the_floor_model_on_both_sides():

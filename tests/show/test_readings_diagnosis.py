@@ -15,7 +15,7 @@ from kvlab.show.readings.diagnosis import (
     reading_workloads,
 )
 from kvlab.theory import roofline, verdict
-from kvlab.theory.agreement import edges
+from kvlab.theory.agreement import factor_edges
 from kvlab.theory.verdict import KV_SHARE_THRESHOLD, BatchPoint, Target, lever
 from kvlab.theory.work import STEP_METHODS, StepWork
 
@@ -81,7 +81,7 @@ def test_reading_timeline_on_both_sides_of_the_stable_loop_model():
     expected = verdict.expected_static_idle(
         cached.idle_s, 100, 120
     )  # eager: idle scales with the operators
-    low, high = edges(expected, verdict.IDLE_TOLERANCE)
+    low, high = factor_edges(expected, verdict.IDLE_TOLERANCE)
     same = reading_timeline(cached, _idle_trace(expected, 120), gpu=False)
     assert "As the model says" in same and "index_copy_" in same and "Python dispatch" in same
     assert "120 against 100" in same and "expected_static_idle" in same
@@ -90,7 +90,7 @@ def test_reading_timeline_on_both_sides_of_the_stable_loop_model():
     less = reading_timeline(cached, _idle_trace(0.9 * low, 120), gpu=False)
     assert "Less idle than its operators predict" in less
     # Replayed as one CUDA graph: less idle than the cached step is the model, anything else is not.
-    g_low, _ = edges(cached.idle_s, verdict.IDLE_TOLERANCE)
+    g_low, _ = factor_edges(cached.idle_s, verdict.IDLE_TOLERANCE)
     graphed = reading_timeline(cached, _idle_trace(0.9 * g_low, 120), gpu=True)
     assert "As expected" in graphed and "launch gaps" in graphed
     not_graphed = reading_timeline(cached, _idle_trace(1.1 * g_low, 120), gpu=True)
@@ -100,7 +100,7 @@ def test_reading_timeline_on_both_sides_of_the_stable_loop_model():
 def test_reading_batch_on_both_sides_of_the_shared_weight_model():
     seq_bytes, beta = 1e5, 1e10
     predicted = verdict.shared_weight_tpot(0.010, 4, seq_bytes, beta)
-    low, high = edges(predicted, verdict.BATCH_TOLERANCE)
+    low, high = factor_edges(predicted, verdict.BATCH_TOLERANCE)
     shared = reading_batch(
         [_point(1, 0.010), _point(4, predicted)], Target(tpot=0.011), 1, 1000, seq_bytes, beta
     )
@@ -125,7 +125,7 @@ def test_reading_workloads_both_branches():
 
 def test_reading_methods_on_both_sides_of_parity():
     ds = {m: _diagnosis("weights", m) for m in STEP_METHODS}
-    low, high = edges(50.0, verdict.LOOP_TOLERANCE)
+    low, high = factor_edges(50.0, verdict.LOOP_TOLERANCE)
     parity = reading_methods(ds, generate_tokens_per_s=50.0, best_tokens_per_s=50.0, best="static")
     assert "Parity, as expected" in parity
     faster = reading_methods(

@@ -1,5 +1,5 @@
-"""kvlab.show.readings.gemv: every decision fed measurements computed from its model at 0.9x and
-1.1x of the edges of its tolerance (``kvlab.theory.agreement.edges``), so a wrong model or
+"""kvlab.show.readings.gemv: every decision fed measurements built from its model on both sides of
+each edge of ``kvlab.theory.agreement.edges`` and inside the cannot-tell band, so a wrong model or
 inequality fails (CONTRIBUTING.md, readings).
 """
 
@@ -11,11 +11,11 @@ import pytest
 from kvlab import SHAPES
 from kvlab.show.format import si
 from kvlab.show.readings import gemv as gemv_readings
-from kvlab.theory import matmul, roofline
-from kvlab.theory.agreement import edges
+from kvlab.show.readings import verdicts
+from kvlab.theory import roofline
+from kvlab.theory.agreement import compare, edges
 
-K, N, W = 4096, 6144, 4  # the CPU sweep's weight, fp32
-COPY, PEAK = 10e9, 40e9  # calibrated copy bandwidth and matmul rate
+SPREAD = 0.05
 
 
 def no_roles(text):
@@ -23,139 +23,73 @@ def no_roles(text):
     return text
 
 
-def _sides(predicted, tolerance):
-    """(below, within, within, above): 0.9x and 1.1x of both edges."""
-    low, high = edges(predicted, tolerance)
-    return 0.9 * low, 1.1 * low, 0.9 * high, 1.1 * high
-
-
-def test_gemv_follows_the_roofline_on_both_sides():
-    predicted = matmul.roofline_time(1, K, N, W, COPY, PEAK)
-    fast, in_low, in_high, slow = (
-        no_roles(gemv_readings.gemv_reading(1, K, N, W, t, COPY, PEAK))
-        for t in _sides(predicted, matmul.ROOFLINE_TOLERANCE)
+def _five(predicted, spread=SPREAD):
+    """(disagrees below, cannot tell below, agrees, cannot tell above, disagrees above)."""
+    lo_dis, lo_agree, hi_agree, hi_dis = edges(predicted, spread)
+    return (
+        0.9 * lo_dis,
+        math.sqrt(lo_dis * lo_agree),
+        predicted,
+        math.sqrt(hi_agree * hi_dis),
+        1.1 * hi_dis,
     )
-    assert "faster than the copy" in fast
-    assert "about the speed of one" in in_low and "about the speed of one" in in_high
-    assert "did not" in slow and "about the speed of one" not in slow
-    assert "roofline_time" in slow and si(predicted, "s") in slow
-    exact = gemv_readings.gemv_reading(1, K, N, W, predicted, COPY, PEAK)
-    assert "100% of the calibrated copy bandwidth" in exact and "0.50 FLOP per byte" in exact
 
 
-def _ridge(knee, rms=0.0):
-    """A fitted roofline whose knee is ``knee``: a bandwidth line of 6 GB/s under a roof of 6 knee
-    GFLOP/s."""
-    fit = matmul.RooflineFit(bandwidth=6e9, peak=6e9 * knee, split=4, points=8, rms_log_error=rms)
-    n = matmul.batch_at_intensity(fit.knee, K, N, W)
-    return no_roles(
-        gemv_readings.ridge_reading(
-            8.0, PEAK, COPY, fit.knee, n, fit.bandwidth, fit.peak, fit.rms_log_error
+def test_skinny_reading_on_every_side_of_the_roofline():
+    predicted = 9e-3
+    below, unsure_low, agrees, unsure_high, above = _five(predicted)
+    cs = [compare(t, predicted, SPREAD) for t in (agrees, above, unsure_high, below)]
+    text = no_roles(
+        gemv_readings.skinny_reading(
+            [1, 2, 4, 8], cs, ["memory", "compute", "compute", "compute"], 10e9, 11e9, 10e9
         )
     )
-
-
-def test_gemv_ridge_fitted_knee_against_the_calibrated_one_on_both_sides():
-    ridge = matmul.ridge_intensity(PEAK, COPY)
-    early, in_low, in_high, late = (_ridge(k) for k in _sides(ridge, matmul.RIDGE_TOLERANCE))
-    assert "bent earlier" in early and "within" not in early
-    assert "The two agree" in in_low and "The two agree" in in_high and "4 FLOP per byte" in in_low
-    assert "bent later" in late and "60% of the copy bandwidth" in late
-    none = no_roles(
-        gemv_readings.ridge_reading(8.0, PEAK, COPY, float("nan"), float("nan"), 1e9, 1e10)
-    )
-    assert "finds no knee" in none and "measured knee" not in none
-
-
-def test_gemv_ridge_corner_on_both_sides():
-    edge = math.log(
-        matmul.CORNER_TOLERANCE
-    )  # the RMS log error at which the points stop fitting a corner
-    assert "bend gradually" not in _ridge(4.0, 0.9 * edge)
-    curve = _ridge(4.0, 1.1 * edge)
-    assert "bend gradually" in curve and "25% a corner allows" in curve
-
-
-def _doubling_times(ns, growth):
-    """Times whose every doubling grows by ``growth``."""
-    return [growth ** math.log2(n) for n in ns]
-
-
-def test_gemv_doubling_follows_the_roofline_on_both_sides():
-    """The expected growth from ``roofline_time`` under the fitted ceilings; measured growths at
-    0.9x and 1.1x of both edges of ``DOUBLING_TOLERANCE``."""
-    ns, bandwidth, peak = [1, 2, 4, 8, 16], 6e9, 30e9
-    knee_n = matmul.batch_at_intensity(peak / bandwidth, K, N, W)
-    assert 8 <= knee_n < 16  # three doublings lie left of the knee
-    expected = math.exp(
-        sum(
-            math.log(
-                matmul.roofline_time(2 * n, K, N, W, bandwidth, peak)
-                / matmul.roofline_time(n, K, N, W, bandwidth, peak)
-            )
-            for n in (1, 2, 4)
+    assert "91% of the read bandwidth" in text and "9 ms" in text and "agrees" in text
+    assert "compute-bound by $n = 2$" in text and "never free" in text
+    assert "disagrees at $n = 2$" in text and "the measurement above it" in text
+    assert "below it" in text and "cannot be judged at $n = 4$" in text
+    assert "neither streams" in text and "pessimistic" in text
+    first_unsure = no_roles(
+        gemv_readings.skinny_reading(
+            [1], [compare(unsure_low, predicted, SPREAD)], ["memory"], 10e9, 11e9, 10e9
         )
-        / 3
     )
-    texts = [
-        no_roles(
-            gemv_readings.doubling_reading(
-                ns, _doubling_times(ns, g), knee_n, K, N, W, bandwidth, peak
-            )
-        )
-        for g in _sides(expected, matmul.DOUBLING_TOLERANCE)
-    ]
-    fell, in_low, in_high, steep = texts
-    assert "time fell" in fell
-    assert (
-        "barely changed" in in_low
-        and "barely changed" in in_high
-        and f"{expected:.2f} there" in in_low
+    assert "cannot tell: it is below" in first_unsure and "stays on its bytes term" in first_unsure
+    late = gemv_readings.skinny_reading(
+        [1, 64], [cs[0], cs[0]], ["memory", "compute"], 10e9, 11e9, 1e12
     )
-    assert "did not" in steep and "The largest jump" in steep
-    assert "No doubling" in gemv_readings.doubling_reading(
-        [1, 2], [1.0, 2.0], 1.5, K, N, W, bandwidth, peak
-    )
+    assert "flat up to $n = 64$" in late and "neither streams" not in late
 
 
-def test_gemv_step_profile_follows_the_weight_read_floor_on_both_sides():
-    from kvlab.theory.decode_step import FLOOR_BAND, weight_read_floor
+def test_sweep_summary_lists_each_outcome_and_refuses_a_mismatch():
+    p = 1.0
+    below, unsure, agrees, _, above = _five(p)
+    cs = [compare(t, p, SPREAD) for t in (agrees, agrees, above, below, unsure)]
+    text = verdicts.sweep_summary(["a", "b", "c", "d", "e"], cs, "the model")
+    assert text.startswith("Over the sweep, the model agrees at a and b")
+    assert "c (1.5 times), the measurement above it" in text
+    assert "d (0.68 times), the measurement below it" in text and "cannot be judged at e" in text
+    with pytest.raises(ValueError, match="labels and comparisons"):
+        verdicts.sweep_summary(["a"], cs)
 
-    floor = weight_read_floor(65e6, COPY)
-    gemv = matmul.compare_with_roofline(
-        matmul.roofline_time(1, K, N, W, COPY, PEAK), 1, K, N, W, COPY, PEAK
-    )
-    below, in_low, in_high, above = (
-        no_roles(gemv_readings.step_profile_reading("m", t, 65e6, floor, 0.7, gemv))
-        for t in _sides(floor, FLOOR_BAND)
+
+def test_method_note_states_the_rule_once():
+    note = verdicts.method_note(9)
+    assert "fastest of 9 repeats" in note and "10%" in note and "33%" in note and "25%" in note
+
+
+def test_step_profile_on_every_side_of_the_weight_read_floor():
+    floor = 65e6 / 10e9
+    gemv = compare(1.0, 0.9, SPREAD)
+    below, unsure, agrees, _, above = (
+        no_roles(gemv_readings.step_profile_reading("m", t, SPREAD, 65e6, floor, 0.7, gemv))
+        for t in _five(floor)
     )
     assert "faster than reading its weights" in below
-    assert "most of the step" in in_low and "most of the step" in in_high
-    assert "smaller part" in above and "weight_read_floor" in above and "6.5 ms" in above
-    assert "runs at about copy speed (100% of it, within the factor 1.5" in above
-
-
-def test_gemv_step_profile_gemv_on_both_sides():
-    from kvlab.theory.decode_step import weight_read_floor
-
-    floor = weight_read_floor(65e6, COPY)
-    predicted = matmul.roofline_time(1, K, N, W, COPY, PEAK)
-    fast, in_low, in_high, slow = (
-        no_roles(
-            gemv_readings.step_profile_reading(
-                "m",
-                floor,
-                65e6,
-                floor,
-                0.7,
-                matmul.compare_with_roofline(t, 1, K, N, W, COPY, PEAK),
-            )
-        )
-        for t in _sides(predicted, matmul.ROOFLINE_TOLERANCE)
-    )
-    assert "faster than the copy" in fast
-    assert "about copy speed" in in_low and "about copy speed" in in_high
-    assert "reached only 61% of copy speed" in slow  # 1 / (1.1 * 1.5)
+    assert "memory-bound GEMV" in agrees and "agrees" in agrees
+    assert "smaller part" in above and "6.5 ms" in above and "disagrees" in above
+    assert "cannot tell" in unsure and "faster than reading" in unsure
+    assert "90% of its roofline rate" in above
 
 
 @pytest.fixture
@@ -168,23 +102,40 @@ def floors():
     )
 
 
-def test_gemv_explorer_follows_the_step_floor_on_both_sides(floors):
+def test_gemv_explorer_on_every_side_of_the_step_floor(floors):
     floor, floor_copy = floors
-    below, in_low, in_high, above = (
-        no_roles(gemv_readings.explore_reading(4, 1024, t, floor, floor_copy))
-        for t in _sides(floor_copy, roofline.STEP_FLOOR_TOLERANCE)
+    below, unsure, agrees, unsure_high, above = (
+        no_roles(gemv_readings.explore_reading(4, 1024, t, floor, floor_copy, SPREAD))
+        for t in _five(floor_copy)
     )
-    assert "should not allow" in below
-    assert "Close to the floor" in in_low and "Close to the floor" in in_high
-    assert "Well above" in above and "step_time_floor" in above and si(floor_copy, "s") in above
+    assert "Below it" in below and "disagrees" in below
+    assert "Close to the floor" in agrees
+    assert "Above the floor" in above and "step_time_floor" in above
+    assert si(floor_copy, "s") in above
+    assert "cannot tell" in unsure and "cannot tell" in unsure_high
 
 
-def test_gemv_floor_ratio_follows_the_step_floor_on_both_sides(floors):
-    _, floor_copy = floors
-    below, in_low, in_high, above = (
-        no_roles(gemv_readings.floor_ratio_reading(1, 256, 4.5, 16, 4096, t / floor_copy))
-        for t in _sides(floor_copy, roofline.STEP_FLOOR_TOLERANCE)
+def test_gemv_floor_ratio_on_every_side_of_the_step_floor():
+    below, unsure, agrees, _, above = (
+        no_roles(gemv_readings.floor_ratio_reading(1, 256, 4.5, 16, 4096, r, SPREAD))
+        for r in _five(1.0)
     )
     assert "faster than its floor allows" in below
-    assert "meets the floor" in in_low and "meets the floor" in in_high
-    assert "here it did not" in above and "2.2 times" in above and "4.5 times its floor" in above
+    assert "meets the floor" in agrees and "cannot tell" in unsure
+    assert "here it did not" in above and "1.5 times" in above and "4.5 times its floor" in above
+
+
+def test_latency_throughput_reading_recomputes_the_seed():
+    rows = roofline.decode_floor_table(
+        SHAPES["llama-3-8b"], "h100-sxm", [(1, 8192), (32, 2048), (32, 8192)], params=8e9
+    )
+    text = gemv_readings.latency_throughput_reading(rows)
+    assert "22 times at 2,048 tokens each and 11 times at 8,192" in text
+    assert "196 to 4,360 or 2,129 tokens/s" in text and "5.1 ms to 7.3 or 15.0 ms" in text
+    assert "**latency**" in text
+
+
+def test_gpu_batching_reading_quotes_the_datasheet_and_gpt_fast():
+    text = gemv_readings.gpu_batching_reading("A100", 153.0, 159.0, 2.039e12)
+    assert "2.04 TB/s" in text and "153 FLOP per byte" in text and "159" in text
+    assert "1,397 GB/s" in text and "PyTorch gpt-fast, 2023" in text

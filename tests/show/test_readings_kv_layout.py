@@ -9,7 +9,7 @@ from kvlab.cache.layout import new_cache
 from kvlab.lab.layout_timing import AppendMeasurement, ReadMeasurement, append_traffic, read_traffic
 from kvlab.lab.timing import Timing
 from kvlab.show.readings import kv_layout
-from kvlab.theory.agreement import edges
+from kvlab.theory.agreement import factor_edges
 from kvlab.theory.kv_traffic import BYTES_TOLERANCE
 
 BETA = 8e9  # a calibrated copy bandwidth, bytes/s
@@ -31,7 +31,7 @@ def read(factor=1.0, layout="BHTD", batch=2, context=256, kv_heads=4, seconds=No
     kv, moved = read_traffic(cache)
     t = factor * moved / BETA if seconds is None else seconds
     return ReadMeasurement(
-        layout, batch, context, 8, kv_heads, 16, "float32", _t(t), kv, moved, BETA
+        layout, batch, context, 8, kv_heads, 16, "float32", _t(t), kv, moved, BETA, BETA
     )
 
 
@@ -45,7 +45,7 @@ def append(method, seconds, layout="BHTD", batch=2, context=256, kv_heads=4):
 
 def past(tolerance=BYTES_TOLERANCE):
     """Factors 10% past each edge of the agreement band, and one inside it."""
-    low, high = edges(1.0, tolerance)
+    low, high = factor_edges(1.0, tolerance)
     return 0.9 * low, 1.0, 1.1 * high
 
 
@@ -56,9 +56,15 @@ def test_layout_table_is_a_pipe_table_with_ratios():
         "NHD": read(seconds=0.027, layout="NHD"),
         "HND": read(seconds=0.027, layout="HND"),
     }
-    text = no_roles(kv_layout.layout_table(reads, 7.4e9, 2, 4096))
-    assert "|---|---:|---:|---:|" in text and "| `NHD` (gather) |" in text and "| 1.6 |" in text
-    assert "batch 2, context 4,096" in text and "7.4 GB/s" in text
+    from kvlab.lab.hardware import Ceiling
+
+    text = no_roles(kv_layout.layout_table(reads, Ceiling("read", 8e9, 0.05, "B/s"), 6e9, 2, 4096))
+    assert "|---|---:|---:|---:|---:|" in text and "| `NHD` (gather) |" in text
+    assert "| 1.6 |" in text and "served partly from the last-level cache" not in text
+    fast = dict(reads, BHTD=read(seconds=1e-5))
+    text = no_roles(kv_layout.layout_table(fast, Ceiling("read", 8e9, 0.05, "B/s"), 6e9, 2, 4096))
+    assert "`BHTD` read faster than the read bandwidth" in text
+    assert "batch 2, context 4,096" in text and "8 GB/s" in text and "6 GB/s" in text
 
 
 def test_explore_reading_on_both_sides_of_the_bytes_model():
@@ -74,7 +80,7 @@ def test_explore_reading_on_both_sides_of_the_bytes_model():
         and "fit in this device's 1.07 GB last-level cache" in fast_cached
     )
     assert "do not fit" in fast_not and "calibration" in fast_not
-    assert "about the copy bandwidth" in on and "bytes model" in on and "index 5 µs" in on
+    assert "about its ceilings" in on and "bytes model" in on and "index 5 µs" in on
     assert "slower than its bytes" in slow
     assert "within the factor 1.25" in on
 
@@ -83,7 +89,7 @@ def test_gqa_reading_three_ways():
     # Four times fewer KV heads: the model's byte ratio is 4; measured ratios past each edge of it.
     mha = read(1.0, kv_heads=8)
     small_t = mha.timing.median / (mha.predicted_s / read(1.0, kv_heads=2).predicted_s)
-    low, high = edges(
+    low, high = factor_edges(
         small_t, BYTES_TOLERANCE
     )  # the small read's time at which the outcome changes
     fell_more = read(seconds=0.9 * low, kv_heads=2)
@@ -104,7 +110,7 @@ def test_append_reading_branches():
     cat_pred = append("cat", 1.0).predicted_s
     # The index append's time at the model's byte ratio, and on both sides of it.
     at_ratio = r.timing.median / (r.predicted_s / index_pred)
-    low, high = edges(at_ratio, BYTES_TOLERANCE)
+    low, high = factor_edges(at_ratio, BYTES_TOLERANCE)
     usual = no_roles(
         kv_layout.append_reading(
             r,

@@ -120,9 +120,9 @@ def test_waste_reading_branches_where_the_formula_stops_predicting_a_saving():
     )
     assert "contradicts the formula" in odd and "no preemption" in odd
     # The saving's boundary from the comparison itself: 10% past the lower edge on each side.
-    from kvlab.theory.agreement import edges
+    from kvlab.theory.agreement import factor_edges
 
-    low, _ = edges(pred["reserve-max"] - pred["paged"], paged_attention.SAVING_TOLERANCE)
+    low, _ = factor_edges(pred["reserve-max"] - pred["paged"], paged_attention.SAVING_TOLERANCE)
     for factor, contradicted in ((0.9, True), (1.1, False)):
         sim = {**runs, "paged": _sim(0.6 - factor * low, 20.5, 100)}
         text = no_roles(

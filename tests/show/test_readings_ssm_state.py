@@ -8,7 +8,7 @@ import pytest
 
 from kvlab.show.readings import ssm_state
 from kvlab.theory import ssm
-from kvlab.theory.agreement import edges
+from kvlab.theory.agreement import factor_edges
 
 
 def no_roles(text):
@@ -46,7 +46,7 @@ def test_scan_reading_on_both_sides_of_the_break_even():
     )
     assert "predicted the sequential scan to win and the parallel scan won" in wrong
     # The winner right but the margin past the tolerance on each side.
-    low, high = edges(1.0, ssm.SCAN_TOLERANCE)
+    low, high = factor_edges(1.0, ssm.SCAN_TOLERANCE)
     for factor in (1.1 * high, 0.9 * low):
         t = times(0.2 * edge, ratio_factor=factor)
         text = ssm_state.scan_reading(S, DIM, N, C, t, 0.2 * edge, GAMMA)
@@ -67,7 +67,7 @@ def test_scan_reading_on_the_issues_numbers():
 def test_ssm_step_reading_both_sides():
     k, beta = 4096.0, 8e9
     predicted = ssm.attention_step_slope(k, beta)
-    low, high = edges(predicted, ssm.SLOPE_TOLERANCE)
+    low, high = factor_edges(predicted, ssm.SLOPE_TOLERANCE)
     flat_edge = ssm.FLAT_SHARE * predicted
     args = dict(
         llama="L",

@@ -122,11 +122,11 @@ def test_bandwidth_batch_grows_only_the_cache_term():
 
 def test_idle_batch_and_parity_models_on_both_sides():
     from kvlab.theory import verdict
-    from kvlab.theory.agreement import edges
+    from kvlab.theory.agreement import factor_edges
 
     expected = verdict.expected_static_idle(1e-3, 100, 120)
     assert expected == pytest.approx(1.2e-3)
-    low, high = edges(expected, verdict.IDLE_TOLERANCE)
+    low, high = factor_edges(expected, verdict.IDLE_TOLERANCE)
     assert verdict.compare_idle(1.1 * high, 1e-3, 100, 120, graphed=False).outcome == "above"
     assert verdict.compare_idle(1.1 * low, 1e-3, 100, 120, graphed=False).outcome == "within"
     assert verdict.compare_idle(0.9 * low, 1e-3, 100, 120, graphed=False).outcome == "below"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from kvlab.show.format import si
-from kvlab.theory.agreement import BELOW, compare
+from kvlab.theory.agreement import BELOW, within_factor
 from kvlab.theory.work import (
     POSITIONS_TOLERANCE,
     REQUEST_TOLERANCE,
@@ -44,7 +44,7 @@ def speedup_reading(
     last step's time over the first step's, per loop.
     """
     naive_pred, cached_pred = request_time(P, G, a, b), request_time(P, G, a, b, cached=True)
-    c = compare(naive_s / cached_s, naive_pred / cached_pred, REQUEST_TOLERANCE)
+    c = within_factor(naive_s / cached_s, naive_pred / cached_pred, REQUEST_TOLERANCE)
     text = [
         f"At $P = {P}$ and $G = {G}$, the cached loop finished the request **{c.measured:.1f}"
         f" times** faster than the naive one. {TWO_PASS[0].upper()}{TWO_PASS[1:]}, fitted to two"
@@ -56,8 +56,8 @@ def speedup_reading(
         text.append("The cost of a pass, $a + b\\,n$, explains most of both loops' time.")
     else:
         loops = {
-            "naive": compare(naive_s, naive_pred, REQUEST_TOLERANCE),
-            "cached": compare(cached_s, cached_pred, REQUEST_TOLERANCE),
+            "naive": within_factor(naive_s, naive_pred, REQUEST_TOLERANCE),
+            "cached": within_factor(cached_s, cached_pred, REQUEST_TOLERANCE),
         }
         off = max(loops, key=lambda name: abs(math.log(loops[name].ratio)))
         text.append(
@@ -73,7 +73,7 @@ def speedup_reading(
 def _positions_sentence(P: int, G: int, speedup: float) -> str:
     """The measured speedup against the positions ratio, the two-pass model without its fixed cost
     a."""
-    work = compare(
+    work = within_factor(
         speedup,
         positions_processed(P, G) / positions_processed(P, G, cached=True),
         POSITIONS_TOLERANCE,
@@ -104,10 +104,10 @@ def _growth_sentence(
 ) -> str:
     """Each loop's last step over its first against the two-pass model: a naive pass over P + G - 1
     tokens against one over P + 1; a cached step is a one-token pass throughout."""
-    naive = compare(
+    naive = within_factor(
         naive_growth, pass_time(P + G - 1, a, b) / pass_time(P + 1, a, b), REQUEST_TOLERANCE
     )
-    cached = compare(cached_growth, 1.0, REQUEST_TOLERANCE)
+    cached = within_factor(cached_growth, 1.0, REQUEST_TOLERANCE)
     text = (
         f"On the right, the last naive token cost {naive_growth:.1f} times the first, where the"
         f" model predicts {naive.predicted:.2f} ($t(P + G - 1) / t(P + 1)$), and the last cached"
@@ -267,7 +267,7 @@ def explore_reading(
         f"{si(min(ttft.values()), 's')} to {si(max(ttft.values()), 's')}."
     ]
     pairs_ratio = attention_work(P, G) / attention_work(P, G, cached=True)
-    c = compare(time_ratio, work_ratio, POSITIONS_TOLERANCE)
+    c = within_factor(time_ratio, work_ratio, POSITIONS_TOLERANCE)
     text.append(
         f"The naive loop took {time_ratio:.1f} times as long as the cached one. The positions ratio"
         f" (`kvlab.theory.work.positions_processed`, naive over cached) is {work_ratio:.1f}, the"

@@ -1,140 +1,89 @@
 """Notebook 01, the decode loop (section 9.1): its readings.
 
-Each decision calls the model in ``kvlab.theory.decode_step``: a cached step grows by three passes
-over its cache bytes (``predicted_step``, ``step_slope``; ``STEP_TOLERANCE``, ``SLOPE_TOLERANCE``,
-``GROWTH_TOLERANCE``) and a short-context step is bounded by reading its weights once
-(``weight_read_floor``, ``near_floor``). The comparison itself is
-``kvlab.theory.agreement.compare``.
+Each decision calls the model in ``kvlab.theory.decode_step``: a cached step grows by one read of
+its cache at the read bandwidth and one copy at the copy rate (``history_slope``), judged by
+``kvlab.theory.agreement.compare`` with the spread measured beside it, and a short-context step is
+bounded by reading its weights once (``weight_read_floor``, ``near_floor``).
 """
 
 from __future__ import annotations
 
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
-from kvlab.theory.agreement import ABOVE, compare
+from kvlab.show.readings.verdicts import sweep_summary, verdict_words
+from kvlab.theory.agreement import ABOVE, DISAGREES, Comparison
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
 
 
-MODEL = (
-    "the three-pass model $t(s) = t(s_0) + 3k(s - s_0)/\\beta$ "
-    "(`kvlab.theory.decode_step.predicted_step`)"
-)
-
-
-def step_reading(P: int, G: int, median_s: float, predicted_s: float) -> str:
-    """Under the step-time figure: the median step at this prompt length against ``predicted_s``,
-    what the three-pass model (``decode_step.predicted_step``) gives there; agreement within
-    ``decode_step.STEP_TOLERANCE``."""
-    from kvlab.theory.decode_step import STEP_TOLERANCE
-
-    c = compare(median_s, predicted_s, STEP_TOLERANCE)
-    head = (
-        f"With a {P:,}-token prompt, the median of {G - 1} decode steps took"
-        f" **{si(median_s, 's')}**; {MODEL} gives {si(predicted_s, 's')} there: the step is"
-        f" {c.describe()}."
-    )
-    if c.agrees:
-        return (
-            head
-            + " The measurement sits on the line: the extra history costs what its bytes predict."
-        )
-    if c.outcome == ABOVE:
-        return (
-            head + " The step is slower than the bytes predict. On a CPU the likely reasons are "
-            "memory allocation for the growing cache and a cache that no longer fits the CPU's "
-            f"caches; on a shared machine, another process. {MEMORY_WALL} separates these."
-        )
-    return (
-        head + " The step is faster than the line: part of the cache was still in the CPU's "
-        "caches, so it was read faster than the calibrated streaming bandwidth."
-    )
-
-
-def slope_reading(
+def history_reading(
     kv_bytes_per_token: int,
-    bandwidth: float,
-    slope_meas: float,
-    s0: int,
-    t0: float,
-    s_long: int,
-    t_long: float,
+    read_bytes_per_s: float,
+    copy_bytes_per_s: float,
+    slope: Comparison,
+    contexts,
+    steps,
+    points,
     weight_bytes: float,
 ) -> str:
-    """ "Reading the result" of 9.1: the fitted slope against ``decode_step.step_slope`` (3k/beta,
-    agreement within ``SLOPE_TOLERANCE``), and the step at ``s_long`` against the one at ``s0``
-    (grown beyond ``GROWTH_TOLERANCE`` or not)."""
-    from kvlab.theory.decode_step import (
-        DYNAMIC_CACHE_PASSES,
-        GROWTH_TOLERANCE,
-        SLOPE_TOLERANCE,
-        predicted_step,
-        step_slope,
-    )
-
-    slope_pred = step_slope(kv_bytes_per_token, bandwidth)
-    c = compare(slope_meas, slope_pred, SLOPE_TOLERANCE)
+    """ "Reading the result" of 9.1: the slope of the fastest step against the history, against
+    ``decode_step.history_slope`` (k / read + 2 k / copy), judged by ``agreement.compare``; then
+    the shortest and longest contexts, and the verdict at every context (``points``)."""
+    contexts, steps = list(contexts), list(steps)
     text = [
-        "The three-pass model (`kvlab.theory.decode_step.step_slope`: $3k/\\beta$, with $k$ ="
-        f" {si(kv_bytes_per_token, 'B')} per token and $\\beta$ = {si(bandwidth, 'B/s')}) says each"
-        f" extra token of history should add **{si(slope_pred, 's')}** to a step. A straight line"
-        f" through the measured medians gives **{si(slope_meas, 's')}**: {c.describe()}."
+        "In the model each token of history adds $k/\\beta_\\text{read} + 2k/\\beta_\\text{copy}$"
+        f" = **{si(slope.predicted, 's')}** to a step: attention reads its"
+        f" {si(kv_bytes_per_token, 'B')} once at the read bandwidth"
+        f" ({si(read_bytes_per_s, 'B/s')}), and `torch.cat` copies them at the copy rate"
+        f" ({si(copy_bytes_per_s, 'B/s')}, bytes read plus written), both measured in the same"
+        " rounds as the steps. A straight line through the fastest step at each context rises by"
+        f" **{si(slope.measured, 's')}** per token, {slope.ratio:.2g} times the prediction, which"
+        f" {verdict_words(slope)}."
     ]
-    if c.agrees:
+    if slope.agrees:
         text.append(
-            "Counting three passes over the cache bytes (read, copy, write) explains how the step"
+            "One read and one copy of the cache, each at its own ceiling, explain how the step"
             " grows."
         )
-    elif c.outcome == ABOVE:
+    elif slope.outcome == DISAGREES and slope.side == ABOVE:
         text.append(
-            "The step moves more than the three passes over the cache we counted. On a CPU the "
-            "usual reasons are the attention kernel's own scratch memory, allocating a new tensor "
-            "for every `torch.cat`, and a cache that has outgrown the CPU's caches. "
-            f"{MEMORY_WALL} measures them one by one."
+            "The step grows faster than one read and one copy of the cache explain: the attention"
+            " kernel's scratch memory and a new allocation for every `torch.cat` are passes the"
+            f" model does not count. {MEMORY_WALL} measures them one by one."
+        )
+    elif slope.outcome == DISAGREES:
+        text.append(
+            "The step grew by less than the model predicts: part of the cache was still in the"
+            " CPU's caches, which are faster than the streams measured beside it."
         )
     else:
         text.append(
-            "The step grew by less than the three passes predict: part of the cache was still in "
-            "the CPU's caches, which are faster than the streaming bandwidth we calibrated, or the "
-            "timer noise of a shared machine flattened the line."
+            "The run's steps scatter too widely to call a miss of this size either way; the figure"
+            " shows every step."
         )
-    cache_long = DYNAMIC_CACHE_PASSES * kv_bytes_per_token * s_long
-    growth = compare(t_long, t0, GROWTH_TOLERANCE)
+    cache_long = 3 * kv_bytes_per_token * contexts[-1]
     text.append(
-        f"A step at {s0:,} tokens of context took {si(t0, 's')}; at {s_long:,} tokens it took"
-        f" {si(t_long, 's')}, {ratio_text(t_long, t0)} the short-context step, where the model"
-        f" predicts {si(predicted_step(t0, s0, s_long, kv_bytes_per_token, bandwidth), 's')}. By"
-        f" then each step reads, copies and writes about {si(cache_long, 'B')} of cache, against"
-        f" {si(weight_bytes, 'B')} of weights."
+        f"The fastest step grew from {si(steps[0], 's')} at {contexts[0]:,.0f} tokens of history"
+        f" to {si(steps[-1], 's')} at {contexts[-1]:,.0f}, where each step reads, copies and"
+        f" writes about {si(cache_long, 'B')} of cache against {si(weight_bytes, 'B')} of weights."
+        " Removing recomputation did not make a step constant-cost: the history it reads keeps"
+        " growing."
     )
-    if growth.outcome == ABOVE:
-        text.append(
-            f"That is more than {GROWTH_TOLERANCE:g} times: removing recomputation did not make the"
-            " step constant-cost, since the history a step reads keeps growing."
+    text.append(
+        sweep_summary(
+            [f"{s:,.0f} tokens" for s in contexts], points, "the model drawn in the figure"
         )
-    elif growth.agrees:
-        text.append(
-            f"Over this range the step grew by less than a factor of {GROWTH_TOLERANCE:g}: the"
-            " weights still dominate what a step reads. The growth shows once the cache bytes pass"
-            " the weight bytes; move the slider to the longest context or run on a GPU with a real"
-            " model."
-        )
-    else:
-        text.append(
-            "The long-context step was faster than the short-context one, which no cost model "
-            "predicts: the short-context steps were slowed by something else (a shared machine's "
-            "other processes, caches still warming). Rerun the cell."
-        )
+    )
     return " ".join(text)
 
 
 def intercept_reading(floor_s: float, t0: float) -> str:
     """The step at short context against the weight-read floor (``decode_step.weight_read_floor``:
-    weight bytes / copy bandwidth); ``decode_step.near_floor`` decides."""
+    weight bytes / read bandwidth); ``decode_step.near_floor`` decides."""
     from kvlab.theory.decode_step import FLOOR_BAND, near_floor
 
     text = (
-        "Reading the weights once at the calibrated copy bandwidth, weight bytes over $\\beta$,"
+        "Reading the weights once at the read bandwidth, weight bytes over $\\beta_\\text{read}$,"
         f" takes {si(floor_s, 's')}: the floor of a step whose cache is small next to its weights."
         f" The measured step at short context took {si(t0, 's')}, {ratio_text(t0, floor_s)} that"
         " floor."

@@ -10,7 +10,7 @@ two cost models of a step (:func:`kvlab.theory.serving.work_ratio`, judged by
 from __future__ import annotations
 
 from kvlab.show.format import si
-from kvlab.theory.agreement import compare
+from kvlab.theory.agreement import within_factor
 from kvlab.theory.serving import (
     CB,
     CB_NO_SHARING,
@@ -240,7 +240,7 @@ def curve_reading(points, capacity: float, chosen: int, prefix_caching: bool = T
         " step on average."
     ]
     predicted = flat_step_prediction(points)
-    verdict = compare(best.tokens_per_s, predicted, FLAT_STEP_TOLERANCE).outcome
+    verdict = within_factor(best.tokens_per_s, predicted, FLAT_STEP_TOLERANCE).outcome
     text.append(
         "The flat-step model (a step costs the same whatever the batch, so throughput is the mean"
         f" batch times the rate of one request, {first.tokens_per_s / first.mean_batch:.0f}"

@@ -1,7 +1,8 @@
 """Notebook 04, KV-cache layout (section 9.4): its readings.
 
-Every time on the page is predicted by the bytes model of ``kvlab.lab.layout_timing``: the bytes a
-read or an append moves (reads plus writes) over the calibrated copy bandwidth, its ``predicted_s``.
+Every time on the page is predicted by the bytes model of ``kvlab.lab.layout_timing``: attention's
+read of K and V over the read bandwidth and every copy (reads plus writes) over the copy rate, its
+``predicted_s``.
 A reading that decides whether a time follows its bytes calls
 ``kvlab.theory.kv_traffic.compare_with_bytes`` (agreement within ``BYTES_TOLERANCE``), and names the
 likely cause of a read that beats its bytes with ``cache_resident``.
@@ -14,39 +15,52 @@ from kvlab.theory.agreement import ABOVE, BELOW
 from kvlab.theory.kv_traffic import BYTES_TOLERANCE, cache_resident, compare_with_bytes
 
 MODEL = (
-    "the bytes model (`kvlab.lab.layout_timing`: bytes moved, reads plus writes, over the"
-    " calibrated copy bandwidth)"
+    "the bytes model (`kvlab.lab.layout_timing`: bytes read over the read bandwidth, bytes copied"
+    " over the copy rate)"
 )
 
 
-def layout_table(reads: dict, beta: float, batch: int, context: int) -> str:
+def layout_table(reads: dict, read_bw, copy_bw: float, batch: int, context: int) -> str:
     """The four layouts' reads side by side, as a Markdown table.
 
     ``reads`` maps a layout name to its read measurement (``kv_bytes``, ``kv_bytes_per_s``,
-    ``fraction_of_copy``, ``timing.median``), in display order, ``BHTD`` first.
+    ``predicted_s``, ``timing.min``), in display order, ``BHTD`` first; ``read_bw`` is the read
+    bandwidth measured in the same rounds (a ``Ceiling``: ``rate`` and ``spread``) and ``copy_bw``
+    the copy rate. No read from memory can stream K and V faster than the read bandwidth; a row
+    that does beyond the spread is marked and explained.
     """
-    base = reads["BHTD"].timing.median
+    base = reads["BHTD"].timing.min
     first = next(iter(reads.values()))
     lines = [
         (
-            f"At the default setting (batch {batch}, context {context:,}), one layer's read covers "
-            f"{si(first.kv_bytes, 'B')} of keys and values. The calibrated copy bandwidth is "
-            f"{si(beta, 'B/s')}, counting reads plus writes. Measured side by side, in three "
-            "interleaved rounds, the read streamed K and V at:"
+            f"At the default setting (batch {batch}, context {context:,}), one layer's read covers"
+            f" {si(first.kv_bytes, 'B')} of keys and values. A read-only stream measured in the"
+            f" same rounds ran at {si(read_bw.rate, 'B/s')} (repeats within {read_bw.spread:.0%});"
+            f" the copy rate is {si(copy_bw, 'B/s')}, counting reads plus writes. The"
+            " ceilings' time prices attention's read at the first and a gather's copy at the"
+            " second. Fastest of three interleaved rounds:"
         ),
         "",
-        (
-            "| layout | K+V read per second | moved bytes per second / copy bandwidth | time /"
-            " `BHTD` time |"
-        ),
-        "|---|---:|---:|---:|",
+        "| layout | K+V read per second | of the read bandwidth | ceilings' time / measured |"
+        " time / `BHTD` time |",
+        "|---|---:|---:|---:|---:|",
     ]
+    beyond = []
     for name, r in reads.items():
         label = f"`{name}`" + (" (gather)" if name in ("NHD", "HND") else "")
+        share = r.kv_bytes_per_s / read_bw.rate
+        if share > 1 + read_bw.spread + r.timing.spread_above_min:
+            beyond.append(name)
         lines.append(
-            f"| {label} | {si(r.kv_bytes_per_s, 'B/s')} | {r.fraction_of_copy:.0%} | "
-            f"{r.timing.median / base:.1f} |"
+            f"| {label} | {si(r.kv_bytes_per_s, 'B/s')} | {share:.0%} |"
+            f" {r.predicted_s / r.timing.min:.0%} | {r.timing.min / base:.1f} |"
         )
+    if beyond:
+        lines += [
+            "",
+            f"{', '.join(f'`{n}`' for n in beyond)} read faster than the read bandwidth beyond the"
+            " spread: its keys and values were served partly from the last-level cache.",
+        ]
     return "\n".join(lines)
 
 
@@ -125,9 +139,9 @@ def explore_reading(layout: str, context: int, read, appends: dict, llc: int | N
     appends. ``llc``: the device's last-level cache in bytes
     (``kvlab.lab.layout_timing.last_level_cache_bytes``).
     """
-    c = compare_with_bytes(read.timing.median, read.predicted_s)
+    c = compare_with_bytes(read.timing.min, read.predicted_s)
     text = [
-        f"`{layout}` at {context:,} tokens: the read took **{si(read.timing.median, 's')}**;"
+        f"`{layout}` at {context:,} tokens: the read took **{si(read.timing.min, 's')}**;"
         f" {MODEL} predicts {si(read.predicted_s, 's')}, so it took {c.describe()}."
     ]
     if c.outcome == BELOW:
@@ -138,7 +152,7 @@ def explore_reading(layout: str, context: int, read, appends: dict, llc: int | N
             "another process on the machine."
         )
     else:
-        text.append("It streams at about the copy bandwidth.")
+        text.append("It streams at about its ceilings.")
     parts = ", ".join(f"{m} {si(a.timing.median, 's')}" for m, a in appends.items())
     text.append(f"Appends: {parts}.")
     return " ".join(text)

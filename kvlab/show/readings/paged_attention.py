@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvlab.lab.timing import compare_timings
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
-from kvlab.theory.agreement import compare
+from kvlab.theory.agreement import within_factor
 from kvlab.theory.paging import gather_overhead_s, paging_saves
 
 GEMV = "[GEMV-like behaviour in decode](03_gemv.ipynb)"
@@ -65,7 +65,7 @@ def waste_reading(
             f"{mx.steps / pg.steps:.1f} times sooner, in decode steps."
         )
         # The formula's saving (reserve-max's waste minus paging's) against the simulated one.
-        saved = compare(
+        saved = within_factor(
             mx.waste_fraction - pg.waste_fraction,
             predicted["reserve-max"] - predicted["paged"],
             SAVING_TOLERANCE,

@@ -2,7 +2,7 @@
 
 Each sentence that decides between outcomes takes the decision from the model that predicts it: the
 block rule (:func:`kvlab.cache.blocks.reusable_tokens`), prefill FLOPs
-(:func:`kvlab.theory.roofline.prefill_time`, judged by :func:`kvlab.theory.agreement.compare` and
+(:func:`kvlab.theory.roofline.prefill_time`, judged by :func:`agreement.within_factor` and
 :func:`kvlab.theory.prefix.ttft_saving`), the replay of a trace
 (:func:`kvlab.theory.prefix.policy_winner`), equal bytes per decode step
 (:func:`kvlab.theory.prefix.decode_steps_agree`) and the roofline of a prefill attention launch
@@ -14,7 +14,7 @@ from __future__ import annotations
 from kvlab.cache.blocks import reusable_tokens
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
-from kvlab.theory.agreement import compare
+from kvlab.theory.agreement import within_factor
 from kvlab.theory.prefix import TTFT_TOLERANCE, decode_steps_agree, policy_winner, ttft_saving
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
@@ -110,7 +110,7 @@ def chat_reading(
         " time. It computes slightly fewer tokens, since it caches the prefix token by token and"
         f" kvlab only in whole blocks of {block_size}, so the FLOPs predict {predicted:.2f} times."
     )
-    verdict = compare(measured, predicted, TTFT_TOLERANCE).outcome
+    verdict = within_factor(measured, predicted, TTFT_TOLERANCE).outcome
     if verdict == "within":
         text.append("The two follow their FLOPs: a prefix cache saves the same work either way.")
     elif verdict == "above":

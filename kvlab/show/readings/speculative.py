@@ -2,33 +2,28 @@
 
 Each decision calls a model: the expected tokens per verify step and the speed-up of
 ``kvlab.theory.speculative`` (Leviathan et al. 2023), from the acceptance counted on the greedy
-output and the step times measured beside it. A measured speed-up is set against its prediction
-with three outcomes (``decide``): it *agrees* when it lies within a tolerance of the prediction, the
-tolerance widened to the spread the interleaved rounds showed; it *disagrees* beyond that; and we
-*cannot tell* when the rounds themselves spread wider than ``CANNOT_TELL_SPREAD``. (The book's
-shared three-outcome ``compare`` was being written beside this page; this is its decision, stated
-here until it lands.)
+output and the step times measured beside it. A measured speed-up meets its prediction in
+``kvlab.theory.agreement.compare`` with three outcomes (agrees, disagrees, cannot tell), the spread
+being how far the interleaved rounds' speed-ups lie apart (``spread``).
 """
 
 from __future__ import annotations
 
-from kvlab.theory.agreement import compare
+from kvlab.theory.agreement import AGREES, CANNOT_TELL, Comparison, compare
 from kvlab.theory.speculative import expected_tokens
 
-AGREES, DISAGREES, CANNOT_TELL = "agrees", "disagrees", "cannot tell"
-MIN_TOLERANCE = 1.2  # a whole request on a shared CPU: a factor 1.2 either way at the least
-CANNOT_TELL_SPREAD = 1.6  # rounds whose speed-ups spread wider than this decide nothing
 BREAK_EVEN = 1.1  # a speed-up within this factor of 1 neither pays nor costs, in words
 
 
-def decide(measured: float, low: float, high: float, predicted: float) -> tuple[str, float]:
-    """``(outcome, tolerance)``: ``measured`` (its rounds from ``low`` to ``high``) against
-    ``predicted``, agreement within a factor max(``MIN_TOLERANCE``, high / low)."""
-    spread = high / low
-    tolerance = max(MIN_TOLERANCE, spread)
-    if spread > CANNOT_TELL_SPREAD:
-        return CANNOT_TELL, tolerance
-    return (AGREES if compare(measured, predicted, tolerance).agrees else DISAGREES), tolerance
+def spread(low: float, high: float) -> float:
+    """The relative spread of a speed-up measured over rounds: its highest over its lowest, less 1
+    (0 for one round)."""
+    return high / low - 1
+
+
+def decide(measured: float, low: float, high: float, predicted: float) -> Comparison:
+    """``measured`` (its rounds from ``low`` to ``high``) against ``predicted``."""
+    return compare(measured, predicted, spread(low, high))
 
 
 def acceptance_reading(task: str, k: int, alpha: float, empty: float, steps: int, new: int) -> str:
@@ -47,28 +42,24 @@ def speedup_reading(
     task: str, k: int, measured: float, low: float, high: float, predicted: float
 ) -> str:
     """The measured speed-up of the whole request against the theory's, and the verdict."""
-    outcome, tolerance = decide(measured, low, high, predicted)
+    c = decide(measured, low, high, predicted)
     text = (
         f"On the {task} task the speculative loop ($k = {k}$) ran the request **{measured:.2f}x** "
-        f"as fast as plain greedy{_rounds(low, high)}, tokens identical. From "
-        f"the counted $\\alpha$ and the step times measured beside it, the model predicts "
-        f"{predicted:.2f}x"
+        f"as fast as plain greedy{_rounds(low, high)}, tokens identical. From the counted "
+        f"$\\alpha$ and the step times measured beside it, the model predicts {predicted:.2f}x: "
+        f"{c.describe()} (agreement within a factor {c.agree_factor:.2f}, from the rounds' spread "
+        "or 10% at the least)."
     )
-    if outcome == CANNOT_TELL:
+    if c.outcome == AGREES:
+        return text + " " + _verdict(measured)
+    if c.outcome == CANNOT_TELL:
         return text + (
-            f". The rounds spread by a factor {high / low:.2f}, wider than "
-            f"{CANNOT_TELL_SPREAD:g}: this run cannot tell whether the model holds."
-        )
-    if outcome == AGREES:
-        return (
-            text
-            + f", and the measurement agrees with it within a factor {tolerance:.2f}. "
-            + (_verdict(measured))
+            " The miss is larger than the rounds' scatter explains but short of a clear one; "
+            "more rounds would decide."
         )
     return text + (
-        f"; the measurement is {measured / predicted:.2f} times that, beyond the factor "
-        f"{tolerance:.2f} that counts as agreement. The model leaves out the proposer's own time "
-        "and the Python of each step, and assumes each guess is right independently of the last."
+        " The model leaves out the proposer's own time and the Python of each step, and assumes "
+        "each guess is right independently of the last."
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kvlab.show.format import si
 from kvlab.theory import ssm
-from kvlab.theory.agreement import ABOVE, compare
+from kvlab.theory.agreement import ABOVE, within_factor
 
 COST_MODEL = (
     r"$t = \tau\cdot\text{rounds} + \gamma\cdot\text{compositions}\cdot E$ "
@@ -65,7 +65,9 @@ def scan_reading(
     }
     expected = ssm.fastest_order(length, tau, gamma, elements, methods=("sequential", "parallel"))
     won = min(("sequential", "parallel"), key=lambda m: times[m])
-    c = compare(t_seq / t_par, predicted["sequential"] / predicted["parallel"], ssm.SCAN_TOLERANCE)
+    c = within_factor(
+        t_seq / t_par, predicted["sequential"] / predicted["parallel"], ssm.SCAN_TOLERANCE
+    )
     text.append(
         f"With the fit's own values the model predicts {si(predicted['sequential'], 's')}"
         f" sequential and {si(predicted['parallel'], 's')} parallel, a ratio (sequential over"
@@ -109,7 +111,7 @@ def step_reading(
     """Decode step time against context: the attention slope against ``ssm.attention_step_slope``
     (three passes over each cached token's ``kv_bytes_per_token`` at ``bandwidth``), and Mamba's."""
     predicted = ssm.attention_step_slope(kv_bytes_per_token, bandwidth)
-    c = compare(slope_llama, predicted, ssm.SLOPE_TOLERANCE)
+    c = within_factor(slope_llama, predicted, ssm.SLOPE_TOLERANCE)
     text = [
         f"From {s0:,} to {s1:,} tokens of context, the {llama} step went from {si(llama_t[0], 's')}"
         f" to **{si(llama_t[1], 's')}**, a fitted slope of {si(slope_llama, 's')} per token of"

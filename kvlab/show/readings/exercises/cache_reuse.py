@@ -7,7 +7,7 @@ import math
 
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
-from kvlab.theory.agreement import compare
+from kvlab.theory.agreement import within_factor
 from kvlab.theory.work import DOUBLING_TOLERANCE, positions_processed, request_time
 
 
@@ -20,7 +20,7 @@ def cache_reuse_doubling(
     """
     pos_g, pos_2g = positions_processed(P, G), positions_processed(P, 2 * G)
     t_g, t_2g = request_time(P, G, a, b), request_time(P, 2 * G, a, b)
-    c = compare(measured_2g / measured_g, t_2g / t_g, DOUBLING_TOLERANCE)
+    c = within_factor(measured_2g / measured_g, t_2g / t_g, DOUBLING_TOLERANCE)
     text = (
         "The naive loop makes $G$ passes: $T(G) \\approx G\\,a +"
         f" b\\cdot\\mathrm{{positions\\_processed}}(P, G)$ (`work.request_time`). At $P = {P}$ the"
@@ -71,7 +71,9 @@ def cache_reuse_warm(costs: dict, step_times, steady: float) -> str:
         f" second took {si(second, 's')}, {second / steady:,.0f} times a steady step"
         f" ({si(steady, 's')}); the later steps moved by {noise:.0%} of a step."
     )
-    recompile = compare(max(second - steady, 0.0), max(first - steady, steady), RECOMPILE_TOLERANCE)
+    recompile = within_factor(
+        max(second - steady, 0.0), max(first - steady, steady), RECOMPILE_TOLERANCE
+    )
     if recompile.outcome != "below":
         text += (
             f" Its excess is {recompile.describe()} that a recompilation redoes the first call's"

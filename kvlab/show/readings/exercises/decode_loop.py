@@ -11,11 +11,12 @@ from kvlab.show.readings.exercises.folded import count, solution
 def decode_loop_gqa(
     kv_heads_now: int, kv_heads_new: int, slope_now: float, slope_new: float, slope_measured: float
 ) -> str:
-    """Exercise 1 of 9.1: the slope 3k/beta with fewer KV heads."""
+    """Exercise 1 of 9.1: the slope k / read + 2 k / copy with fewer KV heads."""
     factor = slope_now / slope_new
     return solution(
         1,
-        "The slope is $3k/\\beta$ and $k = 2 L\\,n_{kv} d_h w$ is proportional to the KV heads,"
+        "The slope is $k/\\beta_\\text{read} + 2k/\\beta_\\text{copy}$ and $k = 2 L\\,n_{kv} d_h w$"
+        " is proportional to the KV heads,"
         f" so going from {kv_heads_now} to {kv_heads_new} KV heads divides it by **{factor:g}**:"
         f" from {si(slope_now, 's')} to **{si(slope_new, 's')}** per token of history. The query"
         " heads, and with them the attention FLOPs, do not change. This run measured"
@@ -67,7 +68,7 @@ def decode_loop_static(
         " slots, masked, so every step reads the same bytes: its per-step time should not change"
         " within a request. Flat does not mean cheaper: from the first step the static loop pays"
         " for the longest history, and its mask on top. The cached loop's steps should grow: by"
-        " this page's model, $t(s) = t(s_0) + 3k(s - s_0)/\\beta$, by $3k(G-1)/\\beta$ ="
+        " this page's model, by $(k/\\beta_\\text{read} + 2k/\\beta_\\text{copy})(G-1)$ ="
         f" **{si(cached_growth, 's')}** over this request. In a run with $P = {P}$ and $G = {G}$"
         f" the static loop's first and last steps took {si(static_first, 's')} and"
         f" {si(static_last, 's')}, the cached loop's {si(cached_first, 's')} and"

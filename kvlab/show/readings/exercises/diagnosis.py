@@ -6,7 +6,7 @@ from __future__ import annotations
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory import verdict as model
-from kvlab.theory.agreement import BELOW, compare
+from kvlab.theory.agreement import BELOW, within_factor
 
 
 def diagnosis_batch(
@@ -31,7 +31,7 @@ def diagnosis_batch(
     at ``step_b`` seconds and ``fraction_b`` of the copy ``bandwidth``.
     """
     flat = model.flat_step_fraction(batch, step_1, weight_bytes, sequence_bytes, bandwidth)
-    c = compare(fraction_b, flat, model.BATCH_TOLERANCE)
+    c = within_factor(fraction_b, flat, model.BATCH_TOLERANCE)
     text = (
         "A step moves $P w + b\\,(s + 1)\\,K$ bytes: the weights, read once for all the sequences"
         f" of the batch ({si(weight_bytes, 'B')}) and each sequence's cache read and new token"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvlab.show.readings.engine import plural, times
 from kvlab.show.readings.exercises.folded import solution
-from kvlab.theory.agreement import compare
+from kvlab.theory.agreement import within_factor
 from kvlab.theory.serving import CAPACITY_TOLERANCE, batch_bound
 
 
@@ -28,7 +28,7 @@ def engine_half_pool(capacity: float, max_batch: int, mean_batch: float, preempt
         f" Measured at `max_batch` {max_batch} with half the pool: a mean running batch of"
         f" {mean_batch:.1f} and {plural(preemptions, 'preemption')}."
     )
-    if compare(mean_batch, limit, CAPACITY_TOLERANCE).outcome != "above":
+    if within_factor(mean_batch, limit, CAPACITY_TOLERANCE).outcome != "above":
         text += " The batch stays within the bound, as predicted."
     else:
         text += (

@@ -6,7 +6,7 @@ from __future__ import annotations
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory import matmul
-from kvlab.theory.agreement import compare
+from kvlab.theory.agreement import within_factor
 
 
 def gemv_big_product(
@@ -32,7 +32,7 @@ def gemv_big_product(
     )
     if measured_s is None:
         return solution(1, text + " Measure it with the cell the exercise names.")
-    c = compare(measured_s, predicted, matmul.ROOFLINE_TOLERANCE)
+    c = within_factor(measured_s, predicted, matmul.ROOFLINE_TOLERANCE)
     text += f" Measured: **{si(measured_s, 's')}**, {c.describe()}."
     if c.agrees:
         text += " A matrix this large streams at the same rate as the sweep's: time is bytes."

@@ -6,7 +6,7 @@ from kvlab.cache.blocks import reusable_tokens
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.exercises.folded import solution
-from kvlab.theory.agreement import compare
+from kvlab.theory.agreement import within_factor
 from kvlab.theory.prefix import TTFT_TOLERANCE, policy_winner
 
 
@@ -76,7 +76,7 @@ def prefix_ninety(
         f" calibrated matmul rate) predicts **{si(predicted, 's')}**. `measure_ttft` measured"
         f" **{si(measured, 's')}** (against {si(cold, 's')} with nothing cached)."
     )
-    verdict = compare(measured, predicted, TTFT_TOLERANCE).outcome
+    verdict = within_factor(measured, predicted, TTFT_TOLERANCE).outcome
     if verdict == "within":
         text += " Close to the line."
     elif verdict == "above":
