@@ -122,7 +122,11 @@ def generate_run(model, input_ids, new_tokens: int, **options):
     ``options`` (``prompt_lookup_num_tokens=``, ``assistant_early_exit=``)."""
     config = copy.deepcopy(model.generation_config)
     config.update(
-        max_new_tokens=new_tokens, min_new_tokens=None, do_sample=False, eos_token_id=None
+        max_new_tokens=new_tokens,
+        min_new_tokens=None,
+        do_sample=False,
+        eos_token_id=None,
+        **options,
     )
     config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
     mask, prompt = torch.ones_like(input_ids), input_ids.shape[1]
