@@ -67,6 +67,8 @@ class EarlyExit:
 
     @torch.inference_mode()
     def __call__(self, tokens: list[int], k: int) -> list[int]:
+        if not k:  # the request's last token: nothing to guess, and the cache stays as it is
+            return []
         keep = _common_prefix(self.seen, tokens[:-1])  # the last token always runs: its logits
         if self.cache is not None:
             crop_cache(self.cache, len(self.seen) - keep)
