@@ -134,12 +134,14 @@ def pretrained():
 
 
 @pytest.mark.parametrize(
-    "draft, k", [("prompt_lookup", 1), ("prompt_lookup", 8), ("early_exit", 3)]
+    "draft, k, static",
+    [("prompt_lookup", 1, False), ("prompt_lookup", 8, False), ("prompt_lookup", 5, True)]
+    + [("early_exit", 3, False)],
 )
-def test_real_model_equals_generate(pretrained, draft, k):
+def test_real_model_equals_generate(pretrained, draft, k, static):
     from kvlab.lab.speculative import generate_run, task_ids
 
     model, tokenizer = pretrained
     ids = task_ids(tokenizer, "quote")
-    out = speculative_decode(model, ids, 12, draft=draft, k=k)
+    out = speculative_decode(model, ids, 12, draft=draft, k=k, static=static)
     assert torch.equal(out, generate_run(model, ids, 12)())
