@@ -300,3 +300,11 @@ def last_logits_only(model) -> dict:
     the last position's logits only, and a long prompt's full [batch, P, vocab] logits would cost
     more memory than its KV cache."""
     return {"logits_to_keep": 1} if takes(model, "logits_to_keep") else {}
+
+
+def crop_cache(cache, tokens_to_remove: int) -> None:
+    """Drop the last ``tokens_to_remove`` positions from every layer of ``cache`` (speculative
+    decoding's roll-back). ``Cache.crop`` took the length to keep until 5.x and takes only a
+    negative count now; a negative count means "remove this many" in both."""
+    if tokens_to_remove:
+        cache.crop(-tokens_to_remove)

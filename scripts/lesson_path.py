@@ -28,7 +28,7 @@ COMMAND = "make lesson-path (python scripts/lesson_path.py)"
 # its other public modules, sorted by name, so a new file joins the path at the end of its group; a
 # module that does not exist is skipped.
 LESSON_PATH = (
-    ("the decode loops", ("decode.py",)),
+    ("the decode loops", ("decode.py", "speculative.py")),
     (
         "the block allocator, the block manager and the paged cache",
         ("cache/blocks.py", "cache/block_manager.py", "cache/paged.py"),

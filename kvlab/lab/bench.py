@@ -49,6 +49,7 @@ SECTION_BENCHMARKS = {
     "9.8 decode diagnosis": "kvlab.lab.diagnose",
     "11 continuous batching engine": "kvlab.lab.engine",
     "12 decode across devices": "kvlab.lab.parallel",
+    "13 speculative decoding": "kvlab.lab.speculative",
 }
 
 

@@ -521,3 +521,11 @@ def test_diagnosis_solutions():
     assert "tip either way" in ex.diagnosis_naive_ridge(
         ridge, 4, 40, 39, 20, 0.9 * ridge, "compute"
     )
+
+
+def test_speculative_solutions():
+    times = {1: 1.0, 2: 1.2, 3: 1.5, 4: 2.5, 5: 4.0}
+    t = folded(ex.speculative_best_k_here(0.9, 0.0, times, "quote"), 1)
+    assert "$k = 2$" in t  # 2.71 / 1.5 beats 1.9 / 1.2 and 3.44 / 2.5
+    t = folded(ex.speculative_best_k_gpu(0.8, 295, "H100"), 2)
+    assert "295" in t and "k = 8" in t and "5.00" in t

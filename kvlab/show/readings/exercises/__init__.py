@@ -45,6 +45,10 @@ from kvlab.show.readings.exercises.prefix_caching import (
     prefix_system_prompts,
     prefix_whole_blocks,
 )
+from kvlab.show.readings.exercises.speculative import (
+    speculative_best_k_gpu,
+    speculative_best_k_here,
+)
 from kvlab.show.readings.exercises.ssm_state import (
     ssm_breakeven,
     ssm_full_rank,
@@ -89,6 +93,8 @@ __all__ = [
     "prefix_whole_blocks",
     "prefix_system_prompts",
     "prefix_ninety",
+    "speculative_best_k_here",
+    "speculative_best_k_gpu",
     "ssm_breakeven",
     "ssm_narrow_scan",
     "ssm_hybrid_fraction",
