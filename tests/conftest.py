@@ -41,11 +41,16 @@ def pytest_xdist_make_scheduler(config, log):
 
     class NotebooksSplit(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if any(f"/{test}" in nodeid or nodeid.startswith(test) for test in ONE_NOTEBOOK_EACH):
-                return nodeid
-            return super()._split_scope(nodeid)
+            return work_unit(nodeid)
 
     return NotebooksSplit(config, log)
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work of a test for pytest-xdist: its file, or itself if it executes a notebook."""
+    if any(f"/{test}" in nodeid or nodeid.startswith(test) for test in ONE_NOTEBOOK_EACH):
+        return nodeid
+    return nodeid.split("::", 1)[0]
 
 
 def pytest_collection_modifyitems(items):

@@ -135,6 +135,71 @@ def test_notebook_is_committed_clean_and_executes(executions, path, record_prope
     assert not _errors(nb)
 
 
+def _scratch_notebook(folder: Path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_markdown_cell("# A page"), nbformat.v4.new_code_cell("print(1)")]
+    path = folder / "x.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_notebook_runs_once_per_run_into_the_cache_the_book_reads(tmp_path, monkeypatch):
+    """Executed once however many tests ask (the second is handed the first's result), and stored
+    so that myst-nb's cache mode finds it for the committed notebook, nbclient's timing metadata
+    notwithstanding; a failed execution is reported to later askers, not run again."""
+    path = _scratch_notebook(tmp_path)
+    runs = []
+
+    def run(p, static):
+        runs.append((p, static))
+        nb = nbformat.read(p, as_version=4)
+        cell = nb.cells[1]
+        cell.execution_count = 1
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n")]
+        cell.metadata["execution"] = {"iopub.status.busy": "2026-12-03T10:00:00Z"}
+        return nbrun.Run(nb, 1.5, 0, {}, {"shell": 0, "iopub": 0})
+
+    monkeypatch.setattr(nbrun, "run", run)
+    monkeypatch.setitem(globals(), "book_cache", lambda root=ROOT: tmp_path / "cache")
+    (tmp_path / "runs").mkdir()
+    first, record = _execute(tmp_path / "runs", path)
+    again, _ = _execute(tmp_path / "runs", path)
+    assert runs == [(path, True)] and again == first and record["seconds"] == 1.5
+    cache = jupyter_cache.get_cache(tmp_path / "cache")
+    _, merged = cache.merge_match_into_notebook(nbformat.read(path, as_version=4))
+    assert merged.cells[1].outputs[0]["text"] == "1\n"
+
+    def fail(p, static):
+        raise RuntimeError("a cell failed")
+
+    monkeypatch.setattr(nbrun, "run", fail)
+    (tmp_path / "other").mkdir()
+    with pytest.raises(RuntimeError, match="a cell failed"):
+        _execute(tmp_path / "other", path)
+    with pytest.raises(AssertionError, match="failed to execute in this run: RuntimeError"):
+        _execute(tmp_path / "other", path)
+
+
+def test_each_notebook_execution_is_a_unit_of_work_of_its_own():
+    """make test's scheduler (tests/conftest.py) hands the notebooks out one by one, so both workers
+    execute them; every other test goes with its file."""
+    from conftest import work_unit
+
+    one = "tests/test_notebooks.py::test_notebook_is_committed_clean_and_executes[01_decode_loop]"
+    live = "tests/test_notebooks_live.py::test_notebook_live_mode_writes_clean_readings[03_gemv]"
+    assert work_unit(one) == one and work_unit(live) == live
+    assert work_unit("tests/test_notebooks.py::test_book_builds_with_warnings_as_errors") == (
+        "tests/test_notebooks.py"
+    )
+    assert work_unit("tests/test_notebooks.py::test_static_pages_in_chromium[desktop]") == (
+        "tests/test_notebooks.py"
+    )
+    assert work_unit("tests/test_notebooks_live.py::test_markdown_cells_have_no_myst_roles[x]") == (
+        "tests/test_notebooks_live.py"
+    )
+
+
 @pytest.fixture(scope="module")
 def book(executions):
     """The book built into ``_build/html`` as `make book` builds it, from the book's cache."""
