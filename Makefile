@@ -24,7 +24,7 @@ GUARD_READY := $(GUARD_WHEELS)/.ready
 # CPU measurements run on one thread: stable on a shared machine, and every stamp records it.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: book test lint format test-floor test-gpu-dry lab bench env diagram readme lesson-path first-hour links clean
+.PHONY: book test test-main lint format test-floor test-gpu-dry lab bench env diagram readme lesson-path first-hour links clean
 
 $(READY): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,19 +52,26 @@ $(GUARD_READY): tests/floor-guard-wheels.txt | $(READY)
 	grep -v '^#' tests/floor-guard-wheels.txt | xargs -n 1 $(BIN)/python -m pip download --quiet --no-deps --dest $(GUARD_WHEELS)
 	touch $(GUARD_READY)
 
-# The HTML book, every notebook executed (cached by jupyter-cache), warnings as errors.
+# The HTML book, every notebook executed, warnings as errors. Executions are cached by notebook code
+# (jupyter-cache, in _build/.jupyter_cache): a notebook runs again only when its code changed, and
+# `make test` fills the same cache and builds the same _build/html, so `make book` after it executes
+# nothing and finishes in seconds.
 book: $(READY)
 	KVLAB_STATIC=1 $(BIN)/jupyter-book build . -W --keep-going
 	@echo "open _build/html/index.html"
 
-# All tests: kvlab against its oracles, then every notebook executed in a fresh kernel and the book
-# built from those executed notebooks with warnings as errors. Then again at the floor versions,
-# then the GPU check's dry run in a venv that looks like the lent GPU machine.
+# All tests, in phases, each phase's wall time printed at the end (scripts/phases.sh): lint; the main
+# run (test-main); the unit tests and live notebooks at the floor versions (test-floor); the GPU
+# check's dry run in a venv that looks like the lent GPU machine (test-gpu-dry).
 test: $(READY) $(FLOOR_READY) $(DEVICE_READY) $(GUARD_READY)
-	$(MAKE) lint
+	scripts/phases.sh "lint=$(MAKE) lint" "main=$(MAKE) test-main" "floor=$(MAKE) test-floor" \
+		"dry run=$(MAKE) test-gpu-dry"
+
+# kvlab against its oracles, then every notebook executed in a fresh kernel (split across both
+# workers: tests/conftest.py) into the book's jupyter-cache, and the book built from that cache into
+# _build/html with warnings as errors, as `make book` builds it.
+test-main: $(READY) $(GUARD_READY)
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -k "not test_notebook_live_mode_writes_clean_readings"
-	$(MAKE) test-floor
-	$(MAKE) test-gpu-dry
 
 # ruff (pyproject.toml, [tool.ruff]): a tree that is not formatted, or that the linter faults, fails
 # `make test`. `make format` rewrites the tree as the check wants it.

@@ -42,6 +42,15 @@ BLOCK = re.compile(
 # (0:10:12)".
 SUMMARY = re.compile(r"^=*\s*(?P<line>(?:\d+ \w+(?:, )?)+) in (?P<seconds>[\d.]+)s", re.M)
 NOTEBOOK_TIME = re.compile(r"^(?P<name>\w+) (?P<mode>static|live): (?P<seconds>\d+) s", re.M)
+# The wall time of each phase, as `make test` ends (scripts/phases.sh): "make test phase main: 512 s".
+PHASE_TIME = re.compile(r"^make test phase (?P<name>[\w ]+): (?P<seconds>\d+) s", re.M)
+# What the README calls each phase.
+PHASE_NAMES = {
+    "lint": "lint",
+    "main": "the main run",
+    "floor": "the floor run",
+    "dry run": "the GPU check's dry run",
+}
 
 
 # ---- measure ------------------------------------------------------------------------------------
@@ -73,6 +82,11 @@ def _pytest_summaries(output: str) -> list[dict]:
             {"counts": counts, "seconds": float(m.group("seconds")), "line": m.group(0).strip("= ")}
         )
     return runs
+
+
+def _phases(output: str) -> dict[str, int]:
+    """Each phase of `make test` and its wall time in seconds, in order."""
+    return {m["name"]: int(m["seconds"]) for m in PHASE_TIME.finditer(output)}
 
 
 def _machine() -> dict:
@@ -145,6 +159,7 @@ def measure(out_dir: Path = RUNS) -> Path:
                 f"{m['name']} {m['mode']}": int(m["seconds"])
                 for m in NOTEBOOK_TIME.finditer(output)
             },
+            "phases": _phases(output),
         }
         steps["make book"] = {"seconds": _timed("make book", clone, log, env)[0]}
         steps["bench"] = {"seconds": _timed(".venv/bin/python -m kvlab bench", clone, log, env)[0]}
@@ -200,6 +215,7 @@ def setup_block(run: dict | None, root: Path = ROOT) -> str:
         :2
     ]  # the main run, then the floor's (then the GPU dry run's)
     static = sorted(v for k, v in test["notebooks"].items() if k.endswith("static"))
+    phases = test.get("phases") or {}  # recorded since `make test` prints them (issue 35)
     lines = [
         (
             f"Measured from a fresh clone of commit `{run['commit'][:10]}` on {run['date']}, on the"
@@ -232,10 +248,27 @@ def setup_block(run: dict | None, root: Path = ROOT) -> str:
             if floor
             else ""
         )
-        + "; then the GPU check's dry run.",
+        + "; then the GPU check's dry run."
+        + (
+            " Its wall time by phase, as it prints them at the end: "
+            + ", ".join(
+                f"{PHASE_NAMES.get(name, name)} {duration(seconds)}"
+                for name, seconds in phases.items()
+            )
+            + "."
+            if phases
+            else ""
+        ),
         (
-            f"- `make book` then: {duration(s['make book']['seconds'])} (notebook execution is"
-            " cached, so a rebuild without notebook changes takes seconds)."
+            f"- `make book` then: {duration(s['make book']['seconds'])} ("
+            + (
+                "it executes nothing: `make test` executed every notebook into the book's"
+                " jupyter-cache and built the book from it; after a change to a notebook's code"
+                " the book executes that notebook again, and only that one)."
+                if phases
+                else "notebook execution is cached, so a rebuild without notebook changes takes"
+                " seconds)."
+            )
         ),
         (
             f"- `python -m kvlab bench`: {duration(s['bench']['seconds'])}; `bench --quick`: "

@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 import kvlab.kernels
 
 # Without a GPU, Triton kernels run under its interpreter: switched on before any kernel is
@@ -9,17 +11,46 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 # The longest files first. Under `-n 2 --dist loadfile --no-loadscope-reorder` (make test) each file
-# goes whole to one worker in this order, so the notebooks' executions (most of the run) start at
-# once on one worker while the other takes everything else; xdist's default order, largest file
-# first, started them last and left one worker idle for minutes at the end. The live notebooks (only
-# the floor run executes them) come third so that the main run's first worker queues a short file
-# after the static notebooks, not the install test.
+# goes whole to one worker in this order, except the notebooks' executions (most of the run), which
+# go one by one (pytest_xdist_make_scheduler, below) to whichever worker is free: both workers start
+# on them, and the rest of test_notebooks.py (the book build and the browser tests) follows them.
+# xdist's default order, largest file first, started them last and left one worker idle for minutes
+# at the end. The live notebooks (only the floor run executes them) come third so that the main
+# run's first worker queues a short file after the static notebooks, not the install test.
 LONGEST_FIRST = (
     "test_notebooks.py",
     "test_install.py",
     "test_notebooks_live.py",
     "test_live_browser.py",
 )
+# Tests that each execute one notebook and share nothing with the rest of their file: each is a
+# unit of work of its own for pytest-xdist.
+ONE_NOTEBOOK_EACH = (
+    "test_notebooks.py::test_notebook_is_committed_clean_and_executes[",
+    "test_notebooks_live.py::test_notebook_live_mode_writes_clean_readings[",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, but each notebook's execution on its own, so that both workers execute
+    notebooks (a test file otherwise goes whole to one worker)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class NotebooksSplit(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return NotebooksSplit(config, log)
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work of a test for pytest-xdist: its file, or itself if it executes a notebook."""
+    if any(f"/{test}" in nodeid or nodeid.startswith(test) for test in ONE_NOTEBOOK_EACH):
+        return nodeid
+    return nodeid.split("::", 1)[0]
 
 
 def pytest_collection_modifyitems(items):

@@ -1,15 +1,22 @@
 """Every notebook executes top to bottom in a fresh kernel on this machine, and the book builds from
 the executed notebooks with warnings as errors; the built pages are then read in headless Chromium.
 
-The notebooks run once: each executed copy goes into a scratch copy of the book, and the build test
-builds that copy with execution switched off. Execution times are reported, never asserted; a
-notebook that runs past its time limit fails naming the cell (``tests/nbrun.py``).
+Each notebook runs once per test run, whichever pytest-xdist worker gets it first (the static
+executions are split across the workers: tests/conftest.py), and goes into the jupyter-cache that
+`make book` reads, keyed as Jupyter Book keys it. The build test then builds the book itself, into
+`_build/html`, from that cache, and fails if it had to execute any notebook: `make book` right
+after `make test` executes nothing. Execution times are reported, never asserted; a notebook that
+runs past its time limit fails naming the cell (``tests/nbrun.py``).
 """
 
+import copy
+import fcntl
+import json
 import os
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,39 +24,104 @@ import pytest
 nbformat = pytest.importorskip("nbformat")  # a GPU image may lack the Jupyter stack
 pytest.importorskip("nbclient")
 yaml = pytest.importorskip("yaml")
+jupyter_cache = pytest.importorskip("jupyter_cache")
 
 import nbrun  # noqa: E402
 from browser import ROLES, chromium, console_errors, requested_urls, toc_pages  # noqa: E402
+from jupyter_cache.base import CacheBundleIn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
-@pytest.fixture(scope="module")
-def book(tmp_path_factory):
-    """A scratch copy of the book's sources, and a cache of executed notebooks."""
-    dst = tmp_path_factory.mktemp("book")
-    for name in ("_config.yml", "_toc.yml"):
-        shutil.copy(ROOT / name, dst / name)
-    for name in ("book", "notebooks"):
-        shutil.copytree(ROOT / name, dst / name)
-    return {"root": dst, "executed": {}, "runs": {}}
+def book_cache(root: Path = ROOT) -> Path:
+    """The jupyter-cache `make book` reads and writes: ``execute.cache`` in ``_config.yml``, else
+    Jupyter Book's default, ``_build/.jupyter_cache`` (a relative path is the book root's, where
+    `make book` runs)."""
+    config = yaml.safe_load((root / "_config.yml").read_text())
+    return root / ((config.get("execute") or {}).get("cache") or "_build/.jupyter_cache")
 
 
-def _execute(book, path: Path):
-    """Static execution (KVLAB_STATIC=1), once per notebook; raises CellExecutionError with the cell
-    and its traceback on any error, nbrun.NotebookStalled naming the cell past the time limit."""
-    if path.name not in book["executed"]:
-        run = nbrun.run(path, static=True)  # without conftest's TRITON_INTERPRET (tests/nbrun.py)
-        nbformat.write(run.nb, book["root"] / "notebooks" / path.name)
-        book["executed"][path.name] = run.nb
-        book["runs"][path.name] = run
-    return book["executed"][path.name]
+@contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` shared by every process of this run (both xdist workers)."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def executions(tmp_path_factory):
+    """A folder of this run that both xdist workers share (their base folders' parent): each
+    notebook's executed copy and its record, written by whichever test executed it."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "static-notebooks"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _store_in_book_cache(path: Path, executed, seconds: float) -> None:
+    """Put an executed notebook into the book's jupyter-cache as myst-nb's cache mode does, keyed by
+    the committed notebook (its code cells' sources and metadata, its kernelspec): nbclient's
+    timing metadata is dropped so that the key is the one the build looks up."""
+    committed = nbformat.read(path, as_version=4)
+    executed = copy.deepcopy(executed)
+    for cell, source in zip(executed.cells, committed.cells, strict=True):
+        cell.metadata = copy.deepcopy(source.metadata)
+    cache_dir = book_cache()
+    cache_dir.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(cache_dir.parent / (cache_dir.name + ".lock")):
+        cache = jupyter_cache.get_cache(cache_dir)
+        cache.cache_notebook_bundle(
+            CacheBundleIn(executed, str(path), data={"execution_seconds": seconds}),
+            check_validity=False,
+            overwrite=True,
+        )
+        cache.match_cache_notebook(committed)  # KeyError if the build would not find it
+
+
+def _execute(executions: Path, path: Path):
+    """Static execution (KVLAB_STATIC=1), once per notebook and run: executed here unless a test of
+    this run on either worker already has (waiting while one executes it), then stored in the
+    book's cache if it ran without an error output. Raises CellExecutionError with the cell and its
+    traceback on any error, nbrun.NotebookStalled naming the cell past the time limit; returns the
+    executed notebook and its record (seconds, missed wake-ups)."""
+    record = executions / f"{path.stem}.json"
+    with _locked(executions / f"{path.stem}.lock"):
+        if not record.exists():
+            try:
+                run = nbrun.run(path, static=True)  # without conftest's TRITON_INTERPRET (nbrun)
+            except Exception as e:
+                record.write_text(json.dumps({"error": f"{type(e).__name__}: {e}"[:8000]}))
+                raise
+            nbformat.write(run.nb, executions / path.name)
+            if not _errors(run.nb):
+                _store_in_book_cache(path, run.nb, run.seconds)
+            record.write_text(
+                json.dumps({"seconds": run.seconds, "missed_wakeups": run.missed_by_channel})
+            )
+    done = json.loads(record.read_text())
+    if "error" in done:
+        raise AssertionError(f"{path.name} failed to execute in this run: {done['error']}")
+    return nbformat.read(executions / path.name, as_version=4), done
+
+
+def _errors(nb) -> list:
+    return [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
 
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_is_committed_clean_and_executes(book, path, record_property):
+def test_notebook_is_committed_clean_and_executes(executions, path, record_property):
     committed = nbformat.read(path, as_version=4)
     dirty = [
         i
@@ -57,38 +129,105 @@ def test_notebook_is_committed_clean_and_executes(book, path, record_property):
         if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count"))
     ]
     assert not dirty, f"{path.name}: commit notebooks without outputs (cells {dirty})"
-    nb = _execute(book, path)
-    run = book["runs"][path.name]
-    record_property("notebook_seconds", run.seconds)  # reported by conftest
-    record_property("missed_wakeups", run.missed_by_channel)
-    errors = [
-        o
-        for c in nb.cells
-        if c.cell_type == "code"
-        for o in c.get("outputs", [])
-        if o.get("output_type") == "error"
-    ]
-    assert not errors
+    nb, run = _execute(executions, path)
+    record_property("notebook_seconds", run["seconds"])  # reported by conftest
+    record_property("missed_wakeups", run["missed_wakeups"])
+    assert not _errors(nb)
+
+
+def _scratch_notebook(folder: Path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_markdown_cell("# A page"), nbformat.v4.new_code_cell("print(1)")]
+    path = folder / "x.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_notebook_runs_once_per_run_into_the_cache_the_book_reads(tmp_path, monkeypatch):
+    """Executed once however many tests ask (the second is handed the first's result), and stored
+    so that myst-nb's cache mode finds it for the committed notebook, nbclient's timing metadata
+    notwithstanding; a failed execution is reported to later askers, not run again."""
+    path = _scratch_notebook(tmp_path)
+    runs = []
+
+    def run(p, static):
+        runs.append((p, static))
+        nb = nbformat.read(p, as_version=4)
+        cell = nb.cells[1]
+        cell.execution_count = 1
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n")]
+        cell.metadata["execution"] = {"iopub.status.busy": "2026-12-03T10:00:00Z"}
+        return nbrun.Run(nb, 1.5, 0, {}, {"shell": 0, "iopub": 0})
+
+    monkeypatch.setattr(nbrun, "run", run)
+    monkeypatch.setitem(globals(), "book_cache", lambda root=ROOT: tmp_path / "cache")
+    (tmp_path / "runs").mkdir()
+    first, record = _execute(tmp_path / "runs", path)
+    again, _ = _execute(tmp_path / "runs", path)
+    assert runs == [(path, True)] and again == first and record["seconds"] == 1.5
+    cache = jupyter_cache.get_cache(tmp_path / "cache")
+    _, merged = cache.merge_match_into_notebook(nbformat.read(path, as_version=4))
+    assert merged.cells[1].outputs[0]["text"] == "1\n"
+
+    def fail(p, static):
+        raise RuntimeError("a cell failed")
+
+    monkeypatch.setattr(nbrun, "run", fail)
+    (tmp_path / "other").mkdir()
+    with pytest.raises(RuntimeError, match="a cell failed"):
+        _execute(tmp_path / "other", path)
+    with pytest.raises(AssertionError, match="failed to execute in this run: RuntimeError"):
+        _execute(tmp_path / "other", path)
+
+
+def test_each_notebook_execution_is_a_unit_of_work_of_its_own():
+    """make test's scheduler (tests/conftest.py) hands the notebooks out one by one, so both workers
+    execute them; every other test goes with its file."""
+    from conftest import work_unit
+
+    one = "tests/test_notebooks.py::test_notebook_is_committed_clean_and_executes[01_decode_loop]"
+    live = "tests/test_notebooks_live.py::test_notebook_live_mode_writes_clean_readings[03_gemv]"
+    assert work_unit(one) == one and work_unit(live) == live
+    assert work_unit("tests/test_notebooks.py::test_book_builds_with_warnings_as_errors") == (
+        "tests/test_notebooks.py"
+    )
+    assert work_unit("tests/test_notebooks.py::test_static_pages_in_chromium[desktop]") == (
+        "tests/test_notebooks.py"
+    )
+    assert work_unit("tests/test_notebooks_live.py::test_markdown_cells_have_no_myst_roles[x]") == (
+        "tests/test_notebooks_live.py"
+    )
+
+
+@pytest.fixture(scope="module")
+def book(executions):
+    """The book built into ``_build/html`` as `make book` builds it, from the book's cache."""
+    return {"root": ROOT, "executions": executions}
 
 
 def _build(book):
-    """Build the scratch book from the executed notebooks once; returns the html folder."""
+    """Build the book once from the notebooks executed in this run (any not yet executed, by a
+    test deselected or still queued, is executed here); returns the html folder. A fresh build
+    (``--all``, no html left from before), so every page's warnings are raised."""
     if "html" in book:
         return book["html"]
     for path in NOTEBOOKS:
-        _execute(book, path)
+        _execute(book["executions"], path)
     root = book["root"]
-    config = yaml.safe_load((root / "_config.yml").read_text())
-    config["execute"]["execute_notebooks"] = "off"  # executed above; build from those outputs
-    (root / "_config.yml").write_text(yaml.safe_dump(config))
+    for folder in ("html", ".doctrees"):
+        shutil.rmtree(root / "_build" / folder, ignore_errors=True)
     jupyter_book = Path(sys.executable).parent / "jupyter-book"
     result = subprocess.run(
-        [str(jupyter_book), "build", str(root), "-W", "--keep-going"],
+        [str(jupyter_book), "build", str(root), "-W", "--keep-going", "--all"],
         capture_output=True,
         text=True,
         env={**os.environ, "KVLAB_STATIC": "1"},
     )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
+    log = result.stdout[-6000:] + result.stderr[-6000:]
+    assert result.returncode == 0, log
+    executed = [line for line in result.stdout.splitlines() if "Executing notebook" in line]
+    assert not executed, f"the build executed notebooks the tests had cached: {executed}\n{log}"
     book["html"] = root / "_build" / "html"
     return book["html"]
 

@@ -4,8 +4,8 @@ A notebook that runs past its time limit fails naming the cell (``tests/nbrun.py
 
 Markdown cells hold no myst role (``{glue:text}``, ``{cite:p}``, ``{doc}``, ``{ref}``); numbers
 reach the prose as Markdown output of the cell that measured them (``kvlab.reading``). A separate
-file from ``test_notebooks.py`` so that pytest-xdist runs it beside the static execution and the
-book build.
+file from ``test_notebooks.py``: only the floor run executes these, each notebook a unit of work of
+its own for pytest-xdist, split across the workers (tests/conftest.py).
 """
 
 import re

@@ -114,6 +114,29 @@ def test_the_setup_block_quotes_the_record_and_says_when_notebooks_changed(tmp_p
     )
 
 
+def test_the_setup_block_gives_make_tests_phases_when_the_record_has_them(tmp_path):
+    (tmp_path / "notebooks").mkdir()
+    run = _run(0)
+    old = " ".join(first_hour.setup_block(run, tmp_path).split())
+    assert "by phase" not in old and "notebook execution is cached" in old
+    run["steps"]["make test"]["phases"] = {"lint": 4, "main": 480, "floor": 300, "dry run": 95}
+    block = " ".join(first_hour.setup_block(run, tmp_path).split())
+    assert (
+        "by phase, as it prints them at the end: lint 4 s, the main run 8 min 0 s, the floor run"
+        " 5 min 0 s, the GPU check's dry run 1 min 35 s." in block
+    )
+    assert "`make book` then: 3 min 49 s (it executes nothing" in block
+
+
+def test_phase_times_are_read_from_make_test_output():
+    output = (
+        "---- make test: wall time per phase ----\nmake test phase lint: 4 s (0 min 4 s)\n"
+        "make test phase main: 480 s (8 min 0 s)\nmake test phase dry run: 95 s (1 min 35 s)\n"
+        "make test phases in all: 579 s (9 min 39 s)\n"
+    )
+    assert first_hour._phases(output) == {"lint": 4, "main": 480, "dry run": 95}
+
+
 def test_pytest_summaries_are_read_from_make_test_output():
     output = (
         "..........\n1180 passed, 7 skipped, 3 warnings in 612.34s (0:10:12)\n01_decode_loop"
@@ -154,3 +177,22 @@ def test_a_readme_block_the_generator_does_not_know_is_refused():
     with pytest.raises(SystemExit, match="do not match"):
         first_hour.render("<!-- first-hour: nothing -->\n<!-- /first-hour -->", {"setup": ""})
     assert json.loads(json.dumps(first_hour._machine()))["cores"] >= 1
+
+
+def test_make_tests_phases_print_the_times_first_hour_reads():
+    """scripts/phases.sh (`make test`) runs its phases in order, stops at the first that fails with
+    its exit status, and prints each phase's wall time in the lines first_hour.py reads."""
+    import subprocess
+
+    script = str(ROOT / "scripts" / "phases.sh")
+    done = subprocess.run(
+        ["bash", script, "lint=true", "main=echo main ran", "floor=exit 3", "dry run=echo never"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 3
+    assert "main ran" in done.stdout and "never" not in done.stdout
+    assert first_hour._phases(done.stdout) == {"lint": 0, "main": 0, "floor": 0}
+    assert "phase floor failed (exit 3)" in done.stdout
+    done = subprocess.run(["bash", script, "main=true"], capture_output=True, text=True)
+    assert done.returncode == 0 and first_hour._phases(done.stdout) == {"main": 0}
