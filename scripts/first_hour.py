@@ -176,10 +176,14 @@ def measure(out_dir: Path = RUNS) -> Path:
 # ---- the README's blocks ----------------------------------------------------------------------
 
 
-def newest(folder: Path, pattern: str) -> dict | None:
-    """The newest record matching ``pattern`` (names end with the date), or None."""
-    paths = sorted(folder.glob(pattern))
-    return json.loads(paths[-1].read_text()) if paths else None
+def newest(folder: Path, pattern: str, section: str | None = None) -> dict | None:
+    """The newest record matching ``pattern`` (names carry the date), or None; with ``section``,
+    the newest that holds that bench section (a record of one section, ``python -m kvlab record
+    --only``, leaves the README's table on the last full run)."""
+    records = [json.loads(p.read_text()) for p in sorted(folder.glob(pattern))]
+    if section is not None:
+        records = [r for r in records if section in r.get("results", {})]
+    return records[-1] if records else None
 
 
 def duration(seconds: float) -> str:
@@ -352,7 +356,7 @@ def reading_block(record: dict) -> str:
 
 def blocks(root: Path = ROOT) -> dict[str, str]:
     run = newest(root / "book" / "data" / "runs", "first-hour-*.json")
-    cpu = newest(root / "book" / "data" / "measurements", "cpu-*.json")
+    cpu = newest(root / "book" / "data" / "measurements", "cpu-*.json", "9.2 decode loops")
     if cpu is None:
         none = "No CPU run of `python -m kvlab record` is in `book/data/measurements/` yet.\n"
         return {"setup": setup_block(run, root), "table": none, "reading": ""}

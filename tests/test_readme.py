@@ -153,7 +153,9 @@ def test_pytest_summaries_are_read_from_make_test_output():
 
 
 def test_the_table_and_its_reading_come_from_the_bench_record():
-    record = first_hour.newest(ROOT / "book" / "data" / "measurements", "cpu-*.json")
+    record = first_hour.newest(
+        ROOT / "book" / "data" / "measurements", "cpu-*.json", "9.2 decode loops"
+    )
     rows = {r["name"]: r["value"] for r in record["results"]["9.2 decode loops"]}
     table = first_hour.table_block(record)
     assert record["stamp"]["date"] in table and f"{rows['cached']:.4g}" in table

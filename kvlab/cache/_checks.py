@@ -187,6 +187,16 @@ def sequence(seqs: dict, seq_id, state: str | None = None):
     return seq
 
 
+def own_snapshot(manager, snapshot) -> tuple:
+    """A snapshot this very manager took (restoring another's would corrupt the pool)."""
+    if not (isinstance(snapshot, tuple) and len(snapshot) == 7 and snapshot[0] is manager):
+        raise ValueError(
+            "snapshot must be what this BlockManager's snapshot() returned, got a"
+            f" {type(snapshot).__name__} taken elsewhere (another manager's would corrupt the pool)"
+        )
+    return snapshot
+
+
 def manager_args(prefix_caching, bytes_per_block, block_size, max_cached_blocks) -> tuple:
     """The checked arguments of a ``BlockManager``, but ``num_blocks`` (its allocator's)."""
     prefix_caching = flag("prefix_caching", prefix_caching)

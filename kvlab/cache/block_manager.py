@@ -342,11 +342,13 @@ class BlockManager:
         """Everything mutable, copied, for :meth:`restore` after a failed call."""
         seqs = {i: s.copy() for i, s in self._seqs.items()}
         hashes, by_hash, stats = list(self._hash), dict(self._by_hash), replace(self.stats)
-        return self.allocator.snapshot(), hashes, by_hash, seqs, self._next_id, stats
+        return self, self.allocator.snapshot(), hashes, by_hash, seqs, self._next_id, stats
 
     def restore(self, snapshot) -> None:
         """Back to ``snapshot``, but a hash evicted since stays evicted (the rollback rule)."""
-        allocator, hashes, by_hash, seqs, self._next_id, stats = snapshot
+        _, allocator, hashes, by_hash, seqs, self._next_id, stats = _checks.own_snapshot(
+            self, snapshot
+        )
         evicted = [b for h, b in by_hash.items() if self._by_hash.get(h) != b]
         self.allocator.restore(allocator)
         self._hash, self._by_hash, self.stats = list(hashes), dict(by_hash), replace(stats)

@@ -152,7 +152,7 @@ def handoff_on_rank(
     seq, token, sent_table = receive_prompt_cache(cache, prefill_rank, model.config.vocab_size)
     tokens = [token]
     for _ in range(max_new_tokens - 1):
-        tokens += decode_step(model, cache, [seq], [tokens[-1]], attention=attention)
+        tokens += decode_step(model, cache, [seq], [prompt + tokens], attention=attention)
     return {
         "tokens": tokens,
         "decode_table": list(cache.table(seq).blocks),

@@ -110,12 +110,20 @@ class Comparison:
         """``"1.04 times the prediction: agrees"``, ``"1.6 times the prediction: above it"``,
         ``"1.2 times the prediction: cannot tell (above it, within the noise band)"``."""
         r = self.ratio
-        times = f"{r:.3g}" if r < 100 else f"{r:,.0f}"
+        times = ratio_words(r)
         if self.outcome == AGREES:
             return f"{times} times the prediction: agrees"
         if self.outcome == DISAGREES:
             return f"{times} times the prediction: {self.side} it"
         return f"{times} times the prediction: cannot tell ({self.side} it, short of a clear miss)"
+
+
+def ratio_words(r: float) -> str:
+    """A ratio as a reader writes it: ``"1.04"``, ``"1.00"`` (never a bare ``"1"``), ``"2,048"``."""
+    if r >= 100:
+        return f"{r:,.0f}"
+    short = f"{r:.3g}"
+    return short if "." in short or "e" in short else f"{r:.2f}"
 
 
 def combined_spread(*spreads: float) -> float:
@@ -183,7 +191,7 @@ class FactorComparison:
         ..."``.
         """
         r = self.ratio
-        times = f"{r:.3g}" if r < 100 else f"{r:,.0f}"
+        times = ratio_words(r)
         where = "within" if self.agrees else f"{self.outcome} it, beyond"
         return (
             f"{times} times the prediction: {where} the factor {self.tolerance:g} either way that"

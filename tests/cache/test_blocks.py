@@ -802,3 +802,14 @@ def test_block_manager_refuses_bad_input_and_changes_nothing(call, error, match)
 def test_hashes_refuse_what_is_not_a_block(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_restore_refuses_another_managers_snapshot_and_changes_nothing():
+    a, b = BlockManager(8, 4, prefix_caching=True), BlockManager(8, 4, prefix_caching=True)
+    seq, _ = b.admit([1, 2, 3, 4, 5])
+    table, free = b.block_table(seq), b.free_order()
+    with pytest.raises(ValueError, match="snapshot"):
+        b.restore(a.snapshot())
+    with pytest.raises(ValueError, match="snapshot"):
+        b.restore("bogus")
+    assert b.block_table(seq) == table and b.free_order() == free

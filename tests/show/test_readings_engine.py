@@ -184,7 +184,7 @@ def test_comparison_reading_says_why_nothing_was_served_from_the_cache():
     assert "medians of 3 interleaved rounds" in comparison_reading(three, on_gpu=True)
 
 
-def _curve(last_tokens_per_s, spread=0.15):
+def _curve(last_tokens_per_s, spread=0.08):
     """Three points: one request at 20 tokens/s, then 3.9 and 4.4 mean requests; weights of 80 MB
     at 10 GB/s (8 ms) and 40 MFLOP a request at 10 GFLOP/s for one row, 20 GFLOP/s for four."""
     ceil = dict(read_rate=1e10, matmul_spread=0.0)
