@@ -1,5 +1,6 @@
-"""Live mode in a real browser: JupyterLab on 127.0.0.1 with a token, notebook 01 run top to
-bottom in headless Chromium, its slider moved, and the figure and its reading redrawn.
+"""Live mode in a real browser: JupyterLab on 127.0.0.1 with a token, notebook 03 (the decode step
+against its roofline floor, measured live) run top to bottom in headless Chromium, its batch slider
+moved, and the figure and its reading redrawn.
 
 What a reader of the live notebook sees must read cleanly: no raw role text, no traceback.
 Skipped with the install command where Chromium is missing (``.ci/run`` installs it).
@@ -18,7 +19,7 @@ import pytest
 from browser import ROLES, chromium
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK = "01_decode_loop.ipynb"
+NOTEBOOK = "03_gemv.ipynb"
 
 
 def _free_port() -> int:
@@ -29,7 +30,7 @@ def _free_port() -> int:
 
 @pytest.fixture
 def lab(tmp_path):
-    """JupyterLab serving a copy of notebook 01 (so the run writes nothing into the repository)."""
+    """JupyterLab serving a copy of notebook 03 (so the run writes nothing into the repository)."""
     if shutil.which("jupyter-lab", path=str(Path(sys.executable).parent)) is None:
         pytest.skip("jupyterlab is not installed")
     shutil.copy(ROOT / "notebooks" / NOTEBOOK, tmp_path / NOTEBOOK)
@@ -140,9 +141,7 @@ def test_live_notebook_runs_and_its_slider_redraws_figure_and_reading(lab):
         handle.click()
         from selenium.webdriver.common.keys import Keys
 
-        handle.send_keys(
-            Keys.ARROW_LEFT
-        )  # P: the longest context to the next one, already measured
+        handle.send_keys(Keys.ARROW_RIGHT)  # batch: the first value to the next, already measured
         after = _wait(
             driver,
             "const p = (() => {" + _PANEL + "})(); const b = arguments[0];"

@@ -31,6 +31,9 @@ from browser import ROLES, chromium, console_errors, requested_urls, toc_pages  
 from jupyter_cache.base import CacheBundleIn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
+import cell_visibility  # noqa: E402  (the build's tagging rule: part of the cache key)
+
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
@@ -63,11 +66,18 @@ def executions(tmp_path_factory):
     return folder
 
 
+def as_the_build_reads(path: Path):
+    """The notebook as myst-nb sees it during the build: the committed file with the tags
+    ``book/_ext/cell_visibility.py`` adds while the source is read. Cell metadata is part of
+    jupyter-cache's key, so a notebook stored without those tags is never found by the build."""
+    return nbformat.from_dict(cell_visibility.apply(json.loads(path.read_text())))
+
+
 def _store_in_book_cache(path: Path, executed, seconds: float) -> None:
     """Put an executed notebook into the book's jupyter-cache as myst-nb's cache mode does, keyed by
-    the committed notebook (its code cells' sources and metadata, its kernelspec): nbclient's
+    the notebook the build reads (its code cells' sources and metadata, its kernelspec): nbclient's
     timing metadata is dropped so that the key is the one the build looks up."""
-    committed = nbformat.read(path, as_version=4)
+    committed = as_the_build_reads(path)
     executed = copy.deepcopy(executed)
     for cell, source in zip(executed.cells, committed.cells, strict=True):
         cell.metadata = copy.deepcopy(source.metadata)
@@ -167,8 +177,10 @@ def test_a_notebook_runs_once_per_run_into_the_cache_the_book_reads(tmp_path, mo
     again, _ = _execute(tmp_path / "runs", path)
     assert runs == [(path, True)] and again == first and record["seconds"] == 1.5
     cache = jupyter_cache.get_cache(tmp_path / "cache")
-    _, merged = cache.merge_match_into_notebook(nbformat.read(path, as_version=4))
+    _, merged = cache.merge_match_into_notebook(as_the_build_reads(path))
     assert merged.cells[1].outputs[0]["text"] == "1\n"
+    with pytest.raises(KeyError):  # the build's tags are part of the key
+        cache.match_cache_notebook(nbformat.read(path, as_version=4))
 
     def fail(p, static):
         raise RuntimeError("a cell failed")
