@@ -22,6 +22,9 @@ def test_race_refuses_other_tokens():
     same, other = torch.tensor([[1, 2]]), torch.tensor([[1, 3]])
     result = lab.race({"a": lambda: same, "b": lambda: same}, rounds=1)
     assert len(result.seconds["a"]) == 2 and result.tokens == [1, 2]
+    assert result.timed("a") == result.seconds["a"][1:]  # the cold first round does not count
+    alone = lab.race({"a": lambda: same}, rounds=0)
+    assert alone.timed("a") == alone.seconds["a"]  # unless it is the only one
     with pytest.raises(RuntimeError, match="b decoded other tokens than a"):
         lab.race({"a": lambda: same, "b": lambda: other}, rounds=0)
 
