@@ -80,9 +80,15 @@ def snapshot(cache: PagedKVCache) -> tuple:
 
 def same(a, b, evicts: bool = False) -> bool:
     """``b`` equals ``a``; with ``evicts``, except for the manager's rollback rule: a call that took
-    a free block may leave its registered hash evicted (counted in the stats), nothing else."""
+    a free block may leave its registered hash evicted (counted in the stats), and the block, free
+    again without a hash, at the front of the free list (where taking it evicts nothing)."""
     if evicts and set(b[2].items()) <= set(a[2].items()):
-        a = (*a[:2], b[2], replace(a[3], evictions=a[3].evictions + len(a[2]) - len(b[2])), a[4])
+        order = list(a[0])
+        for block in [block for h, block in a[2].items() if h not in b[2] and block in order]:
+            order.remove(block)
+            order.insert(0, block)
+        stats = replace(a[3], evictions=a[3].evictions + len(a[2]) - len(b[2]))
+        a = (order, a[1], b[2], stats, a[4])
     if a[:4] != b[:4] or a[4].keys() != b[4].keys():
         return False
     for s, old in a[4].items():
