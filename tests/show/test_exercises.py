@@ -63,23 +63,26 @@ def test_decode_loop_static_follows_the_growth_model_on_both_sides():
 
 
 def test_cache_reuse_solutions_and_corrections():
-    from kvlab.show.readings import cache_reuse
-    from kvlab.theory.agreement import factor_edges
-    from kvlab.theory.work import DOUBLING_TOLERANCE, request_time
+    import math
 
-    a, b = 0.01, 1e-4
-    low, high = factor_edges(
-        request_time(128, 64, a, b) / request_time(128, 32, a, b), DOUBLING_TOLERANCE
+    from kvlab.show.readings import cache_reuse
+    from kvlab.theory.agreement import edges, factor_edges
+    from kvlab.theory.work import request_time
+
+    a, b, spread = 0.01, 1e-4, 0.05
+    lo_dis, lo_agree, hi_agree, hi_dis = edges(
+        request_time(128, 64, a, b) / request_time(128, 32, a, b), spread
     )
-    for factor in (1.1 * low, 0.9 * high):
-        ok = folded(ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * factor), 1)
+    for factor in (1.1 * lo_agree, 0.9 * hi_agree):
+        ok = folded(ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * factor, spread), 1)
         assert "The prediction holds" in ok and "4,592" in ok and "request_time" in ok
-    for factor in (0.9 * low, 1.1 * high):
-        off = folded(ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * factor), 1)
+    for factor in (0.9 * lo_dis, 1.1 * hi_dis):
+        off = folded(ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * factor, spread), 1)
         assert "does not hold in this run" in off and "holds." not in off
+    unsure = ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * math.sqrt(hi_agree * hi_dis), spread)
+    assert "too wide to call" in unsure and "cannot tell" in unsure
     # Both boundaries from their models: the recompilation model's edge, and the later steps'
     # spread.
-    from kvlab.theory.agreement import factor_edges
     from kvlab.theory.decode_step import step_spread
 
     steady, first, later = 0.001, 5.0, [0.00095, 0.001, 0.001, 0.00105, 0.001]
@@ -104,7 +107,7 @@ def test_cache_reuse_solutions_and_corrections():
         {"naive": 0.07, "cached": 0.07, "static": 0.08},
         {"naive": 0.08, "cached": 0.02, "static": 0.02},
     )
-    above = cache_reuse.explore_reading(512, 512, 1, "cpu", tt, tp, 9.0, 7.0)
+    above = cache_reuse.explore_reading(512, 512, 1, "cpu", tt, tp, 10.0, 7.0, 0.05)
     assert "pairs ratio, 477.8 here" in above  # against a positions ratio of 384 at P = G = 512
 
 
@@ -189,11 +192,10 @@ def _layout_reads():
 
 
 def test_kv_layout_solutions():
-    from kvlab.theory.agreement import factor_edges
-    from kvlab.theory.kv_traffic import BYTES_TOLERANCE
+    from kvlab.theory.agreement import edges
 
     read, append = _layout_reads()
-    low, high = factor_edges(1.0, BYTES_TOLERANCE)
+    low, _, agree_high, high = edges(1.0, 0.0)  # timings without spread: the 10% floor decides
     lo, hi = read(2), read(8)
     a_lo, a_hi = append("index", 5e-6), append("index", 6e-6, batch=8)
     ok = folded(ex.kv_layout_batch(lo, hi, a_lo, a_hi, None), 1)
@@ -226,6 +228,8 @@ def test_kv_layout_solutions():
     assert "arithmetic" in ex.kv_layout_cat(r, append("cat", 0.9 * low * cat_pred))
     assert "allocates" in ex.kv_layout_cat(r, append("cat", 1.1 * high * cat_pred))
     assert "**2.008**" in ex.kv_layout_cat(r, append("cat", cat_pred))  # 2 (s + 1) / s at s = 256
+    unsure = ex.kv_layout_cat(r, append("cat", (agree_high * high) ** 0.5 * cat_pred))
+    assert "scattered too much" in unsure and "cannot tell" in unsure
 
 
 def test_ssm_solutions():

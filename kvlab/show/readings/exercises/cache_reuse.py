@@ -7,20 +7,21 @@ import math
 
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
-from kvlab.theory.agreement import within_factor
-from kvlab.theory.work import DOUBLING_TOLERANCE, positions_processed, request_time
+from kvlab.show.readings.verdicts import verdict_words
+from kvlab.theory.agreement import CANNOT_TELL, compare, within_factor
+from kvlab.theory.work import positions_processed, request_time
 
 
 def cache_reuse_doubling(
-    P: int, G: int, a: float, b: float, measured_g: float, measured_2g: float
+    P: int, G: int, a: float, b: float, measured_g: float, measured_2g: float, spread: float
 ) -> str:
-    """Exercise 1 of 9.2: the naive loop's total time when G doubles (from G to 2G), predicted by
-    the two-pass model (``kvlab.theory.work.request_time``), agreement within
-    ``work.DOUBLING_TOLERANCE``.
+    """Exercise 1 of chapter 2: the naive loop's total time when G doubles (from G to 2G),
+    predicted by the two-pass model (``kvlab.theory.work.request_time``), judged by
+    ``agreement.compare`` with ``spread``, the run-to-run scatter of the passes and requests.
     """
     pos_g, pos_2g = positions_processed(P, G), positions_processed(P, 2 * G)
     t_g, t_2g = request_time(P, G, a, b), request_time(P, 2 * G, a, b)
-    c = within_factor(measured_2g / measured_g, t_2g / t_g, DOUBLING_TOLERANCE)
+    c = compare(measured_2g / measured_g, t_2g / t_g, spread)
     text = (
         "The naive loop makes $G$ passes: $T(G) \\approx G\\,a +"
         f" b\\cdot\\mathrm{{positions\\_processed}}(P, G)$ (`work.request_time`). At $P = {P}$ the"
@@ -29,10 +30,12 @@ def cache_reuse_doubling(
         f" {si(t_2g, 's')}: a factor of **{c.predicted:.2f}**. It lies between 2 (the fixed cost"
         f" $a$ alone doubles) and {pos_2g / pos_g:.2f} (the positions alone). Measured:"
         f" {si(measured_g, 's')} and {si(measured_2g, 's')}, a factor of **{c.measured:.2f}**:"
-        f" {c.describe()}."
+        f" {c.ratio:.2f} times the prediction, which {verdict_words(c)}."
     )
     if c.agrees:
         text += " The prediction holds."
+    elif c.outcome == CANNOT_TELL:
+        text += " The run's spread is too wide to call the gap; rerun both, interleaved."
     else:
         text += (
             " The prediction does not hold in this run: the two-pass line is fitted on one model"
