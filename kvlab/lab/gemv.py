@@ -190,20 +190,30 @@ def sweep(
     weights = [torch.randn(K, N, generator=g, device=dev, dtype=dtype) for _ in range(copies)]
     points = []
     for n in ns:
-        x = torch.randn(n, K, generator=g, device=dev, dtype=dtype)
-        out = torch.empty(n, N, device=dev, dtype=dtype)
-        turn = [0]
-
-        def run():
-            for _ in range(inner):
-                torch.matmul(x, weights[turn[0] % copies], out=out)
-                turn[0] += 1
-
-        t = measure(run, warmup=warmup, reps=reps, device=dev)
+        t = measure(alternating_product(weights, n, g, inner), warmup=warmup, reps=reps, device=dev)
         points.append(
             GemvPoint(n, K, N, dtype.itemsize, t.median / inner, t.min / inner, t.max / inner)
         )
     return GemvSweep(tuple(points), K, N, str(dtype).removeprefix("torch."), device_name())
+
+
+def alternating_product(weights, n: int, generator, inner: int = 1):
+    """``run()``: ``inner`` products of one random ``[n x K]`` activation with ``weights`` (a list
+    of ``[K x N]`` tensors) taken in turn, so that no product finds the previous one's weight in
+    the cache; the activation and the output are allocated once, outside the timed calls. The
+    timed product of ``sweep`` and of ``kvlab.lab.skinny.roofline_sweep``."""
+    K, N = weights[0].shape
+    dev, dtype = weights[0].device, weights[0].dtype
+    x = torch.randn(n, K, generator=generator, device=dev, dtype=dtype)
+    out = torch.empty(n, N, device=dev, dtype=dtype)
+    turn = [0]
+
+    def run():
+        for _ in range(inner):
+            torch.matmul(x, weights[turn[0] % len(weights)], out=out)
+            turn[0] += 1
+
+    return run
 
 
 # --------------------------------------------------------------------------- a decode step

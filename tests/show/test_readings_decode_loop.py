@@ -1,7 +1,6 @@
 """kvlab.show.readings.decode_loop: the sentences that depend on a measurement, each fed both
 outcomes (CONTRIBUTING.md, readings)."""
 
-import math
 import re
 
 import pytest
@@ -9,7 +8,7 @@ import pytest
 from kvlab.show.format import si
 from kvlab.show.readings import decode_loop
 from kvlab.theory import decode_step as dt
-from kvlab.theory.agreement import compare, edges
+from kvlab.theory.agreement import compare
 
 
 def no_roles(text):
@@ -19,18 +18,6 @@ def no_roles(text):
 
 K, READ, COPY = 65_536, 10e9, 6e9  # cache bytes per token and the two ceilings
 SPREAD = 0.05
-
-
-def _five(predicted, spread=SPREAD):
-    """(disagrees below, cannot tell below, agrees, cannot tell above, disagrees above)."""
-    lo_dis, lo_agree, hi_agree, hi_dis = edges(predicted, spread)
-    return (
-        0.9 * lo_dis,
-        math.sqrt(lo_dis * lo_agree),
-        predicted,
-        math.sqrt(hi_agree * hi_dis),
-        1.1 * hi_dis,
-    )
 
 
 def _reading(slope):
@@ -52,9 +39,9 @@ def test_history_slope_counts_a_read_and_a_copy():
         dt.history_slope(K, READ, 0)
 
 
-def test_history_reading_on_every_side_of_the_slope():
+def test_history_reading_on_every_side_of_the_slope(five):
     predicted = dt.history_slope(K, READ, COPY)
-    below, unsure_low, agrees, unsure_high, above = (_reading(s) for s in _five(predicted))
+    below, unsure_low, agrees, unsure_high, above = (_reading(s) for s in five(predicted))
     assert si(predicted, "s") in agrees and "explain how the step grows" in agrees
     assert "passes the model does not count" in above and "disagrees" in above
     assert "less than the model predicts" in below
