@@ -114,16 +114,20 @@ def test_cache_reuse_solutions_and_corrections():
 def test_gemv_solutions_and_capacity_readings():
     from kvlab.show.readings import capacity
     from kvlab.theory import matmul
-    from kvlab.theory.agreement import factor_edges
+    from kvlab.theory.agreement import edges
 
     predicted = matmul.roofline_time(1, 8192, 28672, 4, 6e9, 1e11)
-    low, high = factor_edges(predicted, matmul.ROOFLINE_TOLERANCE)
-    for measured in (1.1 * low, 0.9 * high):
-        near = folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 1e11, measured), 1)
+    lo_dis, lo_agree, hi_agree, hi_dis = edges(predicted, 0.05)
+
+    def big(measured):
+        return folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 1e11, measured, 0.05), 1)
+
+    for measured in (1.1 * lo_agree, 0.9 * hi_agree):
+        near = big(measured)
         assert "157 ms" in near and "time is bytes" in near and "roofline_time" in near
-    for measured in (0.9 * low, 1.1 * high):
-        far = folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 1e11, measured), 1)
-        assert "rate changed" in far and "time is bytes" not in far
+    assert "Slower than its bytes" in big(1.1 * hi_dis)
+    assert "more load than this product" in big(0.9 * lo_dis)
+    assert "scattered too much" in big((hi_agree * hi_dis) ** 0.5)
     assert "Measure it" in ex.gemv_big_product(8192, 28672, 2, 6e9, 1e11, None)
     t = folded(ex.gemv_h200_batch(116, 0.0293, 3961, 0.0105, 3050), 2)
     assert "**116 sequences**" in t
