@@ -50,24 +50,25 @@ def test_history_reading_on_every_side_of_the_slope(five):
     assert "\\beta_\\text{read}" in agrees
 
 
-def test_decode_loop_intercept_follows_the_floor_model_on_both_sides():
-    """The floor from the model (weight bytes / bandwidth); steps at 0.9x and 1.1x of the band's
-    edge."""
-    from kvlab.theory.decode_step import FLOOR_BAND, weight_read_floor
+def test_decode_loop_intercept_on_every_side_of_the_floor(five):
+    """The floor from the model (weight bytes / bandwidth); steps on every side of its edges."""
+    from kvlab.theory.decode_step import weight_read_floor
 
     floor = weight_read_floor(88e6, 8.8e9)
-    edge = FLOOR_BAND * floor
-    near = no_roles(decode_loop.intercept_reading(floor, 0.9 * edge))
-    above = no_roles(decode_loop.intercept_reading(floor, 1.1 * edge))
-    assert "within 1.5 times the floor" in near and "more than" not in near and "10 ms" in near
-    assert "more than 1.5 times the floor" in above and "dispatch" in above
+    below, unsure, near, _, above = (
+        no_roles(decode_loop.intercept_reading(floor, t, 0.05)) for t in five(floor)
+    )
+    assert "already bound by reading its weights" in near and "10 ms" in near
+    assert "dispatch" in above and "disagrees" in above
+    assert "stayed in the CPU's caches" in below
+    assert "too wide" in unsure
 
 
 @pytest.mark.parametrize(
     "reading, missing",
     [
-        (lambda: decode_loop.intercept_reading(1e-3, float("nan")), "t0"),
-        (lambda: decode_loop.intercept_reading(None, 1e-3), "floor_s"),
+        (lambda: decode_loop.intercept_reading(1e-3, float("nan"), 0.05), "t0"),
+        (lambda: decode_loop.intercept_reading(None, 1e-3, 0.05), "floor_s"),
     ],
 )
 def test_a_reading_handed_no_measurement_says_so_instead_of_a_verdict(reading, missing):
