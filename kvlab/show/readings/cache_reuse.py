@@ -243,8 +243,8 @@ def compile_reading(
         )
     if c.outcome == CANNOT_TELL:
         return text + (
-            " A difference this small against the spread of the steps gives no break-even worth"
-            " stating; a longer run, or a quieter machine, would decide it."
+            " Against the spread of the steps, this run gives no break-even worth stating; a"
+            " longer run, or a quieter machine, would decide it."
         )
     if c.side == ABOVE:
         return text + (
