@@ -8,7 +8,7 @@ import math
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.show.readings.verdicts import verdict_words
-from kvlab.theory.agreement import CANNOT_TELL, compare, within_factor
+from kvlab.theory.agreement import BELOW, CANNOT_TELL, DISAGREES, compare
 from kvlab.theory.work import positions_processed, request_time
 
 
@@ -45,18 +45,13 @@ def cache_reuse_doubling(
     return solution(1, text)
 
 
-# A recompilation redoes the first call's work: its excess over a steady step within this factor of
-# the first call's excess counts as a second compilation.
-RECOMPILE_TOLERANCE = 10.0
-
-
 def cache_reuse_warm(costs: dict, step_times, steady: float) -> str:
     """Exercise 2 of 9.2: the compile-cost estimate against ``warm``, and the first compiled steps.
 
-    ``step_times``: every step of the compiled run. The second step is a second compilation when its
-    excess over ``steady`` is within ``RECOMPILE_TOLERANCE`` of the first call's (the recompilation
-    model), one-time work when it stands out of the later steps' spread
-    (``kvlab.theory.decode_step.stands_out``), and steady otherwise."""
+    ``step_times``: every step of the compiled run. The recompilation model predicts the second
+    step's excess over ``steady`` equal to the first call's; ``agreement.compare`` with the later
+    steps' spread judges it. Clearly below that, the second step is one-time work when it stands out
+    of the later steps' spread (``kvlab.theory.decode_step.stands_out``), and steady otherwise."""
     from kvlab.theory.decode_step import stands_out, step_spread
 
     rows = "\n".join(f"| {w} | {si(c, 's')} |" for w, c in costs.items())
@@ -74,15 +69,14 @@ def cache_reuse_warm(costs: dict, step_times, steady: float) -> str:
         f" second took {si(second, 's')}, {second / steady:,.0f} times a steady step"
         f" ({si(steady, 's')}); the later steps moved by {noise:.0%} of a step."
     )
-    recompile = within_factor(
-        max(second - steady, 0.0), max(first - steady, steady), RECOMPILE_TOLERANCE
-    )
-    if recompile.outcome != "below":
+    recompile = compare(max(second - steady, 0.0), max(first - steady, steady), noise)
+    if recompile.outcome != DISAGREES or recompile.side != BELOW:
         text += (
-            f" Its excess is {recompile.describe()} that a recompilation redoes the first call's"
-            " work: a second compilation. `torch.compile` specialises on values it first sees and"
-            " recompiles once when one of them changes; on a GPU, `reduce-overhead` also records"
-            " the CUDA graph on an early call."
+            f" Its excess is {recompile.ratio:.2g} times the first call's, which"
+            f" {verdict_words(recompile).replace('the prediction', 'a recompilation')}: a second"
+            " compilation redoes the first call's work. `torch.compile` specialises on values it"
+            " first sees and recompiles once when one of them changes; on a GPU,"
+            " `reduce-overhead` also records the CUDA graph on an early call."
         )
     elif stands_out(second - steady, steady, noise):
         text += (
