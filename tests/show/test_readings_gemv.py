@@ -126,3 +126,12 @@ def test_gpu_batching_reading_quotes_the_datasheet_and_gpt_fast():
     text = gemv_readings.gpu_batching_reading("A100", 153.0, 159.0, 2.039e12)
     assert "2.04 TB/s" in text and "153 FLOP per byte" in text and "159" in text
     assert "1,397 GB/s" in text and "PyTorch gpt-fast, 2023" in text
+
+
+def test_verdict_words_name_each_outcome_and_a_run_too_noisy_to_agree():
+    assert verdicts.verdict_words(compare(1.0, 1.0, 0.05)) == "agrees"
+    assert verdicts.verdict_words(compare(2.0, 1.0, 0.05)).startswith("disagrees: it is above")
+    unsure = verdicts.verdict_words(compare(1.2, 1.0, 0.05))
+    assert unsure.startswith("cannot tell: it is above") and "noise band" in unsure
+    noisy = verdicts.verdict_words(compare(0.999, 1.0, 0.30))  # on it, but spread past the limit
+    assert "on the prediction" in noisy and "below" not in noisy
