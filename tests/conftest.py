@@ -83,3 +83,27 @@ def pytest_terminal_summary(terminalreporter):
             counts = ", ".join(f"{channel} {n}" for channel, n in missed.items() if n)
             note = f" (missed socket wake-ups recovered: {counts})" if counts else ""
             terminalreporter.write_line(f"{name} {mode}: {seconds:.0f} s{note}")
+
+
+def five_sides(predicted, spread=0.05):
+    """The readings' tests: (disagrees below, cannot tell below, agrees, cannot tell above,
+    disagrees above), 10% past each disagreement edge of ``agreement.edges``, the geometric middle
+    of each cannot-tell band, and the prediction itself."""
+    import math
+
+    from kvlab.theory.agreement import edges
+
+    lo_dis, lo_agree, hi_agree, hi_dis = edges(predicted, spread)
+    return (
+        0.9 * lo_dis,
+        math.sqrt(lo_dis * lo_agree),
+        predicted,
+        math.sqrt(hi_agree * hi_dis),
+        1.1 * hi_dis,
+    )
+
+
+@pytest.fixture
+def five():
+    """``five(predicted, spread=0.05)``: the five measurements of ``five_sides``."""
+    return five_sides

@@ -426,14 +426,21 @@ def _writer(cache: KVCache, method: str):
             cache.v[:, blocks, :, pos % size] = v_new
 
         return write
-    from kvlab import kernels  # imports triton: only when a paged NHD write needs it
+    offset = pos % size
+    if cache.k.device.type != "cuda":  # store_kv_ref's indexed write, its checks left out
 
-    store = kernels.store_kv if cache.k.device.type == "cuda" else kernels.store_kv_ref
-    slots = blocks * size + pos % size
+        def write(k_new, v_new):
+            cache.k[:, blocks, offset] = k_new
+            cache.v[:, blocks, offset] = v_new
 
-    def write(k_new, v_new):
+        return write
+    from kvlab import kernels  # imports triton: only when a paged NHD write on a GPU needs it
+
+    slots = blocks * size + offset
+
+    def write(k_new, v_new):  # store_kv's launch without its checks (kernels.paged_store)
         for layer in range(cache.geometry.layers):
-            store(k_new[layer], v_new[layer], cache.k[layer], cache.v[layer], slots)
+            kernels.paged_store(k_new[layer], v_new[layer], cache.k[layer], cache.v[layer], slots)
 
     return write
 

@@ -16,7 +16,7 @@ prompt:
 
 ``bench_rows`` is the table of ``python -m kvlab bench``: on a CPU the tiny Llama in fp32; on a GPU
 the Llama-3.2-1B shape in bf16, whose compiled static step is set against the time to read its
-weights once at the calibrated copy bandwidth (section 9.3's floor).
+weights once at the calibrated read bandwidth (chapter 3's floor).
 """
 
 from __future__ import annotations
@@ -314,13 +314,13 @@ def ratio_rows(result: PeerComparison) -> list[Row]:
 
 def floor_rows(model, input_ids, max_new_tokens: int, gpu: bool, calibration=None) -> list[Row]:
     """The compiled static loop's steady step against the time to read the step's weights once at
-    the calibrated copy bandwidth (``kvlab.lab.gemv.weight_read_bytes``; section 9.3's floor)."""
+    the calibrated read bandwidth (``kvlab.lab.gemv.weight_read_bytes``; chapter 3's floor)."""
     profile = profile_decode(model, input_ids, max_new_tokens, method="static", compile=True)
     steady = statistics.median(profile.step_times[8:])
     weight_bytes = weight_read_bytes(model, input_ids.shape[0])
-    floor = weight_bytes / (calibration or calibrate()).copy_bytes_per_s
+    floor = weight_bytes / (calibration or calibrate()).stream_bytes_per_s
     fraction = floor / steady
-    note = "1.0 = reads its weights at copy speed"
+    note = "1.0 = reads its weights at the read bandwidth"
     if gpu:
         note += f"; {_verdict(fraction, GPU_FLOOR_TARGET)}"
     return [
@@ -334,7 +334,7 @@ def floor_rows(model, input_ids, max_new_tokens: int, gpu: bool, calibration=Non
             "weight-read floor",
             floor * 1e3,
             "ms",
-            f"{weight_bytes / 1e6:,.0f} MB / calibrated copy bandwidth",
+            f"{weight_bytes / 1e6:,.0f} MB / calibrated read bandwidth",
         ),
         Row("floor / static step", fraction, "fraction", note),
     ]

@@ -154,7 +154,7 @@ def bench_rows(new_tokens: int = 32, reps: int = 3, calibration=None) -> list:
     """Rows for ``python -m kvlab bench`` (section 9.1 on real weights): the cached loop decoding a
     chat prompt on SmolLM2-135M-Instruct (``kvlab.pretrained_model``; Q4_1-rounded weights), its
     tokens checked against ``generate``'s first, then its tokens/s and its steady step against the
-    time to read the step's weights once at the calibrated copy bandwidth (section 9.3's floor)."""
+    time to read the step's weights once at the calibrated read bandwidth (chapter 3's floor)."""
     from kvlab.lab.bench import Row
     from kvlab.lab.gemv import weight_read_bytes
     from kvlab.lab.hardware import calibrate
@@ -178,7 +178,7 @@ def bench_rows(new_tokens: int = 32, reps: int = 3, calibration=None) -> list:
         )
     steady = statistics.median(t for p in runs for t in p.step_times[4:])
     weight_bytes = weight_read_bytes(model)
-    floor = weight_bytes / (calibration or calibrate()).copy_bytes_per_s
+    floor = weight_bytes / (calibration or calibrate()).stream_bytes_per_s
     where = (
         f"SmolLM2-135M-Instruct (Q4_1 rounded), {str(model.dtype).removeprefix('torch.')}, a "
         f"{ids.shape[1]}-token chat prompt, G={new_tokens}, batch 1"
@@ -200,13 +200,13 @@ def bench_rows(new_tokens: int = 32, reps: int = 3, calibration=None) -> list:
             "weight-read floor",
             floor * 1e3,
             "ms",
-            f"{weight_bytes / 1e6:,.0f} MB / calibrated copy bandwidth",
+            f"{weight_bytes / 1e6:,.0f} MB / calibrated read bandwidth",
         ),
         Row(
             "floor / cached step",
             floor / steady,
             "fraction",
-            "1.0 = reads its weights at copy speed",
+            "1.0 = reads its weights at the read bandwidth",
         ),
     ]
 

@@ -319,7 +319,8 @@ def bench_rows(rounds: int = 5, context: int | None = None, batch: int | None = 
     }
     for (layout, method), seconds in append_s.items():
         note = (
-            "kvlab.kernels.store_kv" + ("" if gpu else "_ref") + ", argument checks included"
+            ("kvlab.kernels.paged_store, store_kv's launch" if gpu else "store_kv_ref's write")
+            + ", checked once before timing"
             if layout == "NHD"
             else how[method]
         )

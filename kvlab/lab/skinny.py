@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from kvlab._checks import integer, integers
 from kvlab.devices import device_and_dtype
+from kvlab.lab.gemv import alternating_product
 from kvlab.lab.hardware import Ceiling, matmul_probe, read_probe
 from kvlab.lab.timing import interleaved
 from kvlab.theory.agreement import Comparison, combined_spread, compare
@@ -106,14 +107,7 @@ def roofline_sweep(ns=None, K: int | None = None, N: int | None = None, reps: in
     read = read_probe()
     points = []
     for n in ns:
-        x = torch.randn(n, K, generator=g, device=dev, dtype=dtype)
-        out = torch.empty(n, N, device=dev, dtype=dtype)
-        turn = [0]
-
-        def product():
-            torch.matmul(x, weights[turn[0] % 2], out=out)
-            turn[0] += 1
-
+        product = alternating_product(weights, n, g)
         mm = matmul_probe(n)
         t = interleaved({"product": product, "read": read.run, "matmul": mm.run}, reps=reps)
         points.append(
@@ -121,7 +115,7 @@ def roofline_sweep(ns=None, K: int | None = None, N: int | None = None, reps: in
                 n=n,
                 K=K,
                 N=N,
-                element_size=x.element_size(),
+                element_size=weights[0].element_size(),
                 seconds=t["product"].min,
                 spread=t["product"].spread_above_min,
                 read=read.ceiling(t["read"]),

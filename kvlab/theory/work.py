@@ -64,14 +64,6 @@ def attention_work(P: int, G: int, cached: bool = False) -> int:
 # --- section 9.2: a request's time from the cost of one pass
 # ---------------------------------------
 
-# How far a measured request time (or a ratio of two) may sit from the two-pass model and still
-# follow it; a ratio of time against the positions ratio; and the naive loop's factor when G
-# doubles, which the model confines to a narrow range (between 2 and the positions' factor), so its
-# band is narrow.
-REQUEST_TOLERANCE = 1.5
-POSITIONS_TOLERANCE = 1.25
-DOUBLING_TOLERANCE = 1.15
-
 
 def pass_time(tokens, a: float, b: float) -> float:
     """The two-pass line of section 9.2, t(n) = a + b n: one forward pass over n tokens without a

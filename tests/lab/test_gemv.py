@@ -146,7 +146,7 @@ def test_bench_rows(small_sweep):
     one = small_sweep.points[0]
     assert by["GEMV bandwidth, batch 1"].unit == "GB/s"
     assert by["GEMV bandwidth, batch 1"].value == one.bytes_per_s / 1e9
-    assert by["GEMV / copy bandwidth"].value == one.bytes_per_s / 20e9
+    assert by["GEMV / read bandwidth"].value == one.bytes_per_s / 20e9
     assert (
         by["ridge point, calibrated"].value == 3.0
         and by["ridge point, calibrated"].unit == "FLOP/B"

@@ -63,33 +63,35 @@ def test_decode_loop_static_follows_the_growth_model_on_both_sides():
 
 
 def test_cache_reuse_solutions_and_corrections():
-    from kvlab.show.readings import cache_reuse
-    from kvlab.theory.agreement import factor_edges
-    from kvlab.theory.work import DOUBLING_TOLERANCE, request_time
+    import math
 
-    a, b = 0.01, 1e-4
-    low, high = factor_edges(
-        request_time(128, 64, a, b) / request_time(128, 32, a, b), DOUBLING_TOLERANCE
+    from kvlab.show.readings import cache_reuse
+    from kvlab.theory.agreement import edges
+    from kvlab.theory.work import request_time
+
+    a, b, spread = 0.01, 1e-4, 0.05
+    lo_dis, lo_agree, hi_agree, hi_dis = edges(
+        request_time(128, 64, a, b) / request_time(128, 32, a, b), spread
     )
-    for factor in (1.1 * low, 0.9 * high):
-        ok = folded(ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * factor), 1)
+    for factor in (1.1 * lo_agree, 0.9 * hi_agree):
+        ok = folded(ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * factor, spread), 1)
         assert "The prediction holds" in ok and "4,592" in ok and "request_time" in ok
-    for factor in (0.9 * low, 1.1 * high):
-        off = folded(ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * factor), 1)
+    for factor in (0.9 * lo_dis, 1.1 * hi_dis):
+        off = folded(ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * factor, spread), 1)
         assert "does not hold in this run" in off and "holds." not in off
+    unsure = ex.cache_reuse_doubling(128, 32, a, b, 0.8, 0.8 * math.sqrt(hi_agree * hi_dis), spread)
+    assert "too wide to call" in unsure and "cannot tell" in unsure
     # Both boundaries from their models: the recompilation model's edge, and the later steps'
     # spread.
-    from kvlab.theory.agreement import factor_edges
     from kvlab.theory.decode_step import step_spread
 
     steady, first, later = 0.001, 5.0, [0.00095, 0.001, 0.001, 0.00105, 0.001]
-    from kvlab.show.readings.exercises.cache_reuse import RECOMPILE_TOLERANCE
-
-    low, _ = factor_edges(first - steady, RECOMPILE_TOLERANCE)
-    w = folded(
-        ex.cache_reuse_warm({2: 10.0, 8: 10.5}, [first, steady + 1.1 * low] + later, steady), 2
-    )
-    assert "| 8 | 10.5 s |" in w and "a second compilation" in w
+    low, _, _, _ = edges(first - steady, step_spread(later))  # the recompilation model's edge
+    for excess in (1.1 * low, first - steady):  # cannot tell, and agrees
+        w = folded(
+            ex.cache_reuse_warm({2: 10.0, 8: 10.5}, [first, steady + excess] + later, steady), 2
+        )
+        assert "| 8 | 10.5 s |" in w and "a second compilation" in w
     work = ex.cache_reuse_warm({2: 10.0}, [first, steady + 0.9 * low] + later, steady)
     assert "one-time work remains" in work and "a second compilation" not in work
     noise = step_spread(later) * steady
@@ -104,23 +106,27 @@ def test_cache_reuse_solutions_and_corrections():
         {"naive": 0.07, "cached": 0.07, "static": 0.08},
         {"naive": 0.08, "cached": 0.02, "static": 0.02},
     )
-    above = cache_reuse.explore_reading(512, 512, 1, "cpu", tt, tp, 9.0, 7.0)
+    above = cache_reuse.explore_reading(512, 512, 1, "cpu", tt, tp, 10.0, 7.0, 0.05)
     assert "pairs ratio, 477.8 here" in above  # against a positions ratio of 384 at P = G = 512
 
 
 def test_gemv_solutions_and_capacity_readings():
     from kvlab.show.readings import capacity
     from kvlab.theory import matmul
-    from kvlab.theory.agreement import factor_edges
+    from kvlab.theory.agreement import edges
 
     predicted = matmul.roofline_time(1, 8192, 28672, 4, 6e9, 1e11)
-    low, high = factor_edges(predicted, matmul.ROOFLINE_TOLERANCE)
-    for measured in (1.1 * low, 0.9 * high):
-        near = folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 1e11, measured), 1)
+    lo_dis, lo_agree, hi_agree, hi_dis = edges(predicted, 0.05)
+
+    def big(measured):
+        return folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 1e11, measured, 0.05), 1)
+
+    for measured in (1.1 * lo_agree, 0.9 * hi_agree):
+        near = big(measured)
         assert "157 ms" in near and "time is bytes" in near and "roofline_time" in near
-    for measured in (0.9 * low, 1.1 * high):
-        far = folded(ex.gemv_big_product(8192, 28672, 4, 6e9, 1e11, measured), 1)
-        assert "rate changed" in far and "time is bytes" not in far
+    assert "Slower than its bytes" in big(1.1 * hi_dis)
+    assert "more load than this product" in big(0.9 * lo_dis)
+    assert "scattered too much" in big((hi_agree * hi_dis) ** 0.5)
     assert "Measure it" in ex.gemv_big_product(8192, 28672, 2, 6e9, 1e11, None)
     t = folded(ex.gemv_h200_batch(116, 0.0293, 3961, 0.0105, 3050), 2)
     assert "**116 sequences**" in t
@@ -189,11 +195,10 @@ def _layout_reads():
 
 
 def test_kv_layout_solutions():
-    from kvlab.theory.agreement import factor_edges
-    from kvlab.theory.kv_traffic import BYTES_TOLERANCE
+    from kvlab.theory.agreement import edges
 
     read, append = _layout_reads()
-    low, high = factor_edges(1.0, BYTES_TOLERANCE)
+    low, _, agree_high, high = edges(1.0, 0.0)  # timings without spread: the 10% floor decides
     lo, hi = read(2), read(8)
     a_lo, a_hi = append("index", 5e-6), append("index", 6e-6, batch=8)
     ok = folded(ex.kv_layout_batch(lo, hi, a_lo, a_hi, None), 1)
@@ -226,6 +231,8 @@ def test_kv_layout_solutions():
     assert "arithmetic" in ex.kv_layout_cat(r, append("cat", 0.9 * low * cat_pred))
     assert "allocates" in ex.kv_layout_cat(r, append("cat", 1.1 * high * cat_pred))
     assert "**2.008**" in ex.kv_layout_cat(r, append("cat", cat_pred))  # 2 (s + 1) / s at s = 256
+    unsure = ex.kv_layout_cat(r, append("cat", (agree_high * high) ** 0.5 * cat_pred))
+    assert "scattered too much" in unsure and "cannot tell" in unsure
 
 
 def test_ssm_solutions():

@@ -1,7 +1,6 @@
 """kvlab.show.readings.decode_loop: the sentences that depend on a measurement, each fed both
 outcomes (CONTRIBUTING.md, readings)."""
 
-import math
 import re
 
 import pytest
@@ -9,7 +8,7 @@ import pytest
 from kvlab.show.format import si
 from kvlab.show.readings import decode_loop
 from kvlab.theory import decode_step as dt
-from kvlab.theory.agreement import compare, edges
+from kvlab.theory.agreement import compare
 
 
 def no_roles(text):
@@ -19,18 +18,6 @@ def no_roles(text):
 
 K, READ, COPY = 65_536, 10e9, 6e9  # cache bytes per token and the two ceilings
 SPREAD = 0.05
-
-
-def _five(predicted, spread=SPREAD):
-    """(disagrees below, cannot tell below, agrees, cannot tell above, disagrees above)."""
-    lo_dis, lo_agree, hi_agree, hi_dis = edges(predicted, spread)
-    return (
-        0.9 * lo_dis,
-        math.sqrt(lo_dis * lo_agree),
-        predicted,
-        math.sqrt(hi_agree * hi_dis),
-        1.1 * hi_dis,
-    )
 
 
 def _reading(slope):
@@ -52,9 +39,9 @@ def test_history_slope_counts_a_read_and_a_copy():
         dt.history_slope(K, READ, 0)
 
 
-def test_history_reading_on_every_side_of_the_slope():
+def test_history_reading_on_every_side_of_the_slope(five):
     predicted = dt.history_slope(K, READ, COPY)
-    below, unsure_low, agrees, unsure_high, above = (_reading(s) for s in _five(predicted))
+    below, unsure_low, agrees, unsure_high, above = (_reading(s) for s in five(predicted))
     assert si(predicted, "s") in agrees and "explain how the step grows" in agrees
     assert "passes the model does not count" in above and "disagrees" in above
     assert "less than the model predicts" in below
@@ -63,24 +50,25 @@ def test_history_reading_on_every_side_of_the_slope():
     assert "\\beta_\\text{read}" in agrees
 
 
-def test_decode_loop_intercept_follows_the_floor_model_on_both_sides():
-    """The floor from the model (weight bytes / bandwidth); steps at 0.9x and 1.1x of the band's
-    edge."""
-    from kvlab.theory.decode_step import FLOOR_BAND, weight_read_floor
+def test_decode_loop_intercept_on_every_side_of_the_floor(five):
+    """The floor from the model (weight bytes / bandwidth); steps on every side of its edges."""
+    from kvlab.theory.decode_step import weight_read_floor
 
     floor = weight_read_floor(88e6, 8.8e9)
-    edge = FLOOR_BAND * floor
-    near = no_roles(decode_loop.intercept_reading(floor, 0.9 * edge))
-    above = no_roles(decode_loop.intercept_reading(floor, 1.1 * edge))
-    assert "within 1.5 times the floor" in near and "more than" not in near and "10 ms" in near
-    assert "more than 1.5 times the floor" in above and "dispatch" in above
+    below, unsure, near, _, above = (
+        no_roles(decode_loop.intercept_reading(floor, t, 0.05)) for t in five(floor)
+    )
+    assert "already bound by reading its weights" in near and "10 ms" in near
+    assert "dispatch" in above and "disagrees" in above
+    assert "stayed in the CPU's caches" in below
+    assert "too wide" in unsure
 
 
 @pytest.mark.parametrize(
     "reading, missing",
     [
-        (lambda: decode_loop.intercept_reading(1e-3, float("nan")), "t0"),
-        (lambda: decode_loop.intercept_reading(None, 1e-3), "floor_s"),
+        (lambda: decode_loop.intercept_reading(1e-3, float("nan"), 0.05), "t0"),
+        (lambda: decode_loop.intercept_reading(None, 1e-3, 0.05), "floor_s"),
     ],
 )
 def test_a_reading_handed_no_measurement_says_so_instead_of_a_verdict(reading, missing):

@@ -3,7 +3,6 @@ each edge of ``kvlab.theory.agreement.edges`` and inside the cannot-tell band, s
 inequality fails (CONTRIBUTING.md, readings).
 """
 
-import math
 import re
 
 import pytest
@@ -13,7 +12,7 @@ from kvlab.show.format import si
 from kvlab.show.readings import gemv as gemv_readings
 from kvlab.show.readings import verdicts
 from kvlab.theory import roofline
-from kvlab.theory.agreement import compare, edges
+from kvlab.theory.agreement import compare
 
 SPREAD = 0.05
 
@@ -23,21 +22,9 @@ def no_roles(text):
     return text
 
 
-def _five(predicted, spread=SPREAD):
-    """(disagrees below, cannot tell below, agrees, cannot tell above, disagrees above)."""
-    lo_dis, lo_agree, hi_agree, hi_dis = edges(predicted, spread)
-    return (
-        0.9 * lo_dis,
-        math.sqrt(lo_dis * lo_agree),
-        predicted,
-        math.sqrt(hi_agree * hi_dis),
-        1.1 * hi_dis,
-    )
-
-
-def test_skinny_reading_on_every_side_of_the_roofline():
+def test_skinny_reading_on_every_side_of_the_roofline(five):
     predicted = 9e-3
-    below, unsure_low, agrees, unsure_high, above = _five(predicted)
+    below, unsure_low, agrees, unsure_high, above = five(predicted)
     cs = [compare(t, predicted, SPREAD) for t in (agrees, above, unsure_high, below)]
     text = no_roles(
         gemv_readings.skinny_reading(
@@ -61,9 +48,9 @@ def test_skinny_reading_on_every_side_of_the_roofline():
     assert "flat up to $n = 64$" in late and "neither streams" not in late
 
 
-def test_sweep_summary_lists_each_outcome_and_refuses_a_mismatch():
+def test_sweep_summary_lists_each_outcome_and_refuses_a_mismatch(five):
     p = 1.0
-    below, unsure, agrees, _, above = _five(p)
+    below, unsure, agrees, _, above = five(p)
     cs = [compare(t, p, SPREAD) for t in (agrees, agrees, above, below, unsure)]
     text = verdicts.sweep_summary(["a", "b", "c", "d", "e"], cs, "the model")
     assert text.startswith("Over the sweep, the model agrees at a and b")
@@ -78,12 +65,12 @@ def test_method_note_states_the_rule_once():
     assert "fastest of 9 repeats" in note and "10%" in note and "33%" in note and "25%" in note
 
 
-def test_step_profile_on_every_side_of_the_weight_read_floor():
+def test_step_profile_on_every_side_of_the_weight_read_floor(five):
     floor = 65e6 / 10e9
     gemv = compare(1.0, 0.9, SPREAD)
     below, unsure, agrees, _, above = (
         no_roles(gemv_readings.step_profile_reading("m", t, SPREAD, 65e6, floor, 0.7, gemv))
-        for t in _five(floor)
+        for t in five(floor)
     )
     assert "faster than reading its weights" in below
     assert "memory-bound GEMV" in agrees and "agrees" in agrees
@@ -102,11 +89,11 @@ def floors():
     )
 
 
-def test_gemv_explorer_on_every_side_of_the_step_floor(floors):
+def test_gemv_explorer_on_every_side_of_the_step_floor(floors, five):
     floor, floor_copy = floors
     below, unsure, agrees, unsure_high, above = (
         no_roles(gemv_readings.explore_reading(4, 1024, t, floor, floor_copy, SPREAD))
-        for t in _five(floor_copy)
+        for t in five(floor_copy)
     )
     assert "Below it" in below and "disagrees" in below
     assert "Close to the floor" in agrees
@@ -115,10 +102,10 @@ def test_gemv_explorer_on_every_side_of_the_step_floor(floors):
     assert "cannot tell" in unsure and "cannot tell" in unsure_high
 
 
-def test_gemv_floor_ratio_on_every_side_of_the_step_floor():
+def test_gemv_floor_ratio_on_every_side_of_the_step_floor(five):
     below, unsure, agrees, _, above = (
         no_roles(gemv_readings.floor_ratio_reading(1, 256, 4.5, 16, 4096, r, SPREAD))
-        for r in _five(1.0)
+        for r in five(1.0)
     )
     assert "faster than its floor allows" in below
     assert "meets the floor" in agrees and "cannot tell" in unsure
@@ -139,3 +126,12 @@ def test_gpu_batching_reading_quotes_the_datasheet_and_gpt_fast():
     text = gemv_readings.gpu_batching_reading("A100", 153.0, 159.0, 2.039e12)
     assert "2.04 TB/s" in text and "153 FLOP per byte" in text and "159" in text
     assert "1,397 GB/s" in text and "PyTorch gpt-fast, 2023" in text
+
+
+def test_verdict_words_name_each_outcome_and_a_run_too_noisy_to_agree():
+    assert verdicts.verdict_words(compare(1.0, 1.0, 0.05)) == "agrees"
+    assert verdicts.verdict_words(compare(2.0, 1.0, 0.05)).startswith("disagrees: it is above")
+    unsure = verdicts.verdict_words(compare(1.2, 1.0, 0.05))
+    assert unsure.startswith("cannot tell: it is above") and "noise band" in unsure
+    noisy = verdicts.verdict_words(compare(0.999, 1.0, 0.30))  # on it, but spread past the limit
+    assert "on the prediction" in noisy and "below" not in noisy

@@ -23,7 +23,7 @@ from kvlab.theory.agreement import (
     factor_edges,
     within_factor,
 )
-from kvlab.theory.kv_traffic import BYTES_TOLERANCE, cache_resident, compare_with_bytes
+from kvlab.theory.kv_traffic import cache_resident, compare_with_bytes
 
 
 def test_within_factor_on_both_sides_of_each_edge():
@@ -91,11 +91,11 @@ def test_bad_input_names_the_argument(call, kind, words):
 
 
 def test_bytes_model_and_residency():
-    low, high = factor_edges(1e-3, BYTES_TOLERANCE)
-    assert (
-        compare_with_bytes(0.9 * low, 1e-3).outcome == BELOW
-        and compare_with_bytes(1.1 * high, 1e-3).outcome == ABOVE
-    )
+    lo_dis, lo_agree, hi_agree, hi_dis = edges(1e-3, 0.05)
+    assert compare_with_bytes(0.9 * lo_dis, 1e-3, 0.05).side == BELOW
+    assert compare_with_bytes(1.1 * hi_dis, 1e-3, 0.05).side == ABOVE
+    assert compare_with_bytes(1.1 * lo_agree, 1e-3, 0.05).agrees
+    assert compare_with_bytes((hi_agree * hi_dis) ** 0.5, 1e-3, 0.05).outcome == CANNOT_TELL
     from kvlab.theory.kv_traffic import RESIDENT_SHARE
 
     edge = RESIDENT_SHARE * (32 << 20)

@@ -3,7 +3,7 @@
 Each decision calls the model in ``kvlab.theory.decode_step``: a cached step grows by one read of
 its cache at the read bandwidth and one copy at the copy rate (``history_slope``), judged by
 ``kvlab.theory.agreement.compare`` with the spread measured beside it, and a short-context step is
-bounded by reading its weights once (``weight_read_floor``, ``near_floor``).
+bounded by reading its weights once (``weight_read_floor``), judged the same way.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from kvlab._checks import unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.verdicts import sweep_summary, verdict_words
-from kvlab.theory.agreement import ABOVE, DISAGREES, Comparison
+from kvlab.theory.agreement import ABOVE, DISAGREES, Comparison, compare
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
 
@@ -78,29 +78,34 @@ def history_reading(
     return " ".join(text)
 
 
-def intercept_reading(floor_s: float, t0: float) -> str:
+def intercept_reading(floor_s: float, t0: float, spread: float) -> str:
     """The step at short context against the weight-read floor (``decode_step.weight_read_floor``:
-    weight bytes / read bandwidth); ``decode_step.near_floor`` decides."""
+    weight bytes / read bandwidth), judged by ``agreement.compare`` with ``spread``, the step's and
+    the read bandwidth's."""
     if missing := unmeasured(floor_s=floor_s, t0=t0):
         return missing
-    from kvlab.theory.decode_step import FLOOR_BAND, near_floor
-
+    c = compare(t0, floor_s, spread)
     text = (
         "Reading the weights once at the read bandwidth, weight bytes over $\\beta_\\text{read}$,"
         f" takes {si(floor_s, 's')}: the floor of a step whose cache is small next to its weights."
-        f" The measured step at short context took {si(t0, 's')}, {ratio_text(t0, floor_s)} that"
-        " floor."
+        f" The fastest step at short context took {si(t0, 's')}, {ratio_text(t0, floor_s)} that"
+        f" floor, which {verdict_words(c)}."
     )
-    if not near_floor(t0, floor_s):
-        return (
-            text + f" That is more than {FLOOR_BAND:g} times the floor, because a CPU step is also"
-            " Python dispatch, many small kernels and cache misses. [The memory"
-            " wall](10_memory_wall.ipynb) tells these apart. On a GPU the same gap is"
-            " kernel-launch overhead, which [Recompute, cache reuse, optimized"
-            " decode](02_cache_reuse.ipynb) removes with CUDA graphs."
+    if c.agrees:
+        return text + (
+            " On this machine a short-context step is already bound by reading its weights, and the"
+            " overheads are small next to it."
         )
-    return (
-        text + f" That is within {FLOOR_BAND:g} times the floor: on this machine a short-context"
-        " step is "
-        "already bound by reading the weights, and the overheads are small next to it."
-    )
+    if c.outcome == DISAGREES and c.side == ABOVE:
+        return text + (
+            " A CPU step is also Python dispatch, many small kernels and cache misses. [The memory"
+            " wall](10_memory_wall.ipynb) tells these apart. On a GPU the same gap is kernel-launch"
+            " overhead, which [Recompute, cache reuse, optimized decode](02_cache_reuse.ipynb)"
+            " removes with CUDA graphs."
+        )
+    if c.outcome == DISAGREES:
+        return text + (
+            " Faster than its weights can stream from memory: part of them stayed in the CPU's"
+            " caches between steps."
+        )
+    return text + " The run's spread is too wide to say whether the overheads matter."

@@ -4,15 +4,17 @@ Every time on the page is predicted by the bytes model of ``kvlab.lab.layout_tim
 read of K and V over the read bandwidth and every copy (reads plus writes) over the copy rate, its
 ``predicted_s``.
 A reading that decides whether a time follows its bytes calls
-``kvlab.theory.kv_traffic.compare_with_bytes`` (agreement within ``BYTES_TOLERANCE``), and names the
-likely cause of a read that beats its bytes with ``cache_resident``.
+``kvlab.theory.kv_traffic.compare_with_bytes`` (``agreement.compare`` with the spread of the
+timings behind it), and names the likely cause of a read that beats its bytes with
+``cache_resident``.
 """
 
 from __future__ import annotations
 
 from kvlab.show.format import si
-from kvlab.theory.agreement import ABOVE, BELOW
-from kvlab.theory.kv_traffic import BYTES_TOLERANCE, cache_resident, compare_with_bytes
+from kvlab.show.readings.verdicts import verdict_words
+from kvlab.theory.agreement import ABOVE, AGREES, BELOW, CANNOT_TELL, combined_spread
+from kvlab.theory.kv_traffic import cache_resident, compare_with_bytes
 
 MODEL = (
     "the bytes model (`kvlab.lab.layout_timing`: bytes read over the read bandwidth, bytes copied"
@@ -83,94 +85,96 @@ def _residency(read, llc: int | None) -> str:
     )
 
 
+def _missed(c, side: str) -> bool:
+    """Whether a comparison disagrees on ``side``."""
+    return c.outcome not in (AGREES, CANNOT_TELL) and c.side == side
+
+
 def append_reading(read, index, slot, cat) -> str:
     """The read path against the append paths: ``read`` (a ``BHTD`` read measurement), the ``index``
     and ``cat`` appends of the same cache and the ``NHD`` ``slot`` append, each with its
-    ``predicted_s``.
+    ``predicted_s`` and its timing's spread.
     """
-    time_ratio = read.timing.median / index.timing.median
-    bytes_ratio = read.predicted_s / index.predicted_s
+    time_ratio = read.timing.min / index.timing.min
+    bytes_ratio = read.kv_bytes / index.new_bytes
     text = [
-        f"In-place appends cost {si(index.timing.median, 's')} (`BHTD` index) and"
-        f" {si(slot.timing.median, 's')} (`NHD` slot, including `store_kv`'s argument checks) per"
-        f" step. The read cost **{si(read.timing.median, 's')}**, {time_ratio:,.0f} times the index"
-        f" append. Counted by {MODEL}, the read moves {bytes_ratio:,.0f} times the append's bytes,"
-        " a ratio that grows with every token: the read path is the one to optimize at long"
-        " context."
+        f"In-place appends cost {si(index.timing.min, 's')} (`BHTD` index) and"
+        f" {si(slot.timing.min, 's')} (`NHD` slot, its arguments checked once before timing) per"
+        f" step. The read cost **{si(read.timing.min, 's')}**, {time_ratio:,.0f} times the index"
+        f" append, while it moves {bytes_ratio:,.0f} times the append's new bytes ($s$ ="
+        f" {read.context:,}): a ratio that grows with every token, so the read path is the one to"
+        " optimize at long context. The append's time is almost all the fixed cost of one"
+        " operation, which a byte count leaves out, so the time ratio stays far below $s$."
     ]
-    c = compare_with_bytes(time_ratio, bytes_ratio)
-    if c.outcome == BELOW:
-        text.append(
-            "The time ratio is below the byte ratio, as expected: an append moves a few kilobytes,"
-            " so its time is almost all the fixed cost of one operation, which the bytes model"
-            " leaves out."
-        )
-    else:
-        text.append(
-            f"Against the byte ratio, the time ratio came out at {c.describe()}; the append's fixed"
-            " per-operation cost should have kept it below. The likely reason on a shared machine:"
-            " another process slowed the read (rerun the cell)."
-        )
+    spread = combined_spread(cat.timing.spread_above_min, read.timing.spread_above_min)
     c = compare_with_bytes(
-        cat.timing.median / read.timing.median, cat.predicted_s / read.predicted_s
+        cat.timing.min / read.timing.min, cat.predicted_s / read.predicted_s, spread
     )
     text.append(
-        f"Growth by `torch.cat` took **{si(cat.timing.median, 's')}** per step: it reads and writes"
-        f" the whole cache to add one token, so the bytes model puts it at {c.predicted:.2f} times"
-        f" the read; measured, {c.ratio:.2f} times."
+        f"Growth by `torch.cat` took **{si(cat.timing.min, 's')}** per step: it reads and writes"
+        f" the whole cache to add one token, so {MODEL} puts it at {c.predicted:.2f} times"
+        f" the read; measured, {c.ratio:.2f} times, which {verdict_words(c)}."
     )
-    if c.outcome == BELOW:
+    if _missed(c, BELOW):
         text.append(
-            "Less than its bytes say: the read is slower per byte than a copy, because attention"
-            " also computes (scores, softmax, the weighted sum), which a byte count leaves out."
+            "Less than its bytes say: the read is slower per byte than its stream, because"
+            " attention also computes (scores, softmax, the weighted sum) and SDPA makes its own"
+            " passes, which a byte count leaves out."
         )
-    elif c.outcome == ABOVE:
+    elif _missed(c, ABOVE):
         text.append(
             "More than its bytes say: `torch.cat` allocates a new tensor every step, and fresh"
             " pages cost the allocator and the operating system time on top of the copy."
         )
-    else:
+    elif c.agrees:
         text.append("As its bytes say.")
     return " ".join(text) + " A preallocated or paged cache removes this term entirely."
 
 
-def explore_reading(layout: str, context: int, read, appends: dict, llc: int | None) -> str:
+def explore_reading(
+    layout: str, context: int, read, appends: dict, llc: int | None, ceiling_spread: float
+) -> str:
     """Under the layout explorer: the selected context's read against the bytes model, and the
     appends. ``llc``: the device's last-level cache in bytes
-    (``kvlab.lab.layout_timing.last_level_cache_bytes``).
+    (``kvlab.lab.layout_timing.last_level_cache_bytes``); ``ceiling_spread``: the spread of the
+    calibrated ceilings the prediction uses, added to the read's own.
     """
-    c = compare_with_bytes(read.timing.min, read.predicted_s)
+    spread = combined_spread(read.timing.spread_above_min, ceiling_spread)
+    c = compare_with_bytes(read.timing.min, read.predicted_s, spread)
     text = [
         f"`{layout}` at {context:,} tokens: the read took **{si(read.timing.min, 's')}**;"
-        f" {MODEL} predicts {si(read.predicted_s, 's')}, so it took {c.describe()}."
+        f" {MODEL} predicts {si(read.predicted_s, 's')}: {c.ratio:.2f} times, which"
+        f" {verdict_words(c)}."
     ]
-    if c.outcome == BELOW:
+    if _missed(c, BELOW):
         text.append(f"It beat its bytes: {_residency(read, llc)}.")
-    elif c.outcome == ABOVE:
+    elif _missed(c, ABOVE):
         text.append(
-            "It is slower than its bytes: shorter contiguous runs, attention's own arithmetic, or "
+            "It is slower than its bytes: shorter contiguous runs, attention's own passes, or "
             "another process on the machine."
         )
-    else:
+    elif c.agrees:
         text.append("It streams at about its ceilings.")
-    parts = ", ".join(f"{m} {si(a.timing.median, 's')}" for m, a in appends.items())
+    parts = ", ".join(f"{m} {si(a.timing.min, 's')}" for m, a in appends.items())
     text.append(f"Appends: {parts}.")
     return " ".join(text)
 
 
 def gqa_reading(mha, small, llc: int | None) -> str:
     """Fewer KV heads: ``mha`` and ``small`` are read measurements with the same query heads; the
-    time ratio is held against the bytes model's."""
+    time ratio (fastest repeats) is held against the bytes model's, with the two timings' spreads
+    added as the tolerance."""
     bytes_ratio = mha.predicted_s / small.predicted_s
-    c = compare_with_bytes(mha.timing.median / small.timing.median, bytes_ratio)
+    spread = combined_spread(mha.timing.spread_above_min, small.timing.spread_above_min)
+    c = compare_with_bytes(mha.timing.min / small.timing.min, bytes_ratio, spread)
     text = (
         f"Going from {mha.kv_heads} KV heads to {small.kv_heads}, with the query heads unchanged,"
-        f" cut the cache by {bytes_ratio:.3g} times ({si(mha.kv_bytes, 'B')} to"
+        f" cut the cache by {mha.kv_bytes / small.kv_bytes:.3g} times ({si(mha.kv_bytes, 'B')} to"
         f" {si(small.kv_bytes, 'B')}) and the read time by **{c.measured:.3g} times**."
-        f" {MODEL.capitalize()} predicts the time to fall with the bytes: the measured fall is"
-        f" {c.describe()}."
+        f" {MODEL.capitalize()} predicts a fall of {bytes_ratio:.3g} times: the measured fall"
+        f" {verdict_words(c)}."
     )
-    if c.outcome == ABOVE:
+    if _missed(c, ABOVE):
         both = cache_resident(mha.kv_bytes, llc)
         if cache_resident(small.kv_bytes, llc) and not both:
             why = (
@@ -185,14 +189,13 @@ def gqa_reading(mha, small, llc: int | None) -> str:
                 " process slowing the larger read"
             )
         return text + f" Time fell more than the bytes: {why}."
-    if c.outcome == BELOW:
+    if _missed(c, BELOW):
         return (
             text
             + " Time fell less than the bytes: at few KV heads each byte serves more query heads,"
             " so attention's arithmetic and fixed per-call costs, not bytes, set the smaller"
             " read's time."
         )
-    return (
-        text
-        + f" Time follows bytes, within a factor {BYTES_TOLERANCE:g}: the read is bandwidth-bound."
-    )
+    if c.outcome == CANNOT_TELL:
+        return text + " The repeats scattered too much to call the gap."
+    return text + " Time follows bytes: the read is bandwidth-bound."

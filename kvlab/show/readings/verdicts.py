@@ -42,11 +42,16 @@ def _power_word() -> str:
 
 def verdict_words(c: Comparison) -> str:
     """``"agrees"``, ``"is above it"``, ``"is below it"``, ``"cannot tell (above it)"``: the
-    verdict as a reading's sentence continues it."""
+    verdict as a reading's sentence continues it. A measurement on its prediction from a run too
+    noisy to agree (``Comparison.can_agree``) says so rather than naming a side."""
     if c.outcome == AGREES:
         return "agrees"
     if c.outcome == DISAGREES:
         return f"disagrees: it is {c.side} the prediction"
+    if not c.can_agree and abs(c.ratio - 1) <= c.band:
+        return (
+            "cannot tell: it is on the prediction, but the repeats scattered too much to confirm it"
+        )
     return f"cannot tell: it is {c.side} the prediction, but within the noise band"
 
 

@@ -7,20 +7,21 @@ import math
 
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
-from kvlab.theory.agreement import within_factor
-from kvlab.theory.work import DOUBLING_TOLERANCE, positions_processed, request_time
+from kvlab.show.readings.verdicts import verdict_words
+from kvlab.theory.agreement import BELOW, CANNOT_TELL, DISAGREES, compare
+from kvlab.theory.work import positions_processed, request_time
 
 
 def cache_reuse_doubling(
-    P: int, G: int, a: float, b: float, measured_g: float, measured_2g: float
+    P: int, G: int, a: float, b: float, measured_g: float, measured_2g: float, spread: float
 ) -> str:
-    """Exercise 1 of 9.2: the naive loop's total time when G doubles (from G to 2G), predicted by
-    the two-pass model (``kvlab.theory.work.request_time``), agreement within
-    ``work.DOUBLING_TOLERANCE``.
+    """Exercise 1 of chapter 2: the naive loop's total time when G doubles (from G to 2G),
+    predicted by the two-pass model (``kvlab.theory.work.request_time``), judged by
+    ``agreement.compare`` with ``spread``, the run-to-run scatter of the passes and requests.
     """
     pos_g, pos_2g = positions_processed(P, G), positions_processed(P, 2 * G)
     t_g, t_2g = request_time(P, G, a, b), request_time(P, 2 * G, a, b)
-    c = within_factor(measured_2g / measured_g, t_2g / t_g, DOUBLING_TOLERANCE)
+    c = compare(measured_2g / measured_g, t_2g / t_g, spread)
     text = (
         "The naive loop makes $G$ passes: $T(G) \\approx G\\,a +"
         f" b\\cdot\\mathrm{{positions\\_processed}}(P, G)$ (`work.request_time`). At $P = {P}$ the"
@@ -29,10 +30,12 @@ def cache_reuse_doubling(
         f" {si(t_2g, 's')}: a factor of **{c.predicted:.2f}**. It lies between 2 (the fixed cost"
         f" $a$ alone doubles) and {pos_2g / pos_g:.2f} (the positions alone). Measured:"
         f" {si(measured_g, 's')} and {si(measured_2g, 's')}, a factor of **{c.measured:.2f}**:"
-        f" {c.describe()}."
+        f" {c.ratio:.2f} times the prediction, which {verdict_words(c)}."
     )
     if c.agrees:
         text += " The prediction holds."
+    elif c.outcome == CANNOT_TELL:
+        text += " The run's spread is too wide to call the gap; rerun both, interleaved."
     else:
         text += (
             " The prediction does not hold in this run: the two-pass line is fitted on one model"
@@ -42,18 +45,13 @@ def cache_reuse_doubling(
     return solution(1, text)
 
 
-# A recompilation redoes the first call's work: its excess over a steady step within this factor of
-# the first call's excess counts as a second compilation.
-RECOMPILE_TOLERANCE = 10.0
-
-
 def cache_reuse_warm(costs: dict, step_times, steady: float) -> str:
     """Exercise 2 of 9.2: the compile-cost estimate against ``warm``, and the first compiled steps.
 
-    ``step_times``: every step of the compiled run. The second step is a second compilation when its
-    excess over ``steady`` is within ``RECOMPILE_TOLERANCE`` of the first call's (the recompilation
-    model), one-time work when it stands out of the later steps' spread
-    (``kvlab.theory.decode_step.stands_out``), and steady otherwise."""
+    ``step_times``: every step of the compiled run. The recompilation model predicts the second
+    step's excess over ``steady`` equal to the first call's; ``agreement.compare`` with the later
+    steps' spread judges it. Clearly below that, the second step is one-time work when it stands out
+    of the later steps' spread (``kvlab.theory.decode_step.stands_out``), and steady otherwise."""
     from kvlab.theory.decode_step import stands_out, step_spread
 
     rows = "\n".join(f"| {w} | {si(c, 's')} |" for w, c in costs.items())
@@ -71,15 +69,14 @@ def cache_reuse_warm(costs: dict, step_times, steady: float) -> str:
         f" second took {si(second, 's')}, {second / steady:,.0f} times a steady step"
         f" ({si(steady, 's')}); the later steps moved by {noise:.0%} of a step."
     )
-    recompile = within_factor(
-        max(second - steady, 0.0), max(first - steady, steady), RECOMPILE_TOLERANCE
-    )
-    if recompile.outcome != "below":
+    recompile = compare(max(second - steady, 0.0), max(first - steady, steady), noise)
+    if recompile.outcome != DISAGREES or recompile.side != BELOW:
         text += (
-            f" Its excess is {recompile.describe()} that a recompilation redoes the first call's"
-            " work: a second compilation. `torch.compile` specialises on values it first sees and"
-            " recompiles once when one of them changes; on a GPU, `reduce-overhead` also records"
-            " the CUDA graph on an early call."
+            f" Its excess is {recompile.ratio:.2g} times the first call's, which"
+            f" {verdict_words(recompile).replace('the prediction', 'a recompilation')}: a second"
+            " compilation redoes the first call's work. `torch.compile` specialises on values it"
+            " first sees and recompiles once when one of them changes; on a GPU,"
+            " `reduce-overhead` also records the CUDA graph on an early call."
         )
     elif stands_out(second - steady, steady, noise):
         text += (

@@ -5,42 +5,54 @@ from __future__ import annotations
 
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
+from kvlab.show.readings.verdicts import verdict_words
 from kvlab.theory import matmul
-from kvlab.theory.agreement import within_factor
+from kvlab.theory.agreement import ABOVE, CANNOT_TELL, compare
 
 
 def gemv_big_product(
     K: int,
     N: int,
     element_size: int,
-    gemv_bytes_per_s: float,
+    read_bytes_per_s: float,
     matmul_flops: float,
     measured_s: float | None,
+    spread: float = 0.0,
 ) -> str:
-    """Exercise 1 of 9.3: the time of one 70B MLP matrix-vector product, predicted by the roofline
-    (``kvlab.theory.matmul.roofline_time``) at the sweep's batch-1 streaming rate; agreement within
-    ``matmul.ROOFLINE_TOLERANCE``."""
+    """Exercise 1 of chapter 3: the time of one 70B MLP matrix-vector product, predicted by the
+    roofline (``kvlab.theory.matmul.roofline_time``) with the read bandwidth measured beside the
+    sweep's batch-1 product; judged by ``agreement.compare`` with ``spread``, the measurement's and
+    that ceiling's added."""
     nbytes = matmul.matmul_bytes(1, K, N, element_size)
-    predicted = matmul.roofline_time(1, K, N, element_size, gemv_bytes_per_s, matmul_flops)
+    predicted = matmul.roofline_time(1, K, N, element_size, read_bytes_per_s, matmul_flops)
     text = (
         f"At $n = 1$ the product is a weight read: {K:,} × {N:,} elements of {element_size} bytes,"
-        f" {si(nbytes, 'B')} with the activation and output vectors, and this machine's batch-1"
-        f" product streamed at {si(gemv_bytes_per_s, 'B/s')}, so the roofline,"
+        f" {si(nbytes, 'B')} with the activation and output vectors. At the read bandwidth"
+        f" measured beside the sweep, {si(read_bytes_per_s, 'B/s')}, the roofline,"
         " $\\max(\\text{bytes}/\\beta,\\ \\text{FLOPs}/\\text{peak})$"
-        " (`matmul.roofline_time`) with that rate as $\\beta$, says it should take about"
-        f" **{si(predicted, 's')}**. The two vectors add a negligible share."
+        f" (`matmul.roofline_time`), says it should take about **{si(predicted, 's')}**. The two"
+        " vectors add a negligible share."
     )
     if measured_s is None:
         return solution(1, text + " Measure it with the cell the exercise names.")
-    c = within_factor(measured_s, predicted, matmul.ROOFLINE_TOLERANCE)
-    text += f" Measured: **{si(measured_s, 's')}**, {c.describe()}."
+    c = compare(measured_s, predicted, spread)
+    text += (
+        f" Measured (fastest repeat): **{si(measured_s, 's')}**, {c.ratio:.2f} times the"
+        f" prediction, which {verdict_words(c)}."
+    )
     if c.agrees:
-        text += " A matrix this large streams at the same rate as the sweep's: time is bytes."
+        text += " A matrix this large streams at the read bandwidth: time is bytes."
+    elif c.outcome == CANNOT_TELL:
+        text += " The repeats scattered too much to call the gap; rerun the cell."
+    elif c.side == ABOVE:
+        text += (
+            " Slower than its bytes: the read bandwidth left over moved between the sweep and this"
+            " product on a shared machine, or a matrix of this size met memory pressure."
+        )
     else:
         text += (
-            " The gap means the rate changed between the two measurements: on a shared machine the "
-            "bandwidth left over moves from second to second, and a matrix of this size may also "
-            "run into memory pressure."
+            " Faster than the read bandwidth measured beside the sweep: that stream ran under"
+            " more load than this product did."
         )
     return solution(1, text)
 

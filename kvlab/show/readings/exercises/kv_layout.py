@@ -1,36 +1,47 @@
 """Notebook 04, KV-cache layout (section 9.4): worked solutions of the exercises that have numbers.
 
-Each prediction is the bytes model of ``kvlab.lab.layout_timing`` (``predicted_s``: bytes moved over
-the calibrated copy bandwidth); each decision is ``kvlab.theory.kv_traffic.compare_with_bytes``.
+Each prediction is the bytes model of ``kvlab.lab.layout_timing`` (``predicted_s``: bytes read over
+the read bandwidth, bytes copied over the copy rate); each decision is
+``kvlab.theory.kv_traffic.compare_with_bytes`` on fastest repeats, with the two timings' spreads
+added as the tolerance.
 """
 
 from __future__ import annotations
 
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
-from kvlab.theory.agreement import ABOVE, BELOW
+from kvlab.show.readings.verdicts import verdict_words
+from kvlab.theory.agreement import ABOVE, AGREES, BELOW, CANNOT_TELL, combined_spread
 from kvlab.theory.kv_traffic import cache_resident, compare_with_bytes
+
+
+def _ratio(a, b, predicted: float):
+    """Measurement ``a`` over ``b`` (fastest repeats) against the bytes model's ratio."""
+    spread = combined_spread(a.timing.spread_above_min, b.timing.spread_above_min)
+    return compare_with_bytes(a.timing.min / b.timing.min, predicted, spread)
+
+
+def _missed(c, side: str) -> bool:
+    return c.outcome not in (AGREES, CANNOT_TELL) and c.side == side
 
 
 def kv_layout_batch(lo_read, hi_read, lo_append, hi_append, llc: int | None) -> str:
     """Exercise 1 of 9.4: read and append time when the batch grows (``BHTD`` read and index append
     measurements at the two batches; ``llc`` the device's last-level cache in bytes)."""
     b_lo, b_hi = lo_read.batch, hi_read.batch
-    c = compare_with_bytes(
-        hi_read.timing.median / lo_read.timing.median, hi_read.predicted_s / lo_read.predicted_s
-    )
-    app = hi_append.timing.median / lo_append.timing.median
+    c = _ratio(hi_read, lo_read, hi_read.predicted_s / lo_read.predicted_s)
+    app = hi_append.timing.min / lo_append.timing.min
     text = (
         f"The read moves $2BsHDw$ bytes, proportional to $B$: going from {b_lo} to {b_hi} sequences"
         f" should multiply its time by **{c.predicted:g}** (the bytes model:"
         f" {si(lo_read.predicted_s, 's')} and {si(hi_read.predicted_s, 's')}). The `index` append"
         " writes $2BHDw$ bytes, a few kilobytes, so its time is the fixed cost of one operation"
         " and should barely move. Measured: the append went from"
-        f" {si(lo_append.timing.median, 's')} to {si(hi_append.timing.median, 's')} ({app:.1f}x),"
-        f" and the read from {si(lo_read.timing.median, 's')} to {si(hi_read.timing.median, 's')},"
-        f" **{c.measured:.2f}x**, {c.describe()}."
+        f" {si(lo_append.timing.min, 's')} to {si(hi_append.timing.min, 's')} ({app:.1f}x),"
+        f" and the read from {si(lo_read.timing.min, 's')} to {si(hi_read.timing.min, 's')},"
+        f" **{c.measured:.2f}x**, {c.ratio:.2f} times the prediction, which {verdict_words(c)}."
     )
-    if c.outcome == BELOW:
+    if _missed(c, BELOW):
         if cache_resident(lo_read.kv_bytes, llc) and not cache_resident(hi_read.kv_bytes, llc):
             text += (
                 f" The read grew less than its bytes: the {b_lo}-sequence cache"
@@ -44,13 +55,15 @@ def kv_layout_batch(lo_read, hi_read, lo_append, hi_append, llc: int | None) -> 
                 " the last-level cache: a fixed cost per read (the call, the softmax's small"
                 " tensors) weighs more at the smaller batch, or another process slowed it."
             )
-    elif c.outcome == ABOVE:
+    elif _missed(c, ABOVE):
         text += (
             " The read grew more than its bytes: the larger batch competed with another process for"
             " the memory bus, or its cache left the hardware caches that the smaller one used."
         )
-    else:
+    elif c.agrees:
         text += " The read scales with its bytes, as predicted."
+    else:
+        text += " The repeats scattered too much to call the gap."
     return solution(1, text)
 
 
@@ -59,10 +72,7 @@ def kv_layout_block1(
 ) -> str:
     """Exercise 2 of 9.4: one-token blocks (``gather_1``, ``gather_16``: ``NHD`` read
     measurements)."""
-    c = compare_with_bytes(
-        gather_1.timing.median / gather_16.timing.median,
-        gather_1.predicted_s / gather_16.predicted_s,
-    )
+    c = _ratio(gather_1, gather_16, gather_1.predicted_s / gather_16.predicted_s)
     text = (
         "With one token per block, a block of `HND` holds one vector per head, so a head's"
         f" contiguous run is one head vector, $D w$ = **{si(D * w, 'B')}**, the same as `NHD`: the"
@@ -72,16 +82,18 @@ def kv_layout_block1(
         f" the same bytes through {block} times as many pieces: the bytes model puts block 1 at"
         f" {c.predicted:.3f} times block {block}, the longer block table adding almost nothing, so"
         " any slowdown is the pieces'. Measured on one `NHD` read:"
-        f" {si(gather_1.timing.median, 's')} at block 1 against {si(gather_16.timing.median, 's')}"
-        f" at block {block}, {c.describe()}."
+        f" {si(gather_1.timing.min, 's')} at block 1 against {si(gather_16.timing.min, 's')}"
+        f" at block {block}, {c.ratio:.2f} times the prediction, which {verdict_words(c)}."
     )
-    if c.outcome == ABOVE:
+    if _missed(c, ABOVE):
         text += " Slower than its bytes: per-block indexing costs more than the bytes."
-    elif c.outcome == BELOW:
+    elif _missed(c, BELOW):
         text += (
             " Faster than its bytes say, which indexing cannot explain: the block-16 read was"
             " slowed by another process on this shared machine (rerun the cell)."
         )
+    elif c.outcome == CANNOT_TELL:
+        text += " The repeats scattered too much to call the gap."
     else:
         text += (
             " Not slower here: PyTorch's indexed copy handles one-token blocks as one gather over"
@@ -95,29 +107,29 @@ def kv_layout_cat(read, cat) -> str:
     """Exercise 3 of 9.4: ``torch.cat`` growth (an append measurement) against the read it
     serves."""
     s = read.context
-    c = compare_with_bytes(
-        cat.timing.median / read.timing.median, cat.predicted_s / read.predicted_s
-    )
+    c = _ratio(cat, read, cat.predicted_s / read.predicted_s)
     text = (
         "The ratio of bytes is $2 \\cdot 2B(s+1)HDw \\,/\\, 2BsHDw = 2(s+1)/s$,"
         f" **{2 * (s + 1) / s:.3f}** at $s$ = {s:,}: growth by concatenation costs about twice the"
         " read it serves, because it reads and writes the whole cache. Measured at the defaults:"
-        f" {si(cat.timing.median, 's')} against {si(read.timing.median, 's')},"
-        f" **{c.measured:.2f}x**, {c.describe()}."
+        f" {si(cat.timing.min, 's')} against {si(read.timing.min, 's')},"
+        f" **{c.measured:.2f}x**, {c.ratio:.2f} times the prediction, which {verdict_words(c)}."
     )
-    if c.outcome == BELOW:
+    if _missed(c, BELOW):
         text += (
             " Below the byte ratio: the read is slower per byte than a copy, because its time"
             " includes attention's arithmetic (the scores, the softmax and the weighted sum), which"
             " a byte count leaves out."
         )
-    elif c.outcome == ABOVE:
+    elif _missed(c, ABOVE):
         text += (
             " Above the byte ratio: `torch.cat` also allocates a new tensor every step, and on a"
             " CPU the allocator's fresh pages cost time on top of the bytes."
         )
-    else:
+    elif c.agrees:
         text += " Close to the byte ratio."
+    else:
+        text += " The repeats scattered too much to call the gap."
     text += (
         " Preallocating removes the copy and gives every step the same addresses; the risk is the "
         "memory reserved for tokens that may never come, which is what paging recovers "
