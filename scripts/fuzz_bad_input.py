@@ -333,8 +333,8 @@ def cache_state(c):
     }
     return (
         m.snapshot(),
-        {s: list(t) for s, t in c._layer_tokens.items()},
-        sorted(c._host),
+        {s: list(t) for s, t in c.layer_tokens.items()},
+        sorted(c.host),
         dict(c.preemptions),
         data,
         registered,

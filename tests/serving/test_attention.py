@@ -41,7 +41,7 @@ def _schedule(cache, pairs):
     for seq, count in pairs:
         start = cache.num_computed(seq)
         chunks.append(Chunk(seq, start, [1] * count))
-        cache.commit(seq, start + count, ())
+        cache.commit(seq, start + count, (), checked=True)  # the step writes them
     return chunks
 
 
@@ -103,8 +103,8 @@ def test_a_mixed_step_matches_fp64_attention_and_stores_every_token(path):
 
 def test_the_step_is_checked_once_and_names_the_problem():
     cache, (a, b, c), _ = _cache()
-    cache.commit(a, 10, ())  # a's decode token and b's five prefill tokens are scheduled
-    cache.commit(b, 11, ())
+    cache.commit(a, 10, (), checked=True)  # a's decode token and b's five prefill tokens
+    cache.commit(b, 11, (), checked=True)  # are scheduled
     d = cache.admit([3] * 5)[0]
     cache.preempt(d, "recompute")
     for chunks, error, match in [
