@@ -4,7 +4,8 @@ on it.
 :class:`BlockManager` keeps each sequence's block table and block hashes over one
 :class:`~kvlab.cache.blocks.BlockAllocator`, as nano-vllm's ``BlockManager`` (Yu 2025) and vLLM's
 KV-cache manager (Kwon et al. 2023) do. **Tokens live with the caller** (the engine's ``Request``):
-``admit``, ``commit`` and ``resume`` read the sequence's tokens they are handed, and keep none.
+``admit``, ``commit`` and ``resume`` read the sequence's tokens they are handed, and keep none;
+with ``checked=True`` they trust them, as the engine's scheduler does after the engine's door.
 
 **A cached block costs no admission capacity**: a freed block keeps its K, V and hash but joins the
 free list, so ``num_free`` counts it, and taking it evicts its hash (``stats.evictions``), as in
@@ -97,8 +98,7 @@ class BlockManager:
 
     def admit(self, token_ids, salt=None, checked: bool = False) -> tuple[int, int]:
         """A sequence holding the slots of prompt ``token_ids``; returns ``(seq_id, cached)``, the
-        tokens of leading blocks shared from the cache, always leaving one token to compute.
-        ``checked``: by the caller's door (the engine's scheduler), so not here again."""
+        tokens of leading blocks shared from the cache, always leaving one token to compute."""
         tokens = token_ids if checked else _checks.prompt(token_ids)
         first_parent = root_hash(salt)
         hits, hashes = self._match(tokens, first_parent)
@@ -265,11 +265,9 @@ class BlockManager:
         return cached
 
     def __repr__(self) -> str:
-        return (
-            f"BlockManager(num_blocks={self.num_blocks}, block_size={self.block_size},"
-            f" prefix_caching={self.prefix_caching}, sequences={len(self.seqs)},"
-            f" free={self.num_free}, cached={self.num_cached})"
-        )
+        sizes = f"num_blocks={self.num_blocks}, block_size={self.block_size}"
+        counts = f"sequences={len(self.seqs)}, free={self.num_free}, cached={self.num_cached}"
+        return f"BlockManager({sizes}, prefix_caching={self.prefix_caching}, {counts})"
 
     @property
     def num_free(self) -> int:
