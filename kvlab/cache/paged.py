@@ -153,7 +153,7 @@ class PagedKVCache:
             if swapped:
                 end = -(-computed // self.block_size)
                 self._copy_from_host(seq_id, cached // self.block_size, end)
-                self.manager.commit(seq_id, computed, token_ids)
+                self.manager.commit(seq_id, computed, token_ids, checked)
         self.host.pop(seq_id, None)
         self.layer_tokens[seq_id] = [computed] * self.num_layers
         return cached
