@@ -285,17 +285,23 @@ def in_step(cache, seq_id):
     return seq_id
 
 
-def written(cache, seq_id, num_computed) -> int:
-    """``num_computed`` unless it counts a token of ``seq_id`` whose K and V not every layer of
-    ``cache`` holds: committing them would let a later prefix hit read K and V nobody wrote."""
+def written(cache, seq_id, value, ids) -> tuple[int, list[int]]:
+    """``(num_computed, token_ids)`` of ``PagedKVCache.commit`` at its door: ``value`` no fewer than
+    the computed tokens and none whose K and V not every layer holds (committing them would let a
+    later prefix hit read K and V nobody wrote); ``ids`` the sequence's token ids through them."""
     held = cache.layer_tokens[in_step(cache, seq_id)][0]
-    if integer("num_computed", num_computed, 0) > held:
+    if integer("num_computed", value, cache.num_computed(seq_id)) > held:
         raise ValueError(
             f"num_computed must be at most {held}, the tokens of sequence {seq_id} whose K and V"
-            f" every layer holds (append writes them), got {num_computed}; a model step commits"
+            f" every layer holds (append writes them), got {value}; a model step commits"
             " the tokens it schedules with checked=True"
         )
-    return num_computed
+    ids = token_ids("token_ids", ids, empty=True)
+    if len(ids) < value:
+        raise ValueError(
+            f"token_ids must hold sequence {seq_id}'s first {value} tokens, got {len(ids)}"
+        )
+    return value, ids
 
 
 def step_count(cache, seq_id, num_tokens) -> int:

@@ -106,12 +106,13 @@ class BlockManager:
         seq.num_computed = self._count_admission(len(tokens), hits)
         return self._add(seq), seq.num_computed
 
-    def reserve(self, seq_id: int, num_tokens: int) -> tuple[int, int] | None:
+    def reserve(self, seq_id: int, num_tokens: int, checked=False) -> tuple[int, int] | None:
         """The slots of ``num_tokens`` more tokens. Returns ``(source, copy)`` when the last block
         was partly filled and shared (after a fork): the sequence now writes into ``copy``, and the
         caller copies ``source``'s K and V into it (copy-on-write); else None."""
-        seq, num_tokens = _checks.append_count(self.seqs, seq_id, num_tokens)
-        pair = None
+        if not checked:
+            _, num_tokens = _checks.append_count(self.seqs, seq_id, num_tokens)
+        seq, pair = self.seqs[seq_id], None
         _checks.free_blocks(self, self._blocks_to_append(seq, num_tokens))
         if num_tokens and self._last_block_shared(seq):
             (copy,) = self._allocate(1)

@@ -34,8 +34,7 @@ def _ask_manager(query):
 
 
 class PagedKVCache:
-    """``store`` writes the by-hand ``append`` (default :func:`kvlab.kernels.store_kv`;
-    ``kvlab.kernels.store_kv_ref`` times host-side work on a CPU)."""
+    """``store`` writes the by-hand ``append`` (default :func:`kvlab.kernels.store_kv`)."""
 
     def __init__(
         self,
@@ -85,8 +84,9 @@ class PagedKVCache:
     def commit(self, seq_id: int, num_computed: int, token_ids, checked: bool = False) -> None:
         """:meth:`BlockManager.commit` over K and V that every layer holds (``append`` wrote them),
         or, ``checked``, that the model step being scheduled writes (the scheduler, the loops)."""
-        num_computed = num_computed if checked else _checks.written(self, seq_id, num_computed)
-        self.manager.commit(seq_id, num_computed, token_ids, checked)
+        if not checked:
+            num_computed, token_ids = _checks.written(self, seq_id, num_computed, token_ids)
+        self.manager.commit(seq_id, num_computed, token_ids, checked=True)
         self.layer_tokens[seq_id] = [num_computed] * self.num_layers
 
     def truncate(self, seq_id: int, num_tokens: int) -> None:
@@ -124,10 +124,10 @@ class PagedKVCache:
 
     def _reserve(self, seq_id: int, num_tokens: int) -> None:
         if not (num_tokens and self.manager.last_block_shared(seq_id)):
-            self.manager.reserve(seq_id, num_tokens)  # all or nothing: no tensor to copy
+            self.manager.reserve(seq_id, num_tokens, checked=True)  # all or nothing: no copy
             return
         with self.all_or_nothing():  # copy-on-write: the shared last block's K and V, every layer
-            source, copy = self.manager.reserve(seq_id, num_tokens)
+            source, copy = self.manager.reserve(seq_id, num_tokens, checked=True)
             for pool in (*self.k_pools, *self.v_pools):
                 pool[copy].copy_(pool[source])
 

@@ -465,6 +465,9 @@ def test_commit_over_k_and_v_nobody_wrote_is_refused_and_changes_nothing():
     fails_cleanly(cache, lambda: cache.commit(seq, 6, prompt), ValueError, "mid-step")
     cache.append(seq, 1, k, k, token_ids=prompt[:6])
     fails_cleanly(cache, lambda: cache.commit(seq, 7, prompt), ValueError, "at most 6.*got 7")
+    fails_cleanly(cache, lambda: cache.commit(seq, 6, prompt[:5]), ValueError, "first 6 tokens")
+    fails_cleanly(cache, lambda: cache.commit(seq, 6, [1.5] * 6), TypeError, r"token_ids\[0\]")
+    fails_cleanly(cache, lambda: cache.commit(seq, 5, prompt), ValueError, "int >= 6")
     cache.commit(seq, 6, prompt)  # what is written may be committed (again)
     assert cache.manager.num_cached == 1 and cache.manager.lookup(prompt) == 4
     cache.commit(seq, 9, prompt, checked=True)  # a step scheduling the rest: its pass writes them
