@@ -18,7 +18,6 @@ from kvlab.kernels._validation import check_decode, check_prefill
 from kvlab.kernels.paged_attention import (
     SUPPORTED_HEAD_DIMS,
     choose_num_splits,
-    group_rows,
     merge_splits,
     multiprocessor_count,
     paged_decode,
