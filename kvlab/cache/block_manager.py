@@ -88,7 +88,7 @@ class BlockManager:
         self.num_blocks = self.allocator.num_blocks
         self._hash: list[bytes | None] = [None] * self.num_blocks  # what a block is registered as
         self._by_hash: dict[bytes, int] = {}
-        self.seqs: dict[int, _Sequence] = {}
+        self.seqs: dict[int, _Sequence] = {}  # live sequences by id (others only read it)
         self._next_id = 0
         self.stats = CacheStats()
 
