@@ -546,6 +546,40 @@ def decode_call(
     return mask
 
 
+def speculative_call(
+    model, input_ids, max_new_tokens, draft, k, layers, static, compile, *, drafts, max_k, shape
+):
+    """The early-exit proposer's depth (None for prompt lookup), once every argument of
+    ``kvlab.speculative.speculative_steps`` is what its loops trust: ``draft`` one of ``drafts``,
+    ``k`` in ``[1, max_k]``, the rest as ``decode_call`` checks a cached or static loop's."""
+    flag("static", static)
+    one_of("draft", draft, drafts)
+    integer("k", k, 1, max_k + 1)
+    integer("max_new_tokens", max_new_tokens, 0)
+    if compile is not None and not static:
+        raise ValueError(f"compile is for static=True only, got compile={compile!r}")
+    # The static cache keeps k spare slots: the last pass may write k guesses past the output.
+    method, room = ("static", k) if static else ("cached", 0)
+    args = (model, input_ids, max_new_tokens + room, None, None, compile)
+    decode_call(method, (method,), shape, *args)
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"input_ids must hold one sequence (batch 1) for the speculative loop, got batch "
+            f"{input_ids.shape[0]}: the serving engine (kvlab.serving) speculates per request"
+        )
+    if draft == "prompt_lookup":
+        if layers is not None:
+            raise ValueError(f"layers is for draft='early_exit' only, got layers={layers!r}")
+        return None
+    if not hasattr(getattr(model, "model", None), "layers"):
+        raise ValueError(
+            f"draft='early_exit' needs a decoder with model.model.layers (Llama, Qwen2, "
+            f"Mistral), got {type(model).__name__}"
+        )
+    every = model.config.num_hidden_layers
+    return integer("layers", every // 2 if layers is None else layers, 1, every)
+
+
 def static_model(name: str, value):
     """``value`` if it is a causal LM with attention layers (what a ``StaticCache`` preallocates
     for) whose weights are on a device with data."""

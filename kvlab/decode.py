@@ -14,8 +14,7 @@ checks them once and hands the generator out, so ``kvlab.lab.decode_timing.profi
 the very code that produces the tokens.
 
 Sources: the Decode and KV Cache chapter, 2026, sections 9.1 and 9.2, on Hugging Face models and
-caches (Wolf et al. 2020); the PyTorch CUDA Graphs documentation. The work of each loop, in closed
-form, is ``kvlab.theory.work``.
+caches (Wolf et al. 2020). The work of each loop, in closed form, is ``kvlab.theory.work``.
 """
 
 from __future__ import annotations
@@ -46,9 +45,7 @@ def _naive_steps(model, input_ids, max_new_tokens, mask):
 
 @torch.inference_mode()
 def _cached_steps(model, input_ids, max_new_tokens, mask, cache=None):
-    position = _positions(mask)
-    # ``cache``: a transformers Cache to fill instead of the model's default (section 9.7's
-    # windowed, sink and quantized caches); None lets the model create its own DynamicCache.
+    position = _positions(mask)  # ``cache``: None lets the model make its own DynamicCache
     given = dict({} if cache is None else cache_kwargs(model, cache), **last_logits_only(model))
     out = model(input_ids, attention_mask=mask, position_ids=position, use_cache=True, **given)
     kw = cache_kwargs(model, returned_cache(out))
@@ -151,9 +148,7 @@ class StaticStep:
         """``step`` on inputs checked once by the caller: the loop's fixed tensors."""
         if self.compiled is None:
             return self._forward(token, position, mask)
-        self.calls += 1
-        # torch.compile checks its guards (shapes, dtypes, attributes) before every call; each input
-        # keeps the shape, dtype and address it was compiled for, so later calls skip that check.
+        self.calls += 1  # the first call compiles and guards; later ones skip the unchanging guards
         if self.calls == 1 or not _SKIPS_GUARDS:
             return self.compiled(token, position, mask)
         with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
@@ -190,20 +185,14 @@ def naive_decode(model, input_ids, max_new_tokens, attention_mask=None):
 
 
 def cached_decode(model, input_ids, max_new_tokens, attention_mask=None, cache=None):
-    """Greedy decode with a KV cache: prefill once, then one token per step (sections 9.1 and 9.2).
-
-    By default the model's own cache class (transformers' ``DynamicCache``) grows by one position
-    per layer per step. ``cache`` passes a fresh transformers ``Cache`` to fill instead (section
-    9.7: the windowed, sink, quantized and latent caches of ``kvlab.cache``).
-    """
+    """Greedy decode with a KV cache: prefill once, then one token per step (sections 9.1 and 9.2),
+    in transformers' ``DynamicCache``, or in ``cache``, a fresh transformers ``Cache`` (section 9.7:
+    the windowed, sink, quantized and latent caches of ``kvlab.cache``)."""
     return _run("cached", model, input_ids, max_new_tokens, attention_mask, cache=cache)
 
 
 def static_decode(model, input_ids, max_new_tokens, attention_mask=None, compile=None):
-    """Greedy decode on a cache preallocated for prompt plus output (the optimized loop of 9.2).
-
-    transformers' ``StaticCache`` holds ``P + max_new_tokens`` slots per layer from the start, so no
-    step allocates, and every step sees inputs of the same shape at the same address. ``compile``
-    (default: on a GPU only) compiles the step into one CUDA graph (``StaticStep``).
-    """
+    """Greedy decode on a ``StaticCache`` of prompt plus output slots, allocated once, every step's
+    inputs of one shape at one address (the optimized loop of 9.2). ``compile`` (default: on a GPU
+    only) compiles the step into one CUDA graph (``StaticStep``)."""
     return _run("static", model, input_ids, max_new_tokens, attention_mask, compile=compile)

@@ -243,35 +243,9 @@ def speculative_steps(
     ``static``: verify on a preallocated cache in passes of one shape (``static_verify_steps``);
     ``compile`` (default: on a GPU only; only with ``static``) compiles that pass.
     """
-    check.flag("static", static)
-    check.one_of("draft", draft, DRAFTS)
-    check.integer("k", k, 1, MAX_K + 1)
-    check.integer("max_new_tokens", max_new_tokens, 0)
-    if compile is not None and not static:
-        raise ValueError(f"compile is for static=True only, got compile={compile!r}")
-    # The static cache keeps k spare slots: the last pass may write k guesses past the output.
-    method, room = ("static", k) if static else ("cached", 0)
-    check.decode_call(
-        method, (method,), ModelShape, model, input_ids, max_new_tokens + room, None, None, compile
-    )
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"input_ids must hold one sequence (batch 1) for the speculative loop, got batch "
-            f"{input_ids.shape[0]}: the serving engine (kvlab.serving) speculates per request"
-        )
-    if draft == "prompt_lookup":
-        if layers is not None:
-            raise ValueError(f"layers is for draft='early_exit' only, got layers={layers!r}")
-        propose = prompt_lookup
-    else:
-        every = model.config.num_hidden_layers
-        if not hasattr(getattr(model, "model", None), "layers"):
-            raise ValueError(
-                f"draft='early_exit' needs a decoder with model.model.layers (Llama, Qwen2, "
-                f"Mistral), got {type(model).__name__}"
-            )
-        layers = every // 2 if layers is None else layers
-        propose = EarlyExit(model, check.integer("layers", layers, 1, every))
+    args = (model, input_ids, max_new_tokens, draft, k, layers, static, compile)
+    layers = check.speculative_call(*args, drafts=DRAFTS, max_k=MAX_K, shape=ModelShape)
+    propose = prompt_lookup if layers is None else EarlyExit(model, layers)  # None: prompt lookup
     if not max_new_tokens:
         return iter(())
     if static:

@@ -333,8 +333,8 @@ def cache_state(c):
     }
     return (
         m.snapshot(),
-        {s: list(t) for s, t in c._layer_tokens.items()},
-        sorted(c._host),
+        {s: list(t) for s, t in c.layer_tokens.items()},
+        sorted(c.host),
         dict(c.preemptions),
         data,
         registered,
@@ -639,7 +639,7 @@ def entries() -> list[Entry]:
     add(
         "PagedKVCache.commit",
         lambda o, **k: o.commit(**k),
-        dict(seq_id=1, num_computed=8, token_ids=[1, 2, 3, 4, 9, 5, 6, 7]),
+        dict(seq_id=1, num_computed=5, token_ids=[1, 2, 3, 4, 9, 5, 6, 7]),  # what is written
         dict(seq_id="seq", num_computed="int"),
         allow={"token_ids": {"token-past-vocab"}},
         setup=lambda: (lambda c: (c.reserve(1, 3), c)[1])(paged_cache()),

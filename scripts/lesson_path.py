@@ -46,7 +46,7 @@ LESSON_PATH = (
         ),
     ),
     (
-        # Their PyTorch references (kernels/paged_attention_torch.py, the *_ref beside each kernel)
+        # Their PyTorch references (the *_ref functions of kernels/paged_attention_torch.py)
         # are the oracles the kernels are tested against, not a hop on the path.
         "the paged kernels and their entry points",
         (

@@ -223,11 +223,11 @@ def resume_tokens(seqs: dict, seq_id, ids) -> list[int]:
     return ids
 
 
-def commit_args(manager, seq_id, value, ids) -> tuple[int, list[int]]:
-    """``(num_computed, the ids of the blocks it fills)`` of ``commit``: ``value`` no fewer than
-    the computed tokens before, no more than it holds; ``ids`` the sequence's tokens, read (with
-    prefix caching) from its first block without a hash to its last full computed one it holds."""
-    seq = sequence(manager._seqs, seq_id, "resident")
+def commit_args(manager, seq_id, value, ids) -> tuple[int, object]:
+    """``(num_computed, token_ids)`` of ``commit``: ``value`` no fewer than the computed tokens
+    before, no more than it holds; ``ids`` the sequence's tokens, checked (with prefix caching) from
+    its first block without a hash to its last full computed one it holds, the ones commit reads."""
+    seq = sequence(manager.seqs, seq_id, "resident")
     value = integer("num_computed", value, seq.num_computed, seq.num_tokens + 1)
     if not manager.prefix_caching:
         return value, []
@@ -235,7 +235,8 @@ def commit_args(manager, seq_id, value, ids) -> tuple[int, list[int]]:
         raise TypeError(f"token_ids must be sequence {seq_id}'s token ids, got {ids!r:.80}")
     size = manager.block_size
     start, end = len(seq.hashes) * size, min(value, len(ids)) // size * size
-    return value, token_ids(f"token_ids[{start}:{end}]", ids[start:end], empty=True)
+    filled = token_ids(f"token_ids[{start}:{end}]", ids[start:end], empty=True)
+    return value, [0] * start + filled  # the ids commit hashes, at their positions
 
 
 def truncation(seqs: dict, seq_id, num_tokens, block_size: int) -> tuple:
@@ -257,7 +258,7 @@ def preemption(owner, seq_id, mode, modes) -> str:
     if hasattr(owner, "manager"):
         in_step(owner, seq_id)
     else:
-        sequence(owner._seqs, seq_id, "resident")
+        sequence(owner.seqs, seq_id, "resident")
     return mode
 
 
@@ -274,14 +275,33 @@ def forkable(seqs: dict, seq_id):
 
 def in_step(cache, seq_id):
     """``seq_id`` unless it is unknown, preempted, or half way through a by-hand append."""
-    sequence(cache.manager._seqs, seq_id, "resident")
-    counts = cache._layer_tokens[seq_id]
+    sequence(cache.manager.seqs, seq_id, "resident")
+    counts = cache.layer_tokens[seq_id]
     if len(set(counts)) != 1:
         raise ValueError(
             f"sequence {seq_id} is mid-step (tokens per layer {counts}); finish appending "
             "to every layer first"
         )
     return seq_id
+
+
+def written(cache, seq_id, value, ids) -> tuple[int, list[int]]:
+    """``(num_computed, token_ids)`` of ``PagedKVCache.commit`` at its door: ``value`` no fewer than
+    the computed tokens and none whose K and V not every layer holds (committing them would let a
+    later prefix hit read K and V nobody wrote); ``ids`` the sequence's token ids through them."""
+    held = cache.layer_tokens[in_step(cache, seq_id)][0]
+    if integer("num_computed", value, cache.num_computed(seq_id)) > held:
+        raise ValueError(
+            f"num_computed must be at most {held}, the tokens of sequence {seq_id} whose K and V"
+            f" every layer holds (append writes them), got {value}; a model step commits"
+            " the tokens it schedules with checked=True"
+        )
+    ids = token_ids("token_ids", ids, empty=True)
+    if len(ids) < value:
+        raise ValueError(
+            f"token_ids must hold sequence {seq_id}'s first {value} tokens, got {len(ids)}"
+        )
+    return value, ids
 
 
 def step_count(cache, seq_id, num_tokens) -> int:
@@ -294,7 +314,7 @@ def resident(cache, seq_ids) -> list[int]:
     """``seq_ids`` as a list of ids of resident sequences."""
     seq_ids = integers("seq_ids", seq_ids, 0, empty=True)
     for seq_id in seq_ids:
-        sequence(cache.manager._seqs, seq_id, "resident")
+        sequence(cache.manager.seqs, seq_id, "resident")
     return seq_ids
 
 
@@ -307,7 +327,7 @@ def lens_args(cache, seq_ids, layer) -> tuple[int, list[int]]:
 def gather_layer(cache, seq_id, layer) -> int:
     """``layer`` as a layer of ``cache``, once ``seq_id`` is a resident sequence."""
     layer = integer("layer", layer, 0, cache.num_layers)
-    sequence(cache.manager._seqs, seq_id, "resident")
+    sequence(cache.manager.seqs, seq_id, "resident")
     return layer
 
 
@@ -328,9 +348,15 @@ def cache_args(num_layers, block_size, num_kv_heads, head_dim, dtype, store, dev
 def append_args(cache, seq_id, layer, k, v, ids) -> tuple:
     """``(layer, k, v, the sequence's token ids)`` of a by-hand ``append``."""
     layer = integer("layer", layer, 0, cache.num_layers)
-    sequence(cache.manager._seqs, seq_id, "resident")
+    sequence(cache.manager.seqs, seq_id, "resident")
     k, v = kv_rows(k, v, cache.num_kv_heads, cache.head_dim, cache.dtype, cache.device)
     return layer, k, v, append_ids(cache, seq_id, layer, k.shape[0], ids)
+
+
+def pool_memory(cache, shape: tuple) -> None:
+    """Room on ``cache.device`` for its K and V pools of ``shape``, one of each per layer."""
+    what = f"K and V pools {shape} x {cache.num_layers} layers"
+    require_memory(what, cache.num_blocks * cache.bytes_per_block, cache.device)
 
 
 def kv_rows(k, v, heads: int, dim: int, dtype, device):
@@ -360,7 +386,7 @@ def kv_rows(k, v, heads: int, dim: int, dtype, device):
 def append_ids(cache, seq_id, layer: int, count: int, ids) -> list[int]:
     """The sequence's tokens through the ``count`` rows a by-hand append stores in ``layer`` (the
     ids its commit hashes; required with prefix caching, else zeros by default)."""
-    start, ahead = cache._layer_tokens[seq_id][layer], cache._layer_tokens[seq_id][0]
+    start, ahead = cache.layer_tokens[seq_id][layer], cache.layer_tokens[seq_id][0]
     if layer > 0 and start + count > ahead:
         raise ValueError(
             f"layer {layer} of sequence {seq_id} would hold {start + count} tokens but layer 0 "
@@ -450,7 +476,7 @@ def manager_invariants(m) -> None:
 def _holders(m) -> dict[int, list]:
     """Each held block's holders: (logical index, the hashes up to it, the sequence)."""
     holders: dict[int, list] = {}
-    for i, seq in m._seqs.items():
+    for i, seq in m.seqs.items():
         _require(
             len(set(seq.blocks)) == len(seq.blocks),
             f"sequence {i} names a block twice: {seq.blocks}",
@@ -472,7 +498,7 @@ def paged_invariants(cache) -> None:
     """The block manager's invariants, and each sequence's layers between its computed and held
     tokens."""
     manager_invariants(cache.manager)
-    for seq_id, counts in cache._layer_tokens.items():
+    for seq_id, counts in cache.layer_tokens.items():
         computed, held = cache.num_computed(seq_id), cache.num_tokens(seq_id)
         _require(
             min(counts) == computed and max(counts) == counts[0] <= held,
@@ -480,7 +506,7 @@ def paged_invariants(cache) -> None:
             "paged cache",
         )
         _require(
-            cache.is_swapped(seq_id) == (seq_id in cache._host),
+            cache.is_swapped(seq_id) == (seq_id in cache.host),
             f"sequence {seq_id}'s host copy",
             "paged cache",
         )

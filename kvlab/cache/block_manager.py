@@ -4,7 +4,8 @@ on it.
 :class:`BlockManager` keeps each sequence's block table and block hashes over one
 :class:`~kvlab.cache.blocks.BlockAllocator`, as nano-vllm's ``BlockManager`` (Yu 2025) and vLLM's
 KV-cache manager (Kwon et al. 2023) do. **Tokens live with the caller** (the engine's ``Request``):
-``admit``, ``commit`` and ``resume`` read the sequence's tokens they are handed, and keep none.
+``admit``, ``commit`` and ``resume`` read the sequence's tokens they are handed, and keep none;
+with ``checked=True`` they trust them, as the engine's scheduler does after the engine's door.
 
 **A cached block costs no admission capacity**: a freed block keeps its K, V and hash but joins the
 free list, so ``num_free`` counts it, and taking it evicts its hash (``stats.evictions``), as in
@@ -87,7 +88,7 @@ class BlockManager:
         self.num_blocks = self.allocator.num_blocks
         self._hash: list[bytes | None] = [None] * self.num_blocks  # what a block is registered as
         self._by_hash: dict[bytes, int] = {}
-        self._seqs: dict[int, _Sequence] = {}
+        self.seqs: dict[int, _Sequence] = {}  # live sequences by id (others only read it)
         self._next_id = 0
         self.stats = CacheStats()
 
@@ -95,21 +96,23 @@ class BlockManager:
         """An empty sequence (no tokens, no blocks); returns its id."""
         return self._add(_Sequence(0, [], root_hash(salt)))
 
-    def admit(self, token_ids, salt=None) -> tuple[int, int]:
+    def admit(self, token_ids, salt=None, checked: bool = False) -> tuple[int, int]:
         """A sequence holding the slots of prompt ``token_ids``; returns ``(seq_id, cached)``, the
         tokens of leading blocks shared from the cache, always leaving one token to compute."""
-        tokens, first_parent = _checks.prompt(token_ids), root_hash(salt)
+        tokens = token_ids if checked else _checks.prompt(token_ids)
+        first_parent = root_hash(salt)
         hits, hashes = self._match(tokens, first_parent)
         seq = _Sequence(len(tokens), self._take(hits, len(tokens)), first_parent, 0, hashes)
         seq.num_computed = self._count_admission(len(tokens), hits)
         return self._add(seq), seq.num_computed
 
-    def reserve(self, seq_id: int, num_tokens: int) -> tuple[int, int] | None:
+    def reserve(self, seq_id: int, num_tokens: int, checked=False) -> tuple[int, int] | None:
         """The slots of ``num_tokens`` more tokens. Returns ``(source, copy)`` when the last block
         was partly filled and shared (after a fork): the sequence now writes into ``copy``, and the
         caller copies ``source``'s K and V into it (copy-on-write); else None."""
-        seq, num_tokens = _checks.append_count(self._seqs, seq_id, num_tokens)
-        pair = None
+        if not checked:
+            _, num_tokens = _checks.append_count(self.seqs, seq_id, num_tokens)
+        seq, pair = self.seqs[seq_id], None
         _checks.free_blocks(self, self._blocks_to_append(seq, num_tokens))
         if num_tokens and self._last_block_shared(seq):
             (copy,) = self._allocate(1)
@@ -120,22 +123,24 @@ class BlockManager:
         seq.blocks += self._allocate(self._blocks_for(seq.num_tokens) - len(seq.blocks))
         return pair
 
-    def commit(self, seq_id: int, num_computed: int, token_ids) -> None:
+    def commit(self, seq_id: int, num_computed: int, token_ids, checked: bool = False) -> None:
         """``seq_id``'s first ``num_computed`` tokens are written, or scheduled to be: register the
         hashes of the full blocks among them that ``token_ids`` holds (its finalized tokens: a
         speculative step's draft is computed, never cached, as in vLLM v1)."""
-        num_computed, filled = _checks.commit_args(self, seq_id, num_computed, token_ids)
-        seq, size = self._seqs[seq_id], self.block_size
+        if not checked:
+            num_computed, token_ids = _checks.commit_args(self, seq_id, num_computed, token_ids)
+        seq, size = self.seqs[seq_id], self.block_size
         seq.num_computed = num_computed
-        for start in range(0, len(filled), size):  # each block it fills (none if not caching)
+        end = min(num_computed, len(token_ids)) // size * size if self.prefix_caching else 0
+        for start in range(len(seq.hashes) * size, end, size):  # each full block it fills
             parent = seq.hashes[-1] if seq.hashes else seq.first_parent
-            seq.hashes.append(chain_hash_unchecked(parent, filled[start : start + size]))
+            seq.hashes.append(chain_hash_unchecked(parent, token_ids[start : start + size]))
             self._register(seq.blocks[len(seq.hashes) - 1], seq.hashes[-1])
 
     def truncate(self, seq_id: int, num_tokens: int) -> None:
         """Give back the slots past ``seq_id``'s first ``num_tokens`` (a speculative step's rejected
         draft): blocks past them return to the free list."""
-        seq, num_tokens = _checks.truncation(self._seqs, seq_id, num_tokens, self.block_size)
+        seq, num_tokens = _checks.truncation(self.seqs, seq_id, num_tokens, self.block_size)
         for block in reversed(seq.blocks[self._blocks_for(num_tokens) :]):
             self.allocator.free(block, cached=self._hash[block] is not None)
         del seq.blocks[self._blocks_for(num_tokens) :]
@@ -143,7 +148,7 @@ class BlockManager:
 
     def fork(self, seq_id: int) -> int:
         """A new sequence sharing every block of ``seq_id`` (reference counts, no copy)."""
-        seq = _checks.forkable(self._seqs, seq_id)
+        seq = _checks.forkable(self.seqs, seq_id)
         for block in seq.blocks:
             self.allocator.incref(block)
         return self._add(seq.copy())
@@ -152,7 +157,7 @@ class BlockManager:
         """Give up ``seq_id``'s blocks (they stay registered); returns its computed tokens, which
         ``"swap"`` keeps (the caller copied their K and V to host memory), ``"recompute"`` not."""
         mode = _checks.preemption(self, seq_id, mode, PREEMPTION_MODES)
-        seq = self._seqs[seq_id]
+        seq = self.seqs[seq_id]
         held = seq.num_computed
         self._release(seq)
         seq.blocks, seq.hashes, seq.state = [], [], mode
@@ -160,12 +165,12 @@ class BlockManager:
             seq.num_computed = 0
         return held
 
-    def resume(self, seq_id: int, token_ids) -> int:
+    def resume(self, seq_id: int, token_ids, checked: bool = False) -> int:
         """Blocks again for a preempted sequence's ``token_ids`` (those it held, then any new ones);
         returns the tokens cached blocks serve. After a swap the caller copies the rest of its
         written blocks back."""
-        tokens = _checks.resume_tokens(self._seqs, seq_id, token_ids)
-        seq = self._seqs[seq_id]
+        tokens = token_ids if checked else _checks.resume_tokens(self.seqs, seq_id, token_ids)
+        seq = self.seqs[seq_id]
         hits, hashes = self._resume_hits(seq, tokens)
         seq.blocks, seq.hashes = self._take(hits, len(tokens)), hashes
         seq.num_tokens = len(tokens)
@@ -176,8 +181,8 @@ class BlockManager:
 
     def free(self, seq_id: int) -> None:
         """Drop ``seq_id``; blocks no one else holds join the free list, keeping their hash."""
-        self._release(_checks.sequence(self._seqs, seq_id))
-        del self._seqs[seq_id]
+        self._release(_checks.sequence(self.seqs, seq_id))
+        del self.seqs[seq_id]
 
     def _match(self, tokens: list[int], first_parent: bytes, limit: int | None = None):
         """Registered blocks serving the longest run of leading full blocks, and their hashes. At
@@ -234,7 +239,7 @@ class BlockManager:
 
     def _add(self, seq: _Sequence) -> int:
         seq_id, self._next_id = self._next_id, self._next_id + 1
-        self._seqs[seq_id] = seq
+        self.seqs[seq_id] = seq
         return seq_id
 
     def _blocks_for(self, num_tokens: int) -> int:
@@ -261,11 +266,9 @@ class BlockManager:
         return cached
 
     def __repr__(self) -> str:
-        return (
-            f"BlockManager(num_blocks={self.num_blocks}, block_size={self.block_size},"
-            f" prefix_caching={self.prefix_caching}, sequences={len(self._seqs)},"
-            f" free={self.num_free}, cached={self.num_cached})"
-        )
+        sizes = f"num_blocks={self.num_blocks}, block_size={self.block_size}"
+        counts = f"sequences={len(self.seqs)}, free={self.num_free}, cached={self.num_cached}"
+        return f"BlockManager({sizes}, prefix_caching={self.prefix_caching}, {counts})"
 
     @property
     def num_free(self) -> int:
@@ -278,21 +281,21 @@ class BlockManager:
         return len(self._by_hash)
 
     def sequences(self) -> list[int]:
-        return list(self._seqs)
+        return list(self.seqs)
 
     def num_tokens(self, seq_id: int) -> int:
-        return _checks.sequence(self._seqs, seq_id).num_tokens
+        return _checks.sequence(self.seqs, seq_id).num_tokens
 
     def num_computed(self, seq_id: int) -> int:
-        return _checks.sequence(self._seqs, seq_id).num_computed
+        return _checks.sequence(self.seqs, seq_id).num_computed
 
     def state(self, seq_id: int) -> str:
         """``"resident"``, or the preemption mode while preempted."""
-        return _checks.sequence(self._seqs, seq_id).state
+        return _checks.sequence(self.seqs, seq_id).state
 
     def block_table(self, seq_id: int) -> list[int]:
         """``seq_id``'s physical blocks in logical order (a copy)."""
-        return list(_checks.sequence(self._seqs, seq_id).blocks)
+        return list(_checks.sequence(self.seqs, seq_id).blocks)
 
     def table(self, seq_id: int) -> BlockTable:
         blocks, num_tokens = self.block_table(seq_id), self.num_tokens(seq_id)
@@ -316,23 +319,23 @@ class BlockManager:
         """Leading tokens of ``token_ids`` that ``admit`` would serve from the cache now."""
         return len(self._match(_checks.prompt(token_ids), root_hash(salt))[0]) * self.block_size
 
-    def blocks_to_admit(self, token_ids, salt=None) -> int:
+    def blocks_to_admit(self, token_ids, salt=None, checked: bool = False) -> int:
         """Free blocks ``admit`` would take now (new ones, and cached ones taken back)."""
-        tokens = _checks.prompt(token_ids)
+        tokens = token_ids if checked else _checks.prompt(token_ids)
         return self._blocks_needed(len(tokens), self._match(tokens, root_hash(salt))[0])
 
     def last_block_shared(self, seq_id: int) -> bool:
         """Its last block is partly filled and held by another sequence too (after a fork)."""
-        return self._last_block_shared(_checks.sequence(self._seqs, seq_id))
+        return self._last_block_shared(_checks.sequence(self.seqs, seq_id))
 
     def blocks_to_append(self, seq_id: int, num_tokens: int = 1) -> int:
         """Free blocks ``num_tokens`` more tokens would take (new ones, and a copy-on-write)."""
-        return self._blocks_to_append(*_checks.append_count(self._seqs, seq_id, num_tokens))
+        return self._blocks_to_append(*_checks.append_count(self.seqs, seq_id, num_tokens))
 
-    def blocks_to_resume(self, seq_id: int, token_ids) -> int:
+    def blocks_to_resume(self, seq_id: int, token_ids, checked: bool = False) -> int:
         """Free blocks ``resume(seq_id, token_ids)`` would take now."""
-        tokens = _checks.resume_tokens(self._seqs, seq_id, token_ids)
-        return self._blocks_needed(len(tokens), self._resume_hits(self._seqs[seq_id], tokens)[0])
+        tokens = token_ids if checked else _checks.resume_tokens(self.seqs, seq_id, token_ids)
+        return self._blocks_needed(len(tokens), self._resume_hits(self.seqs[seq_id], tokens)[0])
 
     def check(self) -> None:
         """Raise AssertionError unless the bookkeeping is consistent."""
@@ -340,7 +343,7 @@ class BlockManager:
 
     def snapshot(self):
         """Everything mutable, copied, for :meth:`restore` after a failed call."""
-        seqs = {i: s.copy() for i, s in self._seqs.items()}
+        seqs = {i: s.copy() for i, s in self.seqs.items()}
         hashes, by_hash, stats = list(self._hash), dict(self._by_hash), replace(self.stats)
         return self, self.allocator.snapshot(), hashes, by_hash, seqs, self._next_id, stats
 
@@ -352,7 +355,7 @@ class BlockManager:
         evicted = [b for h, b in by_hash.items() if self._by_hash.get(h) != b]
         self.allocator.restore(allocator)
         self._hash, self._by_hash, self.stats = list(hashes), dict(by_hash), replace(stats)
-        self._seqs = {i: s.copy() for i, s in seqs.items()}
+        self.seqs = {i: s.copy() for i, s in seqs.items()}
         for block in evicted:
             self._evict(block)
         self.stats.evictions += len(evicted)

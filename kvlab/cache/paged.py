@@ -16,7 +16,7 @@ from collections import Counter
 import torch
 
 from kvlab import kernels
-from kvlab._checks import require_memory, restoring
+from kvlab._checks import restoring
 from kvlab.cache import _checks
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.blocks import PREEMPTION_MODES
@@ -34,8 +34,7 @@ def _ask_manager(query):
 
 
 class PagedKVCache:
-    """``store`` writes the by-hand ``append`` (default :func:`kvlab.kernels.store_kv`;
-    ``kvlab.kernels.store_kv_ref`` times host-side work on a CPU)."""
+    """``store`` writes the by-hand ``append`` (default :func:`kvlab.kernels.store_kv`)."""
 
     def __init__(
         self,
@@ -58,41 +57,42 @@ class PagedKVCache:
         )
         self.num_blocks = self.manager.num_blocks
         shape = (self.num_blocks, block_size, num_kv_heads, head_dim)
-        what = f"K and V pools {shape} x {num_layers} layers"
-        require_memory(what, self.num_blocks * self.bytes_per_block, self.device)
-        pools = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * num_layers)
-        ]
-        self.k_pools, self.v_pools = pools[:num_layers], pools[num_layers:]
-        self._layer_tokens: dict[int, list[int]] = {}  # per sequence: tokens each layer holds
-        self._host: dict[int, tuple] = {}  # swapped-out sequences' K and V
+        _checks.pool_memory(self, shape)  # refused before anything is allocated
+        new_pool = functools.partial(torch.zeros, shape, dtype=self.dtype, device=self.device)
+        self.k_pools = [new_pool() for _ in range(num_layers)]
+        self.v_pools = [new_pool() for _ in range(num_layers)]
+        self.layer_tokens: dict[int, list[int]] = {}  # per sequence: tokens each layer holds
+        self.host: dict[int, tuple] = {}  # swapped-out sequences' K and V
         self.preemptions = Counter()  # {"recompute": n, "swap": n}
 
     def new_sequence(self, salt=None) -> int:
         """An empty sequence (no blocks yet); returns its id."""
         seq_id = self.manager.new_sequence(salt)
-        self._layer_tokens[seq_id] = [0] * self.num_layers
+        self.layer_tokens[seq_id] = [0] * self.num_layers
         return seq_id
 
-    def admit(self, token_ids, salt=None) -> tuple[int, int]:
+    def admit(self, token_ids, salt=None, checked: bool = False) -> tuple[int, int]:
         """:meth:`BlockManager.admit`; the cached tokens' K and V are already in the pools."""
-        seq_id, cached = self.manager.admit(token_ids, salt)
-        self._layer_tokens[seq_id] = [cached] * self.num_layers
+        seq_id, cached = self.manager.admit(token_ids, salt, checked)
+        self.layer_tokens[seq_id] = [cached] * self.num_layers
         return seq_id, cached
 
     def reserve(self, seq_id: int, num_tokens: int) -> None:
         """:meth:`BlockManager.reserve`, copying a shared last block in every layer."""
         self._reserve(seq_id, _checks.step_count(self, seq_id, num_tokens))
 
-    def commit(self, seq_id: int, num_computed: int, token_ids) -> None:
-        """Every layer holds the K and V of the first ``num_computed`` of its ``token_ids``."""
-        self.manager.commit(seq_id, num_computed, token_ids)
-        self._layer_tokens[seq_id] = [num_computed] * self.num_layers
+    def commit(self, seq_id: int, num_computed: int, token_ids, checked: bool = False) -> None:
+        """:meth:`BlockManager.commit` over K and V that every layer holds (``append`` wrote them),
+        or, ``checked``, that the model step being scheduled writes (the scheduler, the loops)."""
+        if not checked:
+            num_computed, token_ids = _checks.written(self, seq_id, num_computed, token_ids)
+        self.manager.commit(seq_id, num_computed, token_ids, checked=True)
+        self.layer_tokens[seq_id] = [num_computed] * self.num_layers
 
     def truncate(self, seq_id: int, num_tokens: int) -> None:
         """:meth:`BlockManager.truncate`, in every layer."""
         self.manager.truncate(_checks.in_step(self, seq_id), num_tokens)
-        self._layer_tokens[seq_id] = [self.num_computed(seq_id)] * self.num_layers
+        self.layer_tokens[seq_id] = [self.num_computed(seq_id)] * self.num_layers
 
     def append(self, seq_id: int, layer: int, k, v, token_ids=None) -> None:
         """Store ``k`` and ``v`` after ``seq_id``'s tokens in ``layer``. Layer 0 goes first and
@@ -100,37 +100,36 @@ class PagedKVCache:
         (required with prefix caching: the hashes are made of them). A token that every layer holds
         counts as computed."""
         layer, k, v, ids = _checks.append_args(self, seq_id, layer, k, v, token_ids)
-        start = self._layer_tokens[seq_id][layer]
+        start = self.layer_tokens[seq_id][layer]
         with self.all_or_nothing():
             if layer == 0:
                 self._reserve(seq_id, max(0, start + len(k) - self.num_tokens(seq_id)))
             slots = self.manager.table(seq_id).slots(start, start + len(k))
             slots = torch.tensor(slots, dtype=torch.int64, device=self.device)
             (self._store or kernels.store_kv)(k, v, self.k_pools[layer], self.v_pools[layer], slots)
-            self._layer_tokens[seq_id][layer] = start + len(k)
-            self.manager.commit(seq_id, min(self._layer_tokens[seq_id]), ids)
+            self.layer_tokens[seq_id][layer] = start + len(k)
+            self.manager.commit(seq_id, min(self.layer_tokens[seq_id]), ids, checked=True)
 
     def fork(self, seq_id: int) -> int:
         """A new sequence that shares every block of ``seq_id`` (reference counts, no copy)."""
         child = self.manager.fork(_checks.in_step(self, seq_id))
-        self._layer_tokens[child] = list(self._layer_tokens[seq_id])
+        self.layer_tokens[child] = list(self.layer_tokens[seq_id])
         return child
 
     def free(self, seq_id: int) -> None:
         """Drop ``seq_id`` and its hold on every block."""
         self.manager.free(seq_id)
-        del self._layer_tokens[seq_id]
-        self._host.pop(seq_id, None)
+        del self.layer_tokens[seq_id]
+        self.host.pop(seq_id, None)
 
     def _reserve(self, seq_id: int, num_tokens: int) -> None:
         if not (num_tokens and self.manager.last_block_shared(seq_id)):
-            self.manager.reserve(seq_id, num_tokens)  # all or nothing: no tensor to copy
+            self.manager.reserve(seq_id, num_tokens, checked=True)  # all or nothing: no copy
             return
-        with self.all_or_nothing():
-            source, copy = self.manager.reserve(seq_id, num_tokens)
-            for k_pool, v_pool in zip(self.k_pools, self.v_pools):
-                k_pool[copy].copy_(k_pool[source])
-                v_pool[copy].copy_(v_pool[source])
+        with self.all_or_nothing():  # copy-on-write: the shared last block's K and V, every layer
+            source, copy = self.manager.reserve(seq_id, num_tokens, checked=True)
+            for pool in (*self.k_pools, *self.v_pools):
+                pool[copy].copy_(pool[source])
 
     def preempt(self, seq_id: int, mode: str) -> int:
         """:meth:`BlockManager.preempt`, even mid-prefill; ``"swap"`` first copies the written
@@ -139,30 +138,31 @@ class PagedKVCache:
         if mode == "swap":
             written = -(-self.num_computed(seq_id) // self.block_size)
             table = self.manager.block_table(seq_id)[:written]
-            self._host[seq_id] = _copy_to_host(self.k_pools, self.v_pools, table)
+            self.host[seq_id] = _copy_to_host(self.k_pools, self.v_pools, table)
         held = self.manager.preempt(seq_id, mode)
-        self._layer_tokens[seq_id] = [self.num_computed(seq_id)] * self.num_layers
+        self.layer_tokens[seq_id] = [self.num_computed(seq_id)] * self.num_layers
         self.preemptions[mode] += 1
         return held
 
-    def resume(self, seq_id: int, token_ids) -> int:
+    def resume(self, seq_id: int, token_ids, checked: bool = False) -> int:
         """:meth:`BlockManager.resume`, copying back from host memory what a swap saved."""
         swapped = self.is_swapped(seq_id)
         with self.all_or_nothing():
-            cached, computed = self.manager.resume(seq_id, token_ids), self.num_computed(seq_id)
+            cached = self.manager.resume(seq_id, token_ids, checked)
+            computed = self.num_computed(seq_id)
             if swapped:
                 end = -(-computed // self.block_size)
                 self._copy_from_host(seq_id, cached // self.block_size, end)
-                self.manager.commit(seq_id, computed, token_ids)
-        self._host.pop(seq_id, None)
-        self._layer_tokens[seq_id] = [computed] * self.num_layers
+                self.manager.commit(seq_id, computed, token_ids, checked)
+        self.host.pop(seq_id, None)
+        self.layer_tokens[seq_id] = [computed] * self.num_layers
         return cached
 
     def _copy_from_host(self, seq_id: int, first: int, end: int) -> None:
         """Host copies of logical blocks ``first .. end - 1`` back into the pools."""
         blocks = self.manager.block_table(seq_id)[first:end]
         index = torch.tensor(blocks, dtype=torch.long, device=self.device)
-        for pools, host in zip((self.k_pools, self.v_pools), self._host[seq_id]):
+        for pools, host in zip((self.k_pools, self.v_pools), self.host[seq_id]):
             for layer, pool in enumerate(pools):
                 pool[index] = host[layer, first:end].to(self.device, non_blocking=True)
 
@@ -176,13 +176,13 @@ class PagedKVCache:
     def seq_lens(self, seq_ids, layer: int | None = None) -> torch.Tensor:
         """``int32 [batch]``: tokens stored for each sequence (in ``layer``; default layer 0)."""
         layer, seq_ids = _checks.lens_args(self, seq_ids, layer)
-        lengths = [self._layer_tokens[s][layer] for s in seq_ids]
+        lengths = [self.layer_tokens[s][layer] for s in seq_ids]
         return torch.tensor(lengths, dtype=torch.int32, device=self.device)
 
     def gather(self, seq_id: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``seq_id``'s K and V in ``layer``, contiguous ``[tokens, num_kv_heads, head_dim]``."""
         layer = _checks.gather_layer(self, seq_id, layer)
-        length = self._layer_tokens[seq_id][layer]
+        length = self.layer_tokens[seq_id][layer]
         table = self.manager.block_table(seq_id)[: -(-length // self.block_size)]
         blocks = torch.tensor(table, dtype=torch.long, device=self.device)
         k = self.k_pools[layer][blocks].flatten(0, 1)[:length]
@@ -221,13 +221,13 @@ class PagedKVCache:
 
     def snapshot(self):
         """The bookkeeping, not the pools: a failed call writes only slots nothing vouches for."""
-        layers = {i: list(t) for i, t in self._layer_tokens.items()}
-        return self.manager.snapshot(), layers, dict(self._host), Counter(self.preemptions)
+        layers = {i: list(t) for i, t in self.layer_tokens.items()}
+        return self.manager.snapshot(), layers, dict(self.host), Counter(self.preemptions)
 
     def restore(self, snapshot) -> None:
         manager, layers, host, self.preemptions = snapshot
         self.manager.restore(manager)
-        self._layer_tokens, self._host = {i: list(t) for i, t in layers.items()}, dict(host)
+        self.layer_tokens, self.host = {i: list(t) for i, t in layers.items()}, dict(host)
 
     def all_or_nothing(self):
         """Everything as it was if the block raises (a model step, a write, a copy)."""

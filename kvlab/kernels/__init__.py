@@ -18,7 +18,6 @@ from kvlab.kernels._validation import check_decode, check_prefill
 from kvlab.kernels.paged_attention import (
     SUPPORTED_HEAD_DIMS,
     choose_num_splits,
-    group_rows,
     merge_splits,
     multiprocessor_count,
     paged_decode,
@@ -30,13 +29,14 @@ from kvlab.kernels.paged_attention_torch import (
     paged_decode_attention_gather,
     paged_decode_attention_ref,
     paged_decode_gather,
+    paged_prefill_attention_ref,
+    store_kv_ref,
 )
 from kvlab.kernels.paged_prefill import (
     paged_extend,
     paged_prefill_attention,
-    paged_prefill_attention_ref,
     plan_query_tiles,
     plan_step,
 )
 from kvlab.kernels.ssm_scan import selective_state_update, selective_state_update_ref
-from kvlab.kernels.store import paged_store, store_kv, store_kv_ref
+from kvlab.kernels.store import paged_store, store_kv

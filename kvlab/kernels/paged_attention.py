@@ -129,10 +129,8 @@ def merge_splits_kernel(
         max_lanes = tl.maximum(max_lanes, lse)
     global_max = tl.max(max_lanes, axis=0)
 
-    # Pass 2: weights exp(lse - max) <= 1 cannot overflow; an empty split's weight is exp(-inf) = 0.
-    # Its output is added as 0 * part, which is 0 only because stage 1 stores part = 0 for an empty
-    # split (0 * NaN is NaN). The defensive merge, for partials from elsewhere, masks the part
-    # first: part = tl.where(weight[:, None] > 0, part, 0.0), as merge_partials does.
+    # Pass 2: weights exp(lse - max) <= 1 cannot overflow; an empty split's weight is exp(-inf) = 0,
+    # and 0 * part is 0 because stage 1 stores part = 0 there (merge_partials masks a NaN part).
     weight_lanes = tl.zeros([SPLIT_TILE], tl.float32)
     acc = tl.zeros([HEAD_DIM], tl.float32)
     for start in range(0, num_splits, SPLIT_TILE):
@@ -145,10 +143,8 @@ def merge_splits_kernel(
         weight_lanes += weight
         acc += tl.sum(weight[:, None] * part, axis=0)
     out = acc / tl.sum(weight_lanes, axis=0)
-    tl.store(
-        out_ptr + seq * stride_ob + head * stride_oh + dims * stride_od,
-        out.to(out_ptr.dtype.element_ty),
-    )
+    out_ptrs = out_ptr + seq * stride_ob + head * stride_oh + dims * stride_od
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty))
 
 
 def launch_attend_split(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int):
@@ -206,9 +202,8 @@ def paged_decode_partials(q, k_cache, v_cache, block_table, seq_lens, scale=None
     token of its sequence stores output 0 and log-sum-exp ``-inf``."""
     args = (q, k_cache, v_cache, block_table, seq_lens)
     scale = check_decode(*args, scale, num_splits, attend_split_kernel, "paged_decode_partials")
-    return launch_attend_split(
-        *args, scale, num_splits or splits_for(q, k_cache, longest(seq_lens))
-    )
+    num_splits = num_splits or splits_for(q, k_cache, longest(seq_lens))
+    return launch_attend_split(*args, scale, num_splits)
 
 
 def merge_splits(partial_out, partial_lse, dtype=torch.float32):

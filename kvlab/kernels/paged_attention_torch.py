@@ -1,9 +1,11 @@
-"""Notebooks 05 and 05b: paged decode attention in plain PyTorch, beside the Triton kernel of
-``kvlab.kernels.paged_attention``, with its signature and its checks.
+"""Notebooks 05 and 05b: the paged kernels in plain PyTorch, each with its kernel's signature and
+checks: the oracles the kernels are tested against, off the lesson path.
 
-:func:`paged_decode_attention_ref` is the answer the kernel is tested against,
-:func:`paged_decode_attention_gather` what paging costs without a fused kernel, and
-:func:`merge_partials` the arithmetic of the kernel's second stage (and of context parallelism).
+:func:`paged_decode_attention_ref` and :func:`paged_prefill_attention_ref` are the answers the
+decode and prefill kernels are tested against, in fp64, and :func:`store_kv_ref` the store's;
+:func:`paged_decode_attention_gather` is what paging costs without a fused kernel, and
+:func:`merge_partials` the arithmetic of the decode kernel's second stage (and of context
+parallelism).
 """
 
 from __future__ import annotations
@@ -11,7 +13,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvlab.kernels._validation import check_decode_args, check_merge_partials
+from kvlab.kernels._validation import (
+    check_decode_args,
+    check_merge_partials,
+    check_prefill_args,
+    check_store,
+)
 
 
 def paged_decode_attention_ref(
@@ -74,3 +81,37 @@ def merge_partials(outs: torch.Tensor, lses: torch.Tensor):
     out = (weights[..., None] * parts).sum(dim=0) / safe_total[..., None]
     lse = torch.where(total > 0, top + torch.log(safe_total), torch.full_like(total, float("-inf")))
     return out, lse
+
+
+def paged_prefill_attention_ref(
+    q, k_cache, v_cache, block_table, cu_query_lens, context_lens, scale=None
+):
+    """Plain-PyTorch paged prefill attention in float64, same signature and checks."""
+    scale = check_prefill_args(q, k_cache, v_cache, block_table, cu_query_lens, context_lens, scale)
+    group = q.shape[1] // k_cache.shape[2]
+    block_size = k_cache.shape[1]
+    out = torch.empty_like(q)
+    cu = cu_query_lens.tolist()
+    for b, context in enumerate(context_lens.tolist()):
+        start, end = cu[b], cu[b + 1]
+        if start == end:
+            continue
+        blocks = block_table[b, : -(-context // block_size)].long()
+        keys = k_cache[blocks].flatten(0, 1)[:context].double().repeat_interleave(group, dim=1)
+        values = v_cache[blocks].flatten(0, 1)[:context].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("ihd,thd->hit", q[start:end].double(), keys) * scale
+        query_pos = torch.arange(context - (end - start), context, device=q.device)
+        hidden = torch.arange(context, device=q.device)[None, :] > query_pos[:, None]
+        scores = scores.masked_fill(hidden, float("-inf"))
+        out[start:end] = torch.einsum("hit,thd->ihd", scores.softmax(dim=-1), values).to(q.dtype)
+    return out
+
+
+def store_kv_ref(k, v, k_cache, v_cache, slot_mapping) -> None:
+    """Plain-PyTorch :func:`store_kv`, same signature and checks."""
+    check_store(k, v, k_cache, v_cache, slot_mapping)
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    block_size = k_cache.shape[1]
+    k_cache[slots // block_size, slots % block_size] = k[keep]
+    v_cache[slots // block_size, slots % block_size] = v[keep]

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvlab.kernels._validation import check_plan, check_prefill, check_prefill_args
+from kvlab.kernels._validation import check_plan, check_prefill
 from kvlab.kernels.configs import PREFILL_WARPS, prefill_constants, query_tokens_per_tile
 from kvlab.kernels.paged_tile import load_kv_tile, online_softmax_update
 
@@ -104,10 +104,8 @@ def plan_query_tiles(query_lens, context_lens, group: int, device="cpu") -> torc
         context_lens[seq] - query_lens[seq] + min(start + per_tile, query_lens[seq])
         for seq, start in tiles
     ]
-    order = sorted(range(len(tiles)), key=lambda i: -keys[i])
-    return torch.tensor([tiles[i] for i in order], dtype=torch.int32, device=device).reshape(
-        len(tiles), 2
-    )
+    ordered = [tiles[i] for i in sorted(range(len(tiles)), key=lambda i: -keys[i])]
+    return torch.tensor(ordered, dtype=torch.int32, device=device).reshape(len(tiles), 2)
 
 
 def paged_extend(
@@ -147,27 +145,3 @@ def plan_step(q, k_cache, cu_query_lens, context_lens) -> torch.Tensor:
     query_lens = [b - a for a, b in zip(cu, cu[1:])]
     group = q.shape[1] // k_cache.shape[2]
     return plan_query_tiles(query_lens, context_lens.tolist(), group, q.device)
-
-
-def paged_prefill_attention_ref(
-    q, k_cache, v_cache, block_table, cu_query_lens, context_lens, scale=None
-):
-    """Plain-PyTorch paged prefill attention in float64, same signature and checks."""
-    scale = check_prefill_args(q, k_cache, v_cache, block_table, cu_query_lens, context_lens, scale)
-    group = q.shape[1] // k_cache.shape[2]
-    block_size = k_cache.shape[1]
-    out = torch.empty_like(q)
-    cu = cu_query_lens.tolist()
-    for b, context in enumerate(context_lens.tolist()):
-        start, end = cu[b], cu[b + 1]
-        if start == end:
-            continue
-        blocks = block_table[b, : -(-context // block_size)].long()
-        keys = k_cache[blocks].flatten(0, 1)[:context].double().repeat_interleave(group, dim=1)
-        values = v_cache[blocks].flatten(0, 1)[:context].double().repeat_interleave(group, dim=1)
-        scores = torch.einsum("ihd,thd->hit", q[start:end].double(), keys) * scale
-        query_pos = torch.arange(context - (end - start), context, device=q.device)
-        hidden = torch.arange(context, device=q.device)[None, :] > query_pos[:, None]
-        scores = scores.masked_fill(hidden, float("-inf"))
-        out[start:end] = torch.einsum("hit,thd->ihd", scores.softmax(dim=-1), values).to(q.dtype)
-    return out

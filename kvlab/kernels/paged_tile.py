@@ -24,30 +24,13 @@ def load_kv_tile(
     so a tile may cover many small blocks or part of a big one; vLLM and FlashInfer look it up once
     per block, and load a block's tokens together.
     """
-    blocks = tl.load(
-        block_table_ptr + seq * stride_btb + (positions // BLOCK_SIZE) * stride_btm,
-        mask=valid,
-        other=0,
-    ).to(tl.int64)
+    entries = block_table_ptr + seq * stride_btb + (positions // BLOCK_SIZE) * stride_btm
+    blocks = tl.load(entries, mask=valid, other=0).to(tl.int64)
     offsets = positions % BLOCK_SIZE
-    k = tl.load(
-        k_cache_ptr
-        + blocks[:, None] * stride_kb
-        + offsets[:, None] * stride_kt
-        + kv_head * stride_kh
-        + dims[None, :] * stride_kd,
-        mask=valid[:, None],
-        other=0.0,
-    )
-    v = tl.load(
-        v_cache_ptr
-        + blocks[:, None] * stride_vb
-        + offsets[:, None] * stride_vt
-        + kv_head * stride_vh
-        + dims[None, :] * stride_vd,
-        mask=valid[:, None],
-        other=0.0,
-    )
+    k_rows = blocks[:, None] * stride_kb + offsets[:, None] * stride_kt + kv_head * stride_kh
+    v_rows = blocks[:, None] * stride_vb + offsets[:, None] * stride_vt + kv_head * stride_vh
+    k = tl.load(k_cache_ptr + k_rows + dims[None, :] * stride_kd, mask=valid[:, None], other=0.0)
+    v = tl.load(v_cache_ptr + v_rows + dims[None, :] * stride_vd, mask=valid[:, None], other=0.0)
     return k, v
 
 

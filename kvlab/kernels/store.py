@@ -57,13 +57,3 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
     ``slot_mapping`` int32/int64, each in ``[0, num_blocks * block_size)`` or -1, none twice."""
     check_store(k, v, k_cache, v_cache, slot_mapping, store_kv_kernel)
     paged_store(k, v, k_cache, v_cache, slot_mapping)
-
-
-def store_kv_ref(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """Plain-PyTorch :func:`store_kv`, same signature and checks."""
-    check_store(k, v, k_cache, v_cache, slot_mapping)
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].long()
-    block_size = k_cache.shape[1]
-    k_cache[slots // block_size, slots % block_size] = k[keep]
-    v_cache[slots // block_size, slots % block_size] = v[keep]

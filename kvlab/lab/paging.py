@@ -123,10 +123,10 @@ class ContiguousMemory:
     def num_computed(self, seq_id: int) -> int:
         return self._region(seq_id).num_computed
 
-    def blocks_to_admit(self, token_ids, salt=None) -> int:
+    def blocks_to_admit(self, token_ids, salt=None, checked=False) -> int:
         return self._slots_if_placed(self._size(len(token_ids), False))
 
-    def admit(self, token_ids, salt=None) -> tuple[int, int]:
+    def admit(self, token_ids, salt=None, checked=False) -> tuple[int, int]:
         size = self._size(len(token_ids), False)
         seq_id, self._next_id = self._next_id, self._next_id + 1
         self._seqs[seq_id] = _Region(self._first_fit(size), size, len(token_ids), len(token_ids))
@@ -141,7 +141,7 @@ class ContiguousMemory:
     def reserve(self, seq_id: int, num_tokens: int) -> None:
         self._region(seq_id).num_tokens += num_tokens
 
-    def commit(self, seq_id: int, num_computed: int, token_ids=None) -> None:
+    def commit(self, seq_id: int, num_computed: int, token_ids=None, checked=False) -> None:
         self._region(seq_id).num_computed = num_computed
 
     def preempt(self, seq_id: int, mode: str) -> int:
@@ -153,11 +153,11 @@ class ContiguousMemory:
         region.outgrown = region.outgrown or region.num_tokens == region.size
         return held
 
-    def blocks_to_resume(self, seq_id: int, token_ids) -> int:
+    def blocks_to_resume(self, seq_id: int, token_ids, checked=False) -> int:
         region = self._region(seq_id)
         return self._slots_if_placed(self._size(0, region.outgrown, region.prompt))
 
-    def resume(self, seq_id: int, token_ids) -> int:
+    def resume(self, seq_id: int, token_ids, checked=False) -> int:
         region = self._region(seq_id)
         region.size = self._size(0, region.outgrown, region.prompt)
         region.start, region.state = self._first_fit(region.size), "resident"

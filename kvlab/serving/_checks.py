@@ -449,7 +449,9 @@ def generate(model, cache, tokens, max_new_tokens, salt, attention, stop, geomet
     tokens = token_ids("token_ids", tokens, model.config.vocab_size)
     stop = stop_tokens(stop, model.config.vocab_size)
     stored, bs = len(tokens) + max_new_tokens - 1, cache.block_size
-    needed = cache.blocks_to_admit(tokens, salt) + -(-stored // bs) - -(-len(tokens) // bs)
+    needed = (
+        cache.blocks_to_admit(tokens, salt, checked=True) + -(-stored // bs) - -(-len(tokens) // bs)
+    )
     what = f"a {len(tokens)}-token prompt and {max_new_tokens} new tokens"
     blocks_free(cache, needed, what)
     return tokens, max_new_tokens, stop

@@ -34,8 +34,9 @@ ATTN_NAME = "kvlab_paged"
 
 @dataclass
 class StepMetadata:
-    """What every layer needs besides q, k and v: first ``num_decode`` one-token chunks, then the
-    longer ones. Each path fills the fields it reads; tables are int32 ``[rows, width]``."""
+    """What every layer needs besides q, k and v: first ``num_decode`` decode rows (the one-token
+    chunks; every token on the reference path), then the longer chunks. Each path fills the fields
+    it reads; tables are int32 ``[rows, width]``."""
 
     k_pools: list
     v_pools: list
@@ -52,8 +53,6 @@ class StepMetadata:
     prefill_context: torch.Tensor | None = None  # "gather": the longer chunks' context slots, ...
     prefill_spans: list | None = None  # per chunk (row0, row1, slot0, slot1)
     prefill_masks: list | None = None
-    row_tables: torch.Tensor | None = None  # "reference": every token's table and context length
-    row_lens: torch.Tensor | None = None
     num_splits: int | None = None  # the decode kernel's split-K count (fixed for a CUDA graph)
 
 
@@ -62,8 +61,11 @@ def build_step(cache, chunks, path: str, group: int = 1) -> StepMetadata:
     spans = _checks.build_step(cache, chunks, path, group)
     bs, dev = cache.block_size, cache.device
     slots = [t[p // bs] * bs + p % bs for t, start, end in spans for p in range(start, end)]
-    decode = [(table, end) for table, start, end in spans if end - start == 1]
-    longer = [span for span in spans if span[2] - span[1] > 1]
+    if path == "reference":  # every token as one decode row
+        decode, longer = [(table, p + 1) for table, s, e in spans for p in range(s, e)], []
+    else:
+        decode = [(table, end) for table, start, end in spans if end - start == 1]
+        longer = [span for span in spans if span[2] - span[1] > 1]
     tables, lens = _table_tensor([t for t, _ in decode], dev), _int32([n for _, n in decode], dev)
     slots = torch.tensor(slots, dtype=torch.long, device=dev)
     meta = StepMetadata(cache.k_pools, cache.v_pools, path, slots, len(decode), tables, lens, group)
@@ -75,9 +77,6 @@ def build_step(cache, chunks, path: str, group: int = 1) -> StepMetadata:
         meta.tiles = kernels.plan_query_tiles(query_lens, context_lens, group, dev)
     elif path == "gather":
         _plan_gather_prefill(meta, longer, bs, dev)
-    else:
-        meta.row_tables = _table_tensor([t for t, s, e in spans for _ in range(s, e)], dev)
-        meta.row_lens = _int32([p + 1 for _, s, e in spans for p in range(s, e)], dev)
     return meta
 
 
@@ -118,11 +117,6 @@ def paged_attention(
     _store(meta.path, key[0].transpose(0, 1), value[0].transpose(0, 1), k_pool, v_pool, meta.slots)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q, d = query[0].transpose(0, 1), meta.num_decode  # [T, num_q_heads, head_dim]
-    if meta.path == "reference":
-        ref = kernels.paged_decode_attention_ref
-        return ref(q.contiguous(), k_pool, v_pool, meta.row_tables, meta.row_lens, scale)[
-            None
-        ], None
     parts = [_decode(meta, q[:d].contiguous(), k_pool, v_pool, scale)] if d else []
     if q.shape[0] > d:
         parts.append(_prefill(meta, q[d:], k_pool, v_pool, scale))
@@ -141,6 +135,8 @@ def _decode(meta: StepMetadata, q, k_pool, v_pool, scale: float):
     tables, lens = meta.decode_tables, meta.decode_lens
     if meta.path == "kernel":
         return kernels.paged_decode(q, k_pool, v_pool, tables, lens, scale, meta.num_splits)
+    if meta.path == "reference":
+        return kernels.paged_decode_attention_ref(q, k_pool, v_pool, tables, lens, scale)
     return kernels.paged_decode_gather(q, k_pool, v_pool, tables, lens, scale)
 
 

@@ -29,7 +29,7 @@ def prefill(
     tokens, start, count = _checks.prefill(model, cache, seq_id, token_ids, max_tokens)
     with cache.all_or_nothing():
         cache.reserve(seq_id, len(tokens) - cache.num_tokens(seq_id))
-        cache.commit(seq_id, start + count, tokens)  # scheduled: its slots count as written
+        cache.commit(seq_id, start + count, tokens, checked=True)  # the run below writes them
         (next_token,) = runner.run([Chunk(seq_id, start, tokens[start : start + count])])
     return next_token if start + count == len(tokens) else None
 
@@ -42,7 +42,7 @@ def decode_step(model, cache: PagedKVCache, seq_ids, token_ids, attention="kerne
     with cache.all_or_nothing():
         for seq_id, tokens in zip(seq_ids, token_ids):
             cache.reserve(seq_id, 1)
-            cache.commit(seq_id, len(tokens), tokens)  # scheduled: its slot counts as written
+            cache.commit(seq_id, len(tokens), tokens, checked=True)  # the run below writes it
         return runner.run([Chunk(s, len(t) - 1, t[-1:]) for s, t in zip(seq_ids, token_ids)])
 
 
@@ -66,7 +66,7 @@ def generate(
         model, cache, token_ids, max_new_tokens, salt, attention, stop, model_geometry(model)
     )
     with cache.all_or_nothing():
-        seq_id, cached = cache.admit(tokens, salt)
+        seq_id, cached = cache.admit(tokens, salt, checked=True)
         sequence = tokens + [prefill(model, cache, seq_id, tokens, attention)]
         while len(sequence) - len(tokens) < max_new_tokens and sequence[-1] not in stop:
             sequence += decode_step(model, cache, [seq_id], [sequence], attention)

@@ -16,18 +16,15 @@ regions). kvlab's policy:
   swapped out, while ``max_batch`` and the free blocks allow, leaving ``watermark_blocks`` free
   unless nothing else runs (so a new request does not force a preemption at once).
 
-**A chunk is committed when it is scheduled** (as vLLM v1 caches full blocks when it allocates a
-step's slots): with prefix caching, a request admitted later in the same step reuses the blocks an
-earlier chunk of this step computes, so a burst behind one system prompt computes it once (SGLang
-instead holds back a waiting request whose prefix another shares). Safe, as every layer stores
-before it attends (:mod:`~kvlab.serving.attention`), and a failed step is rolled back whole.
+**A chunk is committed when it is scheduled**, so a request admitted later in the same step reuses
+the blocks it computes: a burst behind one system prompt computes it once (the block manager says
+why that is safe, and what vLLM v1 and SGLang do).
 
 **Speculation** (``speculate=k``; Saxena 2023, Leviathan et al. 2023): a decoding request feeds its
 newest token and up to ``k`` tokens that prompt lookup proposes, within the step's token budget and
 the blocks free; the step's one forward pass checks them all. The longest prefix the model's own
 greedy tokens agree with is kept, and the model's next token after it; the rejected draft's slots
-are given back. A draft is computed but never cached: ``commit`` hashes only a request's finalized
-tokens, as vLLM v1 caps cached blocks at them.
+are given back. A draft is computed but never cached (``commit``).
 """
 
 from __future__ import annotations
@@ -174,11 +171,11 @@ class Scheduler:
         while self.swapped and len(self.running) < self.max_batch:
             request = self.swapped[0]
             held = request.token_ids[: self.memory.num_tokens(request.seq)]
-            needed = self.memory.blocks_to_resume(request.seq, request.token_ids)  # and its decode
-            if not self._fits(needed + self._decode_blocks()):
+            needed = self.memory.blocks_to_resume(request.seq, request.token_ids, checked=True)
+            if not self._fits(needed + self._decode_blocks()):  # its blocks and this step's decodes
                 return
             self.swapped.popleft()
-            self.memory.resume(request.seq, held)
+            self.memory.resume(request.seq, held, checked=True)
             self._run(request, "resume", "swap")
 
     def _decode(self, request: Request) -> Scheduled:
@@ -188,15 +185,15 @@ class Scheduler:
     def _propose(self, entry: Scheduled, budget: int) -> int:
         """Add to a decode up to ``speculate`` proposed tokens, within the budget, the free blocks
         and the tokens left to generate, their slots reserved and committed; returns how many."""
-        request = entry.request
+        request, memory = entry.request, self.memory
         room = min(self.speculate, budget, request.max_new_tokens - len(request.output) - 1)
         draft = prompt_lookup(request.token_ids, room) if room > 0 else []
-        while draft and not self._fits(self.memory.blocks_to_append(request.seq, len(draft))):
+        while draft and not self._fits(memory.blocks_to_append(request.seq, len(draft))):
             draft.pop()
         if draft:
-            self.memory.reserve(request.seq, len(draft))
-            self.memory.commit(request.seq, entry.start + 1 + len(draft), request.token_ids)
+            memory.reserve(request.seq, len(draft))
             entry.draft, entry.count = draft, 1 + len(draft)
+            memory.commit(request.seq, entry.start + entry.count, request.token_ids, checked=True)
             self.stats.proposed_tokens += len(draft)
         return len(draft)
 
@@ -220,21 +217,21 @@ class Scheduler:
     def _scheduled(self, request: Request, count: int, kind: str) -> Scheduled:
         """``count`` tokens of ``request``, committed now (the module)."""
         start = self.memory.num_computed(request.seq)
-        self.memory.commit(request.seq, start + count, request.token_ids)
+        self.memory.commit(request.seq, start + count, request.token_ids, checked=True)
         return Scheduled(request, start, count, kind)
 
     def _admit(self, plan: list[Scheduled], budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_batch:
             request, tokens = self.waiting[0], self.waiting[0].token_ids
             if request.seq is None:
-                if not self._fits(self.memory.blocks_to_admit(tokens)):
+                if not self._fits(self.memory.blocks_to_admit(tokens, checked=True)):
                     return
-                request.seq, cached = self.memory.admit(tokens)
+                request.seq, cached = self.memory.admit(tokens, checked=True)
                 self._run(request, "admit", cached)
             else:  # preempted by recompute: its prompt and generated tokens again
-                if not self._fits(self.memory.blocks_to_resume(request.seq, tokens)):
+                if not self._fits(self.memory.blocks_to_resume(request.seq, tokens, checked=True)):
                     return
-                cached = self.memory.resume(request.seq, tokens)
+                cached = self.memory.resume(request.seq, tokens, checked=True)
                 self.stats.readmitted_tokens += len(tokens)
                 self.stats.readmitted_cached += cached
                 self._run(request, "resume", "recompute")

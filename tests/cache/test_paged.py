@@ -454,6 +454,32 @@ def test_prefix_caching_needs_the_sequences_token_ids():
     assert cache.num_computed(seq) == 4 and cache.manager.num_cached == 2
 
 
+def test_commit_over_k_and_v_nobody_wrote_is_refused_and_changes_nothing():
+    """By hand, only ``append`` writes K and V: a commit past what every layer holds would register
+    blocks of zeros under the prompt's hashes, and a later request would hit them (issue 33). A
+    model step commits the tokens it schedules with ``checked=True``, its forward pass writing them.
+    """
+    cache = PagedKVCache(
+        2, 8, 4, HEADS, DIM, torch.float32, "cpu", store=store_kv_ref, prefix_caching=True
+    )
+    prompt = list(range(1, 10))
+    seq, _ = cache.admit(prompt)  # nine slots reserved, none written
+    fails_cleanly(cache, lambda: cache.commit(seq, 9, prompt), ValueError, "at most 0.*got 9")
+    fails_cleanly(cache, lambda: cache.commit(seq, 1, prompt), ValueError, "at most 0.*got 1")
+    k = rows(None, prompt[:6], 0, 6, 0)
+    cache.append(seq, 0, k, k, token_ids=prompt[:6])  # layer 0 holds six; layer 1 none
+    fails_cleanly(cache, lambda: cache.commit(seq, 6, prompt), ValueError, "mid-step")
+    cache.append(seq, 1, k, k, token_ids=prompt[:6])
+    fails_cleanly(cache, lambda: cache.commit(seq, 7, prompt), ValueError, "at most 6.*got 7")
+    fails_cleanly(cache, lambda: cache.commit(seq, 6, prompt[:5]), ValueError, "first 6 tokens")
+    fails_cleanly(cache, lambda: cache.commit(seq, 6, [1.5] * 6), TypeError, r"token_ids\[0\]")
+    fails_cleanly(cache, lambda: cache.commit(seq, 5, prompt), ValueError, "int >= 6")
+    cache.commit(seq, 6, prompt)  # what is written may be committed (again)
+    assert cache.manager.num_cached == 1 and cache.manager.lookup(prompt) == 4
+    cache.commit(seq, 9, prompt, checked=True)  # a step scheduling the rest: its pass writes them
+    assert cache.num_computed(seq) == 9 and cache.manager.num_cached == 2
+
+
 def test_a_failing_store_changes_nothing_and_the_retry_takes_the_same_blocks():
     store = FlakyStore()
     cache = PagedKVCache(2, 6, 4, 2, 16, torch.float32, "cpu", store=store)

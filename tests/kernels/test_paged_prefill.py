@@ -18,11 +18,8 @@ from hypothesis import strategies as st
 
 from kvlab.kernels import _validation, paged_attention, paged_prefill
 from kvlab.kernels.configs import query_tokens_per_tile
-from kvlab.kernels.paged_prefill import (
-    paged_prefill_attention,
-    paged_prefill_attention_ref,
-    plan_query_tiles,
-)
+from kvlab.kernels.paged_attention_torch import paged_prefill_attention_ref
+from kvlab.kernels.paged_prefill import paged_prefill_attention, plan_query_tiles
 from kvlab.lab.paged_attention import paged_prefill_launcher, paged_prefill_work
 from kvlab.theory import roofline
 from kvlab.theory.prefill_attention import prefill_attention_work, tile_keys, visible_pairs

@@ -41,7 +41,7 @@ def _schedule(cache, pairs):
     for seq, count in pairs:
         start = cache.num_computed(seq)
         chunks.append(Chunk(seq, start, [1] * count))
-        cache.commit(seq, start + count, ())
+        cache.commit(seq, start + count, (), checked=True)  # the step writes them
     return chunks
 
 
@@ -78,7 +78,8 @@ def test_a_mixed_step_matches_fp64_attention_and_stores_every_token(path):
         torch.randn(total, KV_HEADS, DIM, generator=gen),
     )
     meta = build_step(cache, chunks, path, group=HEADS // KV_HEADS)
-    assert meta.num_decode == 1 and meta.slots.shape == (total,)
+    decode_rows = total if path == "reference" else 1  # the reference: every token one row
+    assert meta.num_decode == decode_rows and meta.slots.shape == (total,)
     out, none = paged_attention(
         types.SimpleNamespace(layer_idx=0),
         q.transpose(0, 1)[None],
@@ -103,8 +104,8 @@ def test_a_mixed_step_matches_fp64_attention_and_stores_every_token(path):
 
 def test_the_step_is_checked_once_and_names_the_problem():
     cache, (a, b, c), _ = _cache()
-    cache.commit(a, 10, ())  # a's decode token and b's five prefill tokens are scheduled
-    cache.commit(b, 11, ())
+    cache.commit(a, 10, (), checked=True)  # a's decode token and b's five prefill tokens
+    cache.commit(b, 11, (), checked=True)  # are scheduled
     d = cache.admit([3] * 5)[0]
     cache.preempt(d, "recompute")
     for chunks, error, match in [

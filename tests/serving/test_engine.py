@@ -270,8 +270,9 @@ def test_prefix_cache_serves_a_later_request():
 
 def test_a_requests_tokens_have_one_home(monkeypatch):
     """The request's ``token_ids`` is the list every commit reads (no copy is kept or made); the
-    caller's prompt is left alone; the engine's door checks a prompt and its Request does not again;
-    a Request built by hand is still checked."""
+    caller's prompt is left alone; the engine's door checks a prompt and neither its Request nor
+    the block manager does again; a Request built by hand is still checked."""
+    from kvlab.cache import _checks as cache_checks
     from kvlab.serving import _checks as serving_checks
     from kvlab.serving.request import Request
 
@@ -279,9 +280,11 @@ def test_a_requests_tokens_have_one_home(monkeypatch):
     engine = Engine(model, num_blocks=16, block_size=4, max_batched_tokens=32, debug=True)
     read, commit = [], engine.cache.commit
     monkeypatch.setattr(
-        engine.cache, "commit", lambda s, n, ids: read.append(ids) or commit(s, n, ids)
+        engine.cache, "commit", lambda s, n, ids, **kw: read.append(ids) or commit(s, n, ids, **kw)
     )
     monkeypatch.setattr(serving_checks, "request", lambda r: pytest.fail("checked twice"))
+    for again in ("prompt", "commit_args", "resume_tokens", "written"):
+        monkeypatch.setattr(cache_checks, again, lambda *a: pytest.fail(f"{a} checked again"))
     request = engine.add_request(prompt, 6)
     while engine.has_work():
         engine.step()

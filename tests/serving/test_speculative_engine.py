@@ -108,7 +108,8 @@ def test_a_draft_in_the_cache_would_be_caught(monkeypatch):
     def caching_drafts(self, entry, budget):
         count = original(self, entry, budget)
         request = entry.request
-        self.memory.commit(request.seq, entry.start + entry.count, request.token_ids + entry.draft)
+        ids = request.token_ids + entry.draft
+        self.memory.commit(request.seq, entry.start + entry.count, ids, checked=True)
         return count
 
     monkeypatch.setattr(Scheduler, "_propose", caching_drafts)
@@ -174,7 +175,7 @@ def test_bad_speculation_settings_and_chunks_are_refused():
         Engine(_model(), num_blocks=8, speculate=2.5)
     engine = Engine(_model(), num_blocks=8, block_size=4, attention="gather")
     seq, _ = engine.cache.admit([1, 2, 3])
-    engine.cache.commit(seq, 3, [1, 2, 3])
+    engine.cache.commit(seq, 3, [1, 2, 3], checked=True)  # the runs below write them
     runner = ModelRunner(_model(), engine.cache, "gather")
     with pytest.raises(ValueError, match=r"chunks\[0\].num_outputs must be an int in \[1, 4\)"):
         runner.run([(seq, 0, [1, 2, 3], 4)])
