@@ -119,12 +119,12 @@ def classify(busy, bandwidth, flops, kv_share, admitted=True) -> tuple[str, str]
             " its time"
         )
     if flops > bandwidth:
-        return "compute", "nearer the compute ceiling than the bandwidth one"
+        return "compute", "nearer the matmul rate than the read bandwidth"
     if kv_share > KV_SHARE_THRESHOLD:
-        return "kv", f"near the read bandwidth, and the KV cache is {kv_share:.0%} of the bytes"
+        return "kv", f"nearer the read bandwidth, and the KV cache is {kv_share:.0%} of the bytes"
     return (
         "weights",
-        f"near the read bandwidth, and the weights are {1 - kv_share:.0%} of the bytes",
+        f"nearer the read bandwidth, and the weights are {1 - kv_share:.0%} of the bytes",
     )
 
 

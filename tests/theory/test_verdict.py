@@ -32,7 +32,7 @@ def test_decide_each_branch():
     verdict, because = decide(**base, admitted=short)
     assert verdict == "capacity" and "does not fit by 1 GB" in because
     verdict, because = decide(**{**base, "kv_share": 0.8})
-    assert "80%" in because and "near the read bandwidth" in because  # what it rests on
+    assert "80%" in because and "nearer the read bandwidth" in because  # what it rests on
 
 
 def test_decide_refuses_bad_numbers():

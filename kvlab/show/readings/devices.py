@@ -11,6 +11,8 @@ from __future__ import annotations
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text, within
 from kvlab.show.readings.exercises import solution
+from kvlab.theory.agreement import AGREES as AGREES_OUTCOME
+from kvlab.theory.agreement import CANNOT_TELL, compare
 
 AGREES = 2.0  # a collective's time "agrees" with the ring model within this factor either way
 
@@ -60,16 +62,20 @@ def handoff_tables_reading(tokens: int, prefill_table: list, decode_table: list)
 
     head = (
         f"Rank 1 continued from the received blocks and generated the same {tokens} tokens as"
-        f" `generate`. Rank 0's table {shown(prefill_table)} became rank 1's {shown(decode_table)}:"
-        " ids of another pool, "
+        f" `generate`. The sequence's block table on rank 0 was {shown(prefill_table)}"
+        f" ({len(prefill_table)} blocks); on rank 1 it is {shown(decode_table)}"
+        f" ({len(decode_table)} blocks). The ids name blocks of each rank's own pool, so they"
+        " need not match; what crosses the link is the blocks' contents, in table order. "
     )
     grown = len(decode_table) - len(prefill_table)
     if grown > 0:
-        return (
-            head
-            + f"and {grown} block(s) longer, because decoding on rank 1 crossed a block boundary."
+        return head + (
+            f"Rank 1's table is {grown} block{'s' * (grown != 1)} longer: decoding crossed a block"
+            " boundary."
         )
-    return head + "and no longer: the generated tokens still fit in the prompt's last block."
+    return (
+        head + "The tables are as long: the generated tokens still fit in the prompt's last block."
+    )
 
 
 def link_reading(
@@ -126,43 +132,52 @@ def step_reading(
     message_bytes: int,
     all_reduce_s: float,
     weight_bytes: float,
+    spread: float,
 ) -> str:
-    """The measured split step against one process's step and against the model's expectation."""
+    """The measured split step against one process's step and against the model's expectation,
+    one process's step / p plus the all-reduces timed on the ranks right after the step,
+    decided by ``kvlab.theory.agreement.compare`` with the rounds' ``spread``."""
+    communication = predicted_s - one_process_s / world_size
     head = (
         f"One decode step took **{si(one_process_s, 's')}** in one process and"
         f" **{si(split_s, 's')}** split over {world_size} ranks, each of which reads"
         f" {si(weight_bytes / world_size, 'B')} of the {si(weight_bytes, 'B')} of weights and sends"
-        f" {calls} all-reduces of {si(message_bytes, 'B')} (measured alone at"
-        f" {si(all_reduce_s, 's')} each). "
+        f" {calls} all-reduces of {si(message_bytes, 'B')} (timed on the ranks right after the"
+        f" step at {si(all_reduce_s, 's')} each). "
     )
     if split_s < one_process_s:
-        first = (
-            f"The split paid: {ratio_text(one_process_s, split_s)} faster, because halving the"
-            " bytes each rank reads saved more than the all-reduces cost. "
+        head += f"The split paid: {ratio_text(one_process_s, split_s)} faster. "
+    else:
+        head += f"The split did not pay: {ratio_text(split_s, one_process_s)} the time. "
+    c = compare(split_s, predicted_s, spread)
+    head += (
+        f"The model, one process's step / {world_size} plus those all-reduces"
+        f" ({si(communication, 's')}), predicts {si(predicted_s, 's')}; the measurement is"
+        f" {c.describe()} (spread {c.spread:.0%}). "
+    )
+    if c.outcome == AGREES_OUTCOME:
+        return head + "Halving the work and adding the talk is all the split step does here."
+    work = split_s - communication  # what each rank spent outside the all-reduces
+    missed = (
+        f"Without its all-reduces the split step took {si(work, 's')}, against the"
+        f" {si(one_process_s / world_size, 's')} the model gives each rank's half of the work: "
+    )
+    if c.side == "above":
+        missed += (
+            "the term it misses is the work that does not divide. The model's /"
+            f" {world_size} assumes {world_size} devices, each with its own compute and memory"
+            " bus; here the ranks are processes sharing this CPU's two cores and its memory bus,"
+            " and every rank still runs each layer's Python, framework calls and norms in full."
         )
     else:
-        first = (
-            f"The split did not pay: it was {ratio_text(split_s, one_process_s)} the time of one"
-            " process. A model this small spends most of its CPU step in per-layer work that a"
-            " split does not divide (Python, a framework call per projection, and on the newer"
-            " transformers the bookkeeping of its distributed tensors), so halving the bytes saves"
-            " less than the all-reduces add; on a GPU with a large model the weight reads dominate"
-            " instead. "
+        missed += (
+            "each rank's half ran faster than half of one process's step: a smaller share of the"
+            " weights fits the CPU's caches better, which the model's / "
+            f"{world_size} does not count."
         )
-    if within(split_s, predicted_s, 1.5):
-        second = (
-            f"The expectation, one process's step / {world_size} plus the measured all-reduces, is "
-            f"{si(predicted_s, 's')}: the measurement is within a factor of 1.5 of it."
-        )
-    else:
-        second = (
-            f"The expectation, one process's step / {world_size} plus the measured all-reduces, is"
-            f" {si(predicted_s, 's')}, and the measurement is {ratio_text(split_s, predicted_s)}"
-            " that: the step does not divide by the world size on this machine (the two ranks"
-            " share its cores and memory bus, and the undivided per-layer overhead counts on"
-            " both)."
-        )
-    return head + first + second
+    if c.outcome == CANNOT_TELL:
+        missed += " This run cannot tell whether that is a miss or the noise."
+    return head + missed
 
 
 def _tp_sentence(link: str, crossing) -> str:
