@@ -89,6 +89,11 @@ def test_crossing_reading_covers_each_direction():
     assert "starts paying at batch **7**" in t and "never pays from batch 1 to 512" in t
     assert "pays from **46,962 tokens**" in t and "never pays up to 1,000,000 tokens" in t
     assert "holds 30 such sequences" in t and "two hold 60" in t and "10 µs latency" in t
+    assert "(the dotted and dash-dotted lines)" in t  # both within the axis, to batch 512
+    wide = clean(rd.crossing_reading("Llama-3.2-1B", 8192, 10e-6, tp, cp, 516, 1041))
+    assert "two hold 1,041:" in wide and "line" not in wide  # neither is drawn on a 512 axis
+    half = clean(rd.crossing_reading("Llama-3.2-1B", 8192, 10e-6, tp, cp, 300, 1041))
+    assert "two hold 1,041 (the dotted line):" in half
     none = rd.crossing_reading("Llama-3-70B", 512, 0.0, tp, cp, 0, 5)
     assert "cannot hold this model" in none and "with no latency" in none
 

@@ -176,7 +176,7 @@ def step_reading(
             f"{world_size} does not count."
         )
     if c.outcome == CANNOT_TELL:
-        missed += " This run cannot tell whether that is a miss or the noise."
+        missed += " With this run's spread, the gap stays short of a clear miss."
     return head + missed
 
 
@@ -217,15 +217,21 @@ def _cp_sentence(link: str, crossing) -> str:
     )
 
 
-def _fits(batch_one: int, batch_two: int, context: int) -> str:
+def _fits(batch_one: int, batch_two: int, context: int, axis_max: int | None = None) -> str:
+    drawn = [
+        name
+        for name, b in (("dotted", batch_one), ("dash-dotted", batch_two))
+        if b and (axis_max is None or b <= axis_max)
+    ]
+    lines = f" (the {' and '.join(drawn)} line{'s' * (len(drawn) > 1)})" if drawn else ""
     if batch_one == 0:
         return (
             f"One H200 cannot hold this model beside any {context:,}-token sequence; two hold "
-            f"{batch_two:,}, so here the split is needed before it is fast."
+            f"{batch_two:,}{lines}, so here the split is needed before it is fast."
         )
     return (
-        f"One H200 holds {batch_one:,} such sequences beside the weights and two hold {batch_two:,}"
-        " (the dotted lines): past the first, one device is not an option at all."
+        f"One H200 holds {batch_one:,} such sequences beside the weights and two hold"
+        f" {batch_two:,}{lines}: past the first, one device is not an option at all."
     )
 
 
@@ -235,13 +241,14 @@ def crossing_reading(
     """Where each split starts or stops paying, per link (``tp``/``cp``: link name -> Crossing), and
     how many sequences of ``context`` tokens one and two devices admit."""
     tp_text = "; ".join(_tp_sentence(k, c) for k, c in tp.items())
+    axis = max((c.high for c in tp.values()), default=None)  # the batch axis drawn
     cp_text = "; ".join(_cp_sentence(k, c) for k, c in cp.items())
     return (
         f"For {shape} at {context:,} tokens of context, with"
         f" {si(latency_s, 's') if latency_s else 'no'} latency per call: {tp_text}."
-        f" {_fits(batch_one, batch_two, context)} At batch 1: {cp_text}. Context parallelism reads"
-        " every weight on every device, so it only pays where the cache reads dominate a step; its"
-        " real use is capacity, a context whose cache no single device can hold."
+        f" {_fits(batch_one, batch_two, context, axis)} At batch 1: {cp_text}. Context parallelism"
+        " reads every weight on every device, so it only pays where the cache reads dominate a"
+        " step; its real use is capacity, a context whose cache no single device can hold."
     )
 
 
