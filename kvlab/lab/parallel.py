@@ -142,13 +142,26 @@ class CollectiveSweep:
     sizes: tuple[int, ...]
     measured_s: tuple[float, ...]
     predicted_s: tuple[float, ...]
+    # per size, how far the faster quarter of the calls sat above the fastest (relative)
+    spreads: tuple[float, ...] = ()
 
 
 def _collective_on_rank(rank: int, world_size: int, kind: str, sizes, reps: int):
     """Fastest seconds of ``kind`` per size on this rank, each timed call starting after a
     barrier."""
+    return [t.min for t in _collective_timings(world_size, kind, sizes, reps)]
+
+
+def _collective_spread_on_rank(rank: int, world_size: int, kind: str, sizes, reps: int):
+    """Per size, this rank's fastest call and how far the faster quarter sat above it."""
+    return [(t.min, t.spread_above_min) for t in _collective_timings(world_size, kind, sizes, reps)]
+
+
+def _collective_timings(world_size: int, kind: str, sizes, reps: int) -> list:
+    from kvlab.lab.timing import Timing
+
     device = launch.rank_device()
-    fastest = []
+    timings = []
     for n in sizes:
         part = torch.ones(n // 4, device=device)
         parts = [torch.empty_like(part) for _ in range(world_size)]
@@ -164,8 +177,9 @@ def _collective_on_rank(rank: int, world_size: int, kind: str, sizes, reps: int)
                 torch.cuda.synchronize()
             if i >= 2:
                 calls.append(time.perf_counter() - start)
-        fastest.append(min(calls))
-    return fastest
+        calls.sort()
+        timings.append(Timing(calls[len(calls) // 2], calls[0], calls[-1], tuple(calls)))
+    return timings
 
 
 def predicted_collective(kind: str, nbytes: float, world_size: int, link: MeasuredLink) -> float:
@@ -185,10 +199,11 @@ def measure_collectives(
     ends when its last rank does) and predict each from ``link``."""
     one_of("kind", kind, model.COLLECTIVES)
     sizes, reps = _check_sizes(sizes), integer("reps", reps)
-    per_rank = workers.run(_collective_on_rank, kind, sizes, reps)
-    measured = tuple(max(r[i] for r in per_rank) for i in range(len(sizes)))
+    per_rank = workers.run(_collective_spread_on_rank, kind, sizes, reps)
+    measured = tuple(max(r[i][0] for r in per_rank) for i in range(len(sizes)))
+    spreads = tuple(max(r[i][1] for r in per_rank) for i in range(len(sizes)))
     predicted = tuple(predicted_collective(kind, n, workers.world_size, link) for n in sizes)
-    return CollectiveSweep(kind, workers.world_size, sizes, measured, predicted)
+    return CollectiveSweep(kind, workers.world_size, sizes, measured, predicted, spreads)
 
 
 # --------------------------------------------------------------------------- a tensor-parallel step

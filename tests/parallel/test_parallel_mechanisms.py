@@ -139,6 +139,8 @@ def test_measurements_run_and_predict_from_the_calibrated_link(workers):
     # the rounds' scatter, both steps', is what the page's verdict takes as its spread
     assert step.one_process_spread >= 0 and step.split_spread >= 0
     assert step.spread == pytest.approx(step.one_process_spread + step.split_spread)
+    sweep = lab.measure_collectives(workers, link, "all_reduce", sizes=(4096, 8192), reps=3)
+    assert len(sweep.spreads) == 2 and all(s >= 0 for s in sweep.spreads)
 
 
 @pytest.mark.parametrize(

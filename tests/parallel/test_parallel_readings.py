@@ -34,21 +34,26 @@ def test_link_reading_says_it_is_not_nvlink():
     assert "not measure NVLink" in t
 
 
-def test_collective_reading_both_ways():
+def test_collective_reading_on_every_side():
+    from kvlab.theory.agreement import edges
+
     sizes = (KIB, 64 * KIB, KIB * KIB)
-    good = clean(
-        rd.collective_reading("all_reduce", sizes, (2e-4, 3e-4, 1e-3), (1.5e-4, 2e-4, 8e-4))
-    )
-    assert "within a factor of 2" in good and "all-reduce" in good
-    bad = clean(
-        rd.collective_reading("all_gather", sizes, (2e-4, 3e-4, 9e-3), (1.5e-4, 2e-4, 1e-3))
-    )
-    assert (
-        "at 1 MiB the measurement is 9 times the prediction (slower)" in bad
-        and "share the cores" in bad
-    )
-    fast = rd.collective_reading("all_gather", sizes, (2e-5, 3e-4, 1e-3), (1.5e-4, 2e-4, 1e-3))
-    assert "(faster)" in fast
+    predicted = (1.5e-4, 2e-4, 1e-3)
+    lo_d, lo_a, hi_a, hi_d = edges(1.0, 0.1)
+
+    def text(last_ratio):
+        measured = (1.5e-4, 2e-4, last_ratio * 1e-3)
+        return clean(rd.collective_reading("all_gather", sizes, measured, predicted, (0.1,) * 3))
+
+    good = text(1.0)
+    assert "agrees at 1 KiB, 64 KiB and 1 MiB" in good and "as the model says" in good
+    bad = text(1.1 * hi_d)
+    assert "disagrees at 1 MiB" in bad and "the measurement above it" in bad
+    assert "share the cores" in bad and "all-gather" in bad
+    unsure = text((hi_a * hi_d) ** 0.5)
+    assert "cannot tell" in unsure and "scatter is as wide" in unsure
+    fast = text(0.9 * lo_d)
+    assert "the measurement below it" in fast and "overstates a term" in fast
 
 
 def test_step_reading_all_outcomes():
