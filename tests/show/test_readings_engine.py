@@ -94,7 +94,7 @@ def test_life_reading_both_outcomes():
     )
     assert "five requests" in busy and "Three of them" in busy and "ran in chunks" in busy
     assert "ran out once, at step 9, when request 2" in busy and "16 of its 17 tokens" in busy
-    assert "only one was computed again" in busy and "vLLM v1 preempts by recompute only" in busy
+    assert "only one was computed again" in busy and "vLLM V1 makes recompute its default" in busy
     assert "8 prompt tokens" in busy
     assert (
         "no prefill was chunked" in calm and "never ran out" in calm and "prefix cache" not in calm
@@ -270,6 +270,9 @@ def test_chunk_reading_on_every_side_of_no_change():
     assert "cannot tell" not in trade and "256" in trade
     both = text(1.1 * hi_d, 1.1 * hi_d)
     assert "TPOT rose too" in both and "fixed cost" in both
+    assert "costs less" in trade
+    held = text(1.1 * hi_d, 1.0)
+    assert "as chunked prefill predicts" in held and "time per token holds" in held
     flat = text(1.0, 1.0)
     assert "did not move beyond the noise" in flat and "did not lengthen the first token" in flat
     unsure = text((hi_a * hi_d) ** 0.5, 1.0)

@@ -109,8 +109,9 @@ def _readmission(tokens: int, cached: int) -> str:
             f"When it came back, {cached} of its {tokens} tokens were served from the prefix cache,"
             " most of them from its own freed blocks, which were still there; only"
             f" {number(tokens - cached)} {'was' if tokens - cached == 1 else 'were'} computed"
-            " again. With prefix caching, recompute preemption often recomputes almost nothing,"
-            " which is why vLLM v1 preempts by recompute only."
+            " again. With prefix caching, recompute preemption often recomputes almost nothing;"
+            " vLLM V1 makes recompute its default, its documentation saying it costs less than"
+            " swapping in that architecture ([vLLM V1 documentation](../book/references.md))."
         )
     return (
         f"When it came back none of its {tokens} tokens were cached any more (its freed blocks had"
@@ -433,10 +434,15 @@ def chunk_reading(
         f" {si(tpot[1], 's')} to {si(tpot[0], 's')}: {moved(t, 'TTFT')}, {moved(p, 'TPOT')}. "
     )
     if t.outcome == DISAGREES and t.side == "above" and p.side != "above":
+        cheaper = (
+            ", and each step, carrying less prefill, costs less"
+            if p.side == "below"
+            else ", so their time per token holds"
+        )
         return text + (
             "The trade-off as chunked prefill predicts it: a prompt fed a few tokens per step"
-            " waits many steps for its first token, while the running decodes are never held"
-            " back, and each step, carrying less prefill, costs less."
+            f" waits many steps for its first token, while the running decodes are never held"
+            f" back{cheaper}."
         )
     if t.outcome == DISAGREES and t.side == "above":
         return text + (
