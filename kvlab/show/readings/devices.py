@@ -119,7 +119,7 @@ def collective_reading(kind: str, sizes, measured, predicted, spreads) -> str:
             "Where it is slower, the term the model misses is the arithmetic of the collective on"
             " a shared machine: both processes share the cores that copy and add the bytes, so a"
             " ring's two directions do not each get the one-way rate a ping-pong measured, and"
-            f" gloo may pick its own algorithm for a {name} rather than a plain ring."
+            f" gloo may pick its own algorithm for the {name} rather than a plain ring."
         )
     if any(c.outcome == DISAGREES for c in checks):
         return head + (
