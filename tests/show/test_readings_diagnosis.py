@@ -175,6 +175,8 @@ def test_reading_workloads_both_branches():
     heavy = dataclasses.replace(_diagnosis("overhead"), trace=_trace(0.9, kv=4e8))
     far = reading_workloads({"chat": _diagnosis("overhead"), "rag": heavy})
     assert "The rag step's bytes are 83% cache, yet it moved them at 30%" in far
+    full = dataclasses.replace(_diagnosis("capacity"), trace=_trace(0.9, kv=4e8))
+    assert "cache, yet" not in reading_workloads({"chat": _diagnosis("overhead"), "batch": full})
 
 
 def test_reading_methods_on_every_side_of_parity():

@@ -295,7 +295,8 @@ def reading_workloads(diagnoses: dict) -> str:
     heavy = [
         name
         for name, d in diagnoses.items()
-        if d.trace.work.kv_share > model.KV_SHARE_THRESHOLD and "kv" not in d.verdicts
+        if d.trace.work.kv_share > model.KV_SHARE_THRESHOLD
+        and not {"kv", "capacity"} & {d.verdict, *d.verdicts}
     ]
     if heavy:
         d = diagnoses[heavy[0]]
