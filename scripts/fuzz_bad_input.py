@@ -1872,19 +1872,27 @@ def newer_entries() -> list[Entry]:
     T(
         "verdict.compare_loops",
         verdict.compare_loops,
-        dict(tokens_per_s=100.0, reference_tokens_per_s=110.0),
-        dict(tokens_per_s="real", reference_tokens_per_s="real"),
+        dict(tokens_per_s=100.0, reference_tokens_per_s=110.0, spread=0.1),
+        dict(tokens_per_s="real", reference_tokens_per_s="real", spread="real0"),
     )
     T(
         "verdict.compare_idle",
         verdict.compare_idle,
-        dict(static_idle_s=0.1, cached_idle_s=0.2, cached_ops=10, static_ops=10, graphed=False),
+        dict(
+            static_idle_s=0.1,
+            cached_idle_s=0.2,
+            cached_ops=10,
+            static_ops=10,
+            graphed=False,
+            spread=0.1,
+        ),
         dict(
             static_idle_s="real0",
             cached_idle_s="real",
             cached_ops="int",
             static_ops="int",
             graphed="flag",
+            spread="real0",
         ),
     )
     T(

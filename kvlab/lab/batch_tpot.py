@@ -69,6 +69,14 @@ def time_beside(one_step, rows: int, reps: int = 5) -> Beside:
     )
 
 
+def _step_and_reset(stepper: RepeatableStep):
+    def one_step():
+        stepper.step()
+        stepper.reset()
+
+    return one_step
+
+
 def step_beside_ceilings(stepper: RepeatableStep, rows: int, reps: int = 5) -> Beside:
     """One step of ``stepper`` (a ``RepeatableStep``, reset after each call) timed beside the read
     bandwidth and the matmul rate at ``rows`` rows (``time_beside``)."""
@@ -101,19 +109,36 @@ def tpot_sweep(
     threads: int | None = CPU_THREADS,
 ) -> tuple[TpotPoint, ...]:
     """One ``method`` decode step after ``context`` cached tokens per sequence, at each batch in
-    ``batches`` (the prompt ``input_ids [1, P]`` repeated to fill it), timed ``reps`` times
-    interleaved with the read probe and the matmul probe at that batch (``time_beside``). On a CPU
-    it runs on ``threads`` of torch's threads."""
+    ``batches`` (the prompt ``input_ids [1, P]`` repeated to fill it), every batch's step timed
+    ``reps`` times in turn with every other's, with the read probe and with the matmul probe at
+    each batch's rows (``interleaved``): a neighbour that slows the machine for a while slows the
+    batch-1 step the model starts from as much as the batch it predicts. On a CPU it runs on
+    ``threads`` of torch's threads."""
     batches = integers("batches", batches)
     integer("reps", reps, 2)
     _, ids = prepared_ids(model, input_ids, context, method)
-    points = []
     with cpu_threads(measurement_threads(model, threads)):
-        for b in batches:
-            stepper = RepeatableStep(model, ids[:1].repeat(b, 1), method)
-            try:
-                beside = step_beside_ceilings(stepper, b, reps)
-            finally:
+        steppers = {b: RepeatableStep(model, ids[:1].repeat(b, 1), method) for b in batches}
+        try:
+            calls = {f"step {b}": _step_and_reset(stepper) for b, stepper in steppers.items()}
+            probes = {b: matmul_probe(integer("rows", b, 1)) for b in batches}
+            calls |= {f"matmul {b}": probe.run for b, probe in probes.items()}
+            read = shared_read_probe()
+            calls["read"] = read.run
+            t = interleaved(calls, reps=reps, warmup=1)
+        finally:
+            for stepper in steppers.values():
                 stepper.close()
-            points.append(TpotPoint(b, beside.step, beside.read, beside.matmul))
+    read_ceiling = dataclasses.replace(read.ceiling(t["read"]), spread=min_scatter(t["read"]))
+    points = [
+        TpotPoint(
+            b,
+            t[f"step {b}"],
+            read_ceiling,
+            dataclasses.replace(
+                probes[b].ceiling(t[f"matmul {b}"]), spread=min_scatter(t[f"matmul {b}"])
+            ),
+        )
+        for b in batches
+    ]
     return tuple(points)

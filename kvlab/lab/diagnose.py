@@ -100,6 +100,13 @@ class Diagnosis:
     target: Target
     threads: int | None = None
     verdicts: tuple = ()
+    fraction_spread: float = 0.0
+
+    @property
+    def read_bandwidth(self) -> float:
+        """The read bandwidth measured beside the traced step (bytes per second): the ceiling its
+        ``bandwidth_fraction`` divides by."""
+        return self.achieved_bandwidth / self.bandwidth_fraction
 
     @property
     def firm(self) -> bool:
@@ -289,6 +296,7 @@ def _diagnose(
         target,
         threads,
         reachable,
+        fraction_spread,
     )
 
 

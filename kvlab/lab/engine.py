@@ -487,6 +487,31 @@ def latency_throughput(
     return points
 
 
+def chunk_budgets(model, prompts, max_new_tokens, budgets, reps: int = 3, **engine_options) -> dict:
+    """Chunked prefill's trade-off (notebook 11): the engine on one trace at each token budget per
+    step of ``budgets`` (``max_batched_tokens``), the budgets run in turn ``reps`` times so that
+    load hits each alike. Returns budget -> (mean TTFT, mean TPOT), each a ``Timing`` over the runs
+    (its ``min`` and ``spread_above_min``)."""
+    from kvlab.lab.timing import Timing
+
+    prompts, max_new_tokens = _requests(model, prompts, max_new_tokens)
+    budgets = _checks.integers("budgets", budgets)
+    _checks.integer("reps", reps, 2)
+    runs = {b: ([], []) for b in budgets}
+    for r in range(reps):
+        for b in budgets[r % len(budgets) :] + budgets[: r % len(budgets)]:
+            engine = Engine(model, max_batched_tokens=b, **engine_options)
+            engine.generate(prompts, list(max_new_tokens))
+            m = engine.metrics()
+            runs[b][0].append(m["mean_ttft_s"])
+            runs[b][1].append(m["mean_tpot_s"])
+
+    def timing(xs):
+        return Timing(statistics.median(xs), min(xs), max(xs), tuple(xs))
+
+    return {b: (timing(ttft), timing(tpot)) for b, (ttft, tpot) in runs.items()}
+
+
 def _with_ceilings(point: CurvePoint) -> CurvePoint:
     from kvlab.lab.batch_tpot import time_beside
 

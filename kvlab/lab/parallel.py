@@ -24,6 +24,7 @@ import torch.distributed as dist
 from kvlab._checks import integer, one_of
 from kvlab.parallel import launch
 from kvlab.theory import parallel as model
+from kvlab.theory.agreement import combined_spread
 from kvlab.theory.specs import Link
 
 SIZES = tuple(2**k for k in range(10, 23, 2))  # 1 KiB .. 4 MiB
@@ -141,13 +142,26 @@ class CollectiveSweep:
     sizes: tuple[int, ...]
     measured_s: tuple[float, ...]
     predicted_s: tuple[float, ...]
+    # per size, how far the faster quarter of the calls sat above the fastest (relative)
+    spreads: tuple[float, ...] = ()
 
 
 def _collective_on_rank(rank: int, world_size: int, kind: str, sizes, reps: int):
     """Fastest seconds of ``kind`` per size on this rank, each timed call starting after a
     barrier."""
+    return [t.min for t in _collective_timings(world_size, kind, sizes, reps)]
+
+
+def _collective_spread_on_rank(rank: int, world_size: int, kind: str, sizes, reps: int):
+    """Per size, this rank's fastest call and how far the faster quarter sat above it."""
+    return [(t.min, t.spread_above_min) for t in _collective_timings(world_size, kind, sizes, reps)]
+
+
+def _collective_timings(world_size: int, kind: str, sizes, reps: int) -> list:
+    from kvlab.lab.timing import Timing
+
     device = launch.rank_device()
-    fastest = []
+    timings = []
     for n in sizes:
         part = torch.ones(n // 4, device=device)
         parts = [torch.empty_like(part) for _ in range(world_size)]
@@ -163,8 +177,9 @@ def _collective_on_rank(rank: int, world_size: int, kind: str, sizes, reps: int)
                 torch.cuda.synchronize()
             if i >= 2:
                 calls.append(time.perf_counter() - start)
-        fastest.append(min(calls))
-    return fastest
+        calls.sort()
+        timings.append(Timing(calls[len(calls) // 2], calls[0], calls[-1], tuple(calls)))
+    return timings
 
 
 def predicted_collective(kind: str, nbytes: float, world_size: int, link: MeasuredLink) -> float:
@@ -184,10 +199,11 @@ def measure_collectives(
     ends when its last rank does) and predict each from ``link``."""
     one_of("kind", kind, model.COLLECTIVES)
     sizes, reps = _check_sizes(sizes), integer("reps", reps)
-    per_rank = workers.run(_collective_on_rank, kind, sizes, reps)
-    measured = tuple(max(r[i] for r in per_rank) for i in range(len(sizes)))
+    per_rank = workers.run(_collective_spread_on_rank, kind, sizes, reps)
+    measured = tuple(max(r[i][0] for r in per_rank) for i in range(len(sizes)))
+    spreads = tuple(max(r[i][1] for r in per_rank) for i in range(len(sizes)))
     predicted = tuple(predicted_collective(kind, n, workers.world_size, link) for n in sizes)
-    return CollectiveSweep(kind, workers.world_size, sizes, measured, predicted)
+    return CollectiveSweep(kind, workers.world_size, sizes, measured, predicted, spreads)
 
 
 # --------------------------------------------------------------------------- a tensor-parallel step
@@ -208,6 +224,9 @@ class StepComparison:
     all_reduce_s: float
     # the vocabulary split's all-reduce and logit all-gather, where the plan has them
     extra_s: float
+    # how far the second-fastest round sat above the fastest, relative (each step's own scatter)
+    one_process_spread: float = 0.0
+    split_spread: float = 0.0
 
     @property
     def communication_s(self) -> float:
@@ -217,15 +236,23 @@ class StepComparison:
     def predicted_s(self) -> float:
         return self.one_process_s / self.world_size + self.communication_s
 
+    @property
+    def spread(self) -> float:
+        """The relative spread behind split over predicted: both steps' rounds."""
+        return combined_spread(self.one_process_spread, self.split_spread)
+
+
+ROUNDS = 5  # timed rounds of a step, in one process and on each rank
+
 
 def _sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _step_seconds(net, batch: int, context: int, steps: int, vocab: int, together: bool) -> float:
-    """Seconds of one cached decode step after a ``context``-token prefill: the fastest of three
-    rounds."""
+def _step_seconds(net, batch: int, context: int, steps: int, vocab: int, together: bool):
+    """Seconds of one cached decode step after a ``context``-token prefill: the fastest of
+    ``ROUNDS`` rounds, and how far the second fastest sat above it (relative)."""
     from transformers import DynamicCache
 
     from kvlab.versions import cache_kwargs
@@ -239,7 +266,7 @@ def _step_seconds(net, batch: int, context: int, steps: int, vocab: int, togethe
         cache = DynamicCache()
         out = net(ids, use_cache=True, **cache_kwargs(net, cache))
         token = out.logits[:, -1:].argmax(-1)
-        for r in range(4):  # one warm-up round
+        for r in range(ROUNDS + 1):  # one warm-up round
             _sync(device)
             if together:
                 dist.barrier()
@@ -250,7 +277,8 @@ def _step_seconds(net, batch: int, context: int, steps: int, vocab: int, togethe
             _sync(device)
             if r:
                 rounds.append((time.perf_counter() - start) / steps)
-    return min(rounds)
+    rounds.sort()
+    return rounds[0], rounds[1] / rounds[0] - 1
 
 
 def _split_step_on_rank(
@@ -267,12 +295,12 @@ def _split_step_on_rank(
     from kvlab.parallel.tensor import load_sharded
 
     net = load_sharded(path)
-    step = _step_seconds(net, batch, context, steps, net.config.vocab_size, together=True)
+    step, spread = _step_seconds(net, batch, context, steps, net.config.vocab_size, together=True)
     reduce_s = _collective_on_rank(rank, world_size, "all_reduce", (message,), reps)[0]
     gather_s = (
         _collective_on_rank(rank, world_size, "all_gather", (logits,), reps)[0] if logits else 0.0
     )
-    return step, reduce_s, gather_s
+    return step, reduce_s, gather_s, spread
 
 
 def compare_tensor_parallel_step(
@@ -289,15 +317,27 @@ def compare_tensor_parallel_step(
     message = batch * net.config.hidden_size * element
     sharded = vocab_sharded(net)
     logits = batch * net.config.vocab_size // workers.world_size * element if sharded else 0
-    one = _step_seconds(net, batch, context, steps, net.config.vocab_size, together=False)
+    one, one_spread = _step_seconds(
+        net, batch, context, steps, net.config.vocab_size, together=False
+    )
     with tempfile.TemporaryDirectory(prefix="kvlab-tp-") as path:
         save_checkpoint(net, path)
         ranks = workers.run(_split_step_on_rank, path, batch, context, steps, message, logits, reps)
-    split, reduce_s, gather_s = (max(r[i] for r in ranks) for i in range(3))
+    split, reduce_s, gather_s, split_spread = (max(r[i] for r in ranks) for i in range(4))
     calls = 2 * net.config.num_hidden_layers
     extra = (reduce_s + gather_s) if sharded else 0.0
     return StepComparison(
-        workers.world_size, batch, context, one, split, calls, message, reduce_s, extra
+        workers.world_size,
+        batch,
+        context,
+        one,
+        split,
+        calls,
+        message,
+        reduce_s,
+        extra,
+        one_spread,
+        split_spread,
     )
 
 

@@ -75,6 +75,15 @@ class StepTrace:
         return abs(f[1] - f[0]) / f[0]
 
     @property
+    def idle_spread(self) -> float:
+        """How far the idle share of the second-best traced step sat from the kept one's, relative
+        to it (``busy_spread`` for the gaps; 0 with one trace or no gaps)."""
+        f = self.busy_fractions
+        if len(f) < 2 or f[0] >= 1:
+            return 0.0
+        return abs(f[1] - f[0]) / (1 - f[0])
+
+    @property
     def step_spread(self) -> float:
         """How far a typical untraced step sat above the fastest (median over minimum, less 1)."""
         if not self.step_times or min(self.step_times) <= 0:

@@ -168,10 +168,36 @@ def _floor(hw, nbytes: float, flops: float, placement: str) -> float:
     return max(nbytes / roofline.effective_bandwidth(hw, placement), flops / peak)
 
 
-def vocabulary_bytes(shape: ModelShape, w_p: float = 2) -> float:
-    """Bytes of the embedding and the output head, 2 V h w_p (untied), which a split may keep
-    whole."""
-    return 2 * _shape(shape).vocab * shape.hidden * positive("w_p", w_p)
+def tied_embeddings(shape: ModelShape) -> bool:
+    """Whether the shape's embedding and output head are one table: its parameter count is within a
+    quarter of a table of the count of its matrices with one vocabulary table (Llama-3.2-1B,
+    Qwen2.5-0.5B, SmolLM2: tied; Llama-3-8B and -70B, whose seeds' counts are rounded: not). False
+    for shapes ``counted_params`` cannot count."""
+    shape = _shape(shape)
+    try:
+        untied = shape.counted_params()
+    except ValueError:
+        return False
+    table = shape.vocab * shape.hidden
+    return abs(shape.params - (untied - table)) < table / 4
+
+
+def embedding_saving(shape: ModelShape, batch: int, w_p: float = 2) -> float:
+    """Bytes the roofline's P w counts that a decode step does not read: an untied embedding table
+    is looked up, ``batch`` rows of it, not read whole, so V h w_p - b h w_p; a tied one is the
+    output head, read whole for the logits: 0."""
+    shape, batch = _shape(shape), integer("batch", batch)
+    if tied_embeddings(shape):
+        return 0.0
+    return (shape.vocab - batch) * shape.hidden * positive("w_p", w_p)
+
+
+def vocabulary_bytes(shape: ModelShape, batch: int, w_p: float = 2) -> float:
+    """Bytes of the vocabulary tables every device of an unsharded split reads whole in a step:
+    the output head, V h w_p, and, for an untied embedding, the ``batch`` rows it looks up."""
+    shape, batch = _shape(shape), integer("batch", batch)
+    rows = 0 if tied_embeddings(shape) else batch
+    return (shape.vocab + rows) * shape.hidden * positive("w_p", w_p)
 
 
 def tensor_parallel_step(
@@ -191,7 +217,8 @@ def tensor_parallel_step(
     """A decode step under tensor parallelism on ``world`` devices joined by ``link``.
 
     Each device reads 1/p of the layer weights and of every sequence's cache and does 1/p of their
-    FLOPs. The embedding and the head are read whole by every device unless ``vocab_sharded``
+    FLOPs. An untied embedding is looked up (b rows), not read whole (``embedding_saving``, on one
+    device too); the output head is read whole by every device unless ``vocab_sharded``
     (transformers 5.24's plan splits them by vocabulary: one more all-reduce after the embedding
     and an all-gather of the logits, b V / p w_a bytes per device). Communication: 2L all-reduces
     of b h w_a bytes, each with ``latency``.
@@ -199,14 +226,15 @@ def tensor_parallel_step(
     shape, vocab_sharded = _shape(shape), flag("vocab_sharded", vocab_sharded)
     tensor_parallel_heads(shape, world)
     batch = integer("batch", batch)
-    one = roofline.step_time_floor(shape, hw, batch, context, w_p, w_kv, placement)
     work = roofline.step_bytes(shape, batch, context, w_p, w_kv)
     flops = roofline.step_flops(shape, batch, context)
-    whole = 0.0 if vocab_sharded else vocabulary_bytes(shape, w_p)
+    moved = work.total - embedding_saving(shape, batch, w_p)  # the embedding is looked up
+    one = _floor(hw, moved, flops.total, placement)
+    whole = 0.0 if vocab_sharded else vocabulary_bytes(shape, batch, w_p)
     head_flops = 0.0 if vocab_sharded else 2 * batch * shape.vocab * shape.hidden
     share = _floor(
         hw,
-        (work.total - whole) / world + whole,
+        (moved - whole) / world + whole,
         (flops.total - head_flops) / world + head_flops,
         placement,
     )

@@ -193,3 +193,17 @@ def test_a_burst_and_a_staggered_arrival_both_compute_the_system_prompt_once():
     assert expected > once  # the unaligned tail of the system prompt is computed by everyone
     for staggered in (False, True):
         assert lab.prefill_tokens(model, prompts, news, staggered) == expected
+
+
+def test_chunk_budgets_times_each_budget_in_turn(model):
+    from kvlab.lab.engine import chunk_budgets, make_requests
+
+    prompts, news = make_requests(3, "lognormal", mean_prompt=12, mean_output=3, max_len=32,
+                                  vocab=model.config.vocab_size, seed=1)  # fmt: skip
+    got = chunk_budgets(model, prompts, news, [4, 64], reps=2, max_batch=2, num_blocks=16,
+                        block_size=4)  # fmt: skip
+    assert list(got) == [4, 64]
+    for ttft, tpot in got.values():
+        assert len(ttft.times) == 2 and ttft.min > 0 and tpot.min > 0
+    with pytest.raises(ValueError, match="reps"):
+        chunk_budgets(model, prompts, news, [4, 64], reps=1)

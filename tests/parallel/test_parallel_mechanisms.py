@@ -136,6 +136,11 @@ def test_measurements_run_and_predict_from_the_calibrated_link(workers):
     step = lab.compare_tensor_parallel_step(model, workers, batch=2, context=8, steps=2, reps=2)
     assert step.calls == 2 * SMALL["layers"] and step.message_bytes == 2 * SMALL["hidden"] * 4
     assert step.predicted_s == pytest.approx(step.one_process_s / 2 + step.communication_s)
+    # the rounds' scatter, both steps', is what the page's verdict takes as its spread
+    assert step.one_process_spread >= 0 and step.split_spread >= 0
+    assert step.spread == pytest.approx(step.one_process_spread + step.split_spread)
+    sweep = lab.measure_collectives(workers, link, "all_reduce", sizes=(4096, 8192), reps=3)
+    assert len(sweep.spreads) == 2 and all(s >= 0 for s in sweep.spreads)
 
 
 @pytest.mark.parametrize(

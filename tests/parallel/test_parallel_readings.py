@@ -34,36 +34,48 @@ def test_link_reading_says_it_is_not_nvlink():
     assert "not measure NVLink" in t
 
 
-def test_collective_reading_both_ways():
+def test_collective_reading_on_every_side():
+    from kvlab.theory.agreement import edges
+
     sizes = (KIB, 64 * KIB, KIB * KIB)
-    good = clean(
-        rd.collective_reading("all_reduce", sizes, (2e-4, 3e-4, 1e-3), (1.5e-4, 2e-4, 8e-4))
-    )
-    assert "within a factor of 2" in good and "all-reduce" in good
-    bad = clean(
-        rd.collective_reading("all_gather", sizes, (2e-4, 3e-4, 9e-3), (1.5e-4, 2e-4, 1e-3))
-    )
-    assert (
-        "at 1 MiB the measurement is 9 times the prediction (slower)" in bad
-        and "share the cores" in bad
-    )
-    fast = rd.collective_reading("all_gather", sizes, (2e-5, 3e-4, 1e-3), (1.5e-4, 2e-4, 1e-3))
-    assert "(faster)" in fast
+    predicted = (1.5e-4, 2e-4, 1e-3)
+    lo_d, lo_a, hi_a, hi_d = edges(1.0, 0.1)
+
+    def text(last_ratio):
+        measured = (1.5e-4, 2e-4, last_ratio * 1e-3)
+        return clean(rd.collective_reading("all_gather", sizes, measured, predicted, (0.1,) * 3))
+
+    good = text(1.0)
+    assert "agrees at 1 KiB, 64 KiB and 1 MiB" in good and "as the model says" in good
+    bad = text(1.1 * hi_d)
+    assert "disagrees at 1 MiB" in bad and "the measurement above it" in bad
+    assert "share the cores" in bad and "all-gather" in bad
+    unsure = text((hi_a * hi_d) ** 0.5)
+    assert "cannot tell" in unsure and "scatter is as wide" in unsure
+    fast = text(0.9 * lo_d)
+    assert "the measurement below it" in fast and "overstates a term" in fast
 
 
-@pytest.mark.parametrize(
-    "split, expected, phrases",
-    [
-        (4e-3, 6e-3, ["The split paid", "within a factor of 1.5"]),
-        (30e-3, 8e-3, ["did not pay", "3.8 times that"]),
-        (12e-3, 11e-3, ["did not pay", "within a factor of 1.5"]),
-    ],
-)
-def test_step_reading_all_outcomes(split, expected, phrases):
-    t = clean(rd.step_reading(10e-3, split, expected, 2, 8, 2048, 300e-6, 80e6))
+def test_step_reading_all_outcomes():
+    from kvlab.theory.agreement import edges
+
+    expected = 8e-3  # one process 10 ms over 2 ranks, plus 3 ms of all-reduces
+    lo_d, lo_a, hi_a, hi_d = edges(expected, 0.1)
+
+    def text(split):
+        return clean(rd.step_reading(10e-3, split, expected, 2, 8, 2048, 300e-6, 80e6, 0.1))
+
+    t = text(expected)
     assert "40 MB of the 80 MB" in t and "8 all-reduces of 2.05 kB" in t
-    for phrase in phrases:
-        assert phrase in t
+    assert "The split paid" in t and "agrees" in t and "all the split step does" in t
+    above = text(1.1 * hi_d)
+    assert "did not pay" in above and "above it" in above and "does not divide" in above
+    assert "cannot tell" not in above
+    unsure = text((hi_a * hi_d) ** 0.5)
+    assert "cannot tell" in unsure and "does not divide" in unsure
+    below = text(0.9 * lo_d)
+    assert "below it" in below and "caches better" in below
+    assert "cannot tell" in text((lo_a * lo_d) ** 0.5)
 
 
 def test_crossing_reading_covers_each_direction():
@@ -82,6 +94,11 @@ def test_crossing_reading_covers_each_direction():
     assert "starts paying at batch **7**" in t and "never pays from batch 1 to 512" in t
     assert "pays from **46,962 tokens**" in t and "never pays up to 1,000,000 tokens" in t
     assert "holds 30 such sequences" in t and "two hold 60" in t and "10 µs latency" in t
+    assert "(the dotted and dash-dotted lines)" in t  # both within the axis, to batch 512
+    wide = clean(rd.crossing_reading("Llama-3.2-1B", 8192, 10e-6, tp, cp, 516, 1041))
+    assert "two hold 1,041:" in wide and "line" not in wide  # neither is drawn on a 512 axis
+    half = clean(rd.crossing_reading("Llama-3.2-1B", 8192, 10e-6, tp, cp, 300, 1041))
+    assert "two hold 1,041 (the dotted line):" in half
     none = rd.crossing_reading("Llama-3-70B", 512, 0.0, tp, cp, 0, 5)
     assert "cannot hold this model" in none and "with no latency" in none
 
@@ -97,9 +114,10 @@ def test_handoff_readings_both_ways():
     off = rd.handoff_reading(851_968, 800_000.0, 852_044, 6e-3, 7e-4, 200, 16, 2e-6, 1.3e-5)
     assert "the formula" in off and "not the sequence's blocks" in off and "8.6 times" in off
     grown = rd.handoff_tables_reading(8, [3, 0, 1], [0, 1, 2, 4])
-    assert "[3, 0, 1]" in grown and "1 block(s) longer" in grown
+    assert "[3, 0, 1] (3 blocks)" in grown and "is 1 block longer" in grown
     same = rd.handoff_tables_reading(8, list(range(9)), list(range(9)))
-    assert "[0, 1, 2, 3, 4, 5, ...]" in same and "no longer" in same
+    assert "[0, 1, 2, 3, 4, 5, ...] (9 blocks)" in same and "The tables are as long" in same
+    assert "became" not in same and "need not match" in same
 
 
 def test_recorded_reading_with_and_without_records():

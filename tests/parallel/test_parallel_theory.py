@@ -54,12 +54,17 @@ def test_tensor_parallel_step_by_hand(shape, world, link):
     batch, context, alpha = 8, 4096, 5e-6
     step = par.tensor_parallel_step(shape, "h200", batch, context, world, link, latency=alpha)
     rate = LINKS[link].bytes_per_s_each_way
-    # Memory bound at this batch: bytes / HBM bandwidth. Embedding and head read whole by each
-    # device.
-    vocab = 2 * shape.vocab * shape.hidden * 2
+    # Memory bound at this batch: bytes / HBM bandwidth. The head is read whole by each device; an
+    # untied embedding (Llama-3-70B) is looked up, b rows, not read; a tied one is the head.
+    table = shape.vocab * shape.hidden * 2
+    tied = shape is not L70
+    assert par.tied_embeddings(shape) == tied
+    lookup = 0 if tied else batch * shape.hidden * 2
     kv = batch * context * 2 * shape.layers * shape.kv_heads * shape.head_dim * 2
-    one = (shape.params * 2 + kv) / H200.hbm_bytes_per_s
-    split = ((shape.params * 2 - vocab + kv) / world + vocab) / H200.hbm_bytes_per_s
+    moved = shape.params * 2 + kv - (0 if tied else table - lookup)
+    one = moved / H200.hbm_bytes_per_s
+    whole = table + lookup
+    split = ((moved - whole) / world + whole) / H200.hbm_bytes_per_s
     message = batch * shape.hidden * 2
     comm = 2 * shape.layers * (alpha + 2 * (world - 1) / world * message / rate)
     assert step.one_device == pytest.approx(one)
@@ -83,7 +88,10 @@ def test_vocabulary_sharded_plan_adds_an_all_reduce_and_a_logit_gather():
 
 def test_one_device_is_the_roofline_floor_and_costs_nothing_extra():
     step = par.tensor_parallel_step(L70, "h200", 3, 2048, 1, "pcie5-x16", latency=1e-3)
-    assert step.one_device == step.compute == rf.step_time_floor(L70, "h200", 3, 2048)
+    # The roofline floor, less the untied embedding table the step looks up rather than reads.
+    saving = (L70.vocab - 3) * L70.hidden * 2
+    floor = rf.step_time_floor(L70, "h200", 3, 2048) - saving / H200.hbm_bytes_per_s
+    assert step.one_device == step.compute == pytest.approx(floor)
     assert step.communication == 0 and step.speedup == 1 and not step.pays
 
 
@@ -230,3 +238,17 @@ def test_a_model_shape_with_an_mlp_width_the_world_does_not_divide():
     odd = ModelShape("odd", 2, 4, 2, 16, 64, 1e6, 100, intermediate=99)
     with pytest.raises(ValueError, match="MLP width"):
         par.tensor_parallel_heads(odd, 2)
+
+
+def test_vocabulary_bytes_count_one_table_when_tied():
+    # Llama-3.2-1B ties its embedding to its head: one table of V h, read whole for the logits, not
+    # 2 V h (which overstated its unsplit bytes by about 0.5 GB in bf16).
+    table = L1B.vocab * L1B.hidden * 2
+    assert par.vocabulary_bytes(L1B, 8) == table
+    assert par.embedding_saving(L1B, 8) == 0
+    # Untied (Llama-3-70B): the head whole and the b rows looked up; the rest of the table unread.
+    assert par.vocabulary_bytes(L70, 8) == (L70.vocab + 8) * L70.hidden * 2
+    assert par.embedding_saving(L70, 8) == (L70.vocab - 8) * L70.hidden * 2
+    # Exercise 2 of notebook 12: the latency per call below which Llama-3.2-1B's split pays.
+    free = par.tensor_parallel_step(L1B, "h200", 1, 8192, 2, "nvlink4", 0.0)
+    assert (free.saved - free.communication) / free.calls == pytest.approx(7.23e-6, rel=1e-2)

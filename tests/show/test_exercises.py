@@ -475,7 +475,7 @@ def test_long_context_sinks_solution():
 
 def test_diagnosis_solutions():
     from kvlab.theory import verdict
-    from kvlab.theory.agreement import factor_edges
+    from kvlab.theory.agreement import edges
     from kvlab.theory.shapes import SHAPES
     from kvlab.theory.work import step_work
 
@@ -484,15 +484,18 @@ def test_diagnosis_solutions():
     weights, seq = one.weights_read, one.kv_read + one.kv_written
     b_pred = verdict.bandwidth_batch(shape, context, step_1, beta, 4, 4)
     flat_16 = verdict.flat_step_fraction(16, step_1, weights, seq, beta)
-    low, high = factor_edges(flat_16, verdict.BATCH_TOLERANCE)
+    lo_d, lo_a, hi_a, hi_d = edges(flat_16, 0.1)
     args = (weights, seq, context, beta, step_1, one.total_bytes / step_1 / beta, b_pred, 16)
-    flat = folded(ex.diagnosis_batch(*args, step_1, flat_16, "weights", "weights"), 1)
+    flat = folded(ex.diagnosis_batch(*args, step_1, flat_16, "weights", "weights", 0.1), 1)
     assert f"**{b_pred:,.1f}**" in flat and "batch 16" in flat and "nearly flat" in flat
     assert "not at $1/\\text{fraction}$" in flat and "bandwidth_batch" in flat
-    grew = ex.diagnosis_batch(*args, 4.5 * step_1, 0.9 * low, "weights", "compute")
+    grew = ex.diagnosis_batch(*args, 4.5 * step_1, 0.9 * lo_d, "weights", "compute", 0.1)
     assert "did not stay flat" in grew and "4.50 times" in grew
-    odd = ex.diagnosis_batch(*args, step_1, 1.1 * high, "weights", "weights")
+    odd = ex.diagnosis_batch(*args, step_1, 1.1 * hi_d, "weights", "weights", 0.1)
     assert "beat the flat-step prediction" in odd
+    for inside in ((lo_a * lo_d) ** 0.5, (hi_a * hi_d) ** 0.5):
+        unsure = ex.diagnosis_batch(*args, step_1, inside, "weights", "weights", 0.1)
+        assert "The run cannot tell" in unsure and "flat" in unsure
     small = folded(
         ex.diagnosis_batch(
             weights,
@@ -507,6 +510,7 @@ def test_diagnosis_solutions():
             verdict.flat_step_fraction(1, step_1, weights, seq, beta),
             "weights",
             "weights",
+            0.1,
         ),
         1,
     )

@@ -15,7 +15,7 @@ from kvlab.show.readings.diagnosis import (
     reading_workloads,
 )
 from kvlab.theory import roofline, verdict
-from kvlab.theory.agreement import edges, factor_edges
+from kvlab.theory.agreement import edges
 from kvlab.theory.verdict import KV_SHARE_THRESHOLD, BatchPoint, Target, lever
 from kvlab.theory.work import STEP_METHODS, StepWork
 
@@ -81,20 +81,24 @@ def test_reading_timeline_on_both_sides_of_the_stable_loop_model():
     expected = verdict.expected_static_idle(
         cached.idle_s, 100, 120
     )  # eager: idle scales with the operators
-    low, high = factor_edges(expected, verdict.IDLE_TOLERANCE)
+    lo_d, lo_a, hi_a, hi_d = edges(expected, 0.0)  # one trace each: no spread, the 10% floor
     same = reading_timeline(cached, _idle_trace(expected, 120), gpu=False)
     assert "As the model says" in same and "index_copy_" in same and "Python dispatch" in same
     assert "120 against 100" in same and "expected_static_idle" in same
-    more = reading_timeline(cached, _idle_trace(1.1 * high, 120), gpu=False)
+    more = reading_timeline(cached, _idle_trace(1.1 * hi_d, 120), gpu=False)
     assert "More idle than its operators explain" in more and "descheduled" in more
-    less = reading_timeline(cached, _idle_trace(0.9 * low, 120), gpu=False)
+    unsure = reading_timeline(cached, _idle_trace((hi_a * hi_d) ** 0.5, 120), gpu=False)
+    assert "cannot tell" in unsure and "More idle than its operators explain" in unsure
+    less = reading_timeline(cached, _idle_trace(0.9 * lo_d, 120), gpu=False)
     assert "Less idle than its operators predict" in less
-    # Replayed as one CUDA graph: less idle than the cached step is the model, anything else is not.
-    g_low, _ = factor_edges(cached.idle_s, verdict.IDLE_TOLERANCE)
-    graphed = reading_timeline(cached, _idle_trace(0.9 * g_low, 120), gpu=True)
+    # Replayed as one CUDA graph: far less idle than the cached step is the model.
+    g_lo_d, g_lo_a, _, _ = edges(cached.idle_s, 0.0)
+    graphed = reading_timeline(cached, _idle_trace(0.9 * g_lo_d, 120), gpu=True)
     assert "As expected" in graphed and "launch gaps" in graphed
-    not_graphed = reading_timeline(cached, _idle_trace(1.1 * g_low, 120), gpu=True)
+    not_graphed = reading_timeline(cached, _idle_trace(1.01 * g_lo_a, 120), gpu=True)
     assert "Not less idle, against the model" in not_graphed
+    unsure = reading_timeline(cached, _idle_trace((g_lo_a * g_lo_d) ** 0.5, 120), gpu=True)
+    assert "cannot tell" in unsure and "Not less idle" in unsure
 
 
 def _batch_case(measured_16, spread=0.15):
@@ -167,22 +171,29 @@ def test_reading_workloads_both_branches():
     )
     assert "different verdict" in differ
     same = reading_workloads({"chat": _diagnosis("weights"), "rag": _diagnosis("weights")})
-    assert "Only 1 distinct verdict" in same
+    assert "Only 1 distinct verdicts" in same and "cache, yet" not in same
+    heavy = dataclasses.replace(_diagnosis("overhead"), trace=_trace(0.9, kv=4e8))
+    far = reading_workloads({"chat": _diagnosis("overhead"), "rag": heavy})
+    assert "The rag step's bytes are 83% cache, yet it moved them at 30%" in far
+    full = dataclasses.replace(_diagnosis("capacity"), trace=_trace(0.9, kv=4e8))
+    assert "cache, yet" not in reading_workloads({"chat": _diagnosis("overhead"), "batch": full})
 
 
-def test_reading_methods_on_both_sides_of_parity():
+def test_reading_methods_on_every_side_of_parity():
     ds = {m: _diagnosis("weights", m) for m in STEP_METHODS}
-    low, high = factor_edges(50.0, verdict.LOOP_TOLERANCE)
-    parity = reading_methods(ds, generate_tokens_per_s=50.0, best_tokens_per_s=50.0, best="static")
-    assert "Parity, as expected" in parity
-    faster = reading_methods(
-        ds, generate_tokens_per_s=50.0, best_tokens_per_s=1.1 * high, best="static"
-    )
-    assert "faster than parity allows" in faster and "logits processors" in faster
-    slower = reading_methods(
-        ds, generate_tokens_per_s=50.0, best_tokens_per_s=0.9 * low, best="static"
-    )
-    assert "`generate` was faster than parity allows" in slower
+    lo_d, lo_a, hi_a, hi_d = edges(50.0, 0.1)
+
+    def text(best):
+        return reading_methods(ds, 50.0, best, "static", 0.1)
+
+    parity = text(50.0)
+    assert "agrees" in parity and "runs the same computation" in parity and "spread 10%" in parity
+    faster = text(1.1 * hi_d)
+    assert "above it" in faster and "faster than parity" in faster and "logits" in faster
+    assert "cannot tell" in text((hi_a * hi_d) ** 0.5)
+    slower = text(0.9 * lo_d)
+    assert "`generate` ran faster than parity" in slower
+    assert "cannot tell" in text((lo_a * lo_d) ** 0.5)
 
 
 def test_reading_real_model_same_or_different_verdict():

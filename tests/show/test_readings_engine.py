@@ -94,7 +94,7 @@ def test_life_reading_both_outcomes():
     )
     assert "five requests" in busy and "Three of them" in busy and "ran in chunks" in busy
     assert "ran out once, at step 9, when request 2" in busy and "16 of its 17 tokens" in busy
-    assert "only one was computed again" in busy and "vLLM v1 preempts by recompute only" in busy
+    assert "only one was computed again" in busy and "vLLM V1 makes recompute its default" in busy
     assert "8 prompt tokens" in busy
     assert (
         "no prefill was chunked" in calm and "never ran out" in calm and "prefix cache" not in calm
@@ -248,3 +248,36 @@ def test_burst_reading_says_whether_the_system_prompt_was_computed_once():
     assert "times the engine" not in again
     wrong = burst_reading(16, 1152, 192, 192, False, (3.2, 3.0, 3.4))
     assert "no time is reported" in wrong and "times the engine" not in wrong
+
+
+def test_chunk_reading_on_every_side_of_no_change():
+    from kvlab.show.readings.engine import chunk_reading
+    from kvlab.theory.agreement import edges
+
+    lo_d, lo_a, hi_a, hi_d = edges(1.0, 0.1)
+
+    def text(ttft_ratio, tpot_ratio):
+        return chunk_reading(
+            12, 256, (ttft_ratio * 0.5, 0.5), (tpot_ratio * 0.08, 0.08), (0.1, 0.1)
+        )
+
+    trade = text(1.1 * hi_d, 0.9 * lo_d)
+    assert (
+        "TTFT rose to" in trade
+        and "TPOT fell to" in trade
+        and "as chunked prefill predicts" in trade
+    )
+    assert "cannot tell" not in trade and "256" in trade
+    both = text(1.1 * hi_d, 1.1 * hi_d)
+    assert "TPOT rose too" in both and "fixed cost" in both
+    assert "costs less" in trade
+    held = text(1.1 * hi_d, 1.0)
+    assert "as chunked prefill predicts" in held and "time per token holds" in held
+    flat = text(1.0, 1.0)
+    assert "did not move beyond the noise" in flat and "did not lengthen the first token" in flat
+    unsure = text((hi_a * hi_d) ** 0.5, 1.0)
+    assert "cannot tell" in unsure and "did not lengthen" in unsure
+    quiet = text(1.1 * hi_d, (lo_a * lo_d) ** 0.5)
+    assert (
+        "TPOT fell" in quiet and "cannot tell" in quiet and "as chunked prefill predicts" in quiet
+    )

@@ -180,14 +180,18 @@ BAD_CALLS = {
         ValueError,
         "step_gain",
     ),
-    "compare_loops NaN": (lambda: verdict.compare_loops(NAN, 100.0), ValueError, "tokens_per_s"),
+    "compare_loops NaN": (
+        lambda: verdict.compare_loops(NAN, 100.0, 0.1),
+        ValueError,
+        "tokens_per_s",
+    ),
     "compare_idle graphed 'no'": (
-        lambda: verdict.compare_idle(0.1, 0.2, 10, 10, "no"),
+        lambda: verdict.compare_idle(0.1, 0.2, 10, 10, "no", 0.1),
         TypeError,
         "graphed",
     ),
     "compare_idle negative idle": (
-        lambda: verdict.compare_idle(-0.1, 0.2, 10, 10, False),
+        lambda: verdict.compare_idle(-0.1, 0.2, 10, 10, False, 0.1),
         ValueError,
         "static_idle_s",
     ),

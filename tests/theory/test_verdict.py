@@ -32,7 +32,7 @@ def test_decide_each_branch():
     verdict, because = decide(**base, admitted=short)
     assert verdict == "capacity" and "does not fit by 1 GB" in because
     verdict, because = decide(**{**base, "kv_share": 0.8})
-    assert "60%" in because and "80%" in because  # names the measurements it rests on
+    assert "80%" in because and "nearer the read bandwidth" in because  # what it rests on
 
 
 def test_decide_refuses_bad_numbers():
@@ -122,21 +122,47 @@ def test_bandwidth_batch_grows_only_the_cache_term():
 
 def test_idle_batch_and_parity_models_on_both_sides():
     from kvlab.theory import verdict
-    from kvlab.theory.agreement import factor_edges
+    from kvlab.theory.agreement import edges
 
     expected = verdict.expected_static_idle(1e-3, 100, 120)
     assert expected == pytest.approx(1.2e-3)
-    low, high = factor_edges(expected, verdict.IDLE_TOLERANCE)
-    assert verdict.compare_idle(1.1 * high, 1e-3, 100, 120, graphed=False).outcome == "above"
-    assert verdict.compare_idle(1.1 * low, 1e-3, 100, 120, graphed=False).outcome == "within"
-    assert verdict.compare_idle(0.9 * low, 1e-3, 100, 120, graphed=False).outcome == "below"
-    # Replayed as a graph the reference is the cached step's idle time, and less is expected.
-    assert verdict.compare_idle(0.1e-3, 1e-3, 100, 120, graphed=True).outcome == "below"
+    lo_d, lo_a, hi_a, hi_d = edges(expected, 0.15)
+
+    def idle(x, graphed=False):
+        return verdict.compare_idle(x, 1e-3, 100, 120, graphed, 0.15)
+
+    assert idle(1.1 * hi_d).outcome == "disagrees" and idle(1.1 * hi_d).side == "above"
+    assert idle(0.99 * hi_a).outcome == "agrees" and idle(1.01 * lo_a).outcome == "agrees"
+    assert idle((hi_a * hi_d) ** 0.5).outcome == "cannot tell"
+    assert idle((lo_a * lo_d) ** 0.5).outcome == "cannot tell"
+    assert idle(0.9 * lo_d).outcome == "disagrees" and idle(0.9 * lo_d).side == "below"
+    # Replayed as a graph the reference is the cached step's idle time, and far less is expected.
+    graphed = idle(0.1e-3, graphed=True)
+    assert graphed.predicted == 1e-3 and graphed.outcome == "disagrees" and graphed.side == "below"
     tpot = verdict.shared_weight_tpot(0.01, 16, 1e5, 1e10)
     assert tpot == pytest.approx(0.01 + 15 * 1e-5)
-    assert verdict.compare_loops(50.0, 50.0 * 1.1 * verdict.LOOP_TOLERANCE).outcome == "below"
+    l_lo_d, l_lo_a, l_hi_a, l_hi_d = edges(50.0, 0.1)
+    assert verdict.compare_loops(0.9 * l_lo_d, 50.0, 0.1).side == "below"
+    assert verdict.compare_loops(1.01 * l_lo_a, 50.0, 0.1).outcome == "agrees"
+    assert verdict.compare_loops((l_hi_a * l_hi_d) ** 0.5, 50.0, 0.1).outcome == "cannot tell"
+    assert verdict.compare_loops(1.1 * l_hi_d, 50.0, 0.1).side == "above"
     assert verdict.past_ridge(1.1 * 3.5, 3.5) and not verdict.past_ridge(0.9 * 3.5, 3.5)
     assert verdict.exceeds_ceilings(0.2, 1.1) and not verdict.exceeds_ceilings(0.9, 0.5)
+
+
+def test_a_large_kv_share_far_below_the_bandwidth_is_not_kv_bound():
+    from kvlab.theory import verdict
+
+    t = verdict.CEILING_THRESHOLD
+    near = verdict.decide(
+        busy_fraction=0.8, bandwidth_fraction=1.1 * t, flops_fraction=0.01, kv_share=0.7
+    )
+    far = verdict.decide(
+        busy_fraction=0.8, bandwidth_fraction=0.9 * t, flops_fraction=0.01, kv_share=0.7
+    )
+    assert near[0] == "kv" and far[0] == "overhead" and "neither bytes nor FLOPs" in far[1]
+    # decide checks its arguments, then hands the numbers to classify unchanged.
+    assert verdict.classify(0.8, 0.9 * t, 0.01, 0.7) == far
 
 
 @pytest.mark.parametrize(
@@ -163,7 +189,7 @@ def test_idle_batch_and_parity_models_on_both_sides():
             "ridge must be a finite number > 0",
         ),
         (
-            lambda: verdict_models.compare_loops(1.0, 0.0),
+            lambda: verdict_models.compare_loops(1.0, 0.0, 0.1),
             ValueError,
             "reference_tokens_per_s must be a finite number > 0",
         ),

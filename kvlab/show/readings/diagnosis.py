@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from kvlab.show.format import si
 from kvlab.theory import verdict as model
-from kvlab.theory.agreement import ABOVE, AGREES, BELOW, DISAGREES
+from kvlab.theory.agreement import ABOVE, AGREES, BELOW, DISAGREES, combined_spread
 
 if TYPE_CHECKING:  # annotations only: a reading imports no torch
     from kvlab.lab.diagnose import Diagnosis
@@ -43,20 +43,19 @@ def reading_diagnosis(d: Diagnosis) -> str:
         else ""
     )
     text = (
-        f"**{d.method} loop: verdict {verdict_label(d)}.** Traced at {d.context} cached tokens and"
-        f" batch {d.batch}{threads}, one step took {_ms(d.trace.step_s)} and moved bytes at"
-        f" {d.bandwidth_fraction:.0%} of this machine's read bandwidth and FLOPs at"
-        f" {d.flops_fraction:.0%} of its matmul rate. "
+        f"**{d.method} loop: verdict {verdict_label(d)}.** At {d.context} cached tokens and batch"
+        f" {d.batch}{threads}, one step took {_ms(d.trace.step_s)}, busy for"
+        f" {d.trace.busy_fraction:.0%} of its trace, moving bytes at {d.bandwidth_fraction:.0%} of"
+        f" the read bandwidth and FLOPs at {d.flops_fraction:.0%} of the matmul rate. "
     )
     if d.firm:
-        text += f"The verdict rests on this: {d.because}. Next lever: {d.lever}."
+        text += f"It rests on this: {d.because}. Next lever: {d.lever}."
     else:
         text += (
-            f"This run's measurements fall on `{d.verdict}` ({d.because}), but within their"
-            f" spread (busy share {d.trace.busy_fraction:.0%}, its traces"
-            f" {d.trace.busy_spread:.0%} apart) they reach"
-            f" {' and '.join(f'`{v}`' for v in d.verdicts)} too: the step sits on a threshold of"
-            " the path, and another run may land on the other side. Both levers apply."
+            f"This run falls on `{d.verdict}` ({d.because}), but within the spread of its"
+            f" measurements (its traces' busy shares {d.trace.busy_spread:.0%} apart) it reaches"
+            f" {' and '.join(f'`{v}`' for v in d.verdicts)} too: the step sits on a threshold,"
+            " and another run may land on the other side. Both levers apply."
         )
     if model.exceeds_ceilings(d.bandwidth_fraction, d.flops_fraction):
         text += (
@@ -69,37 +68,37 @@ def reading_diagnosis(d: Diagnosis) -> str:
 
 
 def reading_methods(
-    diagnoses: dict, generate_tokens_per_s: float, best_tokens_per_s: float, best: str
+    diagnoses: dict,
+    generate_tokens_per_s: float,
+    best_tokens_per_s: float,
+    best: str,
+    spread: float,
 ) -> str:
-    """The loops side by side, and Hugging Face ``generate`` against the fastest kvlab loop.
-
-    Both run the same cached forward pass, so the model is parity
-    (``kvlab.theory.verdict.compare_loops``, within ``LOOP_TOLERANCE``)."""
+    """The loops side by side, and Hugging Face ``generate`` against the fastest kvlab loop, timed
+    in turn with it (``spread``: the two timings' relative spread). Both run the same cached
+    forward pass, so the model is parity (``kvlab.theory.verdict.compare_loops``)."""
     verdicts = ", ".join(f"{m} {verdict_label(d)}" for m, d in diagnoses.items())
     head = f"The four loops' verdicts on this machine: {verdicts}. "
-    c = model.compare_loops(best_tokens_per_s, generate_tokens_per_s)
+    c = model.compare_loops(best_tokens_per_s, generate_tokens_per_s, spread)
     numbers = (
-        f"The fastest kvlab loop here ({best}) made {best_tokens_per_s:.4g} tokens/s and Hugging"
-        f" Face `generate` {generate_tokens_per_s:.4g}, whole requests with prefill. Both run the"
-        " same cached forward pass, so the expectation is parity: kvlab's loop ran at"
-        f" {c.describe()}. "
+        f"Whole requests, prefill included, timed in turn: the fastest kvlab loop ({best}) made"
+        f" {best_tokens_per_s:.4g} tokens/s and Hugging Face `generate`"
+        f" {generate_tokens_per_s:.4g}."
+        " Both run the same cached forward pass, so the model is parity: kvlab's loop is"
+        f" {c.describe()} (spread {c.spread:.0%}). "
     )
-    if c.agrees:
+    if c.outcome == AGREES:
+        tail = "The reference a reader would otherwise use runs the same computation."
+    elif c.side == ABOVE:
         tail = (
-            "Parity, as expected: the reference a reader would otherwise use runs the same"
-            " computation."
-        )
-    elif c.outcome == ABOVE:
-        tail = (
-            "The kvlab loop was faster than parity allows. The likely reason: `generate` does more"
-            " per step (logits processors, stopping criteria, its cache and mask bookkeeping),"
-            " which weighs on a model whose step is this short."
+            "kvlab's loop ran faster than parity. The likely reason: `generate` does more per step"
+            " (logits processors, stopping criteria, its cache and mask bookkeeping), which weighs"
+            " on a model whose step is this short."
         )
     else:
         tail = (
-            "`generate` was faster than parity allows. The likely reasons: on a shared CPU, another"
-            " process slowed the kvlab runs (they ran after `generate`); on a GPU, `generate` may"
-            " pick a faster attention kernel or cache."
+            "`generate` ran faster than parity. The likely reason: on a GPU, `generate` may pick a"
+            " faster attention kernel or cache; on a CPU, it skips work kvlab's loop does per step."
         )
     return head + numbers + tail
 
@@ -117,14 +116,15 @@ def reading_timeline(cached: StepTrace, static: StepTrace, gpu: bool) -> str:
         f"The cached step was busy for {cached.busy_fraction:.0%} of its trace and the static step"
         f" for {static.busy_fraction:.0%}. The white space between bars is {what}. "
     )
-    c = model.compare_idle(static.idle_s, cached.idle_s, n_cached, n_static, graphed=gpu)
+    spread = combined_spread(cached.idle_spread, static.idle_spread)
+    c = model.compare_idle(static.idle_s, cached.idle_s, n_cached, n_static, gpu, spread)
     if gpu:
         expect = (
             "Step 3's model: replayed as one CUDA graph, the static step has almost no gaps, so it"
             f" should be idle for far less than the cached step's {_ms(cached.idle_s)}. It was idle"
             f" for {_ms(static.idle_s)}, {c.describe()}. "
         )
-        if c.outcome == BELOW:
+        if c.outcome == DISAGREES and c.side == BELOW:
             return (
                 head + expect + "As expected: the graph launches the step's kernels back to back."
             )
@@ -155,7 +155,7 @@ def reading_timeline(cached: StepTrace, static: StepTrace, gpu: bool) -> str:
             " graph, which a CPU does not have; on a GPU the same cell shows the compiled static"
             " step as a dense run of kernels."
         )
-    elif c.outcome == ABOVE:
+    elif c.side == ABOVE:
         tail = (
             "More idle than its operators explain. The likely reason on a shared CPU: the process"
             " was descheduled during the static step's trace (the shortest of three traces is kept,"
@@ -289,10 +289,22 @@ def reading_workloads(diagnoses: dict) -> str:
         )
     else:
         tail = (
-            f"Only {len(verdicts)} distinct verdict(s) for {len(diagnoses)} workloads here. The"
-            " seed expects different bottlenecks; on this machine the noise of a shared CPU or a"
-            " model too small for its step to leave the overhead regime can merge them. Move the"
-            " sliders to larger contexts or batches."
+            f"Only {len(verdicts)} distinct verdicts for {len(diagnoses)} workloads here: on this"
+            " machine two of them are bound by the same thing."
+        )
+    heavy = [
+        name
+        for name, d in diagnoses.items()
+        if d.trace.work.kv_share > model.KV_SHARE_THRESHOLD
+        and not {"kv", "capacity"} & {d.verdict, *d.verdicts}
+    ]
+    if heavy:
+        d = diagnoses[heavy[0]]
+        tail += (
+            f" The {heavy[0]} step's bytes are {d.trace.work.kv_share:.0%} cache, yet it moved them"
+            f" at {d.bandwidth_fraction:.0%} of the read bandwidth: a large share of the bytes is"
+            " not a bound until the step moves them near the ceiling, which a context this short"
+            " on this CPU does not."
         )
     return "; ".join(parts) + ". " + tail
 

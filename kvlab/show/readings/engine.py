@@ -11,7 +11,7 @@ this machine's ceilings (:func:`kvlab.theory.serving.roofline_throughput`, judge
 from __future__ import annotations
 
 from kvlab.show.format import si
-from kvlab.theory.agreement import AGREES, DISAGREES
+from kvlab.theory.agreement import AGREES, DISAGREES, compare
 from kvlab.theory.serving import (
     CB,
     CB_NO_SHARING,
@@ -109,8 +109,9 @@ def _readmission(tokens: int, cached: int) -> str:
             f"When it came back, {cached} of its {tokens} tokens were served from the prefix cache,"
             " most of them from its own freed blocks, which were still there; only"
             f" {number(tokens - cached)} {'was' if tokens - cached == 1 else 'were'} computed"
-            " again. With prefix caching, recompute preemption often recomputes almost nothing,"
-            " which is why vLLM v1 preempts by recompute only."
+            " again. With prefix caching, recompute preemption often recomputes almost nothing;"
+            " vLLM V1 makes recompute its default, its documentation saying it costs less than"
+            " swapping in that architecture ([vLLM V1 documentation](../book/references.md))."
         )
     return (
         f"When it came back none of its {tokens} tokens were cached any more (its freed blocks had"
@@ -403,3 +404,53 @@ def burst_reading(
             f" engine's time{spread}."
         )
     return text
+
+
+def chunk_reading(
+    small: int,
+    large: int,
+    ttft: tuple[float, float],
+    tpot: tuple[float, float],
+    spreads: tuple[float, float],
+) -> str:
+    """Chunked prefill's trade-off, measured: mean TTFT and mean TPOT at a small token budget per
+    step (``small``) against a large one (``large``); ``ttft`` and ``tpot`` are (small, large),
+    ``spreads`` the relative spread behind the TTFT and the TPOT ratios. Each ratio is compared
+    with "no change" (``kvlab.theory.agreement.compare``): agreement means the budget did not
+    move it beyond the noise."""
+    t, p = compare(ttft[0], ttft[1], spreads[0]), compare(tpot[0], tpot[1], spreads[1])
+
+    def moved(c, what):
+        if c.outcome == AGREES:
+            return f"{what} did not move beyond the noise ({c.ratio:.2f} times)"
+        way = "rose" if c.side == "above" else "fell"
+        if c.outcome == DISAGREES:
+            return f"{what} {way} to {c.ratio:.2f} times"
+        return f"{what} {way} to {c.ratio:.2f} times, within the noise band (cannot tell)"
+
+    text = (
+        f"With a budget of {small} tokens per step instead of {large:,}, mean time to first token"
+        f" went from {si(ttft[1], 's')} to {si(ttft[0], 's')} and mean time per output token from"
+        f" {si(tpot[1], 's')} to {si(tpot[0], 's')}: {moved(t, 'TTFT')}, {moved(p, 'TPOT')}. "
+    )
+    if t.outcome == DISAGREES and t.side == "above" and p.side != "above":
+        cheaper = (
+            ", and each step, carrying less prefill, costs less"
+            if p.side == "below"
+            else ", so their time per token holds"
+        )
+        return text + (
+            "The trade-off as chunked prefill predicts it: a prompt fed a few tokens per step"
+            f" waits many steps for its first token, while the running decodes are never held"
+            f" back{cheaper}."
+        )
+    if t.outcome == DISAGREES and t.side == "above":
+        return text + (
+            "TTFT rose as predicted, but TPOT rose too: on this CPU every step pays a fixed cost"
+            " (Python, dispatch), so the extra steps a small budget takes show in each"
+            " request's time per token."
+        )
+    return text + (
+        "The budget did not lengthen the first token here: the prompts are short beside the"
+        " budget, so few of them needed more than one step to prefill."
+    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory import verdict as model
-from kvlab.theory.agreement import BELOW, within_factor
+from kvlab.theory.agreement import ABOVE, AGREES, DISAGREES, compare
 
 
 def diagnosis_batch(
@@ -22,16 +22,18 @@ def diagnosis_batch(
     fraction_b: float,
     verdict_1: str,
     verdict_b: str,
+    spread: float,
 ) -> str:
     """Exercise 1 of 9.8: the batch at which the chatbot's step would reach the read bandwidth.
 
     ``weight_bytes`` (P w) and ``sequence_bytes`` ((s + 1) K, one sequence's cache read and new
     token) are the step's bytes at ``context`` cached tokens (``kvlab.theory.work.step_work``);
     ``predicted_batch`` is ``kvlab.theory.verdict.bandwidth_batch``; ``batch`` the batch diagnosed,
-    at ``step_b`` seconds and ``fraction_b`` of the read ``bandwidth``.
+    at ``step_b`` seconds and ``fraction_b`` of the read ``bandwidth``; ``spread`` the relative
+    spread of the two diagnoses' fractions (``kvlab.theory.agreement.compare``).
     """
     flat = model.flat_step_fraction(batch, step_1, weight_bytes, sequence_bytes, bandwidth)
-    c = within_factor(fraction_b, flat, model.BATCH_TOLERANCE)
+    c = compare(fraction_b, flat, spread)
     text = (
         "A step moves $P w + b\\,(s + 1)\\,K$ bytes: the weights, read once for all the sequences"
         f" of the batch ({si(weight_bytes, 'B')}) and each sequence's cache read and new token"
@@ -52,12 +54,12 @@ def diagnosis_batch(
         f" of the read bandwidth against the {flat:.1%} a flat step would reach"
         f" (`verdict.flat_step_fraction`): {c.describe()}."
     )
-    if c.agrees:
+    if c.outcome == AGREES:
         text += (
             " The step stayed nearly flat, as the prediction assumes: what the batch-1 step paid"
             " for (dispatch, reading the weights) is shared by every sequence."
         )
-    elif c.outcome == BELOW:
+    elif c.outcome == DISAGREES and c.side != ABOVE:
         text += (
             " The step did not stay flat, so the fraction fell short of the prediction: something"
             " else grew with the batch, each sequence's attention and activations, and on a CPU the"
@@ -65,10 +67,15 @@ def diagnosis_batch(
             " the read bandwidth binds. The prediction is an upper bound on the bytes per second"
             " batching buys."
         )
-    else:
+    elif c.outcome == DISAGREES:
         text += (
             " The fraction beat the flat-step prediction, which a batch cannot do by its bytes: the"
             " batch-1 step was slowed by other work on this shared machine (rerun the cell)."
+        )
+    else:
+        text += (
+            " The run cannot tell: the miss is wider than the spread explains, short of a clear"
+            " one. Diagnose a larger batch to see which way the step goes."
         )
     return solution(1, text)
 
