@@ -153,46 +153,45 @@ def gather_reading(timing, copy_bytes_per_s: float) -> str:
     alone = compare(timing.gather.min, extra, min_scatter(timing.gather) + min_scatter(copy))
     text = (
         " On a CPU the paged path gathers before it attends: it copies the"
-        f" {si(kv, 'B')} of keys and values out of their blocks and zeroes the slots past each"
-        " sequence's end, two passes over those bytes (`gather_overhead_s`). A copy of the same"
-        f" bytes, timed in the same loop, ran at {si(rate, 'B/s')} (they fit the CPU's last-level"
-        f" cache; the large-buffer copy rate is {si(copy_bytes_per_s, 'B/s')}), so the two passes"
+        f" {si(kv, 'B')} of keys and values out of their blocks (and zeroes the few slots past"
+        " each sequence's end), one pass over those bytes (`gather_overhead_s`). A plain copy of"
+        f" the same bytes, timed in the same loop, ran at {si(rate, 'B/s')} (they fit the CPU's"
+        f" last-level cache; the large-buffer copy rate is {si(copy_bytes_per_s, 'B/s')}), so the"
+        " gather"
         f" should add {si(extra, 's')}. The gather alone took {si(timing.gather.min, 's')},"
         f" {alone.describe()}; the whole gap (fastest repeats) was {si(gap, 's')},"
         f" {whole.describe()}."
     )
     if whole.outcome == AGREES:
         return text + (
-            " The gather's two passes are the gap. A fused kernel reads each block in place, which"
-            " is the point of writing one."
+            " The gather's copy is the gap. A fused kernel reads each block in place, which is the"
+            " point of writing one."
         )
+    rest = max(gap - timing.gather.min, 0.0)
     if whole.outcome == DISAGREES and whole.side == ABOVE:
-        rest = gap - timing.gather.min
         return text + (
-            f" The model misses the other {si(max(rest, 0.0), 's')}: SDPA then attends over the"
-            " gathered keys through a transposed, strided view with a mask, and on this CPU that"
-            " takes longer than the same attention over the contiguous cache (its fast path wants"
-            " contiguous keys and no mask). The model prices the copies, not what they do to the"
-            " attention after them; a fused kernel pays neither."
+            f" The model misses the other {si(rest, 's')}: SDPA then attends over the gathered keys"
+            " through a transposed, strided view with a mask, and on this CPU that takes longer"
+            " than the same attention over the contiguous cache (its fast path wants contiguous"
+            " keys and no mask). The model prices the copy, not what it does to the attention"
+            " after it; a fused kernel pays neither."
             + (
                 ""
                 if alone.outcome != DISAGREES
-                else " The gather itself is slower than two copies of its bytes too. Timed apart on"
-                " this CPU, copying the blocks out (`index_select`) runs at the copy rate whatever"
-                " their order; the zeroing pass, a `masked_fill_` whose mask is broadcast over"
-                " heads and channels, runs at well under it."
+                else " The gather itself is slower than a copy of its bytes too: it copies block"
+                " by block through an index and builds its masks, work a plain copy does not do."
             )
         )
     if whole.outcome == DISAGREES:
         return text + (
-            " The gap is smaller than the two passes predict: SDPA over the gathered keys read"
-            " them while they were still in the CPU's caches."
+            " The gap is smaller than the copy predicts: SDPA over the gathered keys read them"
+            " while they were still in the CPU's caches."
         )
     return text + (
-        f" This run cannot tell: the gap sits {whole.side} the two passes by more than its spread,"
-        " not by enough to call the model wrong. Of the gap, the gather itself took"
-        f" {si(timing.gather.min, 's')}; the rest is SDPA attending over the gathered, strided"
-        " keys, a term the model does not have."
+        f" This run cannot tell: the gap sits {whole.side} the copy by more than its spread, not"
+        f" by enough to call the model wrong. Of the gap, the gather itself took"
+        f" {si(timing.gather.min, 's')}; the rest, {si(rest, 's')}, is SDPA attending over the"
+        " gathered, strided keys, a term the model does not have."
     )
 
 
