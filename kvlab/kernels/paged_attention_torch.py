@@ -51,19 +51,42 @@ def paged_decode_attention_gather(
 
 def paged_decode_gather(q, k_cache, v_cache, block_table, seq_lens, scale: float):
     """:func:`paged_decode_attention_gather` without its checks (and their host sync)."""
-    block_size, lens = k_cache.shape[1], seq_lens[:, None]
-    in_use = torch.arange(block_table.shape[1], device=q.device)[None, :] * block_size < lens
-    index = torch.where(in_use, block_table.long(), 0)  # unused entries may hold anything
-    valid = torch.arange(index.shape[1] * block_size, device=q.device)[None, :] < lens
-    # A slot past a sequence's end may hold anything, even NaN: zero it.
-    unused = ~valid[:, :, None, None]
-    # [batch, kv_heads, slots, dim]
-    keys = k_cache[index].flatten(1, 2).masked_fill_(unused, 0).transpose(1, 2)
-    values = v_cache[index].flatten(1, 2).masked_fill_(unused, 0).transpose(1, 2)
+    keys, values, valid = gather_blocks(k_cache, v_cache, block_table, seq_lens)
     out = F.scaled_dot_product_attention(
         q[:, :, None], keys, values, attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True
     )
     return out[:, :, 0]
+
+
+def gather_blocks(k_cache, v_cache, block_table, seq_lens):
+    """The gather of :func:`paged_decode_gather`, the part a fused kernel does not do: each
+    sequence's blocks copied out of the pools in table order (``index_select`` over whole blocks,
+    one streaming copy), then the slots past each sequence's end zeroed. Returns keys and values as
+    ``[batch, kv_heads, slots, head_dim]`` views and the ``[batch, slots]`` mask of valid slots.
+
+    On a CPU only the rows past each end are zeroed (``index_fill_``): a ``masked_fill_`` whose
+    mask is broadcast over heads and channels runs there at well under the copy rate, a second
+    pass over every byte. On a GPU the ``masked_fill_`` streams at memory speed and keeps every
+    shape static (no ``nonzero``, so no host sync and nothing that stops a graph capture)."""
+    batch, width = block_table.shape
+    block_size, lens = k_cache.shape[1], seq_lens[:, None]
+    in_use = torch.arange(width, device=k_cache.device)[None, :] * block_size < lens
+    index = torch.where(in_use, block_table.long(), 0).flatten()  # unused entries may hold anything
+    valid = torch.arange(width * block_size, device=k_cache.device)[None, :] < lens
+    # A slot past a sequence's end may hold anything, even NaN: zero it.
+    unused = ~valid[:, :, None, None]
+
+    past_end = None if k_cache.is_cuda else (~valid).flatten().nonzero().squeeze(1)
+
+    def gather(cache):  # [batch, slots, kv_heads, dim] -> [batch, kv_heads, slots, dim]
+        blocks = cache.index_select(0, index).view(batch, width * block_size, *cache.shape[2:])
+        if past_end is None:
+            blocks.masked_fill_(unused, 0)
+        else:
+            blocks.view(batch * width * block_size, -1).index_fill_(0, past_end, 0)
+        return blocks.transpose(1, 2)
+
+    return gather(k_cache), gather(v_cache), valid
 
 
 def merge_partials(outs: torch.Tensor, lses: torch.Tensor):

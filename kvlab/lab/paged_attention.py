@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from kvlab import kernels
 from kvlab._checks import integer, named_shapes, one_of, token_ids
+from kvlab.kernels.paged_attention_torch import gather_blocks
 from kvlab.lab.timing import Timing, measure, merge_timings
 from kvlab.serving.attention import ATTENTION_PATHS
 from kvlab.theory.prefill_attention import PrefillWork, prefill_attention_work
@@ -33,7 +34,11 @@ class AttentionTiming:
     # Timing of torch SDPA over a contiguous [batch, kv_heads, context, head_dim] cache
     contiguous: object
     kv_bytes: int  # K and V bytes one step must read
-    path: str  # "kernel" or "reference"
+    path: str  # "kernel", "gather" or "reference"
+    # On the gather path, timed in the same loop: the gather alone (``gather_blocks``), and a
+    # plain copy of the pools' K and V (``kv_bytes`` read and written), the ceiling beside it.
+    gather: object = None
+    copy: object = None
 
     @property
     def paged_bytes_per_s(self) -> float:
@@ -230,12 +235,23 @@ def compare_attention(
         def paged():
             return attend(*args)
 
+    contenders = {"paged": paged, "contiguous": case.contiguous}
+    if path == "gather":
+        contenders["gather"] = lambda: gather_blocks(*args[1:])
+        contenders["copy"] = lambda: (case.k_pool.clone(), case.v_pool.clone())
     with torch.inference_mode():
         torch.testing.assert_close(
             paged().float(), case.contiguous()[:, :, 0].float(), atol=2e-2, rtol=2e-2
         )
-        timed = _alternate({"paged": paged, "contiguous": case.contiguous}, warmup, reps)
-    return AttentionTiming(timed["paged"], timed["contiguous"], case.kv_bytes, path)
+        timed = _alternate(contenders, warmup, reps)
+    return AttentionTiming(
+        timed["paged"],
+        timed["contiguous"],
+        case.kv_bytes,
+        path,
+        timed.get("gather"),
+        timed.get("copy"),
+    )
 
 
 @dataclass(frozen=True)

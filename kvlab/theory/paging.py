@@ -6,7 +6,7 @@ formula.
   ``max_len`` per request (Kwon et al. 2023);
 - ``waste_bound`` and ``within_waste_bound``: the most paged allocation can waste, and whether a
   measured waste respects it;
-- ``gather_overhead_s``: what the gather path's extra copy of a paged cache adds to a decode step.
+- ``gather_overhead_s``: what the gather path's copy of a paged cache adds to a decode step.
 
 Pure Python: a trace is any sequence of requests with a ``prompt`` and a ``max_new_tokens``
 (``kvlab.lab.paging.make_trace`` draws them).
@@ -71,8 +71,8 @@ def within_waste_bound(waste: float, block_size: int, mean_tokens: float) -> boo
 
 def gather_overhead_s(kv_bytes: float, copy_bytes_per_s: float) -> float:
     """Seconds the gather path adds to a decode step at the copy bandwidth (notebook 05): it copies
-    the keys and values out of their blocks and then zeroes, in place, the slots past each
-    sequence's end, two passes that each read and write ``kv_bytes``; the copy bandwidth counts
-    bytes read plus written.
+    the keys and values out of their blocks, one pass that reads and writes ``kv_bytes`` (the copy
+    bandwidth counts bytes read plus written); zeroing the few slots past each sequence's end
+    costs next to nothing beside it.
     """
-    return 2 * 2 * positive("kv_bytes", kv_bytes) / positive("copy_bytes_per_s", copy_bytes_per_s)
+    return 2 * positive("kv_bytes", kv_bytes) / positive("copy_bytes_per_s", copy_bytes_per_s)

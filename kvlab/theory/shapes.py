@@ -209,8 +209,10 @@ class SSMShape:
     Each of the ``layers`` blocks widens the ``hidden`` stream to ``d_inner = expand * hidden``
     channels, runs a depthwise causal convolution of width ``conv_kernel`` over them, and then a
     selective scan whose state holds ``state_size`` numbers per channel. A sequence therefore keeps,
-    per layer, a convolution window of ``d_inner * conv_kernel`` inputs (transformers keeps the
-    whole window, mamba_ssm too) and an SSM state of ``d_inner * state_size``, whatever its length.
+    per layer, the last ``conv_kernel - 1`` inputs of the convolution, ``d_inner * (conv_kernel -
+    1)`` (the next output needs them and the new token; vLLM stores that many), and an SSM state of
+    ``d_inner * state_size``, whatever its length. transformers' cache keeps the whole window of
+    ``conv_kernel`` inputs, one more than needed (``conv_inputs``).
     ``dt_rank`` is the rank of the step-size projection (Mamba's default: ceil(hidden / 16)).
     """
 
@@ -258,13 +260,18 @@ class SSMShape:
         return float(self.layers * per_layer + self.vocab * h + h)
 
     def state_bytes_per_layer(
-        self, bytes_per_element: float = 2, state_bytes_per_element: float | None = None
+        self,
+        bytes_per_element: float = 2,
+        state_bytes_per_element: float | None = None,
+        conv_inputs: int | None = None,
     ):
-        """Bytes one sequence keeps in one layer: conv window plus SSM state, independent of its
-        length.
+        """Bytes one sequence keeps in one layer: the convolution's past inputs plus the SSM state,
+        independent of its length.
 
         ``state_bytes_per_element`` is the SSM state's element size when it differs from the
-        convolution window's (transformers' PyTorch path keeps the SSM state in fp32).
+        convolution's (transformers' PyTorch path and many hybrids keep the SSM state in fp32).
+        ``conv_inputs`` is how many past inputs per channel are kept: ``conv_kernel - 1`` by
+        default, what the next output needs; transformers' cache keeps ``conv_kernel``.
         """
         bytes_per_element = positive("bytes_per_element", bytes_per_element)
         state_bytes = (
@@ -272,12 +279,22 @@ class SSMShape:
             if state_bytes_per_element is None
             else positive("state_bytes_per_element", state_bytes_per_element)
         )
-        return self.d_inner * (self.conv_kernel * bytes_per_element + self.state_size * state_bytes)
+        kept = (
+            self.conv_kernel - 1
+            if conv_inputs is None
+            else integer("conv_inputs", conv_inputs, self.conv_kernel - 1, self.conv_kernel + 1)
+        )
+        return self.d_inner * (kept * bytes_per_element + self.state_size * state_bytes)
 
     def state_bytes_per_sequence(
-        self, bytes_per_element: float = 2, state_bytes_per_element: float | None = None
+        self,
+        bytes_per_element: float = 2,
+        state_bytes_per_element: float | None = None,
+        conv_inputs: int | None = None,
     ):
-        return self.layers * self.state_bytes_per_layer(bytes_per_element, state_bytes_per_element)
+        return self.layers * self.state_bytes_per_layer(
+            bytes_per_element, state_bytes_per_element, conv_inputs
+        )
 
     @classmethod
     def from_config(cls, config, name: str | None = None) -> "SSMShape":

@@ -135,11 +135,6 @@ def scan_time(
     )
 
 
-# The fitted cost model explains a measured ratio of two orders' times when it predicts the same
-# winner and a ratio within this factor of the measured one.
-SCAN_TOLERANCE = 1.25
-
-
 def usable_fit(round_s: float, element_s: float) -> bool:
     """Whether a least-squares fit of ``scan_time`` to measured points told its two terms apart:
     both costs came out positive. A zero or negative one means the points could not separate

@@ -255,6 +255,17 @@ def test_ssm_solutions():
     disagree = {**agree, "sequential": min(agree.values()) / 2}
     assert "not the" in ex.ssm_narrow_scan(64, 8, n, s, 16, tau, gamma, "sequential", disagree)
     assert "could not tell" in ex.ssm_narrow_scan(64, 8, n, s, 16, -1.0, gamma, "sequential", agree)
+    # 68.1 against 68.6 ms is no win: within the band, either way of the spread, the run cannot tell.
+    close = {"sequential": 0.2, "parallel": 68.6e-3, "chunked": 68.1e-3}
+    for spread in (0.0, 0.3):
+        t = ex.ssm_narrow_scan(64, 8, n, s, 16, tau, gamma, "sequential", close, spread)
+        assert "cannot tell which order won" in t and "as the cost model predicted" not in t
+    # Just past the band (10% floor, spread 5%): a winner.
+    apart = {"sequential": 0.2, "parallel": 1.12 * 60e-3, "chunked": 60e-3}
+    t = ex.ssm_narrow_scan(64, 8, n, s, 16, tau, gamma, "sequential", apart, 0.05)
+    assert "cannot tell" not in t
+    t = ex.ssm_narrow_scan(64, 8, n, s, 16, tau, gamma, "sequential", apart, 0.15)
+    assert "cannot tell which order won" in t
     t = folded(ex.ssm_hybrid_fraction(8, 1, {256: 0.193, 131_072: 0.125}), 3)
     assert "**19.3%** at 256 tokens" in t
     exact = folded(ex.ssm_full_rank(8, 8, 1e-16, 8, 64, 1, 0.984375), 4)
@@ -401,6 +412,7 @@ def test_prefix_caching_and_engine_solutions():
     from kvlab.cache.blocks import reusable_tokens
     from kvlab.theory import prefix as prefix_model
     from kvlab.theory import serving as serving_model
+    from kvlab.theory.agreement import edges
 
     served = reusable_tokens(None, 64, 16)  # the block rule's prediction
     assert "As predicted" in folded(ex.prefix_whole_blocks(64, 16, served), 1)
@@ -417,14 +429,16 @@ def test_prefix_caching_and_engine_solutions():
     assert "Here **LRU** lost more" in ex.prefix_system_prompts(16, 32, hit_lru)
     tie = {("lru", 1): 0.74, ("lru", 8): 0.39, ("reserve", 1): 0.66, ("reserve", 8): 0.31 - 0.9 * m}
     assert "about the same" in ex.prefix_system_prompts(16, 32, tie)
-    tol = prefix_model.TTFT_TOLERANCE
+    lo_d, lo_a, hi_a, hi_d = edges(0.04, 0.1)
     assert "Close to the line" in folded(
-        ex.prefix_ninety(256, 16, 224, 0.04, 0.04 * 0.9 * tol, 0.186), 3
+        ex.prefix_ninety(256, 16, 224, 0.04, 0.95 * hi_a, 0.186, 0.1), 3
     )
     assert "fixed cost of a forward pass" in ex.prefix_ninety(
-        256, 16, 224, 0.04, 0.04 * 1.1 * tol, 0.186
+        256, 16, 224, 0.04, 1.1 * hi_d, 0.186, 0.1
     )
-    assert "Below the line" in ex.prefix_ninety(256, 16, 224, 0.04, 0.04 * 0.9 / tol, 0.186)
+    assert "Below the line" in ex.prefix_ninety(256, 16, 224, 0.04, 0.9 * lo_d, 0.186, 0.1)
+    for between in ((hi_a * hi_d) ** 0.5, (lo_a * lo_d) ** 0.5):
+        assert "scatter too much" in ex.prefix_ninety(256, 16, 224, 0.04, between, 0.186, 0.1)
     capacity, tol = 1.7, serving_model.CAPACITY_TOLERANCE  # the pool binds (capacity < max_batch)
     assert serving_model.batch_bound(capacity, 8)[0] == "pool"
     assert "as predicted" in folded(ex.engine_half_pool(capacity, 8, 0.9 * tol * capacity, 1), 1)

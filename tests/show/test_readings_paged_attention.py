@@ -12,7 +12,6 @@ from kvlab.lab.paged_attention import AttentionTiming
 from kvlab.lab.paging import make_trace
 from kvlab.lab.preemption import CachedRecompute, HostCopy, PreemptionCost
 from kvlab.lab.timing import Timing, compare_timings
-from kvlab.show.format import si
 from kvlab.show.readings import exercises as ex
 from kvlab.show.readings import paged_attention, preemption
 from kvlab.theory.agreement import edges
@@ -79,12 +78,13 @@ def test_event_reading_names_shared_blocks():
     assert "no block is shared" in paged_attention.event_reading(alone, 0, 16)
 
 
-def _sim(waste, batch, steps, preemptions=0, meta=120):
+def _sim(waste, batch, steps, preemptions=0, meta=120, recomputed=0):
     return SimpleNamespace(
         waste_fraction=waste,
         mean_batch=batch,
         steps=steps,
         preemptions=preemptions,
+        recomputed_tokens=recomputed,
         peak_metadata_bytes=meta,
     )
 
@@ -102,15 +102,17 @@ def test_waste_reading_branches_where_the_formula_stops_predicting_a_saving():
     runs = {
         "reserve-max": _sim(0.6, 7.1, 300),
         "reserve-estimate": _sim(0.43, 9, 250),
-        "paged": _sim(0.043, 20.5, 100, preemptions=12),
+        "paged": _sim(0.043, 20.5, 100, preemptions=12, recomputed=6785),
     }
     wins = no_roles(
         paged_attention.waste_reading(runs, pred, trace, "uniform", saving, 4096, max_len)
     )
     assert (
         "**4.3%**" in wins
-        and "3.0 times sooner" in wins
+        and "3.0 times fewer decode steps" in wins
         and "12 preemptions" in wins
+        and "6,785 tokens prefilled again" in wins
+        and "charges nothing" in wins
         and "contradicts" not in wins
     )
     assert "predicts 60% and 4.0%" in wins
@@ -120,11 +122,11 @@ def test_waste_reading_branches_where_the_formula_stops_predicting_a_saving():
         )
     )
     assert "contradicts the formula" in odd and "no preemption" in odd
-    # The saving's boundary from the comparison itself: 10% past the lower edge on each side.
-    from kvlab.theory.agreement import factor_edges
+    # The saving's boundary from the comparison itself (no spread: a deterministic simulation),
+    # 10% past the lower disagreement edge on each side, and inside the cannot-tell band.
 
-    low, _ = factor_edges(pred["reserve-max"] - pred["paged"], paged_attention.SAVING_TOLERANCE)
-    for factor, contradicted in ((0.9, True), (1.1, False)):
+    low, low_agree, _, _ = edges(pred["reserve-max"] - pred["paged"], 0.0)
+    for factor, contradicted in ((0.9, True), (1.1, False), ((low_agree / low) ** 0.5, False)):
         sim = {**runs, "paged": _sim(0.6 - factor * low, 20.5, 100)}
         text = no_roles(
             paged_attention.waste_reading(sim, pred, trace, "uniform", saving, 4096, max_len)
@@ -145,33 +147,45 @@ def _attention(outcome, path="gather"):
     return AttentionTiming(paged, contiguous, 16_000_000, path)
 
 
+def _gather_timing(gap, gather, copy=2e-3):
+    """An AttentionTiming on the gather path whose fastest repeats sit ``gap`` apart, with the
+    gather alone at ``gather`` seconds and the copy beside at ``copy`` (scatter 5% each)."""
+    contiguous = Timing(1.05e-3, 1e-3, 1.2e-3, (1e-3, 1.05e-3, 1.2e-3))
+    low = 1e-3 + gap
+    paged = Timing(low * 1.05, low, low * 1.2, (low, low * 1.05, low * 1.2))
+    alone = Timing(gather * 1.05, gather, gather * 1.2, (gather, gather * 1.05, gather * 1.2))
+    beside = Timing(copy * 1.05, copy, copy * 1.2, (copy, copy * 1.05, copy * 1.2))
+    return AttentionTiming(paged, contiguous, 16_000_000, "gather", alone, beside)
+
+
 def test_attention_reading_in_each_outcome():
-    extra = si(gather_overhead_s(16_000_000, 5e9), "s")
-    predicted = gather_overhead_s(16_000_000, 5e9)
-    lo_d, lo_a, hi_a, hi_d = edges(predicted, 0.2)
+    predicted = gather_overhead_s(16_000_000, 2 * 16_000_000 / 2e-3)  # one copy, as timed: 2 ms
+    assert abs(predicted - 2e-3) < 1e-12
     for gap, words in (
-        (predicted, "The gather's two passes are the gap"),
-        (0.99 * hi_a, "The gather's two passes are the gap"),
-        (1.01 * lo_a, "The gather's two passes are the gap"),
-        (1.1 * hi_d, "advanced index"),
-        (0.9 * lo_d, "smaller than the two passes predict"),
-        ((hi_a * hi_d) ** 0.5, "This run cannot tell"),
-        ((lo_a * lo_d) ** 0.5, "This run cannot tell"),
+        (predicted, "The gather's copy is the gap"),
+        (0.95 * predicted, "The gather's copy is the gap"),
+        (3 * predicted, "The model misses the other"),
+        (0.3 * predicted, "smaller than the copy predicts"),
+        (1.25 * predicted, "This run cannot tell"),
+        (0.8 * predicted, "This run cannot tell"),
     ):
-        contiguous = timing(1e-3)
-        paged = timing(contiguous.min + gap + 1e-3 * 0.05)  # its min sits ``gap`` above
-        paged = Timing(paged.median, contiguous.min + gap, paged.max, paged.times)
         text = no_roles(
-            paged_attention.attention_reading(
-                4096, AttentionTiming(paged, contiguous, 16_000_000, "gather"), 5e9, 0.2
-            )
+            paged_attention.attention_reading(4096, _gather_timing(gap, 0.5 * gap), 5e9)
         )
-        assert words in text and f"{extra} at the copy bandwidth" in text, (gap, text)
+        assert words in text and "should add 2 ms" in text, (gap, text)
+    slow_gather = no_roles(paged_attention.attention_reading(4096, _gather_timing(6e-3, 5e-3), 5e9))
+    assert "The gather itself is slower" in slow_gather
+    fair_gather = no_roles(paged_attention.attention_reading(4096, _gather_timing(6e-3, 2e-3), 5e9))
+    assert "The model misses the other 4 ms" in fair_gather
+    assert "gather itself" not in fair_gather
     assert "kernel's own efficiency" in paged_attention.attention_reading(
         4096, _attention("faster", "kernel"), 5e9
     )
-    assert "kept up" in paged_attention.attention_reading(4096, _attention("even"), 5e9)
-    assert "beat SDPA" in paged_attention.attention_reading(4096, _attention("slower"), 5e9)
+    even = paged_attention.attention_reading(4096, _attention("even", "kernel"), 5e9)
+    assert "cannot tell them apart" in even
+    assert "beat SDPA" in paged_attention.attention_reading(
+        4096, _attention("slower", "kernel"), 5e9
+    )
 
 
 def _cost(outcome, tokens=384):

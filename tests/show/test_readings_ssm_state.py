@@ -8,7 +8,7 @@ import pytest
 
 from kvlab.show.readings import ssm_state
 from kvlab.theory import ssm
-from kvlab.theory.agreement import edges, factor_edges
+from kvlab.theory.agreement import edges
 
 
 def no_roles(text):
@@ -45,12 +45,20 @@ def test_scan_reading_on_both_sides_of_the_break_even():
         ssm_state.scan_reading(S, DIM, N, C, times(cheap, winner_swap=True), cheap, GAMMA)
     )
     assert "predicted the sequential scan to win and the parallel scan won" in wrong
-    # The winner right but the margin past the tolerance on each side.
-    low, high = factor_edges(1.0, ssm.SCAN_TOLERANCE)
-    for factor in (1.1 * high, 0.9 * low):
+    # The winner right but the margin past the disagreement edge on each side, inside the
+    # agreement band, and in the cannot-tell band between them (spread 15%).
+    low_d, low_a, high_a, high_d = edges(1.0, 0.15)
+    for factor, words in (
+        (1.1 * high_d, "but not the margin"),
+        (0.9 * low_d, "but not the margin"),
+        (0.95 * high_a, "explains the points"),
+        (1.05 * low_a, "explains the points"),
+        ((high_a * high_d) ** 0.5, "this run cannot tell"),
+        ((low_a * low_d) ** 0.5, "this run cannot tell"),
+    ):
         t = times(0.2 * edge, ratio_factor=factor)
-        text = ssm_state.scan_reading(S, DIM, N, C, t, 0.2 * edge, GAMMA)
-        assert "but not the margin" in text, factor
+        text = ssm_state.scan_reading(S, DIM, N, C, t, 0.2 * edge, GAMMA, 0.15)
+        assert words in text, (factor, text)
     bad = ssm_state.scan_reading(S, DIM, N, C, times(cheap), -1e-6, GAMMA)
     assert "could not be told apart" in bad
 
@@ -132,3 +140,11 @@ def test_break_even_matches_the_issue_formula(s):
 
     log = math.log2(s)
     assert ssm.parallel_break_even(s) == pytest.approx((s * log - s) / (s - log), rel=0.1)
+
+
+def test_memory_reading_exact_or_not():
+    predicted = {16: 1000, 64: 2000, 256: 6000}
+    same = ssm_state.memory_reading(dict(predicted), predicted, 1, 4)
+    assert "exactly" in same and "20.8 B per token" in same and "other 3" in same
+    off = ssm_state.memory_reading({**predicted, 64: 2048}, predicted, 2, 4)
+    assert "differs from the formula" in off and "At 64 tokens" in off

@@ -30,9 +30,20 @@ def test_scan_counts():
 def test_budget_arithmetic_and_its_checks():
     shape = kvlab.theory.shapes.SSM_SHAPES["mamba-130m"]
     per_layer = shape.state_bytes_per_layer(2)
-    assert per_layer == 1536 * (16 + 4) * 2
+    # The convolution keeps k_conv - 1 = 3 past inputs per channel (vLLM's conv state), not 4.
+    assert per_layer == 1536 * (16 + 3) * 2 == 58_368
+    # transformers' cache keeps the whole window of k_conv inputs: the 61,440 B of a larger count.
+    assert shape.state_bytes_per_layer(2, conv_inputs=4) == 1536 * (16 + 4) * 2 == 61_440
     # The same width in attention: 768 KV elements per token for a key and for a value.
-    assert breakeven_context(attention_kv_bytes(1, 768), per_layer) == 20
+    assert breakeven_context(attention_kv_bytes(1, 768), per_layer) == 19
+    # Mamba-2 hybrids: n = 128 and the SSM state in fp32 put the break-even in the hundreds.
+    mamba2_like = kvlab.theory.shapes.SSMShape("mamba2-like", 1, 768, 128, 1, conv_kernel=4)
+    assert (
+        breakeven_context(attention_kv_bytes(1, 768), mamba2_like.state_bytes_per_layer(2, 4)) > 200
+    )
+    for bad in (2, 5, 3.0):
+        with pytest.raises((ValueError, TypeError), match="conv_inputs"):
+            shape.state_bytes_per_layer(2, conv_inputs=bad)
     assert hybrid_cache_bytes(100, 8, 8, 10, 50) == 8000
     assert hybrid_cache_bytes(100, 8, 0, 10, 50) == 400
     assert hybrid_cache_bytes(100, 8, 2, 10, 50, batch=3) == 3 * (2000 + 300)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvlab.lab.timing import compare_timings
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
-from kvlab.theory.agreement import ABOVE, AGREES, DISAGREES, compare, within_factor
+from kvlab.theory.agreement import ABOVE, AGREES, BELOW, DISAGREES, compare
 from kvlab.theory.paging import gather_overhead_s, paging_saves
 
 GEMV = "[GEMV-like behaviour in decode](03_gemv.ipynb)"
@@ -31,10 +31,6 @@ def event_reading(snapshot: dict, event: int, num_blocks: int) -> str:
     return text + "; no block is shared."
 
 
-# The simulated waste saving agrees with the per-request formula's within this factor.
-SAVING_TOLERANCE = 2.0
-
-
 def waste_reading(
     runs: dict,
     predicted: dict,
@@ -46,8 +42,9 @@ def waste_reading(
 ) -> str:
     """Under the allocation explorer: waste, batch and preemptions of the three allocators, read
     against the per-request formula (``kvlab.theory.paging.predicted_waste``; the verdict is
-    ``paging_saves``, and the simulated saving is held against the formula's within
-    ``SAVING_TOLERANCE``)."""
+    ``paging_saves``, and the simulated saving is held against the formula's by
+    ``kvlab.theory.agreement.compare`` with no spread: the simulation is deterministic, so only the
+    band's floor separates the two)."""
     mx, est, pg = runs["reserve-max"], runs["reserve-estimate"], runs["paged"]
     text = [
         f"On {len(trace)} {distribution} requests with a budget of {budget:,} tokens and"
@@ -61,16 +58,16 @@ def waste_reading(
     if saves:
         text.append(
             f"The waste turns into batch size: on average {mx.mean_batch:.1f} requests ran at once "
-            f"under reserve-max and {pg.mean_batch:.1f} under paging, which finished the trace "
-            f"{mx.steps / pg.steps:.1f} times sooner, in decode steps."
+            f"under reserve-max and {pg.mean_batch:.1f} under paging, which finished the trace in"
+            f" {mx.steps / pg.steps:.1f} times fewer decode steps."
         )
         # The formula's saving (reserve-max's waste minus paging's) against the simulated one.
-        saved = within_factor(
+        saved = compare(
             mx.waste_fraction - pg.waste_fraction,
             predicted["reserve-max"] - predicted["paged"],
-            SAVING_TOLERANCE,
+            0.0,
         )
-        if saved.outcome == "below":
+        if saved.outcome == DISAGREES and saved.side == BELOW:
             text.append(
                 "The simulation contradicts the formula here: the waste paging saved is"
                 f" {saved.describe()}. The formula ignores queueing and preemption, and readmitted"
@@ -89,6 +86,12 @@ def waste_reading(
             "as its prompt fits and only finds out later that the running batch needs more blocks "
             "than exist."
         )
+        if pg.recomputed_tokens:
+            text.append(
+                f"Each preempted request was recomputed: {pg.recomputed_tokens:,} tokens prefilled"
+                " again in all, which the simulator charges nothing (it counts decode steps), so"
+                " in time paging's lead is smaller than in steps."
+            )
     else:
         text.append(
             "Paging needed no preemption: the budget held every admitted request to the end."
@@ -97,73 +100,98 @@ def waste_reading(
     return " ".join(text)
 
 
-def attention_reading(
-    context: int, timing, copy_bytes_per_s: float, gap_spread: float = 0.0
-) -> str:
+def min_scatter(timing) -> float:
+    """The scatter a fastest repeat carries from run to run: ``Timing.spread_above_min``, how far
+    the faster quarter of the repeats sat above the fastest (the page's method note)."""
+    return timing.spread_above_min
+
+
+def attention_reading(context: int, timing, copy_bytes_per_s: float) -> str:
     """Paged against contiguous decode attention at the longest context (``timing``: an
-    ``AttentionTiming``); the verdict is ``kvlab.lab.timing.compare_timings`` on the two timings'
-    repeats. On the gather path the gap between the fastest repeats is compared with
-    ``gather_overhead_s`` (``kvlab.theory.agreement.compare``, band ``gap_spread``: the gap's
-    relative scatter from one run to the next)."""
-    c = compare_timings(timing.contiguous, timing.paged)  # ratio: paged time / contiguous time
+    ``AttentionTiming``). On the gather path the gap between the fastest repeats is read against
+    ``gather_overhead_s`` at the rate of the copy timed in the same loop, and so is the gather
+    alone (``kvlab.theory.agreement.compare``, spreads from the scatter of each minimum); elsewhere
+    the verdict is ``kvlab.lab.timing.compare_timings`` on the two timings' repeats."""
     text = (
         f"At a context of {context:,} tokens the paged path ({timing.path}) read the cache at"
         f" **{si(timing.paged_bytes_per_s, 'B/s')}** and SDPA on the contiguous cache at"
-        f" **{si(timing.contiguous_bytes_per_s, 'B/s')}**, so the paged step took {c.ratio:.1f}"
-        " times as long (medians of one loop that alternates the two); this machine copies at"
-        f" {si(copy_bytes_per_s, 'B/s')}."
+        f" **{si(timing.contiguous_bytes_per_s, 'B/s')}** (medians of one loop that alternates"
+        " them)."
     )
+    if timing.path == "gather" and timing.copy is not None:
+        return text + gather_reading(timing, copy_bytes_per_s)
+    c = compare_timings(timing.contiguous, timing.paged)  # ratio: paged time / contiguous time
+    text += f" The paged step took {c.ratio:.1f} times as long."
     if c.outcome == "faster":
-        if timing.path == "gather":
-            extra = gather_overhead_s(timing.kv_bytes, copy_bytes_per_s)
-            gap = timing.paged.min - timing.contiguous.min
-            g = compare(gap, extra, gap_spread)
-            text += (
-                " On a CPU the paged path gathers before it attends: it copies the"
-                f" {si(timing.kv_bytes, 'B')} of keys and values out of their blocks and zeroes"
-                " the slots past each sequence's end, two passes that would take"
-                f" {si(extra, 's')} at the copy bandwidth (`gather_overhead_s`). The measured gap"
-                f" (fastest repeats) is {si(gap, 's')}, {g.describe()}."
-            )
-            if g.outcome == AGREES:
-                return text + (
-                    " The gather's two passes are the gap. A fused kernel reads each block in"
-                    " place, which is the point of writing one; whether kvlab's reaches the copy"
-                    " bandwidth is a GPU measurement."
-                )
-            if g.outcome == DISAGREES and g.side == ABOVE:
-                return text + (
-                    " The model misses what the passes cost beyond their bytes: the gather is an"
-                    " advanced index (`k_cache[index]`), which PyTorch's CPU path moves element by"
-                    " element, several times slower than a copy of the same bytes (an"
-                    " `index_select` over whole blocks runs near the copy rate); the zeroing is a"
-                    " `masked_fill_`, and SDPA then reads the gathered keys through a transposed,"
-                    " strided view. None of that is reading the cache, and a fused kernel does"
-                    " none of it."
-                )
-            if g.outcome == DISAGREES:
-                return text + (
-                    " The gap is smaller than the two passes predict: part of the gathered cache"
-                    " stayed in the CPU's caches, which a copy of this size mostly does not."
-                )
-            return text + (
-                f" This run cannot tell: the gap sits {g.side} the two passes by more than its"
-                " spread, not by enough to call the model wrong."
-            )
         return (
             text + " The kernel reads blocks in place, so the gap is the kernel's own efficiency: "
             "block-table lookups and smaller tiles than SDPA's."
         )
     if c.outcome == "even":
-        return (
-            text
-            + " Within the spread of the repeats the paged path kept up with the contiguous one:"
-            " reading through a block table cost nothing measurable at this size."
+        return text + (
+            " The repeats of the two overlap, so this run cannot tell them apart: at this size"
+            " reading through a block table cost nothing the noise does not cover."
         )
     return (
         text + " The paged path beat SDPA on the contiguous cache by more than the spread of the"
         " repeats. SDPA is not written for a single query token (its kernels tile the queries),"
         " and at this size that cost more than reading through a block table."
+    )
+
+
+def gather_reading(timing, copy_bytes_per_s: float) -> str:
+    """The gather path's gap, its model and the term the model leaves out."""
+    kv, copy = timing.kv_bytes, timing.copy
+    rate = 2 * kv / copy.min  # the copy beside reads and writes kv bytes
+    extra = gather_overhead_s(kv, rate)
+    gap = timing.paged.min - timing.contiguous.min
+    gap_spread = (
+        timing.paged.min * min_scatter(timing.paged)
+        + timing.contiguous.min * min_scatter(timing.contiguous)
+    ) / max(gap, 1e-12)
+    whole = compare(gap, extra, gap_spread + min_scatter(copy))
+    alone = compare(timing.gather.min, extra, min_scatter(timing.gather) + min_scatter(copy))
+    text = (
+        " On a CPU the paged path gathers before it attends: it copies the"
+        f" {si(kv, 'B')} of keys and values out of their blocks (and zeroes the few slots past"
+        " each sequence's end), one pass over those bytes (`gather_overhead_s`). A plain copy of"
+        f" the same bytes, timed in the same loop, ran at {si(rate, 'B/s')} (they fit the CPU's"
+        f" last-level cache; the large-buffer copy rate is {si(copy_bytes_per_s, 'B/s')}), so the"
+        " gather"
+        f" should add {si(extra, 's')}. The gather alone took {si(timing.gather.min, 's')},"
+        f" {alone.describe()}; the whole gap (fastest repeats) was {si(gap, 's')},"
+        f" {whole.describe()}."
+    )
+    if whole.outcome == AGREES:
+        return text + (
+            " The gather's copy is the gap. A fused kernel reads each block in place, which is the"
+            " point of writing one."
+        )
+    rest = max(gap - timing.gather.min, 0.0)
+    if whole.outcome == DISAGREES and whole.side == ABOVE:
+        return text + (
+            f" The model misses the other {si(rest, 's')}: SDPA then attends over the gathered keys"
+            " through a transposed, strided view with a mask, and on this CPU that takes longer"
+            " than the same attention over the contiguous cache (its fast path wants contiguous"
+            " keys and no mask). The model prices the copy, not what it does to the attention"
+            " after it; a fused kernel pays neither."
+            + (
+                ""
+                if alone.outcome != DISAGREES
+                else " The gather itself is slower than a copy of its bytes too: it copies block"
+                " by block through an index and builds its masks, work a plain copy does not do."
+            )
+        )
+    if whole.outcome == DISAGREES:
+        return text + (
+            " The gap is smaller than the copy predicts: SDPA over the gathered keys read them"
+            " while they were still in the CPU's caches."
+        )
+    return text + (
+        f" This run cannot tell: the gap sits {whole.side} the copy by more than its spread, not"
+        f" by enough to call the model wrong. Of the gap, the gather itself took"
+        f" {si(timing.gather.min, 's')}; the rest, {si(rest, 's')}, is SDPA attending over the"
+        " gathered, strided keys, a term the model does not have."
     )
 
 

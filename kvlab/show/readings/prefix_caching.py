@@ -2,10 +2,10 @@
 
 Each sentence that decides between outcomes takes the decision from the model that predicts it: the
 block rule (:func:`kvlab.cache.blocks.reusable_tokens`), prefill FLOPs
-(:func:`kvlab.theory.roofline.prefill_time`, judged by :func:`agreement.within_factor` and
+(:func:`kvlab.theory.roofline.prefill_time`, judged by :func:`agreement.compare` through
 :func:`kvlab.theory.prefix.ttft_saving`), the replay of a trace
 (:func:`kvlab.theory.prefix.policy_winner`), equal bytes per decode step
-(:func:`kvlab.theory.prefix.decode_steps_agree`) and the roofline of a prefill attention launch
+(:func:`kvlab.theory.prefix.decode_steps_compare`) and the roofline of a prefill attention launch
 (:func:`kvlab.theory.prefill_attention.attention_floor`).
 """
 
@@ -14,8 +14,9 @@ from __future__ import annotations
 from kvlab.cache.blocks import reusable_tokens
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
-from kvlab.theory.agreement import ABOVE, AGREES, DISAGREES, compare
-from kvlab.theory.prefix import decode_steps_agree, policy_winner, ttft_saving
+from kvlab.show.readings.verdicts import verdict_words
+from kvlab.theory.agreement import ABOVE, AGREES, CANNOT_TELL, DISAGREES, compare
+from kvlab.theory.prefix import decode_steps_compare, policy_winner, ttft_saving
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
 PAGED = "[PagedAttention](05_paged_attention.ipynb)"
@@ -76,23 +77,28 @@ def chat_reading(
     pred_cached_s: float,
     pred_hf_reused_s: float,
     reuse_spread: float = 0.0,
+    saving_spread: float = 0.0,
 ) -> str:
     """The real chat prompts: kvlab's prefix cache against computing everything and against
     transformers' copied prefix cache. Times are mean time to first token per question (medians over
     rounds); the predictions are prefill FLOPs at the calibrated matmul rate
     (``roofline.prefill_time``). ``reuse_spread``: the relative spread of transformers' time over
     kvlab's from one interleaved round to the next, the band of the three-outcome comparison of
-    that ratio with its FLOPs (``kvlab.theory.agreement.compare``)."""
-    saving = ttft_saving(cold_s, cached_s, pred_cold_s, pred_cached_s)
+    that ratio with its FLOPs (``kvlab.theory.agreement.compare``); ``saving_spread`` the same for
+    kvlab's cold time over its cached one."""
+    saving = ttft_saving(cold_s, cached_s, pred_cold_s, pred_cached_s, saving_spread)
     text = [
         f"{questions} questions behind one system prompt of {system_tokens:,} tokens: the cache"
         f" served **{hit_rate:.0%}** of their prompt tokens. Time to first token was"
         f" **{si(cached_s, 's')}** with the system prompt's blocks cached and **{si(cold_s, 's')}**"
         f" with nothing cached, a saving of {saving.measured:.1f} times; prefill FLOPs at the"
-        f" calibrated rate (`roofline.prefill_time`) predict {saving.predicted:.1f} times."
+        f" calibrated rate (`roofline.prefill_time`) predict {saving.predicted:.1f} times:"
+        f" {saving.comparison.describe()}."
     ]
-    if saving.verdict == "within":
+    if saving.verdict == "agrees":
         text.append("The saving follows the FLOPs the cache removes.")
+    elif saving.verdict == "cannot tell":
+        text.append("This run's rounds scatter too much to say whether it follows the FLOPs.")
     elif saving.verdict == "below":
         text.append(
             "The saving is smaller than the FLOPs predict: through the two points, each prefill"
@@ -110,8 +116,9 @@ def chat_reading(
         "The way a reader reuses a prefix with transformers, a `DynamicCache` prefilled with the"
         f" system prompt and copied for every request, took {si(hf_reused_s, 's')} (and"
         f" {si(hf_cold_s, 's')} with nothing cached): {ratio_text(hf_reused_s, cached_s)} kvlab's"
-        " time. It computes slightly fewer tokens, since it caches the prefix token by token and"
-        f" kvlab only in whole blocks of {block_size}, so the FLOPs predict {predicted:.2f} times."
+        " time. It computes fewer tokens, since it caches the prefix token by token and kvlab only"
+        f" in whole blocks of {block_size}: {1 - predicted:.0%} fewer FLOPs, so the FLOPs predict"
+        f" {predicted:.2f} times kvlab's time."
     )
     c = compare(measured, predicted, reuse_spread)
     text.append(f"Measured: {c.describe()} (its rounds {reuse_spread:.0%} apart).")
@@ -146,18 +153,20 @@ def ttft_reading(
     cold_pred_s: float,
     warm_pred_s: float,
     middle=None,
+    spread: float = 0.0,
 ) -> str:
     """Under the time-to-first-token figure: cold against the longest cached prefix, measured and
     predicted (``roofline.prefill_time``); ``middle`` = (cached tokens, measured s, predicted s) of
-    a point in between, if given."""
-    saving = ttft_saving(cold_s, warm_s, cold_pred_s, warm_pred_s)
+    a point in between, if given; ``spread`` the measured saving's relative scatter (the two
+    timings' added), the band of ``kvlab.theory.agreement.compare``."""
+    saving = ttft_saving(cold_s, warm_s, cold_pred_s, warm_pred_s, spread)
     head = (
         f"A {prompt_tokens:,}-token prompt took **{si(cold_s, 's')}** to its first token with"
         f" nothing cached, and **{si(warm_s, 's')}** with {warm_cached:,} tokens cached (blocks of"
         f" {block_size}): {saving.measured:.1f} times faster. Prefill FLOPs at the calibrated rate"
         f" (`roofline.prefill_time`) predict {si(cold_pred_s, 's')} and {si(warm_pred_s, 's')}, a"
-        f" factor of {saving.predicted:.1f}; the cold prefill took"
-        f" {ratio_text(cold_s, cold_pred_s)} its prediction."
+        f" factor of {saving.predicted:.1f}; the saving is {saving.comparison.describe()}. The"
+        f" cold prefill took {ratio_text(cold_s, cold_pred_s)} its prediction."
     )
     if middle is not None:
         cached, mid_s, mid_pred_s = middle
@@ -165,8 +174,13 @@ def ttft_reading(
             f" With {cached:,} tokens cached it took {si(mid_s, 's')} against {si(mid_pred_s, 's')}"
             f" predicted ({ratio_text(mid_s, mid_pred_s)})."
         )
-    if saving.verdict == "within":
+    if saving.verdict == "agrees":
         return head + " The saving follows the FLOPs the cache removes."
+    if saving.verdict == "cannot tell":
+        return head + (
+            f" This run cannot tell: the saving sits {saving.comparison.side} the prediction by"
+            " more than its spread, not by enough to call the model wrong."
+        )
     if saving.verdict == "below":
         return (
             head + " The measured saving is smaller than predicted. The prediction counts only the"
@@ -230,22 +244,32 @@ def trace_reading(
 
 
 def decode_reading(
-    computed_s: float, cached_s: float, prompt_tokens: int, cached_tokens: int, kv_bytes: float
+    computed_s: float,
+    cached_s: float,
+    prompt_tokens: int,
+    cached_tokens: int,
+    kv_bytes: float,
+    spread: float = 0.0,
 ) -> str:
     """Where caching does not help: decode steps after a computed and after a cached prefix,
-    predicted equal because they read the same bytes."""
+    predicted equal because they read the same bytes (``decode_steps_compare`` with the two
+    timings' ``spread``)."""
     head = (
         f"After a {prompt_tokens:,}-token prompt, a decode step took **{si(computed_s, 's')}**"
-        f" (median) when the prompt had been computed and **{si(cached_s, 's')}** when"
+        f" (fastest repeat) when the prompt had been computed and **{si(cached_s, 's')}** when"
         f" {cached_tokens:,} of its tokens came from the cache. Either way each step reads the same"
         f" {si(kv_bytes, 'B')} of K and V, so the two should take the same time."
     )
-    if decode_steps_agree(computed_s, cached_s):
-        return head + " They did, within noise: the cache saves prefill work, not decode work."
-    return (
-        head + " They differ by more than the noise we expect, though both steps do the same work. "
-        "On a shared CPU the likely reason is another process running during one of the two runs; "
-        "run the cell again and compare the medians."
+    c = decode_steps_compare(computed_s, cached_s, spread)
+    head += f" Their ratio is {c.ratio:.2f}: {verdict_words(c)}."
+    if c.outcome == AGREES:
+        return head + " The cache saves prefill work, not decode work."
+    if c.outcome == CANNOT_TELL:
+        return head + " Within this run's noise neither step is clearly slower."
+    return head + (
+        " They differ by more than the noise, though both steps read the same bytes: the model"
+        " has no term for that. On a shared CPU a neighbour that slowed most repeats of one of the"
+        " two is the usual cause; run the cell again."
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kvlab.show.format import si
 from kvlab.theory import ssm
-from kvlab.theory.agreement import ABOVE, AGREES, DISAGREES, compare, within_factor
+from kvlab.theory.agreement import ABOVE, AGREES, CANNOT_TELL, DISAGREES, compare
 
 COST_MODEL = (
     r"$t = \tau\cdot\text{rounds} + \gamma\cdot\text{compositions}\cdot E$ "
@@ -23,14 +23,23 @@ def _faster(ratio: float) -> str:
 
 
 def scan_reading(
-    length: int, dim: int, state_size: int, chunk_size: int, times: dict, tau: float, gamma: float
+    length: int,
+    dim: int,
+    state_size: int,
+    chunk_size: int,
+    times: dict,
+    tau: float,
+    gamma: float,
+    spread: float = 0.0,
 ) -> str:
     """Under the scan explorer: the three orders at the longest prompt against the fitted cost
     model.
 
     ``times`` maps each of ``ssm.METHODS`` to its measured seconds at ``length`` tokens; ``tau`` is
     the fitted cost of one round, ``gamma`` of one composition of one state element; a round
-    composes E = ``dim * state_size`` elements (batch 1).
+    composes E = ``dim * state_size`` elements (batch 1). ``spread`` is the relative scatter of
+    the measured ratio (the two orders' spreads added); the ratio is judged by
+    ``kvlab.theory.agreement.compare``.
     """
     t_seq, t_par, t_chunk = (times[m] for m in ssm.METHODS)
     text = [
@@ -65,15 +74,18 @@ def scan_reading(
     }
     expected = ssm.fastest_order(length, tau, gamma, elements, methods=("sequential", "parallel"))
     won = min(("sequential", "parallel"), key=lambda m: times[m])
-    c = within_factor(
-        t_seq / t_par, predicted["sequential"] / predicted["parallel"], ssm.SCAN_TOLERANCE
-    )
+    c = compare(t_seq / t_par, predicted["sequential"] / predicted["parallel"], spread)
     text.append(
         f"With the fit's own values the model predicts {si(predicted['sequential'], 's')}"
         f" sequential and {si(predicted['parallel'], 's')} parallel, a ratio (sequential over"
-        f" parallel) of {c.predicted:.2f} for a measured {c.measured:.2f}."
+        f" parallel) of {c.predicted:.2f} for a measured {c.measured:.2f} (spread {spread:.0%})."
     )
-    if won == expected and c.agrees:
+    if won == expected and c.outcome == CANNOT_TELL:
+        text.append(
+            f"It predicts the winner, the {expected} scan; whether it predicts the margin this run"
+            f" cannot tell ({c.describe()})."
+        )
+    elif won == expected and c.agrees:
         text.append(
             f"The model explains the points: it predicts the {expected} scan to win, and by about"
             f" the margin measured ({c.describe()})."
@@ -216,3 +228,29 @@ def recall_reading(
             f" ({ssm.LOOKUP_TOLERANCE:.0e}): its query is not sharp enough for this many positions."
         )
     return " ".join(text)
+
+
+def memory_reading(measured: dict, predicted: dict, attention_layers: int, layers: int) -> str:
+    """Under the cache-bytes explorer: the hybrid's measured cache against ``M(s)``
+    (``ssm.hybrid_cache_bytes``) at each context; both dicts map context to bytes. Bytes are
+    counted, not timed, so the verdict is exact: equal or not."""
+    contexts = sorted(measured)
+    short, long = contexts[0], contexts[-1]
+    exact = all(measured[s] == predicted[s] for s in contexts)
+    growth = (measured[long] - measured[short]) / (long - short)
+    text = (
+        f"With {attention_layers} attention layer{'s' if attention_layers > 1 else ''} of"
+        f" {layers}, the hybrid's cache held {si(measured[short], 'B')} at {short:,} tokens and"
+        f" **{si(measured[long], 'B')}** at {long:,}: it grows by {si(growth, 'B')} per token,"
+        f" the keys and values of its {attention_layers} attention layer"
+        f"{'s' if attention_layers > 1 else ''}, on top of the fixed state of the other"
+        f" {layers - attention_layers}."
+    )
+    if exact:
+        return text + " Every point is the formula's byte count exactly."
+    wrong = [s for s in contexts if measured[s] != predicted[s]]
+    return text + (
+        f" At {', '.join(f'{s:,}' for s in wrong)} tokens the cache differs from the formula"
+        f" ({', '.join(si(predicted[s], 'B') for s in wrong)} predicted): the cache class keeps"
+        " something the shapes do not say."
+    )

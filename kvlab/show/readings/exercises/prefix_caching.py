@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from kvlab.cache.blocks import reusable_tokens
 from kvlab.show.format import si
-from kvlab.show.readings import ratio_text
 from kvlab.show.readings.exercises.folded import solution
-from kvlab.theory.agreement import within_factor
-from kvlab.theory.prefix import TTFT_TOLERANCE, policy_winner
+from kvlab.theory.agreement import ABOVE, AGREES, CANNOT_TELL, compare
+from kvlab.theory.prefix import policy_winner
 
 
 def prefix_whole_blocks(prompt: int, block: int, served: int) -> str:
@@ -66,24 +65,34 @@ def prefix_system_prompts(block: int, blocks: int, hit: dict) -> str:
 
 
 def prefix_ninety(
-    prompt: int, block: int, cached: int, predicted: float, measured: float, cold: float
+    prompt: int,
+    block: int,
+    cached: int,
+    predicted: float,
+    measured: float,
+    cold: float,
+    spread: float = 0.0,
 ) -> str:
     """Exercise 3 of prefix caching: time to first token at a 90% hit rate against
-    ``roofline.prefill_time``."""
+    ``roofline.prefill_time`` (``kvlab.theory.agreement.compare`` with the measurement's
+    ``spread``)."""
     text = (
         f"A 90% hit on a {prompt}-token prompt is rounded down to whole blocks of {block}: {cached}"
         f" cached tokens. The line (prefill FLOPs of the {prompt - cached} new tokens over the"
         f" calibrated matmul rate) predicts **{si(predicted, 's')}**. `measure_ttft` measured"
         f" **{si(measured, 's')}** (against {si(cold, 's')} with nothing cached)."
     )
-    verdict = within_factor(measured, predicted, TTFT_TOLERANCE).outcome
-    if verdict == "within":
+    c = compare(measured, predicted, spread)
+    text += f" That is {c.describe()}."
+    if c.outcome == AGREES:
         text += " Close to the line."
-    elif verdict == "above":
+    elif c.outcome == CANNOT_TELL:
+        text += " This run's repeats scatter too much to say more."
+    elif c.side == ABOVE:
         text += (
-            f" {ratio_text(measured, predicted)} the line: the fixed cost of a forward pass"
-            " (dispatch, the head, the cache bookkeeping) does not shrink with the hit rate, and"
-            " at a high hit rate it is most of what is left."
+            " Above the line: the fixed cost of a forward pass (dispatch, the head, the cache"
+            " bookkeeping) does not shrink with the hit rate, and at a high hit rate it is most of"
+            " what is left."
         )
     else:
         text += " Below the line: the calibrated rate understates what this small prefill reached."

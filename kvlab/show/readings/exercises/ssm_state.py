@@ -6,6 +6,7 @@ from __future__ import annotations
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory import ssm
+from kvlab.theory.agreement import FLOOR
 
 
 def ssm_breakeven(
@@ -42,11 +43,15 @@ def ssm_narrow_scan(
     gamma: float,
     winner_before: str,
     times: dict,
+    spread: float = 0.0,
 ) -> str:
     """Exercise 2 of 9.6: a narrower scan makes the per-round cost matter more.
 
     ``tau`` and ``gamma`` are the cost model's values fitted at ``dim_before``; ``times`` the
-    measured seconds of each order at ``length`` tokens and ``dim_after`` channels.
+    measured seconds of each order at ``length`` tokens and ``dim_after`` channels, ``spread``
+    their relative scatter. An order won only when the runner-up took longer by more than the band
+    of ``kvlab.theory.agreement`` (the larger of its floor and ``spread``); closer, the run cannot
+    tell which won.
     """
     rows = "\n".join(f"| {m} | {si(t, 's')} |" for m, t in times.items())
     text = (
@@ -63,16 +68,19 @@ def ssm_narrow_scan(
             f" nothing here; at the longest prompt, with d = {dim_after}:\n\n| order | time"
             f" |\n|---|---:|\n{rows}\n\n"
         )
-        return solution(2, text + f"The {min(times, key=times.get)} scan won.")
+        return solution(2, text + _winner_words(times, spread))
     expected = ssm.fastest_order(length, tau, gamma, dim_after * state_size, chunk_size)
     won = min(times, key=times.get)
+    first, second = sorted(times.values())[:2]
     text += (
         f" With the values fitted at d = {dim_before} ($\\tau$ = {si(tau, 's')}, $\\gamma$ ="
         f" {si(gamma, 's')}), `ssm.fastest_order` predicts the **{expected}** scan to win at"
         f" {length:,} tokens (at d = {dim_before} the {winner_before} scan won). Measured at d ="
         f" {dim_after}:\n\n| order | time |\n|---|---:|\n{rows}\n\n"
     )
-    if won == expected:
+    if second / first <= 1 + max(FLOOR, spread):
+        text += _winner_words(times, spread) + f" The model predicted the {expected} scan."
+    elif won == expected:
         text += f"The {won} scan won, as the cost model predicted."
     else:
         text += (
@@ -82,6 +90,18 @@ def ssm_narrow_scan(
             " them), so the extrapolation misjudges how much of a round is fixed."
         )
     return solution(2, text)
+
+
+def _winner_words(times: dict, spread: float) -> str:
+    """Which order won, or that the two fastest are too close for this run to say."""
+    (fast, t1), (runner, t2) = sorted(times.items(), key=lambda kv: kv[1])[:2]
+    if t2 / t1 <= 1 + max(FLOOR, spread):
+        return (
+            f"The {fast} and {runner} scans took {si(t1, 's')} and {si(t2, 's')}, within"
+            f" {max(FLOOR, spread):.0%} of each other, the band this run's spread allows: it cannot"
+            " tell which order won."
+        )
+    return f"The {fast} scan won, {t2 / t1:.2f} times faster than the {runner} scan."
 
 
 def ssm_hybrid_fraction(layers: int, attention_layers: int, fractions: dict) -> str:
