@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvlab._checks import nonnegative, positive, real
+from kvlab._checks import positive, real
 
 AGREES, DISAGREES, CANNOT_TELL = "agrees", "disagrees", "cannot tell"
 VERDICTS = (AGREES, DISAGREES, CANNOT_TELL)
@@ -120,7 +120,7 @@ class Comparison:
 
 def ratio_words(r: float) -> str:
     """A ratio as a reader writes it: ``"1.04"``, ``"1.00"`` (never a bare ``"1"``), ``"2,048"``."""
-    r = nonnegative("r", r)
+    r = real("r", r)
     if r >= 100:
         return f"{r:,.0f}"
     short = f"{r:.3g}"

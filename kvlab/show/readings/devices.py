@@ -8,6 +8,7 @@ sentence depends on the outcome, both outcomes are written.
 
 from __future__ import annotations
 
+from kvlab._checks import unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text, within
 from kvlab.show.readings.exercises import solution
@@ -76,6 +77,8 @@ def link_reading(
     backend: str, bytes_per_s: float, latency_s: float, sizes, nvlink_bytes_per_s: float
 ) -> str:
     """What the ping-pong calibration found, and how far it is from NVLink."""
+    if missing := unmeasured(bytes_per_s=bytes_per_s, latency_s=latency_s):
+        return missing
     return (
         f"Between two processes on this machine, {backend} moved a message one way at"
         f" **{si(bytes_per_s, 'B/s')}** after a latency of **{si(latency_s, 's')}** (the line $t ="
@@ -128,6 +131,10 @@ def step_reading(
     weight_bytes: float,
 ) -> str:
     """The measured split step against one process's step and against the model's expectation."""
+    if missing := unmeasured(
+        one_process_s=one_process_s, split_s=split_s, all_reduce_s=all_reduce_s
+    ):
+        return missing
     head = (
         f"One decode step took **{si(one_process_s, 's')}** in one process and"
         f" **{si(split_s, 's')}** split over {world_size} ranks, each of which reads"
@@ -242,6 +249,8 @@ def handoff_reading(
     pcie_s: float,
 ) -> str:
     """The measured KV handoff against the KV size formula and the calibrated link."""
+    if missing := unmeasured(send_s=send_s):
+        return missing
     same = kv_bytes == formula_bytes
     sizes = (
         f"The prefill rank sent **{kv_bytes:,} bytes** of KV blocks for a {tokens}-token prompt in "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from kvlab._checks import unmeasured
 from kvlab.show.format import si
 from kvlab.theory import verdict as model
 from kvlab.theory.agreement import ABOVE, AGREES, BELOW, DISAGREES
@@ -75,6 +76,10 @@ def reading_methods(
 
     Both run the same cached forward pass, so the model is parity
     (``kvlab.theory.verdict.compare_loops``, within ``LOOP_TOLERANCE``)."""
+    if missing := unmeasured(
+        generate_tokens_per_s=generate_tokens_per_s, best_tokens_per_s=best_tokens_per_s
+    ):
+        return missing
     verdicts = ", ".join(f"{m} {verdict_label(d)}" for m, d in diagnoses.items())
     head = f"The four loops' verdicts on this machine: {verdicts}. "
     c = model.compare_loops(best_tokens_per_s, generate_tokens_per_s)
@@ -190,6 +195,8 @@ def reading_batch(
     under the target. ``bandwidth``: the read bandwidth measured beside the steps; ``rates``: batch
     to the matmul rate measured beside it; ``weight_bytes`` and ``sequence_flops``: the step's
     weight bytes and one sequence's FLOPs."""
+    if missing := unmeasured(bandwidth=bandwidth):
+        return missing
     first, last = sweep[0], sweep[-1]
     checks = [
         model.compare_batch_tpot(p.tpot, pred, spread)

@@ -10,6 +10,7 @@ likely cause of a read that beats its bytes with ``cache_resident``.
 
 from __future__ import annotations
 
+from kvlab._checks import unmeasured
 from kvlab.show.format import si
 from kvlab.theory.agreement import ABOVE, BELOW
 from kvlab.theory.kv_traffic import BYTES_TOLERANCE, cache_resident, compare_with_bytes
@@ -29,6 +30,8 @@ def layout_table(reads: dict, read_bw, copy_bw: float, batch: int, context: int)
     the copy rate. No read from memory can stream K and V faster than the read bandwidth; a row
     that does beyond the spread is marked and explained.
     """
+    if missing := unmeasured(copy_bw=copy_bw):
+        return missing
     base = reads["BHTD"].timing.min
     first = next(iter(reads.values()))
     lines = [

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from kvlab._checks import unmeasured
 from kvlab.theory import long_context as rules
 from kvlab.theory.cache_sizes import ROUNDING_TOLERANCE, rounding_explains, rounding_rms
 
@@ -63,6 +64,8 @@ def model_reading(name: str, params: int, shape, context: int, tokens: int, dtyp
 def check_reading(num_sink: int, window: int, steps: int, gap: float, stored: int) -> str:
     """The masked pass against ``SinkCache`` streamed token by token (the cell asserts they
     agree)."""
+    if missing := unmeasured(gap=gap):
+        return missing
     return (
         f'Streamed token by token through `SinkCache({num_sink}, {window}, rope="cache")`, {steps}'
         " tokens of the text give the same next-token log-probabilities as the masked pass, to"
@@ -308,6 +311,8 @@ def kivi_layout_reading(
     """Under the KIVI-layout figure. ``ppl[(bits, layout)]`` with layout ``"channel"`` or
     ``"token"`` (how keys are grouped; values are per token in both); ``spreads[bits]``: loss with
     per-token keys minus loss with per-channel keys, a ``Spread`` over the text windows."""
+    if missing := unmeasured(full_ppl=full_ppl):
+        return missing
     text = [
         f"Over {windows} windows of {length} tokens, each one prefill through `QuantizedKVCache`"
         f" with groups of {group} and no full-precision residual, the full-precision cache scores a"
@@ -343,6 +348,8 @@ def fp8_reading(
     cache minus loss with the full cache, over the text windows; ``bytes_held`` ``{"full", "fp8",
     "int4"}``: what each cache holds for the same tokens; ``int4_ppl``: 4-bit groups, keys per
     channel."""
+    if missing := unmeasured(full_ppl=full_ppl, fp8_ppl=fp8_ppl, int4_ppl=int4_ppl):
+        return missing
     gap = spread_text(spread, "windows")
     verdict = "larger than the spread" if spread.resolved else "**within the spread**"
     return (
@@ -453,6 +460,8 @@ def rerotation_reading(
     t_query: int, layer: int, rms_error: float, tv_current: float, tv_own: float
 ) -> str:
     """What rotating a cached key again does to the scores of a query at ``t_query``."""
+    if missing := unmeasured(rms_error=rms_error, tv_current=tv_current, tv_own=tv_own):
+        return missing
     return (
         f"On layer {layer} of the model, rotating the cached keys again by the current position"
         f" changes the scores of the query at $t = {t_query}$ by {rms_error:.2f} standard"
@@ -478,6 +487,10 @@ def quant_reading(
 ) -> str:
     """Under the quantization explorer (synthetic keys with outlier channels). ``measured`` and
     ``steps`` map each (bits, layout) to the RMS error and the RMS quantization step."""
+    if missing := unmeasured(
+        pc_rms=pc_rms, pt_rms=pt_rms, pc_scores=pc_scores, pt_scores=pt_scores, v_err=v_err
+    ):
+        return missing
     text = [
         f"At {bits} bits with groups of {group}, per-channel keys have an RMS error of"
         f" **{pc_rms:.3f}** and per-token keys **{pt_rms:.3f}**."
@@ -542,6 +555,8 @@ def kivi_reading(
 ) -> str:
     """Under the KIVI decode-loop explorer (random weights): bytes against the full cache, and what
     quantization moved."""
+    if missing := unmeasured(kl_after=kl_after, agree=agree):
+        return missing
     return (
         f"With {bits} bits and a residual of {residual} tokens, the cache holds **{bytes_ratio:.1f}"
         " times fewer bytes** than the FP32 cache, exactly as the arithmetic predicts (the cell"

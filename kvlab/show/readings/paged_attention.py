@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvlab._checks import unmeasured
 from kvlab.lab.timing import compare_timings
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
@@ -105,6 +106,8 @@ def attention_reading(
     repeats. On the gather path the gap between the fastest repeats is compared with
     ``gather_overhead_s`` (``kvlab.theory.agreement.compare``, band ``gap_spread``: the gap's
     relative scatter from one run to the next)."""
+    if missing := unmeasured(copy_bytes_per_s=copy_bytes_per_s, gap_spread=gap_spread):
+        return missing
     c = compare_timings(timing.contiguous, timing.paged)  # ratio: paged time / contiguous time
     text = (
         f"At a context of {context:,} tokens the paged path ({timing.path}) read the cache at"
