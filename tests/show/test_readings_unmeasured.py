@@ -20,6 +20,15 @@ from kvlab.show.readings import (
     speculative,
     ssm_state,
 )
+from kvlab.show.readings.exercises import decode_loop as decode_loop_exercises
+from kvlab.show.readings.exercises import diagnosis as diagnosis_exercises
+from kvlab.show.readings.exercises import engine as engine_exercises
+from kvlab.show.readings.exercises import long_context as long_context_exercises
+from kvlab.show.readings.exercises import paged_attention as paged_attention_exercises
+from kvlab.show.readings.exercises import paged_kernel as paged_kernel_exercises
+from kvlab.show.readings.exercises import prefix_caching as prefix_caching_exercises
+from kvlab.show.readings.exercises import speculative as speculative_exercises
+from kvlab.show.readings.exercises import ssm_state as ssm_state_exercises
 
 # reading: the measurements it is handed, each of which may come back unmeasured
 BAD_MEASUREMENTS = {
@@ -58,6 +67,24 @@ BAD_MEASUREMENTS = {
     ssm_state.scan_reading: "tau gamma",
     ssm_state.step_reading: "slope_llama slope_mamba read_bytes_per_s copy_bytes_per_s slope_spread",
     ssm_state.recall_reading: "mean_exact mean_sampled first last attention_max",
+    # worked solutions of exercises: the sentence inside the folded solution
+    decode_loop_exercises.decode_loop_gqa: "slope_measured",
+    decode_loop_exercises.decode_loop_static: (
+        "static_first static_last cached_first cached_last cached_growth"
+    ),
+    diagnosis_exercises.diagnosis_batch: "step_1 fraction_1",
+    diagnosis_exercises.diagnosis_gqa: "measured_share",
+    engine_exercises.engine_half_pool: "mean_batch",
+    long_context_exercises.long_context_kivi_bytes: "measured",
+    long_context_exercises.long_context_conventions: "gap_no_sinks gap_sinks",
+    paged_attention_exercises.paged_block_size: "simulated_16",
+    paged_kernel_exercises.paged_kernel_empty_split: (
+        "masked_difference lse_difference stage_one_largest"
+    ),
+    prefix_caching_exercises.prefix_ninety: "measured cold",
+    speculative_exercises.speculative_best_k_here: "alpha empty",
+    ssm_state_exercises.ssm_narrow_scan: "tau gamma",
+    ssm_state_exercises.ssm_full_rank: "error_full error_equal",
 }
 CASES = [
     (reading, measured, missing)
@@ -79,5 +106,7 @@ def test_a_reading_handed_no_measurement_names_it_instead_of_a_verdict(
     kwargs = {name: object() for name in inspect.signature(reading).parameters}
     kwargs.update({name: 1.0 for name in measured}, **{missing: value})
     text = reading(**kwargs)
-    assert text.startswith(f"Not measured: {missing} (got {value!r})."), text
+    said = f"Not measured: {missing} (got {value!r})."
+    folded = reading.__module__.startswith("kvlab.show.readings.exercises.")
+    assert (said in text and "<details>" in text) if folded else text.startswith(said), text
     assert "no verdict" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from kvlab._checks import unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory.agreement import within_factor
@@ -18,6 +19,8 @@ def cache_reuse_doubling(
     the two-pass model (``kvlab.theory.work.request_time``), agreement within
     ``work.DOUBLING_TOLERANCE``.
     """
+    if missing := unmeasured(measured_g=measured_g, measured_2g=measured_2g):
+        return solution(1, missing)
     pos_g, pos_2g = positions_processed(P, G), positions_processed(P, 2 * G)
     t_g, t_2g = request_time(P, G, a, b), request_time(P, 2 * G, a, b)
     c = within_factor(measured_2g / measured_g, t_2g / t_g, DOUBLING_TOLERANCE)

@@ -3,6 +3,7 @@ numbers."""
 
 from __future__ import annotations
 
+from kvlab._checks import unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.exercises.folded import count, solution
@@ -12,6 +13,8 @@ def decode_loop_gqa(
     kv_heads_now: int, kv_heads_new: int, slope_now: float, slope_new: float, slope_measured: float
 ) -> str:
     """Exercise 1 of 9.1: the slope k / read + 2 k / copy with fewer KV heads."""
+    if missing := unmeasured(slope_measured=slope_measured):
+        return solution(1, missing)
     factor = slope_now / slope_new
     return solution(
         1,
@@ -61,6 +64,14 @@ def decode_loop_static(
     ``cached_growth`` (``kvlab.theory.decode_step.predicted_step_growth``), visible only above the
     run's ``spread``.
     """
+    if missing := unmeasured(
+        static_first=static_first,
+        static_last=static_last,
+        cached_first=cached_first,
+        cached_last=cached_last,
+        cached_growth=cached_growth,
+    ):
+        return solution(3, missing)
     from kvlab.theory.decode_step import stands_out
 
     text = (

@@ -3,6 +3,7 @@ that have numbers."""
 
 from __future__ import annotations
 
+from kvlab._checks import unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory import verdict as model
@@ -30,6 +31,8 @@ def diagnosis_batch(
     ``predicted_batch`` is ``kvlab.theory.verdict.bandwidth_batch``; ``batch`` the batch diagnosed,
     at ``step_b`` seconds and ``fraction_b`` of the read ``bandwidth``.
     """
+    if missing := unmeasured(step_1=step_1, fraction_1=fraction_1):
+        return solution(1, missing)
     flat = model.flat_step_fraction(batch, step_1, weight_bytes, sequence_bytes, bandwidth)
     c = within_factor(fraction_b, flat, model.BATCH_TOLERANCE)
     text = (
@@ -84,6 +87,8 @@ def diagnosis_gqa(
     verdict_after: str,
 ) -> str:
     """Exercise 2 of 9.8: the retrieval step's KV share with grouped-query attention."""
+    if missing := unmeasured(measured_share=measured_share):
+        return solution(2, missing)
     text = (
         "`kvlab.theory.roofline.step_bytes` gives the weights $P w$ and the cache $b\\,s\\,K$,"
         f" with $K = 2 L n_{{kv}} d_h w$ proportional to the KV heads. Going from {kv_heads_before}"

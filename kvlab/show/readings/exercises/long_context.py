@@ -3,6 +3,7 @@ numbers."""
 
 from __future__ import annotations
 
+from kvlab._checks import unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.exercises.folded import solution
@@ -73,6 +74,8 @@ def long_context_kivi_bytes(
     bits: int, residual: int, predicted: float, measured: float, full: float
 ) -> str:
     """Exercise 3 of 9.7: the bytes a 4-bit KIVI cache holds with no residual."""
+    if missing := unmeasured(measured=measured):
+        return solution(3, missing)
     text = (
         "With residual 0 every whole group of tokens is quantized as soon as it fills:"
         f" `kvlab.theory.cache_sizes.kivi_nbytes` (packed {bits}-bit codes, plus an FP32 scale and"
@@ -92,6 +95,8 @@ def long_context_kivi_bytes(
 
 def long_context_conventions(gap_no_sinks: float, gap_sinks: float) -> str:
     """Exercise 4 of 9.7: the two position conventions with and without sinks."""
+    if missing := unmeasured(gap_no_sinks=gap_no_sinks, gap_sinks=gap_sinks):
+        return solution(4, missing)
     text = (
         "RoPE makes a score depend only on the distance between query and key. A window without"
         " sinks is one contiguous run of tokens, so renumbering it from zero (positions in cache)"

@@ -3,6 +3,7 @@ numbers."""
 
 from __future__ import annotations
 
+from kvlab._checks import unmeasured
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory.paging import waste_bound, within_waste_bound
 
@@ -13,6 +14,8 @@ def paged_block_size(
     """Exercise 1 of 9.5: the paged allocator's waste at a larger block size. ``simulated`` is the
     simulator's ``SimResult``; the verdict is ``kvlab.theory.paging.within_waste_bound`` with the
     tokens its running requests held on average."""
+    if missing := unmeasured(simulated_16=simulated_16):
+        return solution(1, missing)
     bound = waste_bound(block, mean_tokens)
     held = simulated.mean_tokens_held
     text = (

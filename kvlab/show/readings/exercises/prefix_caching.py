@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvlab._checks import unmeasured
 from kvlab.cache.blocks import reusable_tokens
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
@@ -70,6 +71,8 @@ def prefix_ninety(
 ) -> str:
     """Exercise 3 of prefix caching: time to first token at a 90% hit rate against
     ``roofline.prefill_time``."""
+    if missing := unmeasured(measured=measured, cold=cold):
+        return solution(3, missing)
     text = (
         f"A 90% hit on a {prompt}-token prompt is rounded down to whole blocks of {block}: {cached}"
         f" cached tokens. The line (prefill FLOPs of the {prompt - cached} new tokens over the"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvlab._checks import unmeasured
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory.speculative import best_k, speedup
 
@@ -9,6 +10,8 @@ from kvlab.theory.speculative import best_k, speedup
 def speculative_best_k_here(alpha: float, empty: float, times: dict, task: str) -> str:
     """Exercise 1 of notebook 13: the best k on this machine, from the counted alpha and empty
     fraction of ``task`` and the measured verify times ``times`` (``{positions: seconds}``)."""
+    if missing := unmeasured(alpha=alpha, empty=empty):
+        return solution(1, missing)
     scores = {
         k: speedup(alpha, k, times[1], times[k + 1], empty=empty)
         for k in sorted(times)

@@ -3,6 +3,7 @@ have numbers."""
 
 from __future__ import annotations
 
+from kvlab._checks import unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory import ssm
@@ -48,6 +49,8 @@ def ssm_narrow_scan(
     ``tau`` and ``gamma`` are the cost model's values fitted at ``dim_before``; ``times`` the
     measured seconds of each order at ``length`` tokens and ``dim_after`` channels.
     """
+    if missing := unmeasured(tau=tau, gamma=gamma):
+        return solution(2, missing)
     rows = "\n".join(f"| {m} | {si(t, 's')} |" for m, t in times.items())
     text = (
         "The cost model is $\\tau\\cdot\\text{rounds} +"
@@ -107,6 +110,8 @@ def ssm_full_rank(
     error_equal: float,
 ) -> str:
     """Exercise 4 of 9.6: a state as large as the sequence, and a state with equal decays."""
+    if missing := unmeasured(error_full=error_full, error_equal=error_equal):
+        return solution(4, missing)
     text = (
         "With $n = s$ the input map is square and, for distinct decays, invertible in exact"
         " arithmetic: every token can be read back, so the prediction is $1 - n/s$ ="
