@@ -120,6 +120,7 @@ def race(runs: dict, rounds: int = 2) -> Race:
 def generate_run(model, input_ids, new_tokens: int, **options):
     """transformers' ``generate``, greedy, exactly ``new_tokens`` tokens (no stop token), with
     ``options`` (``prompt_lookup_num_tokens=``, ``assistant_early_exit=``)."""
+    new_tokens = integer("new_tokens", new_tokens)
     config = copy.deepcopy(model.generation_config)
     config.update(
         max_new_tokens=new_tokens,
@@ -150,6 +151,8 @@ def contenders(model, input_ids, new_tokens: int, k: int = BENCH_K, early_k: int
     """The bench's runs, plain greedy first: kvlab's loops and transformers' ``generate``, plain,
     with prompt lookup (``k`` guesses) and with early exit (``early_k`` guesses from half the
     layers)."""
+    new_tokens, k = integer("new_tokens", new_tokens), integer("k", k)
+    early_k = integer("early_k", early_k)
     half = model.config.num_hidden_layers // 2
     args = (model, input_ids, new_tokens)
     return {
@@ -179,6 +182,7 @@ def bench_rows(model=None, new_tokens: int = BENCH_NEW, rounds: int = BENCH_ROUN
     """Rows for ``python -m kvlab bench`` (notebook 13): per task, the speed-up of each speculative
     contender over its own plain greedy, kvlab's prompt lookup over transformers', and the theory's
     prediction from the counted alpha and the measured step times."""
+    new_tokens, rounds = integer("new_tokens", new_tokens), integer("rounds", rounds)
     from kvlab.lab.pretrained import pretrained_model
 
     model = pretrained_model()[0] if model is None else model

@@ -271,6 +271,7 @@ BAD_CALLS = {
         ValueError,
         "hbm_bytes_per_s",
     ),
+    "specs.Link NaN rate": (lambda: specs.Link("x", NAN, "src"), ValueError, "bytes_per_s"),
     "speculative.expected_tokens alpha above 1": (
         lambda: speculative.expected_tokens(1.5, 4),
         ValueError,
