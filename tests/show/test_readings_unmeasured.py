@@ -25,7 +25,6 @@ from kvlab.show.readings.exercises import diagnosis as diagnosis_exercises
 from kvlab.show.readings.exercises import engine as engine_exercises
 from kvlab.show.readings.exercises import long_context as long_context_exercises
 from kvlab.show.readings.exercises import paged_attention as paged_attention_exercises
-from kvlab.show.readings.exercises import paged_kernel as paged_kernel_exercises
 from kvlab.show.readings.exercises import prefix_caching as prefix_caching_exercises
 from kvlab.show.readings.exercises import speculative as speculative_exercises
 from kvlab.show.readings.exercises import ssm_state as ssm_state_exercises
@@ -78,9 +77,6 @@ BAD_MEASUREMENTS = {
     long_context_exercises.long_context_kivi_bytes: "measured",
     long_context_exercises.long_context_conventions: "gap_no_sinks gap_sinks",
     paged_attention_exercises.paged_block_size: "simulated_16",
-    paged_kernel_exercises.paged_kernel_empty_split: (
-        "masked_difference lse_difference stage_one_largest"
-    ),
     prefix_caching_exercises.prefix_ninety: "measured cold",
     speculative_exercises.speculative_best_k_here: "alpha empty",
     ssm_state_exercises.ssm_narrow_scan: "tau gamma",

@@ -10,7 +10,9 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 
 from kvlab.show import format as fmt  # noqa: E402
-from kvlab.show import notebook, plots, widgets  # noqa: E402
+from kvlab.show import notebook, plots, readings, widgets  # noqa: E402
+from kvlab.show.readings import capacity, devices, engine, speculative, verdicts  # noqa: E402
+from kvlab.show.readings.exercises import folded  # noqa: E402
 
 NAN = math.nan
 
@@ -49,6 +51,27 @@ BAD_CALLS = {
         lambda: widgets.Explorer("m", {"a": [1]}, lambda *a: None),
         TypeError,
         "measure",
+    ),
+    "readings.ratio_text NaN": (lambda: readings.ratio_text(NAN, 1.0), ValueError, "measured"),
+    "readings.within bool factor": (lambda: readings.within(1.0, 1.0, True), TypeError, "factor"),
+    "engine.number bool": (lambda: engine.number(True), TypeError, "n must"),
+    "engine.times negative": (lambda: engine.times(-2), ValueError, "n must"),
+    "engine.plural float": (lambda: engine.plural(1.5, "step"), TypeError, "n must"),
+    "devices.binary_bytes NaN": (lambda: devices.binary_bytes(NAN), ValueError, "n must"),
+    "verdicts.method_note zero": (lambda: verdicts.method_note(0), ValueError, "repeats"),
+    "verdicts.verdict_words text": (lambda: verdicts.verdict_words("agrees"), TypeError, "c must"),
+    "speculative.spread high below low": (lambda: speculative.spread(2.0, 1.0), ValueError, "high"),
+    "speculative.decide NaN": (
+        lambda: speculative.decide(NAN, 1.0, 1.1, 1.0),
+        ValueError,
+        "measured",
+    ),
+    "folded.count NaN": (lambda: folded.count(NAN), ValueError, "n must"),
+    "capacity.w4_links NaN": (lambda: capacity.w4_links(NAN), ValueError, "cache_bytes"),
+    "capacity.seed_nvlink_seconds negative": (
+        lambda: capacity.seed_nvlink_seconds(-1.0),
+        ValueError,
+        "cache_bytes",
     ),
     "widgets.markdown_html int": (lambda: widgets.markdown_html(3), TypeError, "text must"),
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from kvlab._checks import positive
 from kvlab.show.format import si
 from kvlab.theory.memory_wall import ridge_admitted
 from kvlab.theory.roofline import free_beside_weights, max_batch, ridge_batch, transfer_time
@@ -143,6 +144,7 @@ def kivi_residual_reading(
 def w4_links(cache_bytes: float, codec: float = 4) -> dict:
     """Notebook 10, W4: seconds to move one session's cache over the host and peer links, by link,
     each at its one-way rate from ``kvlab.theory.specs.LINKS`` (a fetch moves the cache one way)."""
+    cache_bytes = positive("cache_bytes", cache_bytes)
     pcie, nvlink = LINKS["pcie5-x16"], LINKS["nvlink4"]
     return {
         f"PCIe Gen5 x16, {pcie.bytes_per_s_each_way / 1e9:.0f} GB/s one way": transfer_time(
@@ -160,6 +162,7 @@ def w4_links(cache_bytes: float, codec: float = 4) -> dict:
 def seed_nvlink_seconds(cache_bytes: float, codec: float = 4) -> float:
     """The seed's W4 NVLink fetch: the cache over NVLink's quoted total of both directions (900
     GB/s)."""
+    cache_bytes = positive("cache_bytes", cache_bytes)
     return transfer_time(cache_bytes, LINKS["nvlink4"].bytes_per_s_both_ways, codec=codec)
 
 

@@ -8,7 +8,7 @@ sentence depends on the outcome, both outcomes are written.
 
 from __future__ import annotations
 
-from kvlab._checks import unmeasured
+from kvlab._checks import real, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text, within
 from kvlab.show.readings.exercises import solution
@@ -19,6 +19,7 @@ AGREES = 2.0  # a collective's time "agrees" with the ring model within this fac
 def binary_bytes(n: int) -> str:
     """A message size as the powers of two it is chosen as: ``"4 KiB"``, ``"1 MiB"``, ``"512
     B"``."""
+    n = real("n", n, 0)
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:g} {unit}"

@@ -10,6 +10,7 @@ this machine's ceilings (:func:`kvlab.theory.serving.roofline_throughput`, judge
 
 from __future__ import annotations
 
+from kvlab._checks import integer
 from kvlab.show.format import si
 from kvlab.theory.agreement import AGREES, DISAGREES
 from kvlab.theory.serving import (
@@ -31,6 +32,7 @@ _WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", 
 
 def number(n: int) -> str:
     """A count as a word up to nine, in digits above."""
+    n = integer("n", n, 0)
     return _WORDS[n] if 0 <= n < len(_WORDS) else f"{n:,}"
 
 

@@ -9,7 +9,7 @@ being how far the interleaved rounds' speed-ups lie apart (``spread``).
 
 from __future__ import annotations
 
-from kvlab._checks import unmeasured
+from kvlab._checks import positive, real, unmeasured
 from kvlab.theory.agreement import AGREES, CANNOT_TELL, Comparison, compare
 from kvlab.theory.speculative import expected_tokens
 
@@ -19,6 +19,8 @@ BREAK_EVEN = 1.1  # a speed-up within this factor of 1 neither pays nor costs, i
 def spread(low: float, high: float) -> float:
     """The relative spread of a speed-up measured over rounds: its highest over its lowest, less 1
     (0 for one round)."""
+    low = positive("low", low)
+    high = real("high", high, low)
     return high / low - 1
 
 

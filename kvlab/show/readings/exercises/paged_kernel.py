@@ -3,7 +3,6 @@ numbers."""
 
 from __future__ import annotations
 
-from kvlab._checks import unmeasured
 from kvlab.show.readings.exercises.folded import solution
 
 
@@ -69,12 +68,6 @@ def paged_kernel_empty_split(
     """Exercise 3 of the paged kernel: empty splits whose outputs are NaN, merged by
     ``merge_partials`` and by the Triton merge, and what stage 1 itself stores there (all measured
     in the notebook)."""
-    if missing := unmeasured(
-        masked_difference=masked_difference,
-        lse_difference=lse_difference,
-        stage_one_largest=stage_one_largest,
-    ):
-        return solution(3, missing)
     text = (
         "Prediction: an empty split has weight $e^{-\\infty - M} = 0$, so a merge that leaves it"
         " out gives the merge of the other splits, whatever its output holds. A merge that only"
