@@ -19,8 +19,211 @@ PACKAGES = ("kvlab.theory", "kvlab.parallel", "kvlab.lab", "kvlab.show")
 TESTS = Path(__file__).parent
 TABLE = re.compile(r"^(BAD\w*|DISAGREE|LIES)$")
 
-# "module.name": why no row of bad calls is owed
-EXEMPT = {}
+# Why a name is owed no row: one reason per kind of name, then the names of that kind.
+RECORD = (
+    "a record a measurement or a model returns (fields and derived properties, no __post_init__):"
+    " the function that fills it checks the arguments"
+)
+NO_ARGUMENT = "takes no argument, so there is nothing to refuse"
+EXEMPT = {
+    **dict.fromkeys(
+        [
+            "kvlab.theory.agreement.Comparison",
+            "kvlab.theory.agreement.FactorComparison",
+            "kvlab.theory.cache_sizes.GQARow",
+            "kvlab.theory.cache_sizes.Design",
+            "kvlab.theory.long_context.Spread",
+            "kvlab.theory.matmul.RooflineFit",
+            "kvlab.theory.memory_wall.Footprint",
+            "kvlab.theory.memory_wall.Recommendation",
+            "kvlab.theory.parallel.SplitStep",
+            "kvlab.theory.parallel.Crossing",
+            "kvlab.theory.parallel.Handoff",
+            "kvlab.theory.parallel.LinkRow",
+            "kvlab.theory.preemption.RecomputeOrSwap",
+            "kvlab.theory.prefill_attention.PrefillWork",
+            "kvlab.theory.prefill_attention.AttentionFloor",
+            "kvlab.theory.prefix.TTFTSaving",
+            "kvlab.theory.roofline.StepBytes",
+            "kvlab.theory.roofline.StepFlops",
+            "kvlab.theory.roofline.Admission",
+            "kvlab.theory.roofline.FloorRow",
+            "kvlab.theory.roofline.AdmittedRate",
+            "kvlab.theory.serving.WorkRatio",
+            "kvlab.theory.verdict.BatchPoint",
+            "kvlab.theory.work.StepWork",
+            "kvlab.parallel.disaggregated.Handoff",
+            "kvlab.parallel.tensor.ParallelDecode",
+            "kvlab.lab.batch_tpot.Beside",
+            "kvlab.lab.batch_tpot.TpotPoint",
+            "kvlab.lab.bench.Row",
+            "kvlab.lab.decode_peers.Ratio",
+            "kvlab.lab.decode_peers.PeerComparison",
+            "kvlab.lab.decode_timing.DecodeProfile",
+            "kvlab.lab.decode_timing.CompileBreakEven",
+            "kvlab.lab.decode_timing.CompilePayoff",
+            "kvlab.lab.diagnose.Step",
+            "kvlab.lab.diagnose.Diagnosis",
+            "kvlab.lab.engine.PaddedRun",
+            "kvlab.lab.engine.Speedup",
+            "kvlab.lab.engine.ServingComparison",
+            "kvlab.lab.engine.CurvePoint",
+            "kvlab.lab.gemv.GemvPoint",
+            "kvlab.lab.gemv.GemvSweep",
+            "kvlab.lab.gemv.ModuleTime",
+            "kvlab.lab.gemv.StepProfile",
+            "kvlab.lab.hardware.Ceiling",
+            "kvlab.lab.hardware.Probe",
+            "kvlab.lab.history.HistorySweep",
+            "kvlab.lab.layout_timing.ReadMeasurement",
+            "kvlab.lab.layout_timing.AppendMeasurement",
+            "kvlab.lab.paged_attention.AttentionTiming",
+            "kvlab.lab.paged_attention.SplitTiming",
+            "kvlab.lab.paged_kernel.SplitGrid",
+            "kvlab.lab.paged_kernel.RecordedRun",
+            "kvlab.lab.paging.SimResult",
+            "kvlab.lab.parallel.MeasuredLink",
+            "kvlab.lab.parallel.CollectiveSweep",
+            "kvlab.lab.parallel.StepComparison",
+            "kvlab.lab.preemption.PreemptionCost",
+            "kvlab.lab.preemption.CachedRecompute",
+            "kvlab.lab.preemption.HostCopy",
+            "kvlab.lab.prefix.ChatRequest",
+            "kvlab.lab.prefix.ReplayResult",
+            "kvlab.lab.prefix.TTFTPoint",
+            "kvlab.lab.prefix.DecodeAfterPrefix",
+            "kvlab.lab.prefix.PrefillAttentionCost",
+            "kvlab.lab.prefix_reuse.PrefixReuse",
+            "kvlab.lab.skinny.SkinnyPoint",
+            "kvlab.lab.speculative.Race",
+            "kvlab.lab.step_trace.StepTrace",
+            "kvlab.lab.streams.StreamResult",
+            "kvlab.lab.streams.StreamingSweep",
+            "kvlab.lab.streams.NeedleProbe",
+            "kvlab.lab.timing.Comparison",
+        ],
+        RECORD,
+    ),
+    **dict.fromkeys(
+        [
+            "kvlab.parallel.launch.rank_device",
+            "kvlab.parallel.tensor.quiet_progress",
+            "kvlab.lab.cache_quality.streaming_rows",
+            "kvlab.lab.diagnose.bench_rows",
+            "kvlab.lab.engine.bench_rows",
+            "kvlab.lab.hardware.device_name",
+            "kvlab.lab.hardware.stamp",
+            "kvlab.lab.hardware.stream_bytes",
+            "kvlab.lab.layout_timing.last_level_cache_bytes",
+            "kvlab.lab.paged_attention.bench_rows",
+            "kvlab.lab.prefix.bench_rows",
+            "kvlab.lab.pretrained.gguf_path",
+            "kvlab.lab.pretrained.cache_root",
+            "kvlab.lab.ssm_timing.quiet_mamba_fallback",
+            "kvlab.lab.ssm_timing.bench_rows",
+            "kvlab.lab.trained.trained_tokenizer",
+            "kvlab.lab.trained.heldout_text",
+            "kvlab.lab.trained.metrics",
+        ],
+        NO_ARGUMENT,
+    ),
+    "kvlab.lab.pretrained.WeightsMissing": "an exception kvlab raises, not a function to call",
+    "kvlab.show.notebook.sizes": "returns one of its two arguments as given, whatever they are",
+}
+
+# Names still owed a row (issue 33 left them for a later round): readings and worked solutions
+# whose arguments are counts, records or dicts of measurements, not yet given a door. The list only
+# shrinks: the test fails when a name here gains a row (remove it) and when a name not here lacks one.
+OWED = [
+    "kvlab.show.readings.cache_reuse.ttft_reading",
+    "kvlab.show.readings.cache_reuse.peers_reading",
+    "kvlab.show.readings.capacity.largest_batch_reading",
+    "kvlab.show.readings.capacity.h200_margin_reading",
+    "kvlab.show.readings.capacity.engine_fraction_reading",
+    "kvlab.show.readings.capacity.kivi_residual_reading",
+    "kvlab.show.readings.capacity.nvlink_reading",
+    "kvlab.show.readings.capacity.seed_corrections_reading",
+    "kvlab.show.readings.capacity.placement_reading",
+    "kvlab.show.readings.capacity.rule3_reading",
+    "kvlab.show.readings.capacity.margins_table",
+    "kvlab.show.readings.devices.tensor_parallel_reading",
+    "kvlab.show.readings.devices.handoff_tables_reading",
+    "kvlab.show.readings.devices.collective_reading",
+    "kvlab.show.readings.devices.crossing_reading",
+    "kvlab.show.readings.devices.recorded_reading",
+    "kvlab.show.readings.devices.exercise_heads",
+    "kvlab.show.readings.devices.exercise_latency",
+    "kvlab.show.readings.devices.exercise_handoff",
+    "kvlab.show.readings.diagnosis.verdict_label",
+    "kvlab.show.readings.diagnosis.reading_diagnosis",
+    "kvlab.show.readings.diagnosis.reading_timeline",
+    "kvlab.show.readings.diagnosis.reading_workloads",
+    "kvlab.show.readings.diagnosis.reading_real_model",
+    "kvlab.show.readings.engine.life_reading",
+    "kvlab.show.readings.engine.comparison_reading",
+    "kvlab.show.readings.engine.curve_predictions",
+    "kvlab.show.readings.engine.curve_reading",
+    "kvlab.show.readings.engine.burst_reading",
+    "kvlab.show.readings.exercises.cache_reuse.cache_reuse_warm",
+    "kvlab.show.readings.exercises.decode_loop.decode_loop_window",
+    "kvlab.show.readings.exercises.diagnosis.diagnosis_naive_ridge",
+    "kvlab.show.readings.exercises.engine.engine_swap",
+    "kvlab.show.readings.exercises.gemv.gemv_big_product",
+    "kvlab.show.readings.exercises.gemv.gemv_h200_batch",
+    "kvlab.show.readings.exercises.gemv.gemv_attention_ridge",
+    "kvlab.show.readings.exercises.kv_layout.kv_layout_batch",
+    "kvlab.show.readings.exercises.kv_layout.kv_layout_block1",
+    "kvlab.show.readings.exercises.kv_layout.kv_layout_cat",
+    "kvlab.show.readings.exercises.long_context.long_context_onset",
+    "kvlab.show.readings.exercises.long_context.long_context_outliers",
+    "kvlab.show.readings.exercises.long_context.long_context_sinks",
+    "kvlab.show.readings.exercises.memory_wall.wall_fixed_point",
+    "kvlab.show.readings.exercises.memory_wall.wall_288",
+    "kvlab.show.readings.exercises.memory_wall.wall_joint",
+    "kvlab.show.readings.exercises.paged_attention.paged_fork_append",
+    "kvlab.show.readings.exercises.paged_attention.paged_swap_steps",
+    "kvlab.show.readings.exercises.paged_kernel.paged_kernel_rows",
+    "kvlab.show.readings.exercises.paged_kernel.paged_kernel_splits",
+    "kvlab.show.readings.exercises.paged_kernel.paged_kernel_empty_split",
+    "kvlab.show.readings.exercises.prefix_caching.prefix_whole_blocks",
+    "kvlab.show.readings.exercises.prefix_caching.prefix_system_prompts",
+    "kvlab.show.readings.exercises.speculative.speculative_best_k_gpu",
+    "kvlab.show.readings.exercises.ssm_state.ssm_breakeven",
+    "kvlab.show.readings.exercises.ssm_state.ssm_hybrid_fraction",
+    "kvlab.show.readings.gemv.gpu_batching_reading",
+    "kvlab.show.readings.gemv.latency_throughput_reading",
+    "kvlab.show.readings.kv_layout.append_reading",
+    "kvlab.show.readings.kv_layout.explore_reading",
+    "kvlab.show.readings.kv_layout.gqa_reading",
+    "kvlab.show.readings.long_context.spread_text",
+    "kvlab.show.readings.long_context.model_reading",
+    "kvlab.show.readings.long_context.sink_reading",
+    "kvlab.show.readings.long_context.stream_reading",
+    "kvlab.show.readings.long_context.sink_count_reading",
+    "kvlab.show.readings.long_context.channel_reading",
+    "kvlab.show.readings.long_context.kivi_residual_quality_reading",
+    "kvlab.show.readings.long_context.needle_reading",
+    "kvlab.show.readings.long_context.fewer_reading",
+    "kvlab.show.readings.paged_attention.event_reading",
+    "kvlab.show.readings.paged_attention.waste_reading",
+    "kvlab.show.readings.paged_attention.preemption_reading",
+    "kvlab.show.readings.paged_kernel.source_block",
+    "kvlab.show.readings.paged_kernel.padding_reading",
+    "kvlab.show.readings.paged_kernel.programs_reading",
+    "kvlab.show.readings.paged_kernel.fp64_reading",
+    "kvlab.show.readings.paged_kernel.split_reading",
+    "kvlab.show.readings.paged_kernel.graph_splits_reading",
+    "kvlab.show.readings.paged_kernel.recorded_reading",
+    "kvlab.show.readings.preemption.crossover_table",
+    "kvlab.show.readings.preemption.crossover_reading",
+    "kvlab.show.readings.preemption.host_copy_reading",
+    "kvlab.show.readings.preemption.decides_reading",
+    "kvlab.show.readings.preemption.cached_recompute_reading",
+    "kvlab.show.readings.prefix_caching.identity_reading",
+    "kvlab.show.readings.prefix_caching.prefill_cost_reading",
+    "kvlab.show.readings.trained_model.model_reading",
+    "kvlab.show.readings.trained_model.contrast_reading",
+]
 
 
 def public_modules():
@@ -138,12 +341,23 @@ def _is_covered(value, covered: set[int]) -> bool:
 
 def test_every_public_name_has_a_row_of_bad_calls_or_a_reason():
     names, covered = public_names(), covered_objects()
-    missing = sorted(n for n, v in names.items() if n not in EXEMPT and not _is_covered(v, covered))
+    missing = sorted(
+        n
+        for n, v in names.items()
+        if n not in EXEMPT and n not in OWED and not _is_covered(v, covered)
+    )
     assert not missing, f"{len(missing)} public names with no row of bad calls: " + ", ".join(
         missing
     )
 
 
-def test_every_exemption_names_a_public_name():
+def test_names_owed_a_row_are_still_owed_one():
+    names, covered = public_names(), covered_objects()
+    paid = [n for n in OWED if n in names and _is_covered(names[n], covered)]
+    assert not paid, "these names have a row now; remove them from OWED: " + ", ".join(paid)
+
+
+def test_every_exemption_and_debt_names_a_public_name():
     names = public_names()
-    assert not [n for n in EXEMPT if n not in names]
+    assert not [n for n in [*EXEMPT, *OWED] if n not in names]
+    assert not set(EXEMPT) & set(OWED)

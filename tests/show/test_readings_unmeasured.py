@@ -20,6 +20,7 @@ from kvlab.show.readings import (
     speculative,
     ssm_state,
 )
+from kvlab.show.readings.exercises import cache_reuse as cache_reuse_exercises
 from kvlab.show.readings.exercises import decode_loop as decode_loop_exercises
 from kvlab.show.readings.exercises import diagnosis as diagnosis_exercises
 from kvlab.show.readings.exercises import engine as engine_exercises
@@ -67,6 +68,7 @@ BAD_MEASUREMENTS = {
     ssm_state.step_reading: "slope_llama slope_mamba read_bytes_per_s copy_bytes_per_s slope_spread",
     ssm_state.recall_reading: "mean_exact mean_sampled first last attention_max",
     # worked solutions of exercises: the sentence inside the folded solution
+    cache_reuse_exercises.cache_reuse_doubling: "measured_g measured_2g",
     decode_loop_exercises.decode_loop_gqa: "slope_measured",
     decode_loop_exercises.decode_loop_static: (
         "static_first static_last cached_first cached_last cached_growth"
