@@ -104,7 +104,7 @@ def prepared_ids(model, input_ids, context, method):
 def tile_prompt(input_ids, context: int):
     """``context`` tokens per sequence: the prompt, repeated as often as needed (timing does not
     depend on which tokens they are)."""
-    context = integer("context", context)
+    input_ids, context = check_ids(input_ids), integer("context", context)
     reps = -(-context // input_ids.shape[1])
     return input_ids.repeat(1, reps)[:, :context]
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab._checks import integer, one_of
+from kvlab._checks import integer, one_of, token_ids
 from kvlab.decode import cached_decode
 from kvlab.lab.bench import Row
 from kvlab.speculative import prompt_lookup, speculative_decode
@@ -51,6 +51,7 @@ def replay(prompt: list[int], output: list[int], k: int, propose=prompt_lookup) 
     """``(proposed, accepted)`` for each verify step the speculative loop takes to emit ``output``
     (the model's greedy tokens after ``prompt``) with ``propose`` and ``k`` guesses: counted, not
     run. Prefill (the first token) is not a verify step and is left out."""
+    prompt, output = token_ids("prompt", prompt), token_ids("output", output, empty=True)
     integer("k", k)
     tokens, steps, i = list(prompt) + output[:1], [], 1
     while i < len(output):
