@@ -108,3 +108,28 @@ def test_a_reading_handed_no_measurement_names_it_instead_of_a_verdict(
     folded = reading.__module__.startswith("kvlab.show.readings.exercises.")
     assert (said in text and "<details>" in text) if folded else text.startswith(said), text
     assert "no verdict" in text
+
+
+# readings handed a dict of measurements: (call with one entry unmeasured, the sentence's start)
+BAD_MEASURED_DICTS = {
+    "stream_reading": (
+        lambda: long_context.stream_reading(4, 64, 512, {"full": 9.0, "window": math.nan}, {}, 8),
+        "Not measured: ppl['window'] (got nan).",
+    ),
+    "sink_count_reading": (
+        lambda: long_context.sink_count_reading(64, {1: 9.0, 4: None}, None, None, 512, 512, 4),
+        "Not measured: ppl_by_sinks[4] (got None).",
+    ),
+    "kivi_residual_quality_reading": (
+        lambda: long_context.kivi_residual_quality_reading(
+            2, 32, 128, {"ppl": math.inf, "nbytes": 1}, {"ppl": 9.0, "nbytes": 1}
+        ),
+        "Not measured: with_residual (got inf).",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD_MEASURED_DICTS)
+def test_a_reading_handed_a_dict_with_a_missing_measurement_names_the_entry(name):
+    call, said = BAD_MEASURED_DICTS[name]
+    assert call().startswith(said)

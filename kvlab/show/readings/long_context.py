@@ -137,6 +137,8 @@ def stream_reading(sinks: int, budget: int, n: int, ppl: dict, spreads: dict, st
     sinks"``, ``"sinks - full"``, ``"recompute - sinks"``; the ``sinks`` ones are absent when sinks
     is 0.
     """
+    if missing := unmeasured(**{f"ppl[{k!r}]": v for k, v in ppl.items()}):
+        return missing
     blocks = "blocks of positions"
     label = f"{sinks} sink{'s' if sinks != 1 else ''} plus a window of {budget - sinks}"
     text = [
@@ -215,6 +217,8 @@ def sink_count_reading(
     """After the sweep: perplexity against the number of sinks at a fixed budget, and the two
     position conventions. ``one_vs_four``: loss with 4 sinks minus loss with 1; ``conventions``:
     loss with keys at positions in the cache minus at their original positions."""
+    if missing := unmeasured(**{f"ppl_by_sinks[{s}]": p for s, p in ppl_by_sinks.items()}):
+        return missing
     row = ", ".join(f"{s}: {p:.1f}" for s, p in sorted(ppl_by_sinks.items()))
     text = [
         f"At a fixed cache of {budget} tokens, the perplexity after the fill by number of sinks is"
@@ -368,6 +372,8 @@ def kivi_residual_quality_reading(
 ) -> str:
     """KIVI as its paper runs it, beside the worst case: ``with_residual`` and ``without`` are
     ``quantized_cache_quality`` results (``ppl``, ``nbytes``) at ``bits`` with per-channel keys."""
+    if missing := unmeasured(with_residual=with_residual["ppl"], without=without["ppl"]):
+        return missing
     return (
         "KIVI as its paper runs it keeps the newest tokens exact: at"
         f" {bits} bits with a residual of {residual} of each window's {length} tokens, the cache"
