@@ -42,6 +42,7 @@ BAD_MEASUREMENTS = {
     devices.link_reading: "bytes_per_s latency_s",
     devices.step_reading: "one_process_s split_s all_reduce_s",
     devices.handoff_reading: "send_s",
+    devices.crossing_reading: "latency_s",
     diagnosis.reading_methods: "generate_tokens_per_s best_tokens_per_s",
     diagnosis.reading_batch: "bandwidth",
     gemv.step_profile_reading: "step_s step_spread weight_read_s matmul_fraction",
@@ -69,6 +70,7 @@ BAD_MEASUREMENTS = {
     ssm_state.recall_reading: "mean_exact mean_sampled first last attention_max",
     # worked solutions of exercises: the sentence inside the folded solution
     cache_reuse_exercises.cache_reuse_doubling: "measured_g measured_2g",
+    cache_reuse_exercises.cache_reuse_warm: "steady",
     decode_loop_exercises.decode_loop_gqa: "slope_measured",
     decode_loop_exercises.decode_loop_static: (
         "static_first static_last cached_first cached_last cached_growth"

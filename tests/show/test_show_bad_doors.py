@@ -1,6 +1,7 @@
 """Every notebook: the figures, widgets and formatting helpers that no other table reached refuse a
 bad argument at the door, naming it (issue 33)."""
 
+import inspect
 import math
 
 import matplotlib
@@ -11,8 +12,21 @@ import pytest  # noqa: E402
 
 from kvlab.show import format as fmt  # noqa: E402
 from kvlab.show import notebook, plots, readings, widgets  # noqa: E402
-from kvlab.show.readings import capacity, devices, engine, speculative, verdicts  # noqa: E402
+from kvlab.show.readings import (  # noqa: E402
+    capacity,
+    devices,
+    engine,
+    long_context,
+    preemption,
+    speculative,
+    verdicts,
+)
+from kvlab.show.readings.exercises import diagnosis as diagnosis_exercises  # noqa: E402
 from kvlab.show.readings.exercises import folded  # noqa: E402
+from kvlab.show.readings.exercises import gemv as gemv_exercises  # noqa: E402
+from kvlab.show.readings.exercises import memory_wall as memory_wall_exercises  # noqa: E402
+from kvlab.show.readings.exercises import speculative as speculative_exercises  # noqa: E402
+from kvlab.show.readings.exercises import ssm_state as ssm_state_exercises  # noqa: E402
 
 NAN = math.nan
 
@@ -82,3 +96,44 @@ def test_bad_call_is_refused_naming_its_argument(name):
     call, error, message = BAD_CALLS[name]
     with pytest.raises(error, match=message):
         call()
+
+
+# readings of model numbers (not measurements): each number a model computed, refused at the door
+# when it is NaN or a bool rather than printed
+BAD_MODEL_NUMBERS = {
+    capacity.h200_margin_reading: "context_cap_seed",
+    capacity.engine_fraction_reading: "weight_bytes device_bytes fraction",
+    capacity.kivi_residual_reading: "element_bytes held",
+    capacity.nvlink_reading: "cache_bytes codec recompute_seconds",
+    capacity.placement_reading: "gain_b200 gain_mi300x",
+    capacity.rule3_reading: "speedup_c4",
+    capacity.margins_table: "w_p",
+    devices.exercise_heads: "kv_per_token",
+    devices.exercise_latency: "saved_s bytes_s latency_s",
+    devices.exercise_handoff: "nbytes prefill_s",
+    engine.curve_predictions: "weight_bytes sequence_flops",
+    engine.curve_reading: "capacity weight_bytes sequence_flops",
+    diagnosis_exercises.diagnosis_naive_ridge: "ridge closed_form intensity",
+    gemv_exercises.gemv_big_product: "gemv_bytes_per_s matmul_flops",
+    gemv_exercises.gemv_h200_batch: "step rate step32 rate32",
+    gemv_exercises.gemv_attention_ridge: "ridge",
+    memory_wall_exercises.wall_fixed_point: "b_dagger kv_floor",
+    memory_wall_exercises.wall_288: "ratio s_star8 s_needed s_cap_bf16 s_cap_2bit speedup",
+    speculative_exercises.speculative_best_k_gpu: "alpha ridge_batch",
+    ssm_state_exercises.ssm_breakeven: "state_bytes kv_bytes tokens",
+    long_context.sink_reading: "uniform",
+    preemption.crossover_table: "w_kv",
+    preemption.decides_reading: "params kv_bytes_per_token flops link_bytes_per_s block_efficiency",
+}
+NUMBER_CASES = [(r, a.split(), one) for r, a in BAD_MODEL_NUMBERS.items() for one in a.split()]
+
+
+@pytest.mark.parametrize(
+    "reading, numbers, bad", NUMBER_CASES, ids=[f"{r.__name__}({b})" for r, _, b in NUMBER_CASES]
+)
+@pytest.mark.parametrize("value, error", [(NAN, ValueError), (True, TypeError)])
+def test_a_reading_refuses_a_model_number_that_is_no_number(reading, numbers, bad, value, error):
+    kwargs = {name: object() for name in inspect.signature(reading).parameters}
+    kwargs.update(dict.fromkeys(numbers, 1.0), **{bad: value})
+    with pytest.raises(error, match=f"{bad} must"):
+        reading(**kwargs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvlab._checks import positive
+from kvlab._checks import positive, real
 from kvlab.show.format import si
 from kvlab.theory.memory_wall import ridge_admitted
 from kvlab.theory.roofline import free_beside_weights, max_batch, ridge_batch, transfer_time
@@ -57,6 +57,7 @@ def largest_batch_reading(context: int = 2048) -> str:
 
 def h200_margin_reading(context_cap_seed: float) -> str:
     """Notebook 10: the H200 margin beside Llama-3-70B's weights, rounded and real."""
+    context_cap_seed = positive("context_cap_seed", context_cap_seed)
     l70 = SHAPES["llama-3-70b"]
     seed_margin = free_beside_weights(l70, "h200")
     real = _real(l70)
@@ -88,6 +89,9 @@ def engine_fraction_reading(
 ) -> str:
     """Whether the weights fit in the share of the device a serving engine uses, and what is left
     there for the cache."""
+    weight_bytes = real("weight_bytes", weight_bytes)
+    device_bytes = real("device_bytes", device_bytes)
+    fraction = real("fraction", fraction)
     usable = fraction * device_bytes
     left = usable - weight_bytes
     head = (
@@ -115,6 +119,8 @@ def kivi_residual_reading(
     long_tokens: int = 131_072,
 ) -> str:
     """Notebook 08: why a short KIVI cache saves far less than its bit width suggests."""
+    element_bytes = real("element_bytes", element_bytes)
+    held = real("held", held)
     from kvlab.theory.cache_sizes import kivi_nbytes, quantized_nbytes
 
     quantized = max(0, (tokens - residual) // group_size * group_size)
@@ -169,6 +175,9 @@ def seed_nvlink_seconds(cache_bytes: float, codec: float = 4) -> float:
 def nvlink_reading(cache_bytes: float, codec: float, recompute_seconds: float) -> str:
     """Notebook 10: a one-way KV fetch over NVLink gets half the quoted (bidirectional) figure, and
     the range of W4's speedups over recompute that follows."""
+    cache_bytes = real("cache_bytes", cache_bytes)
+    codec = real("codec", codec)
+    recompute_seconds = real("recompute_seconds", recompute_seconds)
     nvlink, pcie = LINKS["nvlink4"], LINKS["pcie5-x16"]
     fetch = list(w4_links(cache_bytes, codec).values())
     seed = seed_nvlink_seconds(cache_bytes, codec)
@@ -261,6 +270,8 @@ def seed_corrections_reading(
 def placement_reading(gain_b200: float, gain_mi300x: float) -> str:
     """Notebook 10: the seed's placement gains assume a control that default memory modes do not
     expose."""
+    gain_b200 = real("gain_b200", gain_b200)
+    gain_mi300x = real("gain_mi300x", gain_mi300x)
     return (
         f"The striped-against-pinned gains ({gain_b200:.0f}x on a B200, {gain_mi300x:.0f}x on an"
         " MI300X) are the seed's model, not a choice a block manager can make today. In their"
@@ -280,6 +291,7 @@ def rule3_reading(
     shape_name: str, device_name: str, context: int, speedup_c4: float, bf16, int4
 ) -> str:
     """Notebook 10: the scope of design rule 3, in numbers."""
+    speedup_c4 = real("speedup_c4", speedup_c4)
     text = (
         "Rule 3 is about step time at a fixed batch: below $s^*$ a 4-bit cache would shorten a"
         f" step of one sequence only {speedup_c4:.2f}x. It does not make compression useless in the"
@@ -308,6 +320,7 @@ def margins_table(
     the driver reports and the unrounded parameter counts, on every device whose exposed memory is
     known.
     """
+    w_p = positive("w_p", w_p)
     from kvlab.theory.specs import SPECS
 
     devices = [k for k, a in SPECS.items() if a.hbm_bytes_exposed is not None]

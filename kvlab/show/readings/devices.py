@@ -227,6 +227,8 @@ def crossing_reading(
 ) -> str:
     """Where each split starts or stops paying, per link (``tp``/``cp``: link name -> Crossing), and
     how many sequences of ``context`` tokens one and two devices admit."""
+    if missing := unmeasured(latency_s=latency_s):
+        return missing
     tp_text = "; ".join(_tp_sentence(k, c) for k, c in tp.items())
     cp_text = "; ".join(_cp_sentence(k, c) for k, c in cp.items())
     return (
@@ -308,6 +310,7 @@ def exercise_heads(
     shape: str, world: int, q_heads: int, kv_heads: int, per_rank: tuple, kv_per_token: float
 ) -> str:
     """Exercise 1: heads and cache per device at a larger world size."""
+    kv_per_token = real("kv_per_token", kv_per_token)
     return solution(
         1,
         f"{shape} has {q_heads} query and {kv_heads} KV heads. Over {world} devices each holds"
@@ -324,6 +327,9 @@ def exercise_latency(
     shape: str, context: int, saved_s: float, bytes_s: float, calls: int, latency_s: float
 ) -> str:
     """Exercise 2: the latency per call at which tensor parallelism stops paying at batch 1."""
+    saved_s = real("saved_s", saved_s)
+    bytes_s = real("bytes_s", bytes_s)
+    latency_s = real("latency_s", latency_s)
     return solution(
         2,
         f"At batch 1 and {context:,} tokens, splitting {shape} over 2 devices takes"
@@ -337,6 +343,8 @@ def exercise_latency(
 
 def exercise_handoff(shape: str, tokens: int, nbytes: float, links: dict, prefill_s: float) -> str:
     """Exercise 3: the handoff of one long prompt over several links, against recomputing it."""
+    nbytes = real("nbytes", nbytes)
+    prefill_s = real("prefill_s", prefill_s)
     rows = "\n".join(
         f"| {name} | {si(t, 's')} | {prefill_s / t:,.0f} |" for name, t in links.items()
     )

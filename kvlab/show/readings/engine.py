@@ -10,7 +10,7 @@ this machine's ceilings (:func:`kvlab.theory.serving.roofline_throughput`, judge
 
 from __future__ import annotations
 
-from kvlab._checks import integer
+from kvlab._checks import integer, real
 from kvlab.show.format import si
 from kvlab.theory.agreement import AGREES, DISAGREES
 from kvlab.theory.serving import (
@@ -236,6 +236,8 @@ def curve_predictions(points, weight_bytes: float, sequence_flops: float):
     """The roofline's tokens per second at each point's mean batch
     (:func:`kvlab.theory.serving.roofline_throughput`, anchored at the first point's rate per
     request and its matmul rate) and the relative spread behind each comparison."""
+    weight_bytes = real("weight_bytes", weight_bytes)
+    sequence_flops = real("sequence_flops", sequence_flops)
     first = points[0]
     rate_1 = first.tokens_per_s / first.mean_batch
     predicted, spreads = [], []
@@ -278,6 +280,9 @@ def curve_reading(
     at once; ``chosen``: the slider's ``max_batch``; ``weight_bytes`` and ``sequence_flops``: a
     step's weight bytes and one request's FLOPs, for the roofline
     (:func:`kvlab.theory.serving.roofline_throughput`)."""
+    capacity = real("capacity", capacity)
+    weight_bytes = real("weight_bytes", weight_bytes)
+    sequence_flops = real("sequence_flops", sequence_flops)
     first = points[0]
     here = next(p for p in points if p.max_batch == chosen)
     text = [

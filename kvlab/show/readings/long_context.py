@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from kvlab._checks import unmeasured
+from kvlab._checks import real, unmeasured
 from kvlab.theory import long_context as rules
 from kvlab.theory.cache_sizes import ROUNDING_TOLERANCE, rounding_explains, rounding_rms
 
@@ -79,6 +79,7 @@ def sink_reading(share, share_shifted, uniform: float, tokens: int) -> str:
     """Under the sink heat map. ``share[layer][head]``: mean share of attention on the first token
     of a passage starting at the text's first token; ``share_shifted``: the same for a passage
     starting in the middle of a verse."""
+    uniform = real("uniform", uniform)
     heads = rules.sink_heads(share, uniform)
     shifted = rules.sink_heads(share_shifted, uniform)
     total = len(share) * len(share[0])

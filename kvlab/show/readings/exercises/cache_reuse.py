@@ -57,6 +57,8 @@ def cache_reuse_warm(costs: dict, step_times, steady: float) -> str:
     excess over ``steady`` is within ``RECOMPILE_TOLERANCE`` of the first call's (the recompilation
     model), one-time work when it stands out of the later steps' spread
     (``kvlab.theory.decode_step.stands_out``), and steady otherwise."""
+    if missing := unmeasured(steady=steady):
+        return solution(2, missing)
     from kvlab.theory.decode_step import stands_out, step_spread
 
     rows = "\n".join(f"| {w} | {si(c, 's')} |" for w, c in costs.items())

@@ -3,7 +3,7 @@ that have numbers."""
 
 from __future__ import annotations
 
-from kvlab._checks import unmeasured
+from kvlab._checks import real, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory import verdict as model
@@ -131,6 +131,9 @@ def diagnosis_naive_ridge(
     verdict: str,
 ) -> str:
     """Exercise 3 of 9.8: the context above which a naive step passes the ridge point."""
+    ridge = real("ridge", ridge)
+    closed_form = real("closed_form", closed_form)
+    intensity = real("intensity", intensity)
     text = (
         "A naive step reruns all $n = s + 1$ positions but reads the weights once: $2Pn$ FLOPs of"
         " products over $P w$ bytes, plus attention FLOPs that grow as $n^2$. Its intensity is"

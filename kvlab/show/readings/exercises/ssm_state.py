@@ -3,7 +3,7 @@ have numbers."""
 
 from __future__ import annotations
 
-from kvlab._checks import unmeasured
+from kvlab._checks import real, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory import ssm
@@ -20,6 +20,9 @@ def ssm_breakeven(
     tokens: float,
 ) -> str:
     """Exercise 1 of 9.6: when an attention layer outgrows a Mamba layer."""
+    state_bytes = real("state_bytes", state_bytes)
+    kv_bytes = real("kv_bytes", kv_bytes)
+    tokens = real("tokens", tokens)
     return solution(
         1,
         f"One {name} layer keeps a convolution window and an SSM state:"
