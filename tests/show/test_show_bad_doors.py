@@ -10,6 +10,26 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
+import kvlab.show.readings.cache_reuse as cache_reuse_r  # noqa: E402
+import kvlab.show.readings.capacity as capacity_r  # noqa: E402
+import kvlab.show.readings.devices as devices_r  # noqa: E402
+import kvlab.show.readings.diagnosis as diagnosis_r  # noqa: E402
+import kvlab.show.readings.engine as engine_r  # noqa: E402
+import kvlab.show.readings.exercises.engine as exercises_engine_r  # noqa: E402
+import kvlab.show.readings.exercises.kv_layout as exercises_kv_layout_r  # noqa: E402
+import kvlab.show.readings.exercises.long_context as exercises_long_context_r  # noqa: E402
+import kvlab.show.readings.exercises.memory_wall as exercises_memory_wall_r  # noqa: E402
+import kvlab.show.readings.exercises.paged_attention as exercises_paged_attention_r  # noqa: E402
+import kvlab.show.readings.exercises.prefix_caching as exercises_prefix_caching_r  # noqa: E402
+import kvlab.show.readings.exercises.ssm_state as exercises_ssm_state_r  # noqa: E402
+import kvlab.show.readings.gemv as gemv_r  # noqa: E402
+import kvlab.show.readings.kv_layout as kv_layout_r  # noqa: E402
+import kvlab.show.readings.long_context as long_context_r  # noqa: E402
+import kvlab.show.readings.paged_attention as paged_attention_r  # noqa: E402
+import kvlab.show.readings.paged_kernel as paged_kernel_r  # noqa: E402
+import kvlab.show.readings.preemption as preemption_r  # noqa: E402
+import kvlab.show.readings.prefix_caching as prefix_caching_r  # noqa: E402
+import kvlab.show.readings.trained_model as trained_model_r  # noqa: E402
 from kvlab.show import format as fmt  # noqa: E402
 from kvlab.show import notebook, plots, readings, widgets  # noqa: E402
 from kvlab.show.readings import (  # noqa: E402
@@ -136,4 +156,58 @@ def test_a_reading_refuses_a_model_number_that_is_no_number(reading, numbers, ba
     kwargs = {name: object() for name in inspect.signature(reading).parameters}
     kwargs.update(dict.fromkeys(numbers, 1.0), **{bad: value})
     with pytest.raises(error, match=f"{bad} must"):
+        reading(**kwargs)
+
+
+# readings whose flags, names and tables are declared at the door: (the typed arguments, by type)
+BAD_KINDS = {
+    cache_reuse_r.ttft_reading: {"ttft": "dict"},
+    capacity_r.seed_corrections_reading: {"fixed_points": "dict"},
+    devices_r.tensor_parallel_reading: {"version": "str", "vocab_sharded": "bool"},
+    devices_r.handoff_tables_reading: {"prefill_table": "list", "decode_table": "list"},
+    devices_r.collective_reading: {"kind": "str"},
+    devices_r.recorded_reading: {"rows_by_device": "dict"},
+    diagnosis_r.reading_timeline: {"gpu": "bool"},
+    diagnosis_r.reading_workloads: {"diagnoses": "dict"},
+    diagnosis_r.reading_real_model: {"random_name": "str", "real_name": "str"},
+    engine_r.life_reading: {"counts": "dict"},
+    engine_r.comparison_reading: {"on_gpu": "bool"},
+    engine_r.burst_reading: {"same_tokens": "bool"},
+    exercises_engine_r.engine_swap: {"recompute": "dict", "swap": "dict"},
+    exercises_kv_layout_r.kv_layout_block1: {"runs_1": "dict", "runs_16": "dict"},
+    exercises_long_context_r.long_context_outliers: {"flat": "dict", "aligned": "dict"},
+    exercises_memory_wall_r.wall_joint: {"s1": "dict", "s32": "dict"},
+    exercises_paged_attention_r.paged_fork_append: {"before": "dict", "after": "dict"},
+    exercises_paged_attention_r.paged_swap_steps: {"steps": "dict", "preemptions": "dict"},
+    exercises_prefix_caching_r.prefix_system_prompts: {"hit": "dict"},
+    exercises_ssm_state_r.ssm_hybrid_fraction: {"fractions": "dict"},
+    gemv_r.gpu_batching_reading: {"name": "str"},
+    kv_layout_r.explore_reading: {"layout": "str", "appends": "dict"},
+    long_context_r.spread_text: {"pieces": "str"},
+    long_context_r.model_reading: {"name": "str", "dtype": "str"},
+    long_context_r.needle_reading: {"probes": "list", "answer": "str"},
+    long_context_r.fewer_reading: {"rows": "list", "gqa": "str", "latent": "str"},
+    paged_attention_r.event_reading: {"snapshot": "dict"},
+    paged_attention_r.waste_reading: {"runs": "dict", "predicted": "dict", "distribution": "str"},
+    paged_kernel_r.source_block: {"source": "str"},
+    paged_kernel_r.programs_reading: {"where": "str"},
+    paged_kernel_r.fp64_reading: {"errors": "dict"},
+    paged_kernel_r.split_reading: {"result": "dict"},
+    paged_kernel_r.graph_splits_reading: {"where": "str"},
+    preemption_r.host_copy_reading: {"copies": "list"},
+    prefix_caching_r.prefill_cost_reading: {"hw_name": "str", "what": "str"},
+    trained_model_r.model_reading: {"m": "dict"},
+    trained_model_r.contrast_reading: {"small": "dict", "kjv": "dict", "kjv_sinks": "list"},
+}
+VALID = {"bool": True, "dict": {}, "str": "", "list": []}
+KIND_CASES = [(r, typed, one) for r, typed in BAD_KINDS.items() for one in typed]
+
+
+@pytest.mark.parametrize(
+    "reading, typed, bad", KIND_CASES, ids=[f"{r.__name__}({b})" for r, _, b in KIND_CASES]
+)
+def test_a_reading_refuses_an_argument_of_the_wrong_kind(reading, typed, bad):
+    kwargs = {name: object() for name in inspect.signature(reading).parameters}
+    kwargs.update({name: VALID[kind] for name, kind in typed.items()}, **{bad: 1.5})
+    with pytest.raises(TypeError, match=f"{bad} must"):
         reading(**kwargs)

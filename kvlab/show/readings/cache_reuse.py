@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from kvlab._checks import unmeasured
+from kvlab._checks import instance, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings.verdicts import verdict_words
 from kvlab.theory.agreement import ABOVE, BELOW, CANNOT_TELL, compare, within_factor
@@ -291,6 +291,7 @@ def compile_reading(
 def ttft_reading(ttft: dict) -> str:
     """Time to first token of the three loops (``ttft``: loop name to a Timing of its prefill,
     fastest repeat taken): what differs between them although the prompt is the same."""
+    instance("ttft", ttft, dict)
     fastest = {name: t.min for name, t in ttft.items()}
     low, high = min(fastest.values()), max(fastest.values())
     spread = max(t.spread_above_min for t in ttft.values())

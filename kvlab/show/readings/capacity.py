@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvlab._checks import positive, real
+from kvlab._checks import instance, positive, real
 from kvlab.show.format import si
 from kvlab.theory.memory_wall import ridge_admitted
 from kvlab.theory.roofline import free_beside_weights, max_batch, ridge_batch, transfer_time
@@ -220,6 +220,7 @@ def seed_corrections_reading(
     2.91; the recompute times are Llama-3-70B's prefill of 128k tokens on an H100 and a B200;
     ``gib`` the 128k cache in GiB.
     """
+    instance("fixed_points", fixed_points, dict)
     links = w4_links(cache_bytes)
     slowest, fastest = max(links.values()), min(links.values())
     seed = seed_nvlink_seconds(cache_bytes)

@@ -8,7 +8,7 @@ sentence depends on the outcome, both outcomes are written.
 
 from __future__ import annotations
 
-from kvlab._checks import real, unmeasured
+from kvlab._checks import flag, instance, real, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text, within
 from kvlab.show.readings.exercises import solution
@@ -40,6 +40,8 @@ def tensor_parallel_reading(
     vocab_sharded: bool,
 ) -> str:
     """What the tensor-parallel check showed, and what this transformers release's plan splits."""
+    instance("version", version, str)
+    flag("vocab_sharded", vocab_sharded)
     plan = (
         "its plan splits the embedding and the output head by vocabulary too (an all-reduce after"
         " the embedding and an all-gather of the logits each step)"
@@ -56,6 +58,9 @@ def tensor_parallel_reading(
 
 def handoff_tables_reading(tokens: int, prefill_table: list, decode_table: list) -> str:
     """The two ranks' block tables for the handed-off sequence."""
+
+    instance("prefill_table", prefill_table, (list, tuple), "a list")
+    instance("decode_table", decode_table, (list, tuple), "a list")
 
     def shown(table):
         return str(table[:6])[:-1] + (", ...]" if len(table) > 6 else "]")
@@ -95,6 +100,7 @@ def link_reading(
 
 def collective_reading(kind: str, sizes, measured, predicted) -> str:
     """How the measured collective compares with the ring model over the calibrated link."""
+    instance("kind", kind, str)
     name = kind.replace("_", "-")
     ratios = [m / p for m, p in zip(measured, predicted)]
     worst = max(range(len(ratios)), key=lambda i: max(ratios[i], 1 / ratios[i]))
@@ -289,6 +295,7 @@ def handoff_reading(
 
 def recorded_reading(rows_by_device: dict) -> str:
     """The recorded GPU runs of this page's benchmark rows (``device -> [(name, value, unit)]``)."""
+    instance("rows_by_device", rows_by_device, dict)
     if not rows_by_device:
         return (
             "No GPU run of this page has been recorded yet: `book/data/measurements/` holds no"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from kvlab._checks import unmeasured
+from kvlab._checks import flag, instance, unmeasured
 from kvlab.show.format import si
 from kvlab.theory import verdict as model
 from kvlab.theory.agreement import ABOVE, AGREES, BELOW, DISAGREES
@@ -112,6 +112,7 @@ def reading_methods(
 def reading_timeline(cached: StepTrace, static: StepTrace, gpu: bool) -> str:
     """What the two timelines show: the gaps in the cached step, and whether the static step has
     fewer, decided by step 3's model (``kvlab.theory.verdict.compare_idle``)."""
+    flag("gpu", gpu)
     what = (
         "launch gaps: the CPU issuing kernels one at a time while the GPU waits"
         if gpu
@@ -287,6 +288,7 @@ def reading_batch(
 
 def reading_workloads(diagnoses: dict) -> str:
     """The three workloads side by side: whether they end in different verdicts and levers."""
+    instance("diagnoses", diagnoses, dict)
     parts = [f"{name}: {verdict_label(d)} ({d.because})" for name, d in diagnoses.items()]
     verdicts = {d.verdicts if not d.firm else d.verdict for d in diagnoses.values()}
     if len(verdicts) == len(diagnoses):
@@ -310,6 +312,8 @@ def reading_real_model(
     """The path on the pretrained model beside the random-weight one: the two verdicts of
     ``kvlab.theory.verdict.decide``, and why they agree or differ (a step's work depends on the
     shape, not on what the weights learned)."""
+    instance("random_name", random_name, str)
+    instance("real_name", real_name, str)
     text = (
         f"**{real_name}, cached loop: verdict {verdict_label(real_d)}** ({real_d.because})."
         f" Traced at {real_d.context} cached tokens, one step took {_ms(real_d.trace.step_s)} and"

@@ -10,7 +10,7 @@ this machine's ceilings (:func:`kvlab.theory.serving.roofline_throughput`, judge
 
 from __future__ import annotations
 
-from kvlab._checks import integer, real
+from kvlab._checks import flag, instance, integer, real
 from kvlab.show.format import si
 from kvlab.theory.agreement import AGREES, DISAGREES
 from kvlab.theory.serving import (
@@ -52,6 +52,7 @@ def life_reading(counts: dict, block_size: int, num_blocks: int, budget: int) ->
     readmitted after a recompute preemption, and of those the ones the prefix cache served),
     ``stalled`` (request-steps given no tokens while running) and ``cached_tokens`` (prompt tokens
     first admissions found cached)."""
+    instance("counts", counts, dict)
     text = [
         f"The engine served {plural(counts['requests'], 'request')} in {counts['steps']} steps,"
         f" with a pool of {num_blocks} blocks of {block_size} tokens and a budget of {budget}"
@@ -144,6 +145,7 @@ def comparison_reading(result, on_gpu: bool) -> str:
     """The engine against padded ``generate``, against itself without prefix caching, and against
     transformers' continuous batching, on one request set (``result``: a
     :class:`kvlab.lab.engine.ServingComparison` whose tokens all agreed)."""
+    flag("on_gpu", on_gpu)
     padded, rounds = result.padded, len(result.seconds[ENGINE])
     head = (
         f"On {result.requests} requests every contender produced the same tokens for every request;"
@@ -382,6 +384,7 @@ def burst_reading(
     (``once``); ``peer_ratio`` is transformers' continuous batching's time over the engine's
     (median, lowest and highest round), or None when not timed; ``ttft_s`` the engine's mean time
     to first token."""
+    flag("same_tokens", same_tokens)
     text = (
         f"The {number(requests)} prompts hold {prompt_tokens:,} tokens; the engine's prefill steps "
         f"computed **{computed:,}** of them"

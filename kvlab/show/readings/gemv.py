@@ -9,7 +9,7 @@ of a step (weight bytes / read bandwidth) and the roofline floor of a decode ste
 
 from __future__ import annotations
 
-from kvlab._checks import unmeasured
+from kvlab._checks import instance, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.verdicts import sweep_summary, verdict_words
@@ -199,6 +199,7 @@ def skinny_reading(
 
 def gpu_batching_reading(name: str, ridge: float, flat_n: float, bandwidth: float) -> str:
     """The same roofline with a GPU's datasheet constants: where its flat region ends."""
+    instance("name", name, str)
     return (
         f"With the {name}'s constants ({si(bandwidth, 'B/s')} of memory, a ridge of {ridge:.0f}"
         f" FLOP per byte) the same model keeps a bf16 weight product at its $n = 1$ time up to"

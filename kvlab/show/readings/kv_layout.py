@@ -10,7 +10,7 @@ likely cause of a read that beats its bytes with ``cache_resident``.
 
 from __future__ import annotations
 
-from kvlab._checks import unmeasured
+from kvlab._checks import instance, unmeasured
 from kvlab.show.format import si
 from kvlab.theory.agreement import ABOVE, BELOW
 from kvlab.theory.kv_traffic import BYTES_TOLERANCE, cache_resident, compare_with_bytes
@@ -142,6 +142,8 @@ def explore_reading(layout: str, context: int, read, appends: dict, llc: int | N
     appends. ``llc``: the device's last-level cache in bytes
     (``kvlab.lab.layout_timing.last_level_cache_bytes``).
     """
+    instance("layout", layout, str)
+    instance("appends", appends, dict)
     c = compare_with_bytes(read.timing.min, read.predicted_s)
     text = [
         f"`{layout}` at {context:,} tokens: the read took **{si(read.timing.min, 's')}**;"

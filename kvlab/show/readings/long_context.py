@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from kvlab._checks import real, unmeasured
+from kvlab._checks import instance, real, unmeasured
 from kvlab.theory import long_context as rules
 from kvlab.theory.cache_sizes import ROUNDING_TOLERANCE, rounding_explains, rounding_rms
 
@@ -29,6 +29,7 @@ def _signed(x: float, decimals: int) -> str:
 def spread_text(sp: rules.Spread, pieces: str) -> str:
     """``"+0.29 nats per token (95% interval +0.18 to +0.40 over 13 blocks of positions)"``, with
     more decimals when the interval is narrow."""
+    instance("pieces", pieces, str)
     d = _decimals(sp.half_width)
     return (
         f"{_signed(sp.mean, d)} nats per token (95% interval {_signed(sp.low, d)} to"
@@ -50,6 +51,8 @@ def _ranges(numbers) -> str:
 
 def model_reading(name: str, params: int, shape, context: int, tokens: int, dtype: str) -> str:
     """What the page measures on: the pretrained model and the text."""
+    instance("name", name, str)
+    instance("dtype", dtype, str)
     return (
         f"The measurements below run on **{name}** ({params / 1e6:.1f} M parameters; {shape.layers}"
         f" layers, {shape.q_heads} query heads sharing {shape.kv_heads} KV heads of dimension"
@@ -389,6 +392,8 @@ def kivi_residual_quality_reading(
 def needle_reading(probes: list, num_sink: int, window: int, answer: str) -> str:
     """Under the needle figure. ``probes``: ``kvlab.lab.streams.NeedleProbe`` at several depths;
     the answer's probability is ``exp(-nll)`` of its tokens together."""
+    instance("probes", probes, (list, tuple), "a list")
+    instance("answer", answer, str)
     kept = [p for p in probes if p.in_cache]
     lost = [p for p in probes if not p.in_cache]
 
@@ -426,6 +431,9 @@ def fewer_reading(rows: list, same_bytes: rules.Spread, gqa: str, latent: str) -
     """Under the fewer-entries figure. ``rows``: ``kvlab.lab.cache_quality.fewer_entries`` (full
     cache first); ``same_bytes``: loss of ``latent`` minus loss of ``gqa`` (the pooled GQA cache and
     the latent of the same bytes per token), over blocks of positions."""
+    instance("rows", rows, (list, tuple), "a list")
+    instance("gqa", gqa, str)
+    instance("latent", latent, str)
     by = {r["name"]: r for r in rows}
     full, g, lat = rows[0], by[gqa], by[latent]
     latents = [r for r in rows if r["name"].startswith("latent")]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvlab._checks import unmeasured
+from kvlab._checks import instance, unmeasured
 from kvlab.lab.timing import compare_timings
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
@@ -14,6 +14,7 @@ GEMV = "[GEMV-like behaviour in decode](03_gemv.ipynb)"
 
 def event_reading(snapshot: dict, event: int, num_blocks: int) -> str:
     """Under the block-table explorer: what the event did and which blocks are shared."""
+    instance("snapshot", snapshot, dict)
     used = sum(1 for r in snapshot["refs"] if r > 0)
     shared = [b for b, r in enumerate(snapshot["refs"]) if r > 1]
     tables = "; ".join(
@@ -49,6 +50,9 @@ def waste_reading(
     against the per-request formula (``kvlab.theory.paging.predicted_waste``; the verdict is
     ``paging_saves``, and the simulated saving is held against the formula's within
     ``SAVING_TOLERANCE``)."""
+    instance("runs", runs, dict)
+    instance("predicted", predicted, dict)
+    instance("distribution", distribution, str)
     mx, est, pg = runs["reserve-max"], runs["reserve-estimate"], runs["paged"]
     text = [
         f"On {len(trace)} {distribution} requests with a budget of {budget:,} tokens and"

@@ -8,7 +8,7 @@ blocks.
 
 from __future__ import annotations
 
-from kvlab._checks import real
+from kvlab._checks import instance, real
 from kvlab.lab.timing import compare_timings
 from kvlab.show.format import si
 from kvlab.theory.preemption import preemption_per_token, recompute_or_swap
@@ -103,6 +103,7 @@ def crossover_reading(shapes=None, devices=None) -> str:
 def host_copy_reading(copies: list, page_block_bytes: int, page_block_tokens: int) -> str:
     """The measured host transfer rate against block size; the verdict is the fixed-cost model of a
     copy (``HostCopy.fixed_cost_dominates``: t = t0 + b / beta, t0 against b / beta)."""
+    instance("copies", copies, (list, tuple), "a list")
     rows = "\n".join(
         f"| {si(c.block_bytes, 'B')} | {c.blocks:,} | {si(c.bytes_per_s, 'B/s')} | "
         f"{c.efficiency:.0%} |"

@@ -11,7 +11,7 @@ block rule (:func:`kvlab.cache.blocks.reusable_tokens`), prefill FLOPs
 
 from __future__ import annotations
 
-from kvlab._checks import unmeasured
+from kvlab._checks import instance, unmeasured
 from kvlab.cache.blocks import reusable_tokens
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
@@ -316,6 +316,8 @@ def prefill_cost_reading(cost, hw_name: str, what: str) -> str:
     :class:`kvlab.lab.prefix.PrefillAttentionCost` (per layer, times ``cost.layers``); ``what``: the
     step.
     """
+    instance("hw_name", hw_name, str)
+    instance("what", what, str)
     L = cost.layers
     kernel, rows = cost.kernel_floor, cost.rows_floor
     text = [

@@ -3,7 +3,7 @@ numbers."""
 
 from __future__ import annotations
 
-from kvlab._checks import unmeasured
+from kvlab._checks import instance, unmeasured
 from kvlab.show.readings.engine import plural, times
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory.agreement import within_factor
@@ -46,6 +46,8 @@ def engine_swap(recompute: dict, swap: dict) -> str:
     holds ``preempted`` ((step, request, mode) per preemption), ``steps``, ``readmitted_tokens`` and
     ``readmitted_cached`` (recompute), ``swapped_blocks`` (swap), ``same_tokens`` (outputs equal).
     """
+    instance("recompute", recompute, dict)
+    instance("swap", swap, dict)
     text = (
         "Only the preempted request's row changes. Recompute sends it back to **waiting**, and when"
         " it returns it goes through **prefill** again; swap marks it **swapped** and, when blocks"

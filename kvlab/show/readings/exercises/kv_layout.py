@@ -6,6 +6,7 @@ the calibrated copy bandwidth); each decision is ``kvlab.theory.kv_traffic.compa
 
 from __future__ import annotations
 
+from kvlab._checks import instance
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory.agreement import ABOVE, BELOW
@@ -59,6 +60,8 @@ def kv_layout_block1(
 ) -> str:
     """Exercise 2 of 9.4: one-token blocks (``gather_1``, ``gather_16``: ``NHD`` read
     measurements)."""
+    instance("runs_1", runs_1, dict)
+    instance("runs_16", runs_16, dict)
     c = compare_with_bytes(
         gather_1.timing.median / gather_16.timing.median,
         gather_1.predicted_s / gather_16.predicted_s,

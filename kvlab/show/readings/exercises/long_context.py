@@ -3,7 +3,7 @@ numbers."""
 
 from __future__ import annotations
 
-from kvlab._checks import unmeasured
+from kvlab._checks import instance, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.exercises.folded import solution
@@ -42,6 +42,8 @@ def long_context_onset(
 
 def long_context_outliers(flat: dict, aligned: dict) -> str:
     """Exercise 2 of 9.7: the key layouts without outliers, and with queries aligned to them."""
+    instance("flat", flat, dict)
+    instance("aligned", aligned, dict)
     winner_flat = min(flat, key=lambda k: flat[k]["rms"])
     winner_aligned = min(aligned, key=aligned.get)
     text = (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvlab._checks import real
+from kvlab._checks import instance, real
 from kvlab.show.readings.exercises.folded import solution
 
 
@@ -68,6 +68,8 @@ def wall_288(
 
 def wall_joint(s1: dict, s32: dict) -> str:
     """Exercise 3 of the memory wall: two halvings are one factor of 4, not two factors of S(2)."""
+    instance("s1", s1, dict)
+    instance("s32", s32, dict)
     return solution(
         3,
         "Two methods that each halve KV bytes make a joint byte factor $c = 4$; the speedup is"

@@ -3,7 +3,7 @@ numbers."""
 
 from __future__ import annotations
 
-from kvlab._checks import unmeasured
+from kvlab._checks import instance, unmeasured
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory.paging import waste_bound, within_waste_bound
 
@@ -41,6 +41,8 @@ def paged_block_size(
 
 def paged_fork_append(before: dict, after: dict, copied_from: int, copied_to: int) -> str:
     """Exercise 2 of 9.5: appending to B instead of its fork B'."""
+    instance("before", before, dict)
+    instance("after", after, dict)
     return solution(
         2,
         "After the fork, B and B' share every block, including B's partly filled last block"
@@ -55,6 +57,8 @@ def paged_fork_append(before: dict, after: dict, copied_from: int, copied_to: in
 
 def paged_swap_steps(steps: dict, preemptions: dict, recomputed: int) -> str:
     """Exercise 3 of 9.5: the simulator's steps to finish a trace with swap instead of recompute."""
+    instance("steps", steps, dict)
+    instance("preemptions", preemptions, dict)
     same = steps["swap"] == steps["recompute"]
     text = (
         "The simulator counts decode steps, one token per running request per step, and charges no"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvlab._checks import unmeasured
+from kvlab._checks import instance, unmeasured
 from kvlab.cache.blocks import reusable_tokens
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
@@ -35,6 +35,7 @@ def prefix_whole_blocks(prompt: int, block: int, served: int) -> str:
 def prefix_system_prompts(block: int, blocks: int, hit: dict) -> str:
     """Exercise 2 of prefix caching: more system prompts in the same memory (``hit[policy,
     prompts]`` from the replay)."""
+    instance("hit", hit, dict)
     kept = policy_winner(hit["lru", 8] - hit["lru", 1], hit["reserve", 8] - hit["reserve", 1])
     text = (
         "With one system prompt every user shares it; with eight, each is shared by fewer users"

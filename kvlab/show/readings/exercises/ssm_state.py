@@ -3,7 +3,7 @@ have numbers."""
 
 from __future__ import annotations
 
-from kvlab._checks import real, unmeasured
+from kvlab._checks import instance, real, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory import ssm
@@ -92,6 +92,7 @@ def ssm_narrow_scan(
 
 def ssm_hybrid_fraction(layers: int, attention_layers: int, fractions: dict) -> str:
     """Exercise 3 of 9.6: the share of an all-attention cache a 1-in-8 hybrid keeps."""
+    instance("fractions", fractions, dict)
     parts = ", ".join(f"**{f:.1%}** at {s:,} tokens" for s, f in fractions.items())
     return solution(
         3,
