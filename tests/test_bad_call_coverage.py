@@ -136,18 +136,13 @@ EXEMPT = {
 # shrinks: the test fails when a name here gains a row (remove it) and when a name not here lacks one.
 OWED = [
     "kvlab.show.readings.cache_reuse.peers_reading",
-    "kvlab.show.readings.capacity.largest_batch_reading",
     "kvlab.show.readings.diagnosis.verdict_label",
     "kvlab.show.readings.diagnosis.reading_diagnosis",
-    "kvlab.show.readings.exercises.decode_loop.decode_loop_window",
     "kvlab.show.readings.exercises.kv_layout.kv_layout_batch",
     "kvlab.show.readings.exercises.kv_layout.kv_layout_cat",
-    "kvlab.show.readings.exercises.long_context.long_context_onset",
     "kvlab.show.readings.exercises.long_context.long_context_sinks",
-    "kvlab.show.readings.exercises.paged_kernel.paged_kernel_rows",
     "kvlab.show.readings.exercises.paged_kernel.paged_kernel_splits",
     "kvlab.show.readings.exercises.paged_kernel.paged_kernel_empty_split",
-    "kvlab.show.readings.exercises.prefix_caching.prefix_whole_blocks",
     "kvlab.show.readings.gemv.latency_throughput_reading",
     "kvlab.show.readings.kv_layout.append_reading",
     "kvlab.show.readings.kv_layout.gqa_reading",

@@ -41,10 +41,14 @@ from kvlab.show.readings import (  # noqa: E402
     speculative,
     verdicts,
 )
+from kvlab.show.readings.exercises import decode_loop as decode_loop_exercises  # noqa: E402
 from kvlab.show.readings.exercises import diagnosis as diagnosis_exercises  # noqa: E402
 from kvlab.show.readings.exercises import folded  # noqa: E402
 from kvlab.show.readings.exercises import gemv as gemv_exercises  # noqa: E402
+from kvlab.show.readings.exercises import long_context as long_context_exercises  # noqa: E402
 from kvlab.show.readings.exercises import memory_wall as memory_wall_exercises  # noqa: E402
+from kvlab.show.readings.exercises import paged_kernel as paged_kernel_exercises  # noqa: E402
+from kvlab.show.readings.exercises import prefix_caching as prefix_caching_exercises  # noqa: E402
 from kvlab.show.readings.exercises import speculative as speculative_exercises  # noqa: E402
 from kvlab.show.readings.exercises import ssm_state as ssm_state_exercises  # noqa: E402
 
@@ -210,4 +214,26 @@ def test_a_reading_refuses_an_argument_of_the_wrong_kind(reading, typed, bad):
     kwargs = {name: object() for name in inspect.signature(reading).parameters}
     kwargs.update({name: VALID[kind] for name, kind in typed.items()}, **{bad: 1.5})
     with pytest.raises(TypeError, match=f"{bad} must"):
+        reading(**kwargs)
+
+
+# readings and solutions of counts: each count declared at the door (an int >= 0)
+BAD_COUNTS = {
+    capacity.largest_batch_reading: "context",
+    paged_kernel_exercises.paged_kernel_rows: "q_heads kv_heads rows",
+    prefix_caching_exercises.prefix_whole_blocks: "prompt block served",
+    long_context_exercises.long_context_onset: "sinks budget onset_sinks onset_window tokens",
+    decode_loop_exercises.decode_loop_window: "P G W naive_pairs cached_pairs dense_naive dense_cached",
+}
+COUNT_CASES = [(r, a.split(), one) for r, a in BAD_COUNTS.items() for one in a.split()]
+
+
+@pytest.mark.parametrize(
+    "reading, counts, bad", COUNT_CASES, ids=[f"{r.__name__}({b})" for r, _, b in COUNT_CASES]
+)
+@pytest.mark.parametrize("value, error", [(-1, ValueError), (True, TypeError), (2.5, TypeError)])
+def test_a_reading_refuses_a_count_that_is_no_count(reading, counts, bad, value, error):
+    kwargs = {name: object() for name in inspect.signature(reading).parameters}
+    kwargs.update(dict.fromkeys(counts, 1), **{bad: value})
+    with pytest.raises(error, match=f"{bad} must be an int"):
         reading(**kwargs)

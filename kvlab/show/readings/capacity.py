@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvlab._checks import instance, positive, real
+from kvlab._checks import instance, integer, positive, real
 from kvlab.show.format import si
 from kvlab.theory.memory_wall import ridge_admitted
 from kvlab.theory.roofline import free_beside_weights, max_batch, ridge_batch, transfer_time
@@ -26,6 +26,7 @@ def _real(shape):
 def largest_batch_reading(context: int = 2048) -> str:
     """Notebook 03: the largest admitted batch of the 8B model on an H100, seed's constants against
     real ones."""
+    context = integer("context", context, 0)
     seed8 = dataclasses.replace(SHAPES["llama-3-8b"], params=8e9)
     h100, real_h100 = spec("h100-sxm"), exposed_memory("h100-sxm")
     seed_batch = max_batch(seed8, h100, context)

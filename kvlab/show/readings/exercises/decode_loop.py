@@ -3,7 +3,7 @@ numbers."""
 
 from __future__ import annotations
 
-from kvlab._checks import unmeasured
+from kvlab._checks import integer, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.exercises.folded import count, solution
@@ -33,6 +33,13 @@ def decode_loop_window(
     P: int, G: int, W: int, naive_pairs: int, cached_pairs: int, dense_naive: int, dense_cached: int
 ) -> str:
     """Exercise 2 of 9.1: work with a sliding window of W tokens."""
+    P = integer("P", P, 0)
+    G = integer("G", G, 0)
+    W = integer("W", W, 0)
+    naive_pairs = integer("naive_pairs", naive_pairs, 0)
+    cached_pairs = integer("cached_pairs", cached_pairs, 0)
+    dense_naive = integer("dense_naive", dense_naive, 0)
+    dense_cached = integer("dense_cached", dense_cached, 0)
     return solution(
         2,
         "A window changes what each query attends to, not which positions are processed: the"

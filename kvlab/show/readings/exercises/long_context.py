@@ -3,7 +3,7 @@ numbers."""
 
 from __future__ import annotations
 
-from kvlab._checks import instance, unmeasured
+from kvlab._checks import instance, integer, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.exercises.folded import solution
@@ -17,6 +17,11 @@ def long_context_onset(
     sinks: int, budget: int, onset_sinks: int, onset_window: int, tokens: int
 ) -> str:
     """Exercise 1 of 9.7: where eviction first changes the output of the pretrained model."""
+    sinks = integer("sinks", sinks, 0)
+    budget = integer("budget", budget, 0)
+    onset_sinks = integer("onset_sinks", onset_sinks, 0)
+    onset_window = integer("onset_window", onset_window, 0)
+    tokens = integer("tokens", tokens, 0)
     predicted = first_eviction(sinks, budget - sinks)
     text = (
         "Position $t$ predicts token $t + 1$ from the $t + 1$ tokens up to it. A cache of $S + W$"

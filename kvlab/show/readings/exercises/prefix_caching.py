@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvlab._checks import instance, unmeasured
+from kvlab._checks import instance, integer, unmeasured
 from kvlab.cache.blocks import reusable_tokens
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
@@ -14,6 +14,9 @@ from kvlab.theory.prefix import TTFT_TOLERANCE, policy_winner
 def prefix_whole_blocks(prompt: int, block: int, served: int) -> str:
     """Exercise 1 of prefix caching: a prompt of whole blocks sent twice; the block rule
     (:func:`kvlab.cache.blocks.reusable_tokens`) predicts what the second one reuses."""
+    prompt = integer("prompt", prompt, 0)
+    block = integer("block", block, 0)
+    served = integer("served", served, 0)
     blocks, predicted = prompt // block, reusable_tokens(None, prompt, block)
     text = (
         f"{prompt} tokens in blocks of {block} are {blocks} full blocks, all cached after the first"
