@@ -293,6 +293,17 @@ def fresh_cache(name: str, value, layers: int | None = None):
     return value
 
 
+def instance(name: str, value, kind, what: str | None = None):
+    """``value`` if it is a ``kind`` (a class, or a tuple of classes): the record or object a
+    function reads fields of, refused by name before an ``AttributeError`` deep inside."""
+    if not isinstance(value, kind):
+        what = what or "a " + " or ".join(
+            k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,))
+        )
+        raise TypeError(f"{name} must be {what}, got {_got(value)}")
+    return value
+
+
 def items(name: str, value, kind: type, *, what: str | None = None, each: str | None = None):
     """``value`` (a list, tuple or any other iterable but text) as a list whose every element is a
     ``kind``.

@@ -820,9 +820,9 @@ def entries() -> list[Entry]:
     add(
         "request.Request",
         request.Request,
-        dict(id=0, prompt=[1, 2], max_new_tokens=2, arrival=0.0),
+        dict(id=0, token_ids=[1, 2], max_new_tokens=2, arrival=0.0),
         dict(id="int0", max_new_tokens="int", arrival="real0"),
-        allow={"prompt": {"token-past-vocab"}, "arrival": {"negative"}},
+        allow={"token_ids": {"token-past-vocab"}, "arrival": {"negative"}},
     )  # no vocabulary; times are relative
     add(
         "lab.engine.timeline",
@@ -850,14 +850,18 @@ def entries() -> list[Entry]:
         lambda o, **k: runner.ModelRunner(M, o, "gather").run(**k),
         dict(chunks=[(0, 6, [7])]),
         dict(chunks="any"),
-        setup=lambda: (lambda c: (c.reserve(0, 1), c)[1])(paged_cache()),
+        setup=lambda: (lambda c: (c.reserve(0, 1), c.commit(0, 7, [1, 2, 3, 4, 5, 6, 7]), c)[2])(
+            paged_cache()
+        ),
         observe=cache_state,
     )
     add(
         "attention.build_step",
         lambda o, **k: attention.build_step(o, **k),
-        dict(chunks=[(1, 1)], path="gather"),
-        setup=lambda: (lambda c: (c.reserve(1, 1), c)[1])(paged_cache()),
+        dict(chunks=[(1, 5, [5])], path="gather"),
+        setup=lambda: (lambda c: (c.reserve(1, 1), c.commit(1, 6, [1, 2, 3, 4, 9, 5]), c)[2])(
+            paged_cache()
+        ),
         observe=cache_state,
     )
 
@@ -1639,7 +1643,7 @@ def entries() -> list[Entry]:
             static="flag?",
         ),
     )
-    return E + newer_entries()
+    return E + newer_entries() + door_entries()
 
 
 def newer_entries() -> list[Entry]:
@@ -1898,8 +1902,8 @@ def newer_entries() -> list[Entry]:
     T(
         "verdict.compare_batch_tpot",
         verdict.compare_batch_tpot,
-        dict(tpot_1=0.01, batch=4, tpot_b=0.012, sequence_bytes=1e6, bandwidth=1e10),
-        dict(tpot_1="real", batch="int", tpot_b="real", sequence_bytes="real", bandwidth="real"),
+        dict(tpot_b=0.012, predicted=0.01, spread=0.05),
+        dict(tpot_b="real", predicted="real", spread="real0"),
     )
     T(
         "verdict.past_ridge",
@@ -1988,9 +1992,139 @@ def newer_entries() -> list[Entry]:
     add(
         "serving.request.Request(stop)",
         Request,
-        dict(id=0, prompt=[1, 2], max_new_tokens=3, stop=frozenset({3})),
+        dict(id=0, token_ids=[1, 2], max_new_tokens=3, stop=frozenset({3})),
         dict(stop="stopset"),
-        skip=("id", "prompt", "max_new_tokens"),
+        skip=("id", "token_ids", "max_new_tokens"),
+    )
+    return E
+
+
+def door_entries() -> list[Entry]:
+    """Issue 33, second round: the theory models, readings helpers and lab doors that the coverage
+    test (tests/test_bad_call_coverage.py) found without a row, each with its valid call."""
+    from kvlab.lab import bench, diagnose, engine, paging, repeatable_step, speculative
+    from kvlab.show import readings
+    from kvlab.show.readings import devices, verdicts
+    from kvlab.show.readings import engine as engine_readings
+    from kvlab.show.readings import speculative as spec_readings
+    from kvlab.theory import agreement, matmul, memory_wall, roofline, shapes, ssm
+    from kvlab.theory import speculative as spec
+
+    E = []
+    add = lambda *a, **k: E.append(Entry(*a, **k))  # noqa: E731
+    l70 = shapes.SHAPES["llama-3-70b"]
+    add(
+        "theory.agreement.ratio_words",
+        agreement.ratio_words,
+        dict(r=1.5),
+        dict(r="real"),
+        allow={"r": {"zero", "negative"}},
+    )
+    add(
+        "theory.agreement.factor_edges",
+        agreement.factor_edges,
+        dict(predicted=1.0, tolerance=2.0),
+        dict(predicted="real", tolerance="real"),
+    )
+    add(
+        "theory.matmul.compare_with_roofline",
+        matmul.compare_with_roofline,
+        dict(seconds=1e-3, n=1, K=64, N=64, element_size=4, bandwidth=1e10, peak=1e10),
+        dict(
+            seconds="real",
+            n="int",
+            K="int",
+            N="int",
+            element_size="real",
+            bandwidth="real",
+            peak="real",
+        ),
+    )
+    add(
+        "theory.memory_wall.map_regime",
+        memory_wall.map_regime,
+        dict(shape=l70, hw="h200", context=1024, batch=4),
+        dict(shape="any", hw="hw", context="int", batch="int"),
+    )
+    add(
+        "theory.roofline.step_time_floor",
+        roofline.step_time_floor,
+        dict(shape=l70, hw="h200", batch=4, context=1024),
+        dict(shape="any", hw="hw", batch="int", context="int"),
+    )
+    add(
+        "theory.roofline.transfer_time",
+        roofline.transfer_time,
+        dict(nbytes=1e9, link_bytes_per_s=1e10, codec=1.0),
+        dict(nbytes="real", link_bytes_per_s="real", codec="real"),
+    )
+    add(
+        "theory.speculative.speedup",
+        spec.speedup,
+        dict(alpha=0.5, k=4, t1=0.01, t_verify=0.012),
+        dict(alpha="frac", k="int", t1="real", t_verify="real"),
+        allow={"alpha": {"zero"}, "k": {"zero"}},  # k = 0 guesses is plain decoding
+    )
+    add(
+        "theory.ssm.sampled_agrees",
+        ssm.sampled_agrees,
+        dict(sampled=0.5, exact=0.5, samples=100, state_size=4),
+        dict(sampled="real0", exact="real0", samples="int", state_size="int"),
+    )
+    add(
+        "show.readings.ratio_text",
+        readings.ratio_text,
+        dict(measured=1.2, predicted=1.0),
+        dict(measured="real0", predicted="real"),
+    )
+    add(
+        "show.readings.within",
+        readings.within,
+        dict(measured=1.2, predicted=1.0, factor=2.0),
+        dict(measured="real", predicted="real", factor="real"),
+        allow={"measured": {"zero", "negative"}, "predicted": {"zero", "negative"}},
+    )
+    add("show.readings.engine.number", engine_readings.number, dict(n=3), dict(n="int0"))
+    add("show.readings.devices.binary_bytes", devices.binary_bytes, dict(n=4096), dict(n="real0"))
+    add(
+        "show.readings.verdicts.method_note",
+        verdicts.method_note,
+        dict(repeats=5),
+        dict(repeats="int"),
+    )
+    add(
+        "show.readings.speculative.spread",
+        spec_readings.spread,
+        dict(low=1.0, high=1.2),
+        dict(low="real", high="real"),
+    )
+    add(
+        "lab.bench.chapter_heading",
+        bench.chapter_heading,
+        dict(section="9.5 paged attention"),
+        dict(section="text"),
+    )
+    add("lab.diagnose.threads_text", diagnose.threads_text, dict(threads=1), dict(threads="int"))
+    add(
+        "lab.engine.burst_requests",
+        engine.burst_requests,
+        dict(vocab=64, n=4, system=8, new=2),
+        dict(vocab="int", n="int", system="int0", new="int"),
+    )
+    add("lab.paging.make_trace", paging.make_trace, dict(n=4), dict(n="int0"))
+    add(
+        "lab.repeatable_step.tile_prompt",
+        repeatable_step.tile_prompt,
+        dict(input_ids=ids(), context=8),
+        dict(context="int"),
+        allow={"input_ids": {"token-past-vocab", "negative-token"}},  # no model: checked where run
+    )
+    add(
+        "lab.speculative.replay",
+        speculative.replay,
+        dict(prompt=[1, 2, 1, 2], output=[1, 2], k=2),
+        dict(k="int"),
+        allow={"prompt": {"token-past-vocab"}, "output": {"token-past-vocab", "empty"}},
     )
     return E
 

@@ -299,3 +299,13 @@ def test_no_module_keeps_a_checker_of_its_own():
     ]
     assert not found
     assert not hasattr(_checks, "between")  # real(name, value, low, high) took its place
+
+
+def test_instance_names_the_argument_and_the_kind_it_wants():
+    assert _checks.instance("result", {}, dict) == {}
+    with pytest.raises(TypeError, match=r"result must be a dict, got str 'r'"):
+        _checks.instance("result", "r", dict)
+    with pytest.raises(TypeError, match=r"rows must be a list or tuple, got int 3"):
+        _checks.instance("rows", 3, (list, tuple))
+    with pytest.raises(TypeError, match=r"cache must be a KVCache, got NoneType None"):
+        _checks.instance("cache", None, int, "a KVCache")

@@ -18,7 +18,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-from kvlab._checks import integer, integers
+from kvlab._checks import instance, integer, integers
 from kvlab.lab.hardware import Ceiling, cpu_threads, matmul_probe, read_probe
 from kvlab.lab.repeatable_step import CPU_THREADS, RepeatableStep, measurement_threads, prepared_ids
 from kvlab.lab.timing import Timing, interleaved
@@ -35,6 +35,7 @@ def min_scatter(timing: Timing) -> float:
     minimum, the statistic every comparison here uses, from one run to the next. A neighbour that
     slows most repeats leaves it small where ``Timing.spread_above_min`` (median over minimum)
     grows; a run with one fast outlier still shows its doubt."""
+    instance("timing", timing, Timing)
     times = sorted(timing.times)
     if len(times) < 2 or times[0] <= 0:
         return 0.0
@@ -80,6 +81,8 @@ def _step_and_reset(stepper: RepeatableStep):
 def step_beside_ceilings(stepper: RepeatableStep, rows: int, reps: int = 5) -> Beside:
     """One step of ``stepper`` (a ``RepeatableStep``, reset after each call) timed beside the read
     bandwidth and the matmul rate at ``rows`` rows (``time_beside``)."""
+
+    instance("stepper", stepper, RepeatableStep)
 
     def one_step():
         stepper.step()

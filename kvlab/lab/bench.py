@@ -15,6 +15,8 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from kvlab._checks import instance, items
+
 BENCHMARKS: dict[str, Callable[[], list]] = {}
 
 
@@ -28,6 +30,8 @@ class Row:
 
 def benchmark(name: str):
     """Register a benchmark under ``name`` (the book section it serves)."""
+
+    instance("name", name, str, "a str (the book section)")
 
     def register(fn):
         BENCHMARKS[name] = fn
@@ -94,6 +98,7 @@ def run(names=None, quick: bool = False) -> dict[str, list[Row]]:
 
 def table(results: dict[str, list[Row]]) -> str:
     """A plain-text table, one block per benchmark."""
+    instance("results", results, dict, "a dict of benchmark name -> rows")
     lines = []
     for name, rows in results.items():
         lines.append(f"## {name}")
@@ -104,6 +109,7 @@ def table(results: dict[str, list[Row]]) -> str:
 
 
 def to_json(results: dict[str, list[Row]]) -> dict:
+    instance("results", results, dict, "a dict of benchmark name -> rows")
     from kvlab.lab.hardware import calibrate, stamp
 
     return {
@@ -137,6 +143,7 @@ CHAPTER_OF_SECTION = {
 
 def chapter_heading(section: str) -> str:
     """``"9.5 paged attention and admission"`` -> ``"Chapter 5: paged attention and admission"``."""
+    instance("section", section, str)
     first, _, rest = section.partition(" ")
     if first not in CHAPTER_OF_SECTION:
         return section
@@ -149,6 +156,7 @@ def records_markdown(records: list[dict]) -> str:
     recorded measurements: one table of stamps, then one table per chapter with one column per
     run, so a GPU's figures stand beside the CPU's, and what each row measures (its note). Rows
     missing from a run show a dash."""
+    records = items("records", records, dict, what="record dicts")
     if not records:
         return "No run has been recorded yet."
     records = sorted(records, key=lambda r: ("CPU" in r["stamp"]["device"], r["stamp"]["date"]))
@@ -203,4 +211,6 @@ def load_records(folder) -> list[dict]:
     """Every ``*.json`` record in ``folder`` (``book/data/measurements``), in name order."""
     from pathlib import Path
 
+    if not Path(folder).is_dir():
+        raise ValueError(f"folder must be a folder of records (*.json), got {folder!r}")
     return [json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))]

@@ -9,6 +9,9 @@ assert that a Llama, a Mamba and a Jamba hold exactly the bytes ``kvlab.theory.s
 from __future__ import annotations
 
 import torch
+from transformers import Cache
+
+from kvlab._checks import instance
 
 
 def cache_nbytes(cache) -> int:
@@ -16,6 +19,7 @@ def cache_nbytes(cache) -> int:
 
     Counts each layer's ``keys`` and ``values`` (attention) and ``conv_states`` and
     ``recurrent_states`` (Mamba and other linear-attention layers)."""
+    instance("cache", cache, Cache, "a transformers Cache")
     total = 0
     for layer in cache.layers:
         tensors = [getattr(layer, "keys", None), getattr(layer, "values", None)]
@@ -35,4 +39,5 @@ def layer_states(layer, name: str) -> list:
 
 def layer_kinds(cache) -> list[str]:
     """``"attention"`` or ``"ssm"`` for each layer of a transformers cache."""
+    instance("cache", cache, Cache, "a transformers Cache")
     return ["ssm" if hasattr(layer, "recurrent_states") else "attention" for layer in cache.layers]

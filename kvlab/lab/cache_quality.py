@@ -22,7 +22,7 @@ import statistics
 import torch
 from transformers import DynamicCache
 
-from kvlab._checks import causal_lm, integer, positive, require_memory, token_ids
+from kvlab._checks import causal_lm, instance, integer, positive, require_memory, token_ids
 from kvlab.cache.fp8 import FP8KVCache
 from kvlab.cache.hf_cache import layer_nbytes
 from kvlab.cache.latent import LatentKVCache, gqa_from_mha, kv_bases
@@ -210,6 +210,7 @@ def channel_rms(x: torch.Tensor) -> torch.Tensor:
 def over_median(rms: torch.Tensor) -> torch.Tensor:
     """Each channel's RMS over its head's median channel (``rms [..., head_dim]``): outlier channels
     stand out as ratios far above 1 (``kvlab.theory.long_context.outlier_count``)."""
+    instance("rms", rms, torch.Tensor)
     return rms / rms.median(-1, keepdim=True).values
 
 
@@ -326,6 +327,7 @@ def bench_rows(reps: int = 2) -> list:
     CPU: the tiny Llama at P = 512. GPU: the Llama-3.2-1B shape (random weights, bf16) at
     P = 32,768, window 4,096, KIVI 4-bit.
     """
+    integer("reps", reps)
     gpu = on_gpu()
     model = tiny_model("llama", size="real", max_positions=40_000) if gpu else tiny_model("llama")
     P, G, W = (32_768, 32, 4096) if gpu else (512, 12, 128)

@@ -84,6 +84,7 @@ def compiled_peer(model):
 
     A copy, so that kvlab's loops on ``model`` never run through the peer's compiled forward.
     """
+    _checks.causal_lm("model", model)
     peer = copy.deepcopy(model)
     peer.generation_config.cache_implementation = "static"
     peer.forward = torch.compile(peer.forward, mode="reduce-overhead", fullgraph=True)
@@ -298,6 +299,7 @@ def ratio_rows(result: PeerComparison) -> list[Row]:
     """One row per pair of ``RATIOS`` that ``result`` measured: the ratio of medians, each round's
     range, on a CPU the ratio of the decoding thread's CPU time, and the target where there is one.
     """
+    _checks.instance("result", result, PeerComparison)
     rows = []
     for name, over in RATIOS:
         if name not in result.seconds or over not in result.seconds:
@@ -315,6 +317,7 @@ def ratio_rows(result: PeerComparison) -> list[Row]:
 def floor_rows(model, input_ids, max_new_tokens: int, gpu: bool, calibration=None) -> list[Row]:
     """The compiled static loop's steady step against the time to read the step's weights once at
     the calibrated read bandwidth (``kvlab.lab.gemv.weight_read_bytes``; chapter 3's floor)."""
+    _checks.flag("gpu", gpu)
     profile = profile_decode(model, input_ids, max_new_tokens, method="static", compile=True)
     steady = statistics.median(profile.step_times[8:])
     weight_bytes = weight_read_bytes(model, input_ids.shape[0])
@@ -341,6 +344,7 @@ def floor_rows(model, input_ids, max_new_tokens: int, gpu: bool, calibration=Non
 
 
 def compile_rows(result: PeerComparison) -> list[Row]:
+    _checks.instance("result", result, PeerComparison)
     rows = []
     for compiled, eager in (("static, compiled", "static"), (GENERATE_COMPILED, GENERATE)):
         rows.append(

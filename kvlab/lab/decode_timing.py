@@ -155,6 +155,7 @@ def bench_rows(new_tokens: int = 32, reps: int = 3, calibration=None) -> list:
     chat prompt on SmolLM2-135M-Instruct (``kvlab.pretrained_model``; Q4_1-rounded weights), its
     tokens checked against ``generate``'s first, then its tokens/s and its steady step against the
     time to read the step's weights once at the calibrated read bandwidth (chapter 3's floor)."""
+    new_tokens, reps = integer("new_tokens", new_tokens), integer("reps", reps)
     from kvlab.lab.bench import Row
     from kvlab.lab.gemv import weight_read_bytes
     from kvlab.lab.hardware import calibrate

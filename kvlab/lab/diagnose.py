@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab._checks import flag, integer, integers
+from kvlab._checks import flag, integer, integers, positive
 from kvlab.devices import on_gpu
 from kvlab.lab.batch_tpot import step_beside_ceilings
 from kvlab.lab.bench import Row
@@ -146,6 +146,7 @@ def _fmt(d: dict) -> str:
 def threads_text(threads: int) -> str:
     """``"1 CPU thread (torch.set_num_threads, restored after)"``: how a diagnosis names its thread
     count."""
+    threads = integer("threads", threads)
     return f"{threads} CPU thread{'s' * (threads != 1)} (torch.set_num_threads, restored after)"
 
 
@@ -160,6 +161,7 @@ def this_machine(memory: float | None = None) -> Accelerator:
     """This device as the ``Accelerator`` the path checks admission on: the calibrated copy
     bandwidth and matmul rate (``kvlab.lab.hardware.calibrated_device``) and ``memory`` bytes
     (default: the GPU's memory, or the CPU's physical memory)."""
+    memory = None if memory is None else positive("memory", memory)
     return calibrated_device(memory=memory)
 
 

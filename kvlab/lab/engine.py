@@ -239,6 +239,7 @@ def continuous_batching(
     step slow, so the pool is given here. The model's attention implementation is restored
     afterwards.
     """
+    _checks.integer("block_size", block_size)
     from transformers import GenerationConfig
     from transformers.generation import ContinuousBatchingConfig
 
@@ -544,6 +545,7 @@ def _speedup_row(
 def peer_rows(result: ServingComparison, where: str, target_over: str | None = CB) -> list:
     """The comparison as bench rows: tokens first, and times only where every contender's tokens
     agree."""
+    _checks.instance("result", result, ServingComparison)
     from kvlab.lab.bench import Row
 
     rows = [
@@ -594,6 +596,8 @@ def burst_requests(
 ):
     """``n`` prompts of one ``system``-token system prompt and ``own[0]`` to ``own[1]`` random
     tokens of their own, ``new`` new tokens each: the commonest serving burst (notebooks 06, 11)."""
+    vocab, n = _checks.integer("vocab", vocab), _checks.integer("n", n)
+    system, new = _checks.integer("system", system, 0), _checks.integer("new", new)
     rng = random.Random(seed)
     head = [rng.randrange(vocab) for _ in range(system)]
     prompts = [head + [rng.randrange(vocab) for _ in range(rng.randint(*own))] for _ in range(n)]
@@ -603,6 +607,7 @@ def burst_requests(
 def prefill_tokens(model, prompts, news, staggered: bool = False, block_size: int = 16) -> int:
     """Prompt tokens the engine (prefix caching on) computes for ``prompts``: every request added
     at once (a burst), or with ``staggered`` one added before each step."""
+    _checks.flag("staggered", staggered)
     engine = Engine(model, block_size=block_size, max_batch=len(prompts))
     pending = list(zip(prompts, news))
     while pending or engine.has_work():
@@ -659,6 +664,7 @@ def burst_rows(model, reps: int = 2) -> list:
 def cuda_graph_rows(model, prompts, news, reps: int = 3) -> list:
     """On a GPU: the engine replaying its decode steps as CUDA graphs against the same engine eager,
     interleaved, tokens checked equal first."""
+    _checks.integer("reps", reps)
     from kvlab.lab.bench import Row
 
     def run(graphs: bool):
@@ -691,6 +697,7 @@ def cuda_graph_rows(model, prompts, news, reps: int = 3) -> list:
 def quoting_requests(tokenizer, n: int = 4, chars: int = 240) -> list[list[int]]:
     """``n`` chat prompts asking to copy a passage of ``chars`` characters of the held-out King
     James text (each its own passage): answers that quote their prompt, where prompt lookup pays."""
+    n, chars = _checks.integer("n", n), _checks.integer("chars", chars)
     from kvlab.lab.pretrained import chat_ids
     from kvlab.lab.trained import heldout_text
 
@@ -708,6 +715,8 @@ def speculation_rows(k: int = 8, new_tokens: int = 48, reps: int = 2) -> list:
     """The engine with prompt-lookup speculation (``speculate=k``) against without, on
     :func:`quoting_requests` with SmolLM2-135M-Instruct (fp32): both engines' tokens checked equal
     to ``generate``'s per request first, then timed in ``reps`` interleaved rounds."""
+    k, reps = _checks.integer("k", k), _checks.integer("reps", reps)
+    new_tokens = _checks.integer("new_tokens", new_tokens)
     from kvlab.lab.bench import Row
     from kvlab.lab.pretrained import pretrained_model
 

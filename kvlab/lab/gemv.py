@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from kvlab._checks import integer, require_memory
+from kvlab._checks import flag, instance, integer, require_memory
 from kvlab.devices import device as default_device
 from kvlab.devices import has_bf16, on_gpu
 from kvlab.lab.bench import Row
@@ -131,6 +131,7 @@ def default_sizes(gpu: bool | None = None) -> dict:
     it, else fp16) and n = 1..4096; on a CPU a 4096 x 6144 fp32 weight (101 MB, several times a
     server's last-level cache) and n = 1..512.
     """
+    gpu = None if gpu is None else flag("gpu", gpu)
     if gpu is None:
         gpu = on_gpu()
     if gpu:
@@ -202,6 +203,8 @@ def alternating_product(weights, n: int, generator, inner: int = 1):
     of ``[K x N]`` tensors) taken in turn, so that no product finds the previous one's weight in
     the cache; the activation and the output are allocated once, outside the timed calls. The
     timed product of ``sweep`` and of ``kvlab.lab.skinny.roofline_sweep``."""
+    instance("weights", weights, list)
+    n, inner = integer("n", n, 1), integer("inner", inner, 1)
     K, N = weights[0].shape
     dev, dtype = weights[0].device, weights[0].dtype
     x = torch.randn(n, K, generator=generator, device=dev, dtype=dtype)
@@ -517,6 +520,7 @@ def bench_rows(result: GemvSweep | None = None, calibration: Calibration | None 
     measured (the knee of both roofline segments fitted to the sweep), in FLOP/byte and as a batch
     n.
     """
+    result = None if result is None else instance("result", result, GemvSweep)
     cal = calibration or calibrate()
     s = result or sweep()
     one, w = s.points[0], s.points[0].element_size

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab._checks import integer, one_of
+from kvlab._checks import instance, integer, one_of
 from kvlab.cache.addresses import LAYOUTS, PAGED, KVGeometry, as_block_table
 from kvlab.cache.layout import APPEND_METHODS, KVCache, decode_reader, new_cache, token_writer
 from kvlab.devices import on_gpu
@@ -39,6 +39,7 @@ def contiguous_runs(
     all). Long runs are what a GPU coalesces and a CPU prefetches; every layout here keeps the head
     dim innermost, so no run is shorter than one head vector.
     """
+    instance("geometry", geometry, KVGeometry)
     heads = list(range(geometry.kv_heads)) if heads is None else list(heads)
     if not heads:
         raise ValueError("heads must name at least one KV head")
@@ -68,6 +69,7 @@ def read_traffic(cache: KVCache) -> tuple[int, int]:
     block-table entries. Reads and writes both count, as in ``calibrate().copy_bytes_per_s``; the
     K and V read by attention alone is a read stream (``ReadMeasurement.predicted_s``).
     """
+    instance("cache", cache, KVCache, "a kvlab.cache.layout.KVCache")
     kv = cache.batch * cache.length * cache.bytes_per_token
     if not cache.geometry.is_paged:
         return kv, kv
@@ -208,6 +210,7 @@ def measure_append(
     Each timed call overwrites the same slot (``index``, ``slot``) or builds the same grown tensor
     (``cat``), so every call sees the same context.
     """
+    instance("cache", cache, KVCache, "a kvlab.cache.layout.KVCache")
     write = token_writer(cache, method)
     method = method or APPEND_METHODS[cache.layout][0]
     g = cache.geometry

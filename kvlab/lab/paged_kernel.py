@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from kvlab import kernels
-from kvlab._checks import integer
+from kvlab._checks import integer, items
 
 SECTION = (  # this page's rows in ``python -m kvlab record`` files
     "9.5 paged attention and admission"
@@ -130,6 +130,7 @@ class RecordedRun:
 def recorded_runs(records) -> list[RecordedRun]:
     """Section 9.5's rows of each record (``kvlab.lab.bench.load_records``), GPU runs first; records
     without the section are left out."""
+    records = items("records", records, dict, what="record dicts")
     runs = []
     for record in records:
         rows = record.get("results", {}).get(SECTION)

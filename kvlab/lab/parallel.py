@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from kvlab._checks import integer, one_of
+from kvlab._checks import integer, items, one_of
 from kvlab.parallel import launch
 from kvlab.theory import parallel as model
 from kvlab.theory.agreement import combined_spread
@@ -308,6 +308,8 @@ def compare_tensor_parallel_step(
 ) -> StepComparison:
     """One decode step of ``net`` here (one process, this process's threads) and split over
     ``workers`` (``kvlab.parallel.tensor``), each the fastest of rounds of ``steps`` steps."""
+    batch, context = integer("batch", batch), integer("context", context)
+    steps, reps = integer("steps", steps), integer("reps", reps)
     from kvlab.parallel.tensor import check_splittable, save_checkpoint, vocab_sharded
 
     check_splittable(net, workers.world_size)
@@ -419,6 +421,7 @@ def ranks_here(world_size: int = 2) -> tuple[int, str]:
 def recorded_rows(records) -> dict:
     """``{device: [(name, value, unit), ...]}`` of this page's rows in the GPU records among
     ``records`` (``kvlab.lab.bench.load_records``); CPU records are left out."""
+    records = items("records", records, dict, what="record dicts")
     found = {}
     for record in records:
         device = record["stamp"]["device"]

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import torch
 
-from kvlab._checks import integer
+from kvlab._checks import flag, instance, integer
 from kvlab.lab.timing import Timing, measure, merge_timings
 from kvlab.serving.engine import Engine
 from kvlab.serving.paged_decode import cache_for, prefill
@@ -271,6 +271,7 @@ class HostCopy:
 
 def copy_block_by_block(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> None:
     """One copy per row: the way a swap that copies block by block moves a cache."""
+    instance("src", src, torch.Tensor), instance("dst", dst, torch.Tensor)
     for i in range(src.shape[0]):
         dst[i].copy_(src[i], non_blocking=non_blocking)
 
@@ -328,6 +329,7 @@ def measure_host_copy(
 def cached_recompute_rows(gpu: bool) -> list:
     """Recompute preemption with prefix caching on: how much of what it dropped came back from the
     cache."""
+    flag("gpu", gpu)
     from kvlab.lab.bench import Row
     from kvlab.lab.models import tiny_model
 
@@ -364,6 +366,7 @@ def recompute_workload(vocab: int, gpu: bool, seed: int = 0) -> tuple[list, list
     (notebook 05): ten random prompts of 30 to 60 tokens, each generating 8 to 80 tokens (eight
     times as many of both on a GPU), all queued at once, in a pool of 16-token blocks with a third
     of the blocks the requests would hold together at their longest."""
+    vocab, gpu = integer("vocab", vocab), flag("gpu", gpu)
     scale = 8 if gpu else 1
     generator = torch.Generator().manual_seed(seed)
     lengths = torch.randint(30 * scale, 60 * scale + 1, (10,), generator=generator).tolist()

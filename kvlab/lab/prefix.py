@@ -408,6 +408,7 @@ def prefill_kernel_rows(reps: int = 10) -> list:
     head dim 128, bf16, blocks of 16) for a batch of chunks behind cached prefixes, its bytes and
     FLOPs (:func:`kvlab.lab.paged_attention.paged_prefill_work`) over the measured time, as shares
     of the calibrated copy bandwidth and matmul rate."""
+    reps = integer("reps", reps)
     from kvlab.lab.bench import Row
     from kvlab.lab.hardware import calibrate
     from kvlab.lab.paged_attention import paged_prefill_launcher, paged_prefill_work

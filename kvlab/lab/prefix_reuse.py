@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab._checks import integer, restoring
+from kvlab._checks import integer, items, restoring
 from kvlab.serving.paged_decode import cache_for, prefill
 
 KVLAB_COLD, KVLAB_CACHED = "kvlab, nothing cached", "kvlab, prefix cached"
@@ -30,6 +30,7 @@ REUSE_CONTENDERS = (KVLAB_COLD, KVLAB_CACHED, HF_COLD, HF_REUSED)
 
 def shared_prefix(prompts) -> int:
     """Leading tokens every prompt has in common."""
+    prompts = items("prompts", prompts, list, what="token lists")
     first = prompts[0]
     return next(
         (i for i in range(len(first)) if any(len(p) <= i or p[i] != first[i] for p in prompts)),

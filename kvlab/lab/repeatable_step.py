@@ -19,7 +19,8 @@ import time
 
 import torch
 
-from kvlab._checks import causal_lm, integer, restoring
+from kvlab._checks import causal_lm, instance, integer, restoring
+from kvlab._checks import device as check_device
 from kvlab.decode import StaticStep, new_static_cache
 from kvlab.theory.shapes import ModelShape
 from kvlab.theory.work import check_method
@@ -73,6 +74,7 @@ def model_shape_of(model):
 
 def element_bytes(model) -> int:
     """Bytes per parameter of ``model`` (its first parameter's)."""
+    instance("model", model, torch.nn.Module)
     return next(model.parameters()).element_size()
 
 
@@ -102,12 +104,14 @@ def prepared_ids(model, input_ids, context, method):
 def tile_prompt(input_ids, context: int):
     """``context`` tokens per sequence: the prompt, repeated as often as needed (timing does not
     depend on which tokens they are)."""
+    input_ids, context = check_ids(input_ids), integer("context", context)
     reps = -(-context // input_ids.shape[1])
     return input_ids.repeat(1, reps)[:, :context]
 
 
 def sync(device) -> None:
     """Wait for the device: a step is timed only once its kernels have finished."""
+    device = check_device("device", device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -119,6 +123,7 @@ class RepeatableStep:
     its attention). Each method builds its cache with the public mechanism of its notebook."""
 
     def __init__(self, model, ids, method: str, compile: bool | None = None):
+        method = check_method(method)
         self.model, self.method, self.ids = model, method, ids
         self.batch, self.context = ids.shape
         self.device = ids.device
@@ -260,6 +265,7 @@ class RepeatableStep:
 def step_time(model, ids, method, warmup=1, reps=3, compile=None) -> float:
     """Median seconds of one ``method`` decode step after ``ids [batch, context]``
     (``RepeatableStep``)."""
+    warmup, reps = integer("warmup", warmup, 0), integer("reps", reps)
     stepper = RepeatableStep(model, ids, method, compile)
     try:
         return statistics.median(stepper.time(warmup, reps))
@@ -269,6 +275,7 @@ def step_time(model, ids, method, warmup=1, reps=3, compile=None) -> float:
 
 def prefill_time(model, ids, reps=2) -> float:
     """Time to first token: the prompt's forward pass with a cache, and the greedy pick."""
+    reps = integer("reps", reps)
     times = []
     for _ in range(
         reps

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab._checks import integer, integers
+from kvlab._checks import flag, integer, integers
 from kvlab.devices import device_and_dtype
 from kvlab.lab.gemv import alternating_product
 from kvlab.lab.hardware import Ceiling, matmul_probe, read_probe
@@ -85,6 +85,7 @@ class SkinnyPoint:
 def default_sizes(gpu: bool) -> dict:
     """On a GPU an 8192 x 8192 half-precision weight (134 MB), n up to 4096; on a CPU a 4096 x 6144
     fp32 weight (101 MB, three times a 32 MiB last-level cache), n up to 256."""
+    gpu = flag("gpu", gpu)
     if gpu:
         return dict(K=8192, N=8192, ns=GPU_NS)
     return dict(K=4096, N=6144, ns=CPU_NS)

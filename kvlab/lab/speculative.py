@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab._checks import integer, one_of
+from kvlab._checks import integer, one_of, token_ids
 from kvlab.decode import cached_decode
 from kvlab.lab.bench import Row
 from kvlab.speculative import prompt_lookup, speculative_decode
@@ -51,6 +51,7 @@ def replay(prompt: list[int], output: list[int], k: int, propose=prompt_lookup) 
     """``(proposed, accepted)`` for each verify step the speculative loop takes to emit ``output``
     (the model's greedy tokens after ``prompt``) with ``propose`` and ``k`` guesses: counted, not
     run. Prefill (the first token) is not a verify step and is left out."""
+    prompt, output = token_ids("prompt", prompt), token_ids("output", output, empty=True)
     integer("k", k)
     tokens, steps, i = list(prompt) + output[:1], [], 1
     while i < len(output):
@@ -127,6 +128,7 @@ def race(runs: dict, rounds: int = 2) -> Race:
 def generate_run(model, input_ids, new_tokens: int, **options):
     """transformers' ``generate``, greedy, exactly ``new_tokens`` tokens (no stop token), with
     ``options`` (``prompt_lookup_num_tokens=``, ``assistant_early_exit=``)."""
+    new_tokens = integer("new_tokens", new_tokens)
     config = copy.deepcopy(model.generation_config)
     config.update(
         max_new_tokens=new_tokens,
@@ -157,6 +159,8 @@ def contenders(model, input_ids, new_tokens: int, k: int = BENCH_K, early_k: int
     """The bench's runs, plain greedy first: kvlab's loops and transformers' ``generate``, plain,
     with prompt lookup (``k`` guesses) and with early exit (``early_k`` guesses from half the
     layers)."""
+    new_tokens, k = integer("new_tokens", new_tokens), integer("k", k)
+    early_k = integer("early_k", early_k)
     half = model.config.num_hidden_layers // 2
     args = (model, input_ids, new_tokens)
     return {
@@ -186,6 +190,7 @@ def bench_rows(model=None, new_tokens: int = BENCH_NEW, rounds: int = BENCH_ROUN
     """Rows for ``python -m kvlab bench`` (notebook 13): per task, the speed-up of each speculative
     contender over its own plain greedy, kvlab's prompt lookup over transformers', and the theory's
     prediction from the counted alpha and the measured step times."""
+    new_tokens, rounds = integer("new_tokens", new_tokens), integer("rounds", rounds)
     from kvlab.lab.pretrained import pretrained_model
 
     model = pretrained_model()[0] if model is None else model

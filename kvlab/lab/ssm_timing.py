@@ -25,6 +25,7 @@ import statistics
 import torch
 from transformers import DynamicCache
 
+from kvlab._checks import device as check_device
 from kvlab._checks import integer
 from kvlab.cache.mamba import selective_scan
 from kvlab.devices import on_gpu
@@ -47,6 +48,7 @@ def mamba_path(device) -> str:
     """The implementation transformers' ``MambaForCausalLM`` runs on ``device``: the fused CUDA
     kernels of the ``mamba_ssm`` and ``causal_conv1d`` packages on a GPU that has both, else its
     reference PyTorch path (a sequential scan in PyTorch operations)."""
+    device = check_device("device", device)
     kernels = all(importlib.util.find_spec(p) is not None for p in ("mamba_ssm", "causal_conv1d"))
     if torch.device(device).type == "cuda" and kernels:
         return "transformers' fused CUDA kernels (mamba_ssm, causal_conv1d)"

@@ -71,6 +71,7 @@ def _paged_model(path: str, device):
 
 def send_prompt_cache(model, cache, prompt: list[int], to_rank: int, attention: str) -> dict:
     """Prefill ``prompt`` into ``cache`` and send its blocks and block table to ``to_rank``."""
+    prompt = token_ids("prompt", prompt)
     from kvlab.serving.paged_decode import prefill
 
     seq = cache.new_sequence()
@@ -103,6 +104,7 @@ def send_prompt_cache(model, cache, prompt: list[int], to_rank: int, attention: 
 def receive_prompt_cache(cache, from_rank: int, vocab: int = 2**63) -> tuple[int, int, list[int]]:
     """Receive a prompt's blocks into a new sequence of ``cache``; returns (sequence id, first
     token, the sender's table). The header is checked on arrival, before anything sized by it."""
+    from_rank = integer("from_rank", from_rank, 0)
     header = torch.full((len(_checks.HEADER),), -1, dtype=torch.long, device=cache.device)
     dist.barrier()
     dist.recv(header, src=from_rank)
@@ -137,6 +139,7 @@ def handoff_on_rank(
 ):
     """What every rank runs: the prefill rank prefills and sends, the decode rank receives and
     decodes, any other rank only joins the barrier."""
+    launch.check_rank("rank", rank, world_size)
     from kvlab.serving.paged_decode import cache_for, decode_step
 
     if rank not in (prefill_rank, decode_rank):

@@ -39,12 +39,14 @@ class WorkerError(RuntimeError):
     """A worker process failed; ``rank`` says which, and the message ends with its traceback."""
 
     def __init__(self, rank: int, detail: str):
+        rank = integer("rank", rank, 0)
         super().__init__(f"rank {rank} failed:\n{detail}")
         self.rank = rank
 
 
 def default_backend(device: str = "cpu") -> str:
     """NCCL for CUDA devices, gloo for the CPU."""
+    one_of("device", str(device).split(":")[0], ("cpu", "cuda"))
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import tempfile
 
 import torch
 
-from kvlab._checks import integer
+from kvlab._checks import causal_lm, instance, integer
 from kvlab.parallel import launch
 from kvlab.theory.parallel import tensor_parallel_heads
 from kvlab.theory.shapes import ModelShape
@@ -55,6 +56,7 @@ class ParallelDecode:
 
 def vocab_sharded(model) -> bool:
     """Whether this transformers release's plan for ``model`` splits the embedding or the head."""
+    causal_lm("model", model)
     plan = getattr(model, "tp_plan", None) or {}
     return any(key.endswith(("embed_tokens", "lm_head")) for key in plan)
 
@@ -99,6 +101,7 @@ def quiet_progress():
 def save_checkpoint(model, folder: str) -> str:
     """Write ``model`` where every rank can load it: ``from_pretrained`` is where tensor parallelism
     applies its plan. Returns ``folder``."""
+    instance("folder", folder, str, "a str (a folder path)")
     with quiet_progress():
         model.save_pretrained(folder)
     return folder
@@ -116,6 +119,8 @@ def _sharded_loading() -> dict:
 
 def load_sharded(path: str, dtype=None):
     """Inside a rank: this rank's share of the checkpoint at ``path``, split by the model's plan."""
+    if not os.path.isdir(path):
+        raise ValueError(f"path must be a saved checkpoint folder, got {path!r}")
     import transformers
 
     with quiet_progress():
@@ -130,6 +135,7 @@ def decode_on_rank(
 ) -> dict:
     """What every rank runs: load its share of the checkpoint, decode with kvlab's cached loop, and
     report the tokens and what its cache holds."""
+    launch.check_rank("rank", rank, world_size)
     from transformers import DynamicCache
 
     from kvlab.decode import cached_decode

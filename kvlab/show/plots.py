@@ -14,7 +14,7 @@ import functools
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvlab._checks import integer, positive
+from kvlab._checks import instance, integer, items, positive, real
 from kvlab.lab import hardware
 from kvlab.show.format import si, sig
 
@@ -39,6 +39,7 @@ def stamp_corner(fig, stamp: dict | None = None):
     None for this machine. Calling it again replaces the earlier stamp. Returns the Text artist.
     Serves every section: every figure in the book names the device and versions behind it.
     """
+    instance("fig", fig, plt.Figure, "a matplotlib Figure")
     for t in [t for t in fig.texts if t.get_gid() == _STAMP_GID]:
         t.remove()
     line = hardware.stamp_line(stamp if stamp is not None else _local_stamp())
@@ -205,6 +206,8 @@ def timeline(ax, spans, y: float, *, height: float = 0.6, label: str | None = No
 
     Serves section 9.8: a decode step's kernels (GPU) or operators (CPU) over time.
     """
+    spans = items("spans", spans, tuple, what="(name, start_s, end_s) spans")
+    y, height = real("y", y), positive("height", height)
     by_kind: dict[str, list] = {}
     for name, start, end in spans:
         by_kind.setdefault(_op_kind(name), []).append((start * 1e3, max((end - start) * 1e3, 1e-4)))
@@ -220,6 +223,7 @@ def step_timelines(panels, width: float = 9.0):
     row of bars over time, so the gaps between operators or kernels show as white space. Returns the
     figure.
     """
+    instance("panels", panels, dict, "a dict of title -> {label: StepTrace}")
     from matplotlib.patches import Patch
 
     fig, axes = plt.subplots(
@@ -262,6 +266,7 @@ def useful_batch_figure(
     ``predicted`` (seconds per point, optional) draws the model's TPOT over the measurement.
     Returns the figure.
     """
+    tpot_target_s = positive("tpot_target_s", tpot_target_s)
     fig, ax = new_figure(width=7.6, height=3.6)
     b = [p.batch for p in points]
     ax.plot(b, [p.tpot * 1e3 for p in points], "o-", color="C0", label="TPOT, measured")
@@ -310,6 +315,7 @@ def useful_batch_figure(
 def workload_bytes(diagnoses, selected: str | None = None):
     """Section 9.8: per workload (name -> Diagnosis), the bytes one step moves for weights and for
     the cache, the memory left for the cache, and the verdict with the fractions behind it."""
+    instance("diagnoses", diagnoses, dict, "a dict of workload -> Diagnosis")
     fig, axes = new_figure(ncols=len(diagnoses), height=3.4)
     for ax, (name, d) in zip(np.atleast_1d(axes), diagnoses.items()):
         work, fit = d.trace.work, d.sweep[0].admission

@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 
-from kvlab._checks import flag, function
+from kvlab._checks import flag, function, instance
 
 STATIC_DPI = 90
 LIVE_DPI = 100
@@ -415,6 +415,7 @@ def markdown_html(text: str) -> str:
     Math is written the way Sphinx writes it (``\\(...\\)`` and ``\\[...\\]`` in elements of class
     ``math``), so the book's bundled MathJax typesets it.
     """
+    instance("text", text, str)
     from markdown_it import MarkdownIt
     from mdit_py_plugins.dollarmath import dollarmath_plugin
 

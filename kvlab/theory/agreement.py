@@ -120,6 +120,7 @@ class Comparison:
 
 def ratio_words(r: float) -> str:
     """A ratio as a reader writes it: ``"1.04"``, ``"1.00"`` (never a bare ``"1"``), ``"2,048"``."""
+    r = real("r", r)
     if r >= 100:
         return f"{r:,.0f}"
     short = f"{r:.3g}"
@@ -213,5 +214,6 @@ def within_factor(measured: float, predicted: float, tolerance: float) -> Factor
 def factor_edges(predicted: float, tolerance: float) -> tuple[float, float]:
     """The two measurements at which ``within_factor(measured, predicted, tolerance)`` changes
     outcome: ``(predicted / tolerance, predicted * tolerance)``. Tests step 10% past each side."""
+    predicted = positive("predicted", predicted)
     within_factor(predicted, predicted, tolerance)
     return predicted / tolerance, predicted * tolerance

@@ -85,6 +85,7 @@ def compare_with_roofline(
 ) -> FactorComparison:
     """A product's measured ``seconds`` against its ``roofline_time``, agreeing within
     ``ROOFLINE_TOLERANCE``."""
+    seconds = positive("seconds", seconds)
     return within_factor(
         seconds, roofline_time(n, K, N, element_size, bandwidth, peak), ROOFLINE_TOLERANCE
     )

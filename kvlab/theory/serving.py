@@ -63,6 +63,8 @@ class WorkRatio:
 def work_ratio(padded, engine_metrics: dict) -> WorkRatio:
     """:class:`WorkRatio` from a padded run (``kvlab.lab.engine.PaddedRun``: its ``prefill_rows``,
     ``decode_rows`` and ``forward_passes``) and the engine's ``metrics()`` on the same requests."""
+    for field in ("prefill_rows", "decode_rows", "forward_passes"):
+        integer(f"padded.{field}", getattr(padded, field, None), 0)
     engine_rows = (
         engine_metrics["prefill_tokens"]
         + engine_metrics["generated_tokens"]
@@ -90,6 +92,9 @@ def flat_step_prediction(points) -> float:
     ``tokens_per_s`` and ``mean_batch``, as ``kvlab.lab.engine.CurvePoint``) with the most
     throughput: its mean running batch times the rate per request at ``points[0]`` (a step costs the
     same whatever the batch, so throughput grows with the batch)."""
+    points = items("points", points, object, what="CurvePoints")
+    if not points:
+        raise ValueError("points must hold at least one CurvePoint, got none")
     best = max(points, key=lambda p: p.tokens_per_s)
     return best.mean_batch * points[0].tokens_per_s / points[0].mean_batch
 

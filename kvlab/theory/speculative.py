@@ -22,7 +22,7 @@ shorten. Pure Python.
 
 from __future__ import annotations
 
-from kvlab._checks import integer, positive, real
+from kvlab._checks import integer, items, positive, real
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -49,7 +49,7 @@ def acceptance_rate(steps) -> float:
 
 def empty_fraction(steps) -> float:
     """The fraction of verify steps that had nothing to check (``proposed == 0``)."""
-    steps = list(steps)
+    steps = items("steps", steps, tuple, what="(proposed, accepted) pairs", each="a pair")
     if not steps:
         raise ValueError("steps must hold at least one (proposed, accepted) pair, got none")
     return sum(proposed == 0 for proposed, _ in steps) / len(steps)

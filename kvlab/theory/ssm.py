@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from kvlab._checks import integer, one_of, positive, real
+from kvlab._checks import integer, nonnegative, one_of, positive, real
 
 METHODS = ("sequential", "parallel", "chunked")
 # Two more orders, for the scan-order comparison of section 9.6: Blelloch's work-efficient scan and
@@ -255,7 +255,7 @@ def sampling_tolerance(samples: int, state_size: int) -> float:
 def sampled_agrees(sampled: float, exact: float, samples: int, state_size: int) -> bool:
     """Whether a recall error fitted on ``samples`` sequences lands within ``sampling_tolerance`` of
     the exact one."""
-    return abs(real("sampled", sampled) - real("exact", exact)) <= sampling_tolerance(
+    return abs(nonnegative("sampled", sampled) - nonnegative("exact", exact)) <= sampling_tolerance(
         samples, state_size
     )
 

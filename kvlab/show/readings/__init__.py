@@ -7,15 +7,20 @@ here: the other branch says what was expected, what was measured, and the most l
 kind of machine. ``tests/show/test_readings_<section>.py`` feeds each function both outcomes.
 """
 
+from kvlab._checks import nonnegative, positive, real
+
 
 def ratio_text(measured: float, predicted: float) -> str:
     """``"1.3 times"`` or ``"0.42 times"``: a measured value as a multiple of its prediction."""
+    measured, predicted = nonnegative("measured", measured), positive("predicted", predicted)
     r = measured / predicted
     return f"{r:.2g} times" if r < 10 else f"{r:.0f} times"
 
 
 def within(measured: float, predicted: float, factor: float) -> bool:
     """True when ``measured`` is within ``factor`` of ``predicted`` either way (both positive)."""
+    measured, predicted = real("measured", measured), real("predicted", predicted)
+    factor = real("factor", factor, 1)
     if measured <= 0 or predicted <= 0:
         return False
     return 1 / factor <= measured / predicted <= factor

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from kvlab._checks import instance, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings.verdicts import verdict_words
 from kvlab.theory.agreement import ABOVE, BELOW, CANNOT_TELL, DISAGREES, compare
@@ -42,6 +43,14 @@ def speedup_reading(
     single steps of the cached loop moved (``decode_step.step_spread``), the scatter of one step
     over another.
     """
+    if missing := unmeasured(
+        naive_s=naive_s,
+        cached_s=cached_s,
+        worst_error=worst_error,
+        naive_growth=naive_growth,
+        cached_growth=cached_growth,
+    ):
+        return missing
     naive_pred, cached_pred = request_time(P, G, a, b), request_time(P, G, a, b, cached=True)
     c = compare(naive_s / cached_s, naive_pred / cached_pred, spread)
     text = [
@@ -162,6 +171,14 @@ def latency_reading(
     """TTFT and TPOT of the three loops at one setting; whether the naive and the static loop's TPOT
     differ from the cached one's is decided against ``spread``, how much the cached run's single
     steps moved (``kvlab.theory.decode_step.stands_out``)."""
+    if missing := unmeasured(
+        ttft_cached=ttft_cached,
+        tpot_naive=tpot_naive,
+        tpot_cached=tpot_cached,
+        tpot_static=tpot_static,
+        spread=spread,
+    ):
+        return missing
     from kvlab.theory.decode_step import stands_out
 
     text = [
@@ -226,6 +243,10 @@ def compile_reading(
     against the fastest eager one (measured in the same rounds, with their ``spread``) judged by
     ``agreement.compare``; where the compiled step is faster beyond doubt, the break-even model
     (``kvlab.theory.work.compile_repaid``) says when it pays in a request of ``tokens`` tokens."""
+    if missing := unmeasured(
+        compile_cost=compile_cost, t_eager=t_eager, t_comp=t_comp, spread=spread
+    ):
+        return missing
     from kvlab.theory.work import compile_repaid
 
     c = compare(t_comp, t_eager, spread)
@@ -270,6 +291,7 @@ def ttft_reading(ttft: dict, cache_bytes: float, write_rate: float) -> str:
     fastest, judged by ``agreement.compare`` with the repeats' spread; what differs is the cache
     each one fills, whose ``cache_bytes`` at ``write_rate`` give the traffic part of a difference.
     """
+    instance("ttft", ttft, dict)
     fastest = {name: t.min for name, t in ttft.items()}
     low, high = min(fastest.values()), max(fastest.values())
     spread = max(t.spread_above_min for t in ttft.values())
@@ -314,6 +336,8 @@ def explore_reading(
     """Under the explorer: this setting's latencies, and the measured time ratio (naive over cached)
     against ``work_ratio``, the positions ratio of ``work.positions_processed``, judged by
     ``agreement.compare`` with ``spread``, how much the cached loop's single steps moved."""
+    if missing := unmeasured(time_ratio=time_ratio, work_ratio=work_ratio):
+        return missing
     text = [
         f"{model}, $P = {P}$, $G = {G}$, batch {batch}: TPOT was {si(tpot['naive'], 's')} naive, "
         f"{si(tpot['cached'], 's')} cached and {si(tpot['static'], 's')} static; TTFT "
@@ -356,6 +380,8 @@ def gpu_break_even_reading(compile_cost: float, measured_gain: float) -> str:
     """What this compile time implies where the per-step gain is one millisecond (a small model's
     kernel-launch gaps on a GPU), beside this run's measured gain; both from ``break_even_tokens``.
     """
+    if missing := unmeasured(compile_cost=compile_cost, measured_gain=measured_gain):
+        return missing
     from kvlab.theory.work import break_even_tokens
 
     one_ms = break_even_tokens(compile_cost, 1e-3)

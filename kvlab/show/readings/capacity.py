@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from kvlab._checks import instance, integer, positive, real
 from kvlab.show.format import si
 from kvlab.theory.memory_wall import ridge_admitted
 from kvlab.theory.roofline import free_beside_weights, max_batch, ridge_batch, transfer_time
@@ -25,6 +26,7 @@ def _real(shape):
 def largest_batch_reading(context: int = 2048) -> str:
     """Notebook 03: the largest admitted batch of the 8B model on an H100, seed's constants against
     real ones."""
+    context = integer("context", context, 0)
     seed8 = dataclasses.replace(SHAPES["llama-3-8b"], params=8e9)
     h100, real_h100 = spec("h100-sxm"), exposed_memory("h100-sxm")
     seed_batch = max_batch(seed8, h100, context)
@@ -56,6 +58,7 @@ def largest_batch_reading(context: int = 2048) -> str:
 
 def h200_margin_reading(context_cap_seed: float) -> str:
     """Notebook 10: the H200 margin beside Llama-3-70B's weights, rounded and real."""
+    context_cap_seed = positive("context_cap_seed", context_cap_seed)
     l70 = SHAPES["llama-3-70b"]
     seed_margin = free_beside_weights(l70, "h200")
     real = _real(l70)
@@ -87,6 +90,9 @@ def engine_fraction_reading(
 ) -> str:
     """Whether the weights fit in the share of the device a serving engine uses, and what is left
     there for the cache."""
+    weight_bytes = real("weight_bytes", weight_bytes)
+    device_bytes = real("device_bytes", device_bytes)
+    fraction = real("fraction", fraction)
     usable = fraction * device_bytes
     left = usable - weight_bytes
     head = (
@@ -114,6 +120,8 @@ def kivi_residual_reading(
     long_tokens: int = 131_072,
 ) -> str:
     """Notebook 08: why a short KIVI cache saves far less than its bit width suggests."""
+    element_bytes = real("element_bytes", element_bytes)
+    held = real("held", held)
     from kvlab.theory.cache_sizes import kivi_nbytes, quantized_nbytes
 
     quantized = max(0, (tokens - residual) // group_size * group_size)
@@ -143,6 +151,7 @@ def kivi_residual_reading(
 def w4_links(cache_bytes: float, codec: float = 4) -> dict:
     """Notebook 10, W4: seconds to move one session's cache over the host and peer links, by link,
     each at its one-way rate from ``kvlab.theory.specs.LINKS`` (a fetch moves the cache one way)."""
+    cache_bytes = positive("cache_bytes", cache_bytes)
     pcie, nvlink = LINKS["pcie5-x16"], LINKS["nvlink4"]
     return {
         f"PCIe Gen5 x16, {pcie.bytes_per_s_each_way / 1e9:.0f} GB/s one way": transfer_time(
@@ -160,12 +169,16 @@ def w4_links(cache_bytes: float, codec: float = 4) -> dict:
 def seed_nvlink_seconds(cache_bytes: float, codec: float = 4) -> float:
     """The seed's W4 NVLink fetch: the cache over NVLink's quoted total of both directions (900
     GB/s)."""
+    cache_bytes = positive("cache_bytes", cache_bytes)
     return transfer_time(cache_bytes, LINKS["nvlink4"].bytes_per_s_both_ways, codec=codec)
 
 
 def nvlink_reading(cache_bytes: float, codec: float, recompute_seconds: float) -> str:
     """Notebook 10: a one-way KV fetch over NVLink gets half the quoted (bidirectional) figure, and
     the range of W4's speedups over recompute that follows."""
+    cache_bytes = real("cache_bytes", cache_bytes)
+    codec = real("codec", codec)
+    recompute_seconds = real("recompute_seconds", recompute_seconds)
     nvlink, pcie = LINKS["nvlink4"], LINKS["pcie5-x16"]
     fetch = list(w4_links(cache_bytes, codec).values())
     seed = seed_nvlink_seconds(cache_bytes, codec)
@@ -208,6 +221,7 @@ def seed_corrections_reading(
     2.91; the recompute times are Llama-3-70B's prefill of 128k tokens on an H100 and a B200;
     ``gib`` the 128k cache in GiB.
     """
+    instance("fixed_points", fixed_points, dict)
     links = w4_links(cache_bytes)
     slowest, fastest = max(links.values()), min(links.values())
     seed = seed_nvlink_seconds(cache_bytes)
@@ -258,6 +272,8 @@ def seed_corrections_reading(
 def placement_reading(gain_b200: float, gain_mi300x: float) -> str:
     """Notebook 10: the seed's placement gains assume a control that default memory modes do not
     expose."""
+    gain_b200 = real("gain_b200", gain_b200)
+    gain_mi300x = real("gain_mi300x", gain_mi300x)
     return (
         f"The striped-against-pinned gains ({gain_b200:.0f}x on a B200, {gain_mi300x:.0f}x on an"
         " MI300X) are the seed's model, not a choice a block manager can make today. In their"
@@ -277,6 +293,7 @@ def rule3_reading(
     shape_name: str, device_name: str, context: int, speedup_c4: float, bf16, int4
 ) -> str:
     """Notebook 10: the scope of design rule 3, in numbers."""
+    speedup_c4 = real("speedup_c4", speedup_c4)
     text = (
         "Rule 3 is about step time at a fixed batch: below $s^*$ a 4-bit cache would shorten a"
         f" step of one sequence only {speedup_c4:.2f}x. It does not make compression useless in the"
@@ -305,6 +322,7 @@ def margins_table(
     the driver reports and the unrounded parameter counts, on every device whose exposed memory is
     known.
     """
+    w_p = positive("w_p", w_p)
     from kvlab.theory.specs import SPECS
 
     devices = [k for k, a in SPECS.items() if a.hbm_bytes_exposed is not None]

@@ -30,6 +30,8 @@ def history_reading(
     """ "Reading the result" of 9.1: the slope of the fastest step against the history, against
     ``decode_step.history_slope`` (k / read + 2 k / copy), judged by ``agreement.compare``; then
     the shortest and longest contexts, and the verdict at every context (``points``)."""
+    if missing := unmeasured(read_bytes_per_s=read_bytes_per_s, copy_bytes_per_s=copy_bytes_per_s):
+        return missing
     contexts, steps = list(contexts), list(steps)
     text = [
         "In the model each token of history adds $k/\\beta_\\text{read} + 2k/\\beta_\\text{copy}$"

@@ -8,6 +8,7 @@ sentence depends on the outcome, both outcomes are written.
 
 from __future__ import annotations
 
+from kvlab._checks import flag, instance, real, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text, within
 from kvlab.show.readings.exercises import solution
@@ -21,6 +22,7 @@ AGREES = 2.0  # a collective's time "agrees" with the ring model within this fac
 def binary_bytes(n: int) -> str:
     """A message size as the powers of two it is chosen as: ``"4 KiB"``, ``"1 MiB"``, ``"512
     B"``."""
+    n = real("n", n, 0)
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:g} {unit}"
@@ -41,6 +43,8 @@ def tensor_parallel_reading(
     vocab_sharded: bool,
 ) -> str:
     """What the tensor-parallel check showed, and what this transformers release's plan splits."""
+    instance("version", version, str)
+    flag("vocab_sharded", vocab_sharded)
     plan = (
         "its plan splits the embedding and the output head by vocabulary too (an all-reduce after"
         " the embedding and an all-gather of the logits each step)"
@@ -57,6 +61,9 @@ def tensor_parallel_reading(
 
 def handoff_tables_reading(tokens: int, prefill_table: list, decode_table: list) -> str:
     """The two ranks' block tables for the handed-off sequence."""
+
+    instance("prefill_table", prefill_table, (list, tuple), "a list")
+    instance("decode_table", decode_table, (list, tuple), "a list")
 
     def shown(table):
         return str(table[:6])[:-1] + (", ...]" if len(table) > 6 else "]")
@@ -83,6 +90,8 @@ def link_reading(
     backend: str, bytes_per_s: float, latency_s: float, sizes, nvlink_bytes_per_s: float
 ) -> str:
     """What the ping-pong calibration found, and how far it is from NVLink."""
+    if missing := unmeasured(bytes_per_s=bytes_per_s, latency_s=latency_s):
+        return missing
     return (
         f"Between two processes on this machine, {backend} moved a message one way at"
         f" **{si(bytes_per_s, 'B/s')}** after a latency of **{si(latency_s, 's')}** (the line $t ="
@@ -100,6 +109,7 @@ def collective_reading(kind: str, sizes, measured, predicted, spreads) -> str:
     """How the measured collective compares with the ring model over the calibrated link, size by
     size (``kvlab.theory.agreement.compare`` with each size's ``spreads``), summarised over the
     sweep."""
+    instance("kind", kind, str)
     name = kind.replace("_", "-")
     checks = [compare(m, p, s) for m, p, s in zip(measured, predicted, spreads)]
     labels = [binary_bytes(n) for n in sizes]
@@ -147,6 +157,10 @@ def step_reading(
     """The measured split step against one process's step and against the model's expectation,
     one process's step / p plus the all-reduces timed on the ranks right after the step,
     decided by ``kvlab.theory.agreement.compare`` with the rounds' ``spread``."""
+    if missing := unmeasured(
+        one_process_s=one_process_s, split_s=split_s, all_reduce_s=all_reduce_s
+    ):
+        return missing
     communication = predicted_s - one_process_s / world_size
     head = (
         f"One decode step took **{si(one_process_s, 's')}** in one process and"
@@ -250,6 +264,8 @@ def crossing_reading(
 ) -> str:
     """Where each split starts or stops paying, per link (``tp``/``cp``: link name -> Crossing), and
     how many sequences of ``context`` tokens one and two devices admit."""
+    if missing := unmeasured(latency_s=latency_s):
+        return missing
     tp_text = "; ".join(_tp_sentence(k, c) for k, c in tp.items())
     axis = max((c.high for c in tp.values()), default=None)  # the batch axis drawn
     cp_text = "; ".join(_cp_sentence(k, c) for k, c in cp.items())
@@ -274,6 +290,8 @@ def handoff_reading(
     pcie_s: float,
 ) -> str:
     """The measured KV handoff against the KV size formula and the calibrated link."""
+    if missing := unmeasured(send_s=send_s):
+        return missing
     same = kv_bytes == formula_bytes
     sizes = (
         f"The prefill rank sent **{kv_bytes:,} bytes** of KV blocks for a {tokens}-token prompt in "
@@ -309,6 +327,7 @@ def handoff_reading(
 
 def recorded_reading(rows_by_device: dict) -> str:
     """The recorded GPU runs of this page's benchmark rows (``device -> [(name, value, unit)]``)."""
+    instance("rows_by_device", rows_by_device, dict)
     if not rows_by_device:
         return (
             "No GPU run of this page has been recorded yet: `book/data/measurements/` holds no"
@@ -330,6 +349,7 @@ def exercise_heads(
     shape: str, world: int, q_heads: int, kv_heads: int, per_rank: tuple, kv_per_token: float
 ) -> str:
     """Exercise 1: heads and cache per device at a larger world size."""
+    kv_per_token = real("kv_per_token", kv_per_token)
     return solution(
         1,
         f"{shape} has {q_heads} query and {kv_heads} KV heads. Over {world} devices each holds"
@@ -346,6 +366,9 @@ def exercise_latency(
     shape: str, context: int, saved_s: float, bytes_s: float, calls: int, latency_s: float
 ) -> str:
     """Exercise 2: the latency per call at which tensor parallelism stops paying at batch 1."""
+    saved_s = real("saved_s", saved_s)
+    bytes_s = real("bytes_s", bytes_s)
+    latency_s = real("latency_s", latency_s)
     return solution(
         2,
         f"At batch 1 and {context:,} tokens, splitting {shape} over 2 devices takes"
@@ -359,6 +382,8 @@ def exercise_latency(
 
 def exercise_handoff(shape: str, tokens: int, nbytes: float, links: dict, prefill_s: float) -> str:
     """Exercise 3: the handoff of one long prompt over several links, against recomputing it."""
+    nbytes = real("nbytes", nbytes)
+    prefill_s = real("prefill_s", prefill_s)
     rows = "\n".join(
         f"| {name} | {si(t, 's')} | {prefill_s / t:,.0f} |" for name, t in links.items()
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from kvlab._checks import flag, instance, unmeasured
 from kvlab.show.format import si
 from kvlab.theory import verdict as model
 from kvlab.theory.agreement import ABOVE, AGREES, BELOW, DISAGREES, combined_spread
@@ -77,6 +78,10 @@ def reading_methods(
     """The loops side by side, and Hugging Face ``generate`` against the fastest kvlab loop, timed
     in turn with it (``spread``: the two timings' relative spread). Both run the same cached
     forward pass, so the model is parity (``kvlab.theory.verdict.compare_loops``)."""
+    if missing := unmeasured(
+        generate_tokens_per_s=generate_tokens_per_s, best_tokens_per_s=best_tokens_per_s
+    ):
+        return missing
     verdicts = ", ".join(f"{m} {verdict_label(d)}" for m, d in diagnoses.items())
     head = f"The four loops' verdicts on this machine: {verdicts}. "
     c = model.compare_loops(best_tokens_per_s, generate_tokens_per_s, spread)
@@ -106,6 +111,7 @@ def reading_methods(
 def reading_timeline(cached: StepTrace, static: StepTrace, gpu: bool) -> str:
     """What the two timelines show: the gaps in the cached step, and whether the static step has
     fewer, decided by step 3's model (``kvlab.theory.verdict.compare_idle``)."""
+    flag("gpu", gpu)
     what = (
         "launch gaps: the CPU issuing kernels one at a time while the GPU waits"
         if gpu
@@ -190,6 +196,8 @@ def reading_batch(
     under the target. ``bandwidth``: the read bandwidth measured beside the steps; ``rates``: batch
     to the matmul rate measured beside it; ``weight_bytes`` and ``sequence_flops``: the step's
     weight bytes and one sequence's FLOPs."""
+    if missing := unmeasured(bandwidth=bandwidth):
+        return missing
     first, last = sweep[0], sweep[-1]
     checks = [
         model.compare_batch_tpot(p.tpot, pred, spread)
@@ -280,6 +288,7 @@ def reading_batch(
 
 def reading_workloads(diagnoses: dict) -> str:
     """The three workloads side by side: whether they end in different verdicts and levers."""
+    instance("diagnoses", diagnoses, dict)
     parts = [f"{name}: {verdict_label(d)} ({d.because})" for name, d in diagnoses.items()]
     verdicts = {d.verdicts if not d.firm else d.verdict for d in diagnoses.values()}
     if len(verdicts) == len(diagnoses):
@@ -315,6 +324,8 @@ def reading_real_model(
     """The path on the pretrained model beside the random-weight one: the two verdicts of
     ``kvlab.theory.verdict.decide``, and why they agree or differ (a step's work depends on the
     shape, not on what the weights learned)."""
+    instance("random_name", random_name, str)
+    instance("real_name", real_name, str)
     text = (
         f"**{real_name}, cached loop: verdict {verdict_label(real_d)}** ({real_d.because})."
         f" Traced at {real_d.context} cached tokens, one step took {_ms(real_d.trace.step_s)} and"

@@ -10,6 +10,7 @@ this machine's ceilings (:func:`kvlab.theory.serving.roofline_throughput`, judge
 
 from __future__ import annotations
 
+from kvlab._checks import flag, instance, integer, real
 from kvlab.show.format import si
 from kvlab.theory.agreement import AGREES, DISAGREES, compare
 from kvlab.theory.serving import (
@@ -31,6 +32,7 @@ _WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", 
 
 def number(n: int) -> str:
     """A count as a word up to nine, in digits above."""
+    n = integer("n", n, 0)
     return _WORDS[n] if 0 <= n < len(_WORDS) else f"{n:,}"
 
 
@@ -50,6 +52,7 @@ def life_reading(counts: dict, block_size: int, num_blocks: int, budget: int) ->
     readmitted after a recompute preemption, and of those the ones the prefix cache served),
     ``stalled`` (request-steps given no tokens while running) and ``cached_tokens`` (prompt tokens
     first admissions found cached)."""
+    instance("counts", counts, dict)
     text = [
         f"The engine served {plural(counts['requests'], 'request')} in {counts['steps']} steps,"
         f" with a pool of {num_blocks} blocks of {block_size} tokens and a budget of {budget}"
@@ -143,6 +146,7 @@ def comparison_reading(result, on_gpu: bool) -> str:
     """The engine against padded ``generate``, against itself without prefix caching, and against
     transformers' continuous batching, on one request set (``result``: a
     :class:`kvlab.lab.engine.ServingComparison` whose tokens all agreed)."""
+    flag("on_gpu", on_gpu)
     padded, rounds = result.padded, len(result.seconds[ENGINE])
     head = (
         f"On {result.requests} requests every contender produced the same tokens for every request;"
@@ -235,6 +239,8 @@ def curve_predictions(points, weight_bytes: float, sequence_flops: float):
     """The roofline's tokens per second at each point's mean batch
     (:func:`kvlab.theory.serving.roofline_throughput`, anchored at the first point's rate per
     request and its matmul rate) and the relative spread behind each comparison."""
+    weight_bytes = real("weight_bytes", weight_bytes)
+    sequence_flops = real("sequence_flops", sequence_flops)
     first = points[0]
     rate_1 = first.tokens_per_s / first.mean_batch
     predicted, spreads = [], []
@@ -277,6 +283,9 @@ def curve_reading(
     at once; ``chosen``: the slider's ``max_batch``; ``weight_bytes`` and ``sequence_flops``: a
     step's weight bytes and one request's FLOPs, for the roofline
     (:func:`kvlab.theory.serving.roofline_throughput`)."""
+    capacity = real("capacity", capacity)
+    weight_bytes = real("weight_bytes", weight_bytes)
+    sequence_flops = real("sequence_flops", sequence_flops)
     first = points[0]
     here = next(p for p in points if p.max_batch == chosen)
     text = [
@@ -376,6 +385,7 @@ def burst_reading(
     (``once``); ``peer_ratio`` is transformers' continuous batching's time over the engine's
     (median, lowest and highest round), or None when not timed; ``ttft_s`` the engine's mean time
     to first token."""
+    flag("same_tokens", same_tokens)
     text = (
         f"The {number(requests)} prompts hold {prompt_tokens:,} tokens; the engine's prefill steps "
         f"computed **{computed:,}** of them"
@@ -418,6 +428,7 @@ def chunk_reading(
     ``spreads`` the relative spread behind the TTFT and the TPOT ratios. Each ratio is compared
     with "no change" (``kvlab.theory.agreement.compare``): agreement means the budget did not
     move it beyond the noise."""
+    small, large = integer("small", small, 0), integer("large", large, 0)
     t, p = compare(ttft[0], ttft[1], spreads[0]), compare(tpot[0], tpot[1], spreads[1])
 
     def moved(c, what):

@@ -9,6 +9,7 @@ of a step (weight bytes / read bandwidth) and the roofline floor of a decode ste
 
 from __future__ import annotations
 
+from kvlab._checks import instance, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.verdicts import sweep_summary, verdict_words
@@ -37,6 +38,13 @@ def step_profile_reading(
     """One decode step (its fastest repeat and ``step_spread``) against the weight-read floor,
     weight bytes over the read bandwidth (``weight_read_s``), judged by ``agreement.compare``;
     ``gemv`` is the sweep's n = 1 product against its roofline (``SkinnyPoint.comparison``)."""
+    if missing := unmeasured(
+        step_s=step_s,
+        step_spread=step_spread,
+        weight_read_s=weight_read_s,
+        matmul_fraction=matmul_fraction,
+    ):
+        return missing
     c = compare(step_s, weight_read_s, step_spread)
     text = [
         f"One step of {model} took **{si(step_s, 's')}**. It reads {si(weight_bytes, 'B')} of"
@@ -71,6 +79,10 @@ def explore_reading(
     """Under the step explorer: this step (the fastest repeat, with its ``spread``) against its
     floor with the cache counted three times (``roofline.step_time_floor``), judged by
     ``agreement.compare``."""
+    if missing := unmeasured(
+        measured_s=measured_s, floor_s=floor_s, floor_copy_s=floor_copy_s, spread=spread
+    ):
+        return missing
     c = compare(measured_s, floor_copy_s, spread)
     text = (
         f"Batch {batch}, {context:,} tokens each: the step took **{si(measured_s, 's')}**. Its"
@@ -98,6 +110,8 @@ def floor_ratio_reading(
     """The smallest and the largest setting, each as measured step over its floor with the cache
     counted three times (``roofline.step_time_floor``); the largest judged by
     ``agreement.compare`` with its spread, where the cache's bytes should set the step."""
+    if missing := unmeasured(r_lo=r_lo, r_hi=r_hi, spread_hi=spread_hi):
+        return missing
     c = compare(r_hi, 1.0, spread_hi)
     text = (
         f"At batch {b_lo} and {s_lo:,} tokens a measured step took {r_lo:.1f} times its floor"
@@ -135,6 +149,12 @@ def skinny_reading(
     n against the read bandwidth measured beside it, where this machine's ridge puts the turn to
     compute, and the verdict at every n (``comparisons``, from ``SkinnyPoint.comparison``;
     ``bounds`` says which term the roofline took at each n)."""
+    if missing := unmeasured(
+        gemv_bytes_per_s=gemv_bytes_per_s,
+        read_bytes_per_s=read_bytes_per_s,
+        matmul_one_flops=matmul_one_flops,
+    ):
+        return missing
     ns, comparisons, bounds = list(ns), list(comparisons), list(bounds)
     first = comparisons[0]
     text = (
@@ -179,6 +199,7 @@ def skinny_reading(
 
 def gpu_batching_reading(name: str, ridge: float, flat_n: float, bandwidth: float) -> str:
     """The same roofline with a GPU's datasheet constants: where its flat region ends."""
+    instance("name", name, str)
     return (
         f"With the {name}'s constants ({si(bandwidth, 'B/s')} of memory, a ridge of {ridge:.0f}"
         f" FLOP per byte) the same model keeps a bf16 weight product at its $n = 1$ time up to"

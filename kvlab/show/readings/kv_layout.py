@@ -11,6 +11,7 @@ timings behind it), and names the likely cause of a read that beats its bytes wi
 
 from __future__ import annotations
 
+from kvlab._checks import instance, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings.verdicts import verdict_words
 from kvlab.theory.agreement import ABOVE, AGREES, BELOW, CANNOT_TELL, combined_spread
@@ -31,6 +32,8 @@ def layout_table(reads: dict, read_bw, copy_bw: float, batch: int, context: int)
     the copy rate. No read from memory can stream K and V faster than the read bandwidth; a row
     that does beyond the spread is marked and explained.
     """
+    if missing := unmeasured(copy_bw=copy_bw):
+        return missing
     base = reads["BHTD"].timing.min
     first = next(iter(reads.values()))
     lines = [
@@ -139,6 +142,8 @@ def explore_reading(
     (``kvlab.lab.layout_timing.last_level_cache_bytes``); ``ceiling_spread``: the spread of the
     calibrated ceilings the prediction uses, added to the read's own.
     """
+    instance("layout", layout, str)
+    instance("appends", appends, dict)
     spread = combined_spread(read.timing.spread_above_min, ceiling_spread)
     c = compare_with_bytes(read.timing.min, read.predicted_s, spread)
     text = [

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from kvlab._checks import instance, real, unmeasured
 from kvlab.theory import long_context as rules
 from kvlab.theory.cache_sizes import ROUNDING_TOLERANCE, rounding_explains, rounding_rms
 
@@ -28,6 +29,7 @@ def _signed(x: float, decimals: int) -> str:
 def spread_text(sp: rules.Spread, pieces: str) -> str:
     """``"+0.29 nats per token (95% interval +0.18 to +0.40 over 13 blocks of positions)"``, with
     more decimals when the interval is narrow."""
+    instance("pieces", pieces, str)
     d = _decimals(sp.half_width)
     return (
         f"{_signed(sp.mean, d)} nats per token (95% interval {_signed(sp.low, d)} to"
@@ -49,6 +51,8 @@ def _ranges(numbers) -> str:
 
 def model_reading(name: str, params: int, shape, context: int, tokens: int, dtype: str) -> str:
     """What the page measures on: the pretrained model and the text."""
+    instance("name", name, str)
+    instance("dtype", dtype, str)
     return (
         f"The measurements below run on **{name}** ({params / 1e6:.1f} M parameters; {shape.layers}"
         f" layers, {shape.q_heads} query heads sharing {shape.kv_heads} KV heads of dimension"
@@ -63,6 +67,8 @@ def model_reading(name: str, params: int, shape, context: int, tokens: int, dtyp
 def check_reading(num_sink: int, window: int, steps: int, gap: float, stored: int) -> str:
     """The masked pass against ``SinkCache`` streamed token by token (the cell asserts they
     agree)."""
+    if missing := unmeasured(gap=gap):
+        return missing
     return (
         f'Streamed token by token through `SinkCache({num_sink}, {window}, rope="cache")`, {steps}'
         " tokens of the text give the same next-token log-probabilities as the masked pass, to"
@@ -76,6 +82,7 @@ def sink_reading(share, share_shifted, uniform: float, tokens: int) -> str:
     """Under the sink heat map. ``share[layer][head]``: mean share of attention on the first token
     of a passage starting at the text's first token; ``share_shifted``: the same for a passage
     starting in the middle of a verse."""
+    uniform = real("uniform", uniform)
     heads = rules.sink_heads(share, uniform)
     shifted = rules.sink_heads(share_shifted, uniform)
     total = len(share) * len(share[0])
@@ -134,6 +141,8 @@ def stream_reading(sinks: int, budget: int, n: int, ppl: dict, spreads: dict, st
     sinks"``, ``"sinks - full"``, ``"recompute - sinks"``; the ``sinks`` ones are absent when sinks
     is 0.
     """
+    if missing := unmeasured(**{f"ppl[{k!r}]": v for k, v in ppl.items()}):
+        return missing
     blocks = "blocks of positions"
     label = f"{sinks} sink{'s' if sinks != 1 else ''} plus a window of {budget - sinks}"
     text = [
@@ -212,6 +221,8 @@ def sink_count_reading(
     """After the sweep: perplexity against the number of sinks at a fixed budget, and the two
     position conventions. ``one_vs_four``: loss with 4 sinks minus loss with 1; ``conventions``:
     loss with keys at positions in the cache minus at their original positions."""
+    if missing := unmeasured(**{f"ppl_by_sinks[{s}]": p for s, p in ppl_by_sinks.items()}):
+        return missing
     row = ", ".join(f"{s}: {p:.1f}" for s, p in sorted(ppl_by_sinks.items()))
     text = [
         f"At a fixed cache of {budget} tokens, the perplexity after the fill by number of sinks is"
@@ -308,6 +319,8 @@ def kivi_layout_reading(
     """Under the KIVI-layout figure. ``ppl[(bits, layout)]`` with layout ``"channel"`` or
     ``"token"`` (how keys are grouped; values are per token in both); ``spreads[bits]``: loss with
     per-token keys minus loss with per-channel keys, a ``Spread`` over the text windows."""
+    if missing := unmeasured(full_ppl=full_ppl):
+        return missing
     text = [
         f"Over {windows} windows of {length} tokens, each one prefill through `QuantizedKVCache`"
         f" with groups of {group} and no full-precision residual, the full-precision cache scores a"
@@ -343,6 +356,8 @@ def fp8_reading(
     cache minus loss with the full cache, over the text windows; ``bytes_held`` ``{"full", "fp8",
     "int4"}``: what each cache holds for the same tokens; ``int4_ppl``: 4-bit groups, keys per
     channel."""
+    if missing := unmeasured(full_ppl=full_ppl, fp8_ppl=fp8_ppl, int4_ppl=int4_ppl):
+        return missing
     gap = spread_text(spread, "windows")
     verdict = "larger than the spread" if spread.resolved else "**within the spread**"
     return (
@@ -361,6 +376,8 @@ def kivi_residual_quality_reading(
 ) -> str:
     """KIVI as its paper runs it, beside the worst case: ``with_residual`` and ``without`` are
     ``quantized_cache_quality`` results (``ppl``, ``nbytes``) at ``bits`` with per-channel keys."""
+    if missing := unmeasured(with_residual=with_residual["ppl"], without=without["ppl"]):
+        return missing
     return (
         "KIVI as its paper runs it keeps the newest tokens exact: at"
         f" {bits} bits with a residual of {residual} of each window's {length} tokens, the cache"
@@ -375,6 +392,8 @@ def kivi_residual_quality_reading(
 def needle_reading(probes: list, num_sink: int, window: int, answer: str) -> str:
     """Under the needle figure. ``probes``: ``kvlab.lab.streams.NeedleProbe`` at several depths;
     the answer's probability is ``exp(-nll)`` of its tokens together."""
+    instance("probes", probes, (list, tuple), "a list")
+    instance("answer", answer, str)
     kept = [p for p in probes if p.in_cache]
     lost = [p for p in probes if not p.in_cache]
 
@@ -412,6 +431,9 @@ def fewer_reading(rows: list, same_bytes: rules.Spread, gqa: str, latent: str) -
     """Under the fewer-entries figure. ``rows``: ``kvlab.lab.cache_quality.fewer_entries`` (full
     cache first); ``same_bytes``: loss of ``latent`` minus loss of ``gqa`` (the pooled GQA cache and
     the latent of the same bytes per token), over blocks of positions."""
+    instance("rows", rows, (list, tuple), "a list")
+    instance("gqa", gqa, str)
+    instance("latent", latent, str)
     by = {r["name"]: r for r in rows}
     full, g, lat = rows[0], by[gqa], by[latent]
     latents = [r for r in rows if r["name"].startswith("latent")]
@@ -453,6 +475,8 @@ def rerotation_reading(
     t_query: int, layer: int, rms_error: float, tv_current: float, tv_own: float
 ) -> str:
     """What rotating a cached key again does to the scores of a query at ``t_query``."""
+    if missing := unmeasured(rms_error=rms_error, tv_current=tv_current, tv_own=tv_own):
+        return missing
     return (
         f"On layer {layer} of the model, rotating the cached keys again by the current position"
         f" changes the scores of the query at $t = {t_query}$ by {rms_error:.2f} standard"
@@ -478,6 +502,10 @@ def quant_reading(
 ) -> str:
     """Under the quantization explorer (synthetic keys with outlier channels). ``measured`` and
     ``steps`` map each (bits, layout) to the RMS error and the RMS quantization step."""
+    if missing := unmeasured(
+        pc_rms=pc_rms, pt_rms=pt_rms, pc_scores=pc_scores, pt_scores=pt_scores, v_err=v_err
+    ):
+        return missing
     text = [
         f"At {bits} bits with groups of {group}, per-channel keys have an RMS error of"
         f" **{pc_rms:.3f}** and per-token keys **{pt_rms:.3f}**."
@@ -542,6 +570,8 @@ def kivi_reading(
 ) -> str:
     """Under the KIVI decode-loop explorer (random weights): bytes against the full cache, and what
     quantization moved."""
+    if missing := unmeasured(kl_after=kl_after, agree=agree):
+        return missing
     return (
         f"With {bits} bits and a residual of {residual} tokens, the cache holds **{bytes_ratio:.1f}"
         " times fewer bytes** than the FP32 cache, exactly as the arithmetic predicts (the cell"

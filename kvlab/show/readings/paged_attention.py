@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvlab._checks import instance, unmeasured
 from kvlab.lab.timing import compare_timings
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
@@ -13,6 +14,7 @@ GEMV = "[GEMV-like behaviour in decode](03_gemv.ipynb)"
 
 def event_reading(snapshot: dict, event: int, num_blocks: int) -> str:
     """Under the block-table explorer: what the event did and which blocks are shared."""
+    instance("snapshot", snapshot, dict)
     used = sum(1 for r in snapshot["refs"] if r > 0)
     shared = [b for b, r in enumerate(snapshot["refs"]) if r > 1]
     tables = "; ".join(
@@ -45,6 +47,9 @@ def waste_reading(
     ``paging_saves``, and the simulated saving is held against the formula's by
     ``kvlab.theory.agreement.compare`` with no spread: the simulation is deterministic, so only the
     band's floor separates the two)."""
+    instance("runs", runs, dict)
+    instance("predicted", predicted, dict)
+    instance("distribution", distribution, str)
     mx, est, pg = runs["reserve-max"], runs["reserve-estimate"], runs["paged"]
     text = [
         f"On {len(trace)} {distribution} requests with a budget of {budget:,} tokens and"
@@ -100,18 +105,15 @@ def waste_reading(
     return " ".join(text)
 
 
-def min_scatter(timing) -> float:
-    """The scatter a fastest repeat carries from run to run: ``Timing.spread_above_min``, how far
-    the faster quarter of the repeats sat above the fastest (the page's method note)."""
-    return timing.spread_above_min
-
-
 def attention_reading(context: int, timing, copy_bytes_per_s: float) -> str:
     """Paged against contiguous decode attention at the longest context (``timing``: an
     ``AttentionTiming``). On the gather path the gap between the fastest repeats is read against
     ``gather_overhead_s`` at the rate of the copy timed in the same loop, and so is the gather
     alone (``kvlab.theory.agreement.compare``, spreads from the scatter of each minimum); elsewhere
     the verdict is ``kvlab.lab.timing.compare_timings`` on the two timings' repeats."""
+    if missing := unmeasured(copy_bytes_per_s=copy_bytes_per_s):
+        return missing
+    c = compare_timings(timing.contiguous, timing.paged)  # ratio: paged time / contiguous time
     text = (
         f"At a context of {context:,} tokens the paged path ({timing.path}) read the cache at"
         f" **{si(timing.paged_bytes_per_s, 'B/s')}** and SDPA on the contiguous cache at"
@@ -141,16 +143,20 @@ def attention_reading(context: int, timing, copy_bytes_per_s: float) -> str:
 
 def gather_reading(timing, copy_bytes_per_s: float) -> str:
     """The gather path's gap, its model and the term the model leaves out."""
+    if missing := unmeasured(copy_bytes_per_s=copy_bytes_per_s):
+        return missing
     kv, copy = timing.kv_bytes, timing.copy
     rate = 2 * kv / copy.min  # the copy beside reads and writes kv bytes
     extra = gather_overhead_s(kv, rate)
     gap = timing.paged.min - timing.contiguous.min
     gap_spread = (
-        timing.paged.min * min_scatter(timing.paged)
-        + timing.contiguous.min * min_scatter(timing.contiguous)
+        timing.paged.min * timing.paged.spread_above_min
+        + timing.contiguous.min * timing.contiguous.spread_above_min
     ) / max(gap, 1e-12)
-    whole = compare(gap, extra, gap_spread + min_scatter(copy))
-    alone = compare(timing.gather.min, extra, min_scatter(timing.gather) + min_scatter(copy))
+    whole = compare(gap, extra, gap_spread + copy.spread_above_min)
+    alone = compare(
+        timing.gather.min, extra, timing.gather.spread_above_min + copy.spread_above_min
+    )
     text = (
         " On a CPU the paged path gathers before it attends: it copies the"
         f" {si(kv, 'B')} of keys and values out of their blocks (and zeroes the few slots past"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvlab._checks import instance
 from kvlab.lab.timing import compare_timings
 from kvlab.show.format import si
 from kvlab.theory.kernel_rounding import explained_by_rounding, rounding_tolerance
@@ -9,6 +10,7 @@ from kvlab.theory.kernel_rounding import explained_by_rounding, rounding_toleran
 
 def source_block(source: str) -> str:
     """A kernel's source as a Markdown code block: the page shows the package's own code."""
+    instance("source", source, str)
     return f"```python\n{source.rstrip()}\n```"
 
 
@@ -31,6 +33,7 @@ def programs_reading(
 ) -> str:
     """Programs of an unsplit grid against the multiprocessors that could run them, and the split
     that ``choose_num_splits`` picks (``grid``: :func:`kvlab.lab.paged_kernel.split_grid`)."""
+    instance("where", where, str)
     one, sms = grid.programs_unsplit, grid.multiprocessors
     text = (
         f"On {where}, with {sms} multiprocessors, a decode step at batch {grid.batch} with"
@@ -82,6 +85,7 @@ def programs_reading(
 def fp64_reading(errors: dict, dtype, lengths) -> str:
     """The kernel against attention computed in fp64 from the definition, on random block tables;
     the verdict is :func:`kvlab.theory.kernel_rounding.explained_by_rounding`."""
+    instance("errors", errors, dict)
     worst_case, worst = max(errors.items(), key=lambda kv: kv[1])
     tolerance, name = rounding_tolerance(dtype), str(dtype).removeprefix("torch.")
     rows = "\n".join(f"| {g} | {s} | {e:.1e} |" for (g, s), e in sorted(errors.items()))
@@ -116,6 +120,7 @@ def split_reading(result: dict, num_splits: int, context: int) -> str:
     """Under the split-K explorer: the kernel with ``num_splits`` splits against one split, timed in
     one alternating loop (``result["timing"]``, a ``SplitTiming``), read against the grid model
     (``result["grid"]``, a ``SplitGrid``: what splitting can gain at most)."""
+    instance("result", result, dict)
     timing, grid, gpu = result["timing"], result["grid"], result["gpu"]
     slots = (
         f"on {grid.multiprocessors} multiprocessors"
@@ -193,6 +198,7 @@ def graph_splits_reading(
     width) against the one a step at ``context`` tokens would choose (``per_step``), and the empty
     splits that leaves.
     """
+    instance("where", where, str)
     text = (
         f"On {where}, at batch {fixed.batch} with {fixed.kv_heads} KV heads and block tables"
         f" {width_tokens:,} tokens wide, the captured graph runs **{fixed.splits} splits** at every"

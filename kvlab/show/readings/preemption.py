@@ -8,6 +8,7 @@ blocks.
 
 from __future__ import annotations
 
+from kvlab._checks import instance, real
 from kvlab.lab.timing import compare_timings
 from kvlab.show.format import si
 from kvlab.theory.preemption import preemption_per_token, recompute_or_swap
@@ -18,6 +19,7 @@ from kvlab.theory.specs import LINKS, SPECS
 def crossover_table(shapes=None, devices=None, w_kv: float = 2) -> str:
     """A Markdown table: recompute / swap per token for each shape (rows) on each device's host link
     (columns). Above 1 swap is cheaper; below 1 (in bold) recompute is."""
+    w_kv = real("w_kv", w_kv)
     shapes = list(SHAPES) if shapes is None else list(shapes)
     devices = list(SPECS) if devices is None else list(devices)
     head = (
@@ -101,6 +103,7 @@ def crossover_reading(shapes=None, devices=None) -> str:
 def host_copy_reading(copies: list, page_block_bytes: int, page_block_tokens: int) -> str:
     """The measured host transfer rate against block size; the verdict is the fixed-cost model of a
     copy (``HostCopy.fixed_cost_dominates``: t = t0 + b / beta, t0 against b / beta)."""
+    instance("copies", copies, (list, tuple), "a list")
     rows = "\n".join(
         f"| {si(c.block_bytes, 'B')} | {c.blocks:,} | {si(c.bytes_per_s, 'B/s')} | "
         f"{c.efficiency:.0%} |"
@@ -145,6 +148,11 @@ def decides_reading(
     swap-in K / beta that the request waits for. ``link_bytes_per_s`` is the one-way rate of the
     swap link: on a CPU half the calibrated copy bandwidth, which counts each byte read and written.
     """
+    params = real("params", params)
+    kv_bytes_per_token = real("kv_bytes_per_token", kv_bytes_per_token)
+    flops = real("flops", flops)
+    link_bytes_per_s = real("link_bytes_per_s", link_bytes_per_s)
+    block_efficiency = real("block_efficiency", block_efficiency)
     model = preemption_per_token(params, kv_bytes_per_token, flops, link_bytes_per_s)
     blocked = preemption_per_token(
         params, kv_bytes_per_token, flops, link_bytes_per_s * block_efficiency

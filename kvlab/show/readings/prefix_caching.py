@@ -11,6 +11,7 @@ block rule (:func:`kvlab.cache.blocks.reusable_tokens`), prefill FLOPs
 
 from __future__ import annotations
 
+from kvlab._checks import instance, unmeasured
 from kvlab.cache.blocks import reusable_tokens
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
@@ -86,6 +87,16 @@ def chat_reading(
     kvlab's from one interleaved round to the next, the band of the three-outcome comparison of
     that ratio with its FLOPs (``kvlab.theory.agreement.compare``); ``saving_spread`` the same for
     kvlab's cold time over its cached one."""
+    if missing := unmeasured(
+        hit_rate=hit_rate,
+        cold_s=cold_s,
+        cached_s=cached_s,
+        hf_cold_s=hf_cold_s,
+        hf_reused_s=hf_reused_s,
+        reuse_spread=reuse_spread,
+    ):
+        return missing
+    saving = ttft_saving(cold_s, cached_s, pred_cold_s, pred_cached_s)
     saving = ttft_saving(cold_s, cached_s, pred_cold_s, pred_cached_s, saving_spread)
     text = [
         f"{questions} questions behind one system prompt of {system_tokens:,} tokens: the cache"
@@ -159,6 +170,9 @@ def ttft_reading(
     predicted (``roofline.prefill_time``); ``middle`` = (cached tokens, measured s, predicted s) of
     a point in between, if given; ``spread`` the measured saving's relative scatter (the two
     timings' added), the band of ``kvlab.theory.agreement.compare``."""
+    if missing := unmeasured(cold_s=cold_s, warm_s=warm_s):
+        return missing
+    saving = ttft_saving(cold_s, warm_s, cold_pred_s, warm_pred_s)
     saving = ttft_saving(cold_s, warm_s, cold_pred_s, warm_pred_s, spread)
     head = (
         f"A {prompt_tokens:,}-token prompt took **{si(cold_s, 's')}** to its first token with"
@@ -211,6 +225,14 @@ def trace_reading(
 ) -> str:
     """Under the trace figure: the three policies at the cache size the slider picks (the replay
     decides)."""
+    if missing := unmeasured(
+        lru_hit=lru_hit,
+        reserve_hit=reserve_hit,
+        lru_ttft=lru_ttft,
+        reserve_ttft=reserve_ttft,
+        none_ttft=none_ttft,
+    ):
+        return missing
     head = (
         f"With {num_system_prompts} system prompt{'s' if num_system_prompts > 1 else ''} and a"
         f" cache of {cache_blocks:,} blocks of {block_size} tokens"
@@ -254,6 +276,8 @@ def decode_reading(
     """Where caching does not help: decode steps after a computed and after a cached prefix,
     predicted equal because they read the same bytes (``decode_steps_compare`` with the two
     timings' ``spread``)."""
+    if missing := unmeasured(computed_s=computed_s, cached_s=cached_s):
+        return missing
     head = (
         f"After a {prompt_tokens:,}-token prompt, a decode step took **{si(computed_s, 's')}**"
         f" (fastest repeat) when the prompt had been computed and **{si(cached_s, 's')}** when"
@@ -285,6 +309,8 @@ def memory_reading(
 ) -> str:
     """What a cached block costs: not admission capacity (``num_free`` counts it), but evictions and
     the hash table. ``demo_*``: a request that took every block of a cache full of cached blocks."""
+    if missing := unmeasured(hit_rate=hit_rate):
+        return missing
     text = [
         f"At the end of the LRU replay {cached_blocks:,} free blocks still held reusable K and V"
         f" ({si(cached_blocks * block_bytes, 'B')} for this model), serving {100 * hit_rate:.0f}%"
@@ -316,6 +342,8 @@ def prefill_cost_reading(cost, hw_name: str, what: str) -> str:
     :class:`kvlab.lab.prefix.PrefillAttentionCost` (per layer, times ``cost.layers``); ``what``: the
     step.
     """
+    instance("hw_name", hw_name, str)
+    instance("what", what, str)
     L = cost.layers
     kernel, rows = cost.kernel_floor, cost.rows_floor
     text = [

@@ -9,6 +9,7 @@ being how far the interleaved rounds' speed-ups lie apart (``spread``).
 
 from __future__ import annotations
 
+from kvlab._checks import positive, real, unmeasured
 from kvlab.theory.agreement import AGREES, CANNOT_TELL, Comparison, compare
 from kvlab.theory.speculative import expected_tokens
 
@@ -18,6 +19,8 @@ BREAK_EVEN = 1.1  # a speed-up within this factor of 1 neither pays nor costs, i
 def spread(low: float, high: float) -> float:
     """The relative spread of a speed-up measured over rounds: its highest over its lowest, less 1
     (0 for one round)."""
+    low = positive("low", low)
+    high = real("high", high, low)
     return high / low - 1
 
 
@@ -29,6 +32,8 @@ def decide(measured: float, low: float, high: float, predicted: float) -> Compar
 def acceptance_reading(task: str, k: int, alpha: float, empty: float, steps: int, new: int) -> str:
     """What the counted trace says: alpha, the steps with nothing to propose, the expected tokens
     per step, and the verify steps the request needed."""
+    if missing := unmeasured(alpha=alpha, empty=empty):
+        return missing
     return (
         f"On the {task} task, prompt lookup with $k = {k}$ proposed something at "
         f"{1 - empty:.0%} of the steps, and each guess it checked was right with probability "
@@ -42,6 +47,8 @@ def speedup_reading(
     task: str, k: int, measured: float, low: float, high: float, predicted: float
 ) -> str:
     """The measured speed-up of the whole request against the theory's, and the verdict."""
+    if missing := unmeasured(measured=measured, low=low, high=high):
+        return missing
     c = decide(measured, low, high, predicted)
     text = (
         f"On the {task} task the speculative loop ($k = {k}$) ran the request **{measured:.2f}x** "
@@ -68,6 +75,8 @@ def early_exit_reading(
 ) -> str:
     """The early-exit draft's counted acceptance and the speed-up the model predicts with its cost:
     ``k`` guesses of ``layers / every`` of a decode step each."""
+    if missing := unmeasured(alpha=alpha):
+        return missing
     return (
         f"Drafting with the first {layers} of the model's {every} layers and its head, each of "
         f"$k = {k}$ guesses was right with probability $\\alpha = {alpha:.2f}$; the {new} tokens "

@@ -8,6 +8,7 @@ Each decision calls the model in ``kvlab.theory.ssm``: the scan cost model (``sc
 
 from __future__ import annotations
 
+from kvlab._checks import instance, unmeasured
 from kvlab.show.format import si
 from kvlab.theory import ssm
 from kvlab.theory.agreement import ABOVE, AGREES, CANNOT_TELL, DISAGREES, compare
@@ -41,6 +42,8 @@ def scan_reading(
     the measured ratio (the two orders' spreads added); the ratio is judged by
     ``kvlab.theory.agreement.compare``.
     """
+    if missing := unmeasured(tau=tau, gamma=gamma):
+        return missing
     t_seq, t_par, t_chunk = (times[m] for m in ssm.METHODS)
     text = [
         f"At {length:,} tokens ($d = {dim}$, $n = {state_size}$, $c = {chunk_size}$) the sequential"
@@ -126,6 +129,14 @@ def step_reading(
     against ``ssm.cache_step_slope`` (one read pass at ``read_bytes_per_s``, the append's copy at
     ``copy_bytes_per_s``, both timed among the steps), decided by
     ``kvlab.theory.agreement.compare`` with ``slope_spread``; and Mamba's slope against flat."""
+    if missing := unmeasured(
+        slope_llama=slope_llama,
+        slope_mamba=slope_mamba,
+        read_bytes_per_s=read_bytes_per_s,
+        copy_bytes_per_s=copy_bytes_per_s,
+        slope_spread=slope_spread,
+    ):
+        return missing
     predicted = ssm.cache_step_slope(kv_bytes_per_token, read_bytes_per_s, copy_bytes_per_s)
     c = compare(slope_llama, predicted, slope_spread)
     text = [
@@ -191,6 +202,14 @@ def recall_reading(
 ) -> str:
     """Under the recall explorer: the fixed state's loss against ``ssm.recall_bound``, and
     attention's."""
+    if missing := unmeasured(
+        mean_exact=mean_exact,
+        mean_sampled=mean_sampled,
+        first=first,
+        last=last,
+        attention_max=attention_max,
+    ):
+        return missing
     bound = ssm.recall_bound(state_size, context)
     text = [
         f"With a state of {state_size} numbers and {context} tokens, the best linear readout loses"
@@ -234,6 +253,8 @@ def memory_reading(measured: dict, predicted: dict, attention_layers: int, layer
     """Under the cache-bytes explorer: the hybrid's measured cache against ``M(s)``
     (``ssm.hybrid_cache_bytes``) at each context; both dicts map context to bytes. Bytes are
     counted, not timed, so the verdict is exact: equal or not."""
+    instance("measured", measured, dict)
+    instance("predicted", predicted, dict)
     contexts = sorted(measured)
     short, long = contexts[0], contexts[-1]
     exact = all(measured[s] == predicted[s] for s in contexts)

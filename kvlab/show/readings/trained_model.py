@@ -11,6 +11,7 @@ beside the same measurements on the KJV model, with the page's one definition of
 
 from __future__ import annotations
 
+from kvlab._checks import instance
 from kvlab.show.readings.long_context import spread_text
 from kvlab.theory import long_context as rules
 
@@ -18,6 +19,7 @@ from kvlab.theory import long_context as rules
 def model_reading(m: dict) -> str:
     """What the trained model is, from the figures its training run wrote
     (``trained.metrics()``)."""
+    instance("m", m, dict)
     return (
         f"The model has **{m['params'] / 1e6:.1f} M parameters** ({m['layers']} layers,"
         f" {m['q_heads']} query heads sharing {m['kv_heads']} KV heads of dimension"
@@ -36,6 +38,9 @@ def contrast_reading(
     ``max_share``, ``window``, ``sinks`` (perplexity after the fill), ``key_ratio``; ``kjv_sinks``
     are the KJV model's sink heads and ``kjv_rescue`` its loss with the window alone minus with 4
     sinks."""
+    instance("small", small, dict)
+    instance("kjv", kjv, dict)
+    instance("kjv_sinks", kjv_sinks, (list, tuple), "a list")
     rows = [
         ("parameters", lambda m: f"{m['params'] / 1e6:.1f} M"),
         ("training tokens", lambda m: m["train_tokens"]),

@@ -9,6 +9,7 @@ side, where the run cannot tell.
 
 from __future__ import annotations
 
+from kvlab._checks import instance, integer
 from kvlab.theory.agreement import (
     AGREE_SPREAD_LIMIT,
     AGREES,
@@ -22,6 +23,7 @@ from kvlab.theory.agreement import (
 
 def method_note(repeats: int, beside: str = "the ceiling it is compared with") -> str:
     """The page's one note on method and tolerance (Markdown)."""
+    repeats = integer("repeats", repeats)
     return (
         f"*How these verdicts are reached.* Each time is the fastest of {repeats} repeats, timed in"
         f" turn with {beside}, so that a busy neighbour slows both; its spread is how far the"
@@ -44,6 +46,7 @@ def verdict_words(c: Comparison) -> str:
     """``"agrees"``, ``"is above it"``, ``"is below it"``, ``"cannot tell (above it)"``: the
     verdict as a reading's sentence continues it. A measurement on its prediction from a run too
     noisy to agree (``Comparison.can_agree``) says so rather than naming a side."""
+    instance("c", c, Comparison)
     if c.outcome == AGREES:
         return "agrees"
     if c.outcome == DISAGREES:

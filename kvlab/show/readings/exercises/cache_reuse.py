@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from kvlab._checks import unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.show.readings.verdicts import verdict_words
@@ -19,6 +20,8 @@ def cache_reuse_doubling(
     predicted by the two-pass model (``kvlab.theory.work.request_time``), judged by
     ``agreement.compare`` with ``spread``, the run-to-run scatter of the passes and requests.
     """
+    if missing := unmeasured(measured_g=measured_g, measured_2g=measured_2g):
+        return solution(1, missing)
     pos_g, pos_2g = positions_processed(P, G), positions_processed(P, 2 * G)
     t_g, t_2g = request_time(P, G, a, b), request_time(P, 2 * G, a, b)
     c = compare(measured_2g / measured_g, t_2g / t_g, spread)
@@ -52,6 +55,8 @@ def cache_reuse_warm(costs: dict, step_times, steady: float) -> str:
     step's excess over ``steady`` equal to the first call's; ``agreement.compare`` with the later
     steps' spread judges it. Clearly below that, the second step is one-time work when it stands out
     of the later steps' spread (``kvlab.theory.decode_step.stands_out``), and steady otherwise."""
+    if missing := unmeasured(steady=steady):
+        return solution(2, missing)
     from kvlab.theory.decode_step import stands_out, step_spread
 
     rows = "\n".join(f"| {w} | {si(c, 's')} |" for w, c in costs.items())

@@ -3,6 +3,7 @@ numbers."""
 
 from __future__ import annotations
 
+from kvlab._checks import integer, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.exercises.folded import count, solution
@@ -12,6 +13,8 @@ def decode_loop_gqa(
     kv_heads_now: int, kv_heads_new: int, slope_now: float, slope_new: float, slope_measured: float
 ) -> str:
     """Exercise 1 of 9.1: the slope k / read + 2 k / copy with fewer KV heads."""
+    if missing := unmeasured(slope_measured=slope_measured):
+        return solution(1, missing)
     factor = slope_now / slope_new
     return solution(
         1,
@@ -30,6 +33,13 @@ def decode_loop_window(
     P: int, G: int, W: int, naive_pairs: int, cached_pairs: int, dense_naive: int, dense_cached: int
 ) -> str:
     """Exercise 2 of 9.1: work with a sliding window of W tokens."""
+    P = integer("P", P, 0)
+    G = integer("G", G, 0)
+    W = integer("W", W, 0)
+    naive_pairs = integer("naive_pairs", naive_pairs, 0)
+    cached_pairs = integer("cached_pairs", cached_pairs, 0)
+    dense_naive = integer("dense_naive", dense_naive, 0)
+    dense_cached = integer("dense_cached", dense_cached, 0)
     return solution(
         2,
         "A window changes what each query attends to, not which positions are processed: the"
@@ -61,6 +71,14 @@ def decode_loop_static(
     ``cached_growth`` (``kvlab.theory.decode_step.predicted_step_growth``), visible only above the
     run's ``spread``.
     """
+    if missing := unmeasured(
+        static_first=static_first,
+        static_last=static_last,
+        cached_first=cached_first,
+        cached_last=cached_last,
+        cached_growth=cached_growth,
+    ):
+        return solution(3, missing)
     from kvlab.theory.decode_step import stands_out
 
     text = (

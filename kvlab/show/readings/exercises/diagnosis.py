@@ -3,6 +3,7 @@ that have numbers."""
 
 from __future__ import annotations
 
+from kvlab._checks import real, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory import verdict as model
@@ -32,6 +33,8 @@ def diagnosis_batch(
     at ``step_b`` seconds and ``fraction_b`` of the read ``bandwidth``; ``spread`` the relative
     spread of the two diagnoses' fractions (``kvlab.theory.agreement.compare``).
     """
+    if missing := unmeasured(step_1=step_1, fraction_1=fraction_1):
+        return solution(1, missing)
     flat = model.flat_step_fraction(batch, step_1, weight_bytes, sequence_bytes, bandwidth)
     c = compare(fraction_b, flat, spread)
     text = (
@@ -91,6 +94,8 @@ def diagnosis_gqa(
     verdict_after: str,
 ) -> str:
     """Exercise 2 of 9.8: the retrieval step's KV share with grouped-query attention."""
+    if missing := unmeasured(measured_share=measured_share):
+        return solution(2, missing)
     text = (
         "`kvlab.theory.roofline.step_bytes` gives the weights $P w$ and the cache $b\\,s\\,K$,"
         f" with $K = 2 L n_{{kv}} d_h w$ proportional to the KV heads. Going from {kv_heads_before}"
@@ -133,6 +138,9 @@ def diagnosis_naive_ridge(
     verdict: str,
 ) -> str:
     """Exercise 3 of 9.8: the context above which a naive step passes the ridge point."""
+    ridge = real("ridge", ridge)
+    closed_form = real("closed_form", closed_form)
+    intensity = real("intensity", intensity)
     text = (
         "A naive step reruns all $n = s + 1$ positions but reads the weights once: $2Pn$ FLOPs of"
         " products over $P w$ bytes, plus attention FLOPs that grow as $n^2$. Its intensity is"

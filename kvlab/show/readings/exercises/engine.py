@@ -3,6 +3,7 @@ numbers."""
 
 from __future__ import annotations
 
+from kvlab._checks import instance, unmeasured
 from kvlab.show.readings.engine import plural, times
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory.agreement import within_factor
@@ -12,6 +13,8 @@ from kvlab.theory.serving import CAPACITY_TOLERANCE, batch_bound
 def engine_half_pool(capacity: float, max_batch: int, mean_batch: float, preemptions: int) -> str:
     """Exercise 1 of the engine: half the pool. The pool model
     (:func:`kvlab.theory.serving.batch_bound`) predicts what bounds the batch."""
+    if missing := unmeasured(mean_batch=mean_batch):
+        return solution(1, missing)
     bound, limit = batch_bound(capacity, max_batch)
     text = (
         f"The pool holds about {capacity:.1f} requests of this trace's mean size once halved (the"
@@ -43,6 +46,8 @@ def engine_swap(recompute: dict, swap: dict) -> str:
     holds ``preempted`` ((step, request, mode) per preemption), ``steps``, ``readmitted_tokens`` and
     ``readmitted_cached`` (recompute), ``swapped_blocks`` (swap), ``same_tokens`` (outputs equal).
     """
+    instance("recompute", recompute, dict)
+    instance("swap", swap, dict)
     text = (
         "Only the preempted request's row changes. Recompute sends it back to **waiting**, and when"
         " it returns it goes through **prefill** again; swap marks it **swapped** and, when blocks"

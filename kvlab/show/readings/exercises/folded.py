@@ -8,6 +8,7 @@ until the reader opens it, in the book and in Jupyter alike.
 
 from __future__ import annotations
 
+from kvlab._checks import real
 from kvlab.show.format import sci
 
 GLOSSARY = "../book/glossary.md"
@@ -15,6 +16,7 @@ GLOSSARY = "../book/glossary.md"
 
 def count(n: float) -> str:
     """An exact count with thousands separators below a million, else in scientific notation."""
+    n = real("n", n)
     return f"{int(n):,}" if float(n).is_integer() and abs(n) < 1e6 else sci(n)
 
 

@@ -3,6 +3,7 @@ that have numbers."""
 
 from __future__ import annotations
 
+from kvlab._checks import real
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.show.readings.verdicts import verdict_words
@@ -23,6 +24,8 @@ def gemv_big_product(
     roofline (``kvlab.theory.matmul.roofline_time``) with the read bandwidth measured beside the
     sweep's batch-1 product; judged by ``agreement.compare`` with ``spread``, the measurement's and
     that ceiling's added."""
+    read_bytes_per_s = real("read_bytes_per_s", read_bytes_per_s)
+    matmul_flops = real("matmul_flops", matmul_flops)
     nbytes = matmul.matmul_bytes(1, K, N, element_size)
     predicted = matmul.roofline_time(1, K, N, element_size, read_bytes_per_s, matmul_flops)
     text = (
@@ -59,6 +62,10 @@ def gemv_big_product(
 
 def gemv_h200_batch(batch: int, step: float, rate: float, step32: float, rate32: float) -> str:
     """Exercise 2 of 9.3: the largest H200 batch of 8,192-token sequences for the 8B model."""
+    step = real("step", step)
+    rate = real("rate", rate)
+    step32 = real("step32", step32)
+    rate32 = real("rate32", rate32)
     return solution(
         2,
         "Solve $P w_p + B\\,T\\,k \\le M$ for $B$: $B = \\lfloor (M - P w_p) / (T k) \\rfloor$"
@@ -73,6 +80,7 @@ def gemv_h200_batch(batch: int, step: float, rate: float, step32: float, rate32:
 
 def gemv_attention_ridge(ridge: float, needs: dict, max_g: int) -> str:
     """Exercise 3 of 9.3: what g and w_kv would bring attention to the H100's ridge."""
+    ridge = real("ridge", ridge)
     rows = "\n".join(f"| {w:g} | {g:,.0f} |" for w, g in needs.items())
     return solution(
         3,

@@ -8,6 +8,7 @@ added as the tolerance.
 
 from __future__ import annotations
 
+from kvlab._checks import instance
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.show.readings.verdicts import verdict_words
@@ -72,6 +73,8 @@ def kv_layout_block1(
 ) -> str:
     """Exercise 2 of 9.4: one-token blocks (``gather_1``, ``gather_16``: ``NHD`` read
     measurements)."""
+    instance("runs_1", runs_1, dict)
+    instance("runs_16", runs_16, dict)
     c = _ratio(gather_1, gather_16, gather_1.predicted_s / gather_16.predicted_s)
     text = (
         "With one token per block, a block of `HND` holds one vector per head, so a head's"

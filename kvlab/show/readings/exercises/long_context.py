@@ -3,6 +3,7 @@ numbers."""
 
 from __future__ import annotations
 
+from kvlab._checks import instance, integer, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.exercises.folded import solution
@@ -16,6 +17,11 @@ def long_context_onset(
     sinks: int, budget: int, onset_sinks: int, onset_window: int, tokens: int
 ) -> str:
     """Exercise 1 of 9.7: where eviction first changes the output of the pretrained model."""
+    sinks = integer("sinks", sinks, 0)
+    budget = integer("budget", budget, 0)
+    onset_sinks = integer("onset_sinks", onset_sinks, 0)
+    onset_window = integer("onset_window", onset_window, 0)
+    tokens = integer("tokens", tokens, 0)
     predicted = first_eviction(sinks, budget - sinks)
     text = (
         "Position $t$ predicts token $t + 1$ from the $t + 1$ tokens up to it. A cache of $S + W$"
@@ -41,6 +47,8 @@ def long_context_onset(
 
 def long_context_outliers(flat: dict, aligned: dict) -> str:
     """Exercise 2 of 9.7: the key layouts without outliers, and with queries aligned to them."""
+    instance("flat", flat, dict)
+    instance("aligned", aligned, dict)
     winner_flat = min(flat, key=lambda k: flat[k]["rms"])
     winner_aligned = min(aligned, key=aligned.get)
     text = (
@@ -73,6 +81,8 @@ def long_context_kivi_bytes(
     bits: int, residual: int, predicted: float, measured: float, full: float
 ) -> str:
     """Exercise 3 of 9.7: the bytes a 4-bit KIVI cache holds with no residual."""
+    if missing := unmeasured(measured=measured):
+        return solution(3, missing)
     text = (
         "With residual 0 every whole group of tokens is quantized as soon as it fills:"
         f" `kvlab.theory.cache_sizes.kivi_nbytes` (packed {bits}-bit codes, plus an FP32 scale and"
@@ -92,6 +102,8 @@ def long_context_kivi_bytes(
 
 def long_context_conventions(gap_no_sinks: float, gap_sinks: float) -> str:
     """Exercise 4 of 9.7: the two position conventions with and without sinks."""
+    if missing := unmeasured(gap_no_sinks=gap_no_sinks, gap_sinks=gap_sinks):
+        return solution(4, missing)
     text = (
         "RoPE makes a score depend only on the distance between query and key. A window without"
         " sinks is one contiguous run of tokens, so renumbering it from zero (positions in cache)"

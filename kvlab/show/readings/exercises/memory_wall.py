@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from kvlab._checks import instance, real
 from kvlab.show.readings.exercises.folded import solution
 
 
 def wall_fixed_point(b_dagger: float, kv_floor: float, rows: dict, contexts: list) -> str:
     """Exercise 1 of the memory wall: intensity rising or falling with context around b-dagger."""
+    b_dagger = real("b_dagger", b_dagger)
+    kv_floor = real("kv_floor", kv_floor)
     table = "\n".join(
         f"| {b} | " + " | ".join(f"{ai:.2f}" for ai in ais) + " |" for b, ais in rows.items()
     )
@@ -40,6 +43,12 @@ def wall_288(
     ``kvlab.theory.memory_wall.kv_bound_band`` (s_cap / s*), ``exists`` its
     ``kv_bound_regime_exists``.
     """
+    ratio = real("ratio", ratio)
+    s_star8 = real("s_star8", s_star8)
+    s_needed = real("s_needed", s_needed)
+    s_cap_bf16 = real("s_cap_bf16", s_cap_bf16)
+    s_cap_2bit = real("s_cap_2bit", s_cap_2bit)
+    speedup = real("speedup", speedup)
     text = (
         f"$s_\\text{{cap}}/s^* = (M - P w_p)/(P w_p)$ = **{ratio:.3f}**: "
         + (
@@ -59,6 +68,8 @@ def wall_288(
 
 def wall_joint(s1: dict, s32: dict) -> str:
     """Exercise 3 of the memory wall: two halvings are one factor of 4, not two factors of S(2)."""
+    instance("s1", s1, dict)
+    instance("s32", s32, dict)
     return solution(
         3,
         "Two methods that each halve KV bytes make a joint byte factor $c = 4$; the speedup is"

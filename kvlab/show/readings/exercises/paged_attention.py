@@ -3,6 +3,7 @@ numbers."""
 
 from __future__ import annotations
 
+from kvlab._checks import instance, unmeasured
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory.paging import waste_bound, within_waste_bound
 
@@ -13,6 +14,8 @@ def paged_block_size(
     """Exercise 1 of 9.5: the paged allocator's waste at a larger block size. ``simulated`` is the
     simulator's ``SimResult``; the verdict is ``kvlab.theory.paging.within_waste_bound`` with the
     tokens its running requests held on average."""
+    if missing := unmeasured(simulated_16=simulated_16):
+        return solution(1, missing)
     bound = waste_bound(block, mean_tokens)
     held = simulated.mean_tokens_held
     text = (
@@ -38,6 +41,8 @@ def paged_block_size(
 
 def paged_fork_append(before: dict, after: dict, copied_from: int, copied_to: int) -> str:
     """Exercise 2 of 9.5: appending to B instead of its fork B'."""
+    instance("before", before, dict)
+    instance("after", after, dict)
     return solution(
         2,
         "After the fork, B and B' share every block, including B's partly filled last block"
@@ -52,6 +57,8 @@ def paged_fork_append(before: dict, after: dict, copied_from: int, copied_to: in
 
 def paged_swap_steps(steps: dict, preemptions: dict, recomputed: int) -> str:
     """Exercise 3 of 9.5: the simulator's steps to finish a trace with swap instead of recompute."""
+    instance("steps", steps, dict)
+    instance("preemptions", preemptions, dict)
     same = steps["swap"] == steps["recompute"]
     text = (
         "The simulator counts decode steps, one token per running request per step, and charges no"

@@ -3,11 +3,15 @@ numbers."""
 
 from __future__ import annotations
 
+from kvlab._checks import integer
 from kvlab.show.readings.exercises.folded import solution
 
 
 def paged_kernel_rows(q_heads: int, kv_heads: int, rows: int) -> str:
     """Exercise 1 of the paged kernel: the useful share of ``tl.dot`` rows for a GQA group."""
+    q_heads = integer("q_heads", q_heads, 0)
+    kv_heads = integer("kv_heads", kv_heads, 0)
+    rows = integer("rows", rows, 0)
     group = q_heads // kv_heads
     text = (
         f"One program serves one KV head and its group of $G = {q_heads} / {kv_heads} = {group}$"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvlab._checks import instance, integer, unmeasured
 from kvlab.cache.blocks import reusable_tokens
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
@@ -12,6 +13,9 @@ from kvlab.theory.prefix import policy_winner
 def prefix_whole_blocks(prompt: int, block: int, served: int) -> str:
     """Exercise 1 of prefix caching: a prompt of whole blocks sent twice; the block rule
     (:func:`kvlab.cache.blocks.reusable_tokens`) predicts what the second one reuses."""
+    prompt = integer("prompt", prompt, 0)
+    block = integer("block", block, 0)
+    served = integer("served", served, 0)
     blocks, predicted = prompt // block, reusable_tokens(None, prompt, block)
     text = (
         f"{prompt} tokens in blocks of {block} are {blocks} full blocks, all cached after the first"
@@ -33,6 +37,7 @@ def prefix_whole_blocks(prompt: int, block: int, served: int) -> str:
 def prefix_system_prompts(block: int, blocks: int, hit: dict) -> str:
     """Exercise 2 of prefix caching: more system prompts in the same memory (``hit[policy,
     prompts]`` from the replay)."""
+    instance("hit", hit, dict)
     kept = policy_winner(hit["lru", 8] - hit["lru", 1], hit["reserve", 8] - hit["reserve", 1])
     text = (
         "With one system prompt every user shares it; with eight, each is shared by fewer users"
@@ -76,6 +81,8 @@ def prefix_ninety(
     """Exercise 3 of prefix caching: time to first token at a 90% hit rate against
     ``roofline.prefill_time`` (``kvlab.theory.agreement.compare`` with the measurement's
     ``spread``)."""
+    if missing := unmeasured(measured=measured, cold=cold):
+        return solution(3, missing)
     text = (
         f"A 90% hit on a {prompt}-token prompt is rounded down to whole blocks of {block}: {cached}"
         f" cached tokens. The line (prefill FLOPs of the {prompt - cached} new tokens over the"

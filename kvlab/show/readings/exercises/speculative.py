@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvlab._checks import real, unmeasured
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory.speculative import best_k, speedup
 
@@ -9,6 +10,8 @@ from kvlab.theory.speculative import best_k, speedup
 def speculative_best_k_here(alpha: float, empty: float, times: dict, task: str) -> str:
     """Exercise 1 of notebook 13: the best k on this machine, from the counted alpha and empty
     fraction of ``task`` and the measured verify times ``times`` (``{positions: seconds}``)."""
+    if missing := unmeasured(alpha=alpha, empty=empty):
+        return solution(1, missing)
     scores = {
         k: speedup(alpha, k, times[1], times[k + 1], empty=empty)
         for k in sorted(times)
@@ -35,6 +38,8 @@ def speculative_best_k_here(alpha: float, empty: float, times: dict, task: str) 
 def speculative_best_k_gpu(alpha: float, ridge_batch: float, device: str) -> str:
     """Exercise 2 of notebook 13: the best k on a GPU whose ridge batch is ``ridge_batch``, for
     prompt lookup (no draft cost) at acceptance ``alpha``."""
+    alpha = real("alpha", alpha)
+    ridge_batch = real("ridge_batch", ridge_batch)
     k, s = best_k(alpha, ridge_batch, k_max=64)
     k8, limit = speedup(alpha, 8, 1.0, 1.0), 1 / (1 - alpha)
     near = next(j for j in range(1, 65) if speedup(alpha, j, 1.0, 1.0) >= 0.95 * limit)

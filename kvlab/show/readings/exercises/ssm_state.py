@@ -3,6 +3,7 @@ have numbers."""
 
 from __future__ import annotations
 
+from kvlab._checks import instance, real, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory import ssm
@@ -20,6 +21,9 @@ def ssm_breakeven(
     tokens: float,
 ) -> str:
     """Exercise 1 of 9.6: when an attention layer outgrows a Mamba layer."""
+    state_bytes = real("state_bytes", state_bytes)
+    kv_bytes = real("kv_bytes", kv_bytes)
+    tokens = real("tokens", tokens)
     return solution(
         1,
         f"One {name} layer keeps a convolution window and an SSM state:"
@@ -53,6 +57,8 @@ def ssm_narrow_scan(
     of ``kvlab.theory.agreement`` (the larger of its floor and ``spread``); closer, the run cannot
     tell which won.
     """
+    if missing := unmeasured(tau=tau, gamma=gamma):
+        return solution(2, missing)
     rows = "\n".join(f"| {m} | {si(t, 's')} |" for m, t in times.items())
     text = (
         "The cost model is $\\tau\\cdot\\text{rounds} +"
@@ -106,6 +112,7 @@ def _winner_words(times: dict, spread: float) -> str:
 
 def ssm_hybrid_fraction(layers: int, attention_layers: int, fractions: dict) -> str:
     """Exercise 3 of 9.6: the share of an all-attention cache a 1-in-8 hybrid keeps."""
+    instance("fractions", fractions, dict)
     parts = ", ".join(f"**{f:.1%}** at {s:,} tokens" for s, f in fractions.items())
     return solution(
         3,
@@ -127,6 +134,8 @@ def ssm_full_rank(
     error_equal: float,
 ) -> str:
     """Exercise 4 of 9.6: a state as large as the sequence, and a state with equal decays."""
+    if missing := unmeasured(error_full=error_full, error_equal=error_equal):
+        return solution(4, missing)
     text = (
         "With $n = s$ the input map is square and, for distinct decays, invertible in exact"
         " arithmetic: every token can be read back, so the prediction is $1 - n/s$ ="
