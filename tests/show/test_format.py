@@ -16,6 +16,7 @@ from kvlab.show.readings import ratio_text, within
 def test_helpers():
     assert within(1.0, 1.2, 1.25) and not within(1.0, 2.0, 1.25) and not within(0.0, 1.0, 2)
     assert ratio_text(2.1, 1.0) == "2.1 times" and ratio_text(45.0, 1.0) == "45 times"
+    assert ratio_text(1.0, 1.0) == "1.0 times" and ratio_text(3.0, 1.0) == "3.0 times"
     assert (
         sci(3.13e8) == r"$3.13 \times 10^{8}$" and sci(655_000) == "655,000" and sci(12.5) == "12.5"
     )

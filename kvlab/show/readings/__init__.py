@@ -11,10 +11,14 @@ from kvlab._checks import nonnegative, positive, real
 
 
 def ratio_text(measured: float, predicted: float) -> str:
-    """``"1.3 times"`` or ``"0.42 times"``: a measured value as a multiple of its prediction."""
+    """``"1.3 times"``, ``"1.0 times"`` or ``"0.42 times"``: a measured value as a multiple of its
+    prediction, two significant digits below 10 (a whole number keeps its ``.0``)."""
     measured, predicted = nonnegative("measured", measured), positive("predicted", predicted)
     r = measured / predicted
-    return f"{r:.2g} times" if r < 10 else f"{r:.0f} times"
+    if r >= 10:
+        return f"{r:.0f} times"
+    text = f"{r:.2g}"
+    return f"{text} times" if "." in text or "e" in text else f"{r:.1f} times"
 
 
 def within(measured: float, predicted: float, factor: float) -> bool:
