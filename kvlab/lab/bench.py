@@ -208,9 +208,10 @@ def records_markdown(records: list[dict]) -> str:
 
 
 def load_records(folder) -> list[dict]:
-    """Every ``*.json`` record in ``folder`` (``book/data/measurements``), in name order."""
+    """Every ``*.json`` record in ``folder`` (``book/data/measurements``), in name order; none
+    where the folder does not exist (a notebook downloaded without the book's records)."""
     from pathlib import Path
 
-    if not Path(folder).is_dir():
+    if Path(folder).exists() and not Path(folder).is_dir():
         raise ValueError(f"folder must be a folder of records (*.json), got {folder!r}")
     return [json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))]
