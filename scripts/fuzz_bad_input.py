@@ -850,18 +850,18 @@ def entries() -> list[Entry]:
         lambda o, **k: runner.ModelRunner(M, o, "gather").run(**k),
         dict(chunks=[(0, 6, [7])]),
         dict(chunks="any"),
-        setup=lambda: (lambda c: (c.reserve(0, 1), c.commit(0, 7, [1, 2, 3, 4, 5, 6, 7]), c)[2])(
-            paged_cache()
-        ),
+        setup=lambda: (  # as the scheduler leaves it: reserved, committed for the step
+            lambda c: (c.reserve(0, 1), c.commit(0, 7, [1, 2, 3, 4, 5, 6, 7], checked=True), c)[2]
+        )(paged_cache()),
         observe=cache_state,
     )
     add(
         "attention.build_step",
         lambda o, **k: attention.build_step(o, **k),
         dict(chunks=[(1, 5, [5])], path="gather"),
-        setup=lambda: (lambda c: (c.reserve(1, 1), c.commit(1, 6, [1, 2, 3, 4, 9, 5]), c)[2])(
-            paged_cache()
-        ),
+        setup=lambda: (
+            lambda c: (c.reserve(1, 1), c.commit(1, 6, [1, 2, 3, 4, 9, 5], checked=True), c)[2]
+        )(paged_cache()),
         observe=cache_state,
     )
 

@@ -35,7 +35,7 @@ REBUILD = "build the cache with kvlab.serving.paged_decode.cache_for(model, ...)
 def request(r) -> None:
     """A :class:`~kvlab.serving.request.Request` built by hand."""
     integer("id", r.id, 0)
-    r.token_ids = token_ids("prompt", r.token_ids)
+    r.token_ids = token_ids("token_ids", r.token_ids)
     integer("max_new_tokens", r.max_new_tokens, 1)  # a request that generates nothing never ends
     if not isinstance(r.stop, frozenset):
         raise TypeError(f"stop must be a frozenset of token ids, got {type(r.stop).__name__}")

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from kvlab._checks import flag, integer, one_of, positive, real
 from kvlab.theory import roofline
 from kvlab.theory.shapes import ModelShape
-from kvlab.theory.specs import LINKS, Accelerator, Link, spec
+from kvlab.theory.specs import LINKS, Link, accelerator
 from kvlab.theory.specs import link as link_by_key
 
 COLLECTIVES = ("all_reduce", "all_gather")
@@ -164,7 +164,7 @@ class SplitStep:
 def _floor(hw, nbytes: float, flops: float, placement: str) -> float:
     """max(bytes / beta_eff, FLOPs / peak): the roofline floor of given work (KV Cache Memory Wall,
     2026, appendix C.4)."""
-    peak = (hw if isinstance(hw, Accelerator) else spec(hw)).bf16_flops
+    peak = accelerator(hw).bf16_flops
     return max(nbytes / roofline.effective_bandwidth(hw, placement), flops / peak)
 
 

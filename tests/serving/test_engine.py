@@ -294,7 +294,7 @@ def test_a_requests_tokens_have_one_home(monkeypatch):
     )
     assert len(read) == 6 and all(ids is request.token_ids for ids in read)
     monkeypatch.undo()
-    with pytest.raises(ValueError, match=r"prompt\[1\] must be a token id"):
+    with pytest.raises(ValueError, match=r"token_ids\[1\] must be a token id"):
         Request(0, [1, -2], 3)
     own = [1, 2]
     hand_built = Request(0, own, 3)
