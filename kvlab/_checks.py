@@ -629,7 +629,7 @@ def static_step(inputs: dict, model, token, position, mask):
     cache = next((v for v in inputs.values() if isinstance(v, StaticCache)), None)
     if cache is None:
         raise TypeError("inputs must hold the preallocated cache (kvlab.decode.new_static_cache)")
-    slots = int(cache.get_max_length())
+    slots = int((getattr(cache, "get_max_length", None) or cache.get_max_cache_shape)())  # < 5.13
     token_id_tensor("token", token, getattr(model.config, "vocab_size", None))
     batch = token.shape[0]
     if token.shape[1] != 1:

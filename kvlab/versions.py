@@ -306,5 +306,18 @@ def crop_cache(cache, tokens_to_remove: int) -> None:
     """Drop the last ``tokens_to_remove`` positions from every layer of ``cache`` (speculative
     decoding's roll-back). ``Cache.crop`` took the length to keep until 5.x and takes only a
     negative count now; a negative count means "remove this many" in both."""
-    if tokens_to_remove:
+    if not tokens_to_remove:
+        return
+    layers = getattr(cache, "layers", [])
+    if all(hasattr(layer, "crop") and getattr(layer, "is_initialized", True) for layer in layers):
         cache.crop(-tokens_to_remove)
+        return
+    for (
+        layer
+    ) in layers:  # before 5.x a layer an early exit never wrote cannot crop, nor a static one
+        if not layer.is_initialized:
+            continue
+        if hasattr(layer, "crop"):
+            layer.crop(-tokens_to_remove)
+        else:  # a static layer: move its write position back; the next update overwrites the rest
+            layer.cumulative_length.sub_(tokens_to_remove)

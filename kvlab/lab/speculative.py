@@ -134,7 +134,9 @@ def generate_run(model, input_ids, new_tokens: int, **options):
         max_new_tokens=new_tokens,
         min_new_tokens=None,
         do_sample=False,
-        eos_token_id=None,
+        # an id past the vocabulary: never chosen, so exactly new_tokens tokens (None breaks
+        # transformers 5.5's prompt lookup, which tests the candidates against the stop ids)
+        eos_token_id=model.config.vocab_size,
         **options,
     )
     config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
