@@ -177,7 +177,7 @@ def test_simulator_conserves_work(seed, policy, block, mode):
         (lambda: make_trace(-1), ValueError, "n must be an int >= 0"),
         (lambda: make_trace(2.0), TypeError, "n must be an int"),
         (lambda: req(0, 5, 0), ValueError, r"max_new_tokens must be an int >= 1"),
-        (lambda: Request(0, [], 1), ValueError, "prompt must hold at least one token id"),
+        (lambda: Request(0, [], 1), ValueError, "token_ids must hold at least one token id"),
         (lambda: Request(-1, [1], 1), ValueError, "id must be an int >= 0"),
     ],
 )
