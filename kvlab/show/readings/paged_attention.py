@@ -113,7 +113,6 @@ def attention_reading(context: int, timing, copy_bytes_per_s: float) -> str:
     the verdict is ``kvlab.lab.timing.compare_timings`` on the two timings' repeats."""
     if missing := unmeasured(copy_bytes_per_s=copy_bytes_per_s):
         return missing
-    c = compare_timings(timing.contiguous, timing.paged)  # ratio: paged time / contiguous time
     text = (
         f"At a context of {context:,} tokens the paged path ({timing.path}) read the cache at"
         f" **{si(timing.paged_bytes_per_s, 'B/s')}** and SDPA on the contiguous cache at"

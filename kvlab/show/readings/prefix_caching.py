@@ -96,7 +96,6 @@ def chat_reading(
         reuse_spread=reuse_spread,
     ):
         return missing
-    saving = ttft_saving(cold_s, cached_s, pred_cold_s, pred_cached_s)
     saving = ttft_saving(cold_s, cached_s, pred_cold_s, pred_cached_s, saving_spread)
     text = [
         f"{questions} questions behind one system prompt of {system_tokens:,} tokens: the cache"
@@ -172,7 +171,6 @@ def ttft_reading(
     timings' added), the band of ``kvlab.theory.agreement.compare``."""
     if missing := unmeasured(cold_s=cold_s, warm_s=warm_s):
         return missing
-    saving = ttft_saving(cold_s, warm_s, cold_pred_s, warm_pred_s)
     saving = ttft_saving(cold_s, warm_s, cold_pred_s, warm_pred_s, spread)
     head = (
         f"A {prompt_tokens:,}-token prompt took **{si(cold_s, 's')}** to its first token with"
