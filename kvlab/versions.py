@@ -12,9 +12,10 @@ The floors are the lowest releases the test suite runs on (``make test`` runs it
 ``.venv-floor``, built from ``requirements-floor.txt``). transformers 5.5 is the first release in
 which every model kvlab runs (Llama, Mamba, Jamba) keeps its state in the one layered ``Cache``,
 whose layers take the query length (not a position tensor) in ``get_mask_sizes``, and in which no
-model takes ``cache_position``. Below it kvlab would be half compatibility code; from it, two small
-differences remain and are handled where they occur (cache layers also answer
-``get_max_cache_shape``, the name before 5.13; SSM states are a tensor before 5.14, a dict after).
+model takes ``cache_position``. Below it kvlab would be half compatibility code; from it, a few
+small differences remain and are handled where they occur (cache layers also answer
+``get_max_cache_shape``, the name before 5.13, and the static step's check reads either; SSM states
+are a tensor before 5.14, a dict after; ``crop_cache`` below covers layers that cannot crop).
 torch's floor is transformers' own (2.6); kvlab uses nothing newer.
 """
 
