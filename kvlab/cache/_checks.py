@@ -225,18 +225,23 @@ def resume_tokens(seqs: dict, seq_id, ids) -> list[int]:
 
 def commit_args(manager, seq_id, value, ids) -> tuple[int, object]:
     """``(num_computed, token_ids)`` of ``commit``: ``value`` no fewer than the computed tokens
-    before, no more than it holds; ``ids`` the sequence's tokens, checked (with prefix caching) from
-    its first block without a hash to its last full computed one it holds, the ones commit reads."""
+    before, no more than it holds; ``ids`` the sequence's finalized tokens (with prefix caching),
+    at least as many as its cached blocks hold, each a token id up to the last full computed block
+    (the blocks commit hashes come after the cached ones)."""
     seq = sequence(manager.seqs, seq_id, "resident")
     value = integer("num_computed", value, seq.num_computed, seq.num_tokens + 1)
     if not manager.prefix_caching:
         return value, []
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
         raise TypeError(f"token_ids must be sequence {seq_id}'s token ids, got {ids!r:.80}")
-    size = manager.block_size
-    start, end = len(seq.hashes) * size, min(value, len(ids)) // size * size
-    filled = token_ids(f"token_ids[{start}:{end}]", ids[start:end], empty=True)
-    return value, [0] * start + filled  # the ids commit hashes, at their positions
+    size, cached = manager.block_size, len(seq.hashes) * manager.block_size
+    if len(ids) < cached:
+        raise ValueError(
+            f"token_ids holds {len(ids)} tokens, fewer than the {cached} of sequence {seq_id}'s"
+            " cached blocks: pass its finalized tokens from the first"
+        )
+    end = max(cached, min(value, len(ids)) // size * size)
+    return value, token_ids(f"token_ids[:{end}]", ids[:end], empty=True)
 
 
 def truncation(seqs: dict, seq_id, num_tokens, block_size: int) -> tuple:

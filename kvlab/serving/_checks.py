@@ -62,15 +62,19 @@ def runner(model, cache, attention: str, cuda_graphs, max_batch, geometry) -> in
     cache_fits(model, cache, attention, geometry)
     flag("cuda_graphs", cuda_graphs)
     max_batch = integer("max_batch", max_batch)
+    prefill_kernel_fits(model, cache.head_dim, cache.block_size, attention)
+    return max_batch
+
+
+def prefill_kernel_fits(model, head_dim: int, block_size: int, attention: str) -> None:
+    """The prefill kernel's program fits the shared memory of ``model``'s GPU (a no-op on a CPU,
+    and for the other attention paths)."""
     if attention == "kernel":
         group = model.config.num_attention_heads // model.config.num_key_value_heads
-        require_fits(
-            paged_prefill_config(
-                paged_prefill_kernel, cache.dtype, group, cache.head_dim, cache.block_size
-            ),
-            cache.device,
+        config = paged_prefill_config(
+            paged_prefill_kernel, model.dtype, group, head_dim, block_size
         )
-    return max_batch
+        require_fits(config, model.device)
 
 
 def supported_model(name: str, model):
@@ -117,6 +121,7 @@ def engine(
     config = model.config  # the head dim as kvlab.serving.runner.model_geometry reads it
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kernel_limits(block_size, head_dim, attention)
+    prefill_kernel_fits(model, head_dim, block_size, attention)
     if num_blocks is not None:
         integer("num_blocks", num_blocks)
     eos = eos_ids("eos_token_id", eos_token_id, model)
@@ -287,10 +292,18 @@ def cache_fits(model, cache, attention: str, geometry) -> None:
 
 
 def build_step(cache, chunks_, path: str, group: int):
-    """``build_step``'s arguments; returns each chunk's block table and token span."""
+    """``build_step``'s arguments."""
     one_of("path", path, ATTENTION_PATHS)
     integer("group", group, 1)
-    return chunks(cache, chunks_)
+    chunks(cache, chunks_)
+
+
+def step_chunks(cache, chunks_, vocab_size: int) -> None:
+    """``ModelRunner.run``'s chunks, their token ids known to the model (a token past the
+    vocabulary is a device-side assert on a GPU)."""
+    chunks(cache, chunks_)
+    ids = [t for chunk in chunks_ for t in chunk[2]]
+    token_ids("the step's token ids", ids, vocab_size)
 
 
 def no_step(name: str, step) -> ValueError:
@@ -406,8 +419,8 @@ def blocks_free(cache, needed: int, what: str | None = None, free: int | None = 
 
 
 def prefill(model, cache, seq_id: int, ids, max_tokens):
-    """``prefill``'s arguments: (the sequence's tokens, the first position to compute, how many),
-    all known to the model, at least as many as it holds slots for, one at least uncomputed."""
+    """``prefill``'s arguments: (the sequence's tokens, max_tokens), the tokens all known to the
+    model, at least as many as it holds slots for, one at least uncomputed."""
     tokens = token_ids("token_ids", ids, model.config.vocab_size)
     cache.require_in_step(seq_id)
     start, held = cache.num_computed(seq_id), cache.num_tokens(seq_id)
@@ -420,10 +433,9 @@ def prefill(model, cache, seq_id: int, ids, max_tokens):
         raise ValueError(
             f"sequence {seq_id} has no token left to compute; pass token_ids with a new token"
         )
-    count = len(tokens) - start
-    count = count if max_tokens is None else min(count, integer("max_tokens", max_tokens))
+    max_tokens = None if max_tokens is None else integer("max_tokens", max_tokens)
     blocks_free(cache, cache.blocks_to_append(seq_id, len(tokens) - held))
-    return tokens, start, count
+    return tokens, max_tokens
 
 
 def decode_step(model, cache, seq_ids, ids):
@@ -445,6 +457,7 @@ def generate(model, cache, tokens, max_new_tokens, salt, attention, stop, geomet
     the prompt, then the blocks its new tokens grow into (the last is never stored)."""
     one_of("attention", attention, ATTENTION_PATHS)
     cache_fits(model, cache, attention, geometry)
+    prefill_kernel_fits(model, cache.head_dim, cache.block_size, attention)
     max_new_tokens = integer("max_new_tokens", max_new_tokens)
     tokens = token_ids("token_ids", tokens, model.config.vocab_size)
     stop = stop_tokens(stop, model.config.vocab_size)

@@ -56,9 +56,11 @@ class StepMetadata:
     num_splits: int | None = None  # the decode kernel's split-K count (fixed for a CUDA graph)
 
 
-def build_step(cache, chunks, path: str, group: int = 1) -> StepMetadata:
-    """The checked metadata of a step; ``group``: the model's query heads per KV head."""
-    spans = _checks.build_step(cache, chunks, path, group)
+def build_step(cache, chunks, path: str, group: int = 1, checked: bool = False) -> StepMetadata:
+    """The metadata of a step; ``group``: the model's query heads per KV head."""
+    if not checked:  # the engine's scheduler made its chunks; a caller's are checked here
+        _checks.build_step(cache, chunks, path, group)
+    spans = [(cache.block_table(seq), start, start + len(ids)) for seq, start, ids, *_ in chunks]
     bs, dev = cache.block_size, cache.device
     slots = [t[p // bs] * bs + p % bs for t, start, end in spans for p in range(start, end)]
     if path == "reference":  # every token as one decode row

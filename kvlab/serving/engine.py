@@ -63,10 +63,10 @@ class Engine:
         )  # fmt: skip
         block_size, max_batch, max_batched_tokens, attention, cuda_graphs, watermark, eos = checked
         num_blocks = _pool_size(model, block_size, kv_budget_bytes, num_blocks)
-        self.cache = cache_for(model, num_blocks, block_size, prefix_caching)
-        self.runner = ModelRunner(model, self.cache, attention, cuda_graphs, max_batch)
+        self.cache = cache = cache_for(model, num_blocks, block_size, prefix_caching)
+        self.runner = ModelRunner(model, cache, attention, cuda_graphs, max_batch, checked=True)
         self.scheduler = Scheduler(
-            self.cache, max_batch, max_batched_tokens, preemption,
+            cache, max_batch, max_batched_tokens, preemption,
             math.ceil(watermark * num_blocks), self._log, speculate,
         )  # fmt: skip
         self.model, self.block_size, self.num_blocks = model, block_size, num_blocks
@@ -132,7 +132,7 @@ class Engine:
 
     def _run(self, plan: list) -> list[Request]:
         self.stats.peak_blocks = max(self.stats.peak_blocks, self.num_blocks - self.cache.num_free)
-        next_tokens = self.runner.run([entry.chunk for entry in plan])
+        next_tokens = self.runner.run([entry.chunk for entry in plan], checked=True)
         held = sum(e.request.num_tokens for e in plan)
         self.stats.prefill_tokens += sum(e.count for e in plan if e.kind == "prefill")
         finished = self.scheduler.update(plan, next_tokens, time.perf_counter())

@@ -19,31 +19,36 @@ from kvlab.serving.runner import ModelRunner, cache_for, model_geometry  # noqa:
 
 
 @torch.inference_mode()
-def prefill(
-    model, cache: PagedKVCache, seq_id: int, token_ids, attention="kernel", max_tokens=None
-) -> int | None:
+def prefill(model, cache, seq_id, token_ids, attention="kernel", max_tokens=None, checked=False):
     """Run ``seq_id``'s uncomputed tokens, at most ``max_tokens``; ``token_ids`` are the sequence's
     tokens (those it holds slots for, then any new ones, whose slots it reserves). The greedy next
     token, or None if ``max_tokens`` stopped short of the sequence's last token."""
-    runner = ModelRunner(model, cache, attention)  # checks the model against the cache first
-    tokens, start, count = _checks.prefill(model, cache, seq_id, token_ids, max_tokens)
+    runner = ModelRunner(model, cache, attention, checked=checked)  # the model fits the cache
+    if not checked:
+        token_ids, max_tokens = _checks.prefill(model, cache, seq_id, token_ids, max_tokens)
+    start = cache.num_computed(seq_id)
+    count = len(token_ids) - start  # every uncomputed token, or the first max_tokens of them
+    count = count if max_tokens is None else min(count, max_tokens)
     with cache.all_or_nothing():
-        cache.reserve(seq_id, len(tokens) - cache.num_tokens(seq_id))
-        cache.commit(seq_id, start + count, tokens, checked=True)  # the run below writes them
-        (next_token,) = runner.run([Chunk(seq_id, start, tokens[start : start + count])])
-    return next_token if start + count == len(tokens) else None
+        cache.reserve(seq_id, len(token_ids) - cache.num_tokens(seq_id))
+        cache.commit(seq_id, start + count, token_ids, checked=True)  # the run below writes them
+        chunk = Chunk(seq_id, start, token_ids[start : start + count])
+        (next_token,) = runner.run([chunk], checked=True)
+    return next_token if start + count == len(token_ids) else None
 
 
 @torch.inference_mode()
-def decode_step(model, cache: PagedKVCache, seq_ids, token_ids, attention="kernel") -> list[int]:
+def decode_step(model, cache, seq_ids, token_ids, attention="kernel", checked=False) -> list[int]:
     """Feed each of ``seq_ids`` the last of its ``token_ids`` (the others computed): next tokens."""
-    runner = ModelRunner(model, cache, attention)
-    seq_ids, token_ids = _checks.decode_step(model, cache, seq_ids, token_ids)
+    runner = ModelRunner(model, cache, attention, checked=checked)
+    if not checked:
+        seq_ids, token_ids = _checks.decode_step(model, cache, seq_ids, token_ids)
     with cache.all_or_nothing():
         for seq_id, tokens in zip(seq_ids, token_ids):
             cache.reserve(seq_id, 1)
             cache.commit(seq_id, len(tokens), tokens, checked=True)  # the run below writes it
-        return runner.run([Chunk(s, len(t) - 1, t[-1:]) for s, t in zip(seq_ids, token_ids)])
+        chunks = [Chunk(s, len(t) - 1, t[-1:]) for s, t in zip(seq_ids, token_ids)]
+        return runner.run(chunks, checked=True)
 
 
 @dataclass(frozen=True)
@@ -67,9 +72,9 @@ def generate(
     )
     with cache.all_or_nothing():
         seq_id, cached = cache.admit(tokens, salt, checked=True)
-        sequence = tokens + [prefill(model, cache, seq_id, tokens, attention)]
+        sequence = tokens + [prefill(model, cache, seq_id, tokens, attention, checked=True)]
         while len(sequence) - len(tokens) < max_new_tokens and sequence[-1] not in stop:
-            sequence += decode_step(model, cache, [seq_id], [sequence], attention)
+            sequence += decode_step(model, cache, [seq_id], [sequence], attention, checked=True)
         cache.free(seq_id)
     return Generation(sequence[len(tokens) :], cached, len(tokens))
 

@@ -9,7 +9,7 @@ from itertools import accumulate
 import torch
 
 from kvlab import kernels
-from kvlab._checks import causal_lm, token_ids
+from kvlab._checks import causal_lm
 from kvlab.cache.paged import PagedKVCache
 from kvlab.serving import _checks
 from kvlab.serving.attention import StepMetadata, build_step, paged_forward
@@ -40,10 +40,11 @@ class ModelRunner:
     """One forward pass per step; ``cuda_graphs`` replays decode steps of up to ``max_batch``."""
 
     def __init__(
-        self, model, cache, attention: str = "kernel", cuda_graphs: bool = False, max_batch: int = 1
+        self, model, cache, attention="kernel", cuda_graphs=False, max_batch=1, checked=False
     ):
         geometry = model_geometry(model)
-        max_batch = _checks.runner(model, cache, attention, cuda_graphs, max_batch, geometry)
+        if not checked:
+            max_batch = _checks.runner(model, cache, attention, cuda_graphs, max_batch, geometry)
         self.model, self.cache, self.attention, self.geometry = model, cache, attention, geometry
         self.group = model.config.num_attention_heads // model.config.num_key_value_heads
         self.graphs = None
@@ -55,15 +56,16 @@ class ModelRunner:
                 warnings.warn(message, RuntimeWarning, stacklevel=2)
 
     @torch.inference_mode()
-    def run(self, chunks) -> list[int]:
+    def run(self, chunks, checked: bool = False) -> list[int]:
         """Feed each chunk ``(seq_id, start, token_ids[, num_outputs])``; the greedy tokens after
         each chunk's last ``num_outputs`` tokens, in order (one per chunk by default)."""
+        if not checked:  # the engine's scheduler made its chunks; a caller's are checked here
+            _checks.step_chunks(self.cache, chunks, self.model.config.vocab_size)
         chunks = [Chunk(*c) for c in chunks]
         if self.graphs is not None and self.graphs.covers(chunks):
             return self.graphs.run(chunks)
-        meta = build_step(self.cache, chunks, self.attention, self.group)
+        meta = build_step(self.cache, chunks, self.attention, self.group, checked=True)
         ids = [t for c in chunks for t in c.token_ids]
-        token_ids("the step's token ids", ids, self.model.config.vocab_size)  # else a device assert
         positions = [p for c in chunks for p in range(c.start, c.start + len(c.token_ids))]
         dev = self.cache.device
         ends = accumulate(len(c.token_ids) for c in chunks)

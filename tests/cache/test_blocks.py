@@ -511,13 +511,19 @@ def test_bad_arguments():
         (lambda: m.commit(a, 4, [1, 2, 3]), ValueError, "num_computed"),
         (lambda: m.commit(a, 3, 7), TypeError, "token_ids must be sequence 0's token ids"),
         (lambda: m.truncate(a, 4), ValueError, r"num_tokens must be an int in \[0, 4\)"),
-        (lambda: m.commit(a, 3, [1, -2, 3]), ValueError, r"token_ids\[0:2\]\[1\]"),
+        (lambda: m.commit(a, 3, [1, -2, 3]), ValueError, r"token_ids\[:2\]\[1\]"),
         (lambda: m.preempt(a, "drop"), ValueError, "mode"),
         (lambda: m.blocks_to_append(a, -1), ValueError, "num_tokens"),
         (lambda: m.resume(a, [1, 2, 3]), ValueError, "not"),
     ]:
         with pytest.raises(error, match=match):
             call()
+    assert state(m) == before
+    m.commit(a, 2, [1, 2, 3])  # its first block is cached: token_ids must hold it from now on
+    before = state(m)
+    for ids in ([], [1], [1.5, 2, 3]):
+        with pytest.raises((TypeError, ValueError), match=r"token_ids"):
+            m.commit(a, 3, ids)
     assert state(m) == before
     m.free(a)
     with pytest.raises(ValueError, match=f"seq_id {a}"):

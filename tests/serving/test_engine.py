@@ -423,7 +423,9 @@ def test_model_keeps_its_attention_and_default_pool():
 def test_step_metadata_built_once_per_step(monkeypatch):
     built = []
     original = runner_module.build_step
-    monkeypatch.setattr(runner_module, "build_step", lambda *a: built.append(1) or original(*a))
+    monkeypatch.setattr(
+        runner_module, "build_step", lambda *a, **k: built.append(1) or original(*a, **k)
+    )
     engine = Engine(_model("llama"), num_blocks=16, block_size=4, max_batched_tokens=4, max_batch=4)
     engine.generate([[1, 2, 3, 4, 5, 6], [7, 8]], 3)
     assert len(built) == engine.stats.steps  # one per step, for a model of two layers
