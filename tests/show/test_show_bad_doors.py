@@ -343,12 +343,12 @@ BAD_READING_CALLS = {
     "latency_throughput_reading no rows": (
         lambda: gemv_r.latency_throughput_reading([]),
         ValueError,
-        "rows must be roofline.decode_floor_table's three rows",
+        "rows must begin with three admitted rows",
     ),
     "latency_throughput_reading a row not admitted": (
         lambda: gemv_r.latency_throughput_reading(UNADMITTED),
         ValueError,
-        r"each admitted \(a step time\), got \[.*None.*\]",
+        r"rows must begin with three admitted rows .*, got step times \[None, None, None\]",
     ),
     "append_reading int slot": (
         lambda: kv_layout_r.append_reading(ANY, ANY, 3, ANY),
