@@ -14,6 +14,8 @@ wrong value a ValueError; the message names the argument, the value and what is 
 - ``token_ids``: token ids, ints in ``[0, vocab)``; ``token_id_tensor``: a ``[batch, length]``
   tensor of them; ``padding_mask``: the 0/1 attention mask of a left-padded batch;
 - ``items``: a list of things of one kind (requests, events, measured points);
+- ``record``: a record by its fields, where the caller cannot import its class (a reading imports
+  no torch, so none of ``kvlab.lab``'s measurement records);
 - ``function``: something to call;
 - ``unmeasured``: what a reading says instead of a verdict when a measurement is missing;
 - ``device`` and ``dtype``: a torch device this machine has, a floating torch dtype;
@@ -301,6 +303,21 @@ def instance(name: str, value, kind, what: str | None = None):
             k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,))
         )
         raise TypeError(f"{name} must be {what}, got {_got(value)}")
+    return value
+
+
+def record(name: str, value, kind: str, *fields: str):
+    """``value`` if it has every one of ``fields``: a record of class ``kind`` (its dotted name),
+    refused by name before an ``AttributeError`` deep inside.
+
+    ``instance`` needs the class, which a reading cannot import: ``kvlab.lab``'s measurement records
+    live beside torch, and a reading imports no torch. Any object with the fields passes (a test's
+    ``SimpleNamespace`` too).
+    """
+    if not all(hasattr(value, f) for f in fields):
+        raise TypeError(
+            f"{name} must be a {kind} (a record with {', '.join(fields)}), got {_got(value)}"
+        )
     return value
 
 

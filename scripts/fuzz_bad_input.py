@@ -15,8 +15,9 @@ caller's model altered (attention implementation, dtype, training flag) as ``alt
     PYTHONPATH=$PWD python scripts/fuzz_bad_input.py [--json OUT.json] [--only SUBSTRING] [--show
     unclear,silent]
 
-Not part of the test suite: the tables of bad calls live beside each module's tests. This script is
-the broad sweep those tables were grown from, rerun to count before and after a change.
+Not part of the test suite, except on kvlab.show's names (``--only show.``, about 15 s), which
+tests/test_fuzz_bad_input.py runs: the tables of bad calls live beside each module's tests. This
+script is the broad sweep those tables were grown from, rerun to count before and after a change.
 """
 
 from __future__ import annotations
@@ -224,6 +225,9 @@ def bad_values(kind: str):
             ("none", None),
             ("str-as-model", "model"),
         ],
+        "record": [("none", None), ("str-as-record", "record"), ("float-as-record", 1.5)],
+        "dict": [("none", None), ("list-as-dict", [1]), ("str-as-dict", "d"), ("empty", {})],
+        "names": [("str-as-list", "h200"), ("bad-choice", ["nonsense"]), ("empty", [])],
         "any": [],
     }[kind]
     return [(c, v) for c, v in table if not (optional and v is None)]
@@ -1643,7 +1647,7 @@ def entries() -> list[Entry]:
             static="flag?",
         ),
     )
-    return E + newer_entries() + door_entries()
+    return E + newer_entries() + door_entries() + reading_entries()
 
 
 def newer_entries() -> list[Entry]:
@@ -2125,6 +2129,229 @@ def door_entries() -> list[Entry]:
         dict(prompt=[1, 2, 1, 2], output=[1, 2], k=2),
         dict(k="int"),
         allow={"prompt": {"token-past-vocab"}, "output": {"token-past-vocab", "empty"}},
+    )
+    return E
+
+
+def reading_entries() -> list[Entry]:
+    """Issue 33, third round: the readings and worked solutions that were owed a door, each called
+    with records like the lab's (fakes with the fields a reading reads, where the real record needs
+    a measurement). A record's own unmeasured fields are the tables' (tests/show), not varied
+    here."""
+    from types import SimpleNamespace as Fake
+
+    from kvlab.lab.decode_peers import PeerComparison
+    from kvlab.lab.paged_kernel import split_grid
+    from kvlab.lab.preemption import CachedRecompute
+    from kvlab.lab.timing import Timing
+    from kvlab.show.readings import (
+        cache_reuse,
+        diagnosis,
+        gemv,
+        kv_layout,
+        long_context,
+        paged_attention,
+        paged_kernel,
+        preemption,
+        prefix_caching,
+    )
+    from kvlab.show.readings.exercises import kv_layout as kv_layout_ex
+    from kvlab.show.readings.exercises import long_context as long_context_ex
+    from kvlab.show.readings.exercises import paged_kernel as paged_kernel_ex
+    from kvlab.theory import roofline, shapes
+    from kvlab.theory.long_context import Spread
+    from kvlab.theory.peers import GENERATE, GENERATE_COMPILED
+
+    E = []
+    add = lambda *a, **k: E.append(Entry(*a, **k))  # noqa: E731
+
+    def timing(t):
+        return Timing(t, t, 1.1 * t, (t, 1.05 * t, 1.1 * t))
+
+    def read(t, batch=2):
+        return Fake(
+            batch=batch, context=256, kv_heads=4, kv_bytes=2**20, timing=timing(t), predicted_s=t
+        )
+
+    def append(t):
+        return Fake(new_bytes=64, timing=timing(t), predicted_s=t)
+
+    times = {GENERATE: (1.0, 1.1), GENERATE_COMPILED: (0.9, 1.0), "cached": (0.8, 0.9)}
+    times["static, compiled"] = (0.7, 0.8)
+    peers = PeerComparison("tiny", "float32", "cpu", 1, 8, 8, times, times, {})
+    trace = Fake(step_s=0.01, busy_fraction=0.9, busy_spread=0.05)
+    diag = Fake(
+        method="cached",
+        context=40,
+        batch=1,
+        threads=1,
+        trace=trace,
+        verdict="weights",
+        verdicts=("weights",),
+        firm=True,
+        because="b",
+        lever="l",
+        bandwidth_fraction=0.5,
+        flops_fraction=0.1,
+    )
+    spread = Spread(0.5, 0.1, 6, 0.1, 0.9)
+    cost = Fake(
+        tokens=64,
+        bytes_each_way=4096,
+        recompute=timing(2e-3),
+        swap_out=timing(1e-3),
+        swap_in=timing(1e-3),
+    )
+    recompute = CachedRecompute(16, 200, (40, 20), (32, 16), {False: 260, True: 212}, True)
+    floor = roofline.decode_floor_table(
+        shapes.SHAPES["llama-3-8b"], "h100-sxm", [(1, 8192), (32, 2048), (32, 8192)], params=8e9
+    )
+
+    add(
+        "show.readings.cache_reuse.peers_reading",
+        cache_reuse.peers_reading,
+        dict(result=peers),
+        dict(result="record"),
+    )
+    add(
+        "show.readings.diagnosis.verdict_label",
+        diagnosis.verdict_label,
+        dict(d=diag),
+        dict(d="record"),
+    )
+    add(
+        "show.readings.diagnosis.reading_diagnosis",
+        diagnosis.reading_diagnosis,
+        dict(d=diag),
+        dict(d="record"),
+    )
+    add(
+        "show.readings.kv_layout.append_reading",
+        kv_layout.append_reading,
+        dict(read=read(1e-3), index=append(1e-6), slot=append(1e-6), cat=append(2e-3)),
+        dict.fromkeys(("read", "index", "slot", "cat"), "record"),
+    )
+    add(
+        "show.readings.kv_layout.gqa_reading",
+        kv_layout.gqa_reading,
+        dict(mha=read(1e-3), small=read(5e-4), llc=None),
+        dict(mha="record", small="record", llc="int?"),
+    )
+    add(
+        "show.readings.exercises.kv_layout.kv_layout_batch",
+        kv_layout_ex.kv_layout_batch,
+        dict(
+            lo_read=read(1e-3),
+            hi_read=read(2e-3, 4),
+            lo_append=append(1e-6),
+            hi_append=append(1e-6),
+            llc=None,
+        ),
+        dict(
+            lo_read="record", hi_read="record", lo_append="record", hi_append="record", llc="int?"
+        ),
+    )
+    add(
+        "show.readings.exercises.kv_layout.kv_layout_cat",
+        kv_layout_ex.kv_layout_cat,
+        dict(read=read(1e-3), cat=append(2e-3)),
+        dict(read="record", cat="record"),
+    )
+    add(
+        "show.readings.exercises.long_context.long_context_sinks",
+        long_context_ex.long_context_sinks,
+        dict(sink_heads=4, heads=27, one_vs_four=spread, kjv_heads=0, kjv_rescue=spread, budget=64),
+        dict(
+            sink_heads="int0",
+            heads="int",
+            one_vs_four="record",
+            kjv_heads="int0",
+            kjv_rescue="record",
+            budget="int",
+        ),
+    )
+    add(
+        "show.readings.exercises.paged_kernel.paged_kernel_splits",
+        paged_kernel_ex.paged_kernel_splits,
+        dict(grid=split_grid(1, 8, 4096, 132), tile_tokens=64, min_tiles=4, programs_per_sm=2),
+        dict(grid="record", tile_tokens="int", min_tiles="int", programs_per_sm="int"),
+    )
+    add(
+        "show.readings.exercises.paged_kernel.paged_kernel_empty_split",
+        paged_kernel_ex.paged_kernel_empty_split,
+        dict(
+            masked_difference=0.0,
+            lse_difference=0.0,
+            nan_rows=24,
+            rows=24,
+            stage_one_largest=0.0,
+            empty_splits=17,
+        ),
+        dict(
+            masked_difference="real0",
+            lse_difference="real0",
+            nan_rows="int0",
+            rows="int",
+            stage_one_largest="real0",
+            empty_splits="int",
+        ),
+        allow=dict.fromkeys(("masked_difference", "lse_difference", "stage_one_largest"), {"nan"}),
+    )  # NaN is what this exercise looks for
+    add(
+        "show.readings.gemv.latency_throughput_reading",
+        gemv.latency_throughput_reading,
+        dict(rows=floor),
+        dict(rows="ints"),
+    )
+    add(
+        "show.readings.long_context.channel_reading",
+        long_context.channel_reading,
+        dict(
+            key_ratio_by_layer=[9.0, 12.0],
+            value_ratio_by_layer=[2.0, 3.0],
+            key_ratios=[1.0, 9.0, 12.0],
+            value_ratios=[1.0, 2.0, 3.0],
+        ),
+        dict.fromkeys(
+            ("key_ratio_by_layer", "value_ratio_by_layer", "key_ratios", "value_ratios"), "reals"
+        ),
+    )
+    add(
+        "show.readings.paged_attention.preemption_reading",
+        paged_attention.preemption_reading,
+        dict(cost=cost, demo_preemptions=3),
+        dict(cost="record", demo_preemptions="int0"),
+    )
+    add(
+        "show.readings.paged_kernel.padding_reading",
+        paged_kernel.padding_reading,
+        dict(rows={1: 16, 4: 16, 32: 32}),
+        dict(rows="dict"),
+    )
+    add(
+        "show.readings.paged_kernel.recorded_reading",
+        paged_kernel.recorded_reading,
+        dict(runs=[], folder="book/data/measurements/"),
+        dict(runs="ints", folder="text"),
+        allow={"runs": {"empty"}},
+    )  # no record: the reading says so
+    add(
+        "show.readings.preemption.crossover_reading",
+        preemption.crossover_reading,
+        dict(shapes=None, devices=["h200"]),
+        dict(shapes="names?", devices="names?"),
+    )
+    add(
+        "show.readings.preemption.cached_recompute_reading",
+        preemption.cached_recompute_reading,
+        dict(r=recompute, num_requests=3, num_blocks=8),
+        dict(r="record", num_requests="int", num_blocks="int"),
+    )
+    add(
+        "show.readings.prefix_caching.identity_reading",
+        prefix_caching.identity_reading,
+        dict(rows=[("same", 40, None, 32), ("edit", 40, 20, 16)], block_size=16),
+        dict(rows="ints", block_size="int"),
     )
     return E
 

@@ -309,3 +309,17 @@ def test_instance_names_the_argument_and_the_kind_it_wants():
         _checks.instance("rows", 3, (list, tuple))
     with pytest.raises(TypeError, match=r"cache must be a KVCache, got NoneType None"):
         _checks.instance("cache", None, int, "a KVCache")
+
+
+def test_record_names_the_argument_the_record_and_its_fields():
+    from types import SimpleNamespace
+
+    timing = SimpleNamespace(min=1.0, median=1.2)
+    assert _checks.record("cost", timing, "kvlab.lab.timing.Timing", "min", "median") is timing
+    with pytest.raises(
+        TypeError,
+        match=r"cost must be a kvlab.lab.timing.Timing \(a record with min, median\), got float 1.5",
+    ):
+        _checks.record("cost", 1.5, "kvlab.lab.timing.Timing", "min", "median")
+    with pytest.raises(TypeError, match=r"cost must be a .*, got SimpleNamespace"):
+        _checks.record("cost", SimpleNamespace(min=1.0), "kvlab.lab.timing.Timing", "min", "median")

@@ -120,6 +120,15 @@ def test_latency_throughput_reading_recomputes_the_seed():
     assert "22 times at 2,048 tokens each and 11 times at 8,192" in text
     assert "196 to 4,360 or 2,129 tokens/s" in text and "5.1 ms to 7.3 or 15.0 ms" in text
     assert "**latency**" in text
+    # the notebook passes the whole of Table 9.1, whose fourth row (batch 345) is not admitted
+    table = roofline.decode_floor_table(
+        SHAPES["llama-3-8b"],
+        "h100-sxm",
+        [(1, 8192), (32, 2048), (32, 8192), (345, 2048)],
+        params=8e9,
+    )
+    assert table[3].step_time is None
+    assert gemv_readings.latency_throughput_reading(table) == text
 
 
 def test_gpu_batching_reading_quotes_the_datasheet_and_gpt_fast():

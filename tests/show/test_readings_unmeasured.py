@@ -4,6 +4,7 @@ verdict (issue 33). The check is the reading's first line, so the other argument
 
 import inspect
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -24,11 +25,14 @@ from kvlab.show.readings.exercises import cache_reuse as cache_reuse_exercises
 from kvlab.show.readings.exercises import decode_loop as decode_loop_exercises
 from kvlab.show.readings.exercises import diagnosis as diagnosis_exercises
 from kvlab.show.readings.exercises import engine as engine_exercises
+from kvlab.show.readings.exercises import kv_layout as kv_layout_exercises
 from kvlab.show.readings.exercises import long_context as long_context_exercises
 from kvlab.show.readings.exercises import paged_attention as paged_attention_exercises
 from kvlab.show.readings.exercises import prefix_caching as prefix_caching_exercises
 from kvlab.show.readings.exercises import speculative as speculative_exercises
 from kvlab.show.readings.exercises import ssm_state as ssm_state_exercises
+from kvlab.theory.long_context import Spread
+from kvlab.theory.peers import GENERATE, GENERATE_COMPILED
 
 # reading: the measurements it is handed, each of which may come back unmeasured
 BAD_MEASUREMENTS = {
@@ -136,3 +140,94 @@ BAD_MEASURED_DICTS = {
 def test_a_reading_handed_a_dict_with_a_missing_measurement_names_the_entry(name):
     call, said = BAD_MEASURED_DICTS[name]
     assert call().startswith(said)
+
+
+def fake(fields, **given):
+    """A record with ``fields`` (1 each, ``given`` apart): what a reading's door lets by."""
+    return SimpleNamespace(**{**dict.fromkeys(fields, 1), **given})
+
+
+def timed(fields, seconds):
+    return fake(fields, timing=SimpleNamespace(min=seconds))
+
+
+def read(seconds):
+    return timed(kv_layout.READ[1:], seconds)
+
+
+def append(seconds):
+    return timed(kv_layout.APPEND[1:], seconds)
+
+
+def timing(median):
+    return SimpleNamespace(median=median, min=median, max=median)
+
+
+PEERS = ("where", "device", "seconds", "speedup")
+RUN = {GENERATE: (1.0,), GENERATE_COMPILED: (1.0,), "cached": (1.0,)}
+DIAGNOSIS = ("method", "context", "batch", "threads", "verdicts", "lever", "flops_fraction")
+TRACE = SimpleNamespace(step_s=0.01, busy_fraction=0.9)
+SPREAD = Spread(0.5, 0.1, 6, 0.1, 0.9)
+
+# readings handed a record whose measurement is missing: (call, the sentence that names it)
+BAD_MEASURED_RECORDS = {
+    "peers_reading without a contender": (
+        lambda: cache_reuse.peers_reading(fake(PEERS, seconds=RUN)),
+        "Not measured: result.seconds['static, compiled'] (got None).",
+    ),
+    "peers_reading NaN round": (
+        lambda: cache_reuse.peers_reading(
+            fake(PEERS, seconds={**RUN, "static, compiled": (1.0, math.nan)})
+        ),
+        "Not measured: result.seconds['static, compiled'] (got nan).",
+    ),
+    "reading_diagnosis": (
+        lambda: diagnosis.reading_diagnosis(
+            fake(DIAGNOSIS, trace=TRACE, bandwidth_fraction=math.nan)
+        ),
+        "Not measured: d.bandwidth_fraction (got nan).",
+    ),
+    "append_reading": (
+        lambda: kv_layout.append_reading(read(1.0), append(1.0), append(math.inf), append(1.0)),
+        "Not measured: slot.timing.min (got inf).",
+    ),
+    "gqa_reading": (
+        lambda: kv_layout.gqa_reading(read(1.0), read(None), None),
+        "Not measured: small.timing.min (got None).",
+    ),
+    "kv_layout_batch": (
+        lambda: kv_layout_exercises.kv_layout_batch(
+            read(math.nan), read(1.0), append(1.0), append(1.0), None
+        ),
+        "Not measured: lo_read.timing.min (got nan).",
+    ),
+    "kv_layout_cat": (
+        lambda: kv_layout_exercises.kv_layout_cat(read(1.0), append(None)),
+        "Not measured: cat.timing.min (got None).",
+    ),
+    "long_context_sinks": (
+        lambda: long_context_exercises.long_context_sinks(
+            3, 270, SPREAD, 0, Spread(math.nan, 0.1, 6, 0.1, 0.9), 64
+        ),
+        "Not measured: kjv_rescue (got nan).",
+    ),
+    "preemption_reading": (
+        lambda: paged_attention.preemption_reading(
+            fake(
+                ("tokens", "bytes_each_way"),
+                recompute=timing(1.0),
+                swap_out=timing(1.0),
+                swap_in=timing(math.nan),
+            ),
+            3,
+        ),
+        "Not measured: cost.swap_in.median (got nan).",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD_MEASURED_RECORDS)
+def test_a_reading_handed_a_record_with_a_missing_measurement_names_it(name):
+    call, said = BAD_MEASURED_RECORDS[name]
+    text = call()
+    assert said in text and "no verdict" in text, text

@@ -52,6 +52,9 @@ from kvlab.show.readings.exercises import paged_kernel as paged_kernel_exercises
 from kvlab.show.readings.exercises import prefix_caching as prefix_caching_exercises  # noqa: E402
 from kvlab.show.readings.exercises import speculative as speculative_exercises  # noqa: E402
 from kvlab.show.readings.exercises import ssm_state as ssm_state_exercises  # noqa: E402
+from kvlab.theory.long_context import Spread  # noqa: E402
+from kvlab.theory.roofline import decode_floor_table as floor_table  # noqa: E402
+from kvlab.theory.shapes import SHAPES  # noqa: E402
 
 NAN = math.nan
 
@@ -199,6 +202,9 @@ BAD_KINDS = {
     paged_kernel_r.fp64_reading: {"errors": "dict"},
     paged_kernel_r.split_reading: {"result": "dict"},
     paged_kernel_r.graph_splits_reading: {"where": "str"},
+    paged_kernel_r.padding_reading: {"rows": "dict"},
+    paged_kernel_r.recorded_reading: {"runs": "list", "folder": "str"},
+    gemv_r.latency_throughput_reading: {"rows": "list"},
     preemption_r.host_copy_reading: {"copies": "list"},
     prefix_caching_r.prefill_cost_reading: {"hw_name": "str", "what": "str"},
     trained_model_r.model_reading: {"m": "dict"},
@@ -227,6 +233,12 @@ BAD_COUNTS = {
     prefix_caching_exercises.prefix_whole_blocks: "prompt block served",
     long_context_exercises.long_context_onset: "sinks budget onset_sinks onset_window tokens",
     decode_loop_exercises.decode_loop_window: "P G W naive_pairs cached_pairs dense_naive dense_cached",
+    long_context_exercises.long_context_sinks: "heads sink_heads kjv_heads budget",
+    paged_kernel_exercises.paged_kernel_splits: "tile_tokens min_tiles programs_per_sm",
+    paged_kernel_exercises.paged_kernel_empty_split: "rows nan_rows empty_splits",
+    paged_attention_r.preemption_reading: "demo_preemptions",
+    preemption_r.cached_recompute_reading: "num_requests num_blocks",
+    prefix_caching_r.identity_reading: "block_size",
 }
 COUNT_CASES = [(r, a.split(), one) for r, a in BAD_COUNTS.items() for one in a.split()]
 
@@ -240,3 +252,219 @@ def test_a_reading_refuses_a_count_that_is_no_count(reading, counts, bad, value,
     kwargs.update(dict.fromkeys(counts, 1), **{bad: value})
     with pytest.raises(error, match=f"{bad} must be an int"):
         reading(**kwargs)
+
+
+class Anything:
+    """A stand-in for any record: it has every field, so a reading's door lets it by and the
+    argument under test is the one refused."""
+
+    def __getattr__(self, name):
+        return self
+
+
+ANY = Anything()
+SPREAD = Spread(0.5, 0.1, 6, 0.1, 0.9)
+UNADMITTED = floor_table(SHAPES["llama-3-70b"], "t4", [(1, 8192), (32, 2048), (32, 8192)])
+
+# readings handed something that is not the record, list or row they read: (call, error, a regex
+# the message must match, naming the argument)
+BAD_READING_CALLS = {
+    "peers_reading float": (
+        lambda: cache_reuse_r.peers_reading(1.5),
+        TypeError,
+        "result must be a kvlab.lab.decode_peers.PeerComparison",
+    ),
+    "verdict_label text": (
+        lambda: diagnosis_r.verdict_label("weights"),
+        TypeError,
+        "d must be a kvlab.lab.diagnose.Diagnosis",
+    ),
+    "reading_diagnosis None": (lambda: diagnosis_r.reading_diagnosis(None), TypeError, "d must"),
+    "kv_layout_batch float append": (
+        lambda: exercises_kv_layout_r.kv_layout_batch(ANY, ANY, ANY, 1.5, None),
+        TypeError,
+        "hi_append must be a kvlab.lab.layout_timing.AppendMeasurement",
+    ),
+    "kv_layout_batch float llc": (
+        lambda: exercises_kv_layout_r.kv_layout_batch(ANY, ANY, ANY, ANY, 2.5),
+        TypeError,
+        "llc must be an int",
+    ),
+    "kv_layout_batch negative llc": (
+        lambda: exercises_kv_layout_r.kv_layout_batch(ANY, ANY, ANY, ANY, -1),
+        ValueError,
+        "llc must be an int",
+    ),
+    "kv_layout_cat dict": (
+        lambda: exercises_kv_layout_r.kv_layout_cat(ANY, {}),
+        TypeError,
+        "cat must be a kvlab.lab.layout_timing.AppendMeasurement",
+    ),
+    "long_context_sinks float spread": (
+        lambda: exercises_long_context_r.long_context_sinks(3, 270, 0.5, 0, SPREAD, 64),
+        TypeError,
+        "one_vs_four must be a Spread",
+    ),
+    "long_context_sinks more sink heads than heads": (
+        lambda: exercises_long_context_r.long_context_sinks(300, 270, SPREAD, 0, SPREAD, 64),
+        ValueError,
+        r"sink_heads must be an int in \[0, 271\)",
+    ),
+    "paged_kernel_splits dict grid": (
+        lambda: paged_kernel_exercises.paged_kernel_splits({}, 64, 4, 2),
+        TypeError,
+        "grid must be a kvlab.lab.paged_kernel.SplitGrid",
+    ),
+    "paged_kernel_rows zero KV heads": (
+        lambda: paged_kernel_exercises.paged_kernel_rows(8, 0, 16),
+        ValueError,
+        "kv_heads must be an int >= 1",
+    ),
+    "paged_kernel_empty_split more NaN rows than rows": (
+        lambda: paged_kernel_exercises.paged_kernel_empty_split(0.0, 0.0, 5, 4, 0.0, 2),
+        ValueError,
+        r"nan_rows must be an int in \[0, 5\)",
+    ),
+    "paged_kernel_empty_split None difference": (
+        lambda: paged_kernel_exercises.paged_kernel_empty_split(None, 0.0, 4, 4, 0.0, 2),
+        TypeError,
+        "masked_difference must",
+    ),
+    "paged_kernel_empty_split negative difference": (
+        lambda: paged_kernel_exercises.paged_kernel_empty_split(0.0, -1.0, 4, 4, 0.0, 2),
+        ValueError,
+        "lse_difference must",
+    ),
+    "paged_kernel_empty_split bool largest": (
+        lambda: paged_kernel_exercises.paged_kernel_empty_split(0.0, 0.0, 4, 4, False, 2),
+        TypeError,
+        "stage_one_largest must",
+    ),
+    "latency_throughput_reading no rows": (
+        lambda: gemv_r.latency_throughput_reading([]),
+        ValueError,
+        "rows must begin with three admitted rows",
+    ),
+    "latency_throughput_reading a row not admitted": (
+        lambda: gemv_r.latency_throughput_reading(UNADMITTED),
+        ValueError,
+        r"rows must begin with three admitted rows .*, got step times \[None, None, None\]",
+    ),
+    "append_reading int slot": (
+        lambda: kv_layout_r.append_reading(ANY, ANY, 3, ANY),
+        TypeError,
+        "slot must be a kvlab.lab.layout_timing.AppendMeasurement",
+    ),
+    "gqa_reading text": (
+        lambda: kv_layout_r.gqa_reading(ANY, "small", None),
+        TypeError,
+        "small must be a kvlab.lab.layout_timing.ReadMeasurement",
+    ),
+    "gqa_reading float llc": (
+        lambda: kv_layout_r.gqa_reading(ANY, ANY, 1.5),
+        TypeError,
+        "llc must be an int",
+    ),
+    "channel_reading empty": (
+        lambda: long_context_r.channel_reading([], [1.0], [1.0], [1.0]),
+        ValueError,
+        "key_ratio_by_layer must hold at least one number",
+    ),
+    "channel_reading bool": (
+        lambda: long_context_r.channel_reading([1.0], [True], [1.0], [1.0]),
+        TypeError,
+        r"value_ratio_by_layer\[0\] must",
+    ),
+    "channel_reading NaN": (
+        lambda: long_context_r.channel_reading([1.0], [1.0], [1.0, NAN], [1.0]),
+        ValueError,
+        r"key_ratios\[1\] must",
+    ),
+    "channel_reading text": (
+        lambda: long_context_r.channel_reading([1.0], [1.0], [1.0], "ab"),
+        TypeError,
+        "value_ratios must be a list",
+    ),
+    "preemption_reading float": (
+        lambda: paged_attention_r.preemption_reading(1.0, 3),
+        TypeError,
+        "cost must be a kvlab.lab.preemption.PreemptionCost",
+    ),
+    "padding_reading empty": (
+        lambda: paged_kernel_r.padding_reading({}),
+        ValueError,
+        "rows' group sizes must hold at least one",
+    ),
+    "padding_reading fewer rows than the group": (
+        lambda: paged_kernel_r.padding_reading({32: 16}),
+        ValueError,
+        r"rows\[32\] must be an int >= 32",
+    ),
+    "padding_reading negative group": (
+        lambda: paged_kernel_r.padding_reading({-4: 16}),
+        ValueError,
+        "rows' group sizes",
+    ),
+    "recorded_reading None": (
+        lambda: paged_kernel_r.recorded_reading(None, "book/data/measurements/"),
+        TypeError,
+        "runs must be a list",
+    ),
+    "recorded_reading float run": (
+        lambda: paged_kernel_r.recorded_reading([1.5], "book/data/measurements/"),
+        TypeError,
+        r"runs\[0\] must be a kvlab.lab.paged_kernel.RecordedRun",
+    ),
+    "crossover_reading unknown shape": (
+        lambda: preemption_r.crossover_reading(["bogus"]),
+        ValueError,
+        r"shapes\[0\] must be one of",
+    ),
+    "crossover_reading no device": (
+        lambda: preemption_r.crossover_reading(None, []),
+        ValueError,
+        "devices must name at least one",
+    ),
+    "crossover_reading text": (
+        lambda: preemption_r.crossover_reading("llama-3-8b"),
+        TypeError,
+        "shapes must be a list",
+    ),
+    "crossover_table unknown device": (
+        lambda: preemption_r.crossover_table(None, ["bogus"]),
+        ValueError,
+        r"devices\[0\] must be one of",
+    ),
+    "cached_recompute_reading float": (
+        lambda: preemption_r.cached_recompute_reading(1.0, 3, 8),
+        TypeError,
+        "r must be a kvlab.lab.preemption.CachedRecompute",
+    ),
+    "identity_reading no rows": (
+        lambda: prefix_caching_r.identity_reading([], 16),
+        ValueError,
+        "rows must hold at least one variant",
+    ),
+    "identity_reading short row": (
+        lambda: prefix_caching_r.identity_reading([("a", 40)], 16),
+        ValueError,
+        r"rows\[0\] must be \(name, tokens, first, served\)",
+    ),
+    "identity_reading more served than tokens": (
+        lambda: prefix_caching_r.identity_reading([("a", 40, 20, 48)], 16),
+        ValueError,
+        r"rows\[0\]'s served tokens must be an int in \[0, 41\)",
+    ),
+    "identity_reading text": (
+        lambda: prefix_caching_r.identity_reading("abc", 16),
+        TypeError,
+        "rows must be a list",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD_READING_CALLS)
+def test_a_reading_refuses_what_it_cannot_read_naming_the_argument(name):
+    call, error, message = BAD_READING_CALLS[name]
+    with pytest.raises(error, match=message):
+        call()

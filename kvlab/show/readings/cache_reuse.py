@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 
-from kvlab._checks import instance, unmeasured
+from kvlab._checks import instance, record, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings.verdicts import verdict_words
 from kvlab.theory.agreement import ABOVE, BELOW, CANNOT_TELL, DISAGREES, compare
 from kvlab.theory.work import attention_work, pass_time, positions_processed, request_time
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
+PEERS = "kvlab.lab.decode_peers.PeerComparison"
 
 
 TWO_PASS = (
@@ -412,6 +413,11 @@ def peers_reading(result) -> str:
     here."""
     from kvlab.theory.peers import GENERATE, GENERATE_COMPILED
 
+    record("result", result, PEERS, "where", "device", "seconds", "speedup")
+    names = ("cached", GENERATE, "static, compiled", GENERATE_COMPILED)
+    timed = {f"result.seconds[{n!r}]": result.seconds.get(n) for n in names}
+    if missing := unmeasured(**{k: t and math.fsum(t) for k, t in timed.items()}):
+        return missing
     rounds = len(next(iter(result.seconds.values())))
     text = [
         f"On {result.where}, on the {result.device}, every loop decoded exactly `generate`'s tokens"

@@ -10,9 +10,10 @@ its formula.
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
-from kvlab._checks import flag, instance, unmeasured
+from kvlab._checks import flag, instance, record, unmeasured
 from kvlab.show.format import si
 from kvlab.theory import verdict as model
 from kvlab.theory.agreement import ABOVE, AGREES, BELOW, DISAGREES, combined_spread
@@ -23,6 +24,9 @@ if TYPE_CHECKING:  # annotations only: a reading imports no torch
     from kvlab.theory.verdict import Target
 
 
+DIAGNOSIS = "kvlab.lab.diagnose.Diagnosis"
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
@@ -30,6 +34,7 @@ def _ms(seconds: float) -> str:
 def verdict_label(d: Diagnosis) -> str:
     """A diagnosis's verdict as the readings print it: ```weights``` when it is firm,
     ```overhead` or `weights` (cannot tell)`` when its measurements sit on a threshold."""
+    record("d", d, DIAGNOSIS, "verdict", "verdicts", "firm")
     if d.firm:
         return f"`{d.verdict}`"
     return " or ".join(f"`{v}`" for v in d.verdicts) + " (cannot tell)"
@@ -38,6 +43,10 @@ def verdict_label(d: Diagnosis) -> str:
 def reading_diagnosis(d: Diagnosis) -> str:
     """The verdict of one diagnosis, the measurements it rests on, and the lever; when the
     measurements sit on a threshold (``Diagnosis.firm`` is False), the verdicts they reach."""
+    record("d", d, DIAGNOSIS, "method", "context", "batch", "threads", "trace", "verdicts", "lever")
+    measured = ("trace.step_s", "trace.busy_fraction", "bandwidth_fraction", "flops_fraction")
+    if missing := unmeasured(**{f"d.{m}": attrgetter(m)(d) for m in measured}):
+        return missing
     threads = (
         f", on {d.threads} CPU thread{'s' * (d.threads != 1)} (set for the measurement)"
         if d.threads is not None

@@ -9,11 +9,12 @@ of a step (weight bytes / read bandwidth) and the roofline floor of a decode ste
 
 from __future__ import annotations
 
-from kvlab._checks import instance, unmeasured
+from kvlab._checks import instance, items, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.verdicts import sweep_summary, verdict_words
 from kvlab.theory.agreement import ABOVE, DISAGREES, Comparison, compare
+from kvlab.theory.roofline import FloorRow
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
 ROOFLINE = (
@@ -213,10 +214,16 @@ def gpu_batching_reading(name: str, ridge: float, flat_n: float, bandwidth: floa
 
 
 def latency_throughput_reading(rows) -> str:
-    """Table 9.1 read as a trade (``rows`` from ``roofline.decode_floor_table``: one sequence of
-    8,192 tokens, then 32 of 2,048 and 32 of 8,192): how much the throughput ceiling rises and how
-    much each request's token interval, its latency, rises with it."""
-    one, short, long = rows[0], rows[1], rows[2]
+    """Table 9.1 read as a trade (``rows`` from ``roofline.decode_floor_table``, its first three
+    read: one sequence of 8,192 tokens, then 32 of 2,048 and 32 of 8,192): how much the throughput
+    ceiling rises and how much each request's token interval, its latency, rises with it."""
+    rows = items("rows", rows, FloorRow)
+    if len(rows) < 3 or None in (r.step_time for r in rows[:3]):
+        raise ValueError(
+            "rows must begin with three admitted rows of roofline.decode_floor_table (one sequence,"
+            f" then a batch at two contexts), got step times {[r.step_time for r in rows]}"
+        )
+    one, short, long = rows[:3]
     return (
         f"Read the table as a trade. Batching {short.batch} sequences raises the throughput ceiling"
         f" {short.tokens_per_s / one.tokens_per_s:.0f} times at {short.context:,} tokens each and"

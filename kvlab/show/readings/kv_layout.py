@@ -11,7 +11,7 @@ timings behind it), and names the likely cause of a read that beats its bytes wi
 
 from __future__ import annotations
 
-from kvlab._checks import instance, unmeasured
+from kvlab._checks import instance, integer, record, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings.verdicts import verdict_words
 from kvlab.theory.agreement import ABOVE, AGREES, BELOW, CANNOT_TELL, combined_spread
@@ -21,6 +21,17 @@ MODEL = (
     "the bytes model (`kvlab.lab.layout_timing`: bytes read over the read bandwidth, bytes copied"
     " over the copy rate)"
 )
+# the measurement records of kvlab.lab.layout_timing, by the fields the readings use
+READ = (
+    "kvlab.lab.layout_timing.ReadMeasurement",
+    "batch",
+    "context",
+    "kv_heads",
+    "kv_bytes",
+    "timing",
+    "predicted_s",
+)
+APPEND = ("kvlab.lab.layout_timing.AppendMeasurement", "new_bytes", "timing", "predicted_s")
 
 
 def layout_table(reads: dict, read_bw, copy_bw: float, batch: int, context: int) -> str:
@@ -98,6 +109,13 @@ def append_reading(read, index, slot, cat) -> str:
     and ``cat`` appends of the same cache and the ``NHD`` ``slot`` append, each with its
     ``predicted_s`` and its timing's spread.
     """
+    record("read", read, *READ)
+    record("index", index, *APPEND)
+    record("slot", slot, *APPEND)
+    record("cat", cat, *APPEND)
+    runs = {"read": read, "index": index, "slot": slot, "cat": cat}
+    if missing := unmeasured(**{f"{k}.timing.min": m.timing.min for k, m in runs.items()}):
+        return missing
     time_ratio = read.timing.min / index.timing.min
     bytes_ratio = read.kv_bytes / index.new_bytes
     text = [
@@ -169,6 +187,12 @@ def gqa_reading(mha, small, llc: int | None) -> str:
     """Fewer KV heads: ``mha`` and ``small`` are read measurements with the same query heads; the
     time ratio (fastest repeats) is held against the bytes model's, with the two timings' spreads
     added as the tolerance."""
+    record("mha", mha, *READ)
+    record("small", small, *READ)
+    llc = None if llc is None else integer("llc", llc)
+    runs = {"mha": mha, "small": small}
+    if missing := unmeasured(**{f"{k}.timing.min": m.timing.min for k, m in runs.items()}):
+        return missing
     bytes_ratio = mha.predicted_s / small.predicted_s
     spread = combined_spread(mha.timing.spread_above_min, small.timing.spread_above_min)
     c = compare_with_bytes(mha.timing.min / small.timing.min, bytes_ratio, spread)

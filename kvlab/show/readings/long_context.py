@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from kvlab._checks import instance, real, unmeasured
+from kvlab._checks import instance, real, reals, unmeasured
 from kvlab.theory import long_context as rules
 from kvlab.theory.cache_sizes import ROUNDING_TOLERANCE, rounding_explains, rounding_rms
 
@@ -287,6 +287,10 @@ def sink_count_reading(
 def channel_reading(key_ratio_by_layer, value_ratio_by_layer, key_ratios, value_ratios) -> str:
     """Under the channel-magnitude figure. ``*_ratio_by_layer``: the largest channel RMS over its
     head's median, per layer; ``*_ratios``: every (layer, head, channel) ratio, flattened."""
+    key_ratio_by_layer = reals("key_ratio_by_layer", key_ratio_by_layer, 0)
+    value_ratio_by_layer = reals("value_ratio_by_layer", value_ratio_by_layer, 0)
+    key_ratios = reals("key_ratios", key_ratios, 0)
+    value_ratios = reals("value_ratios", value_ratios, 0)
     keys, values = rules.outlier_count(key_ratios), rules.outlier_count(value_ratios)
     text = (
         f"Per layer, the largest key channel is {min(key_ratio_by_layer):.1f} to"

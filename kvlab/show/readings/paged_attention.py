@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvlab._checks import instance, unmeasured
+from kvlab._checks import instance, integer, record, unmeasured
 from kvlab.lab.timing import compare_timings
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
@@ -10,6 +10,7 @@ from kvlab.theory.agreement import ABOVE, AGREES, BELOW, DISAGREES, compare
 from kvlab.theory.paging import gather_overhead_s, paging_saves
 
 GEMV = "[GEMV-like behaviour in decode](03_gemv.ipynb)"
+PREEMPTION_COST = "kvlab.lab.preemption.PreemptionCost"
 
 
 def event_reading(snapshot: dict, event: int, num_blocks: int) -> str:
@@ -205,6 +206,11 @@ def preemption_reading(cost, demo_preemptions: int) -> str:
     The request waits for the recompute or for the swap-in; the verdict is ``compare_timings`` of
     the two.
     """
+    demo_preemptions = integer("demo_preemptions", demo_preemptions, 0)
+    timed = ("recompute", "swap_out", "swap_in")
+    record("cost", cost, PREEMPTION_COST, "tokens", "bytes_each_way", *timed)
+    if missing := unmeasured(**{f"cost.{t}.median": getattr(cost, t).median for t in timed}):
+        return missing
     c = compare_timings(cost.swap_in, cost.recompute)  # ratio: recompute / swap-in
     text = (
         f"For a request holding {cost.tokens} tokens, recompute took"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvlab._checks import instance
+from kvlab._checks import instance, integer, integers, record
 from kvlab.lab.timing import compare_timings
 from kvlab.show.format import si
 from kvlab.theory.kernel_rounding import explained_by_rounding, rounding_tolerance
@@ -17,6 +17,9 @@ def source_block(source: str) -> str:
 def padding_reading(rows: dict[int, int]) -> str:
     """How many of the ``tl.dot`` rows a GQA group fills, for each group size (``{group: padded
     rows}``)."""
+    instance("rows", rows, dict)
+    groups = integers("rows' group sizes", list(rows))  # at least one, each >= 1
+    rows = {g: integer(f"rows[{g}]", rows[g], g) for g in groups}  # padded rows: >= the group
     cells = "\n".join(f"| {g} | {p} | {g / p:.0%} |" for g, p in sorted(rows.items()))
     return (
         "| query heads per KV head | rows given to `tl.dot` | rows doing useful work"
@@ -221,6 +224,10 @@ def graph_splits_reading(
 def recorded_reading(runs, folder: str) -> str:
     """What the book's records (``kvlab.lab.paged_kernel.recorded_runs``) hold for the paged
     kernel."""
+    instance("folder", folder, str)
+    instance("runs", runs, (list, tuple), "a list")
+    for i, run in enumerate(runs):
+        record(f"runs[{i}]", run, "kvlab.lab.paged_kernel.RecordedRun", "device", "gpu", "rows")
     if not runs:
         return (
             f"No record of this section was found in `{folder}` (a copy of this notebook without"

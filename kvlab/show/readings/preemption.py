@@ -8,7 +8,7 @@ blocks.
 
 from __future__ import annotations
 
-from kvlab._checks import instance, real
+from kvlab._checks import instance, integer, items, one_of, real, record
 from kvlab.lab.timing import compare_timings
 from kvlab.show.format import si
 from kvlab.theory.preemption import preemption_per_token, recompute_or_swap
@@ -16,12 +16,22 @@ from kvlab.theory.shapes import SHAPES
 from kvlab.theory.specs import LINKS, SPECS
 
 
+def _keys(name: str, value, table: dict) -> list[str]:
+    """``value``, a non-empty list of ``table``'s keys, as a list; None for every key."""
+    if value is None:
+        return list(table)
+    value = items(name, value, str, what="names")
+    if not value:
+        raise ValueError(f"{name} must name at least one of {tuple(table)}, got an empty list")
+    return [one_of(f"{name}[{i}]", key, tuple(table)) for i, key in enumerate(value)]
+
+
 def crossover_table(shapes=None, devices=None, w_kv: float = 2) -> str:
     """A Markdown table: recompute / swap per token for each shape (rows) on each device's host link
     (columns). Above 1 swap is cheaper; below 1 (in bold) recompute is."""
     w_kv = real("w_kv", w_kv)
-    shapes = list(SHAPES) if shapes is None else list(shapes)
-    devices = list(SPECS) if devices is None else list(devices)
+    shapes = _keys("shapes", shapes, SHAPES)
+    devices = _keys("devices", devices, SPECS)
     head = (
         "| model | params / KV byte | "
         + " | ".join(
@@ -53,8 +63,8 @@ def crossover_table(shapes=None, devices=None, w_kv: float = 2) -> str:
 def crossover_reading(shapes=None, devices=None) -> str:
     """Which (shape, device) pairs favour recompute, counted from the table, with the swap-out
     overlapped and, for comparison, with an engine that waits for it."""
-    shapes = list(SHAPES) if shapes is None else list(shapes)
-    devices = list(SPECS) if devices is None else list(devices)
+    shapes = _keys("shapes", shapes, SHAPES)
+    devices = _keys("devices", devices, SPECS)
     pairs = [(k, d) for k in shapes for d in devices]
     wins = [(k, d) for k, d in pairs if recompute_or_swap(SHAPES[k], d).cheaper == "recompute"]
     serial = [
@@ -200,6 +210,10 @@ def decides_reading(
 def cached_recompute_reading(r, num_requests: int, num_blocks: int) -> str:
     """What recompute preemption recomputed once prefix caching kept the requests' blocks (``r``: a
     ``kvlab.lab.preemption.CachedRecompute``), split by why each token was or was not served."""
+    num_requests = integer("num_requests", num_requests)
+    num_blocks = integer("num_blocks", num_blocks)
+    fields = ("block_size", "prompt_tokens", "held", "served", "prefill_tokens", "same_tokens")
+    record("r", r, "kvlab.lab.preemption.CachedRecompute", *fields)
     text = (
         f"{num_requests} requests ({r.prompt_tokens:,} prompt tokens) ran through the engine in"
         f" {num_blocks} blocks of {r.block_size} tokens, preempting by recompute. The {len(r.held)}"

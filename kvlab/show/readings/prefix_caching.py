@@ -11,7 +11,7 @@ block rule (:func:`kvlab.cache.blocks.reusable_tokens`), prefill FLOPs
 
 from __future__ import annotations
 
-from kvlab._checks import instance, unmeasured
+from kvlab._checks import instance, integer, items, unmeasured
 from kvlab.cache.blocks import reusable_tokens
 from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
@@ -24,10 +24,25 @@ PAGED = "[PagedAttention](05_paged_attention.ipynb)"
 RULE = "whole blocks before the first differing token, and never the prompt's last token"
 
 
+def _variant(name: str, row: tuple) -> tuple:
+    """One row of ``identity_reading``: (name, tokens, first differing index or None, served)."""
+    if len(row) != 4:
+        raise ValueError(f"{name} must be (name, tokens, first, served), got {row!r}")
+    label, tokens, first, served = row
+    tokens = integer(f"{name}'s tokens", tokens)
+    first = None if first is None else integer(f"{name}'s first differing token", first, 0)
+    return label, tokens, first, integer(f"{name}'s served tokens", served, 0, tokens + 1)
+
+
 def identity_reading(rows, block_size: int) -> str:
     """A table of prompt variants against a reference: where their tokens first differ, the tokens
     the block rule predicts a cache of the reference serves, and the tokens the block manager
     served. ``rows``: (name, tokens, first differing index or None, served tokens)."""
+    block_size = integer("block_size", block_size)
+    rows = items("rows", rows, tuple, what="(name, tokens, first, served) tuples")
+    if not rows:
+        raise ValueError("rows must hold at least one variant, got an empty list")
+    rows = [_variant(f"rows[{i}]", row) for i, row in enumerate(rows)]
     lines = [
         f"With blocks of {block_size} tokens, the cache holding the reference serves:",
         "",

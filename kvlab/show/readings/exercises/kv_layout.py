@@ -8,9 +8,10 @@ added as the tolerance.
 
 from __future__ import annotations
 
-from kvlab._checks import instance
+from kvlab._checks import instance, integer, record, unmeasured
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
+from kvlab.show.readings.kv_layout import APPEND, READ
 from kvlab.show.readings.verdicts import verdict_words
 from kvlab.theory.agreement import ABOVE, AGREES, BELOW, CANNOT_TELL, combined_spread
 from kvlab.theory.kv_traffic import cache_resident, compare_with_bytes
@@ -29,6 +30,14 @@ def _missed(c, side: str) -> bool:
 def kv_layout_batch(lo_read, hi_read, lo_append, hi_append, llc: int | None) -> str:
     """Exercise 1 of 9.4: read and append time when the batch grows (``BHTD`` read and index append
     measurements at the two batches; ``llc`` the device's last-level cache in bytes)."""
+    record("lo_read", lo_read, *READ)
+    record("hi_read", hi_read, *READ)
+    record("lo_append", lo_append, *APPEND)
+    record("hi_append", hi_append, *APPEND)
+    llc = None if llc is None else integer("llc", llc)
+    runs = {"lo_read": lo_read, "hi_read": hi_read, "lo_append": lo_append, "hi_append": hi_append}
+    if missing := unmeasured(**{f"{k}.timing.min": m.timing.min for k, m in runs.items()}):
+        return solution(1, missing)
     b_lo, b_hi = lo_read.batch, hi_read.batch
     c = _ratio(hi_read, lo_read, hi_read.predicted_s / lo_read.predicted_s)
     app = hi_append.timing.min / lo_append.timing.min
@@ -109,6 +118,12 @@ def kv_layout_block1(
 def kv_layout_cat(read, cat) -> str:
     """Exercise 3 of 9.4: ``torch.cat`` growth (an append measurement) against the read it
     serves."""
+    record("read", read, *READ)
+    record("cat", cat, *APPEND)
+    if missing := unmeasured(
+        **{"read.timing.min": read.timing.min, "cat.timing.min": cat.timing.min}
+    ):
+        return solution(3, missing)
     s = read.context
     c = _ratio(cat, read, cat.predicted_s / read.predicted_s)
     text = (

@@ -134,6 +134,14 @@ def long_context_sinks(
 ) -> str:
     """Exercise 5 of 9.7: one sink or four on the pretrained model; sinks or none on the KJV model.
     Both use the page's one definition of a sink head (``kvlab.theory.long_context.sink_heads``)."""
+    heads = integer("heads", heads)
+    sink_heads = integer("sink_heads", sink_heads, 0, heads + 1)
+    kjv_heads = integer("kjv_heads", kjv_heads, 0)
+    budget = integer("budget", budget)
+    instance("one_vs_four", one_vs_four, Spread)
+    instance("kjv_rescue", kjv_rescue, Spread)
+    if missing := unmeasured(one_vs_four=one_vs_four.mean, kjv_rescue=kjv_rescue.mean):
+        return solution(5, missing)
     if sink_heads:
         text = (
             f"The heat map is the guide: by the page's definition SmolLM2 has {sink_heads} sink"

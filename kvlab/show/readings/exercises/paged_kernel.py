@@ -3,15 +3,19 @@ numbers."""
 
 from __future__ import annotations
 
-from kvlab._checks import integer
+import math
+
+from kvlab._checks import integer, nonnegative, record
 from kvlab.show.readings.exercises.folded import solution
+
+GRID = "kvlab.lab.paged_kernel.SplitGrid"
 
 
 def paged_kernel_rows(q_heads: int, kv_heads: int, rows: int) -> str:
     """Exercise 1 of the paged kernel: the useful share of ``tl.dot`` rows for a GQA group."""
     q_heads = integer("q_heads", q_heads, 0)
-    kv_heads = integer("kv_heads", kv_heads, 0)
-    rows = integer("rows", rows, 0)
+    kv_heads = integer("kv_heads", kv_heads)
+    rows = integer("rows", rows)
     group = q_heads // kv_heads
     text = (
         f"One program serves one KV head and its group of $G = {q_heads} / {kv_heads} = {group}$"
@@ -37,6 +41,12 @@ def paged_kernel_splits(grid, tile_tokens: int, min_tiles: int, programs_per_sm:
     """Exercise 2 of the paged kernel: how many splits ``choose_num_splits`` picks at batch 1
     (``grid``: :func:`kvlab.lab.paged_kernel.split_grid`, whose ``bound`` says which limit set the
     count)."""
+    tile_tokens = integer("tile_tokens", tile_tokens)
+    min_tiles = integer("min_tiles", min_tiles)
+    programs_per_sm = integer("programs_per_sm", programs_per_sm)
+    record(
+        "grid", grid, GRID, "multiprocessors", "kv_heads", "context", "wanted", "useful", "splits"
+    )
     sms, heads, context = grid.multiprocessors, grid.kv_heads, grid.context
     text = (
         f"At batch 1 there are only {heads} programs without splitting (one per KV head), for {sms}"
@@ -61,6 +71,14 @@ def paged_kernel_splits(grid, tile_tokens: int, min_tiles: int, programs_per_sm:
     )
 
 
+def _largest(name: str, value) -> float:
+    """``value``, the largest absolute value (or difference) measured: a number >= 0, or NaN, which
+    this exercise looks for (a merge that multiplies NaN by 0), and so not a missing measurement."""
+    if isinstance(value, float) and math.isnan(value):
+        return value
+    return nonnegative(name, value)
+
+
 def paged_kernel_empty_split(
     masked_difference: float,
     lse_difference: float,
@@ -72,6 +90,12 @@ def paged_kernel_empty_split(
     """Exercise 3 of the paged kernel: empty splits whose outputs are NaN, merged by
     ``merge_partials`` and by the Triton merge, and what stage 1 itself stores there (all measured
     in the notebook)."""
+    rows = integer("rows", rows)
+    nan_rows = integer("nan_rows", nan_rows, 0, rows + 1)
+    empty_splits = integer("empty_splits", empty_splits)
+    masked_difference = _largest("masked_difference", masked_difference)
+    lse_difference = _largest("lse_difference", lse_difference)
+    stage_one_largest = _largest("stage_one_largest", stage_one_largest)
     text = (
         "Prediction: an empty split has weight $e^{-\\infty - M} = 0$, so a merge that leaves it"
         " out gives the merge of the other splits, whatever its output holds. A merge that only"
