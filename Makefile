@@ -5,7 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 READY := $(VENV)/.ready
 # The floor venv: kvlab's lowest supported transformers and torch (requirements-floor.txt) installed
-# over .venv's other packages, which it sees through a .pth file. Built once, then reused.
+# over .venv's other packages, which it sees through a .pth file. Built once, then reused. One package
+# of .venv stays hidden: `kernels`, which transformers 5.25 requires and 5.5 treats as optional. Beside
+# it, transformers 5.5 fails to import (kernels 0.19) or, with the kernels release 5.5 names, fetches
+# Mamba's kernels from the Hub at run time; a user of 5.5 without that extra has neither.
 FLOOR := .venv-floor
 FLOOR_READY := $(FLOOR)/.ready
 # The pretrained model (kvlab.pretrained_model) is the GGUF file of this package; its own dependencies
@@ -37,6 +40,8 @@ $(FLOOR_READY): $(READY) requirements-floor.txt
 	test -x $(FLOOR)/bin/python || $(PYTHON) -m venv $(FLOOR)
 	echo "import site; site.addsitedir('$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
 		> "$$($(FLOOR)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_kvlab_venv.pth"
+	echo "import sys; sys.modules['kernels'] = None" \
+		> "$$($(FLOOR)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_kvlab_no_kernels.pth"
 	$(FLOOR)/bin/python -m pip install --quiet -r requirements-floor.txt
 	$(FLOOR)/bin/python -c "import kvlab; kvlab.pretrained_model()"
 	touch $(FLOOR_READY)
