@@ -104,15 +104,42 @@ def test_crossing_reading_covers_each_direction():
 
 
 def test_handoff_readings_both_ways():
-    t = clean(rd.handoff_reading(851_968, 851_968.0, 852_044, 6e-4, 7e-4, 200, 16, 2e-6, 1.3e-5))
-    assert (
-        "**851,968 bytes**" in t
-        and "exactly" in t
-        and "within a factor of 2" in t
-        and "76 bytes" in t
+    args = (200, 16, 2e-6, 1.3e-5)
+    sends = [9e-4, 7e-4, 7.1e-4, 7.2e-4]  # the first slower; the fastest 3% under the median
+    t = clean(rd.handoff_reading(851_968, 851_968.0, 852_044, sends, 7e-4, *args))
+    assert "**851,968 bytes**" in t and "exactly" in t and "76 bytes" in t
+    assert "Over 4 handoffs the fastest send took 700 µs (the first 900 µs)" in t
+    assert "1.00 times the prediction: agrees (spread 3%)" in t
+    off = rd.handoff_reading(851_968, 800_000.0, 852_044, [6e-3, 6e-3], 7e-4, *args)
+    assert "the formula" in off and "not the sequence's blocks" in off
+    assert "8.57 times the prediction: above it" in off
+
+
+def test_handoff_verdict_on_both_sides_of_each_edge_and_in_the_band():
+    from kvlab.theory.agreement import edges
+
+    sends = [1.0, 1.05, 1.05]  # a spread of 5%: the agreement band is the floor's 10%
+    low_miss, low_agree, high_agree, high_miss = edges(1.0, 0.05)
+    words = {
+        low_miss / 1.1: "below it",
+        (low_miss * low_agree) ** 0.5: "cannot tell (below it",
+        low_agree * 1.1: "agrees",
+        high_agree / 1.1: "agrees",
+        (high_agree * high_miss) ** 0.5: "cannot tell (above it",
+        high_miss * 1.1: "above it",
+    }
+    for fastest, verdict in words.items():
+        times = [fastest * t for t in sends]
+        text = clean(rd.handoff_reading(100, 100.0, 120, times, 1.0, 8, 16, 1e-6, 1e-5))
+        assert f": {verdict}" in text, (fastest, text)
+
+
+def test_handoff_reading_says_what_was_not_measured():
+    text = rd.handoff_reading(100, 100.0, 120, [1e-3, float("nan")], 1e-3, 8, 16, 1e-6, 1e-5)
+    assert text.startswith("Not measured: sends[1] (got nan)")
+    assert rd.handoff_reading(100, 100.0, 120, [], 1e-3, 8, 16, 1e-6, 1e-5).startswith(
+        "Not measured: sends"
     )
-    off = rd.handoff_reading(851_968, 800_000.0, 852_044, 6e-3, 7e-4, 200, 16, 2e-6, 1.3e-5)
-    assert "the formula" in off and "not the sequence's blocks" in off and "8.6 times" in off
     grown = rd.handoff_tables_reading(8, [3, 0, 1], [0, 1, 2, 4])
     assert "[3, 0, 1] (3 blocks)" in grown and "is 1 block longer" in grown
     same = rd.handoff_tables_reading(8, list(range(9)), list(range(9)))

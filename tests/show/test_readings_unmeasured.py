@@ -45,7 +45,6 @@ BAD_MEASUREMENTS = {
     decode_loop.intercept_reading: "floor_s t0",
     devices.link_reading: "bytes_per_s latency_s",
     devices.step_reading: "one_process_s split_s all_reduce_s",
-    devices.handoff_reading: "send_s",
     devices.crossing_reading: "latency_s",
     diagnosis.reading_methods: "generate_tokens_per_s best_tokens_per_s",
     diagnosis.reading_batch: "bandwidth",
@@ -119,6 +118,10 @@ def test_a_reading_handed_no_measurement_names_it_instead_of_a_verdict(
 
 # readings handed a dict of measurements: (call with one entry unmeasured, the sentence's start)
 BAD_MEASURED_DICTS = {
+    "handoff_reading": (
+        lambda: devices.handoff_reading(100, 100.0, 120, [1e-3, math.nan], 1e-3, 8, 16, 1e-6, 1e-5),
+        "Not measured: sends[1] (got nan).",
+    ),
     "stream_reading": (
         lambda: long_context.stream_reading(4, 64, 512, {"full": 9.0, "window": math.nan}, {}, 8),
         "Not measured: ppl['window'] (got nan).",
