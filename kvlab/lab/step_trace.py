@@ -76,12 +76,13 @@ class StepTrace:
 
     @property
     def idle_spread(self) -> float:
-        """How far the idle share of the second-best traced step sat from the kept one's, relative
-        to it (``busy_spread`` for the gaps; 0 with one trace or no gaps)."""
-        f = self.busy_fractions
-        if len(f) < 2 or f[0] >= 1:
+        """How far the traces' median idle share sat from the kept trace's, relative to it: the
+        scatter of the gaps over every trace, as ``Timing.spread_above_min`` is of the repeats (0
+        with one trace or no gaps). A gap a descheduled trace adds widens it."""
+        idle = [1 - f for f in self.busy_fractions]
+        if len(idle) < 2 or idle[0] <= 0:
             return 0.0
-        return abs(f[1] - f[0]) / (1 - f[0])
+        return abs(statistics.median(idle) - idle[0]) / idle[0]
 
     @property
     def step_spread(self) -> float:

@@ -146,9 +146,9 @@ def reading_timeline(cached: StepTrace, static: StepTrace, gpu: bool) -> str:
         return (
             head
             + expect
-            + "Not less idle, against the model. The likely reason: the static step was not "
-            "replayed as a graph (its compilation fell back to eager, or a graph break split "
-            "it), so its kernels were launched one at a time again."
+            + "Not clearly less idle, against the model: a step replayed as one graph has no launch"
+            " gaps to show, so check that this one was (a compile that fell back to eager, or a"
+            " graph break, launches its kernels one at a time again)."
         )
     expect = (
         "Step 3's model for a static step run eagerly, without CUDA graphs (as on a CPU): its gaps"
@@ -170,18 +170,17 @@ def reading_timeline(cached: StepTrace, static: StepTrace, gpu: bool) -> str:
             " graph, which a CPU does not have; on a GPU the same cell shows the compiled static"
             " step as a dense run of kernels."
         )
-    elif c.side == ABOVE:
+    elif c.outcome == DISAGREES:
+        more_or_less = "More" if c.side == ABOVE else "Less"
         tail = (
-            "More idle than its operators explain. The likely reason on a shared CPU: the process"
-            " was descheduled during the static step's trace (the shortest of three traces is kept,"
-            " but all three can be hit), which shows as white space; rerun the cell. Its operator"
-            " count is the model's part of the answer, the rest is this machine."
+            f"{more_or_less} idle than its operator count predicts, beyond the traces' scatter: the"
+            " gap per operator is not the same in the two loops, as the model assumes, and a trace"
+            " does not say what fills a gap."
         )
     else:
         tail = (
-            "Less idle than its operators predict: fixed shapes leave less to allocate and check"
-            " between operators than the cached step's growing cache (its `torch.cat` per layer),"
-            " which the operator count does not weigh."
+            "The traces scatter too much to tell whether the operator count accounts for the"
+            " gaps; rerun the cell on a quieter machine."
         )
     return head + expect + tail
 
