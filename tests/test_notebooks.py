@@ -452,6 +452,7 @@ WITHIN_WORDS = {
     "notebooks/07_ssm_state",  # 3,374
     "notebooks/09_diagnosis",  # 3,386
     "notebooks/11_engine",  # 3,248
+    "notebooks/12_devices",  # 3,226
     "notebooks/13_speculative",  # 2,345
 }
 
