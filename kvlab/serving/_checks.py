@@ -324,15 +324,15 @@ def heads(step, query, layer: int) -> None:
         )
 
 
-def chunks(cache, chunks_) -> list[tuple[list[int], int, int]]:
-    """Each chunk's block table and token span, after checking everything the kernels will trust:
-    live resident sequences, each once, committed slots, one-token chunks first."""
+def chunks(cache, chunks_) -> None:
+    """Everything the kernels will trust about a step's chunks: live resident sequences, each once,
+    committed slots, one-token chunks first."""
     if isinstance(chunks_, (str, bytes)) or not hasattr(chunks_, "__iter__"):
         raise TypeError(
             "chunks must be a list of (seq_id, start, token_ids) chunks, got"
             f" {type(chunks_).__name__}"
         )
-    spans, seen, longer = [], set(), False
+    seen, longer = set(), False
     for i, chunk in enumerate(chunks_):
         if not isinstance(chunk, (tuple, list)) or len(chunk) not in (3, 4):
             raise TypeError(
@@ -356,10 +356,8 @@ def chunks(cache, chunks_) -> list[tuple[list[int], int, int]]:
             )
         seen.add(seq_id)
         longer = longer or count > 1
-        spans.append((cache.block_table(seq_id), start, start + count))
-    if not spans:
+    if not seen:
         raise ValueError("chunks must name at least one (seq_id, start, token_ids) chunk")
-    return spans
 
 
 def engine_ready(engine) -> None:

@@ -289,7 +289,7 @@ def handoff_reading(
     """The measured KV handoff against the KV size formula and the calibrated link; ``sends``: the
     send times of the same handoff repeated, the first first."""
     sends = instance("sends", sends, (list, tuple), "a list of send times")
-    if missing := unmeasured(**{f"sends[{i}]": t for i, t in enumerate(sends)} or {"sends": None}):
+    if missing := unmeasured(**{f"sends[{i}]": t for i, t in enumerate(sends)} or {"sends": sends}):
         return missing
     fastest, median = min(sends), sorted(sends)[len(sends) // 2]
     c = compare(fastest, predicted_s, median / fastest - 1)
