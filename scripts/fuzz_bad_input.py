@@ -1969,6 +1969,12 @@ def newer_entries() -> list[Entry]:
         dict(method="choice", cache="model"),
     )
     add(
+        "lab.layout_timing.measure_reads",
+        layout_timing.measure_reads,
+        dict(caches={"a": cache, "b": cache}, q_heads=2, warmup=0, reps=1),
+        dict(caches="dict", q_heads="int?", warmup="int0", reps="int"),
+    )
+    add(
         "lab.trained.heldout_ids",
         trained.heldout_ids,
         dict(text="some text"),

@@ -7,7 +7,8 @@ measured.
   bytes they do move (a paged read without a paged kernel gathers a copy first);
 - ``measure_read`` and ``measure_append``: one layer's decode read and one token's append, timed
   through the mechanism's checked-once paths (``decode_reader``, ``token_writer``), each beside
-  the time its moved bytes take at the calibrated copy bandwidth (the bytes model, ``predicted_s``);
+  the time its bytes take at the calibrated ceilings (the bytes model, ``predicted_s``);
+  ``measure_reads``: several caches' reads timed in alternation, for a ratio that holds;
 - ``last_level_cache_bytes``: the largest hardware cache of the device, which a small cache's read
   may come from instead of DRAM (``kvlab.theory.kv_traffic.cache_resident``);
 - ``bench_rows``: all four layouts side by side, and multi-head against grouped-query attention
@@ -21,13 +22,13 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab._checks import instance, integer, one_of
+from kvlab._checks import instance, integer, items, one_of
 from kvlab.cache.addresses import LAYOUTS, PAGED, KVGeometry, as_block_table
 from kvlab.cache.layout import APPEND_METHODS, KVCache, decode_reader, new_cache, token_writer
 from kvlab.devices import on_gpu
 from kvlab.lab.bench import Row
 from kvlab.lab.hardware import calibrate
-from kvlab.lab.timing import measure
+from kvlab.lab.timing import interleaved, measure
 
 
 def contiguous_runs(
@@ -161,6 +162,33 @@ def measure_read(
 ) -> ReadMeasurement:
     """Time ``decode_read`` on ``cache`` with a random query of ``q_heads`` heads (default: KV
     heads)."""
+    read, q_heads = _reader(cache, q_heads, layer)  # checked once; the timed calls check nothing
+    timing = measure(read, warmup=warmup, reps=reps, device=cache.k.device)
+    return _read_measurement(cache, q_heads, timing)
+
+
+def measure_reads(
+    caches: dict, q_heads: int | None = None, layer: int = 0, warmup: int = 1, reps: int = 7
+) -> dict:
+    """Time the reads of several caches (a dict, name to ``KVCache``) in alternation, one call each
+    per round (``kvlab.lab.timing.interleaved``): drift on a shared machine slows them alike, so
+    their ratio holds from run to run where reads timed a minute apart need not. Returns a
+    ``ReadMeasurement`` per name."""
+    instance("caches", caches, dict, "a dict of name to KVCache")
+    items("caches", caches.values(), KVCache, each="a kvlab.cache.layout.KVCache")
+    if not caches:
+        raise ValueError("caches must hold at least one KVCache, got {}")
+    devices = {cache.k.device for cache in caches.values()}
+    if len(devices) > 1:
+        raise ValueError(f"caches must all be on one device, got {sorted(map(str, devices))}")
+    reads = {name: _reader(cache, q_heads, layer) for name, cache in caches.items()}
+    timings = interleaved(
+        {name: read for name, (read, _) in reads.items()}, reps, warmup, devices.pop()
+    )
+    return {name: _read_measurement(caches[name], reads[name][1], timings[name]) for name in caches}
+
+
+def _reader(cache: KVCache, q_heads: int | None, layer: int):
     g = cache.geometry
     q_heads = g.kv_heads if q_heads is None else integer("q_heads", q_heads, 1)
     if q_heads % g.kv_heads:
@@ -168,8 +196,11 @@ def measure_read(
             f"q_heads ({q_heads}) must be a multiple of the cache's kv_heads ({g.kv_heads})"
         )
     q = torch.randn(cache.batch, q_heads, g.head_dim, dtype=cache.k.dtype, device=cache.k.device)
-    read = decode_reader(cache, q, layer)  # validates once; the timed calls skip nothing else
-    timing = measure(read, warmup=warmup, reps=reps, device=cache.k.device)
+    return decode_reader(cache, q, layer), q_heads
+
+
+def _read_measurement(cache: KVCache, q_heads: int, timing) -> ReadMeasurement:
+    g = cache.geometry
     kv, moved = read_traffic(cache)
     return ReadMeasurement(
         cache.layout,

@@ -3,12 +3,19 @@ run."""
 
 import dataclasses
 
+import pytest
 import torch
 
 from kvlab.cache import layout as L
 from kvlab.cache.addresses import LAYOUTS, KVGeometry
 from kvlab.lab.bench import Row
-from kvlab.lab.layout_timing import bench_rows, contiguous_runs, measure_append, measure_read
+from kvlab.lab.layout_timing import (
+    bench_rows,
+    contiguous_runs,
+    measure_append,
+    measure_read,
+    measure_reads,
+)
 
 
 def test_contiguous_runs_match_the_layouts_arithmetic():
@@ -51,6 +58,30 @@ def test_measurements_and_bench_rows_run():
     rows = bench_rows(rounds=1, context=40, batch=2)
     assert rows and all(isinstance(r, Row) for r in rows)
     assert {"read BHTD", "read NHD", "append BTHD cat / index"} <= {r.name for r in rows}
+
+
+def test_reads_timed_in_alternation_are_measured_like_one_read():
+    caches = {
+        b: L.new_cache("BHTD", batch=b, length=24, kv_heads=2, head_dim=8, device="cpu")
+        for b in (1, 3)
+    }
+    reads = measure_reads(caches, q_heads=4, warmup=0, reps=3)
+    for b, cache in caches.items():
+        alone = measure_read(cache, q_heads=4, warmup=0, reps=1)
+        got = reads[b]
+        assert len(got.timing.times) == 3 and got.timing.min > 0
+        assert dataclasses.replace(got, timing=alone.timing) == alone  # same bytes and shape
+    assert reads[3].kv_bytes == 3 * reads[1].kv_bytes
+
+
+def test_reads_in_alternation_refuse_a_mixed_or_empty_set():
+    cache = L.new_cache("BHTD", batch=1, length=4, kv_heads=2, head_dim=8, device="cpu")
+    with pytest.raises(ValueError, match="at least one"):
+        measure_reads({})
+    with pytest.raises(TypeError, match=r"caches\[1\] must be a kvlab.cache.layout.KVCache"):
+        measure_reads({"a": cache, "b": "cache"})
+    with pytest.raises(ValueError, match="multiple of the cache's kv_heads"):
+        measure_reads({"a": cache}, q_heads=3)
 
 
 def test_last_level_cache_is_a_size_or_unknown():

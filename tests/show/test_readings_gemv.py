@@ -144,3 +144,5 @@ def test_verdict_words_name_each_outcome_and_a_run_too_noisy_to_agree():
     assert unsure.startswith("cannot tell: it is above") and "noise band" in unsure
     noisy = verdicts.verdict_words(compare(0.999, 1.0, 0.30))  # on it, but spread past the limit
     assert "on the prediction" in noisy and "below" not in noisy
+    far = verdicts.verdict_words(compare(2.9, 1.0, 2.0))  # far off, in a run scattered by 200%
+    assert far == "cannot tell: the repeats scattered by 200%, too much to call it"

@@ -214,8 +214,8 @@ def gqa_reading(mha, small, llc: int | None) -> str:
         else:
             why = (
                 "the two caches sit on the same side of the device's last-level cache"
-                f" ({si(llc, 'B') if llc else 'size unknown'}), so the likelier cause is another"
-                " process slowing the larger read"
+                f" ({si(llc, 'B') if llc else 'size unknown'}), yet the larger read paid more time"
+                " per byte, which the bytes model, one rate for every size, does not predict"
             )
         return text + f" Time fell more than the bytes: {why}."
     if _missed(c, BELOW):
@@ -226,5 +226,5 @@ def gqa_reading(mha, small, llc: int | None) -> str:
             " read's time."
         )
     if c.outcome == CANNOT_TELL:
-        return text + " The repeats scattered too much to call the gap."
+        return text
     return text + " Time follows bytes: the read is bandwidth-bound."

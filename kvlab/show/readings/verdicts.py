@@ -9,6 +9,8 @@ side, where the run cannot tell.
 
 from __future__ import annotations
 
+import math
+
 from kvlab._checks import instance, integer
 from kvlab.theory.agreement import (
     AGREE_SPREAD_LIMIT,
@@ -44,17 +46,20 @@ def _power_word() -> str:
 
 def verdict_words(c: Comparison) -> str:
     """``"agrees"``, ``"is above it"``, ``"is below it"``, ``"cannot tell (above it)"``: the
-    verdict as a reading's sentence continues it. A measurement on its prediction from a run too
-    noisy to agree (``Comparison.can_agree``) says so rather than naming a side."""
+    verdict as a reading's sentence continues it. A run too noisy to agree
+    (``Comparison.can_agree``) says so: on its prediction (within the floor), or with its scatter,
+    rather than naming a side."""
     instance("c", c, Comparison)
     if c.outcome == AGREES:
         return "agrees"
     if c.outcome == DISAGREES:
         return f"disagrees: it is {c.side} the prediction"
-    if not c.can_agree and abs(c.ratio - 1) <= c.band:
+    if not c.can_agree and abs(math.log(c.ratio)) <= math.log(1 + c.floor):
         return (
             "cannot tell: it is on the prediction, but the repeats scattered too much to confirm it"
         )
+    if not c.can_agree:
+        return f"cannot tell: the repeats scattered by {c.spread:.0%}, too much to call it"
     return f"cannot tell: it is {c.side} the prediction, but within the noise band"
 
 

@@ -48,7 +48,8 @@ def kv_layout_batch(lo_read, hi_read, lo_append, hi_append, llc: int | None) -> 
         " writes $2BHDw$ bytes, a few kilobytes, so its time is the fixed cost of one operation"
         " and should barely move. Measured: the append went from"
         f" {si(lo_append.timing.min, 's')} to {si(hi_append.timing.min, 's')} ({app:.1f}x),"
-        f" and the read from {si(lo_read.timing.min, 's')} to {si(hi_read.timing.min, 's')},"
+        f" and the read (the two batches timed in alternation) from {si(lo_read.timing.min, 's')}"
+        f" to {si(hi_read.timing.min, 's')},"
         f" **{c.measured:.2f}x**, {c.ratio:.2f} times the prediction, which {verdict_words(c)}."
     )
     if _missed(c, BELOW):
@@ -62,18 +63,17 @@ def kv_layout_batch(lo_read, hi_read, lo_append, hi_append, llc: int | None) -> 
         else:
             text += (
                 " The read grew less than its bytes although both caches sit on the same side of"
-                " the last-level cache: a fixed cost per read (the call, the softmax's small"
-                " tensors) weighs more at the smaller batch, or another process slowed it."
+                " the last-level cache: the smaller batch paid more time per byte, so part of its"
+                " read is a cost that does not grow with the batch, which the bytes model leaves"
+                " out."
             )
     elif _missed(c, ABOVE):
         text += (
-            " The read grew more than its bytes: the larger batch competed with another process for"
-            " the memory bus, or its cache left the hardware caches that the smaller one used."
+            " The read grew more than its bytes: the larger batch moved each byte more slowly than"
+            " the smaller one, which the bytes model, one rate for every size, does not predict."
         )
     elif c.agrees:
         text += " The read scales with its bytes, as predicted."
-    else:
-        text += " The repeats scattered too much to call the gap."
     return solution(1, text)
 
 
@@ -101,11 +101,9 @@ def kv_layout_block1(
         text += " Slower than its bytes: per-block indexing costs more than the bytes."
     elif _missed(c, BELOW):
         text += (
-            " Faster than its bytes say, which indexing cannot explain: the block-16 read was"
-            " slowed by another process on this shared machine (rerun the cell)."
+            " Faster than its bytes say, which indexing cannot explain: the one-token blocks"
+            " read more bytes per second than the 16-token ones, against the bytes model."
         )
-    elif c.outcome == CANNOT_TELL:
-        text += " The repeats scattered too much to call the gap."
     else:
         text += (
             " Not slower here: PyTorch's indexed copy handles one-token blocks as one gather over"
@@ -146,8 +144,6 @@ def kv_layout_cat(read, cat) -> str:
         )
     elif c.agrees:
         text += " Close to the byte ratio."
-    else:
-        text += " The repeats scattered too much to call the gap."
     text += (
         " Preallocating removes the copy and gives every step the same addresses; the risk is the "
         "memory reserved for tokens that may never come, which is what paging recovers "
