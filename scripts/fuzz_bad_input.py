@@ -1065,6 +1065,14 @@ def entries() -> list[Entry]:
         dict(max_new_tokens="size", batches="ints", memory="real?", compile="flag?"),
     )
     add("lab.diagnose.this_machine", diagnose.this_machine, dict(memory=None), dict(memory="real?"))
+    from kvlab.lab import step_trace
+
+    add(
+        "lab.step_trace.trace_steps",
+        step_trace.trace_steps,
+        dict(model=M, input_ids=ids(), methods=("cached", "static"), warmup=0, reps=1, traces=1),
+        dict(model="model", methods="names", warmup="int0", reps="int", traces="int"),
+    )
     add(
         "theory.verdict.decide",
         verdict.decide,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from kvlab._checks import integer
+from kvlab._checks import integer, one_of
 from kvlab.lab.hardware import cpu_threads, device_name
 from kvlab.lab.repeatable_step import (
     CPU_THREADS,
@@ -31,7 +31,7 @@ from kvlab.lab.repeatable_step import (
     prepared_ids,
     sync,
 )
-from kvlab.theory.work import StepWork, step_work
+from kvlab.theory.work import STEP_METHODS, StepWork, step_work
 
 
 @dataclass(frozen=True)
@@ -251,28 +251,65 @@ def trace_step(
     ``threads`` of torch's threads (default ``CPU_THREADS``; None: the caller's count), restored
     after.
     """
-    shape, ids = prepared_ids(model, input_ids, context, method)
+    return trace_steps(
+        model, input_ids, (method,), context, warmup, reps, compile, traces, threads
+    )[method]
+
+
+def trace_steps(
+    model,
+    input_ids,
+    methods=("cached", "static"),
+    context: int | None = None,
+    warmup: int = 2,
+    reps: int = 3,
+    compile: bool | None = None,
+    traces: int = 5,
+    threads: int | None = CPU_THREADS,
+) -> dict:
+    """``trace_step`` for each of ``methods`` (distinct), one ``StepTrace`` per method, with their
+    timed steps and their traces taken in alternation, one of each per round: load on a shared
+    machine then falls on every method alike, and a comparison of their traces holds from run to
+    run where traces taken a minute apart need not. ``paged`` swaps the model's attention while its
+    step is alive, so it is traced alone."""
+    if isinstance(methods, str) or not methods or len(set(methods)) != len(methods):
+        raise ValueError(f"methods must be a non-empty list of distinct methods, got {methods!r}")
+    for i, method in enumerate(methods):
+        one_of(f"methods[{i}]", method, STEP_METHODS)
+    if "paged" in methods and len(methods) > 1:
+        raise ValueError(f"methods must not pair 'paged' with another method, got {methods!r}")
+    prepared = {m: prepared_ids(model, input_ids, context, m) for m in methods}
     integer("warmup", warmup, 0)
     integer("reps", reps, 1)
     integer("traces", traces, 1)
     threads = measurement_threads(model, threads)
+    steppers = {}
     with cpu_threads(threads):
-        stepper = RepeatableStep(model, ids, method, compile)
         try:
-            times = stepper.time(warmup, reps)
-            # The trace kept is the one whose thread was on a core for the largest share of it
-            # (then the shortest): on a shared machine a descheduled step shows the pause as a gap
-            # or as one long operator, neither of which is the step's own.
-            cpu = stepper.device.type != "cuda"  # a GPU step's thread waits on the device
-            profiles = sorted(
-                (_profile(stepper) for _ in range(traces)),
-                key=lambda t: (-round(t[4], 2) if cpu else 0, t[0]),
-            )
-            span, busy, ops, timeline, _ = profiles[0]
+            for m in methods:
+                steppers[m] = RepeatableStep(model, prepared[m][1], m, compile)
+            times = {m: stepper.time(warmup, reps) for m, stepper in steppers.items()}
+            profiles = {m: [] for m in methods}
+            for _ in range(traces):
+                for m, stepper in steppers.items():
+                    profiles[m].append(_profile(stepper))
         finally:
-            stepper.close()
+            for stepper in steppers.values():
+                stepper.close()
+    return {
+        m: _step_trace(model, m, prepared[m][0], steppers[m], times[m], profiles[m], threads)
+        for m in methods
+    }
+
+
+def _step_trace(model, method, shape, stepper, times, profiles, threads) -> StepTrace:
+    """The trace kept: the one whose thread was on a core for the largest share of it (then the
+    shortest). On a shared machine a descheduled step shows the pause as a gap or as one long
+    operator, neither of which is the step's own; a GPU step's thread waits on the device."""
+    cpu = stepper.device.type != "cuda"
+    profiles = sorted(profiles, key=lambda t: (-round(t[4], 2) if cpu else 0, t[0]))
+    span, busy, ops, timeline, _ = profiles[0]
     w = element_bytes(model)
-    work = step_work(shape, stepper.batch, stepper.context, method, w, w)
     return StepTrace(
         method,
         stepper.batch,
@@ -283,7 +320,7 @@ def trace_step(
         busy,
         ops,
         timeline,
-        work,
+        step_work(shape, stepper.batch, stepper.context, method, w, w),
         tuple(times),
         threads=threads,
         busy_fractions=tuple(p[1] / p[0] if p[0] > 0 else 0.0 for p in profiles),

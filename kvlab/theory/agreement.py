@@ -108,13 +108,19 @@ class Comparison:
 
     def describe(self) -> str:
         """``"1.04 times the prediction: agrees"``, ``"1.6 times the prediction: above it"``,
-        ``"1.2 times the prediction: cannot tell (above it, within the noise band)"``."""
+        ``"1.2 times the prediction: cannot tell (above it, short of a clear miss)"``; a run too
+        scattered to agree says ``"(on it, too scattered to confirm it)"`` within the floor of the
+        prediction, else ``"(scattered by 40%)"``."""
         r = self.ratio
         times = ratio_words(r)
         if self.outcome == AGREES:
             return f"{times} times the prediction: agrees"
         if self.outcome == DISAGREES:
             return f"{times} times the prediction: {self.side} it"
+        if not self.can_agree and abs(math.log(r)) <= math.log(1 + self.floor):
+            return f"{times} times the prediction: cannot tell (on it, too scattered to confirm it)"
+        if not self.can_agree:
+            return f"{times} times the prediction: cannot tell (scattered by {self.spread:.0%})"
         return f"{times} times the prediction: cannot tell ({self.side} it, short of a clear miss)"
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.lab.step_trace import StepTrace, trace_step
+from kvlab.lab.step_trace import StepTrace, trace_step, trace_steps
 from kvlab.theory.work import STEP_METHODS, step_work
 
 
@@ -59,3 +59,22 @@ def test_trace_round_trips_through_json(small):
     trace = trace_step(small, _ids(small, 1, 4), method="cached", warmup=0, reps=1)
     again = StepTrace.from_json(json.loads(json.dumps(trace.to_json())))
     assert dataclasses.replace(again, step_times=trace.step_times) == trace
+
+
+def test_traces_in_alternation_match_one_method_traced_alone(small):
+    ids = _ids(small, 2, 5)
+    both = trace_steps(small, ids, ("static", "cached"), 9, warmup=0, reps=2, traces=3)
+    assert list(both) == ["static", "cached"]
+    for method, trace in both.items():
+        alone = trace_step(small, ids, 9, method, warmup=0, reps=1, traces=1)
+        assert (trace.method, trace.batch, trace.context) == (method, 2, 9)
+        assert trace.work == alone.work and len(trace.busy_fractions) == 3
+        assert len(trace.step_times) >= 2 and 0 < trace.busy_s <= trace.traced_s + 1e-9
+
+
+@pytest.mark.parametrize(
+    "methods", [(), ("cached", "cached"), "cached", ("cached", "nonsense"), ("cached", "paged")]
+)
+def test_traces_in_alternation_refuse_a_bad_list_of_methods(small, methods):
+    with pytest.raises(ValueError, match="method"):
+        trace_steps(small, _ids(small, 1, 4), methods, warmup=0, reps=1, traces=1)

@@ -130,6 +130,11 @@ def test_compare_describes_its_outcome_without_the_rule():
     assert compare(1.6, 1.0, 0.02).describe() == "1.6 times the prediction: above it"
     assert compare(0.5, 1.0, 0.02).describe() == "0.5 times the prediction: below it"
     assert compare(1.2, 1.0, 0.02).describe().startswith("1.2 times the prediction: cannot tell")
+    noisy = "0.95 times the prediction: cannot tell (on it, too scattered to confirm it)"
+    assert compare(0.95, 1.0, 0.6).describe() == noisy
+    assert compare(1.5, 1.0, 0.6).describe() == (
+        "1.5 times the prediction: cannot tell (scattered by 60%)"
+    )
 
 
 def test_a_run_too_noisy_to_confirm_never_agrees():
