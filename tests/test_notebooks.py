@@ -448,6 +448,7 @@ WITHIN_WORDS = {
     "notebooks/02_cache_reuse",  # 3,389
     "notebooks/03_gemv",  # 3,386
     "notebooks/04_kv_layout",  # 3,387
+    "notebooks/05_paged_attention",  # 3,316
     "notebooks/05b_paged_kernel",  # 3,384
     "notebooks/07_ssm_state",  # 3,374
     "notebooks/09_diagnosis",  # 3,386
