@@ -451,6 +451,7 @@ WITHIN_WORDS = {
     "notebooks/05b_paged_kernel",  # 3,384
     "notebooks/07_ssm_state",  # 3,374
     "notebooks/09_diagnosis",  # 3,386
+    "notebooks/10_memory_wall",  # 3,252 without its tables (WITHOUT_TABLES; 3,836 with them)
     "notebooks/11_engine",  # 3,248
     "notebooks/12_devices",  # 3,226
     "notebooks/13_speculative",  # 2,345
