@@ -30,11 +30,12 @@ def visible_code_lines(html: str) -> list[int]:
     return out
 
 
-def rendered_words(html: str) -> int:
+def rendered_words(html: str, count_tables: bool = True) -> int:
     """The page's words as a reader meets them: everything in the article but folded content,
-    scripts and the headings' link symbols."""
+    scripts and the headings' link symbols; with count_tables=False, the words inside <table>
+    elements are left out too (for a page whose tables are reference data, not prose)."""
     article = _article(html)
-    for tag in article.find_all(NOT_READ):
+    for tag in article.find_all(NOT_READ if count_tables else (*NOT_READ, "table")):
         tag.decompose()
     for link in article.select("a.headerlink"):
         link.decompose()
@@ -49,7 +50,8 @@ def main(argv=None) -> int:
         text = path.read_text(encoding="utf-8")
         code = visible_code_lines(text)
         print(
-            f"{rendered_words(text):6d} words  longest visible code {max(code, default=0):3d}"
+            f"{rendered_words(text):6d} words ({rendered_words(text, count_tables=False):6d}"
+            f" without tables)  longest visible code {max(code, default=0):3d}"
             f" lines  {path.relative_to(html)}"
         )
     return 0

@@ -452,10 +452,15 @@ WITHIN_WORDS = {
     "notebooks/05b_paged_kernel",  # 3,384
     "notebooks/07_ssm_state",  # 3,374
     "notebooks/09_diagnosis",  # 3,386
+    "notebooks/10_memory_wall",  # 3,252 without its tables (WITHOUT_TABLES; 3,836 with them)
     "notebooks/11_engine",  # 3,248
     "notebooks/12_devices",  # 3,226
     "notebooks/13_speculative",  # 2,345
 }
+# Pages counted without the words inside their tables: issue 32 sets the limit "the memory-wall
+# appendix's tables excepted" (its tables are the seed's Tables 1, 4, 5 and 7 recomputed, reference
+# data rather than prose to read through).
+WITHOUT_TABLES = {"notebooks/10_memory_wall"}
 
 
 @pytest.mark.notebook
@@ -477,10 +482,25 @@ def test_rendered_words_per_page(book):
 
     html = _build(book)
     words = {
-        page: pages.rendered_words((html / f"{page}.html").read_text(encoding="utf-8"))
+        page: pages.rendered_words(
+            (html / f"{page}.html").read_text(encoding="utf-8"),
+            count_tables=page not in WITHOUT_TABLES,
+        )
         for page in toc_pages(book["root"])
     }
     for page, n in words.items():
         print(f"{n:6d} words  {page}")
     over = {p: words[p] for p in WITHIN_WORDS & words.keys() if words[p] > MOST_WORDS}
     assert not over, f"pages past {MOST_WORDS} words: {over}"
+
+
+def test_rendered_words_can_leave_tables_out():
+    import pages
+
+    html = (
+        "<article><h1>Title<a class='headerlink'>#</a></h1><p>one two three</p>"
+        "<table><tr><th>model</th><th>bytes</th></tr><tr><td>a b</td><td>4</td></tr></table>"
+        "<details><summary>folded</summary>hidden words</details></article>"
+    )
+    assert pages.rendered_words(html) == 1 + 3 + 5
+    assert pages.rendered_words(html, count_tables=False) == 1 + 3

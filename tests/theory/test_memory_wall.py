@@ -97,6 +97,20 @@ def test_recommend_w2_moderate_budget():
     assert "does not fit by" in recs[5].reason
 
 
+def test_the_quality_budget_changes_the_advice_at_the_rules_panels_defaults():
+    # notebook 10's rules panel opens at W2 (issue 32: its budget slider must matter there): each
+    # budget gives its own quantization advice, and only "moderate" allows eviction
+    advice = {
+        budget: {r.domain: r.advice for r in recommend(L70, "b200", K128, 32, budget)}
+        for budget in ("none", "small", "moderate")
+    }
+    assert len({a["quantization"] for a in advice.values()}) == 3
+    assert [a["eviction"] == "do not evict" for a in advice.values()] == [True, True, False]
+    # at one sequence the deployment is weight-bound: the budget no longer changes the advice
+    at_one = [recommend(L70, "b200", K128, 1, b) for b in ("none", "small", "moderate")]
+    assert at_one[0] == at_one[1] == at_one[2]
+
+
 def test_recommend_weight_bound_and_lossless():
     recs = recommend(L8, "h100-sxm", 8192, 1, "none")
     assert rules(recs) == [
