@@ -65,7 +65,8 @@ book: $(READY)
 	KVLAB_STATIC=1 $(BIN)/jupyter-book build . -W --keep-going
 	@echo "open _build/html/index.html"
 
-# All tests, in phases, each phase's wall time printed at the end (scripts/phases.sh): lint; the main
+# All tests, in phases, each phase's wall time printed at the end (scripts/phases.sh), and each pytest
+# run's 15 slowest tests after it, so a slow phase shows where its time went: lint; the main
 # run (test-main); the unit tests and live notebooks at the floor versions (test-floor); the GPU
 # check's dry run in a venv that looks like the lent GPU machine (test-gpu-dry).
 test: $(READY) $(FLOOR_READY) $(DEVICE_READY) $(GUARD_READY)
@@ -76,7 +77,8 @@ test: $(READY) $(FLOOR_READY) $(DEVICE_READY) $(GUARD_READY)
 # workers: tests/conftest.py) into the book's jupyter-cache, and the book built from that cache into
 # _build/html with warnings as errors, as `make book` builds it.
 test-main: $(READY) $(GUARD_READY)
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -k "not test_notebook_live_mode_writes_clean_readings"
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q --durations=15 \
+		-k "not test_notebook_live_mode_writes_clean_readings"
 
 # ruff (pyproject.toml, [tool.ruff]): a tree that is not formatted, or that the linter faults, fails
 # `make test`. `make format` rewrites the tree as the check wants it.
@@ -96,6 +98,7 @@ format: $(READY)
 # the readings (tests/show), or the tests of the repository's own scripts and records.
 test-floor: $(FLOOR_READY)
 	$(FLOOR)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -p no:cacheprovider \
+		--durations=15 \
 		--ignore tests/test_notebooks.py --ignore tests/kernels --ignore tests/theory \
 		--ignore tests/test_install.py --ignore tests/test_live_browser.py --ignore tests/show \
 		--ignore tests/test_readme.py --ignore tests/test_lesson_path.py \
