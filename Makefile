@@ -58,10 +58,12 @@ $(GUARD_READY): tests/floor-guard-wheels.txt | $(READY)
 	touch $(GUARD_READY)
 
 # The HTML book, every notebook executed, warnings as errors. Executions are cached by notebook code
-# (jupyter-cache, in _build/.jupyter_cache): a notebook runs again only when its code changed, and
+# (jupyter-cache, in _build/.jupyter_cache): a notebook runs again only when its code changed, or
+# every notebook when kvlab's source did (scripts/book_cache.py, which jupyter-cache cannot see), and
 # `make test` fills the same cache and builds the same _build/html, so `make book` after it executes
 # nothing and finishes in seconds.
 book: $(READY)
+	$(BIN)/python scripts/book_cache.py
 	KVLAB_STATIC=1 $(BIN)/jupyter-book build . -W --keep-going
 	@echo "open _build/html/index.html"
 

@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
 import cell_visibility  # noqa: E402  (the build's tagging rule: part of the cache key)
 
+sys.path.insert(0, str(ROOT / "scripts"))
+import book_cache as book_cache_stamp  # noqa: E402  (the kvlab the cached executions were made with)
+
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
@@ -84,6 +87,7 @@ def _store_in_book_cache(path: Path, executed, seconds: float) -> None:
     cache_dir = book_cache()
     cache_dir.parent.mkdir(parents=True, exist_ok=True)
     with _locked(cache_dir.parent / (cache_dir.name + ".lock")):
+        book_cache_stamp.prepare(cache_dir)  # executions of an older kvlab go first
         cache = jupyter_cache.get_cache(cache_dir)
         cache.cache_notebook_bundle(
             CacheBundleIn(executed, str(path), data={"execution_seconds": seconds}),
@@ -152,6 +156,26 @@ def _scratch_notebook(folder: Path) -> Path:
     path = folder / "x.ipynb"
     nbformat.write(nb, path)
     return path
+
+
+def test_a_change_to_kvlab_empties_the_book_cache_before_it_is_read(tmp_path):
+    root = tmp_path / "repo"
+    (root / "kvlab" / "__pycache__").mkdir(parents=True)
+    (root / "kvlab" / "reading.py").write_text("WORDS = 'old'\n")
+    (root / "requirements.txt").write_text("torch\n")
+    cache = root / "_build" / ".jupyter_cache"
+    assert book_cache_stamp.prepare(cache, root)  # no cache yet: nothing stale, now stamped
+    (cache / "executed.ipynb").write_text("{}")
+    (root / "kvlab" / "__pycache__" / "reading.pyc").write_bytes(b"bytecode")
+    assert book_cache_stamp.prepare(cache, root)  # bytecode is not source: kept
+    assert (cache / "executed.ipynb").exists()
+    (root / "kvlab" / "reading.py").write_text("WORDS = 'new'\n")
+    assert not book_cache_stamp.prepare(cache, root)  # a reading changed: emptied, stamped anew
+    assert not (cache / "executed.ipynb").exists() and book_cache_stamp.prepare(cache, root)
+    (root / "requirements.txt").write_text("torch>=2.13\n")
+    assert not book_cache_stamp.prepare(cache, root)
+    (cache / book_cache_stamp.STAMP).unlink()
+    assert not book_cache_stamp.prepare(cache, root)  # a cache without a stamp is not trusted
 
 
 def test_a_notebook_runs_once_per_run_into_the_cache_the_book_reads(tmp_path, monkeypatch):
