@@ -3,8 +3,8 @@
 Each sentence that decides between outcomes takes the decision from the model that predicts it: the
 block rule (:func:`kvlab.cache.blocks.reusable_tokens`), prefill FLOPs
 (:func:`kvlab.theory.roofline.prefill_time`, judged by :func:`agreement.compare` through
-:func:`kvlab.theory.prefix.ttft_saving`), the replay of a trace
-(:func:`kvlab.theory.prefix.policy_winner`), equal bytes per decode step
+:func:`kvlab.theory.prefix.ttft_saving`), a trace's replay under
+three eviction rules (:func:`kvlab.theory.prefix.hit_rate_verdict`), equal bytes per decode step
 (:func:`kvlab.theory.prefix.decode_steps_compare`) and the roofline of a prefill attention launch
 (:func:`kvlab.theory.prefill_attention.attention_floor`).
 """
@@ -17,7 +17,7 @@ from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.verdicts import verdict_words
 from kvlab.theory.agreement import ABOVE, AGREES, CANNOT_TELL, DISAGREES, compare
-from kvlab.theory.prefix import decode_steps_compare, policy_winner, ttft_saving
+from kvlab.theory.prefix import decode_steps_compare, hit_rate_verdict, ttft_saving
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
 PAGED = "[PagedAttention](05_paged_attention.ipynb)"
@@ -225,56 +225,76 @@ def ttft_reading(
     )
 
 
+LEAF_FIRST = {
+    "tie": (
+        " Leaf-first LRU matches LRU within two points: a request frees its last block first, so"
+        " a chain's root is always used more recently than its leaves and LRU already evicts"
+        " leaves first."
+    ),
+    "more": (
+        " Leaf-first LRU served more: LRU gave up blocks that cached blocks still chain from (a"
+        " copy freed before its child), and every block behind such a gap is unreachable."
+    ),
+    "less": (
+        " Leaf-first LRU served less: it kept parents whose children were not asked for again"
+        " and evicted fresher leaves in their place."
+    ),
+}
+LFU = {
+    "tie": (
+        " LFU matches LRU within two points: at this size the cache holds nearly everything the"
+        " trace reuses, or so little that any rule keeps only the system prompts."
+    ),
+    "more": (
+        " LFU served more: it holds the blocks hit most, the system prompts and the longest"
+        " chats, through bursts of one-off blocks that push them out of LRU."
+    ),
+    "less": (
+        " LFU served less: a count only grows while its block stays cached, so blocks hit often"
+        " earlier keep their place while the active chats' fresh history, not hit yet, goes first"
+        " and is computed again at the next turn."
+    ),
+}
+
+
 def trace_reading(
     cache_blocks: int,
     block_size: int,
     block_bytes: float,
     lru_hit: float,
-    reserve_hit: float,
+    leaf_hit: float,
+    lfu_hit: float,
     lru_ttft: float,
-    reserve_ttft: float,
+    leaf_ttft: float,
+    lfu_ttft: float,
     none_ttft: float,
     num_system_prompts: int,
 ) -> str:
-    """Under the trace figure: the three policies at the cache size the slider picks (the replay
-    decides)."""
+    """Under the trace figure: LRU, leaf-first LRU and LFU at the cache size the slider picks, each
+    of the other two against LRU (``hit_rate_verdict``)."""
     if missing := unmeasured(
         lru_hit=lru_hit,
-        reserve_hit=reserve_hit,
+        leaf_hit=leaf_hit,
+        lfu_hit=lfu_hit,
         lru_ttft=lru_ttft,
-        reserve_ttft=reserve_ttft,
+        leaf_ttft=leaf_ttft,
+        lfu_ttft=lfu_ttft,
         none_ttft=none_ttft,
     ):
         return missing
     head = (
-        f"With {num_system_prompts} system prompt{'s' if num_system_prompts > 1 else ''} and a"
-        f" cache of {cache_blocks:,} blocks of {block_size} tokens"
-        f" ({si(cache_blocks * block_bytes, 'B')} of K and V for this model), LRU served"
-        f" **{100 * lru_hit:.0f}%** of prompt tokens from the cache and evicting nothing (reserve)"
-        f" **{100 * reserve_hit:.0f}%**. The mean predicted time to first token is"
-        f" {si(lru_ttft, 's')} with LRU, {si(reserve_ttft, 's')} with reserve and"
+        f"With {num_system_prompts} system prompt{'s' if num_system_prompts > 1 else ''} and"
+        f" {cache_blocks:,} blocks of {block_size} tokens"
+        f" ({si(cache_blocks * block_bytes, 'B')} of K and V), the cache served"
+        f" **{100 * lru_hit:.0f}%** of prompt tokens under LRU, **{100 * leaf_hit:.0f}%** under"
+        f" leaf-first LRU and **{100 * lfu_hit:.0f}%** under LFU; mean predicted time to first"
+        f" token {si(lru_ttft, 's')}, {si(leaf_ttft, 's')} and {si(lfu_ttft, 's')}, against"
         f" {si(none_ttft, 's')} without caching."
     )
-    winner = policy_winner(lru_hit, reserve_hit)
-    if winner == "lru":
-        return (
-            head
-            + " LRU served more here: the chats active now are not the ones that arrived first,"
-            " and "
-            "reserve keeps the first arrivals' histories for good while LRU lets them go."
-        )
-    if winner == "reserve":
-        return (
-            head
-            + " Reserve served more here, where LRU was expected to: a cache just large enough for"
-            " the working set lets LRU evict a system prompt's blocks between two uses, while"
-            " reserve pinned them when they first arrived."
-        )
     return (
         head
-        + " The two policies are within two percentage points of each other: at this size the cache"
-        " holds nearly everything the trace reuses, so what gets evicted hardly matters, or it is"
-        " so small that both keep little more than the system prompts."
+        + LEAF_FIRST[hit_rate_verdict(leaf_hit, lru_hit)]
+        + LFU[hit_rate_verdict(lfu_hit, lru_hit)]
     )
 
 
