@@ -147,7 +147,7 @@ def test_memory_says_cached_blocks_cost_no_admission_capacity():
         and "at most 48" in text
         and "`num_free` counts" in text
     )
-    assert "gave up 12 hashes" in text and "all 16 blocks" in text and "evicted 16 hashes" in text
+    assert "giving up 12 hashes" in text and "all 16 blocks" in text and "evicted 16 hashes" in text
     assert "evicted nothing" in clean(r.memory_reading(40, 65536, 0.75, 48, 0, 72, 16, 16))
 
 

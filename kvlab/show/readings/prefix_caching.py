@@ -346,26 +346,23 @@ def memory_reading(
         return missing
     text = [
         f"At the end of the LRU replay {cached_blocks:,} free blocks still held reusable K and V"
-        f" ({si(cached_blocks * block_bytes, 'B')} for this model), serving {100 * hit_rate:.0f}%"
-        f" of prompt tokens; at most {peak_cached:,} were cached at once. They cost a new request"
-        " nothing: `num_free` counts a cached block as free, and admission takes it when it needs"
-        " a block, evicting its hash then. In the demonstration above a request needing all"
-        f" {demo_blocks:,} blocks of a cache whose every block was cached was admitted at once and"
-        f" evicted {demo_evicted:,} hashes. vLLM v1 keeps its free blocks in one queue in the same"
-        " way."
+        f" ({si(cached_blocks * block_bytes, 'B')}), serving {100 * hit_rate:.0f}% of prompt"
+        f" tokens; at most {peak_cached:,} were cached at once. They cost a new request nothing:"
+        " `num_free` counts a cached block as free, and admission evicts its hash when it takes"
+        f" it; above, a request needing all {demo_blocks:,} blocks of a cache whose every block"
+        f" was cached was admitted at once and evicted {demo_evicted:,} hashes."
     ]
     if evictions:
         text.append(
-            f"What caching does cost is churn: over {requests:,} requests the replay gave up"
-            f" {evictions:,} hashes to make room, and a prefix evicted and asked for again is"
-            " computed again. The other cost is the hash table, one entry per cached block (here"
-            f" up to {peak_cached:,}), looked up block by block on every admission ({PAGED},"
+            f"What caching costs is churn, {requests:,} requests giving up {evictions:,} hashes to"
+            " make room (a prefix evicted and asked for again is computed again), and the hash"
+            f" table, one entry per cached block, looked up on every admission ({PAGED},"
             f" {MEMORY_WALL})."
         )
     else:
         text.append(
             "The replay evicted nothing, so the only cost was the hash table: one entry per cached"
-            f" block, up to {peak_cached:,}, looked up block by block on every admission ({PAGED})."
+            f" block, looked up on every admission ({PAGED})."
         )
     return " ".join(text)
 
@@ -382,8 +379,8 @@ def prefill_cost_reading(cost, hw_name: str, what: str) -> str:
     text = [
         f"For {what}, prefill attention does {cost.kernel.flops * L:.3g} FLOP over all {L} layers"
         f" and must read {si(cost.kernel.bytes * L, 'B')} (each context's K and V once, the queries"
-        " and the outputs). Run as one decode row per query token, as the reference path does and"
-        " as kvlab's first engine did, every row reads its whole context again:"
+        " and the outputs). Run as one decode row per query token, as the reference path does,"
+        " every row reads its whole context again:"
         f" {si(cost.rows.tile_bytes * L, 'B')}. The paged prefill kernel reads the context once per"
         f" tile of {cost.tokens_per_tile} query tokens with all the query heads of a KV head:"
         f" {si(cost.kernel.tile_bytes * L, 'B')}, an upper bound that the GPU's caches lower."
