@@ -228,8 +228,7 @@ def ttft_reading(
 LEAF_FIRST = {
     "tie": (
         " Leaf-first LRU matches LRU within two points: a request frees its last block first, so"
-        " a chain's root is always used more recently than its leaves and LRU already evicts"
-        " leaves first."
+        " a chain's root is freed after its leaves and LRU already evicts leaves first."
     ),
     "more": (
         " Leaf-first LRU served more: LRU gave up blocks that cached blocks still chain from (a"
@@ -246,8 +245,8 @@ LFU = {
         " trace reuses, or so little that any rule keeps only the system prompts."
     ),
     "more": (
-        " LFU served more: it holds the blocks hit most, the system prompts and the longest"
-        " chats, through bursts of one-off blocks that push them out of LRU."
+        " LFU served more: a block hit before outranks every block not hit yet, so it kept the"
+        " system prompts, which LRU let bursts of new chats push out."
     ),
     "less": (
         " LFU served less: a count only grows while its block stays cached, so blocks hit often"
