@@ -241,8 +241,8 @@ LEAF_FIRST = {
 }
 LFU = {
     "tie": (
-        " LFU matches LRU within two points: at this size the cache holds nearly everything the"
-        " trace reuses, or so little that any rule keeps only the system prompts."
+        " LFU matches LRU within two points: at this size the blocks hit most and the blocks"
+        " freed last are nearly the same."
     ),
     "more": (
         " LFU served more: a block hit before outranks every block not hit yet, so it kept the"
