@@ -449,7 +449,7 @@ WITHIN_WORDS = {
     "notebooks/03_gemv",  # 3,386
     "notebooks/04_kv_layout",  # 3,387
     "notebooks/05b_paged_kernel",  # 3,384
-    "notebooks/06_prefix_caching",  # 3,297
+    "notebooks/06_prefix_caching",  # 3,306
     "notebooks/07_ssm_state",  # 3,374
     "notebooks/09_diagnosis",  # 3,386
     "notebooks/11_engine",  # 3,248
