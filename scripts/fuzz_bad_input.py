@@ -981,6 +981,12 @@ def entries() -> list[Entry]:
         dict(trace="any", num_blocks="size", block_size="int"),
     )
     add(
+        "lab.prefix.simulate_eviction",
+        prefix.simulate_eviction,
+        dict(trace=trace, num_blocks=16, block_size=4, policy="leaf-lru"),
+        dict(trace="any", num_blocks="size", block_size="int", policy="choice"),
+    )
+    add(
         "lab.prefix.measure_ttft",
         prefix.measure_ttft,
         dict(
@@ -1751,11 +1757,11 @@ def newer_entries() -> list[Entry]:
         dict(value="real", target="real"),
     )
     T(
-        "prefix.policy_winner",
-        prefix.policy_winner,
-        dict(lru_hit=0.5, reserve_hit=0.4, margin=0.02),
-        dict(lru_hit="real", reserve_hit="real", margin="real0"),
-        allow={"lru_hit": signed, "reserve_hit": signed},
+        "prefix.hit_rate_verdict",
+        prefix.hit_rate_verdict,
+        dict(hit=0.5, baseline_hit=0.4, margin=0.02),
+        dict(hit="real", baseline_hit="real", margin="real0"),
+        allow={"hit": signed, "baseline_hit": signed},
     )
     T(
         "serving.speedup_verdict",

@@ -3,7 +3,10 @@ trace.
 
 - :func:`make_chat_trace` and :func:`replay`: a multi-tenant chat trace (a few shared system
   prompts, many users, turns that resend the whole history) run through the block manager with
-  prefix caching on, one request at a time, under three policies (KV Cache articles, 2026).
+  prefix caching on, one request at a time (KV Cache articles, 2026);
+- :func:`simulate_eviction`: the same trace through a block-level cache keyed by the chained hashes,
+  under another eviction rule: LRU (the block manager's), leaf-first LRU (SGLang's radix tree,
+  Zheng et al. 2024) or LFU.
 - :func:`measure_ttft`: time to first token against the cached prefix, beside
   :func:`kvlab.theory.roofline.prefill_time` (KV Cache Memory Wall, 2026);
   :func:`measure_decode_after_prefix`: decode steps after a cold prefill and after a prefix hit.
@@ -16,6 +19,7 @@ trace.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -23,10 +27,12 @@ import torch
 from kvlab import _checks
 from kvlab._checks import integer, integers, items, one_of, real, require_memory
 from kvlab.cache.block_manager import BlockManager
+from kvlab.cache.blocks import MAX_BLOCK_ID, block_hashes
 from kvlab.lab.timing import measure, merge_timings
 from kvlab.serving.paged_decode import cache_for, decode_step, prefill
 
-REPLAY_POLICIES = ("lru", "reserve", "none")
+REPLAY_POLICIES = ("lru", "none")
+EVICTION_POLICIES = ("lru", "leaf-lru", "lfu")
 
 
 @dataclass(frozen=True)
@@ -126,19 +132,11 @@ class ReplayResult:
         return sum(times) / len(times) if times else 0.0
 
 
-def replay(trace, num_blocks: int, block_size: int, policy: str = "lru") -> ReplayResult:
-    """Run a chat trace through a prefix cache of ``num_blocks`` blocks, one request at a time
-    (notebook 06).
-
-    Each request is admitted, its prompt committed as computed (the prefill wrote it), its reply
-    reserved and committed token by token (all but the last, which is never fed back), and freed;
-    its full blocks stay cached. ``lru`` is the block manager as it is: it evicts the least recently
-    freed block first. ``reserve`` never evicts a cached block: it registers blocks only while room
-    for the longest request stays out of the cache. ``none`` computes every prompt in full.
-    ``num_blocks`` must hold the longest request.
-    """
-    one_of("policy", policy, REPLAY_POLICIES)
-    num_blocks, block_size = integer("num_blocks", num_blocks), integer("block_size", block_size)
+def _trace_args(trace, num_blocks, block_size):
+    """The door of :func:`replay` and :func:`simulate_eviction`: the trace and sizes, checked (block
+    ids as the block manager's: int32)."""
+    num_blocks = integer("num_blocks", num_blocks, 1, MAX_BLOCK_ID + 1)
+    block_size = integer("block_size", block_size)
     what = "ChatRequest (make_chat_trace)"
     trace = items("trace", trace, ChatRequest, what=what, each=f"a {what}")
     longest = max((-(-(len(r.prompt) + len(r.reply) - 1) // block_size) for r in trace), default=0)
@@ -147,13 +145,27 @@ def replay(trace, num_blocks: int, block_size: int, policy: str = "lru") -> Repl
             f"num_blocks must be >= {longest} (the longest request's blocks at block size "
             f"{block_size}), got {num_blocks}"
         )
+    return trace, num_blocks, block_size
+
+
+def replay(trace, num_blocks: int, block_size: int, policy: str = "lru") -> ReplayResult:
+    """Run a chat trace through a prefix cache of ``num_blocks`` blocks, one request at a time
+    (notebook 06).
+
+    Each request is admitted, its prompt committed as computed (the prefill wrote it), its reply
+    reserved and committed token by token (all but the last, which is never fed back), and freed;
+    its full blocks stay cached. ``lru`` is the block manager as it is: it evicts the least recently
+    freed block first, a request's last block before its first. ``none`` computes every prompt in
+    full. ``num_blocks`` must hold the longest request.
+    """
+    one_of("policy", policy, REPLAY_POLICIES)
+    trace, num_blocks, block_size = _trace_args(trace, num_blocks, block_size)
     result = ReplayResult(policy, num_blocks, block_size)
     if policy == "none":
         result.prompt_tokens = [len(r.prompt) for r in trace]
         result.cached_tokens = [0] * len(trace)
         return result
-    cap = num_blocks - longest if policy == "reserve" else None
-    manager = BlockManager(num_blocks, block_size, prefix_caching=True, max_cached_blocks=cap)
+    manager = BlockManager(num_blocks, block_size, prefix_caching=True)
     for request in trace:
         seq_id, cached = manager.admit(request.prompt)
         tokens = request.prompt + request.reply[:-1]
@@ -166,6 +178,109 @@ def replay(trace, num_blocks: int, block_size: int, policy: str = "lru") -> Repl
         result.cached_tokens.append(cached)
         result.peak_cached = max(result.peak_cached, manager.num_cached)
     result.evictions, result.final_cached = manager.stats.evictions, manager.num_cached
+    return result
+
+
+# --------------------------------------------------------------------------- eviction rules
+
+
+class _EvictionCache:
+    """Cached full blocks keyed by their chained hash, one request at a time (notebook 06).
+
+    It does what :class:`BlockManager` does with a chat request, block for block: a request holds
+    its leading hits and new blocks, registers each full block when it is written unless its hash
+    is cached already, and frees its blocks last first. Only which free cached block gives up its
+    hash to make room is the policy's: the least recently freed (``lru``, the block manager's
+    order), the least recently freed that no cached block chains from (``leaf-lru``), or the least
+    often hit, the least recently freed first among equals (``lfu``).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, policy: str):
+        self.num_blocks, self.block_size, self.policy = num_blocks, block_size, policy
+        self.parent: dict[bytes, bytes | None] = {}  # every cached hash, held or free
+        self.children: Counter = Counter()  # cached hashes chained from each hash
+        self.hits: Counter = Counter()  # times each cached hash served a request
+        self.free: OrderedDict[bytes, None] = (
+            OrderedDict()
+        )  # free cached hashes, least recent first
+        self.held: list[bytes | None] = []  # the running request's blocks: its hash, or None
+        self.written = 0  # the running request's leading blocks already registered (or hits)
+        self.evictions = 0
+
+    def run(self, prompt: tuple, reply: tuple) -> int:
+        """One request: admit, write the prompt, decode the reply, free; returns the tokens its
+        hits served."""
+        size, tokens = self.block_size, prompt + reply[:-1]
+        hashes = block_hashes(tokens, size)
+        hits = 0
+        while hits < (len(prompt) - 1) // size and hashes[hits] in self.free:
+            hits += 1
+        for h in hashes[:hits]:
+            del self.free[h]
+            self.hits[h] += 1
+        self.held, self.written = list(hashes[:hits]), hits
+        self._allocate(-(-len(prompt) // size) - hits)
+        self._register(hashes, len(prompt) // size)
+        for end in range(len(prompt) + 1, len(tokens) + 1):  # one reply token at a time
+            if (end - 1) % size == 0:
+                self._allocate(1)
+            self._register(hashes, end // size)
+        for h in reversed(self.held):  # last block first, as BlockManager.free
+            if h is not None:
+                self.free[h] = None
+        return hits * size
+
+    def _register(self, hashes: list, full_blocks: int) -> None:
+        for k in range(self.written, full_blocks):
+            h = hashes[k]
+            if h not in self.parent:  # else a copy is cached already: this block stays unhashed
+                self.held[k], self.parent[h] = h, hashes[k - 1] if k else None
+                self.children[self.parent[h]] += 1
+        self.written = max(self.written, full_blocks)
+
+    def _allocate(self, count: int) -> None:
+        for _ in range(count):
+            if self.num_blocks - len(self.held) - len(self.free) == 0:  # no block without a hash
+                self._evict(self._victim())
+            self.held.append(None)
+
+    def _victim(self) -> bytes:
+        if self.policy == "lfu":
+            return min(self.free, key=self.hits.__getitem__)  # the first of equals: least recent
+        if self.policy == "leaf-lru":
+            leaf = next((h for h in self.free if not self.children[h]), None)
+            if leaf is not None:
+                return leaf
+        return next(iter(self.free))
+
+    def _evict(self, h: bytes) -> None:
+        del self.free[h]
+        self.children[self.parent.pop(h)] -= 1
+        del self.hits[h]
+        self.evictions += 1
+
+
+def simulate_eviction(trace, num_blocks: int, block_size: int, policy: str = "lru") -> ReplayResult:
+    """Run a chat trace as :func:`replay` does, through a cache of ``num_blocks`` blocks that gives
+    up blocks by ``policy`` (notebook 06).
+
+    The cache keys each full block by its chained hash (:func:`kvlab.cache.blocks.block_hashes`).
+    ``lru`` evicts the least recently freed block, a request's last block before its first, as
+    :class:`BlockManager` does (its cached tokens per request are :func:`replay`'s); ``leaf-lru``
+    only a block that no cached block chains from, a leaf of the prefix tree, least recently freed
+    first, as SGLang's radix cache evicts (Zheng et al. 2024; where every free cached block has a
+    cached child, the least recently freed); ``lfu`` the block that served the fewest requests
+    since it was cached, the least recently freed first among equals.
+    """
+    one_of("policy", policy, EVICTION_POLICIES)
+    trace, num_blocks, block_size = _trace_args(trace, num_blocks, block_size)
+    cache = _EvictionCache(num_blocks, block_size, policy)
+    result = ReplayResult(policy, num_blocks, block_size)
+    for request in trace:
+        result.cached_tokens.append(cache.run(request.prompt, request.reply))
+        result.prompt_tokens.append(len(request.prompt))
+        result.peak_cached = max(result.peak_cached, len(cache.parent))
+    result.evictions, result.final_cached = cache.evictions, len(cache.parent)
     return result
 
 
@@ -499,8 +614,9 @@ def bench_rows():
     trace = make_chat_trace(num_system_prompts=3, num_users=24, turns=3, seed=0)
     shape, hw = compute_shape(model), calibrated_device()
     longest = max(-(-(len(r.prompt) + len(r.reply) - 1) // 16) for r in trace)
-    for policy in REPLAY_POLICIES:
-        result = replay(trace, 2 * longest, 16, policy)
+    for policy in ("lru", "leaf-lru", "lfu", "none"):
+        run = replay if policy in REPLAY_POLICIES else simulate_eviction
+        result = run(trace, 2 * longest, 16, policy)
         note = f"72-request chat trace, 3 system prompts, {2 * longest} blocks of 16"
         rows.append(
             Row(f"{policy}: prompt tokens served from cache", 100 * result.hit_rate, "%", note)

@@ -5,8 +5,8 @@
   ``kvlab.theory.agreement.compare`` with the measurement's spread;
 - ``decode_steps_compare``: two decode steps that read the same bytes are predicted to take the
   same time, judged the same way;
-- ``policy_winner``: which eviction policy's replay served more prompt tokens, closer than
-  ``POLICY_MARGIN`` being a tie.
+- ``hit_rate_verdict``: whether an eviction policy's replay served more or fewer prompt tokens
+  than another's, closer than ``POLICY_MARGIN`` being a tie.
 
 Pure Python; the measurements are in ``kvlab.lab.prefix``, the comparison in
 ``kvlab.theory.agreement``.
@@ -70,10 +70,12 @@ def decode_steps_compare(computed_s: float, cached_s: float, spread: float = 0.0
     return compare(ratio, 1.0, spread)
 
 
-def policy_winner(lru_hit: float, reserve_hit: float, margin: float = POLICY_MARGIN) -> str:
-    """``"lru"``, ``"reserve"`` or ``"tie"``: the policy whose replay served more prompt tokens."""
-    lru_hit, reserve_hit = real("lru_hit", lru_hit), real("reserve_hit", reserve_hit)
+def hit_rate_verdict(hit: float, baseline_hit: float, margin: float = POLICY_MARGIN) -> str:
+    """``"more"``, ``"less"`` or ``"tie"``: whether a policy's replay served more prompt tokens
+    (``hit``, a share or a difference of shares) than another's (``baseline_hit``), a gap of at
+    most ``margin`` being a tie."""
+    hit, baseline_hit = real("hit", hit), real("baseline_hit", baseline_hit)
     margin = real("margin", margin, 0)
-    if abs(lru_hit - reserve_hit) <= margin:
+    if abs(hit - baseline_hit) <= margin:
         return "tie"
-    return "lru" if lru_hit > reserve_hit else "reserve"
+    return "more" if hit > baseline_hit else "less"

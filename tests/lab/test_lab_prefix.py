@@ -2,18 +2,22 @@
 oracle that never forgets, and the time-to-first-token helpers (never a timing asserted)."""
 
 import math
+import random
 
 import pytest
 import torch
 
 import kvlab
 from kvlab.lab.prefix import (
+    EVICTION_POLICIES,
     REPLAY_POLICIES,
+    ChatRequest,
     compute_shape,
     make_chat_trace,
     measure_decode_after_prefix,
     measure_ttft,
     replay,
+    simulate_eviction,
 )
 
 
@@ -91,8 +95,10 @@ def test_replay_with_room_for_everything_matches_the_oracle(block_size):
     )
     total = sum(-(-(len(r.prompt) + len(r.reply)) // block_size) for r in trace)
     expected = unbounded_oracle(trace, block_size)
-    for policy in ("lru", "reserve"):
-        result = replay(trace, total + 100, block_size, policy)
+    result = replay(trace, total + 100, block_size)
+    assert result.cached_tokens == expected and result.evictions == 0
+    for policy in EVICTION_POLICIES:  # with room for everything no rule evicts anything
+        result = simulate_eviction(trace, total + 100, block_size, policy)
         assert result.cached_tokens == expected and result.evictions == 0
     assert replay(trace, total, block_size, "none").cached_tokens == [0] * len(trace)
 
@@ -100,10 +106,8 @@ def test_replay_with_room_for_everything_matches_the_oracle(block_size):
 def test_replay_small_cache():
     trace = make_chat_trace(num_users=10, seed=4)
     longest = max(-(-(len(r.prompt) + len(r.reply) - 1) // 16) for r in trace)
-    lru, reserve = (replay(trace, longest + 4, 16, p) for p in ("lru", "reserve"))
-    assert lru.evictions > 0 and reserve.evictions == 0
-    assert reserve.peak_cached <= 4
-    assert 0 < reserve.hit_rate and 0 < lru.hit_rate < 1
+    lru = replay(trace, longest + 4, 16)
+    assert lru.evictions > 0 and 0 < lru.hit_rate < 1
     assert lru.mean_ttft(lambda p, c: p - c) == pytest.approx(
         sum(p - c for p, c in zip(lru.prompt_tokens, lru.cached_tokens)) / len(trace)
     )
@@ -111,9 +115,81 @@ def test_replay_small_cache():
         replay(trace, longest - 1, 16)
     with pytest.raises(ValueError, match="policy must be one of"):
         replay(trace, 100, 16, "fifo")
-    assert REPLAY_POLICIES == ("lru", "reserve", "none")
+    assert REPLAY_POLICIES == ("lru", "none")
+    assert EVICTION_POLICIES == ("lru", "leaf-lru", "lfu")
+    with pytest.raises(ValueError, match=f"num_blocks must be >= {longest}"):
+        simulate_eviction(trace, longest - 1, 16, "lfu")
     with pytest.raises(ValueError, match="think_time"):
         make_chat_trace(think_time=-1)
+
+
+def same_replay(trace, num_blocks, block_size):
+    """The oracle: the block manager's replay, request by request, evictions and cached counts."""
+    manager, simulated = (
+        replay(trace, num_blocks, block_size),
+        simulate_eviction(trace, num_blocks, block_size, "lru"),
+    )
+    assert simulated.cached_tokens == manager.cached_tokens
+    assert simulated.prompt_tokens == manager.prompt_tokens
+    fields = ("evictions", "peak_cached", "final_cached")
+    assert [getattr(simulated, f) for f in fields] == [getattr(manager, f) for f in fields]
+    return manager
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_simulated_lru_is_the_block_manager_on_the_notebook_trace(block_size):
+    trace = make_chat_trace(num_system_prompts=3, num_users=24, turns=3, seed=1)  # notebook 06's
+    for num_blocks in (24, 48, 128, 256):
+        same_replay(trace, num_blocks, block_size)
+
+
+def test_simulated_lru_is_the_block_manager_on_random_traces():
+    rng = random.Random(7)
+    for seed in range(120):
+        block_size = rng.choice([1, 2, 3, 4, 8])
+        trace = make_chat_trace(
+            num_system_prompts=rng.randint(1, 4),
+            num_users=rng.randint(1, 8),
+            turns=rng.randint(1, 4),
+            system_tokens=rng.randint(0, 20),
+            user_tokens=rng.randint(1, 6),
+            reply_tokens=rng.randint(1, 6),
+            think_time=4 * rng.random(),
+            vocab=rng.choice([2, 5, 50]),  # a small vocabulary repeats blocks across users
+            seed=seed,
+        )
+        longest = max(-(-(len(r.prompt) + len(r.reply) - 1) // block_size) for r in trace)
+        same_replay(trace, longest + rng.randint(0, 30), block_size)
+
+
+def request(prompt, reply, user=0):
+    return ChatRequest(user, 0, 0, tuple(prompt), tuple(reply))
+
+
+def test_leaf_first_keeps_a_shared_system_prompt_that_lru_evicts():
+    system = list(range(1, 9))  # two blocks of 4
+    trace = [
+        request(system, [20, 21, 22, 23, 24]),  # caches both system blocks and a reply block
+        # exactly two blocks: its second block is never looked up (one token is always computed),
+        # so it is written again beside the cached copy, and its reply block chains from that
+        # copy, which was freed earlier than its new child
+        request(system, [30, 31, 32, 33, 34], user=1),
+        request(range(100, 112), [9], user=2),  # another tenant: two blocks must go
+        request(system + [40, 41, 42], [9], user=3),
+    ]
+    lru, leaf = (simulate_eviction(trace, 5, 4, p) for p in ("lru", "leaf-lru"))
+    assert lru.cached_tokens == replay(trace, 5, 4).cached_tokens == [0, 4, 0, 4]
+    assert leaf.cached_tokens == [0, 4, 0, 8]  # LRU gave up the system prompt's second block
+
+
+def test_lfu_keeps_the_block_hit_most_and_breaks_ties_by_recency():
+    a, b, c, d = ([k] * 4 + [k + 1] for k in (10, 20, 30, 40))  # one full block each, and a token
+    trace = [request(p, [9]) for p in (a, a, b, c, d, a, c, b)]
+    lru, lfu = (simulate_eviction(trace, 4, 4, p) for p in ("lru", "lfu"))
+    # d needs a block with three cached: LRU gives up a's (the least recently freed), LFU b's
+    # (a was hit once; b and c never, and b was freed before c)
+    assert lru.cached_tokens[5] == 0 and lfu.cached_tokens[5:] == [4, 4, 0]
+    assert lru.cached_tokens == replay(trace, 4, 4).cached_tokens
 
 
 def test_measure_ttft_points(llama):
@@ -187,6 +263,16 @@ BAD_CALLS = {
         lambda m: replay(make_chat_trace(), 8, 4, policy="fifo"),
         ValueError,
         "policy must be one of",
+    ),
+    "simulate_eviction policy": (
+        lambda m: simulate_eviction(make_chat_trace(), 64, 16, policy="fifo"),
+        ValueError,
+        "policy must be one of",
+    ),
+    "simulate_eviction trace": (
+        lambda m: simulate_eviction([("a", 1)], 64, 16),
+        TypeError,
+        "trace",
     ),
     "ttft warmup -1": (
         lambda m: measure_ttft(m, 32, [0], warmup=-1),

@@ -418,16 +418,11 @@ def test_prefix_caching_and_engine_solutions():
     assert "As predicted" in folded(ex.prefix_whole_blocks(64, 16, served), 1)
     assert "not the predicted count" in ex.prefix_whole_blocks(64, 16, served - 16)
     m = prefix_model.POLICY_MARGIN  # which policy kept more, either side of the replay's margin
-    hit = {("lru", 1): 0.74, ("lru", 8): 0.39, ("reserve", 1): 0.66, ("reserve", 8): 0.31 - 1.1 * m}
-    assert "**reserve** lost more" in folded(ex.prefix_system_prompts(16, 32, hit), 2)
-    hit_lru = {
-        ("lru", 1): 0.74,
-        ("lru", 8): 0.2,
-        ("reserve", 1): 0.66,
-        ("reserve", 8): 0.12 + 1.1 * m,
-    }
-    assert "Here **LRU** lost more" in ex.prefix_system_prompts(16, 32, hit_lru)
-    tie = {("lru", 1): 0.74, ("lru", 8): 0.39, ("reserve", 1): 0.66, ("reserve", 8): 0.31 - 0.9 * m}
+    hit = {("lru", 1): 0.74, ("lru", 8): 0.39, ("lfu", 1): 0.66, ("lfu", 8): 0.31 - 1.1 * m}
+    assert "**LFU** lost more" in folded(ex.prefix_system_prompts(16, 32, hit), 2)
+    hit_lru = {("lru", 1): 0.74, ("lru", 8): 0.2, ("lfu", 1): 0.66, ("lfu", 8): 0.12 + 1.1 * m}
+    assert "**LRU** lost more" in ex.prefix_system_prompts(16, 32, hit_lru)
+    tie = {("lru", 1): 0.74, ("lru", 8): 0.39, ("lfu", 1): 0.66, ("lfu", 8): 0.31 - 0.9 * m}
     assert "about the same" in ex.prefix_system_prompts(16, 32, tie)
     lo_d, lo_a, hi_a, hi_d = edges(0.04, 0.1)
     assert "Close to the line" in folded(

@@ -63,7 +63,7 @@ BAD_MEASUREMENTS = {
     paged_attention.gather_reading: "copy_bytes_per_s",
     prefix_caching.chat_reading: "hit_rate cold_s cached_s hf_cold_s hf_reused_s reuse_spread",
     prefix_caching.ttft_reading: "cold_s warm_s",
-    prefix_caching.trace_reading: "lru_hit reserve_hit lru_ttft reserve_ttft none_ttft",
+    prefix_caching.trace_reading: "lru_hit leaf_hit lfu_hit lru_ttft leaf_ttft lfu_ttft none_ttft",
     prefix_caching.decode_reading: "computed_s cached_s",
     prefix_caching.memory_reading: "hit_rate",
     speculative.acceptance_reading: "alpha empty",

@@ -81,9 +81,14 @@ BAD_CALLS = {
     ),
     "target_met NaN": (lambda: peers.target_met(NAN, 1.0), ValueError, "value"),
     "target_met bool target": (lambda: peers.target_met(1.0, True), TypeError, "target"),
-    "policy_winner NaN": (lambda: prefix.policy_winner(NAN, 0.5), ValueError, "lru_hit"),
-    "policy_winner negative margin": (
-        lambda: prefix.policy_winner(0.5, 0.4, -0.1),
+    "hit_rate_verdict NaN": (lambda: prefix.hit_rate_verdict(NAN, 0.5), ValueError, "hit"),
+    "hit_rate_verdict baseline inf": (
+        lambda: prefix.hit_rate_verdict(0.5, math.inf),
+        ValueError,
+        "baseline_hit",
+    ),
+    "hit_rate_verdict negative margin": (
+        lambda: prefix.hit_rate_verdict(0.5, 0.4, -0.1),
         ValueError,
         "margin",
     ),
@@ -225,5 +230,5 @@ def test_the_models_still_answer_inside_their_domain():
     assert matmul.fit_roofline([1, 2, 4, 8], [1e9, 2e9, 3e9, 3e9]).points == 4
     assert len(par.link_table([L70, L1B], "h200", 1, 4096, 2)) == 4
     assert paging.paging_saves(TRACE, 16, 29)
-    assert prefix.policy_winner(-0.1, 0.2) == "reserve"  # differences of hit rates may be negative
+    assert prefix.hit_rate_verdict(-0.1, 0.2) == "less"  # differences of hit rates may be negative
     assert work.pass_time(10, 1.0, 0.1) == 2.0

@@ -4,7 +4,7 @@ decode steps and the replay's winner, each on both sides of its boundary."""
 import pytest
 
 from kvlab.theory.agreement import edges
-from kvlab.theory.prefix import POLICY_MARGIN, decode_steps_compare, policy_winner, ttft_saving
+from kvlab.theory.prefix import POLICY_MARGIN, decode_steps_compare, hit_rate_verdict, ttft_saving
 
 
 def test_ttft_saving_against_the_prediction():
@@ -40,8 +40,9 @@ def test_decode_steps_and_policies():
     with pytest.raises(ValueError, match="computed_s"):
         decode_steps_compare(0.0, 1.0)
     m = POLICY_MARGIN
-    assert [policy_winner(0.5 + g, 0.5) for g in (1.1 * m, 0.9 * m, -1.1 * m)] == [
-        "lru",
+    assert [hit_rate_verdict(0.5 + g, 0.5) for g in (1.1 * m, 0.9 * m, -0.9 * m, -1.1 * m)] == [
+        "more",
         "tie",
-        "reserve",
+        "tie",
+        "less",
     ]

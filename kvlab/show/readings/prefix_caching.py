@@ -3,8 +3,8 @@
 Each sentence that decides between outcomes takes the decision from the model that predicts it: the
 block rule (:func:`kvlab.cache.blocks.reusable_tokens`), prefill FLOPs
 (:func:`kvlab.theory.roofline.prefill_time`, judged by :func:`agreement.compare` through
-:func:`kvlab.theory.prefix.ttft_saving`), the replay of a trace
-(:func:`kvlab.theory.prefix.policy_winner`), equal bytes per decode step
+:func:`kvlab.theory.prefix.ttft_saving`), a trace's replay under
+three eviction rules (:func:`kvlab.theory.prefix.hit_rate_verdict`), equal bytes per decode step
 (:func:`kvlab.theory.prefix.decode_steps_compare`) and the roofline of a prefill attention launch
 (:func:`kvlab.theory.prefill_attention.attention_floor`).
 """
@@ -17,7 +17,7 @@ from kvlab.show.format import si
 from kvlab.show.readings import ratio_text
 from kvlab.show.readings.verdicts import verdict_words
 from kvlab.theory.agreement import ABOVE, AGREES, CANNOT_TELL, DISAGREES, compare
-from kvlab.theory.prefix import decode_steps_compare, policy_winner, ttft_saving
+from kvlab.theory.prefix import decode_steps_compare, hit_rate_verdict, ttft_saving
 
 MEMORY_WALL = "[The memory wall](10_memory_wall.ipynb)"
 PAGED = "[PagedAttention](05_paged_attention.ipynb)"
@@ -225,56 +225,75 @@ def ttft_reading(
     )
 
 
+LEAF_FIRST = {
+    "tie": (
+        " Leaf-first LRU matches LRU within two points: a request frees its last block first, so"
+        " a chain's root is freed after its leaves and LRU already evicts leaves first."
+    ),
+    "more": (
+        " Leaf-first LRU served more: LRU gave up blocks that cached blocks still chain from (a"
+        " copy freed before its child), and every block behind such a gap is unreachable."
+    ),
+    "less": (
+        " Leaf-first LRU served less: it kept parents whose children were not asked for again"
+        " and evicted fresher leaves in their place."
+    ),
+}
+LFU = {
+    "tie": (
+        " LFU matches LRU within two points: at this size the blocks hit most and the blocks"
+        " freed last are nearly the same."
+    ),
+    "more": (
+        " LFU served more: a block hit before outranks every block not hit yet, so it kept the"
+        " system prompts, which LRU let bursts of new chats push out."
+    ),
+    "less": (
+        " LFU served less: a count only grows while its block stays cached, so blocks hit often"
+        " earlier keep their place while the active chats' fresh history, not hit yet, goes first"
+        " and is computed again at the next turn."
+    ),
+}
+
+
 def trace_reading(
     cache_blocks: int,
     block_size: int,
     block_bytes: float,
     lru_hit: float,
-    reserve_hit: float,
+    leaf_hit: float,
+    lfu_hit: float,
     lru_ttft: float,
-    reserve_ttft: float,
+    leaf_ttft: float,
+    lfu_ttft: float,
     none_ttft: float,
     num_system_prompts: int,
 ) -> str:
-    """Under the trace figure: the three policies at the cache size the slider picks (the replay
-    decides)."""
+    """Under the trace figure: LRU, leaf-first LRU and LFU at the cache size the slider picks, each
+    of the other two against LRU (``hit_rate_verdict``)."""
     if missing := unmeasured(
         lru_hit=lru_hit,
-        reserve_hit=reserve_hit,
+        leaf_hit=leaf_hit,
+        lfu_hit=lfu_hit,
         lru_ttft=lru_ttft,
-        reserve_ttft=reserve_ttft,
+        leaf_ttft=leaf_ttft,
+        lfu_ttft=lfu_ttft,
         none_ttft=none_ttft,
     ):
         return missing
     head = (
-        f"With {num_system_prompts} system prompt{'s' if num_system_prompts > 1 else ''} and a"
-        f" cache of {cache_blocks:,} blocks of {block_size} tokens"
-        f" ({si(cache_blocks * block_bytes, 'B')} of K and V for this model), LRU served"
-        f" **{100 * lru_hit:.0f}%** of prompt tokens from the cache and evicting nothing (reserve)"
-        f" **{100 * reserve_hit:.0f}%**. The mean predicted time to first token is"
-        f" {si(lru_ttft, 's')} with LRU, {si(reserve_ttft, 's')} with reserve and"
+        f"With {num_system_prompts} system prompt{'s' if num_system_prompts > 1 else ''} and"
+        f" {cache_blocks:,} blocks of {block_size} tokens"
+        f" ({si(cache_blocks * block_bytes, 'B')} of K and V), the cache served"
+        f" **{100 * lru_hit:.0f}%** of prompt tokens under LRU, **{100 * leaf_hit:.0f}%** under"
+        f" leaf-first LRU and **{100 * lfu_hit:.0f}%** under LFU; mean predicted time to first"
+        f" token {si(lru_ttft, 's')}, {si(leaf_ttft, 's')} and {si(lfu_ttft, 's')}, against"
         f" {si(none_ttft, 's')} without caching."
     )
-    winner = policy_winner(lru_hit, reserve_hit)
-    if winner == "lru":
-        return (
-            head
-            + " LRU served more here: the chats active now are not the ones that arrived first,"
-            " and "
-            "reserve keeps the first arrivals' histories for good while LRU lets them go."
-        )
-    if winner == "reserve":
-        return (
-            head
-            + " Reserve served more here, where LRU was expected to: a cache just large enough for"
-            " the working set lets LRU evict a system prompt's blocks between two uses, while"
-            " reserve pinned them when they first arrived."
-        )
     return (
         head
-        + " The two policies are within two percentage points of each other: at this size the cache"
-        " holds nearly everything the trace reuses, so what gets evicted hardly matters, or it is"
-        " so small that both keep little more than the system prompts."
+        + LEAF_FIRST[hit_rate_verdict(leaf_hit, lru_hit)]
+        + LFU[hit_rate_verdict(lfu_hit, lru_hit)]
     )
 
 
@@ -326,26 +345,23 @@ def memory_reading(
         return missing
     text = [
         f"At the end of the LRU replay {cached_blocks:,} free blocks still held reusable K and V"
-        f" ({si(cached_blocks * block_bytes, 'B')} for this model), serving {100 * hit_rate:.0f}%"
-        f" of prompt tokens; at most {peak_cached:,} were cached at once. They cost a new request"
-        " nothing: `num_free` counts a cached block as free, and admission takes it when it needs"
-        " a block, evicting its hash then. In the demonstration above a request needing all"
-        f" {demo_blocks:,} blocks of a cache whose every block was cached was admitted at once and"
-        f" evicted {demo_evicted:,} hashes. vLLM v1 keeps its free blocks in one queue in the same"
-        " way."
+        f" ({si(cached_blocks * block_bytes, 'B')}), serving {100 * hit_rate:.0f}% of prompt"
+        f" tokens; at most {peak_cached:,} were cached at once. They cost a new request nothing:"
+        " `num_free` counts a cached block as free, and admission evicts its hash when it takes"
+        f" it; above, a request needing all {demo_blocks:,} blocks of a cache whose every block"
+        f" was cached was admitted at once and evicted {demo_evicted:,} hashes."
     ]
     if evictions:
         text.append(
-            f"What caching does cost is churn: over {requests:,} requests the replay gave up"
-            f" {evictions:,} hashes to make room, and a prefix evicted and asked for again is"
-            " computed again. The other cost is the hash table, one entry per cached block (here"
-            f" up to {peak_cached:,}), looked up block by block on every admission ({PAGED},"
+            f"What caching costs is churn, {requests:,} requests giving up {evictions:,} hashes to"
+            " make room (a prefix evicted and asked for again is computed again), and the hash"
+            f" table, one entry per cached block, looked up on every admission ({PAGED},"
             f" {MEMORY_WALL})."
         )
     else:
         text.append(
             "The replay evicted nothing, so the only cost was the hash table: one entry per cached"
-            f" block, up to {peak_cached:,}, looked up block by block on every admission ({PAGED})."
+            f" block, looked up on every admission ({PAGED})."
         )
     return " ".join(text)
 
@@ -362,8 +378,8 @@ def prefill_cost_reading(cost, hw_name: str, what: str) -> str:
     text = [
         f"For {what}, prefill attention does {cost.kernel.flops * L:.3g} FLOP over all {L} layers"
         f" and must read {si(cost.kernel.bytes * L, 'B')} (each context's K and V once, the queries"
-        " and the outputs). Run as one decode row per query token, as the reference path does and"
-        " as kvlab's first engine did, every row reads its whole context again:"
+        " and the outputs). Run as one decode row per query token, as the reference path does,"
+        " every row reads its whole context again:"
         f" {si(cost.rows.tile_bytes * L, 'B')}. The paged prefill kernel reads the context once per"
         f" tile of {cost.tokens_per_tile} query tokens with all the query heads of a KV head:"
         f" {si(cost.kernel.tile_bytes * L, 'B')}, an upper bound that the GPU's caches lower."

@@ -7,7 +7,7 @@ from kvlab.cache.blocks import reusable_tokens
 from kvlab.show.format import si
 from kvlab.show.readings.exercises.folded import solution
 from kvlab.theory.agreement import ABOVE, AGREES, CANNOT_TELL, compare
-from kvlab.theory.prefix import policy_winner
+from kvlab.theory.prefix import hit_rate_verdict
 
 
 def prefix_whole_blocks(prompt: int, block: int, served: int) -> str:
@@ -36,30 +36,31 @@ def prefix_whole_blocks(prompt: int, block: int, served: int) -> str:
 
 def prefix_system_prompts(block: int, blocks: int, hit: dict) -> str:
     """Exercise 2 of prefix caching: more system prompts in the same memory (``hit[policy,
-    prompts]`` from the replay)."""
+    prompts]`` from the replay, for ``lru`` and ``lfu`` at 1 and 8 prompts)."""
     instance("hit", hit, dict)
-    kept = policy_winner(hit["lru", 8] - hit["lru", 1], hit["reserve", 8] - hit["reserve", 1])
+    lfu_kept = hit_rate_verdict(hit["lfu", 8] - hit["lfu", 1], hit["lru", 8] - hit["lru", 1])
     text = (
         "With one system prompt every user shares it; with eight, each is shared by fewer users"
-        f" and all eight compete for {blocks} blocks of {block} tokens. LRU keeps what was used"
-        " last, so it tends to hold the prompts of the active users; reserve keeps whatever it"
-        " cached first and cannot make room, so it should lose more once the first prompts are not"
-        " the popular ones. Replayed hit rates, one system prompt against eight: LRU"
-        f" {hit['lru', 1]:.0%} to {hit['lru', 8]:.0%}, reserve {hit['reserve', 1]:.0%} to"
-        f" {hit['reserve', 8]:.0%}."
+        f" and all eight compete for {blocks} blocks of {block} tokens. LRU keeps what was freed"
+        " last, the active chats; LFU keeps what was hit most, the prompts several users share."
+        " Replayed hit rates, one system prompt against eight: LRU"
+        f" {hit['lru', 1]:.0%} to {hit['lru', 8]:.0%}, LFU {hit['lfu', 1]:.0%} to"
+        f" {hit['lfu', 8]:.0%}."
     )
-    if kept == "lru":
-        text += " **reserve** lost more, as predicted."
-    elif kept == "reserve":
+    if lfu_kept == "more":
         text += (
-            " Here **LRU** lost more: with many prompts and little memory, the blocks it evicts are"
-            " soon needed again, while reserve's fixed set still serves the users whose prompts it"
-            " happened to keep."
+            " **LRU** lost more: between two users of one prompt, the other prompts' traffic"
+            " pushes it out, while LFU's count keeps it."
+        )
+    elif lfu_kept == "less":
+        text += (
+            " **LFU** lost more: its counts favour the prompts that were hit early, while the"
+            " users active now need others."
         )
     else:
         text += (
             " The two lost about the same (within two percentage points): at this size neither"
-            " keeps much."
+            " keeps much beyond the prompts in use."
         )
     text += (
         " With a salt per user, no block is shared between users at all, not even the system"
