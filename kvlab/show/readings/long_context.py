@@ -114,8 +114,7 @@ def sink_reading(share, share_shifted, uniform: float, tokens: int) -> str:
         return (
             text
             + f"The passage that starts in the middle of a verse has {len(shifted)} sink heads too:"
-            " the sink is the first *position*, whatever token fills it (this model's tokenizer"
-            " adds no begin-of-text token, so the first token is an ordinary word in both)."
+            " the sink is the first *position*, whatever token fills it."
         )
     if heads:
         return (
@@ -146,8 +145,8 @@ def stream_reading(sinks: int, budget: int, n: int, ppl: dict, spreads: dict, st
     blocks = "blocks of positions"
     label = f"{sinks} sink{'s' if sinks != 1 else ''} plus a window of {budget - sinks}"
     text = [
-        f"Over positions $t \\ge B$ = {budget} to {n - 2} (the next-token losses after the cache"
-        f" first evicts), the perplexity is **{ppl['full']:.1f}** with the full cache ({n - 1}"
+        f"Over positions $t \\ge B$ = {budget} to {n - 2} (after the cache first evicts), the"
+        " perplexity is **{ppl['full']:.1f}** with the full cache ({n - 1}"
         f" tokens held at the end) and **{ppl['window']:.1f}** with the window alone ({budget}"
         " tokens)"
         + (f", **{ppl['sinks']:.1f}** with {label} (the same {budget} tokens)." if sinks else ".")
@@ -184,8 +183,8 @@ def stream_reading(sinks: int, budget: int, n: int, ppl: dict, spreads: dict, st
         text.append(f"It ends within the noise of the full cache ({spread_text(rest, blocks)}).")
     rec = spreads["recompute - sinks"]
     where = (
-        f"At the positions where the window was recomputed from scratch (every {stride}th, $B$"
-        " tokens of work per layer per prediction instead of one), recomputation gives"
+        f"At the positions where the window was recomputed from scratch (every {stride}th),"
+        " recomputation gives"
         f" {ppl['recompute']:.1f} against {ppl['sinks at recompute']:.1f} for the sinks"
     )
     if not rec.resolved:
@@ -326,9 +325,8 @@ def kivi_layout_reading(
     if missing := unmeasured(full_ppl=full_ppl):
         return missing
     text = [
-        f"Over {windows} windows of {length} tokens, each one prefill through `QuantizedKVCache`"
-        f" with groups of {group} and no full-precision residual, the full-precision cache scores a"
-        f" perplexity of {full_ppl:.1f}."
+        f"Over {windows} windows of {length} tokens (groups of {group}, no residual), the"
+        f" full-precision cache scores a perplexity of {full_ppl:.1f}."
     ]
     for bits in sorted(spreads, reverse=True):
         sp, c, t = spreads[bits], ppl[bits, "channel"], ppl[bits, "token"]
@@ -466,11 +464,10 @@ def fewer_reading(rows: list, same_bytes: rules.Spread, gqa: str, latent: str) -
         text += f"At equal bytes the two are within the noise of each other: {gap}. "
     text += (
         "The latent's error falls with its rank and is rounding at full rank (rank"
-        f" {latents[-1]['name'].split()[-1]}: KL {latents[-1]['kl']:.1e} nats). Neither was trained"
-        " for this: GQA models are uptrained after pooling ([Ainslie et al."
-        " 2023](../book/references.md)) and DeepSeek-V2 trains its latent from the start"
-        " ([DeepSeek-AI 2024](../book/references.md)); these are the raw costs of compressing a"
-        " model that was not."
+        f" {latents[-1]['name'].split()[-1]}: KL {latents[-1]['kl']:.1e} nats). These are raw"
+        " costs: GQA models are uptrained after pooling ([Ainslie et al."
+        " 2023](../book/references.md)), and DeepSeek-V2 trains its latent from the start"
+        " ([DeepSeek-AI 2024](../book/references.md))."
     )
     return text + "\n\n" + "\n".join(table)
 
@@ -530,10 +527,9 @@ def quant_reading(
         )
     elif pc_rms < pt_rms:
         text.append(
-            f"Per-channel keys are finer, as {predicted}. A per-token group contains an outlier"
-            " channel, so its step is set by the outlier and every ordinary channel in it is"
-            " rounded coarsely. A per-channel group contains one channel only, and only the"
-            " outlier channels pay for their range."
+            f"Per-channel keys are finer, as {predicted}: in a per-token group the outlier sets"
+            " the step for every channel, in a per-channel group only the outlier channels pay for"
+            " their range."
         )
     else:
         text.append(
@@ -550,9 +546,7 @@ def quant_reading(
     missed = [key for key in measured if not rounding_explains(measured[key], steps[key])]
     if not missed:
         text.append(
-            "The uniform-rounding model, RMS error = step/$\\sqrt{12}$ "
-            "(`kvlab.theory.cache_sizes.rounding_rms`), matches every measured RMS error within "
-            f"{ROUNDING_TOLERANCE:.0%}."
+            f"The rounding model matches every measured RMS error within {ROUNDING_TOLERANCE:.0%}."
         )
     else:
         b, layout = missed[0]
@@ -581,7 +575,6 @@ def kivi_reading(
         " times fewer bytes** than the FP32 cache, exactly as the arithmetic predicts (the cell"
         " asserts it). Once quantization starts, the next-token distribution moves by"
         f" {kl_after:.4f} nats on average and the greedy next token agrees with the full-precision"
-        f" cache's at {agree:.0%} of positions. These are random weights, whose next-token"
-        " distribution is nearly flat, so the numbers show the mechanism; what quantization costs"
-        " in quality is the pretrained model's measurement above."
+        f" cache's at {agree:.0%} of positions. Random weights give a nearly flat next-token"
+        " distribution: this shows the mechanism, and the pretrained model above shows the cost."
     )
