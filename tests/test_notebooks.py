@@ -450,6 +450,7 @@ WITHIN_WORDS = {
     "notebooks/04_kv_layout",  # 3,387
     "notebooks/05b_paged_kernel",  # 3,384
     "notebooks/07_ssm_state",  # 3,374
+    "notebooks/08_long_context",  # 3,377
     "notebooks/09_diagnosis",  # 3,386
     "notebooks/11_engine",  # 3,248
     "notebooks/12_devices",  # 3,226

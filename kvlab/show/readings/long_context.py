@@ -142,11 +142,11 @@ def stream_reading(sinks: int, budget: int, n: int, ppl: dict, spreads: dict, st
     """
     if missing := unmeasured(**{f"ppl[{k!r}]": v for k, v in ppl.items()}):
         return missing
-    blocks = "blocks of positions"
+    blocks = "blocks"
     label = f"{sinks} sink{'s' if sinks != 1 else ''} plus a window of {budget - sinks}"
     text = [
         f"Over positions $t \\ge B$ = {budget} to {n - 2} (after the cache first evicts), the"
-        " perplexity is **{ppl['full']:.1f}** with the full cache ({n - 1}"
+        f" perplexity is **{ppl['full']:.1f}** with the full cache ({n - 1}"
         f" tokens held at the end) and **{ppl['window']:.1f}** with the window alone ({budget}"
         " tokens)"
         + (f", **{ppl['sinks']:.1f}** with {label} (the same {budget} tokens)." if sinks else ".")
@@ -227,7 +227,7 @@ def sink_count_reading(
         f"At a fixed cache of {budget} tokens, the perplexity after the fill by number of sinks is"
         f" {row}."
     ]
-    blocks = "blocks of positions"
+    blocks = "blocks"
     if one_vs_four.resolved and one_vs_four.mean < 0:
         text.append(
             f"Four sinks beat one by {spread_text(one_vs_four, blocks)}: the model spreads its sink"
@@ -242,8 +242,8 @@ def sink_count_reading(
     else:
         text.append(
             f"Four sinks against one: {spread_text(one_vs_four, blocks)}, within the noise."
-            " StreamingLLM keeps four; on this model the first token alone carries the sink, so"
-            " one already recovers the window and this run cannot tell one from four."
+            " StreamingLLM keeps four; here one already recovers the window, and this run cannot"
+            " tell one from four."
         )
     within = not rules.unseen_distances(n, context)
     keys = (
@@ -304,9 +304,7 @@ def channel_reading(key_ratio_by_layer, value_ratio_by_layer, key_ratios, value_
             text
             + "**The keys have outlier channels that the values mostly lack**: the pattern KIVI and"
             " KVQuant report ([Liu et al. 2024](../book/references.md), [Hooper et al."
-            " 2024](../book/references.md)), measured here. A per-token group of a key spans"
-            " every channel, so its step is set by the outliers; a per-channel group spans one"
-            " channel only."
+            " 2024](../book/references.md)), measured here."
         )
     return (
         text
@@ -385,9 +383,8 @@ def kivi_residual_quality_reading(
         f" {bits} bits with a residual of {residual} of each window's {length} tokens, the cache"
         f" scores {with_residual['ppl']:.1f},"
         f" against {without['ppl']:.1f} with no residual (the worst case above), and holds"
-        f" {with_residual['nbytes'] / without['nbytes']:.1f} times the bytes. Over a long context"
-        " the residual is a small share of the tokens, so its bytes fade and its exact recent"
-        " tokens stay."
+        f" {with_residual['nbytes'] / without['nbytes']:.1f} times the bytes; over a long context"
+        " its bytes fade and its exact recent tokens stay."
     )
 
 
@@ -453,10 +450,7 @@ def fewer_reading(rows: list, same_bytes: rules.Spread, gqa: str, latent: str) -
         f" raises the perplexity to {g['ppl']:,.0f}; the latent of the same size ({latent}) gives"
         f" {lat['ppl']:,.0f}. "
     )
-    gap = (
-        "the latent's loss minus the pooled cache's is"
-        f" {spread_text(same_bytes, 'blocks of positions')}"
-    )
+    gap = f"the latent's loss minus the pooled cache's is {spread_text(same_bytes, 'blocks')}"
     if same_bytes.resolved:
         better = "latent" if same_bytes.mean < 0 else "pooled GQA"
         text += f"At equal bytes the {better} cache is better: {gap}. "
@@ -484,8 +478,7 @@ def rerotation_reading(
         " deviations of the correct scores (RMS), and moves its attention distribution by a"
         f" total-variation distance of {tv_current:.2f} ({tv_own:.2f} when keys are rotated again"
         " by their own position). The scores are now a function of $-p$ instead of $t - p$: the"
-        " decode is wrong from the first step after prefill, however small the change looks for"
-        " one query."
+        " decode is wrong from the first step after prefill."
     )
 
 
