@@ -476,6 +476,7 @@ WITHIN_WORDS = {
     "notebooks/05b_paged_kernel",  # 3,384
     "notebooks/06_prefix_caching",  # 3,306
     "notebooks/07_ssm_state",  # 3,374
+    "notebooks/08_long_context",  # 3,377
     "notebooks/09_diagnosis",  # 3,386
     "notebooks/10_memory_wall",  # 3,252 without its tables (WITHOUT_TABLES; 3,836 with them)
     "notebooks/11_engine",  # 3,248

@@ -86,6 +86,7 @@ def test_stream_reading_both_outcomes():
         )
     )
     assert "the collapse StreamingLLM reports" in usual and "buys back" in usual
+    assert "**20.0** with the full cache (511 tokens" in usual and "{" not in usual  # no raw field
     assert "within the noise of the full cache" in usual and "as StreamingLLM found" in usual
     odd = no_roles(
         r.stream_reading(

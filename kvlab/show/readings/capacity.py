@@ -139,12 +139,10 @@ def kivi_residual_reading(
     return (
         f"Why only {full_bytes / held:.1f} times? Of the {tokens} tokens held, {quantized} are"
         f" quantized and **{tokens - quantized} stay in full precision**: the residual window of"
-        f" {residual}, plus {tokens - quantized - residual} newer ones that do not yet fill a whole"
-        f" group of {group_size}. A quantized token costs 1/{codes_ratio:.1f} of a full one"
-        f" ({bits}-bit codes plus a scale and a zero point per group), so the full-precision tokens"
-        f" hold most of the bytes. The residual stays {residual} tokens however long the stream, so"
-        f" the saving grows toward {codes_ratio:.1f} times: at {long_tokens:,} tokens it would be"
-        f" {long_ratio:.1f} times."
+        f" {residual} and {tokens - quantized - residual} newer ones short of a whole group of"
+        f" {group_size}. A quantized token costs 1/{codes_ratio:.1f} of a full one, so as the"
+        f" stream grows the saving tends to {codes_ratio:.1f} times ({long_ratio:.1f} at"
+        f" {long_tokens:,} tokens)."
     )
 
 

@@ -114,8 +114,7 @@ def sink_reading(share, share_shifted, uniform: float, tokens: int) -> str:
         return (
             text
             + f"The passage that starts in the middle of a verse has {len(shifted)} sink heads too:"
-            " the sink is the first *position*, whatever token fills it (this model's tokenizer"
-            " adds no begin-of-text token, so the first token is an ordinary word in both)."
+            " the sink is the first *position*, whatever token fills it."
         )
     if heads:
         return (
@@ -143,11 +142,11 @@ def stream_reading(sinks: int, budget: int, n: int, ppl: dict, spreads: dict, st
     """
     if missing := unmeasured(**{f"ppl[{k!r}]": v for k, v in ppl.items()}):
         return missing
-    blocks = "blocks of positions"
+    blocks = "blocks"
     label = f"{sinks} sink{'s' if sinks != 1 else ''} plus a window of {budget - sinks}"
     text = [
-        f"Over positions $t \\ge B$ = {budget} to {n - 2} (the next-token losses after the cache"
-        f" first evicts), the perplexity is **{ppl['full']:.1f}** with the full cache ({n - 1}"
+        f"Over positions $t \\ge B$ = {budget} to {n - 2} (after the cache first evicts), the"
+        f" perplexity is **{ppl['full']:.1f}** with the full cache ({n - 1}"
         f" tokens held at the end) and **{ppl['window']:.1f}** with the window alone ({budget}"
         " tokens)"
         + (f", **{ppl['sinks']:.1f}** with {label} (the same {budget} tokens)." if sinks else ".")
@@ -184,8 +183,8 @@ def stream_reading(sinks: int, budget: int, n: int, ppl: dict, spreads: dict, st
         text.append(f"It ends within the noise of the full cache ({spread_text(rest, blocks)}).")
     rec = spreads["recompute - sinks"]
     where = (
-        f"At the positions where the window was recomputed from scratch (every {stride}th, $B$"
-        " tokens of work per layer per prediction instead of one), recomputation gives"
+        f"At the positions where the window was recomputed from scratch (every {stride}th),"
+        " recomputation gives"
         f" {ppl['recompute']:.1f} against {ppl['sinks at recompute']:.1f} for the sinks"
     )
     if not rec.resolved:
@@ -228,7 +227,7 @@ def sink_count_reading(
         f"At a fixed cache of {budget} tokens, the perplexity after the fill by number of sinks is"
         f" {row}."
     ]
-    blocks = "blocks of positions"
+    blocks = "blocks"
     if one_vs_four.resolved and one_vs_four.mean < 0:
         text.append(
             f"Four sinks beat one by {spread_text(one_vs_four, blocks)}: the model spreads its sink"
@@ -243,8 +242,8 @@ def sink_count_reading(
     else:
         text.append(
             f"Four sinks against one: {spread_text(one_vs_four, blocks)}, within the noise."
-            " StreamingLLM keeps four; on this model the first token alone carries the sink, so"
-            " one already recovers the window and this run cannot tell one from four."
+            " StreamingLLM keeps four; here one already recovers the window, and this run cannot"
+            " tell one from four."
         )
     within = not rules.unseen_distances(n, context)
     keys = (
@@ -305,9 +304,7 @@ def channel_reading(key_ratio_by_layer, value_ratio_by_layer, key_ratios, value_
             text
             + "**The keys have outlier channels that the values mostly lack**: the pattern KIVI and"
             " KVQuant report ([Liu et al. 2024](../book/references.md), [Hooper et al."
-            " 2024](../book/references.md)), measured here. A per-token group of a key spans"
-            " every channel, so its step is set by the outliers; a per-channel group spans one"
-            " channel only."
+            " 2024](../book/references.md)), measured here."
         )
     return (
         text
@@ -326,9 +323,8 @@ def kivi_layout_reading(
     if missing := unmeasured(full_ppl=full_ppl):
         return missing
     text = [
-        f"Over {windows} windows of {length} tokens, each one prefill through `QuantizedKVCache`"
-        f" with groups of {group} and no full-precision residual, the full-precision cache scores a"
-        f" perplexity of {full_ppl:.1f}."
+        f"Over {windows} windows of {length} tokens (groups of {group}, no residual), the"
+        f" full-precision cache scores a perplexity of {full_ppl:.1f}."
     ]
     for bits in sorted(spreads, reverse=True):
         sp, c, t = spreads[bits], ppl[bits, "channel"], ppl[bits, "token"]
@@ -387,9 +383,8 @@ def kivi_residual_quality_reading(
         f" {bits} bits with a residual of {residual} of each window's {length} tokens, the cache"
         f" scores {with_residual['ppl']:.1f},"
         f" against {without['ppl']:.1f} with no residual (the worst case above), and holds"
-        f" {with_residual['nbytes'] / without['nbytes']:.1f} times the bytes. Over a long context"
-        " the residual is a small share of the tokens, so its bytes fade and its exact recent"
-        " tokens stay."
+        f" {with_residual['nbytes'] / without['nbytes']:.1f} times the bytes; over a long context"
+        " its bytes fade and its exact recent tokens stay."
     )
 
 
@@ -455,10 +450,7 @@ def fewer_reading(rows: list, same_bytes: rules.Spread, gqa: str, latent: str) -
         f" raises the perplexity to {g['ppl']:,.0f}; the latent of the same size ({latent}) gives"
         f" {lat['ppl']:,.0f}. "
     )
-    gap = (
-        "the latent's loss minus the pooled cache's is"
-        f" {spread_text(same_bytes, 'blocks of positions')}"
-    )
+    gap = f"the latent's loss minus the pooled cache's is {spread_text(same_bytes, 'blocks')}"
     if same_bytes.resolved:
         better = "latent" if same_bytes.mean < 0 else "pooled GQA"
         text += f"At equal bytes the {better} cache is better: {gap}. "
@@ -466,11 +458,10 @@ def fewer_reading(rows: list, same_bytes: rules.Spread, gqa: str, latent: str) -
         text += f"At equal bytes the two are within the noise of each other: {gap}. "
     text += (
         "The latent's error falls with its rank and is rounding at full rank (rank"
-        f" {latents[-1]['name'].split()[-1]}: KL {latents[-1]['kl']:.1e} nats). Neither was trained"
-        " for this: GQA models are uptrained after pooling ([Ainslie et al."
-        " 2023](../book/references.md)) and DeepSeek-V2 trains its latent from the start"
-        " ([DeepSeek-AI 2024](../book/references.md)); these are the raw costs of compressing a"
-        " model that was not."
+        f" {latents[-1]['name'].split()[-1]}: KL {latents[-1]['kl']:.1e} nats). These are raw"
+        " costs: GQA models are uptrained after pooling ([Ainslie et al."
+        " 2023](../book/references.md)), and DeepSeek-V2 trains its latent from the start"
+        " ([DeepSeek-AI 2024](../book/references.md))."
     )
     return text + "\n\n" + "\n".join(table)
 
@@ -487,8 +478,7 @@ def rerotation_reading(
         " deviations of the correct scores (RMS), and moves its attention distribution by a"
         f" total-variation distance of {tv_current:.2f} ({tv_own:.2f} when keys are rotated again"
         " by their own position). The scores are now a function of $-p$ instead of $t - p$: the"
-        " decode is wrong from the first step after prefill, however small the change looks for"
-        " one query."
+        " decode is wrong from the first step after prefill."
     )
 
 
@@ -530,10 +520,9 @@ def quant_reading(
         )
     elif pc_rms < pt_rms:
         text.append(
-            f"Per-channel keys are finer, as {predicted}. A per-token group contains an outlier"
-            " channel, so its step is set by the outlier and every ordinary channel in it is"
-            " rounded coarsely. A per-channel group contains one channel only, and only the"
-            " outlier channels pay for their range."
+            f"Per-channel keys are finer, as {predicted}: in a per-token group the outlier sets"
+            " the step for every channel, in a per-channel group only the outlier channels pay for"
+            " their range."
         )
     else:
         text.append(
@@ -550,9 +539,7 @@ def quant_reading(
     missed = [key for key in measured if not rounding_explains(measured[key], steps[key])]
     if not missed:
         text.append(
-            "The uniform-rounding model, RMS error = step/$\\sqrt{12}$ "
-            "(`kvlab.theory.cache_sizes.rounding_rms`), matches every measured RMS error within "
-            f"{ROUNDING_TOLERANCE:.0%}."
+            f"The rounding model matches every measured RMS error within {ROUNDING_TOLERANCE:.0%}."
         )
     else:
         b, layout = missed[0]
@@ -581,7 +568,6 @@ def kivi_reading(
         " times fewer bytes** than the FP32 cache, exactly as the arithmetic predicts (the cell"
         " asserts it). Once quantization starts, the next-token distribution moves by"
         f" {kl_after:.4f} nats on average and the greedy next token agrees with the full-precision"
-        f" cache's at {agree:.0%} of positions. These are random weights, whose next-token"
-        " distribution is nearly flat, so the numbers show the mechanism; what quantization costs"
-        " in quality is the pretrained model's measurement above."
+        f" cache's at {agree:.0%} of positions. Random weights give a nearly flat next-token"
+        " distribution: this shows the mechanism, and the pretrained model above shows the cost."
     )
