@@ -503,12 +503,8 @@ def entries() -> list[Entry]:
     add(
         "BlockManager",
         bm.BlockManager,
-        dict(
-            num_blocks=8, block_size=4, prefix_caching=True, max_cached_blocks=2, bytes_per_block=64
-        ),
-        dict(
-            num_blocks="size", block_size="int", max_cached_blocks="int0?", bytes_per_block="int?"
-        ),
+        dict(num_blocks=8, block_size=4, prefix_caching=True, bytes_per_block=64),
+        dict(num_blocks="size", block_size="int", bytes_per_block="int?"),
     )
     add(
         "BlockManager.admit",

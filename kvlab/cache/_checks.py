@@ -197,13 +197,11 @@ def own_snapshot(manager, snapshot) -> tuple:
     return snapshot
 
 
-def manager_args(prefix_caching, bytes_per_block, block_size, max_cached_blocks) -> tuple:
+def manager_args(prefix_caching, bytes_per_block, block_size) -> tuple:
     """The checked arguments of a ``BlockManager``, but ``num_blocks`` (its allocator's)."""
     prefix_caching = flag("prefix_caching", prefix_caching)
     bytes_per_block = optional(integer, "bytes_per_block", bytes_per_block)
-    block_size = integer("block_size", block_size)
-    max_cached = optional(integer, "max_cached_blocks", max_cached_blocks, 0)
-    return prefix_caching, bytes_per_block, block_size, max_cached
+    return prefix_caching, bytes_per_block, integer("block_size", block_size)
 
 
 def prompt(ids) -> list[int]:

@@ -72,18 +72,15 @@ class CacheStats:
 
 
 class BlockManager:
-    """``max_cached_blocks`` caps the registered hashes (None: no cap; notebook 06's "reserve")."""
-
     def __init__(
         self,
         num_blocks: int,
         block_size: int,
         prefix_caching: bool = False,
-        max_cached_blocks: int | None = None,
         bytes_per_block: int | None = None,
     ):
-        args = _checks.manager_args(prefix_caching, bytes_per_block, block_size, max_cached_blocks)
-        self.prefix_caching, self.bytes_per_block, self.block_size, self.max_cached_blocks = args
+        args = _checks.manager_args(prefix_caching, bytes_per_block, block_size)
+        self.prefix_caching, self.bytes_per_block, self.block_size = args
         self.allocator = BlockAllocator(num_blocks)
         self.num_blocks = self.allocator.num_blocks
         self._hash: list[bytes | None] = [None] * self.num_blocks  # what a block is registered as
@@ -206,9 +203,8 @@ class BlockManager:
         return self._match(tokens, seq.first_parent)
 
     def _register(self, block: int, h: bytes) -> None:
-        """Register ``block`` as ``h``'s unless one already is (a duplicate) or the cap is hit."""
-        full = self.max_cached_blocks is not None and len(self._by_hash) >= self.max_cached_blocks
-        if not full and h not in self._by_hash and self._hash[block] is None:
+        """Register ``block`` as ``h``'s unless one already is (a duplicate)."""
+        if h not in self._by_hash and self._hash[block] is None:
             self._by_hash[h], self._hash[block] = block, h
 
     def _evict(self, block: int) -> None:

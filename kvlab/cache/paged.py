@@ -52,9 +52,7 @@ class PagedKVCache:
         *sizes, self.dtype, self._store, device = _checks.cache_args(*sizes, dtype, store, device)
         self.num_layers, self.block_size, self.num_kv_heads, self.head_dim = sizes
         self.device = device or default_device()
-        self.manager = BlockManager(
-            num_blocks, block_size, prefix_caching, None, self.bytes_per_block
-        )
+        self.manager = BlockManager(num_blocks, block_size, prefix_caching, self.bytes_per_block)
         self.num_blocks = self.manager.num_blocks
         shape = (self.num_blocks, block_size, num_kv_heads, head_dim)
         _checks.pool_memory(self, shape)  # refused before anything is allocated
