@@ -200,9 +200,8 @@ class _EvictionCache:
         self.parent: dict[bytes, bytes | None] = {}  # every cached hash, held or free
         self.children: Counter = Counter()  # cached hashes chained from each hash
         self.hits: Counter = Counter()  # times each cached hash served a request
-        self.free: OrderedDict[bytes, None] = (
-            OrderedDict()
-        )  # free cached hashes, least recent first
+        # Free cached hashes, the least recently freed first.
+        self.free: OrderedDict[bytes, None] = OrderedDict()
         self.held: list[bytes | None] = []  # the running request's blocks: its hash, or None
         self.written = 0  # the running request's leading blocks already registered (or hits)
         self.evictions = 0
@@ -326,10 +325,8 @@ def _attention(attention, gpu: bool) -> str:
 
 def _fresh(generator, count: int, vocab: int, avoid: int) -> list[int]:
     tokens = torch.randint(0, vocab, (count,), generator=generator).tolist()
-    if tokens and tokens[0] == avoid:
-        tokens[0] = (
-            avoid + 1
-        ) % vocab  # differ at the first uncached position, so nothing after it hits
+    if tokens and tokens[0] == avoid:  # differ at the first uncached position: nothing after hits
+        tokens[0] = (avoid + 1) % vocab
     return tokens
 
 
