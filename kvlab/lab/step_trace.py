@@ -251,9 +251,11 @@ def trace_step(
     ``threads`` of torch's threads (default ``CPU_THREADS``; None: the caller's count), restored
     after.
     """
-    return trace_steps(
+    one_of("method", method, STEP_METHODS)
+    traced = trace_steps(
         model, input_ids, (method,), context, warmup, reps, compile, traces, threads
-    )[method]
+    )
+    return traced[method]
 
 
 def trace_steps(
