@@ -1728,6 +1728,12 @@ def newer_entries() -> list[Entry]:
         dict(step_times="reals"),
     )
     T(
+        "decode_step.fitted_growth",
+        decode_step.fitted_growth,
+        dict(step_times=[1.0, 1.1, 1.2, 0.9]),
+        dict(step_times="reals"),
+    )
+    T(
         "decode_step.weight_read_floor",
         decode_step.weight_read_floor,
         dict(weight_bytes=1e6, bandwidth=1e10),

@@ -7,7 +7,8 @@ decode step should cost.
   the cache), and how far a measurement may sit from it (``STEP_TOLERANCE``, ``SLOPE_TOLERANCE``,
   ``GROWTH_TOLERANCE``);
 - ``step_spread`` and ``stands_out``: how much single steps of one run move, and whether a change
-  exceeds it;
+  exceeds it; ``fitted_growth``: a run's growth from first step to last, read off a line through
+  every step;
 - ``weight_read_floor`` and ``near_floor``: the time to read a step's weights once, and whether a
   step is within ``FLOOR_BAND`` of it.
 
@@ -90,6 +91,28 @@ def step_spread(step_times) -> float:
         raise ValueError(f"step_times must hold at least two steps, got {len(step_times)}")
     q1, _, q3 = statistics.quantiles(step_times, n=4)
     return (q3 - q1) / statistics.median(step_times)
+
+
+def fitted_growth(step_times) -> tuple[float, float]:
+    """``(growth, scatter)`` of one run's steps, in order. A line through every step, its slope the
+    median of the slopes between every pair of steps and its offset the median left over (Theil and
+    Sen's line, which one descheduled step cannot tilt), gives ``growth``: its value at the last
+    step over its value at the first, what a ratio of two single steps would read without their
+    noise. ``scatter``: the interquartile range of the steps about that line over their median, the
+    noise the growth is judged against. Needs three steps or more; a line at or below zero at the
+    first step gives ``inf``."""
+    step_times = reals("step_times", step_times, 0, low_open=True)
+    n = len(step_times)
+    if n < 3:
+        raise ValueError(f"step_times must hold at least three steps, got {n}")
+    slope = statistics.median(
+        (step_times[k] - step_times[j]) / (k - j) for j in range(n) for k in range(j + 1, n)
+    )
+    first = statistics.median(t - slope * j for j, t in enumerate(step_times))
+    residuals = [t - (first + slope * j) for j, t in enumerate(step_times)]
+    q1, _, q3 = statistics.quantiles(residuals, n=4)
+    growth = (first + slope * (n - 1)) / first if first > 0 else float("inf")
+    return growth, (q3 - q1) / statistics.median(step_times)
 
 
 def stands_out(change: float, step: float, spread: float) -> bool:

@@ -91,8 +91,13 @@ def test_cache_reuse_step_growth_on_every_side():
     both = _speedup(speedup, 1.0, naive_growth=1.1 * n_edges[3], cached_growth=1.1 * c_edges[3])
     assert "naive and the cached growth disagrees" in both
     assert f"{GROWTHS['naive_growth']:.2f}" in both
+    longer = _speedup(speedup, 1.0, cached_growth=1.1 * c_edges[3])
+    assert "The cached growth disagrees" in longer and "one token longer" in longer
+    flat = _speedup(speedup, 1.0, cached_growth=0.9 * c_edges[0])
+    assert "The cached growth disagrees with the two-pass model." in flat
+    assert "one token longer" not in flat
     unsure = _speedup(speedup, 1.0, cached_growth=math.sqrt(c_edges[2] * c_edges[3]))
-    assert "cannot settle it" in unsure
+    assert "cannot tell whether the growth fits" in unsure
 
 
 def test_cache_reuse_latency_follows_the_spread_on_both_sides():

@@ -62,6 +62,16 @@ BAD_CALLS = {
         ValueError,
         "step_times",
     ),
+    "fitted_growth two steps": (
+        lambda: decode_step.fitted_growth([1.0, 2.0]),
+        ValueError,
+        "at least three",
+    ),
+    "fitted_growth zero step": (
+        lambda: decode_step.fitted_growth([1.0, 0.0, 2.0]),
+        ValueError,
+        "step_times",
+    ),
     "weight_read_floor negative": (
         lambda: decode_step.weight_read_floor(-1, 1e10),
         ValueError,

@@ -2,6 +2,8 @@
 hand, the spread of a run's steps, and the two decisions (a change standing out, a step near its
 weight-read floor) on both sides of their edges."""
 
+import math
+
 import pytest
 
 from kvlab.theory.decode_step import (
@@ -64,3 +66,19 @@ def test_near_floor_on_both_sides_of_the_band(factor, near):
 def test_a_bandwidth_that_is_not_positive_is_named(call):
     with pytest.raises(ValueError, match="bandwidth must be a finite number > 0"):
         call()
+
+
+def test_fitted_growth_reads_a_line_through_every_step():
+    from kvlab.theory.decode_step import fitted_growth
+
+    line = [0.010 + 0.001 * j for j in range(9)]  # 10 ms rising to 18 ms: 1.8 times, no scatter
+    growth, scatter = fitted_growth(line)
+    assert math.isclose(growth, 1.8) and math.isclose(scatter, 0.0, abs_tol=1e-12)
+    # One slow first step (descheduled) moves a two-step ratio by a third; the line does not move.
+    jolted = [0.015] + line[1:]
+    assert line[-1] / jolted[0] < 1.25 and math.isclose(fitted_growth(jolted)[0], 1.8)
+    assert fitted_growth(jolted)[1] < 0.01  # nor widen the scatter: the quartiles pass it by
+    flat = fitted_growth([0.02, 0.021, 0.019, 0.02, 0.021, 0.019])
+    assert abs(flat[0] - 1) < 0.06 and 0 < flat[1] <= 0.11
+    assert fitted_growth([3.0, 2.0, 1.0])[0] == 1 / 3  # a falling run: growth below 1
+    assert fitted_growth([1e-9, 1.0, 2.0])[0] > 1e6  # a line through almost zero at the start
