@@ -270,10 +270,10 @@ def trace_steps(
     threads: int | None = CPU_THREADS,
 ) -> dict:
     """``trace_step`` for each of ``methods`` (distinct), one ``StepTrace`` per method, with their
-    timed steps and their traces taken in alternation, one of each per round: load on a shared
-    machine then falls on every method alike, and a comparison of their traces holds from run to
-    run where traces taken a minute apart need not. ``paged`` swaps the model's attention while its
-    step is alive, so it is traced alone."""
+    traces taken in alternation, one of each per round (their untraced timed steps run one method
+    after another): load on a shared machine then falls on every method's traces alike, and a
+    comparison of their traces holds from run to run where traces taken a minute apart need not.
+    ``paged`` swaps the model's attention while its step is alive, so it is traced alone."""
     if isinstance(methods, str) or not methods or len(set(methods)) != len(methods):
         raise ValueError(f"methods must be a non-empty list of distinct methods, got {methods!r}")
     for i, method in enumerate(methods):

@@ -225,6 +225,9 @@ def test_kv_layout_solutions():
     assert "Not slower here" in folded(
         ex.kv_layout_block1(64, 4, runs1, runs16, 16, g1_model, g16), 2
     )
+    torn = read(2, factor=(agree_high * high) ** 0.5, layout="NHD", block=1)  # cannot-tell band
+    unsure = folded(ex.kv_layout_block1(64, 4, runs1, runs16, 16, torn, g16), 2)
+    assert "cannot tell" in unsure and "Not slower here" not in unsure
     r = read(2)
     cat_pred = append("cat", 1.0).predicted_s
     assert "Close to the byte ratio" in folded(ex.kv_layout_cat(r, append("cat", cat_pred)), 3)

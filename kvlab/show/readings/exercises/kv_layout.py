@@ -104,7 +104,7 @@ def kv_layout_block1(
             " Faster than its bytes say, which indexing cannot explain: the one-token blocks"
             " read more bytes per second than the 16-token ones, against the bytes model."
         )
-    else:
+    elif c.agrees:
         text += (
             " Not slower here: PyTorch's indexed copy handles one-token blocks as one gather over"
             " rows, so on this machine the table's length costs little next to the bytes. A kernel"
